@@ -1,0 +1,103 @@
+"""The one interface between a Stage and the model side: two queues plus lifecycle.
+
+A Stage puts :class:`IncomingMessage` on ``scheduler.inbox`` and takes
+:class:`OutgoingMessage` from ``scheduler.outbox``. It never looks at which kind of
+scheduler it drives. Schedulers that compute in a worker thread hand results back
+with :meth:`Scheduler.emit`, which is safe to call from any thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+class IncomingKind(str, enum.Enum):
+    NEW_REQUEST = "new_request"  # the (fanned-in) input of one request
+    STREAM_CHUNK = "stream_chunk"  # an increment from an upstream that streams to this stage
+    STREAM_DONE = "stream_done"  # that upstream finished streaming for this request
+
+
+class OutgoingKind(str, enum.Enum):
+    RESULT = "result"  # the request is done at this stage; data goes downstream
+    STREAM = "stream"  # an increment for `stream_to` targets (and the client, on a terminal)
+    ERROR = "error"  # this request failed here; `error` says why
+
+
+@dataclass(slots=True)
+class IncomingMessage:
+    kind: IncomingKind
+    request_id: str
+    data: Any = None
+    source: str | None = None  # upstream stage (stream messages)
+    params: Mapping[str, Any] = field(default_factory=dict)  # request parameters
+
+
+@dataclass(slots=True)
+class OutgoingMessage:
+    kind: OutgoingKind
+    request_id: str
+    data: Any = None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class SchedulerLoad:
+    """How many requests the scheduler holds state for, by kind (for `Pipeline.stats`)."""
+
+    queued: int = 0
+    running: int = 0
+    kv_slots: int = 0
+    stream_buffers: int = 0
+
+
+class Scheduler(ABC):
+    """Base class: owns the two queues; subclasses consume ``inbox`` in :meth:`run`."""
+
+    def __init__(self) -> None:
+        self.inbox: asyncio.Queue[IncomingMessage] = asyncio.Queue()
+        self.outbox: asyncio.Queue[OutgoingMessage] = asyncio.Queue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.create_task(self.run(), name=f"{type(self).__name__}.run")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    def emit(self, message: OutgoingMessage) -> None:
+        """Put ``message`` on the outbox; callable from worker threads too."""
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError("scheduler not started")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self.outbox.put_nowait(message)
+        else:
+            loop.call_soon_threadsafe(self.outbox.put_nowait, message)
+
+    @abstractmethod
+    async def run(self) -> None:
+        """Consume ``inbox`` until cancelled."""
+
+    @abstractmethod
+    def abort(self, request_id: str) -> None:
+        """Drop every piece of state held for ``request_id`` (queued, running, caches)."""
+
+    @abstractmethod
+    def load(self) -> SchedulerLoad:
+        """Current occupancy, cheap to compute."""

@@ -1,0 +1,74 @@
+"""Derive entry, terminals, processes and edge transports from the stage list.
+
+Assumes the stage list passed the graph rules (exactly one entry, references exist).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+from omnictl.topology.model import (
+    Edge,
+    EdgeKind,
+    ProcessSpec,
+    StageSpec,
+    Topology,
+    Transport,
+)
+
+
+def transport_between(src: StageSpec, dst: StageSpec) -> Transport:
+    """The transport placement implies; never configured."""
+    if src.process == dst.process:
+        return Transport.INPROC
+    if not src.gpu or not dst.gpu:
+        return Transport.SHM
+    if src.gpu[0] == dst.gpu[0]:  # tensor-parallel groups talk through rank 0
+        return Transport.CUDA_IPC
+    return Transport.RELAY
+
+
+def derive_edges(stages: Mapping[str, StageSpec]) -> tuple[Edge, ...]:
+    edges: list[Edge] = []
+    for spec in stages.values():
+        for kind, targets in ((EdgeKind.DATA, spec.next), (EdgeKind.STREAM, spec.stream_to)):
+            for target in targets:
+                edges.append(Edge(spec.name, target, kind, transport_between(spec, stages[target])))
+    return tuple(edges)
+
+
+def derive_processes(stages: Mapping[str, StageSpec]) -> dict[str, ProcessSpec]:
+    members: dict[str, list[str]] = {}
+    gpus: dict[str, list[int]] = {}
+    for spec in stages.values():
+        members.setdefault(spec.process, []).append(spec.name)
+        for gpu in spec.gpu:
+            if gpu not in gpus.setdefault(spec.process, []):
+                gpus[spec.process].append(gpu)
+    return {
+        name: ProcessSpec(name, tuple(names), tuple(gpus.get(name, ())))
+        for name, names in members.items()
+    }
+
+
+def derive(
+    name: str,
+    path: Path | None,
+    model_path: str | None,
+    stages: Mapping[str, StageSpec],
+) -> Topology:
+    edges = derive_edges(stages)
+    targets = {e.dst for e in edges}
+    entries = [n for n in stages if n not in targets]
+    terminals = {n: (s.modality or n) for n, s in stages.items() if s.terminal}
+    return Topology(
+        name=name,
+        path=path,
+        model_path=model_path,
+        stages=dict(stages),
+        entry=entries[0],
+        terminals=terminals,
+        processes=derive_processes(stages),
+        edges=edges,
+    )

@@ -1,0 +1,113 @@
+"""The validated, derived topology: what the runtime builds on.
+
+Everything here is derived from the YAML ``stages`` list; nothing is declared twice.
+Instances are produced by :func:`omnictl.topology.load` and are immutable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Mapping
+
+
+class Transport(str, Enum):
+    INPROC = "inproc"  # same process: the object is passed, no serialization
+    CUDA_IPC = "cuda_ipc"  # different processes, same GPU
+    SHM = "shm"  # different processes, at least one side on CPU
+    RELAY = "relay"  # different GPUs (later: different hosts)
+
+
+class EdgeKind(str, Enum):
+    DATA = "data"  # results, via `next` (or `route_fn` candidates)
+    STREAM = "stream"  # increments while generating, via `stream_to`
+
+
+@dataclass(frozen=True)
+class RelayKnobs:
+    """Transport tuning; never the transport itself (that is derived from placement)."""
+
+    slot_bytes: int = 8 * 1024 * 1024
+    slots: int = 8
+    inline_bytes: int = 16 * 1024
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    name: str
+    factory: str
+    factory_args: Mapping[str, Any] = field(default_factory=dict)
+    next: tuple[str, ...] = ()
+    route_fn: str | None = None
+    terminal: bool = False
+    modality: str | None = None  # terminals only: resolved (defaults to the stage name)
+    wait_for: tuple[str, ...] = ()
+    merge_fn: str | None = None
+    gpu: tuple[int, ...] = ()  # empty: CPU stage
+    tp_size: int = 1
+    process: str = ""  # resolved: defaults to the stage name
+    stream_to: tuple[str, ...] = ()
+    project: Mapping[str, str] = field(default_factory=dict)  # target stage -> dotted path
+    relay: RelayKnobs = field(default_factory=RelayKnobs)
+    line: int = 0  # where the stage starts in its file (for runtime error messages)
+
+    @property
+    def device(self) -> str:
+        """``cpu`` or ``cuda:N`` (rank 0's GPU for tensor-parallel stages)."""
+        return f"cuda:{self.gpu[0]}" if self.gpu else "cpu"
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    name: str
+    stages: tuple[str, ...]
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Edge:
+    src: str
+    dst: str
+    kind: EdgeKind
+    transport: Transport
+
+
+@dataclass(frozen=True)
+class Topology:
+    name: str
+    path: Path | None
+    model_path: str | None
+    stages: Mapping[str, StageSpec]  # in file order
+    entry: str
+    terminals: Mapping[str, str]  # terminal stage -> modality
+    processes: Mapping[str, ProcessSpec]
+    edges: tuple[Edge, ...]
+
+    def upstreams(self, stage: str) -> tuple[str, ...]:
+        """Stages whose data edges (``next``) lead to ``stage``, in file order."""
+        return tuple(e.src for e in self.edges if e.dst == stage and e.kind is EdgeKind.DATA)
+
+    def stream_sources(self, stage: str) -> tuple[str, ...]:
+        return tuple(e.src for e in self.edges if e.dst == stage and e.kind is EdgeKind.STREAM)
+
+    def edge(self, src: str, dst: str, kind: EdgeKind = EdgeKind.DATA) -> Edge:
+        for e in self.edges:
+            if e.src == src and e.dst == dst and e.kind is kind:
+                return e
+        raise KeyError(f"no {kind.value} edge {src} -> {dst}")
+
+    def process_of(self, stage: str) -> str:
+        return self.stages[stage].process
+
+    def on_cpu(self) -> "Topology":
+        """The same topology with every GPU placement dropped and transports derived again.
+
+        Processes stay as declared, so a two-GPU topology runs on a CPU-only machine
+        with the same process layout (its cross-process edges become ``shm``).
+        """
+        from omnictl.topology.derive import derive  # local: derive imports this module
+
+        stages = {n: dataclasses.replace(s, gpu=(), tp_size=1) for n, s in self.stages.items()}
+        return derive(self.name, self.path, self.model_path, stages)
