@@ -14,6 +14,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from omnictl.profiling.events import EventKind, MetaValue, NullProfiler, Profiler
+
 
 class IncomingKind(str, enum.Enum):
     NEW_REQUEST = "new_request"  # the (fanned-in) input of one request
@@ -62,6 +64,13 @@ class Scheduler(ABC):
         self.outbox: asyncio.Queue[OutgoingMessage] = asyncio.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
+        # The Stage attaches its process's recorder and its name before `start`.
+        self.profiler: Profiler = NullProfiler()
+        self.stage_name: str | None = None
+
+    def profile(self, kind: EventKind, request_id: str, **meta: MetaValue) -> None:
+        """Record a profiling event for this stage (build, prefill, decode steps...)."""
+        self.profiler.record(kind, request_id, self.stage_name, **meta)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()

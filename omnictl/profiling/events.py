@@ -1,0 +1,67 @@
+"""Profiling events: small, typed, never carrying tensors.
+
+Timestamps are ``time.time_ns()``: wall-clock nanoseconds, comparable across the
+processes of one host.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import Protocol, Union
+
+import msgspec
+
+MetaValue = Union[int, float, str, bool, None]
+
+
+class EventKind(str, enum.Enum):
+    ADMITTED = "admitted"  # coordinator accepted the request
+    INPUT_RECEIVED = "input_received"  # a stage got an input (meta: source, bytes, transport)
+    FANIN_WAIT_START = "fanin_wait_start"
+    FANIN_WAIT_END = "fanin_wait_end"
+    QUEUE_ENTER = "queue_enter"  # handed to the scheduler's inbox
+    BUILD_START = "build_start"  # scheduler builds model inputs
+    BUILD_END = "build_end"
+    PREFILL_START = "prefill_start"
+    PREFILL_END = "prefill_end"
+    FIRST_EMIT = "first_emit"  # first stream chunk or result left the scheduler
+    DECODE_STEPS = "decode_steps"  # aggregated: meta steps, seconds
+    DECODE_TOKEN = "decode_token"  # one per token, only when asked for
+    STREAM_SENT = "stream_sent"  # meta: target, seq, bytes, transport
+    STREAM_RECEIVED = "stream_received"  # meta: source, seq
+    HOP_SENT = "hop_sent"  # meta: target, bytes, transport
+    HOP_RECEIVED = "hop_received"  # meta: source, transport
+    STAGE_DONE = "stage_done"  # the scheduler returned this request's result at a stage
+    TERMINAL_COMPLETE = "terminal_complete"  # a terminal stage reported to the coordinator
+    FIRST_TEXT = "first_text"
+    FIRST_AUDIO = "first_audio"
+    COMPLETED = "completed"
+    FAILED = "failed"  # meta: stage, error
+    ABORTED = "aborted"
+
+
+class Event(msgspec.Struct, array_like=True, frozen=True):
+    kind: EventKind
+    request_id: str
+    stage: str | None
+    process: str
+    ts: int  # time.time_ns()
+    meta: dict[str, MetaValue] = {}
+
+
+class Profiler(Protocol):
+    """What stages, schedulers and the coordinator call. Never raises, never blocks."""
+
+    def record(self, kind: EventKind, request_id: str, stage: str | None = None, **meta: MetaValue) -> None: ...
+
+
+class NullProfiler:
+    """Records nothing: the default until a real recorder is attached."""
+
+    def record(self, kind: EventKind, request_id: str, stage: str | None = None, **meta: MetaValue) -> None:
+        return None
+
+
+def now_ns() -> int:
+    return time.time_ns()
