@@ -1,0 +1,43 @@
+"""The contract between the autoregressive scheduler and a model runner.
+
+A runner owns the weights and the per-request KV caches; the scheduler owns the
+batch, sampling, stopping and streaming. Adding a model means writing a runner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
+
+if TYPE_CHECKING:  # torch stays out of the import path of the CLI
+    import torch
+
+
+@dataclass(slots=True)
+class StepOutput:
+    logits: "torch.Tensor"  # [vocab]: scores for the next token of one request
+    hidden: "torch.Tensor | None" = None  # [hidden]: last-layer state at that position, if the runner exposes it
+
+
+class AutoregressiveRunner(Protocol):
+    def prefill(self, request_id: str, inputs: Mapping[str, Any]) -> StepOutput:
+        """Build the request's KV cache from its prompt; return the first next-token scores."""
+        ...
+
+    def decode(self, request_ids: Sequence[str], token_ids: Sequence[int]) -> list[StepOutput]:
+        """Advance every listed request by one token (one batched forward pass)."""
+        ...
+
+    def release(self, request_id: str) -> None:
+        """Free the request's KV cache (on finish and on abort). Idempotent."""
+        ...
+
+    def stop_token_ids(self) -> set[int]: ...
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids`` (empty for runners whose tokens are not text)."""
+        ...
+
+    def kv_slots(self) -> int:
+        """How many requests hold a KV cache right now."""
+        ...
