@@ -1,0 +1,56 @@
+"""An ASGI response for server-sent events that notices a client leaving at once.
+
+Starlette's StreamingResponse on ASGI spec 2.4 only finds out that the client left
+when a write fails; a request waiting for its first token would hold pipeline
+state until then. This response watches ``http.disconnect`` while it streams and
+calls ``on_disconnect`` (which aborts the request everywhere) the moment it arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import AsyncIterator, Awaitable, Callable, Mapping
+
+from starlette.types import Receive, Scope, Send
+
+
+class EventStreamResponse:
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        chunks: AsyncIterator[bytes],
+        on_disconnect: Callable[[], Awaitable[None]],
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.chunks = chunks
+        self.on_disconnect = on_disconnect
+        self.headers = dict(headers or {})
+
+    async def _pump(self, send: Send) -> None:
+        async for chunk in self.chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    @staticmethod
+    async def _watch(receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+        raw_headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]
+        await send({"type": "http.response.start", "status": 200, "headers": raw_headers})
+        pump = asyncio.create_task(self._pump(send))
+        watch = asyncio.create_task(self._watch(receive))
+        await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
+        client_left = not pump.done() or isinstance(pump.exception(), OSError)
+        for task in (pump, watch):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, OSError):
+                await task
+        if client_left:
+            with contextlib.suppress(RuntimeError):  # generator already closed by cancellation
+                await self.chunks.aclose()  # type: ignore[attr-defined]
+            await self.on_disconnect()

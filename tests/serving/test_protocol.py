@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from omnictl.exceptions import InvalidRequest
+from omnictl.serving.protocol import Limits, PayloadTooLarge, parse_chat_request
+
+BOTH = {"thinker": "text", "vocoder": "audio"}
+TEXT_ONLY = {"decode": "text"}
+
+
+def body(**extra: object) -> dict[str, object]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+def test_minimal_request_becomes_pipeline_inputs() -> None:
+    req = parse_chat_request(body(max_tokens=5, temperature=0, stop="x", seed=3), BOTH)
+    assert req.modalities == ["text"]
+    assert req.stream is False
+    assert req.pipeline_inputs() == {
+        "messages": [{"role": "user", "content": "hi"}],
+        "sampling": {"max_tokens": 5, "temperature": 0.0, "stop": ["x"], "seed": 3},
+        "voice": None,
+    }
+
+
+def test_audio_modality_and_format() -> None:
+    req = parse_chat_request(body(modalities=["text", "audio"], audio={"voice": "joe", "format": "pcm16"}, stream=True), BOTH)
+    assert req.modalities == ["text", "audio"]
+    assert (req.audio_format, req.voice, req.stream) == ("pcm16", "joe", True)
+
+
+def test_default_modalities_without_a_text_terminal() -> None:
+    assert parse_chat_request(body(), {"vocoder": "audio"}).modalities == ["audio"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"messages": "hi"}, "messages"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": [{"type": "video"}]}]}, "messages[0].content[0].type"),
+        ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "@@", "format": "wav"}}]}]},
+         "messages[0].content[0].input_audio.data"),
+        ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "mp3"}}]}]},
+         "messages[0].content[0].input_audio.format"),
+        ({"temperature": 3}, "temperature"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"stop": [1]}, "stop[0]"),
+        ({"stream": "yes"}, "stream"),
+        ({"n": 2}, "n"),
+        ({"audio": {"format": "mp3"}}, "audio.format"),
+    ],
+)
+def test_bad_fields_are_named(extra: dict[str, object], field: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse_chat_request(body(**extra), BOTH)
+    assert info.value.field == field
+    assert field.split("[")[0].split(".")[0] in str(info.value)
+
+
+def test_a_modality_the_topology_cannot_produce_says_what_it_can() -> None:
+    with pytest.raises(InvalidRequest, match="cannot produce 'audio'; it produces text") as info:
+        parse_chat_request(body(modalities=["text", "audio"]), TEXT_ONLY)
+    assert info.value.field == "modalities[1]"
+
+
+def test_oversized_input_audio_is_413() -> None:
+    data = base64.b64encode(b"\0" * 2000).decode()
+    content = [{"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}]
+    with pytest.raises(PayloadTooLarge):
+        parse_chat_request(body(messages=[{"role": "user", "content": content}]), BOTH, Limits(max_audio_bytes=1000))
+    parse_chat_request(body(messages=[{"role": "user", "content": content}]), BOTH, Limits(max_audio_bytes=4000))
