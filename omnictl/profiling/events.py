@@ -39,6 +39,9 @@ class EventKind(str, enum.Enum):
     COMPLETED = "completed"
     FAILED = "failed"  # meta: stage, error
     ABORTED = "aborted"
+    # Bookkeeping, not about one request: a recorder's drops since its previous batch
+    # (meta: count). request_id is "" and stage is None.
+    DROPPED = "dropped"
 
 
 class Event(msgspec.Struct, array_like=True, frozen=True):

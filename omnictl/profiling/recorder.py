@@ -1,0 +1,128 @@
+"""The per-process event recorder: a bounded buffer drained by a shipping thread.
+
+``record`` is on the data path of every stage, so it only appends to a list under a
+lock; when the buffer is full it drops the event and counts it. A daemon thread ships
+the buffer every ``flush_interval`` seconds as one msgpack-encoded ``list[Event]``
+over a PUSH socket of its own. The socket never blocks either: with the collector gone
+the high-water mark fills up and further batches are dropped (and counted).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import msgspec
+import zmq
+
+from omnictl.profiling.events import Event, EventKind, MetaValue
+
+# Batches queued in ZeroMQ while the collector is slow or gone, before we drop.
+_SEND_HWM = 64
+
+
+class Recorder:
+    """Implements :class:`~omnictl.profiling.events.Profiler` for one process."""
+
+    def __init__(
+        self,
+        process: str,
+        address: str,
+        capacity: int = 65536,
+        flush_interval: float = 0.05,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"Recorder capacity must be at least 1, got {capacity}")
+        self.process = process
+        self.address = address
+        self.capacity = capacity
+        self.flush_interval = flush_interval
+        self.dropped = 0  # events lost: buffer full, socket full, or unencodable
+        self.shipped = 0  # events handed to ZeroMQ
+        self._reported_drops = 0  # drops already announced to the collector
+        self._buffer: list[Event] = []
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()  # the shipping thread and close() both ship
+        self._closed = threading.Event()
+        self._encoder = msgspec.msgpack.Encoder()
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.PUSH)
+        self._socket.setsockopt(zmq.SNDHWM, _SEND_HWM)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.connect(address)
+        self._thread = threading.Thread(target=self._ship_loop, name=f"omnictl-recorder-{process}", daemon=True)
+        self._thread.start()
+
+    def record(self, kind: EventKind, request_id: str, stage: str | None = None, **meta: MetaValue) -> None:
+        """Buffer one event; never blocks on IO and never raises for a full buffer."""
+        event = Event(kind, request_id, stage, self.process, time.time_ns(), meta)
+        with self._lock:
+            if len(self._buffer) < self.capacity:
+                self._buffer.append(event)
+                return
+            self.dropped += 1
+
+    def flush(self) -> None:
+        """Ship whatever is buffered now (the shipping thread does this periodically)."""
+        with self._lock:
+            batch, self._buffer = self._buffer, []
+        with self._send_lock:
+            drops = self.dropped - self._reported_drops
+            if drops:
+                # Tell the collector about losses so the dashboard can show them.
+                batch.append(Event(EventKind.DROPPED, "", None, self.process, time.time_ns(), {"count": drops}))
+            if batch:
+                self._send(batch, drops)
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Stop the shipping thread, flush what is left, and wait up to ``timeout`` for delivery."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._thread.join(timeout)
+        self.flush()
+        self._socket.close(linger=max(0, int(timeout * 1000)))
+        self._context.term()
+
+    def __enter__(self) -> "Recorder":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _ship_loop(self) -> None:
+        while not self._closed.wait(self.flush_interval):
+            self.flush()
+
+    def _send(self, batch: list[Event], announced_drops: int) -> None:
+        try:
+            message = self._encoder.encode(batch)
+        except (TypeError, ValueError, OverflowError):
+            # Some event's meta holds something msgpack cannot carry: keep the others.
+            kept = [event for event in batch if _encodable(self._encoder, event)]
+            self._count_drops(len(batch) - len(kept))
+            batch = kept
+            message = self._encoder.encode(batch)
+        try:
+            self._socket.send(message, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self._count_drops(sum(1 for e in batch if e.kind is not EventKind.DROPPED))
+            return
+        except zmq.ZMQError:
+            # The context is being torn down (close raced a flush): the batch is lost.
+            self._count_drops(sum(1 for e in batch if e.kind is not EventKind.DROPPED))
+            return
+        self._reported_drops += announced_drops
+        self.shipped += len(batch)
+
+    def _count_drops(self, count: int) -> None:
+        with self._lock:  # record() increments under the same lock
+            self.dropped += count
+
+
+def _encodable(encoder: msgspec.msgpack.Encoder, event: Event) -> bool:
+    try:
+        encoder.encode(event)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return True

@@ -1,0 +1,183 @@
+"""The trace store: JSONL segments in the run directory, bounded in size by rotation.
+
+One event per line (``msgspec`` JSON, array form). A segment is closed once it passes
+``segment_bytes``; only the newest ``max_segments`` are kept, so a run never holds more
+than about ``segment_bytes * max_segments`` bytes. Every batch is flushed when written,
+so ``omnictl trace`` can read a run after its server has stopped (or crashed: a torn last
+line is skipped).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Iterator, Sequence
+
+import msgspec
+
+from omnictl.profiling.events import Event, EventKind
+from omnictl.profiling.rundir import (  # re-exported: the store's public API
+    RunInfo,
+    TraceError,
+    default_run_dir,
+    read_run_info,
+    resolve_run_dir,
+    write_run_info,
+)
+
+__all__ = [
+    "RequestSummary",
+    "RunInfo",
+    "TraceError",
+    "TraceStore",
+    "default_run_dir",
+    "read_run_info",
+    "resolve_run_dir",
+    "write_run_info",
+]
+
+_SEGMENT_GLOB = "events-*.jsonl"
+_END_KINDS = {EventKind.COMPLETED: "completed", EventKind.FAILED: "failed", EventKind.ABORTED: "aborted"}
+
+
+@dataclass(frozen=True)
+class RequestSummary:
+    request_id: str
+    start_ns: int  # admission, or the first event seen when admission was not recorded
+    end_ns: int | None  # completion / failure / abort; None while in flight
+    status: str  # completed, failed, aborted, in_flight
+
+    @property
+    def duration_s(self) -> float | None:
+        return None if self.end_ns is None else (self.end_ns - self.start_ns) / 1e9
+
+
+class TraceStore:
+    def __init__(
+        self,
+        run_dir: Path,
+        segment_bytes: int = 16 * 1024 * 1024,
+        max_segments: int = 8,
+    ) -> None:
+        if segment_bytes < 1 or max_segments < 1:
+            raise ValueError(
+                f"TraceStore needs segment_bytes >= 1 and max_segments >= 1, got {segment_bytes}, {max_segments}"
+            )
+        self.run_dir = Path(run_dir)
+        self.segment_bytes = segment_bytes
+        self.max_segments = max_segments
+        self._encoder = msgspec.json.Encoder()
+        self._decoder = msgspec.json.Decoder(Event)
+        self._lock = threading.Lock()
+        self._file: BinaryIO | None = None
+        self._file_bytes = 0
+
+    # -- writing ---------------------------------------------------------------------
+
+    def append(self, events: Sequence[Event]) -> None:
+        """Write ``events`` (one line each) and flush; rotates segments as they fill."""
+        if not events:
+            return
+        lines = bytearray()
+        for event in events:
+            self._encoder.encode_into(event, lines, len(lines))
+            lines += b"\n"
+        with self._lock:
+            file = self._file if self._file is not None else self._open_next_segment()
+            file.write(lines)
+            file.flush()
+            self._file_bytes += len(lines)
+            if self._file_bytes >= self.segment_bytes:
+                file.close()
+                self._file = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+    def _open_next_segment(self) -> BinaryIO:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        segments = self.segments()
+        number = _segment_number(segments[-1]) + 1 if segments else 1
+        for old in segments[: max(0, len(segments) + 1 - self.max_segments)]:
+            old.unlink(missing_ok=True)
+        self._file = open(self.run_dir / f"events-{number:06d}.jsonl", "ab")
+        self._file_bytes = 0
+        return self._file
+
+    # -- reading ---------------------------------------------------------------------
+
+    def segments(self) -> list[Path]:
+        """The segment files, oldest first."""
+        return sorted(self.run_dir.glob(_SEGMENT_GLOB), key=_segment_number)
+
+    def size_bytes(self) -> int:
+        return sum(path.stat().st_size for path in self.segments())
+
+    def iter_events(self, request_id: str | None = None) -> Iterator[Event]:
+        """Every stored event (of one request, if given), in the order written."""
+        # The id is a whole array element (`,"id",`): a cheap byte test before decoding.
+        needle = b"," + msgspec.json.encode(request_id) + b"," if request_id is not None else None
+        for segment in self.segments():
+            try:
+                data = segment.read_bytes()
+            except FileNotFoundError:  # rotated away while we were reading
+                continue
+            for line in data.splitlines():
+                if needle is not None and needle not in line:
+                    continue
+                try:
+                    event = self._decoder.decode(line)
+                except msgspec.DecodeError:
+                    continue  # a torn last line from a process that died mid-write
+                if request_id is None or event.request_id == request_id:
+                    yield event
+
+    def events(self, request_id: str) -> list[Event]:
+        """One request's events in time order; empty when the id is unknown."""
+        return sorted(self.iter_events(request_id), key=lambda event: event.ts)
+
+    def summaries(self) -> list[RequestSummary]:
+        """One summary per request seen, ordered by start time."""
+        first: dict[str, int] = {}
+        admitted: dict[str, int] = {}
+        ended: dict[str, tuple[int, str]] = {}
+        for event in self.iter_events():
+            if not event.request_id:
+                continue  # bookkeeping (recorder drops), not a request
+            if event.request_id not in first or event.ts < first[event.request_id]:
+                first[event.request_id] = event.ts
+            if event.kind is EventKind.ADMITTED:
+                admitted[event.request_id] = event.ts
+            elif event.kind in _END_KINDS:
+                ended[event.request_id] = (event.ts, _END_KINDS[event.kind])
+        summaries = []
+        for request_id, first_ts in first.items():
+            start = admitted.get(request_id, first_ts)
+            end, status = ended.get(request_id, (None, "in_flight"))
+            summaries.append(RequestSummary(request_id, start, end, status))
+        return sorted(summaries, key=lambda summary: summary.start_ns)
+
+    def request_ids(self, last: int | None = None, slowest: int | None = None) -> list[tuple[str, float | None]]:
+        """``(id, duration_s)`` pairs: the ``last`` N started (newest first), the ``slowest``
+        N finished (slowest first), or all (oldest first). Duration is None while in flight."""
+        return [(s.request_id, s.duration_s) for s in self.select(last=last, slowest=slowest)]
+
+    def select(self, last: int | None = None, slowest: int | None = None) -> list[RequestSummary]:
+        if last is not None and slowest is not None:
+            raise ValueError("choose one of last / slowest, not both")
+        summaries = self.summaries()
+        if last is not None:
+            return list(reversed(summaries))[: max(0, last)]
+        if slowest is not None:
+            finished = [s for s in summaries if s.end_ns is not None]
+            finished.sort(key=lambda s: s.end_ns - s.start_ns, reverse=True)  # type: ignore[operator]
+            return finished[: max(0, slowest)]
+        return summaries
+
+
+def _segment_number(path: Path) -> int:
+    return int(path.stem.split("-", 1)[1])
