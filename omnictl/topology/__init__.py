@@ -1,0 +1,47 @@
+"""The topology language: load, validate and derive a stage graph from a YAML file.
+
+The runtime builds on :func:`load`; ``omnictl validate`` is a thin shell over :func:`validate`.
+"""
+
+from __future__ import annotations
+
+from omnictl.topology.issues import Issue
+from omnictl.topology.model import (
+    Edge,
+    EdgeKind,
+    ProcessSpec,
+    RelayKnobs,
+    StageSpec,
+    Topology,
+    Transport,
+)
+from omnictl.topology.resolve import ResolveError, resolve
+from omnictl.topology.schema import schema_path
+from omnictl.topology.validation import (
+    TopologyReadError,
+    ValidationReport,
+    load,
+    loads,
+    validate,
+    validate_text,
+)
+
+__all__ = [
+    "Edge",
+    "EdgeKind",
+    "Issue",
+    "ProcessSpec",
+    "RelayKnobs",
+    "ResolveError",
+    "StageSpec",
+    "Topology",
+    "TopologyReadError",
+    "Transport",
+    "ValidationReport",
+    "load",
+    "loads",
+    "resolve",
+    "schema_path",
+    "validate",
+    "validate_text",
+]

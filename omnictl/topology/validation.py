@@ -1,0 +1,154 @@
+"""Validate a topology file and derive the Topology from it: the library API behind
+``omnictl validate`` and the runtime's ``load``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omnictl.exceptions import OmnictlError, TopologyError
+from omnictl.topology import placement, rules, shape
+from omnictl.topology.derive import derive
+from omnictl.topology.issues import Issue
+from omnictl.topology.model import RelayKnobs, StageSpec, Topology
+from omnictl.topology.raw import RawStage, Reporter, read_stages
+from omnictl.topology.resolve import check_imports as check_stage_imports
+from omnictl.topology.schema import check_schema
+from omnictl.topology.yamlnodes import Document, parse
+
+
+class TopologyReadError(OmnictlError):
+    """A topology file could not be read at all (missing, a directory, not UTF-8...)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: cannot read topology file: {reason}")
+
+
+@dataclass
+class ValidationReport:
+    file: str
+    issues: list[Issue] = field(default_factory=list)
+    topology: Topology | None = None
+
+    @property
+    def valid(self) -> bool:
+        return not self.issues
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "valid": self.valid,
+            "errors": [issue.to_json() for issue in self.issues],
+            "derived": derived_json(self.topology) if self.topology is not None else None,
+        }
+
+
+def derived_json(topology: Topology) -> dict[str, Any]:
+    """What omnictl derived, in the shape of ``omnictl validate --format json``."""
+    return {
+        "entry": topology.entry,
+        "terminals": dict(topology.terminals),
+        "processes": {
+            name: {"stages": list(p.stages), "gpus": list(p.gpus)}
+            for name, p in topology.processes.items()
+        },
+        "edges": [
+            {"from": e.src, "to": e.dst, "kind": e.kind.value, "transport": e.transport.value}
+            for e in topology.edges
+        ],
+    }
+
+
+def _stage_spec(stage: RawStage, line: int) -> StageSpec:
+    gpu = stage.gpu or ()
+    return StageSpec(
+        name=stage.name,
+        factory=stage.factory or "",
+        factory_args=dict(stage.factory_args),
+        next=stage.next or (),
+        route_fn=stage.route_fn,
+        terminal=stage.terminal,
+        modality=(stage.modality or stage.name) if stage.terminal else None,
+        wait_for=stage.wait_for or (),
+        merge_fn=stage.merge_fn,
+        gpu=gpu,
+        tp_size=stage.tp_size or max(len(gpu), 1),
+        process=stage.process_name,
+        stream_to=stage.stream_to or (),
+        project=dict(stage.project),
+        relay=RelayKnobs(**stage.relay),
+        line=line,
+    )
+
+
+def _graph_issues(doc: Document, stages: list[RawStage], check_imports: bool) -> list[Issue]:
+    report = Reporter(doc)
+    by_name = rules.unique_stages(stages, report)
+    names = list(by_name)
+    upstreams = rules.upstreams_of(by_name)
+    for stage in stages:
+        rules.check_routing(stage, report)
+        rules.check_references(stage, names, report)
+        placement.check_tp_size(stage, report)
+        if check_imports:
+            check_stage_imports(stage, report)
+    for name, stage in by_name.items():
+        rules.check_fan_in(stage, upstreams[name], names, report)
+    shape.check_entry_and_reach(by_name, report)
+    shape.check_terminals(by_name, report)
+    shape.check_cycles(by_name, report)
+    placement.check_processes(by_name, report)
+    return report.issues
+
+
+def validate_text(text: str, filename: str = "<string>", *,
+                  check_imports: bool = False) -> ValidationReport:
+    """Every problem in ``text``; the derived Topology when there is none. Never raises."""
+    doc = parse(text, filename)
+    issues = list(doc.issues)
+    if not any(i.rule == "yaml-syntax" for i in issues):
+        issues += check_schema(doc)
+        stages = read_stages(doc)
+        issues += _graph_issues(doc, stages, check_imports)
+    issues.sort(key=lambda i: (i.line, i.column))
+    report = ValidationReport(file=filename, issues=issues)
+    if report.valid:
+        data = doc.data
+        stage_specs = {s.name: _stage_spec(s, doc.position(s.path)[0]) for s in stages}
+        path = None if filename.startswith("<") else Path(filename)
+        name = data.get("name") or (path.stem if path else "topology")
+        report.topology = derive(name, path, data.get("model_path"), stage_specs)
+    return report
+
+
+def read_text(path: str | Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise TopologyReadError(str(path), str(error)) from error
+
+
+def validate(path: str | Path, *, check_imports: bool = False) -> ValidationReport:
+    """Validate one file. Raises :class:`TopologyReadError` if it cannot be read."""
+    return validate_text(read_text(path), str(path), check_imports=check_imports)
+
+
+def loads(text: str, filename: str = "<string>") -> Topology:
+    """The Topology described by ``text``; raises TopologyError listing every problem."""
+    report = validate_text(text, filename)
+    if report.topology is None:
+        raise TopologyError(filename, report.issues)
+    return report.topology
+
+
+def load(path: str | Path, *, device: str | None = None) -> Topology:
+    """The Topology in ``path``. ``device="cpu"`` drops every GPU placement (see on_cpu)."""
+    topology = loads(read_text(path), str(path))
+    if device is None:
+        return topology
+    if device == "cpu":
+        return topology.on_cpu()
+    raise ValueError(f"device must be None or 'cpu', not {device!r}")
