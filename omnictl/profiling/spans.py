@@ -204,7 +204,8 @@ def _match(sends: deque[Event], receives: deque[Event], src: str, dst: str, kind
         while receives and receives[0].ts < sent.ts:
             receives.popleft()
         received = receives.popleft() if receives else None
-        meta: dict[str, MetaValue] = {"src": src, "dst": dst, **sent.meta}
+        meta: dict[str, MetaValue] = {"src": src, "dst": dst}
+        meta.update((key, value) for key, value in sent.meta.items() if key != "target")
         if received is None:
             meta["received"] = False
             end = sent.ts

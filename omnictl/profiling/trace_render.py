@@ -1,0 +1,172 @@
+"""One request as text (a waterfall on one time axis) or as JSON (events and spans).
+
+The waterfall has one row per stage; each row paints the stage's segments in its own
+character, so it reads without colour too::
+
+    request        |-----------------T-----------A----|  38.0 ms
+    preprocessing  |>::bb---                          |  3.35 ms
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from rich.text import Text
+
+from omnictl.profiling.spans import RequestTrace, Span
+from omnictl.profiling.units import format_bytes, format_seconds
+
+NAME_WIDTH = 14
+TIME_WIDTH = 9
+
+# Segment kind -> (character, style); later entries paint over earlier ones.
+SEGMENTS: dict[str, tuple[str, str]] = {
+    "stage": ("-", "dim"),
+    "fanin_wait": ("~", "yellow"),
+    "unpack": ("u", "magenta"),
+    "queue": (":", "red"),
+    "build": ("b", "cyan"),
+    "prefill": ("P", "blue"),
+    "decode": ("=", "green"),
+}
+ARRIVAL = (">", "bold magenta")  # a hop (or the first stream chunk) arrived at this stage
+MARKS = {"first_text": ("T", "bold green"), "first_audio": ("A", "bold yellow"), "failed": ("X", "bold red")}
+LEGEND = (
+    "legend: > hop arrival  u unpack  ~ fan-in wait  : queue  b build  P prefill",
+    "        = decode  - other time at the stage  T first text  A first audio  X failure",
+)
+
+
+def render_waterfall(trace: RequestTrace, width: int = 80) -> Text:
+    """The request's waterfall, hops and marks; no line is wider than ``width``."""
+    bar_width = max(10, width - NAME_WIDTH - TIME_WIDTH - 3)
+    axis = _Axis(trace.request.start_ns, trace.request.end_ns, bar_width)
+    out = Text(no_wrap=True, overflow="crop")
+    total = format_seconds(trace.request.duration_ns / 1e9)
+    out.append(_fit(f"request {trace.request_id}  {trace.status}  {total}", width) + "\n", style="bold")
+    out.append(" " * (NAME_WIDTH + 1) + _axis_labels(total, bar_width + 2) + "\n", style="dim")
+    out.append_text(_request_row(trace, axis))
+    for stage in trace.stages:
+        out.append_text(_stage_row(trace, stage, axis))
+    out.append_text(_marks_line(trace, width))
+    out.append_text(_hops_table(trace, width))
+    for line in LEGEND:
+        out.append(_fit(line, width) + "\n", style="dim")
+    return out
+
+
+def _stage_row(trace: RequestTrace, stage: str, axis: "_Axis") -> Text:
+    cells = [(" ", "")] * axis.width
+    spans = [s for s in trace.spans if s.stage == stage]
+    for kind, (char, style) in SEGMENTS.items():
+        for span in spans:
+            if span.kind == kind:
+                for column in axis.columns(span.start_ns, span.end_ns):
+                    cells[column] = (char, style)
+        if kind == "stage":  # arrivals go under the segments, over the plain stage time
+            for span in trace.of_kind("hop", "stream"):
+                if span.meta.get("dst") == stage and span.meta.get("received", True):
+                    cells[axis.column(span.end_ns)] = ARRIVAL
+    stage_spans = [s for s in spans if s.kind == "stage"]
+    busy = sum(s.duration_ns for s in stage_spans) / 1e9 if stage_spans else None
+    return _row(stage, cells, format_seconds(busy))
+
+
+def _request_row(trace: RequestTrace, axis: "_Axis") -> Text:
+    cells = [("-", "bold")] * axis.width
+    for span in trace.of_kind("mark"):
+        if span.name in MARKS:
+            cells[axis.column(span.start_ns)] = MARKS[span.name]
+    return _row("request", cells, format_seconds(trace.request.duration_ns / 1e9))
+
+
+def _row(name: str, cells: list[tuple[str, str]], figure: str) -> Text:
+    row = Text(f"{_fit(name, NAME_WIDTH):<{NAME_WIDTH}} |", no_wrap=True)
+    for char, style in cells:
+        row.append(char, style=style or None)
+    row.append(f"|{figure:>{TIME_WIDTH}}\n")
+    return row
+
+
+def _marks_line(trace: RequestTrace, width: int) -> Text:
+    parts = []
+    for span in trace.of_kind("mark"):
+        if span.name in MARKS:
+            where = f" at {span.stage}" if span.stage else ""
+            parts.append(f"{span.name.replace('_', ' ')}{where} +{format_seconds((span.start_ns - trace.request.start_ns) / 1e9)}")
+    return Text(_fit("marks: " + ("; ".join(parts) or "none"), width) + "\n")
+
+
+def _hops_table(trace: RequestTrace, width: int) -> Text:
+    """One line per edge: data hops one by one, stream chunks summarised."""
+    groups: dict[tuple[str, str], list[Span]] = defaultdict(list)
+    for span in trace.of_kind("hop", "stream"):
+        groups[(span.kind, span.name)].append(span)
+    out = Text("hops:\n" if groups else "hops: none recorded\n")
+    for (kind, name), spans in groups.items():
+        latencies = sorted(s.duration_ns for s in spans if s.meta.get("received", True))
+        transport = str(spans[0].meta.get("transport", "?"))
+        sizes = [s.meta["bytes"] for s in spans if isinstance(s.meta.get("bytes"), (int, float))]
+        size = format_bytes(sum(sizes)) if sizes else "-"  # type: ignore[arg-type]
+        if not latencies:
+            latency = "not received"
+        elif kind == "stream":
+            latency = f"{len(spans)} chunks, max {format_seconds(latencies[-1] / 1e9)}"
+        else:
+            latency = format_seconds(latencies[0] / 1e9)
+        label = f"{name} ({kind})" if kind == "stream" else name
+        out.append(_fit(f"  {_fit(label, 34):<34} {transport:<8} {latency:>20} {size:>9}", width) + "\n")
+    return out
+
+
+class _Axis:
+    def __init__(self, start_ns: int, end_ns: int, width: int) -> None:
+        self.start, self.width = start_ns, width
+        self.scale = width / max(1, end_ns - start_ns)
+
+    def column(self, ts: int) -> int:
+        return min(self.width - 1, max(0, int((ts - self.start) * self.scale)))
+
+    def columns(self, start_ns: int, end_ns: int) -> range:
+        first = self.column(start_ns)
+        # Anything that lasted at all shows as at least one column.
+        return range(first, max(first + 1, self.column(end_ns)))
+
+
+def _axis_labels(total: str, width: int) -> str:
+    return "0" + total.rjust(width - 1)
+
+
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def trace_to_json(trace: RequestTrace) -> dict[str, Any]:
+    """The request's events and the spans derived from them, as plain JSON types."""
+    return {
+        "request_id": trace.request_id,
+        "status": trace.status,
+        "start_ns": trace.request.start_ns,
+        "end_ns": trace.request.end_ns,
+        "duration_ns": trace.request.duration_ns,
+        "stages": trace.stages,
+        "events": [
+            {"kind": e.kind.value, "stage": e.stage, "process": e.process, "ts": e.ts, "meta": dict(e.meta)}
+            for e in trace.events
+        ],
+        "spans": [_span_json(span) for span in [trace.request, *trace.spans]],
+    }
+
+
+def _span_json(span: Span) -> dict[str, Any]:
+    return {
+        "name": span.name,
+        "kind": span.kind,
+        "stage": span.stage,
+        "process": span.process,
+        "start_ns": span.start_ns,
+        "end_ns": span.end_ns,
+        "duration_ns": span.duration_ns,
+        "meta": dict(span.meta),
+    }
