@@ -1,0 +1,348 @@
+"""The one request shape model topologies take, checked part by part.
+
+``{"messages": [...], "sampling": {...}, "voice": ...}``: OpenAI-style chat messages
+whose content parts are ``text``, ``input_audio`` (base64 WAV / pcm16, or a numpy
+array) and ``image_url`` (a data URL or a local path). :func:`parse_request` turns it
+into a :class:`ChatRequest` or raises :class:`InvalidRequest` whose ``field`` names the
+bad part, e.g. ``messages[0].content[1].input_audio.data``. Audio is decoded while
+parsing (a broken WAV is a bad request, not a stage crash); images are only checked,
+and loaded on demand with :func:`load_image`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import math
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Union
+
+import numpy as np
+
+from omnictl.exceptions import InvalidRequest
+
+if TYPE_CHECKING:  # Pillow is only needed by topologies that take images
+    from PIL.Image import Image
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+AUDIO_FORMATS = ("wav", "pcm16")
+PCM16_RATE = 24_000  # the OpenAI convention for raw pcm16
+ARRAY_RATE = 16_000  # numpy arrays without a sample_rate are taken as 16 kHz
+_MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}
+_SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+# Leading bytes of the image formats the image processors read.
+_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM", b"RIFF")
+
+
+@dataclass(frozen=True, slots=True)
+class TextPart:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class AudioPart:
+    samples: np.ndarray  # float32 mono in [-1, 1], at ``sample_rate``
+    sample_rate: int
+    field: str  # where it sat in the request, for errors raised later
+
+
+@dataclass(frozen=True, slots=True)
+class ImagePart:
+    field: str
+    data: bytes | None = None  # from a data URL
+    path: Path | None = None  # a local file
+
+
+Part = Union[TextPart, AudioPart, ImagePart]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str
+    parts: tuple[Part, ...]
+
+    def text(self) -> str:
+        """The message's text parts joined by a space (media parts skipped)."""
+        return " ".join(part.text for part in self.parts if isinstance(part, TextPart))
+
+    def audio(self) -> list[AudioPart]:
+        return [part for part in self.parts if isinstance(part, AudioPart)]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int | None = None
+    temperature: float | None = None  # 0 means greedy
+    top_p: float | None = None
+    top_k: int | None = None  # 0 means no limit
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    messages: tuple[ChatMessage, ...]
+    sampling: SamplingParams
+    voice: str | None = None
+
+    def last_user_message(self) -> ChatMessage | None:
+        for message in reversed(self.messages):
+            if message.role == "user":
+                return message
+        return None
+
+
+def _fail(field: str, problem: str) -> InvalidRequest:
+    return InvalidRequest(f"{field}: {problem}", field=field)
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _expect(value: Any, kind: type | tuple[type, ...], field: str, what: str) -> Any:
+    # JSON `true` is a Python int; it is never a valid number here
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise _fail(field, f"must be {what}, got {value!r}")
+    if not isinstance(value, kind):
+        raise _fail(field, f"must be {what}, got {_kind(value)}")
+    return value
+
+
+def _no_unknown_keys(obj: Mapping[str, Any], allowed: set[str] | tuple[str, ...], field: str) -> None:
+    for key in obj:
+        if key not in allowed:
+            raise _fail(f"{field}.{key}", f"unknown field (expected one of {', '.join(sorted(allowed))})")
+
+
+def parse_request(inputs: Mapping[str, Any]) -> ChatRequest:
+    """Check ``inputs`` and decode its audio; raises :class:`InvalidRequest` naming the bad part."""
+    _expect(inputs, Mapping, "inputs", "an object")
+    _no_unknown_keys(inputs, {"messages", "sampling", "voice"}, "inputs")
+    messages = _expect(inputs.get("messages"), list, "messages", "a list of chat messages")
+    if not messages:
+        raise _fail("messages", "must contain at least one message")
+    voice = inputs.get("voice")
+    if voice is not None and (not isinstance(voice, str) or not voice):
+        raise _fail("voice", f"must be a voice name (a non-empty string), got {voice!r}")
+    return ChatRequest(
+        messages=tuple(_parse_message(message, f"messages[{i}]") for i, message in enumerate(messages)),
+        sampling=parse_sampling(inputs.get("sampling") or {}),
+        voice=voice,
+    )
+
+
+def _parse_message(message: Any, field: str) -> ChatMessage:
+    _expect(message, Mapping, field, "an object with 'role' and 'content'")
+    _no_unknown_keys(message, _MESSAGE_KEYS, field)
+    role = message.get("role")
+    if role not in ROLES:
+        raise _fail(f"{field}.role", f"must be one of {', '.join(ROLES)}, got {role!r}")
+    content = message.get("content")
+    if content is None and role == "assistant":  # an assistant turn that only called tools
+        return ChatMessage(role, ())
+    if isinstance(content, str):
+        return ChatMessage(role, (TextPart(content),))
+    _expect(content, list, f"{field}.content", "a string or a list of content parts")
+    return ChatMessage(role, tuple(_parse_part(part, f"{field}.content[{j}]") for j, part in enumerate(content)))
+
+
+def _parse_part(part: Any, field: str) -> Part:
+    _expect(part, Mapping, field, "an object with a 'type'")
+    kind = part.get("type")
+    if kind == "text":
+        _no_unknown_keys(part, {"type", "text"}, field)
+        return TextPart(_expect(part.get("text"), str, f"{field}.text", "a string"))
+    if kind == "input_audio":
+        _no_unknown_keys(part, {"type", "input_audio"}, field)
+        return _parse_audio(_expect(part.get("input_audio"), Mapping, f"{field}.input_audio", "an object"), f"{field}.input_audio")
+    if kind == "image_url":
+        _no_unknown_keys(part, {"type", "image_url"}, field)
+        image = _expect(part.get("image_url"), Mapping, f"{field}.image_url", "an object with a 'url'")
+        _no_unknown_keys(image, {"url", "detail"}, f"{field}.image_url")
+        return _parse_image(_expect(image.get("url"), str, f"{field}.image_url.url", "a string"), f"{field}.image_url.url")
+    raise _fail(f"{field}.type", f"must be text, input_audio or image_url, got {kind!r}")
+
+
+def _parse_audio(audio: Mapping[str, Any], field: str) -> AudioPart:
+    _no_unknown_keys(audio, {"data", "format", "sample_rate"}, field)
+    data = audio.get("data")
+    rate = audio.get("sample_rate")
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int) or not 1000 <= rate <= 384_000):
+        raise _fail(f"{field}.sample_rate", f"must be an integer between 1000 and 384000 (Hz), got {rate!r}")
+    if isinstance(data, np.ndarray):
+        return AudioPart(_array_samples(data, f"{field}.data"), rate or ARRAY_RATE, field)
+    fmt = audio.get("format", "wav")
+    if fmt not in AUDIO_FORMATS:
+        raise _fail(f"{field}.format", f"must be one of {', '.join(AUDIO_FORMATS)}, got {fmt!r}")
+    _expect(data, str, f"{field}.data", "a base64 string or a numpy array")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise _fail(f"{field}.data", f"not valid base64 ({exc})") from exc
+    if fmt == "pcm16":
+        if len(raw) % 2:
+            raise _fail(f"{field}.data", f"pcm16 audio must hold whole 16-bit samples, got {len(raw)} bytes")
+        samples = np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
+        return AudioPart(_array_samples(samples, f"{field}.data"), rate or PCM16_RATE, field)
+    if rate is not None:
+        raise _fail(f"{field}.sample_rate", "a WAV file carries its own sample rate; drop this field")
+    samples, wav_rate = read_wav(raw, f"{field}.data")
+    return AudioPart(_array_samples(samples, f"{field}.data"), wav_rate, field)
+
+
+def _array_samples(array: np.ndarray, field: str) -> np.ndarray:
+    if array.ndim != 1:
+        raise _fail(field, f"audio must be mono (a 1-D array), got shape {array.shape}")
+    if array.size == 0:
+        raise _fail(field, "audio is empty")
+    if array.dtype == np.int16:
+        return array.astype(np.float32) / 32768.0
+    if not np.issubdtype(array.dtype, np.floating):
+        raise _fail(field, f"audio arrays must be float (in [-1, 1]) or int16, got {array.dtype}")
+    samples = np.ascontiguousarray(array, dtype=np.float32)
+    if not np.isfinite(samples).all():
+        raise _fail(field, "audio contains NaN or infinite samples")
+    return samples
+
+
+def read_wav(raw: bytes, field: str = "audio") -> tuple[np.ndarray, int]:
+    """Mono float32 samples and the rate of a RIFF/WAVE file (PCM 8/16/24/32-bit or float)."""
+    if len(raw) < 12 or raw[:4] != b"RIFF" or raw[8:12] != b"WAVE":
+        raise _fail(field, "not a WAV file (no RIFF/WAVE header)")
+    fmt: tuple[int, int, int, int] | None = None
+    offset = 12
+    while offset + 8 <= len(raw):
+        chunk_id, size = raw[offset : offset + 4], struct.unpack_from("<I", raw, offset + 4)[0]
+        body = raw[offset + 8 : offset + 8 + size]  # a streamed WAV marks the data size 0xFFFFFFFF
+        if chunk_id == b"fmt " and len(body) >= 16:
+            tag, channels, rate, _, _, bits = struct.unpack_from("<HHIIHH", body)
+            if tag == 0xFFFE and len(body) >= 26:  # WAVE_FORMAT_EXTENSIBLE: the real tag is in the GUID
+                tag = struct.unpack_from("<H", body, 24)[0]
+            fmt = (tag, channels, rate, bits)
+        elif chunk_id == b"data":
+            if fmt is None:
+                raise _fail(field, "WAV file has its data before its fmt chunk")
+            return _wav_samples(body, *fmt, field=field), fmt[2]
+        offset += 8 + size + (size & 1)
+    raise _fail(field, "WAV file has no data chunk" if fmt else "WAV file has no fmt chunk")
+
+
+def _wav_samples(body: bytes, tag: int, channels: int, rate: int, bits: int, field: str) -> np.ndarray:
+    if channels < 1 or rate < 1:
+        raise _fail(field, f"WAV header is broken ({channels} channels at {rate} Hz)")
+    if tag == 1 and bits in (8, 16, 32):
+        dtype = {8: np.uint8, 16: np.dtype("<i2"), 32: np.dtype("<i4")}[bits]
+        ints = np.frombuffer(body[: len(body) - len(body) % (bits // 8)], dtype=dtype).astype(np.float32)
+        samples = (ints - 128.0) / 128.0 if bits == 8 else ints / float(2 ** (bits - 1))
+    elif tag == 1 and bits == 24:
+        triples = np.frombuffer(body[: len(body) - len(body) % 3], dtype=np.uint8).reshape(-1, 3).astype(np.int32)
+        ints = triples[:, 0] | (triples[:, 1] << 8) | (triples[:, 2] << 16)
+        samples = (np.where(ints >= 1 << 23, ints - (1 << 24), ints) / float(1 << 23)).astype(np.float32)
+    elif tag == 3 and bits in (32, 64):
+        samples = np.frombuffer(body[: len(body) - len(body) % (bits // 8)], dtype=f"<f{bits // 8}").astype(np.float32)
+    else:
+        raise _fail(field, f"unsupported WAV encoding (format tag {tag}, {bits} bits); send PCM or float WAV")
+    frames = samples.size // channels
+    # Several channels are averaged: every model here hears mono.
+    return samples[: frames * channels].reshape(frames, channels).mean(axis=1)
+
+
+def _parse_image(url: str, field: str) -> ImagePart:
+    if url.startswith("data:"):
+        header, sep, payload = url.partition(",")
+        if not sep or not header.endswith(";base64") or not header[5:].startswith("image/"):
+            raise _fail(field, "a data URL must look like 'data:image/<type>;base64,<data>'")
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise _fail(field, f"not valid base64 ({exc})") from exc
+        if not data.startswith(_IMAGE_MAGIC):
+            raise _fail(field, "the data is not a PNG, JPEG, GIF, BMP or WebP image")
+        return ImagePart(field, data=data)
+    if url.startswith(("http://", "https://")):
+        raise _fail(field, "remote image URLs are not fetched; send a data URL or a local path")
+    path = Path(url.removeprefix("file://")).expanduser()
+    if not path.is_file():
+        raise _fail(field, f"no image file at {str(path)!r}")
+    return ImagePart(field, path=path)
+
+
+def parse_sampling(sampling: Any) -> SamplingParams:
+    _expect(sampling, Mapping, "sampling", "an object")
+    _no_unknown_keys(sampling, _SAMPLING_KEYS, "sampling")
+    number = (int, float)
+    temperature = sampling.get("temperature")
+    if temperature is not None and (not math.isfinite(_expect(temperature, number, "sampling.temperature", "a number")) or temperature < 0):
+        raise _fail("sampling.temperature", f"must be 0 (greedy) or more, got {temperature!r}")
+    top_p = sampling.get("top_p")
+    if top_p is not None and not 0 < _expect(top_p, number, "sampling.top_p", "a number") <= 1:
+        raise _fail("sampling.top_p", f"must be in (0, 1], got {top_p!r}")
+    for key, low in (("max_tokens", 1), ("top_k", 0)):
+        value = sampling.get(key)
+        if value is not None and _expect(value, int, f"sampling.{key}", "an integer") < low:
+            raise _fail(f"sampling.{key}", f"must be at least {low}, got {value}")
+    seed = sampling.get("seed")
+    if seed is not None:
+        _expect(seed, int, "sampling.seed", "an integer")
+    stop = sampling.get("stop") or ()
+    if isinstance(stop, str):
+        stop = (stop,)
+    _expect(stop, (list, tuple), "sampling.stop", "a string or a list of strings")
+    for i, item in enumerate(stop):
+        if not isinstance(item, str) or not item:
+            raise _fail(f"sampling.stop[{i}]", f"must be a non-empty string, got {item!r}")
+    return SamplingParams(
+        max_tokens=sampling.get("max_tokens"),
+        temperature=None if temperature is None else float(temperature),
+        top_p=None if top_p is None else float(top_p),
+        top_k=sampling.get("top_k"),
+        seed=seed,
+        stop=tuple(stop),
+    )
+
+
+def decode_audio(part: AudioPart, sample_rate: int) -> np.ndarray:
+    """The part's samples as float32 mono at ``sample_rate``."""
+    return resample(part.samples, part.sample_rate, sample_rate)
+
+
+def resample(samples: np.ndarray, rate: int, target: int, half_width: int = 16) -> np.ndarray:
+    """Band-limited (Hann-windowed sinc) resampling; low-passes when going down so speech keeps its shape."""
+    if rate == target:
+        return samples
+    ratio = target / rate
+    cutoff = min(1.0, ratio)  # of the input's Nyquist frequency
+    count = int(round(samples.size * ratio))
+    radius = half_width / cutoff  # filter reach, in input samples
+    taps = np.arange(-math.ceil(radius), math.ceil(radius) + 1)
+    out = np.empty(count, dtype=np.float32)
+    block = 8192  # bounds the (outputs x taps) work matrix
+    for start in range(0, count, block):
+        times = np.arange(start, min(start + block, count)) / ratio
+        centre = np.floor(times).astype(np.int64)
+        index = centre[:, None] + taps[None, :]
+        distance = times[:, None] - index
+        weights = cutoff * np.sinc(cutoff * distance) * np.where(
+            np.abs(distance) < radius, 0.5 + 0.5 * np.cos(np.pi * distance / radius), 0.0
+        )
+        valid = (index >= 0) & (index < samples.size)
+        gathered = np.where(valid, samples[np.clip(index, 0, samples.size - 1)], 0.0)
+        out[start : start + times.size] = (gathered * weights).sum(axis=1)
+    return out
+
+
+def load_image(part: ImagePart) -> "Image":
+    """The part's image as an RGB PIL image (needs Pillow)."""
+    try:
+        from PIL import Image, UnidentifiedImageError
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError("reading image inputs needs Pillow: pip install pillow") from exc
+    try:
+        image = Image.open(io.BytesIO(part.data) if part.data is not None else str(part.path))
+        return image.convert("RGB")
+    except (UnidentifiedImageError, OSError) as exc:
+        raise _fail(part.field, f"cannot read the image ({exc})") from exc

@@ -1,0 +1,207 @@
+"""Request input validation: every bad part is named; good audio decodes to the right samples."""
+
+from __future__ import annotations
+
+import base64
+import io
+import struct
+import wave
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from omnictl.exceptions import InvalidRequest
+from omnictl.models.inputs import (
+    AudioPart,
+    ImagePart,
+    TextPart,
+    decode_audio,
+    parse_request,
+    read_wav,
+    resample,
+)
+
+RATE = 16_000
+PNG_1PX = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+)
+
+
+def tone(seconds: float = 0.25, rate: int = RATE, hz: float = 440.0) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    return (0.5 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+
+
+def wav_bytes(samples: np.ndarray, rate: int = RATE, channels: int = 1) -> bytes:
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(channels)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+    return buffer.getvalue()
+
+
+def float_wav_bytes(samples: np.ndarray, rate: int) -> bytes:
+    body = samples.astype("<f4").tobytes()
+    fmt = struct.pack("<HHIIHH", 3, 1, rate, rate * 4, 4, 32)
+    return b"RIFF" + struct.pack("<I", 4 + 8 + 16 + 8 + len(body)) + b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt + b"data" + struct.pack("<I", len(body)) + body
+
+
+def audio_part(data: Any, fmt: str = "wav", **extra: Any) -> dict[str, Any]:
+    return {"type": "input_audio", "input_audio": {"data": data, "format": fmt, **extra}}
+
+
+def request(*parts: dict[str, Any], **top: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, *parts]}], **top}
+
+
+def field_of(inputs: Any) -> str | None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse_request(inputs)
+    assert caught.value.field is not None
+    assert str(caught.value).startswith(caught.value.field)  # the message leads with the part it names
+    return caught.value.field
+
+
+def test_text_and_wav_parts_parse_into_typed_parts() -> None:
+    samples = tone()
+    parsed = parse_request(request(audio_part(base64.b64encode(wav_bytes(samples)).decode())))
+    message = parsed.messages[0]
+    assert message.role == "user"
+    assert message.parts[0] == TextPart("hi")
+    audio = message.parts[1]
+    assert isinstance(audio, AudioPart)
+    assert audio.sample_rate == RATE
+    assert audio.field == "messages[0].content[1].input_audio"
+    np.testing.assert_allclose(audio.samples, samples, atol=1 / 16000)
+    assert parsed.last_user_message() is message
+    assert message.text() == "hi"
+
+
+def test_string_content_system_and_sampling() -> None:
+    parsed = parse_request(
+        {
+            "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}],
+            "sampling": {"max_tokens": 8, "temperature": 0, "top_p": 0.9, "top_k": 5, "seed": 3, "stop": "\n"},
+            "voice": "joe",
+        }
+    )
+    assert [m.text() for m in parsed.messages] == ["be brief", "hello"]
+    assert parsed.sampling.max_tokens == 8 and parsed.sampling.temperature == 0.0
+    assert parsed.sampling.stop == ("\n",) and parsed.sampling.top_k == 5 and parsed.sampling.seed == 3
+    assert parsed.voice == "joe"
+
+
+def test_pcm16_defaults_to_24khz_and_numpy_arrays_to_16khz() -> None:
+    pcm = (tone(rate=24_000) * 32767).astype("<i2").tobytes()
+    parsed = parse_request(request(audio_part(base64.b64encode(pcm).decode(), "pcm16"), audio_part(tone(), "wav")))
+    pcm_part, array_part = parsed.messages[0].parts[1:]
+    assert isinstance(pcm_part, AudioPart) and pcm_part.sample_rate == 24_000
+    assert isinstance(array_part, AudioPart) and array_part.sample_rate == RATE
+    assert pcm_part.samples.size == tone(rate=24_000).size
+
+
+def test_int16_numpy_array_is_scaled() -> None:
+    parsed = parse_request(request(audio_part(np.array([16384, -32768], dtype=np.int16), sample_rate=8000)))
+    part = parsed.messages[0].parts[1]
+    assert isinstance(part, AudioPart) and part.sample_rate == 8000
+    np.testing.assert_allclose(part.samples, [0.5, -1.0])
+
+
+@pytest.mark.parametrize(
+    ("inputs", "field"),
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": "x", "colour": 1}]}, "messages[0].colour"),
+        (request({"type": "video"}), "messages[0].content[1].type"),
+        (request({"type": "text", "text": 5}), "messages[0].content[1].text"),
+        (request(audio_part("!!not base64!!")), "messages[0].content[1].input_audio.data"),
+        (request(audio_part(base64.b64encode(b"not a wav file").decode())), "messages[0].content[1].input_audio.data"),
+        (request(audio_part("AAAA", "mp3")), "messages[0].content[1].input_audio.format"),
+        (request(audio_part(base64.b64encode(b"\x00\x01\x02").decode(), "pcm16")), "messages[0].content[1].input_audio.data"),
+        (request(audio_part(np.zeros((2, 100), dtype=np.float32))), "messages[0].content[1].input_audio.data"),
+        (request(audio_part(np.array([np.nan], dtype=np.float32))), "messages[0].content[1].input_audio.data"),
+        (request(audio_part(np.zeros(0, dtype=np.float32))), "messages[0].content[1].input_audio.data"),
+        (request(audio_part(np.zeros(10, dtype=np.int64))), "messages[0].content[1].input_audio.data"),
+        (request(audio_part(12)), "messages[0].content[1].input_audio.data"),
+        (request(audio_part(tone(), sample_rate=True)), "messages[0].content[1].input_audio.sample_rate"),
+        (request({"type": "input_audio"}), "messages[0].content[1].input_audio"),
+        (request({"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}), "messages[0].content[1].image_url.url"),
+        (request({"type": "image_url", "image_url": {"url": "/no/such/image.png"}}), "messages[0].content[1].image_url.url"),
+        (request({"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}), "messages[0].content[1].image_url.url"),
+        (request({"type": "image_url", "image_url": {"url": "data:text/plain;base64,aGk="}}), "messages[0].content[1].image_url.url"),
+        (request({"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}), "messages[0].content[1].image_url.url"),
+        (request({"type": "image_url", "image_url": "x.png"}), "messages[0].content[1].image_url"),
+        (request(sampling={"temperature": -1}), "sampling.temperature"),
+        (request(sampling={"temperature": True}), "sampling.temperature"),
+        (request(sampling={"top_p": 0}), "sampling.top_p"),
+        (request(sampling={"max_tokens": 0}), "sampling.max_tokens"),
+        (request(sampling={"max_tokens": 2.5}), "sampling.max_tokens"),
+        (request(sampling={"top_k": -1}), "sampling.top_k"),
+        (request(sampling={"seed": "1"}), "sampling.seed"),
+        (request(sampling={"stop": ["ok", ""]}), "sampling.stop[1]"),
+        (request(sampling={"temprature": 0.5}), "sampling.temprature"),
+        (request(sampling=[1]), "sampling"),
+        (request(voice=""), "voice"),
+        (request(colour="red"), "inputs.colour"),
+    ],
+)
+def test_bad_input_names_the_part(inputs: Any, field: str) -> None:
+    assert field_of(inputs) == field
+
+
+def test_second_message_part_is_named_with_its_indices() -> None:
+    inputs = {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": [{"type": "text", "text": "b"}, audio_part("%%")]}]}
+    assert field_of(inputs) == "messages[1].content[1].input_audio.data"
+
+
+def test_wav_reader_handles_float_stereo_and_streamed_sizes() -> None:
+    samples = tone(rate=8000)
+    decoded, rate = read_wav(float_wav_bytes(samples, 8000))
+    assert rate == 8000
+    np.testing.assert_allclose(decoded, samples, atol=1e-7)
+
+    stereo = np.stack([samples, -samples * 0 + 0.25], axis=1).reshape(-1)
+    decoded, _ = read_wav(wav_bytes(stereo, rate=8000, channels=2))
+    np.testing.assert_allclose(decoded, (samples + 0.25) / 2, atol=2e-4)
+
+    # A streamed WAV (sizes marked unknown) holds everything after its header.
+    whole = bytearray(wav_bytes(samples))
+    whole[40:44] = b"\xff\xff\xff\xff"
+    decoded, _ = read_wav(bytes(whole))
+    assert decoded.size == samples.size
+
+
+def test_resample_keeps_a_tone_and_removes_what_the_target_cannot_hold() -> None:
+    low = tone(seconds=1.0, rate=22_050, hz=440.0)
+    down = decode_audio(AudioPart(low, 22_050, "x"), RATE)
+    assert down.size == RATE
+    spectrum = np.abs(np.fft.rfft(down))
+    assert abs(int(np.argmax(spectrum)) - 440) <= 1  # 1 Hz bins over one second
+    np.testing.assert_allclose(np.abs(down[2000:-2000]).max(), 0.5, atol=0.01)
+
+    high = tone(seconds=1.0, rate=44_100, hz=12_000.0)  # above the 8 kHz Nyquist of a 16 kHz target
+    assert np.abs(resample(high, 44_100, RATE)[2000:-2000]).max() < 0.02
+    assert resample(low, 22_050, 22_050) is low
+
+
+def test_image_parts_from_data_url_and_path(tmp_path: Path) -> None:
+    path = tmp_path / "pixel.png"
+    path.write_bytes(PNG_1PX)
+    url = "data:image/png;base64," + base64.b64encode(PNG_1PX).decode()
+    parsed = parse_request(request({"type": "image_url", "image_url": {"url": url}}, {"type": "image_url", "image_url": {"url": str(path)}}))
+    from_url, from_path = parsed.messages[0].parts[1:]
+    assert isinstance(from_url, ImagePart) and from_url.data == PNG_1PX
+    assert isinstance(from_path, ImagePart) and from_path.path == path
+    pil = pytest.importorskip("PIL")
+    assert pil is not None
+    from omnictl.models.inputs import load_image
+
+    assert load_image(from_url).size == (1, 1)
+    assert load_image(from_path).mode == "RGB"
