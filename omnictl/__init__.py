@@ -19,7 +19,26 @@ from omnictl.exceptions import (
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # The runtime pulls in zmq and the process machinery: load it on first use so
+    # `omnictl --help` and `omnictl validate` stay instant.
+    if name in ("Pipeline", "run"):
+        from omnictl import pipeline
+
+        return getattr(pipeline, name)
+    if name in ("RequestHandle", "RequestEvent", "RequestState"):
+        from omnictl.coordinator import request
+
+        return getattr(request, name)
+    raise AttributeError(f"module 'omnictl' has no attribute {name!r}")
+
 __all__ = [
+    "Pipeline",
+    "RequestEvent",
+    "RequestHandle",
+    "RequestState",
+    "run",
     "InvalidRequest",
     "LaunchError",
     "OmnictlError",

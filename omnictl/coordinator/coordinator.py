@@ -1,0 +1,325 @@
+"""The coordinator: the one place that knows where every request is.
+
+It submits requests to the entry stage, tracks their state, merges terminal outputs,
+broadcasts aborts (PUB/SUB, to every stage at once), watches the stage processes and
+enforces per-request deadlines. It never sees intermediate payloads: tensors travel
+stage to stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any, Sequence
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from omnictl import messages as m
+from omnictl.coordinator.launcher import Launcher, describe_exit
+from omnictl.coordinator.pruning import active_stages, select_terminals
+from omnictl.coordinator.request import RequestEvent, RequestHandle, RequestRecord, RequestState
+from omnictl.exceptions import LaunchError, PipelineDead, RequestAborted, RequestFailed
+from omnictl.profiling.events import EventKind, NullProfiler, Profiler
+from omnictl.topology.model import RelayKnobs, Topology
+from omnictl.transports.codec import PayloadCodec, decode
+from omnictl.transports.shm import SegmentReader, SlotPool
+
+_PARAM_KEYS = ("sampling", "voice")
+
+
+class Coordinator:
+    def __init__(
+        self,
+        topology: Topology,
+        *,
+        model_path: str | None = None,
+        profiler: Profiler | None = None,
+        profile_address: str | None = None,
+        request_timeout: float = 300.0,
+        ready_timeout: float = 120.0,
+        max_restarts: int = 0,
+        socket_dir: Path | None = None,
+    ) -> None:
+        self.topology = topology
+        self.model_path = model_path if model_path is not None else topology.model_path
+        self.profiler = profiler or NullProfiler()
+        self.request_timeout = request_timeout
+        self.ready_timeout = ready_timeout
+        self.max_restarts = max_restarts
+        self.requests: dict[str, RequestRecord] = {}
+        self.down: dict[str, str] = {}  # process -> why it is down
+        self.dead_reason: str | None = None
+        # Removed on close. Short paths: ipc:// addresses are limited to ~100 bytes.
+        self._socket_dir = socket_dir or Path(tempfile.mkdtemp(prefix="omnictl-"))
+        self._process_addresses = {
+            name: f"ipc://{self._socket_dir}/p{i}" for i, name in enumerate(topology.processes)
+        }
+        self._context = zmq.asyncio.Context()
+        self._control = self._context.socket(zmq.PULL)
+        self._control.bind(f"ipc://{self._socket_dir}/control")
+        self._broadcast = self._context.socket(zmq.PUB)
+        self._broadcast.setsockopt(zmq.SNDHWM, 0)
+        self._broadcast.bind(f"ipc://{self._socket_dir}/broadcast")
+        self._pushes: dict[str, zmq.asyncio.Socket] = {}
+        self._pool = SlotPool("coordinator", "coordinator", RelayKnobs().slot_bytes, 4)
+        self._codec = PayloadCodec(self._pool, RelayKnobs())
+        self._reader = SegmentReader()
+        self._stats_seq = itertools.count()
+        self._stats_waiters: dict[int, tuple[asyncio.Future[None], dict[str, m.StatsReply]]] = {}
+        self._hello_acks: set[str] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.launcher = Launcher(
+            topology,
+            self.model_path,
+            self._process_addresses,
+            f"ipc://{self._socket_dir}/control",
+            f"ipc://{self._socket_dir}/broadcast",
+            profile_address,
+            self._process_exited,
+        )
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self._receive(), name="coordinator.receive"))
+        self._tasks.append(asyncio.create_task(self._enforce_deadlines(), name="coordinator.deadlines"))
+        handles = [self.launcher.start(name) for name in self.topology.processes]
+        try:
+            await asyncio.wait_for(asyncio.gather(*(h.ready for h in handles)), self.ready_timeout)
+            await self._handshake(list(self.topology.processes))
+        except asyncio.TimeoutError:
+            waiting = [h.name for h in handles if not h.ready.done()] or list(self.topology.processes)
+            raise LaunchError(
+                self.topology.processes[waiting[0]].stages[0],
+                f"process {waiting[0]!r} was not ready within {self.ready_timeout:.0f}s",
+            ) from None
+
+    async def _handshake(self, processes: list[str]) -> None:
+        """PUB/SUB drops messages until a subscription is in place: say hello until
+        every process has answered, so no abort can be lost."""
+        self._hello_acks.clear()
+        seq = 0
+        while not set(processes) <= self._hello_acks:
+            self._broadcast.send(m.encode(m.Hello(seq)))
+            seq += 1
+            await asyncio.sleep(0.01)
+
+    async def close(self) -> None:
+        for record in list(self.requests.values()):
+            self._finish(record, RequestState.ABORTED, RequestAborted(record.request_id, "the pipeline shut down"))
+        try:
+            await self._broadcast.send(m.encode(m.Shutdown()))
+        except zmq.ZMQError:
+            pass
+        await self.launcher.stop()
+        for task in self._tasks:
+            task.cancel()
+        for socket in [self._control, self._broadcast, *self._pushes.values()]:
+            socket.close(linger=0)
+        self._context.term()
+        self._reader.close()
+        self._pool.close()
+        shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+    # --- requests ---------------------------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        return not self.down and self.dead_reason is None
+
+    def _push(self, process: str) -> zmq.asyncio.Socket:
+        socket = self._pushes.get(process)
+        if socket is None:
+            socket = self._pushes[process] = self._context.socket(zmq.PUSH)
+            socket.setsockopt(zmq.SNDHWM, 0)
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.connect(self._process_addresses[process])
+        return socket
+
+    async def submit(
+        self, inputs: dict[str, Any], modalities: Sequence[str] | None = None, request_id: str | None = None
+    ) -> RequestHandle:
+        if not self.healthy:
+            raise PipelineDead(self.dead_reason or f"stage process down: {', '.join(self.down.values())}")
+        terminals = select_terminals(self.topology, modalities)
+        active = active_stages(self.topology, terminals)
+        rid = request_id or uuid.uuid4().hex
+        if rid in self.requests:
+            raise ValueError(f"request id {rid!r} is already in flight")
+        params = {key: inputs.get(key) for key in _PARAM_KEYS if isinstance(inputs, dict) and key in inputs}
+        params["modalities"] = sorted({self.topology.terminals[t] for t in terminals})
+        loop = asyncio.get_running_loop()
+        record = RequestRecord(rid, set(terminals), active, loop.time() + self.request_timeout)
+        self.requests[rid] = record
+        self.profiler.record(EventKind.ADMITTED, rid, None, terminals=",".join(terminals))
+        ctx = m.RequestContext(rid, params, active)
+        entry = self.topology.entry
+        payload = self._codec.encode(inputs)
+        record.state = RequestState.RUNNING
+        await self._push(self.topology.process_of(entry)).send(m.encode(m.Submit(ctx, entry, payload)))
+        return RequestHandle(record, self.abort)
+
+    async def abort(self, request_id: str) -> None:
+        record = self.requests.get(request_id)
+        if record is None:
+            return
+        self._finish(record, RequestState.ABORTED, RequestAborted(request_id, f"request {request_id} was aborted"))
+
+    def _finish(self, record: RequestRecord, state: RequestState, error: RequestFailed | RequestAborted | None = None) -> None:
+        if record.finished:
+            return
+        self.requests.pop(record.request_id, None)
+        if state is RequestState.COMPLETED:
+            self.profiler.record(EventKind.COMPLETED, record.request_id, None)
+        else:
+            # Every stage drops what it holds for this request, at once.
+            self._broadcast.send(m.encode(m.Abort((record.request_id,))))
+            kind = EventKind.ABORTED if state is RequestState.ABORTED else EventKind.FAILED
+            self.profiler.record(kind, record.request_id, error.stage if error else None, error=str(error))
+        record.finish(state, error)
+
+    def _fail(self, request_id: str, stage: str | None, message: str) -> None:
+        record = self.requests.get(request_id)
+        if record is not None:
+            self._finish(record, RequestState.FAILED, RequestFailed(request_id, message, stage))
+
+    async def _enforce_deadlines(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(0.2)
+            now = loop.time()
+            for record in [r for r in self.requests.values() if r.deadline <= now]:
+                self._fail(
+                    record.request_id,
+                    None,
+                    f"request {record.request_id} missed its deadline of {self.request_timeout:g}s; "
+                    f"terminals still expected: {sorted(record.expected)}",
+                )
+
+    # --- control messages -------------------------------------------------------------
+
+    async def _receive(self) -> None:
+        while True:
+            message = m.coordinator_decoder.decode(await self._control.recv())
+            self._handle(message)
+
+    def _handle(self, message: m.ToCoordinator) -> None:  # type: ignore[valid-type]
+        if isinstance(message, m.TerminalOutput):
+            self._terminal_output(message)
+        elif isinstance(message, m.StageFailed):
+            self._fail(message.request_id, message.stage, message.error)
+        elif isinstance(message, m.TerminalSkipped):
+            record = self.requests.get(message.request_id)
+            if record is not None:
+                record.expected.discard(message.stage)
+                self._maybe_complete(record)
+        elif isinstance(message, m.SlotRelease):
+            self._pool.release(message.ref)
+        elif isinstance(message, m.Ready):
+            handle = self.launcher.handles.get(message.process)
+            if handle is not None and not handle.ready.done():
+                handle.ready.set_result(None)
+        elif isinstance(message, m.LaunchFailed):
+            handle = self.launcher.handles.get(message.process)
+            if handle is not None and not handle.ready.done():
+                handle.ready.set_exception(LaunchError(message.stage, "its factory raised\n" + message.error))
+        elif isinstance(message, m.HelloAck):
+            self._hello_acks.add(message.process)
+        elif isinstance(message, m.StatsReply):
+            waiter = self._stats_waiters.get(message.seq)
+            if waiter is not None:
+                done, replies = waiter
+                replies[message.process] = message
+                live = {p for p in self.topology.processes if p not in self.down}
+                if live <= set(replies) and not done.done():
+                    done.set_result(None)
+
+    def _terminal_output(self, message: m.TerminalOutput) -> None:
+        try:
+            data = decode(message.payload, self._reader)
+        finally:
+            if message.payload.shm is not None:
+                self._push(message.payload.shm.owner).send(m.encode(m.SlotRelease(message.payload.shm)))
+        record = self.requests.get(message.request_id)
+        if record is None:
+            return  # finished (aborted, failed) while this was in flight
+        if message.final:
+            record.results[message.stage] = data
+            record.expected.discard(message.stage)
+            record.events.put_nowait(RequestEvent("result", message.stage, data))
+            self.profiler.record(EventKind.TERMINAL_COMPLETE, message.request_id, message.stage)
+            self._maybe_complete(record)
+        else:
+            record.events.put_nowait(RequestEvent("stream", message.stage, data))
+            if message.seq == 0:
+                modality = self.topology.terminals[message.stage]
+                if modality in ("text", "audio"):
+                    kind = EventKind.FIRST_TEXT if modality == "text" else EventKind.FIRST_AUDIO
+                    self.profiler.record(kind, message.request_id, message.stage)
+
+    def _maybe_complete(self, record: RequestRecord) -> None:
+        if record.expected:
+            return
+        if record.results:
+            self._finish(record, RequestState.COMPLETED)
+        else:
+            self._fail(record.request_id, None, "no terminal produced a result: every branch was skipped")
+
+    # --- faults -----------------------------------------------------------------------
+
+    def _process_exited(self, process: str, exitcode: int | None) -> None:
+        stages = self.topology.processes[process].stages
+        why = f"stage process {process!r} (stages {', '.join(stages)}) died: {describe_exit(exitcode)}"
+        self.down[process] = why
+        handle = self.launcher.handles[process]
+        if not handle.ready.done():
+            handle.ready.set_exception(LaunchError(stages[0], why))
+        for record in list(self.requests.values()):
+            involved = [s for s in stages if s in record.active]
+            if involved:
+                self._fail(record.request_id, involved[0], f"stage {involved[0]!r} failed: {why}")
+        if handle.restarts < self.max_restarts:
+            asyncio.get_running_loop().create_task(self._restart(process))
+        else:
+            self.dead_reason = why
+
+    async def _restart(self, process: str) -> None:
+        handle = self.launcher.start(process)
+        try:
+            await asyncio.wait_for(handle.ready, self.ready_timeout)
+            await asyncio.wait_for(self._handshake([process]), self.ready_timeout)
+        except (LaunchError, asyncio.TimeoutError) as exc:
+            self.dead_reason = f"stage process {process!r} could not be restarted: {exc}"
+            return
+        self.down.pop(process, None)
+
+    # --- introspection ----------------------------------------------------------------
+
+    async def stats(self, timeout: float = 5.0) -> dict[str, dict[str, Any]]:
+        """Per stage: status ("up"/"down") and how many requests it holds state for, by kind."""
+        seq = next(self._stats_seq)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        replies: dict[str, m.StatsReply] = {}
+        self._stats_waiters[seq] = (done, replies)
+        try:
+            if set(self.topology.processes) - set(self.down):
+                await self._broadcast.send(m.encode(m.StatsRequest(seq)))
+                await asyncio.wait_for(done, timeout)
+        except asyncio.TimeoutError:
+            pass  # report what answered; the rest shows as unknown
+        finally:
+            del self._stats_waiters[seq]
+        result: dict[str, dict[str, Any]] = {}
+        for process, spec in self.topology.processes.items():
+            reply = replies.get(process)
+            for stage in spec.stages:
+                status = "down" if process in self.down else ("up" if reply else "unknown")
+                fields = msgspec.structs.asdict(reply.stages[stage]) if reply else {}
+                result[stage] = {"status": status, "process": process, **fields}
+        return result

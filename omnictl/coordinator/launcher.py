@@ -1,0 +1,114 @@
+"""Start, watch and stop one OS process per topology `process`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Callable
+
+from omnictl.stage.worker import WorkerConfig
+from omnictl.topology.model import Topology
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+@dataclass
+class ProcessHandle:
+    name: str
+    process: subprocess.Popen[bytes]
+    pidfd: int  # readable once the process has exited
+    restarts: int = 0
+    ready: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+class Launcher:
+    def __init__(
+        self,
+        topology: Topology,
+        model_path: str | None,
+        process_addresses: dict[str, str],
+        coordinator_address: str,
+        broadcast_address: str,
+        profile_address: str | None,
+        on_exit: Callable[[str, int | None], None],
+    ) -> None:
+        self.topology = topology
+        self.model_path = model_path
+        self.process_addresses = process_addresses
+        self.coordinator_address = coordinator_address
+        self.broadcast_address = broadcast_address
+        self.profile_address = profile_address
+        self.on_exit = on_exit
+        self.handles: dict[str, ProcessHandle] = {}
+        self._stopping = False
+
+    def start(self, name: str) -> ProcessHandle:
+        config = WorkerConfig(
+            process=name,
+            topology=self.topology,
+            model_path=self.model_path,
+            process_addresses=self.process_addresses,
+            coordinator_address=self.coordinator_address,
+            broadcast_address=self.broadcast_address,
+            profile_address=self.profile_address,
+            parent_pid=os.getpid(),
+            sys_path=tuple(sys.path),
+        )
+        # A fresh interpreter (not multiprocessing's spawn): the user's __main__ is never
+        # re-imported, so scripts need no `if __name__ == "__main__"` guard.
+        process = subprocess.Popen(
+            [sys.executable, "-m", "omnictl.stage.worker"],
+            stdin=subprocess.PIPE,
+            start_new_session=False,
+        )
+        assert process.stdin is not None
+        process.stdin.write(pickle.dumps(config))
+        process.stdin.close()
+        restarts = self.handles[name].restarts + 1 if name in self.handles else 0
+        handle = self.handles[name] = ProcessHandle(name, process, os.pidfd_open(process.pid), restarts)
+        asyncio.get_running_loop().add_reader(handle.pidfd, self._exited, handle)
+        return handle
+
+    def _exited(self, handle: ProcessHandle) -> None:
+        self._forget(handle)
+        handle.process.wait()
+        if not self._stopping and self.handles.get(handle.name) is handle:
+            self.on_exit(handle.name, handle.process.returncode)
+
+    def _forget(self, handle: ProcessHandle) -> None:
+        if handle.pidfd >= 0:
+            asyncio.get_running_loop().remove_reader(handle.pidfd)
+            os.close(handle.pidfd)
+            handle.pidfd = -1
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Wait for processes told to shut down; terminate, then kill, stragglers."""
+        self._stopping = True
+        loop = asyncio.get_running_loop()
+        for handle in self.handles.values():
+            self._forget(handle)
+        deadline = loop.time() + timeout
+        for escalate in (None, "terminate", "kill"):
+            for handle in self.handles.values():
+                if handle.alive() and escalate is not None:
+                    getattr(handle.process, escalate)()
+            while any(h.alive() for h in self.handles.values()) and loop.time() < deadline:
+                await asyncio.sleep(0.02)
+            deadline = loop.time() + 2.0

@@ -1,0 +1,49 @@
+"""Request-scoped pruning: which stages run for a request, given its modalities."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from omnictl.exceptions import InvalidRequest
+from omnictl.topology.model import EdgeKind, Topology
+
+
+def select_terminals(topology: Topology, modalities: Sequence[str] | None) -> tuple[str, ...]:
+    """Terminals producing the requested modalities (all terminals for ``None``)."""
+    if modalities is None:
+        return tuple(topology.terminals)
+    available = sorted(set(topology.terminals.values()))
+    unknown = [mod for mod in modalities if mod not in available]
+    if unknown or not modalities:
+        raise InvalidRequest(
+            f"modalities {list(modalities)!r}: this topology produces {available}",
+            field="modalities",
+        )
+    return tuple(stage for stage, mod in topology.terminals.items() if mod in modalities)
+
+
+def active_stages(topology: Topology, terminals: Sequence[str]) -> tuple[str, ...]:
+    """Stages on some data path from the entry to one of ``terminals``.
+
+    A stage that leads only to unselected terminals never sees the request.
+    """
+    downstream: dict[str, list[str]] = {name: [] for name in topology.stages}
+    upstream: dict[str, list[str]] = {name: [] for name in topology.stages}
+    for edge in topology.edges:
+        if edge.kind is EdgeKind.DATA:
+            downstream[edge.src].append(edge.dst)
+            upstream[edge.dst].append(edge.src)
+    reaches_terminal = _closure(terminals, upstream)
+    from_entry = _closure([topology.entry], {n: [d for d in ds if d in reaches_terminal] for n, ds in downstream.items()})
+    return tuple(name for name in topology.stages if name in reaches_terminal and name in from_entry)
+
+
+def _closure(start: Sequence[str], neighbours: dict[str, list[str]]) -> set[str]:
+    seen = set(start)
+    frontier = list(start)
+    while frontier:
+        for nxt in neighbours[frontier.pop()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                frontier.append(nxt)
+    return seen

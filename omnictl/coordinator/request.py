@@ -1,0 +1,85 @@
+"""A request as the caller sees it: a handle with an event stream and a result."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+from omnictl.exceptions import RequestAborted, RequestError
+
+
+class RequestState(str, enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    ABORTED = "aborted"
+
+
+@dataclass(frozen=True)
+class RequestEvent:
+    kind: str  # "stream" | "result" | "error" | "aborted"
+    stage: str | None
+    data: Any = None
+    error: str | None = None
+
+
+@dataclass
+class RequestRecord:
+    """The coordinator's single truth about one request."""
+
+    request_id: str
+    expected: set[str]  # terminals still to report
+    active: tuple[str, ...]
+    deadline: float  # loop time
+    state: RequestState = RequestState.PENDING
+    results: dict[str, Any] = field(default_factory=dict)
+    events: "asyncio.Queue[RequestEvent | None]" = field(default_factory=asyncio.Queue)  # None closes it
+    outcome: asyncio.Future[dict[str, Any]] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (RequestState.COMPLETED, RequestState.FAILED, RequestState.ABORTED)
+
+    def finish(self, state: RequestState, error: RequestError | None = None) -> None:
+        self.state = state
+        if error is None:
+            self.outcome.set_result(dict(self.results))
+        else:
+            kind = "aborted" if isinstance(error, RequestAborted) else "error"
+            self.events.put_nowait(RequestEvent(kind, error.stage, error=str(error)))
+            self.outcome.set_exception(error)
+            self.outcome.exception()  # mark retrieved: not awaiting the result is fine
+        self.events.put_nowait(None)
+
+
+class RequestHandle:
+    """Returned by ``Pipeline.submit``."""
+
+    def __init__(self, record: RequestRecord, abort: Callable[[str], Any]) -> None:
+        self._record = record
+        self._abort = abort
+        self.id = record.request_id
+
+    @property
+    def state(self) -> RequestState:
+        return self._record.state
+
+    async def events(self) -> AsyncIterator[RequestEvent]:
+        """Each terminal's stream chunks (in order) then its result; an error or aborted
+        event ends the stream early. Iterate once per request."""
+        while True:
+            event = await self._record.events.get()
+            if event is None:
+                return
+            yield event
+
+    async def result(self) -> dict[str, Any]:
+        """``{terminal_stage: data}``; raises RequestFailed / RequestAborted."""
+        return await asyncio.shield(self._record.outcome)
+
+    async def abort(self) -> None:
+        await self._abort(self.id)
+

@@ -1,0 +1,183 @@
+"""Typed control-plane and data-plane messages (msgspec structs, tagged by kind).
+
+Data-plane messages travel PUSH/PULL between stage processes and carry an
+:class:`EncodedPayload` whose tensor bytes sit in shared memory (or inline when tiny).
+Control messages to the coordinator never carry intermediate tensors: only terminal
+results, which are the request's output.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+
+class TensorLayout(msgspec.Struct, array_like=True, frozen=True):
+    """Where one tensor leaf of the payload's data tree lives in the buffer."""
+
+    index: int  # position of the leaf's marker in the skeleton
+    kind: str  # "torch" | "numpy"
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+class ShmRef(msgspec.Struct, array_like=True, frozen=True):
+    """A buffer in a shared-memory segment owned by ``owner`` (a process name)."""
+
+    owner: str
+    stage: str  # the sending stage, whose pool owns the slot
+    segment: str
+    slot: int  # -1: a dedicated segment, unlinked when released
+    offset: int  # where the slot starts in the segment
+    nbytes: int
+
+
+class EncodedPayload(msgspec.Struct, array_like=True):
+    skeleton: bytes  # msgpack of the data tree, tensors replaced by markers
+    layout: tuple[TensorLayout, ...] = ()
+    inline: bytes = b""  # tensor bytes when they are tiny
+    shm: ShmRef | None = None
+
+
+class RequestContext(msgspec.Struct, array_like=True, frozen=True):
+    """What every stage knows about a request besides its data."""
+
+    request_id: str
+    params: dict[str, Any]
+    active: tuple[str, ...]  # stages that run for this request (modality pruning)
+
+
+# --- data plane: stage process <-> stage process -------------------------------------
+
+
+class Submit(msgspec.Struct, tag="submit", array_like=True):
+    ctx: RequestContext
+    dst: str
+    payload: EncodedPayload
+
+
+class DataReady(msgspec.Struct, tag="data", array_like=True):
+    ctx: RequestContext
+    src: str
+    dst: str
+    payload: EncodedPayload
+    sent_ns: int
+
+
+class StreamChunk(msgspec.Struct, tag="chunk", array_like=True):
+    ctx: RequestContext
+    src: str
+    dst: str
+    seq: int
+    payload: EncodedPayload
+    sent_ns: int
+
+
+class StreamDone(msgspec.Struct, tag="stream_done", array_like=True):
+    ctx: RequestContext
+    src: str
+    dst: str
+
+
+class Skip(msgspec.Struct, tag="skip", array_like=True):
+    """``src`` will not send data to ``dst`` for this request (a route_fn left it out)."""
+
+    ctx: RequestContext
+    src: str
+    dst: str
+
+
+class SlotRelease(msgspec.Struct, tag="release", array_like=True):
+    ref: ShmRef
+
+
+# --- broadcast: coordinator -> every stage process (PUB/SUB) -------------------------
+
+
+class Abort(msgspec.Struct, tag="abort", array_like=True):
+    request_ids: tuple[str, ...]
+
+
+class Hello(msgspec.Struct, tag="hello", array_like=True):
+    seq: int
+
+
+class StatsRequest(msgspec.Struct, tag="stats_request", array_like=True):
+    seq: int
+
+
+class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
+    pass
+
+
+# --- control plane: stage process -> coordinator -------------------------------------
+
+
+class Ready(msgspec.Struct, tag="ready", array_like=True):
+    process: str
+    pid: int
+
+
+class LaunchFailed(msgspec.Struct, tag="launch_failed", array_like=True):
+    process: str
+    stage: str
+    error: str  # the formatted traceback
+
+
+class HelloAck(msgspec.Struct, tag="hello_ack", array_like=True):
+    process: str
+    seq: int
+
+
+class TerminalOutput(msgspec.Struct, tag="terminal", array_like=True):
+    """A terminal stage's stream chunk (``final`` false) or result (``final`` true)."""
+
+    request_id: str
+    stage: str
+    final: bool
+    seq: int
+    payload: EncodedPayload
+
+
+class TerminalSkipped(msgspec.Struct, tag="terminal_skipped", array_like=True):
+    request_id: str
+    stage: str
+
+
+class StageFailed(msgspec.Struct, tag="stage_failed", array_like=True):
+    request_id: str
+    stage: str
+    error: str
+
+
+class StageStats(msgspec.Struct):
+    requests: int = 0  # requests this stage holds any state for
+    fanin_buffers: int = 0
+    queued: int = 0
+    running: int = 0
+    stream_buffers: int = 0
+    kv_slots: int = 0
+    slots_in_use: int = 0  # shared-memory slots sent and not yet released
+
+
+class StatsReply(msgspec.Struct, tag="stats_reply", array_like=True):
+    process: str
+    seq: int
+    stages: dict[str, StageStats]
+
+
+StageInbound = Union[Submit, DataReady, StreamChunk, StreamDone, Skip, SlotRelease]
+Broadcast = Union[Abort, Hello, StatsRequest, Shutdown]
+ToCoordinator = Union[Ready, LaunchFailed, HelloAck, TerminalOutput, TerminalSkipped, StageFailed, StatsReply, SlotRelease]
+
+_encoder = msgspec.msgpack.Encoder()
+inbound_decoder = msgspec.msgpack.Decoder(StageInbound)
+broadcast_decoder = msgspec.msgpack.Decoder(Broadcast)
+coordinator_decoder = msgspec.msgpack.Decoder(ToCoordinator)
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    return _encoder.encode(message)

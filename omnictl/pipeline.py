@@ -1,0 +1,172 @@
+"""The public Python API: launch a topology, submit requests, abort, inspect."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+from typing import Any, Generator, Sequence
+
+from omnictl.coordinator.coordinator import Coordinator
+from omnictl.coordinator.request import RequestHandle
+from omnictl.topology.model import Topology
+
+
+def _load(topology: str | Path | Topology, device: str | None) -> Topology:
+    if isinstance(topology, Topology):
+        return topology.on_cpu() if device == "cpu" else topology
+    from omnictl.topology import load
+
+    return load(topology, device=device)
+
+
+class Pipeline:
+    """A running topology. Create it with :meth:`Pipeline.launch`."""
+
+    def __init__(
+        self, coordinator: Coordinator, collector: Any | None, recorder: Any | None, run_dir: Path | None
+    ) -> None:
+        self._coordinator = coordinator
+        self._collector = collector
+        self._recorder = recorder
+        self.run_dir = run_dir
+
+    @classmethod
+    def launch(
+        cls,
+        topology: str | Path | Topology,
+        *,
+        model_path: str | None = None,
+        device: str | None = None,
+        run_dir: str | Path | None = None,
+        profile: bool = True,
+        request_timeout: float = 300.0,
+        ready_timeout: float = 120.0,
+        max_restarts: int = 0,
+    ) -> "_Launch":
+        """Spawn the stage processes; use as ``async with`` (or ``await`` it and close yourself).
+
+        ``device="cpu"`` drops the GPU placement (processes stay as declared).
+        ``max_restarts`` > 0 restarts a stage process that dies; otherwise the pipeline
+        reports itself unhealthy and refuses new work. ``profile`` records every request
+        stage by stage into ``run_dir`` (a fresh directory under the user state dir by default).
+        """
+        return _Launch(
+            cls,
+            _load(topology, device),
+            dict(
+                model_path=model_path,
+                run_dir=Path(run_dir) if run_dir is not None else None,
+                profile=profile,
+                request_timeout=request_timeout,
+                ready_timeout=ready_timeout,
+                max_restarts=max_restarts,
+            ),
+        )
+
+    @classmethod
+    async def _start(cls, topology: Topology, options: dict[str, Any]) -> "Pipeline":
+        collector = None
+        run_dir: Path | None = options["run_dir"]
+        profiler = None
+        profile_address = None
+        socket_dir = Path(tempfile.mkdtemp(prefix="omnictl-"))
+        if options["profile"]:
+            from omnictl.profiling.collector import Collector
+            from omnictl.profiling.rundir import default_run_dir, write_run_info
+
+            run_dir = run_dir or default_run_dir()
+            write_run_info(run_dir, topology)
+            profile_address = f"ipc://{socket_dir}/profile"
+            collector = Collector(run_dir, profile_address).start()
+            profiler = collector.local_recorder()
+        coordinator = Coordinator(
+            topology,
+            model_path=options["model_path"],
+            profiler=profiler,
+            profile_address=profile_address,
+            request_timeout=options["request_timeout"],
+            ready_timeout=options["ready_timeout"],
+            max_restarts=options["max_restarts"],
+            socket_dir=socket_dir,
+        )
+        pipeline = cls(coordinator, collector, profiler, run_dir)
+        try:
+            await coordinator.start()
+        except BaseException:
+            await pipeline.close()
+            raise
+        return pipeline
+
+    @property
+    def topology(self) -> Topology:
+        return self._coordinator.topology
+
+    @property
+    def healthy(self) -> bool:
+        return self._coordinator.healthy
+
+    @property
+    def profile(self) -> Any | None:
+        """The profiling collector (aggregates and trace store), or None when off."""
+        return self._collector
+
+    async def submit(
+        self,
+        inputs: dict[str, Any],
+        modalities: Sequence[str] | None = None,
+        request_id: str | None = None,
+    ) -> RequestHandle:
+        """Start a request. ``modalities`` selects terminals by modality (None: all)."""
+        return await self._coordinator.submit(inputs, modalities, request_id)
+
+    async def abort(self, request_id: str) -> None:
+        await self._coordinator.abort(request_id)
+
+    async def stats(self) -> dict[str, dict[str, Any]]:
+        return await self._coordinator.stats()
+
+    def in_flight(self) -> int:
+        return len(self._coordinator.requests)
+
+    async def close(self) -> None:
+        await self._coordinator.close()
+        if self._recorder is not None:
+            self._recorder.close()
+        if self._collector is not None:
+            self._collector.close()
+
+
+class _Launch:
+    def __init__(self, cls: type[Pipeline], topology: Topology, options: dict[str, Any]) -> None:
+        self._cls = cls
+        self._topology = topology
+        self._options = options
+        self._pipeline: Pipeline | None = None
+
+    def __await__(self) -> Generator[Any, None, Pipeline]:
+        return self._cls._start(self._topology, self._options).__await__()
+
+    async def __aenter__(self) -> Pipeline:
+        self._pipeline = await self._cls._start(self._topology, self._options)
+        return self._pipeline
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._pipeline is not None:
+            await self._pipeline.close()
+
+
+def run(
+    topology: str | Path | Topology,
+    inputs: dict[str, Any],
+    modalities: Sequence[str] | None = None,
+    **launch_options: Any,
+) -> dict[str, Any]:
+    """Launch, run one request, shut down: ``{terminal_stage: data}``. For scripts."""
+
+    async def once() -> dict[str, Any]:
+        async with Pipeline.launch(topology, **launch_options) as pipe:
+            request = await pipe.submit(inputs, modalities)
+            return await request.result()
+
+    return asyncio.run(once())

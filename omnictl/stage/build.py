@@ -1,0 +1,53 @@
+"""Turn a StageSpec into a running Stage: call the factory, resolve the hooks."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+from omnictl.profiling.events import Profiler
+from omnictl.schedulers.base import Scheduler
+from omnictl.schedulers.simple import SimpleScheduler
+from omnictl.stage.fanin import FanIn
+from omnictl.stage.router import Router
+from omnictl.stage.stage import Ports, Stage
+from omnictl.topology import resolve
+from omnictl.topology.model import StageSpec, Topology
+
+
+def _accepts(fn: Callable[..., Any], keyword: str) -> bool:
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # builtins without a signature
+        return False
+    return keyword in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
+def make_scheduler(spec: StageSpec, model_path: str | None) -> Scheduler:
+    """``factory(**factory_args)`` plus ``model_path=`` / ``device=`` when it takes them."""
+    factory = resolve(spec.factory)
+    kwargs = dict(spec.factory_args)
+    if model_path is not None and "model_path" not in kwargs and _accepts(factory, "model_path"):
+        kwargs["model_path"] = model_path
+    if "device" not in kwargs and _accepts(factory, "device"):
+        kwargs["device"] = spec.device
+    built = factory(**kwargs)
+    if isinstance(built, Scheduler):
+        return built
+    if callable(built):
+        return SimpleScheduler(built)
+    raise TypeError(
+        f"factory {spec.factory} of stage {spec.name!r} returned {type(built).__name__}; "
+        "expected a Scheduler or a callable"
+    )
+
+
+def build_stage(
+    spec: StageSpec, topology: Topology, model_path: str | None, ports: Ports, profiler: Profiler
+) -> Stage:
+    scheduler = make_scheduler(spec, model_path)
+    merge = resolve(spec.merge_fn) if spec.merge_fn else None
+    route_fn = resolve(spec.route_fn) if spec.route_fn else None
+    projections = {target: resolve(path) for target, path in spec.project.items()}
+    fanin = FanIn(topology.upstreams(spec.name), merge)
+    return Stage(spec, scheduler, fanin, Router(spec, route_fn, projections), ports, profiler)

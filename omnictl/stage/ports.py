@@ -1,0 +1,147 @@
+"""A worker process's outputs: one path per derived transport.
+
+``inproc`` hands the object to the co-located stage (no serialization); cross-process
+edges encode with the sending stage's codec and PUSH a small message to the target
+process. Control messages go to the coordinator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Callable
+
+import zmq
+
+from omnictl import messages as m
+from omnictl.profiling.events import EventKind, Profiler, now_ns
+from omnictl.topology.model import EdgeKind, RelayKnobs, Topology, Transport
+from omnictl.transports.codec import PayloadCodec, codec_for
+from omnictl.transports.shm import SlotPool
+
+if TYPE_CHECKING:
+    from omnictl.stage.stage import Stage
+
+
+def payload_bytes(payload: m.EncodedPayload) -> int:
+    return len(payload.skeleton) + len(payload.inline) + (payload.shm.nbytes if payload.shm else 0)
+
+
+class WorkerPorts:
+    def __init__(
+        self,
+        process: str,
+        topology: Topology,
+        zmq_context: zmq.Context,
+        process_addresses: dict[str, str],
+        coordinator_address: str,
+        profiler: Profiler,
+    ) -> None:
+        self.process = process
+        self.topology = topology
+        self.profiler = profiler
+        self.local: dict[str, "Stage"] = {}  # filled by the worker once stages are built
+        self._context = zmq_context
+        self._addresses = process_addresses
+        self._peers: dict[str, zmq.Socket] = {}
+        self._coordinator = self._push(coordinator_address)
+        self.pools: dict[str, SlotPool] = {}
+        self._codecs: dict[tuple[str, Transport], PayloadCodec] = {}
+        self._loop = asyncio.get_running_loop()
+
+    def _push(self, address: str) -> zmq.Socket:
+        socket = self._context.socket(zmq.PUSH)
+        socket.setsockopt(zmq.SNDHWM, 0)  # never block the event loop; memory is the bound
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.connect(address)
+        return socket
+
+    def _peer(self, process: str) -> zmq.Socket:
+        socket = self._peers.get(process)
+        if socket is None:
+            socket = self._peers[process] = self._push(self._addresses[process])
+        return socket
+
+    def pool(self, stage: str) -> SlotPool:
+        pool = self.pools.get(stage)
+        if pool is None:
+            knobs = self.topology.stages[stage].relay
+            pool = self.pools[stage] = SlotPool(self.process, stage, knobs.slot_bytes, knobs.slots)
+        return pool
+
+    def _encode(self, stage: str, transport: Transport, data: Any) -> m.EncodedPayload:
+        codec = self._codecs.get((stage, transport))
+        if codec is None:
+            knobs: RelayKnobs = self.topology.stages[stage].relay
+            codec = self._codecs[(stage, transport)] = codec_for(transport, self.pool(stage), knobs)
+        return codec.encode(data)
+
+    def _signal(
+        self, src: str, dst: str, kind: EdgeKind, local: Callable[["Stage"], None], remote: Callable[[], Any]
+    ) -> None:
+        """A payload-free message (stream done, skip) along an edge."""
+        edge = self.topology.edge(src, dst, kind)
+        if edge.transport is Transport.INPROC:
+            # call_soon is FIFO: per-edge order holds and no stage re-enters another.
+            self._loop.call_soon(local, self.local[dst])
+        else:
+            self._peer(self.topology.process_of(dst)).send(m.encode(remote()))
+
+    # --- Ports protocol ---------------------------------------------------------------
+
+    def send_data(self, ctx: m.RequestContext, src: str, dst: str, data: Any) -> None:
+        edge = self.topology.edge(src, dst, EdgeKind.DATA)
+        sent = now_ns()
+        if edge.transport is Transport.INPROC:
+            self.profiler.record(EventKind.HOP_SENT, ctx.request_id, src, target=dst, transport="inproc", bytes=0)
+            self._loop.call_soon(self._receive_local, self.local[dst], ctx, src, data)
+            return
+        payload = self._encode(src, edge.transport, data)
+        self.profiler.record(
+            EventKind.HOP_SENT, ctx.request_id, src, target=dst, transport=edge.transport.value, bytes=payload_bytes(payload)
+        )
+        self._peer(self.topology.process_of(dst)).send(m.encode(m.DataReady(ctx, src, dst, payload, sent)))
+
+    def _receive_local(self, stage: "Stage", ctx: m.RequestContext, src: str, data: Any) -> None:
+        self.profiler.record(EventKind.HOP_RECEIVED, ctx.request_id, stage.name, source=src, transport="inproc")
+        stage.on_input(ctx, src, data)
+
+    def send_stream(self, ctx: m.RequestContext, src: str, dst: str, seq: int, data: Any) -> None:
+        edge = self.topology.edge(src, dst, EdgeKind.STREAM)
+        self.profiler.record(EventKind.STREAM_SENT, ctx.request_id, src, target=dst, seq=seq, transport=edge.transport.value)
+        if edge.transport is Transport.INPROC:
+            self._loop.call_soon(self.local[dst].on_stream_chunk, ctx, src, seq, data)
+            return
+        payload = self._encode(src, edge.transport, data)
+        self._peer(self.topology.process_of(dst)).send(m.encode(m.StreamChunk(ctx, src, dst, seq, payload, now_ns())))
+
+    def send_stream_done(self, ctx: m.RequestContext, src: str, dst: str) -> None:
+        self._signal(src, dst, EdgeKind.STREAM, lambda s: s.on_stream_done(ctx, src), lambda: m.StreamDone(ctx, src, dst))
+
+    def send_skip(self, ctx: m.RequestContext, src: str, dst: str) -> None:
+        self._signal(src, dst, EdgeKind.DATA, lambda s: s.on_skip(ctx, src), lambda: m.Skip(ctx, src, dst))
+
+    def send_terminal(self, request_id: str, stage: str, final: bool, seq: int, data: Any) -> None:
+        payload = self._encode(stage, Transport.SHM, data)
+        self._coordinator.send(m.encode(m.TerminalOutput(request_id, stage, final, seq, payload)))
+
+    def send_terminal_skipped(self, request_id: str, stage: str) -> None:
+        self._coordinator.send(m.encode(m.TerminalSkipped(request_id, stage)))
+
+    def send_failure(self, request_id: str, stage: str, error: str) -> None:
+        self._coordinator.send(m.encode(m.StageFailed(request_id, stage, error)))
+
+    def send_control(self, message: m.ToCoordinator) -> None:  # type: ignore[valid-type]
+        self._coordinator.send(m.encode(message))
+
+    def release(self, ref: m.ShmRef) -> None:
+        """Hand a slot back to its owner (after unpacking what it held)."""
+        if ref.owner == self.process:
+            self.pool(ref.stage).release(ref)
+        else:
+            self._peer(ref.owner).send(m.encode(m.SlotRelease(ref)))
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+        for socket in [*self._peers.values(), self._coordinator]:
+            socket.close(linger=0)

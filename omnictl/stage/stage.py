@@ -1,0 +1,220 @@
+"""The Stage: an IO shell around a scheduler. It computes nothing.
+
+UNPACK happens in the process's receive loop (``omnictl.stage.worker``); here are
+FAN-IN, ROUTE and STREAM, plus abort. The Stage talks to the model side only through
+``scheduler.inbox`` / ``scheduler.outbox`` and never asks what kind of scheduler it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from typing import Any, Protocol
+
+from omnictl.messages import RequestContext, StageStats
+from omnictl.profiling.events import EventKind, Profiler
+from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind, OutgoingMessage, Scheduler
+from omnictl.schedulers.simple import describe_error
+from omnictl.stage.fanin import FanIn
+from omnictl.stage.router import RouteContractError, Router
+from omnictl.topology.model import StageSpec
+
+_FORGET_AFTER = 4096  # finished request ids remembered, to drop late messages for them
+
+
+class Ports(Protocol):
+    """Where a stage's outputs go; implemented by the worker per derived transport."""
+
+    def send_data(self, ctx: RequestContext, src: str, dst: str, data: Any) -> None: ...
+    def send_stream(self, ctx: RequestContext, src: str, dst: str, seq: int, data: Any) -> None: ...
+    def send_stream_done(self, ctx: RequestContext, src: str, dst: str) -> None: ...
+    def send_skip(self, ctx: RequestContext, src: str, dst: str) -> None: ...
+    def send_terminal(self, request_id: str, stage: str, final: bool, seq: int, data: Any) -> None: ...
+    def send_terminal_skipped(self, request_id: str, stage: str) -> None: ...
+    def send_failure(self, request_id: str, stage: str, error: str) -> None: ...
+
+
+class Stage:
+    def __init__(
+        self,
+        spec: StageSpec,
+        scheduler: Scheduler,
+        fanin: FanIn,
+        router: Router,
+        ports: Ports,
+        profiler: Profiler,
+    ) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.scheduler = scheduler
+        self.fanin = fanin
+        self.router = router
+        self.ports = ports
+        self.profiler = profiler
+        self._contexts: dict[str, RequestContext] = {}  # requests this stage holds state for
+        self._stream_seq: dict[str, int] = {}
+        self._streaming_in: set[str] = set()  # receiving chunks from an upstream
+        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._pump: asyncio.Task[None] | None = None
+        scheduler.profiler = profiler
+        scheduler.stage_name = spec.name
+
+    async def start(self) -> None:
+        await self.scheduler.start()
+        self._pump = asyncio.create_task(self._drain_outbox(), name=f"stage:{self.name}")
+
+    async def stop(self) -> None:
+        if self._pump is not None:
+            self._pump.cancel()
+        await self.scheduler.stop()
+
+    # --- inputs -----------------------------------------------------------------------
+
+    def _admit(self, ctx: RequestContext) -> bool:
+        """False for a request this stage already finished or saw aborted."""
+        if ctx.request_id in self._finished:
+            return False
+        self._contexts.setdefault(ctx.request_id, ctx)
+        return True
+
+    def on_input(self, ctx: RequestContext, source: str | None, data: Any) -> None:
+        rid = ctx.request_id
+        if not self._admit(ctx):
+            return
+        self.profiler.record(EventKind.INPUT_RECEIVED, rid, self.name, source=source)
+        waiting = self.fanin.waiting(rid)
+        try:
+            outcome = self.fanin.arrive(rid, ctx.active, source, data)
+        except Exception as exc:  # merge_fn failed: this request only
+            self._fail(rid, f"merge_fn of stage {self.name!r} raised {describe_error(exc)}")
+            return
+        if outcome.ready:
+            if waiting:
+                self.profiler.record(EventKind.FANIN_WAIT_END, rid, self.name)
+            self._enqueue(IncomingMessage(IncomingKind.NEW_REQUEST, rid, outcome.data, source, ctx.params))
+        elif not waiting:
+            self.profiler.record(EventKind.FANIN_WAIT_START, rid, self.name)
+
+    def on_skip(self, ctx: RequestContext, source: str) -> None:
+        rid = ctx.request_id
+        if not self._admit(ctx):
+            return
+        try:
+            outcome = self.fanin.skip(rid, ctx.active, source)
+        except Exception as exc:
+            self._fail(rid, f"merge_fn of stage {self.name!r} raised {describe_error(exc)}")
+            return
+        if outcome.ready:
+            self._enqueue(IncomingMessage(IncomingKind.NEW_REQUEST, rid, outcome.data, source, ctx.params))
+        elif outcome.skipped:
+            self._skip_downstream(ctx)
+
+    def on_stream_chunk(self, ctx: RequestContext, source: str, seq: int, data: Any) -> None:
+        if not self._admit(ctx):
+            return
+        self._streaming_in.add(ctx.request_id)
+        self.profiler.record(EventKind.STREAM_RECEIVED, ctx.request_id, self.name, source=source, seq=seq)
+        self._enqueue(IncomingMessage(IncomingKind.STREAM_CHUNK, ctx.request_id, data, source, ctx.params))
+
+    def on_stream_done(self, ctx: RequestContext, source: str) -> None:
+        if not self._admit(ctx):
+            return
+        self._streaming_in.discard(ctx.request_id)
+        self._enqueue(IncomingMessage(IncomingKind.STREAM_DONE, ctx.request_id, None, source, ctx.params))
+
+    def on_abort(self, request_id: str) -> None:
+        self.scheduler.abort(request_id)
+        self._forget(request_id)
+
+    def _enqueue(self, message: IncomingMessage) -> None:
+        if message.kind is IncomingKind.NEW_REQUEST:
+            self.profiler.record(EventKind.QUEUE_ENTER, message.request_id, self.name)
+        self.scheduler.inbox.put_nowait(message)
+
+    # --- outputs ----------------------------------------------------------------------
+
+    async def _drain_outbox(self) -> None:
+        while True:
+            message = await self.scheduler.outbox.get()
+            ctx = self._contexts.get(message.request_id)
+            if ctx is None:
+                continue  # aborted while the scheduler was finishing it
+            if message.kind is OutgoingKind.STREAM:
+                self._stream(ctx, message)
+            elif message.kind is OutgoingKind.RESULT:
+                self._route(ctx, message.data)
+            else:
+                self._fail(ctx.request_id, f"stage {self.name!r} failed: {message.error}")
+
+    def _stream(self, ctx: RequestContext, message: OutgoingMessage) -> None:
+        seq = self._stream_seq.get(ctx.request_id, 0)
+        self._stream_seq[ctx.request_id] = seq + 1
+        if seq == 0:
+            self.profiler.record(EventKind.FIRST_EMIT, ctx.request_id, self.name)
+        for target in self.spec.stream_to:
+            if target in ctx.active:
+                self.ports.send_stream(ctx, self.name, target, seq, message.data)
+        if self.spec.terminal:
+            self.ports.send_terminal(ctx.request_id, self.name, False, seq, message.data)
+
+    def _route(self, ctx: RequestContext, data: Any) -> None:
+        rid = ctx.request_id
+        self.profiler.record(EventKind.STAGE_DONE, rid, self.name)
+        for target in self.spec.stream_to:
+            if target in ctx.active:
+                self.ports.send_stream_done(ctx, self.name, target)
+        if self.spec.terminal:
+            self.ports.send_terminal(rid, self.name, True, self._stream_seq.get(rid, 0), data)
+            self._forget(rid)
+            return
+        try:
+            targets, left_out = self.router.targets(data, ctx.active)
+            payloads = [(t, self.router.payload_for(t, data, fan_out=len(targets) > 1)) for t in targets]
+        except RouteContractError as exc:
+            self._fail(rid, str(exc))
+            return
+        except Exception as exc:  # a route_fn or projection raised: this request fails
+            self._fail(rid, f"routing in stage {self.name!r} raised {describe_error(exc)}")
+            return
+        for target in left_out:
+            self.ports.send_skip(ctx, self.name, target)
+        for target, payload in payloads:
+            self.ports.send_data(ctx, self.name, target, payload)
+        self._forget(rid)
+
+    def _skip_downstream(self, ctx: RequestContext) -> None:
+        """No upstream runs for this request: neither does this stage."""
+        if self.spec.terminal:
+            self.ports.send_terminal_skipped(ctx.request_id, self.name)
+        for target in self.spec.next:
+            if target in ctx.active:
+                self.ports.send_skip(ctx, self.name, target)
+        self._forget(ctx.request_id)
+
+    def _fail(self, request_id: str, error: str) -> None:
+        self.ports.send_failure(request_id, self.name, error)
+        self.scheduler.abort(request_id)
+        self._forget(request_id)
+
+    def _forget(self, request_id: str) -> None:
+        self._contexts.pop(request_id, None)
+        self._stream_seq.pop(request_id, None)
+        self._streaming_in.discard(request_id)
+        self.fanin.drop(request_id)
+        self._finished[request_id] = None
+        if len(self._finished) > _FORGET_AFTER:
+            self._finished.popitem(last=False)
+
+    # --- introspection ----------------------------------------------------------------
+
+    def stats(self, slots_in_use: int) -> StageStats:
+        load = self.scheduler.load()
+        return StageStats(
+            requests=len(self._contexts),
+            fanin_buffers=len(self.fanin),
+            queued=load.queued,
+            running=load.running,
+            stream_buffers=len(self._streaming_in) + load.stream_buffers,
+            kv_slots=load.kv_slots,
+            slots_in_use=slots_in_use,
+        )

@@ -1,0 +1,207 @@
+"""One OS process of a pipeline: builds its stages, then UNPACKs and dispatches.
+
+Started by the launcher (``omnictl.coordinator.launcher``) with ``multiprocessing``'s
+spawn method. The process exits on its own when its parent dies (PR_SET_PDEATHSIG plus
+a parent-pid watch), and unlinks the shared memory it owns on the way out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import pickle
+import signal
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from omnictl import messages as m
+from omnictl.profiling.events import EventKind, NullProfiler, Profiler
+from omnictl.stage.build import build_stage
+from omnictl.stage.ports import WorkerPorts
+from omnictl.stage.stage import Stage
+from omnictl.topology.model import Topology
+from omnictl.transports.codec import decode
+from omnictl.transports.shm import SegmentReader
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    process: str
+    topology: Topology
+    model_path: str | None
+    process_addresses: dict[str, str]  # process name -> its PULL address
+    coordinator_address: str
+    broadcast_address: str
+    profile_address: str | None
+    parent_pid: int
+    sys_path: tuple[str, ...]  # the parent's import path: user factories import the same here
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:  # not Linux: the parent-pid watch below still covers it
+        pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def main() -> None:
+    """Process entry point: the launcher writes the pickled WorkerConfig to stdin."""
+    config: WorkerConfig = pickle.load(sys.stdin.buffer)
+    sys.path[:] = [*dict.fromkeys([*config.sys_path, *sys.path])]
+    _die_with_parent(config.parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the coordinator's to handle
+    try:
+        asyncio.run(Worker(config).run())
+    except KeyboardInterrupt:  # pragma: no cover
+        pass
+    sys.exit(0)
+
+
+def _make_profiler(config: WorkerConfig) -> tuple[Profiler, Any]:
+    if config.profile_address is None:
+        return NullProfiler(), None
+    from omnictl.profiling.recorder import Recorder
+
+    recorder = Recorder(config.process, config.profile_address)
+    return recorder, recorder
+
+
+class Worker:
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.stages: dict[str, Stage] = {}
+        self.reader = SegmentReader()
+        self._stop = asyncio.Event()
+
+    async def run(self) -> None:
+        config = self.config
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self._stop.set)
+        context = zmq.asyncio.Context()
+        inbound = context.socket(zmq.PULL)
+        inbound.setsockopt(zmq.LINGER, 0)
+        inbound.bind(config.process_addresses[config.process])
+        broadcast = context.socket(zmq.SUB)
+        broadcast.setsockopt(zmq.LINGER, 0)
+        broadcast.setsockopt(zmq.SUBSCRIBE, b"")
+        broadcast.connect(config.broadcast_address)
+        profiler, recorder = _make_profiler(config)
+        self.ports = WorkerPorts(
+            config.process,
+            config.topology,
+            zmq.Context.shadow(context.underlying),
+            config.process_addresses,
+            config.coordinator_address,
+            profiler,
+        )
+        if not await self._build(profiler):
+            self._close(inbound, broadcast, recorder)
+            return
+        self.ports.send_control(m.Ready(config.process, os.getpid()))
+        tasks = [
+            asyncio.create_task(self._receive(inbound)),
+            asyncio.create_task(self._listen(broadcast)),
+            asyncio.create_task(self._watch_parent()),
+        ]
+        await self._stop.wait()
+        for task in tasks:
+            task.cancel()
+        for stage in self.stages.values():
+            await stage.stop()
+        self._close(inbound, broadcast, recorder)
+
+    async def _build(self, profiler: Profiler) -> bool:
+        config = self.config
+        for name in config.topology.processes[config.process].stages:
+            spec = config.topology.stages[name]
+            try:
+                stage = build_stage(spec, config.topology, config.model_path, self.ports, profiler)
+                await stage.start()
+            except BaseException:  # report any failure to build, with its traceback
+                self.ports.send_control(m.LaunchFailed(config.process, name, traceback.format_exc()))
+                return False
+            self.stages[name] = stage
+            self.ports.local[name] = stage
+        return True
+
+    def _close(self, inbound: zmq.asyncio.Socket, broadcast: zmq.asyncio.Socket, recorder: Any) -> None:
+        self.ports.close()
+        self.reader.close()
+        inbound.close(linger=0)
+        broadcast.close(linger=0)
+        if recorder is not None:
+            recorder.close()
+
+    async def _watch_parent(self) -> None:
+        while os.getppid() == self.config.parent_pid:
+            await asyncio.sleep(0.5)
+        self._stop.set()
+
+    async def _receive(self, socket: zmq.asyncio.Socket) -> None:
+        while True:
+            message = m.inbound_decoder.decode(await socket.recv())
+            self._dispatch(message)
+
+    def _unpack(self, payload: m.EncodedPayload) -> Any:
+        try:
+            return decode(payload, self.reader)
+        finally:
+            if payload.shm is not None:
+                self.ports.release(payload.shm)
+
+    def _dispatch(self, message: m.StageInbound) -> None:  # type: ignore[valid-type]
+        if isinstance(message, m.SlotRelease):
+            self.ports.pool(message.ref.stage).release(message.ref)
+            return
+        stage = self.stages[message.dst]
+        if isinstance(message, m.Submit):
+            stage.on_input(message.ctx, None, self._unpack(message.payload))
+        elif isinstance(message, m.DataReady):
+            data = self._unpack(message.payload)
+            stage.profiler.record(
+                EventKind.HOP_RECEIVED,
+                message.ctx.request_id,
+                stage.name,
+                source=message.src,
+                transport=self.config.topology.edge(message.src, message.dst).transport.value,
+            )
+            stage.on_input(message.ctx, message.src, data)
+        elif isinstance(message, m.StreamChunk):
+            stage.on_stream_chunk(message.ctx, message.src, message.seq, self._unpack(message.payload))
+        elif isinstance(message, m.StreamDone):
+            stage.on_stream_done(message.ctx, message.src)
+        elif isinstance(message, m.Skip):
+            stage.on_skip(message.ctx, message.src)
+
+    async def _listen(self, socket: zmq.asyncio.Socket) -> None:
+        while True:
+            message = m.broadcast_decoder.decode(await socket.recv())
+            if isinstance(message, m.Abort):
+                for request_id in message.request_ids:
+                    for stage in self.stages.values():
+                        stage.on_abort(request_id)
+            elif isinstance(message, m.Hello):
+                self.ports.send_control(m.HelloAck(self.config.process, message.seq))
+            elif isinstance(message, m.StatsRequest):
+                stats = {
+                    name: stage.stats(self.ports.pools[name].in_use if name in self.ports.pools else 0)
+                    for name, stage in self.stages.items()
+                }
+                self.ports.send_control(m.StatsReply(self.config.process, message.seq, stats))
+            elif isinstance(message, m.Shutdown):
+                self._stop.set()
+
+
+if __name__ == "__main__":
+    main()

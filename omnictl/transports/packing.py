@@ -1,0 +1,135 @@
+"""Pack a payload's data tree into (skeleton, layout table, tensor bytes) and back.
+
+Tensor and numpy leaves are replaced in the skeleton by a marker holding their index in
+the layout table; their bytes are laid out back to back in one buffer. Everything else
+is msgpack, with a pickle fallback for objects msgpack cannot express.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from typing import Any, Callable
+
+import msgspec
+import numpy as np
+
+from omnictl.messages import TensorLayout
+
+_TENSOR_EXT = 1
+_PICKLE_EXT = 2
+_ALIGN = 64  # keep every tensor cache-line aligned inside the buffer
+
+
+def _torch() -> Any:
+    """torch if this process already imported it; no tensor can exist otherwise."""
+    return sys.modules.get("torch")
+
+
+def is_tensor(obj: Any) -> bool:
+    if isinstance(obj, np.ndarray):
+        return True
+    torch = _torch()
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _as_bytes_view(obj: Any) -> tuple[str, str, tuple[int, ...], memoryview]:
+    if isinstance(obj, np.ndarray):
+        arr = np.ascontiguousarray(obj)
+        return "numpy", arr.dtype.str, tuple(arr.shape), memoryview(arr.reshape(-1).view(np.uint8))
+    torch = _torch()
+    t = obj.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    flat = t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+    return "torch", str(t.dtype).removeprefix("torch."), tuple(t.shape), memoryview(flat.numpy())
+
+
+class PackedTree:
+    """The result of :func:`pack`: write ``views`` at their offsets into a buffer."""
+
+    __slots__ = ("skeleton", "layout", "views", "nbytes")
+
+    def __init__(self, skeleton: bytes, layout: tuple[TensorLayout, ...], views: list[memoryview], nbytes: int) -> None:
+        self.skeleton = skeleton
+        self.layout = layout
+        self.views = views
+        self.nbytes = nbytes
+
+    def write_into(self, buffer: memoryview) -> None:
+        for entry, view in zip(self.layout, self.views):
+            buffer[entry.offset : entry.offset + entry.nbytes] = view
+
+    def to_bytes(self) -> bytes:
+        out = bytearray(self.nbytes)
+        self.write_into(memoryview(out))
+        return bytes(out)
+
+
+def pack(data: Any, device_leaf: Callable[[Any], bytes] | None = None) -> PackedTree:
+    """``device_leaf``, when given, serializes tensors that live on a GPU (CUDA IPC
+    handles) instead of copying their bytes to the host."""
+    layout: list[TensorLayout] = []
+    views: list[memoryview] = []
+    offset = 0
+
+    def enc_hook(obj: Any) -> Any:
+        nonlocal offset
+        if device_leaf is not None and getattr(obj, "is_cuda", False):
+            return msgspec.msgpack.Ext(_PICKLE_EXT, device_leaf(obj))
+        if is_tensor(obj):
+            kind, dtype, shape, view = _as_bytes_view(obj)
+            index = len(layout)
+            layout.append(TensorLayout(index, kind, dtype, shape, offset, view.nbytes))
+            views.append(view)
+            offset += -(-view.nbytes // _ALIGN) * _ALIGN
+            return msgspec.msgpack.Ext(_TENSOR_EXT, index.to_bytes(4, "little"))
+        return msgspec.msgpack.Ext(_PICKLE_EXT, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+    # msgspec encodes tuples and sets natively as arrays: they come back as lists.
+    encoder = msgspec.msgpack.Encoder(enc_hook=enc_hook)
+    skeleton = encoder.encode(data)
+    return PackedTree(skeleton, tuple(layout), views, offset)
+
+
+def unpack(skeleton: bytes, layout: tuple[TensorLayout, ...], buffer: memoryview | bytes) -> Any:
+    """Rebuild the data tree; tensors are copied out of ``buffer`` (so it can be reused)."""
+    leaves = [_rebuild(entry, buffer) for entry in layout]
+
+    def ext_hook(code: int, raw: memoryview) -> Any:
+        if code == _TENSOR_EXT:
+            return leaves[int.from_bytes(raw, "little")]
+        if code == _PICKLE_EXT:
+            return pickle.loads(raw)
+        raise ValueError(f"unknown payload extension code {code}")
+
+    return msgspec.msgpack.decode(skeleton, ext_hook=ext_hook)
+
+
+def _rebuild(entry: TensorLayout, buffer: memoryview | bytes) -> Any:
+    raw = memoryview(buffer)[entry.offset : entry.offset + entry.nbytes]
+    if entry.kind == "numpy":
+        return np.frombuffer(raw, dtype=np.dtype(entry.dtype)).reshape(entry.shape).copy()
+    import torch  # a torch leaf was sent, so the receiver needs torch anyway
+
+    dtype = getattr(torch, entry.dtype)
+    if entry.nbytes == 0:
+        return torch.empty(entry.shape, dtype=dtype)
+    flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    return flat.view(dtype).reshape(entry.shape)
+
+
+def copy_containers(data: Any) -> Any:
+    """A copy of every dict/list/tuple in the tree; leaves (tensors included) are shared.
+
+    Fan-out by direct pass gives each downstream its own containers, so one downstream
+    mutating what it received never changes what another sees.
+    """
+    if isinstance(data, dict):
+        return {k: copy_containers(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [copy_containers(v) for v in data]
+    if isinstance(data, tuple):
+        return tuple(copy_containers(v) for v in data)
+    return data
