@@ -166,10 +166,12 @@ class Aggregator:
     # -- folding events in -------------------------------------------------------------
 
     def _add(self, event: Event) -> None:
-        if event.kind is EventKind.DROPPED:
+        if event.kind is EventKind.DROPPED:  # bookkeeping, not a request
             count = event.meta.get("count", 0)
             self._dropped += int(count) if isinstance(count, (int, float)) else 0
             return
+        # Uptime counts from construction, or from older events fed in (replays, tests).
+        self.started_ns = min(self.started_ns, event.ts)
         request = self._requests.get(event.request_id)
         if request is None:
             request = self._requests[event.request_id] = _Request(last_seen=event.ts)
