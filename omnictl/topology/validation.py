@@ -112,7 +112,8 @@ def validate_text(text: str, filename: str = "<string>", *,
     if not any(i.rule == "yaml-syntax" for i in issues):
         issues += check_schema(doc)
         stages = read_stages(doc)
-        issues += _graph_issues(doc, stages, check_imports)
+        if isinstance(doc.data, dict) and isinstance(doc.data.get("stages"), list):
+            issues += _graph_issues(doc, stages, check_imports)  # else: the schema said why
     issues.sort(key=lambda i: (i.line, i.column))
     report = ValidationReport(file=filename, issues=issues)
     if report.valid:

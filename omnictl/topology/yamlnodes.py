@@ -104,12 +104,15 @@ class _Builder:
                 key = str(key)  # dates and the like: keep them hashable and printable
             if key in result:
                 first_line = self.doc.keys[path + (key,)][0]
-                self.issue(
-                    "duplicate-key",
-                    key_node,
-                    f"key {key!r} appears twice (first at line {first_line})",
+                line, column = _position(key_node)
+                # Inside a stage mapping, name the stage when its `name` came first.
+                stage = result.get("name") if len(path) == 2 and path[0] == "stages" else None
+                self.doc.issues.append(Issue(
+                    "duplicate-key", f"key {key!r} appears twice (first at line {first_line})",
+                    self.doc.file, line, column,
+                    stage=stage if isinstance(stage, str) else None, field=str(key),
                     hint="YAML would silently keep only the last one; remove or rename one",
-                )
+                ))
                 continue
             self.doc.keys[path + (key,)] = _position(key_node)
             result[key] = self.build(value_node, path + (key,))
@@ -148,8 +151,9 @@ def _syntax_issue(error: yaml.YAMLError, text: str, file: str) -> Issue:
 def parse(text: str, file: str) -> Document:
     """Parse one YAML document. Problems are returned as issues, never raised."""
     document = Document(data=None, file=file)
-    loader = yaml.SafeLoader(text)
+    loader: yaml.SafeLoader | None = None
     try:
+        loader = yaml.SafeLoader(text)  # reading starts here: it rejects control characters
         root = loader.get_single_node()
         if root is not None:
             document.data = _Builder(loader, document).build(root, ())
@@ -160,5 +164,6 @@ def parse(text: str, file: str) -> Document:
         document.data = None
         document.issues.append(Issue("yaml-syntax", "the document is nested too deeply", file, 1, 1))
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return document

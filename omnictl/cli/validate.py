@@ -1,0 +1,130 @@
+"""`omnictl validate FILE...`: every problem with file:line, or what omnictl derived.
+
+A thin shell over :func:`omnictl.topology.validate`. Exit codes: 0 all valid, 1 some file
+invalid, 2 some file could not be read.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Union
+
+import typer
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from omnictl.topology import Topology, TopologyReadError, ValidationReport, validate
+
+Outcome = Union[ValidationReport, TopologyReadError]
+
+EXIT_VALID, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
+
+
+class OutputFormat(str, Enum):
+    text = "text"
+    json = "json"
+
+
+def check_files(files: list[Path], check_imports: bool) -> list[Outcome]:
+    outcomes: list[Outcome] = []
+    for file in files:
+        try:
+            outcomes.append(validate(file, check_imports=check_imports))
+        except TopologyReadError as error:
+            outcomes.append(error)
+    return outcomes
+
+
+def exit_code(outcomes: list[Outcome]) -> int:
+    if any(isinstance(o, TopologyReadError) for o in outcomes):
+        return EXIT_UNREADABLE
+    if any(not o.valid for o in outcomes if isinstance(o, ValidationReport)):
+        return EXIT_INVALID
+    return EXIT_VALID
+
+
+def outcome_json(outcome: Outcome) -> dict[str, object]:
+    if isinstance(outcome, ValidationReport):
+        return outcome.to_json()
+    error = {"rule": "read", "stage": None, "field": None, "line": None, "column": None,
+             "message": f"cannot read topology file: {outcome.reason}", "hint": None}
+    return {"file": outcome.path, "valid": False, "errors": [error], "derived": None}
+
+
+def render_json(outcomes: list[Outcome]) -> str:
+    items = [outcome_json(o) for o in outcomes]
+    return json.dumps(items[0] if len(items) == 1 else items, indent=2)
+
+
+def summary(topology: Topology) -> Group:
+    """Processes x stages x GPUs, then edges with their transports."""
+    terminals = ", ".join(f"{name} ({modality})" for name, modality in topology.terminals.items())
+    head = Text.assemble(("  entry ", "dim"), (topology.entry, "bold"),
+                         ("  terminals ", "dim"), terminals)
+    processes = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
+    for column in ("process", "stages", "gpus"):
+        processes.add_column(column)
+    for process in topology.processes.values():
+        gpus = ", ".join(str(g) for g in process.gpus) or "cpu"
+        processes.add_row(process.name, ", ".join(process.stages), gpus)
+    edges = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
+    for column in ("edge", "kind", "transport"):
+        edges.add_column(column)
+    kinds: dict[tuple[str, str], list[str]] = {}
+    transports: dict[tuple[str, str], str] = {}
+    for edge in topology.edges:  # data and stream between one pair share a placement
+        kinds.setdefault((edge.src, edge.dst), []).append(edge.kind.value)
+        transports[(edge.src, edge.dst)] = edge.transport.value
+    for (src, dst), pair_kinds in kinds.items():
+        edges.add_row(f"{src} -> {dst}", "+".join(pair_kinds), transports[(src, dst)])
+    return Group(head, Text(""), processes, Text(""), edges)
+
+
+def render_text(outcomes: list[Outcome], console: Console) -> None:
+    for outcome in outcomes:
+        if isinstance(outcome, TopologyReadError):
+            console.print(f"{outcome.path}: error: cannot read topology file: {outcome.reason}",
+                          markup=False, highlight=False, style="red")
+        elif outcome.valid and outcome.topology is not None:
+            topology = outcome.topology
+            console.print(Text.assemble((f"{outcome.file}: ", "bold"), ("valid", "green bold"),
+                                        f" ({topology.name}: {len(topology.stages)} stages, "
+                                        f"{len(topology.processes)} processes)"))
+            console.print(summary(topology))
+        else:
+            for issue in outcome.issues:
+                console.print(issue.format(), markup=False, highlight=False)
+            console.print(Text.assemble((f"{outcome.file}: ", "bold"), ("invalid", "red bold"),
+                                        f" ({len(outcome.issues)} problem(s))"))
+    if len(outcomes) > 1:
+        valid = sum(1 for o in outcomes if isinstance(o, ValidationReport) and o.valid)
+        unreadable = sum(1 for o in outcomes if isinstance(o, TopologyReadError))
+        console.print(f"{len(outcomes)} files: {valid} valid, "
+                      f"{len(outcomes) - valid - unreadable} invalid, {unreadable} unreadable",
+                      markup=False, highlight=False)
+
+
+def validate_command(
+    files: Annotated[list[Path], typer.Argument(help="Topology YAML files to check.", metavar="FILE...",
+                                                show_default=False)],
+    check_imports: Annotated[bool, typer.Option(
+        "--check-imports", help="Also import every factory, route_fn, merge_fn and "
+        "projection, and check it is callable.")] = False,
+    output_format: Annotated[OutputFormat, typer.Option(
+        "--format", help="text: compiler-style errors and a summary; json: one object per "
+        "file.")] = OutputFormat.text,
+) -> None:
+    """Check topology files: every problem at file:line:col, or what omnictl derives."""
+    outcomes = check_files(files, check_imports)
+    if output_format is OutputFormat.json:
+        typer.echo(render_json(outcomes))
+    else:
+        render_text(outcomes, Console(soft_wrap=True))
+    raise typer.Exit(exit_code(outcomes))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("validate")(validate_command)
