@@ -15,7 +15,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from omnictl.profiling.events import Event, EventKind, MetaValue
+from omnictl.profiling.events import STAGE_KINDS, Event, EventKind, MetaValue
 
 _GRACE_NS = 10 * 1_000_000_000  # keep a finished request's state this long for late events
 _STALE_NS = 600 * 1_000_000_000  # forget a request nothing was heard of for this long
@@ -176,9 +176,9 @@ class Aggregator:
         if request is None:
             request = self._requests[event.request_id] = _Request(last_seen=event.ts)
         request.last_seen = max(request.last_seen, event.ts)
-        if event.stage is not None:
+        if event.stage is not None and event.kind in STAGE_KINDS:
             self._stage_process.setdefault(event.stage, event.process)
-            request.at_stage.setdefault(event.stage, event.ts)
+            request.at_stage[event.stage] = min(event.ts, request.at_stage.get(event.stage, event.ts))
             batch_size = event.meta.get("batch_size")
             if isinstance(batch_size, (int, float)):
                 self._batch_sizes[event.stage].add(event.ts, float(batch_size))

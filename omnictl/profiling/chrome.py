@@ -42,7 +42,9 @@ def to_chrome(trace: RequestTrace) -> dict[str, Any]:
         return (ns - t0) / 1000
 
     def track_of(span: Span) -> tuple[int, int]:
-        return ids.pid(span.process), ids.tid(span.process, span.stage or REQUEST_TRACK)
+        # Marks the coordinator records about a stage go on the coordinator's own track.
+        own = span.stage is not None and trace.stage_process.get(span.stage) == span.process
+        return ids.pid(span.process), ids.tid(span.process, span.stage if own else REQUEST_TRACK)
 
     def complete(span: Span, pid: int, tid: int, name: str) -> None:
         events.append(

@@ -44,6 +44,30 @@ class EventKind(str, enum.Enum):
     DROPPED = "dropped"
 
 
+# Recorded by a stage's own process about its own work (the rest come from the coordinator,
+# which names the terminal stage in `stage` for terminal_complete / first_text / failed...).
+STAGE_KINDS = frozenset(
+    {
+        EventKind.HOP_RECEIVED,
+        EventKind.INPUT_RECEIVED,
+        EventKind.STREAM_RECEIVED,
+        EventKind.FANIN_WAIT_START,
+        EventKind.FANIN_WAIT_END,
+        EventKind.QUEUE_ENTER,
+        EventKind.BUILD_START,
+        EventKind.BUILD_END,
+        EventKind.PREFILL_START,
+        EventKind.PREFILL_END,
+        EventKind.FIRST_EMIT,
+        EventKind.DECODE_STEPS,
+        EventKind.DECODE_TOKEN,
+        EventKind.STREAM_SENT,
+        EventKind.HOP_SENT,
+        EventKind.STAGE_DONE,
+    }
+)
+
+
 class Event(msgspec.Struct, array_like=True, frozen=True):
     kind: EventKind
     request_id: str

@@ -18,7 +18,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-from omnictl.profiling.events import Event, EventKind, MetaValue
+from omnictl.profiling.events import STAGE_KINDS, Event, EventKind, MetaValue
 
 _END_STATUS = {EventKind.COMPLETED: "completed", EventKind.FAILED: "failed", EventKind.ABORTED: "aborted"}
 _PAIRS = (
@@ -80,7 +80,7 @@ def build_trace(request_id: str, events: Iterable[Event]) -> RequestTrace:
     request = _request_span(request_id, ordered)
     by_stage: dict[str, list[Event]] = defaultdict(list)
     for event in ordered:
-        if event.stage is not None:
+        if event.stage is not None and event.kind in STAGE_KINDS:
             by_stage[event.stage].append(event)
     spans: list[Span] = []
     for stage, stage_events in by_stage.items():

@@ -96,21 +96,21 @@ def synthetic_request(
                     got = sent + _HOP_LATENCY_NS[via]
                     emit(EventKind.STREAM_RECEIVED, target, got, source=stage, seq=seq)
                     if seq == 0 and topology.stages[target].terminal:
-                        firsts.setdefault(topology.terminals[target], got + int(work_ms * _MS))
+                        firsts.setdefault(target, got + int(work_ms * _MS))
             done = prefilled + (chunks + 1) * step
             emit(EventKind.DECODE_STEPS, stage, done - 10_000, steps=chunks * 4, seconds=chunks * step / 1e9)
         emit(EventKind.STAGE_DONE, stage, done)
         if topology.stages[stage].terminal:
-            emit(EventKind.TERMINAL_COMPLETE, stage, done + 50_000)
+            # The coordinator records these, naming the terminal stage.
+            emit(EventKind.TERMINAL_COMPLETE, stage, done + 50_000, "coordinator")
             finished.append(done + 100_000)
         for target in topology.stages[stage].next:
             via = transport(stage, target)
             emit(EventKind.HOP_SENT, stage, done + 100_000, target=target, bytes=65536, transport=via)
             arrivals[target].append((stage, done + 100_000, via))
-    if "text" in firsts:
-        emit(EventKind.FIRST_TEXT, None, firsts["text"], "coordinator")
-    if "audio" in firsts:
-        emit(EventKind.FIRST_AUDIO, None, firsts["audio"], "coordinator")
+    for terminal, ts in firsts.items():
+        first = EventKind.FIRST_TEXT if topology.terminals[terminal] == "text" else EventKind.FIRST_AUDIO
+        emit(first, terminal, ts, "coordinator")
     emit(EventKind.COMPLETED, None, max(finished) + 100_000, "coordinator")
     return sorted(events, key=lambda e: e.ts)
 
