@@ -34,7 +34,7 @@ ARRIVAL = (">", "bold magenta")  # a hop (or the first stream chunk) arrived at 
 MARKS = {"first_text": ("T", "bold green"), "first_audio": ("A", "bold yellow"), "failed": ("X", "bold red")}
 LEGEND = (
     "legend: > hop arrival  u unpack  ~ fan-in wait  : queue  b build  P prefill",
-    "        = decode  - other time at the stage  T first text  A first audio  X failed",
+    "        = decode  - other time at stage  T first text  A first audio  X failed",
 )
 
 
