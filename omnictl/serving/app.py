@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import secrets
@@ -121,6 +122,7 @@ def create_app(state: ServingState) -> Starlette:
             if pipe is None:
                 return _error(503, "the pipeline is still starting; retry shortly", "server_error", "starting")
             parsed = parse_chat_request(body, pipe.topology.terminals, state.limits)
+            parsed = dataclasses.replace(parsed, model=parsed.model or state.model_name)
             submitted = await pipe.submit(parsed.pipeline_inputs(), parsed.modalities, request_id=request_id)
         except InvalidRequest as exc:
             state.metrics.outcome("rejected")

@@ -79,8 +79,10 @@ class Tracked:
 
 
 def _error_of(event: PipelineEvent) -> str:
-    where = f"stage {event.stage!r}: " if event.stage else ""
-    return f"{where}{event.error}"
+    message = str(event.error)
+    if event.stage and event.stage not in message:
+        return f"stage {event.stage!r}: {message}"
+    return message
 
 
 async def stream_chunks(tracked: Tracked, translator: ChunkTranslator) -> AsyncIterator[bytes]:

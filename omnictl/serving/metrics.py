@@ -1,14 +1,21 @@
 """Prometheus metrics of one server: request outcomes, latency histograms, in flight.
 
 Each server owns its own registry, so two servers in one process (tests, bench)
-never share counters. Per-stage and per-edge figures come from the profiler through
-:meth:`ServerMetrics.observe_stage` / :meth:`observe_edge`.
+never share counters. Per-stage and per-edge latency come from the profiler's live
+aggregator at scrape time, as summaries (p50 / p99 over its sliding window).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from typing import Any, Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+# the *_created series only add noise to every scrape
+disable_created_metrics()
 
 # seconds: from a few milliseconds (an in-process hop) to a minute (a long CPU answer)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -37,23 +44,53 @@ class ServerMetrics:
             "omnictl_request_latency_seconds", "Admission to the last result (end to end)",
             buckets=LATENCY_BUCKETS, registry=self.registry,
         )
-        self.stage = Histogram(
-            "omnictl_stage_latency_seconds", "Time a request spends in one stage (input received to done)",
-            ["stage"], buckets=LATENCY_BUCKETS, registry=self.registry,
-        )
-        self.edge = Histogram(
-            "omnictl_edge_latency_seconds", "Hop latency from sent to received, per edge",
-            ["src", "dst"], buckets=LATENCY_BUCKETS, registry=self.registry,
-        )
+        self.profile = ProfileMetrics()
+        self.registry.register(self.profile)
 
     def outcome(self, outcome: str) -> None:
         self.requests.labels(outcome).inc()
 
-    def observe_stage(self, stage: str, seconds: float) -> None:
-        self.stage.labels(stage).observe(seconds)
-
-    def observe_edge(self, src: str, dst: str, seconds: float) -> None:
-        self.edge.labels(src, dst).observe(seconds)
-
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ProfileMetrics(Collector):
+    """A custom collector: per-stage and per-edge latency from the profiler's aggregator.
+
+    ``snapshot`` is set once the pipeline is up; it returns an
+    :class:`omnictl.profiling.aggregate.ProfileSnapshot` (or None when profiling is off).
+    """
+
+    def __init__(self) -> None:
+        self.snapshot: Callable[[], Any] | None = None
+
+    def describe(self) -> list[Metric]:
+        return []  # series appear with the stages; nothing to pre-declare
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snapshot() if self.snapshot is not None else None
+        if snap is None:
+            return
+        stage = Metric(
+            "omnictl_stage_latency_seconds",
+            f"Time at a stage, first input to done (profiler window {snap.window_s:g}s)", "summary",
+        )
+        for name, stats in snap.stages.items():
+            _quantiles(stage, "omnictl_stage_latency_seconds", {"stage": name}, stats.p50_s, stats.p99_s)
+            stage.add_sample("omnictl_stage_latency_seconds_count", {"stage": name}, float(stats.done))
+        edge = Metric(
+            "omnictl_edge_latency_seconds",
+            f"Hop latency, sent to received, per edge (profiler window {snap.window_s:g}s)", "summary",
+        )
+        for (src, dst, kind), stats in snap.edges.items():
+            labels = {"src": src, "dst": dst, "kind": kind}
+            _quantiles(edge, "omnictl_edge_latency_seconds", labels, stats.p50_s, stats.p99_s)
+            edge.add_sample("omnictl_edge_latency_seconds_count", labels, float(stats.hops))
+        yield stage
+        yield edge
+
+
+def _quantiles(metric: Metric, name: str, labels: dict[str, str], p50: float | None, p99: float | None) -> None:
+    for quantile, value in (("0.5", p50), ("0.99", p99)):
+        if value is not None:
+            metric.add_sample(name, {**labels, "quantile": quantile}, value)

@@ -1,0 +1,91 @@
+"""Per-stage time breakdown and per-edge hop latency of the bench's own requests.
+
+Preferred source: the profiler's trace store in the server's run directory (known
+when the bench launched the server, or given with ``--run-dir``): exact figures for
+exactly the measured requests. Otherwise the server's ``/metrics`` summaries, which
+cover the profiler's sliding window (p50 / p99 only).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from omnictl.bench.stats import summarize
+from omnictl.profiling.events import Event, EventKind
+from omnictl.profiling.spans import build_trace
+from omnictl.profiling.store import TraceStore
+
+PARTS = ("fanin_wait", "unpack", "queue", "build", "prefill", "decode")
+_ENDS = {EventKind.COMPLETED, EventKind.FAILED, EventKind.ABORTED}
+_POLL_S = 0.1
+
+
+def edge_name(src: str, dst: str, kind: str) -> str:
+    return f"{src}->{dst}" if kind == "hop" else f"{src}->{dst} (stream)"
+
+
+def _gather(store: TraceStore, wanted: set[str], wait_s: float) -> dict[str, list[Event]]:
+    """Events of the wanted requests; waits (up to ``wait_s``) for late batches to land."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        grouped: dict[str, list[Event]] = defaultdict(list)
+        for event in store.iter_events():
+            if event.request_id in wanted:
+                grouped[event.request_id].append(event)
+        ended = {rid for rid, events in grouped.items() if any(e.kind in _ENDS for e in events)}
+        if ended >= wanted or time.monotonic() > deadline:
+            return grouped
+        time.sleep(_POLL_S)  # polling a file another process appends to, under a deadline
+
+
+def from_trace_store(run_dir: Path, request_ids: Iterable[str], wait_s: float = 5.0) -> dict[str, Any]:
+    grouped = _gather(TraceStore(run_dir), set(request_ids), wait_s)
+    stage_times: dict[str, list[float]] = defaultdict(list)
+    part_times: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    edge_times: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    for request_id, events in grouped.items():
+        trace = build_trace(request_id, sorted(events, key=lambda e: e.ts))
+        for span in trace.spans:
+            seconds = span.duration_ns / 1e9
+            if span.kind == "stage" and span.stage:
+                stage_times[span.stage].append(seconds)
+            elif span.kind in PARTS and span.stage:
+                part_times[span.stage][span.kind] += seconds
+            elif span.kind in ("hop", "stream") and span.meta.get("received") is not False:
+                edge_times[(str(span.meta["src"]), str(span.meta["dst"]), span.kind)].append(seconds)
+    stages = {}
+    for stage, times in stage_times.items():
+        parts = {part: part_times[stage][part] / len(times) for part in PARTS if part in part_times[stage]}
+        stages[stage] = {**summarize(times).as_dict(), "parts": parts}
+    edges = {
+        edge_name(src, dst, kind): {"kind": kind, **summarize(times).as_dict()}
+        for (src, dst, kind), times in sorted(edge_times.items())
+    }
+    return {"source": "trace_store", "requests": len(grouped), "stages": stages, "edges": edges}
+
+
+def from_metrics(text: str) -> dict[str, Any]:
+    """p50 / p99 per stage and edge from a ``/metrics`` scrape (the profiler's window)."""
+    stages: dict[str, dict[str, Any]] = {}
+    edges: dict[str, dict[str, Any]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name not in ("omnictl_stage_latency_seconds", "omnictl_edge_latency_seconds"):
+            continue
+        for sample in family.samples:
+            labels = dict(sample.labels)
+            quantile = labels.pop("quantile", None)
+            if "stage" in labels:
+                entry = stages.setdefault(labels["stage"], {})
+            else:
+                kind = "stream" if labels.get("kind") == "stream" else "hop"
+                entry = edges.setdefault(edge_name(labels["src"], labels["dst"], kind), {"kind": kind})
+            if sample.name.endswith("_count"):
+                entry["count"] = int(sample.value)
+            elif quantile is not None:
+                entry[{"0.5": "p50", "0.99": "p99"}.get(quantile, f"q{quantile}")] = sample.value
+    return {"source": "metrics", "stages": stages, "edges": edges}

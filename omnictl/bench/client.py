@@ -1,0 +1,74 @@
+"""One streamed chat completion, timed delta by delta."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from typing import Any
+
+import httpx
+
+from omnictl.bench.stats import RequestRecord
+
+PCM16_RATE = 24_000  # the server's pcm16 convention (OpenAI's)
+
+
+def _apply_chunk(record: RequestRecord, chunk: dict[str, Any], now: float, last_text: list[float]) -> None:
+    if "error" in chunk:
+        error = chunk["error"]
+        record.error = str(error.get("message") if isinstance(error, dict) else error)
+        return
+    usage = chunk.get("usage")
+    if usage:
+        record.output_tokens = int(usage.get("completion_tokens") or record.output_tokens)
+    for choice in chunk.get("choices") or []:
+        delta = choice.get("delta") or {}
+        if delta.get("content"):
+            if record.ttft is None:
+                record.ttft = now
+            if last_text:
+                record.itl.append(now - last_text[0])
+            last_text[:] = [now]
+        audio = delta.get("audio")
+        if audio and audio.get("data"):
+            if record.ttfa is None:
+                record.ttfa = now
+            record.last_audio = now
+            record.audio_seconds += len(base64.b64decode(audio["data"])) / 2 / PCM16_RATE
+
+
+async def send_request(
+    client: httpx.AsyncClient, url: str, payload: dict[str, Any], record: RequestRecord, headers: dict[str, str]
+) -> RequestRecord:
+    """Stream one request into ``record``; never raises for a failed request, records why."""
+    start = time.perf_counter()
+    last_text: list[float] = []
+    text_deltas = 0
+    try:
+        async with client.stream("POST", url, json=payload, headers=headers) as response:
+            record.request_id = response.headers.get("x-request-id")
+            if response.status_code != 200:
+                body = (await response.aread()).decode(errors="replace")
+                record.error = f"HTTP {response.status_code}: {body[:300]}"
+                return record
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[len("data: "):]
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                before = len(record.itl) + (record.ttft is not None)
+                _apply_chunk(record, chunk, time.perf_counter() - start, last_text)
+                text_deltas += (len(record.itl) + (record.ttft is not None)) > before
+                if record.error is not None:
+                    return record
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        record.error = f"{type(exc).__name__}: {exc}"
+        return record
+    record.e2e = time.perf_counter() - start
+    if record.output_tokens == 0:  # a server without usage: count deltas instead
+        record.output_tokens = text_deltas
+    record.ok = True
+    return record

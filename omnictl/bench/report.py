@@ -1,0 +1,146 @@
+"""The bench's results: one JSON document, Rich tables, and a comparison with an earlier run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.table import Table
+
+from omnictl.bench.stats import RequestRecord, latency_summaries, throughput
+
+FORMAT_VERSION = 1
+LATENCIES = {  # key: (label, unit: "ms" or "x")
+    "ttft": ("time to first text", "ms"),
+    "ttfa": ("time to first audio", "ms"),
+    "itl": ("inter-token latency", "ms"),
+    "e2e": ("end-to-end latency", "ms"),
+    "rtf": ("real-time factor", "x"),
+}
+THROUGHPUT = {  # key: label; higher is better
+    "requests_per_s": "requests/s",
+    "output_tokens_per_s": "output tokens/s",
+    "audio_seconds_per_s": "audio seconds/s",
+}
+
+
+def build_result(
+    config: dict[str, Any], records: list[RequestRecord], duration: float, breakdown: dict[str, Any] | None
+) -> dict[str, Any]:
+    completed = sum(r.ok for r in records)
+    return {
+        "omnictl_bench": FORMAT_VERSION,
+        "config": config,
+        "summary": {
+            "requests": len(records),
+            "completed": completed,
+            "failed": len(records) - completed,
+            "duration_s": duration,
+            **throughput(records, duration),
+        },
+        "latency": {key: summary.as_dict() for key, summary in latency_summaries(records).items()},
+        "breakdown": breakdown or {"source": None, "stages": {}, "edges": {}},
+        "errors": sorted({r.error for r in records if r.error}),
+        "requests": [r.as_dict() for r in records],
+    }
+
+
+def load_result(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a readable bench result: {exc}") from exc
+    if not isinstance(data, dict) or data.get("omnictl_bench") != FORMAT_VERSION:
+        raise ValueError(f"{path}: not an omnictl bench result (missing 'omnictl_bench': {FORMAT_VERSION})")
+    return data
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.1f}" if unit == "ms" else f"{value:.3f}"
+
+
+def render(result: dict[str, Any]) -> Group:
+    summary = result["summary"]
+    head = Table(title="omnictl bench", show_header=False, title_justify="left")
+    head.add_column(style="bold")
+    head.add_column(justify="right")
+    head.add_row("target", str(result["config"].get("target", "")))
+    head.add_row("completed / failed", f"{summary['completed']} / {summary['failed']}")
+    head.add_row("duration", f"{summary['duration_s']:.2f} s")
+    for key, label in THROUGHPUT.items():
+        head.add_row(label, f"{summary[key]:.2f}")
+
+    latency = Table(title="latency", title_justify="left")
+    for column in ("metric", "unit", "n", "mean", "p50", "p90", "p99"):
+        latency.add_column(column, justify="left" if column in ("metric", "unit") else "right")
+    for key, (label, unit) in LATENCIES.items():
+        s = result["latency"][key]
+        latency.add_row(label, unit, str(s["count"]), *(_fmt(s[q], unit) for q in ("mean", "p50", "p90", "p99")))
+
+    parts: list[Any] = [head, latency]
+    breakdown = result["breakdown"]
+    if breakdown.get("stages"):
+        stages = Table(title=f"per-stage time (ms, from {breakdown['source']})", title_justify="left")
+        for column in ("stage", "n", "mean", "p50", "p90", "p99", "breakdown (mean)"):
+            stages.add_column(column, justify="left" if column in ("stage", "breakdown (mean)") else "right")
+        for name, s in breakdown["stages"].items():
+            split = "  ".join(f"{part} {seconds * 1000:.1f}" for part, seconds in s.get("parts", {}).items())
+            stages.add_row(name, str(s.get("count", "-")), *(_fmt(s.get(q), "ms") for q in ("mean", "p50", "p90", "p99")), split)
+        parts.append(stages)
+    if breakdown.get("edges"):
+        edges = Table(title="per-edge hop latency (ms)", title_justify="left")
+        for column in ("edge", "n", "mean", "p50", "p90", "p99"):
+            edges.add_column(column, justify="left" if column == "edge" else "right")
+        for name, s in breakdown["edges"].items():
+            edges.add_row(name, str(s.get("count", "-")), *(_fmt(s.get(q), "ms") for q in ("mean", "p50", "p90", "p99")))
+        parts.append(edges)
+    if result["errors"]:
+        errors = Table(title="errors", title_justify="left", show_header=False)
+        errors.add_column()
+        for error in result["errors"][:10]:
+            errors.add_row(error)
+        parts.append(errors)
+    return Group(*parts)
+
+
+def _change(old: float | None, new: float | None, higher_is_better: bool) -> tuple[str, str]:
+    if old is None or new is None:
+        return "-", "-"
+    delta = new - old
+    percent = f"{delta / old * 100:+.1f}%" if old else "-"
+    better = delta > 0 if higher_is_better else delta < 0
+    style = "green" if better and delta else ("red" if delta else "")
+    return (f"[{style}]{delta:+.4g}[/]" if style else f"{delta:+.4g}"), percent
+
+
+def compare(old: dict[str, Any], new: dict[str, Any]) -> Table:
+    """Differences new − old; green where the new run is better, red where worse."""
+    table = Table(title="compared with the earlier run", title_justify="left")
+    for column in ("figure", "old", "new", "change", "change %"):
+        table.add_column(column, justify="left" if column == "figure" else "right")
+    for key, label in THROUGHPUT.items():
+        o, n = old["summary"].get(key), new["summary"].get(key)
+        table.add_row(label, _fmt(o, "x"), _fmt(n, "x"), *_change(o, n, higher_is_better=True))
+    for key, (label, unit) in LATENCIES.items():
+        for q in ("mean", "p50", "p99"):
+            o, n = old["latency"].get(key, {}).get(q), new["latency"].get(key, {}).get(q)
+            if o is None and n is None:
+                continue
+            scale = 1000 if unit == "ms" else 1
+            o_s = None if o is None else o * scale
+            n_s = None if n is None else n * scale
+            table.add_row(f"{label} {q} ({unit})", _fmt(o, unit), _fmt(n, unit), *_change(o_s, n_s, higher_is_better=False))
+    for key in ("completed", "failed"):
+        o, n = old["summary"][key], new["summary"][key]
+        table.add_row(key, str(o), str(n), f"{n - o:+d}", "-")
+    return table
+
+
+def print_result(result: dict[str, Any], console: Console, previous: dict[str, Any] | None = None) -> None:
+    console.print(render(result))
+    if previous is not None:
+        console.print(compare(previous, result))

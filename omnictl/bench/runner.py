@@ -1,0 +1,159 @@
+"""``run_bench``: warm up, drive the load, gather the breakdown, build the result."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from omnictl.bench import breakdown
+from omnictl.bench.client import send_request
+from omnictl.bench.loadgen import closed_loop, open_loop
+from omnictl.bench.report import build_result
+from omnictl.bench.stats import RequestRecord
+from omnictl.bench.workload import INPUT_KINDS, build_payload, spoken_sample
+from omnictl.exceptions import OmnictlError
+
+
+class BenchError(OmnictlError):
+    """The bench could not run (bad options, or the server rejects every request)."""
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    topology: str | None = None  # launch this (None and no url: the embedded default)
+    url: str | None = None  # or measure a running server
+    concurrency: int | None = None  # closed loop (default 1 when no rate is given)
+    rate: float | None = None  # open loop: Poisson arrivals per second
+    num_requests: int = 20
+    warmup: int = 2
+    input_kind: str = "text"
+    modalities: tuple[str, ...] = ("text", "audio")
+    max_tokens: int | None = 64
+    api_key: str | None = None
+    model_path: str | None = None
+    device: str | None = None
+    run_dir: str | None = None  # the server's run directory, for an exact per-stage breakdown
+    audio_file: str | None = None
+    request_timeout: float = 300.0
+    seed: int = 0
+
+    def check(self) -> None:
+        if self.concurrency is not None and self.rate is not None:
+            raise BenchError("choose one of --concurrency (closed loop) and --rate (open loop), not both")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise BenchError(f"--concurrency must be at least 1, got {self.concurrency}")
+        if self.rate is not None and self.rate <= 0:
+            raise BenchError(f"--rate must be positive, got {self.rate}")
+        if self.num_requests < 1 or self.warmup < 0:
+            raise BenchError("--num-requests must be at least 1 and --warmup at least 0")
+        if self.input_kind not in INPUT_KINDS:
+            raise BenchError(f"--input must be one of {', '.join(INPUT_KINDS)}, got {self.input_kind!r}")
+        unknown = [m for m in self.modalities if m not in ("text", "audio")]
+        if unknown or not self.modalities:
+            raise BenchError(f"--modalities takes text and/or audio, got {','.join(self.modalities) or 'nothing'}")
+        if self.url is not None and self.topology is not None:
+            raise BenchError("give a TOPOLOGY to launch or --url of a running server, not both")
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, transient=True,
+    )
+
+
+async def _drive(
+    config: BenchConfig, base_url: str, progress: Progress | None
+) -> tuple[list[RequestRecord], float]:
+    audio = Path(config.audio_file).read_bytes() if config.audio_file else spoken_sample()
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    url = base_url.rstrip("/") + "/v1/chat/completions"
+    in_flight = config.concurrency or (1 if config.rate is None else 1000)
+    limits = httpx.Limits(max_connections=in_flight + 8, max_keepalive_connections=in_flight + 8)
+    timeout = httpx.Timeout(config.request_timeout, connect=30.0)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        origin = time.perf_counter()
+
+        def sender(offset: int) -> Callable[[int], Any]:
+            async def send(index: int) -> RequestRecord:
+                payload = build_payload(index + offset, config.input_kind, list(config.modalities), config.max_tokens, audio)
+                record = RequestRecord(index=index, sent_at=time.perf_counter() - origin)
+                return await send_request(client, url, payload, record, headers)
+
+            return send
+
+        def tick(task: Any) -> Callable[[RequestRecord], None]:
+            return lambda _record: progress.advance(task) if progress is not None else None
+
+        if config.warmup:
+            task = progress.add_task("warm-up", total=config.warmup) if progress else None
+            warm = await closed_loop(sender(10_000), config.warmup, config.concurrency or 1, tick(task))
+            rejected = [r.error for r in warm if r.error and r.error.startswith("HTTP 4")]
+            if len(rejected) == len(warm):
+                raise BenchError(f"the server rejects the bench's requests: {rejected[0]}")
+            if progress is not None and task is not None:
+                progress.remove_task(task)
+        task = progress.add_task("requests", total=config.num_requests) if progress else None
+        origin = time.perf_counter()
+        if config.rate is not None:
+            records = await open_loop(sender(0), config.num_requests, config.rate, tick(task), config.seed)
+        else:
+            records = await closed_loop(sender(0), config.num_requests, config.concurrency or 1, tick(task))
+        duration = time.perf_counter() - origin
+        return records, duration
+
+
+def _breakdown(config: BenchConfig, base_url: str, run_dir: Path | None, records: list[RequestRecord]) -> dict[str, Any]:
+    ids = [r.request_id for r in records if r.request_id]
+    if run_dir is not None and run_dir.is_dir():
+        return breakdown.from_trace_store(run_dir, ids)
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    try:
+        response = httpx.get(base_url.rstrip("/") + "/metrics", headers=headers, timeout=10.0)
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
+        return {"source": None, "stages": {}, "edges": {}, "error": f"/metrics unavailable: {exc}"}
+    return breakdown.from_metrics(response.text)
+
+
+def run_bench(config: BenchConfig, console: Console | None = None, show_progress: bool = True) -> dict[str, Any]:
+    """Run the bench and return its result document (see :func:`omnictl.bench.report.build_result`)."""
+    from omnictl.serving.background import BackgroundServer
+    from omnictl.serving.server import ServeOptions
+
+    config.check()
+    console = console or Console(stderr=True)
+    with ExitStack() as stack:
+        run_dir = Path(config.run_dir) if config.run_dir else None
+        if config.url is not None:
+            base_url, target = config.url, config.url
+        else:
+            options = ServeOptions(
+                topology=config.topology, port=0, model_path=config.model_path, device=config.device,
+                run_dir=config.run_dir, request_timeout=config.request_timeout, api_key=config.api_key,
+            )
+            with console.status("launching the pipeline..."):
+                listening = stack.enter_context(BackgroundServer(options))
+            base_url, target = listening.url, config.topology or "embedded voice assistant"
+            run_dir = run_dir or _pipeline_run_dir(listening.pipeline)
+        progress = stack.enter_context(_progress(console)) if show_progress else None
+        records, duration = asyncio.run(_drive(config, base_url, progress))
+        if progress is not None:
+            progress.stop()
+        found = _breakdown(config, base_url, run_dir, records)
+    settings = {k: v for k, v in asdict(config).items() if k != "api_key"}
+    return build_result({**settings, "target": target, "base_url": base_url}, records, duration, found)
+
+
+def _pipeline_run_dir(pipeline: Any) -> Path | None:
+    """Where the launched pipeline's profiler writes its trace store."""
+    run_dir = pipeline.run_dir
+    return Path(run_dir) if run_dir is not None else None

@@ -1,0 +1,80 @@
+"""Per-request figures and their summaries (mean and percentiles)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass
+class RequestRecord:
+    """What one request measured, in seconds from when it was sent."""
+
+    index: int
+    request_id: str | None = None
+    ok: bool = False
+    error: str | None = None
+    sent_at: float = 0.0  # seconds since the measured run began
+    ttft: float | None = None  # first text delta
+    ttfa: float | None = None  # first audio delta
+    e2e: float | None = None  # last byte of the response
+    last_audio: float | None = None  # last audio delta
+    itl: list[float] = field(default_factory=list)  # gaps between successive text deltas
+    output_tokens: int = 0
+    audio_seconds: float = 0.0
+
+    @property
+    def rtf(self) -> float | None:
+        """Real-time factor: time spent producing audio ÷ the audio's duration (< 1: faster than real time)."""
+        if self.last_audio is None or self.audio_seconds <= 0:
+            return None
+        return self.last_audio / self.audio_seconds
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "rtf": self.rtf}
+
+
+@dataclass(frozen=True)
+class Summary:
+    count: int
+    mean: float | None
+    p50: float | None
+    p90: float | None
+    p99: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarize(values: Iterable[float | None]) -> Summary:
+    data = np.array([v for v in values if v is not None], dtype=np.float64)
+    if data.size == 0:
+        return Summary(0, None, None, None, None)
+    p50, p90, p99 = (float(x) for x in np.percentile(data, PERCENTILES))
+    return Summary(int(data.size), float(data.mean()), p50, p90, p99)
+
+
+def latency_summaries(records: list[RequestRecord]) -> dict[str, Summary]:
+    done = [r for r in records if r.ok]
+    return {
+        "ttft": summarize(r.ttft for r in done),
+        "ttfa": summarize(r.ttfa for r in done),
+        "itl": summarize(gap for r in done for gap in r.itl),
+        "e2e": summarize(r.e2e for r in done),
+        "rtf": summarize(r.rtf for r in done),
+    }
+
+
+def throughput(records: list[RequestRecord], duration: float) -> dict[str, float]:
+    done = [r for r in records if r.ok]
+    if duration <= 0:
+        return {"requests_per_s": 0.0, "output_tokens_per_s": 0.0, "audio_seconds_per_s": 0.0}
+    return {
+        "requests_per_s": len(done) / duration,
+        "output_tokens_per_s": sum(r.output_tokens for r in done) / duration,
+        "audio_seconds_per_s": sum(r.audio_seconds for r in done) / duration,
+    }

@@ -1,0 +1,64 @@
+"""The requests a bench sends: short questions as text, as speech, or alternating."""
+
+from __future__ import annotations
+
+import base64
+import io
+import wave
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+QUESTIONS = (
+    "What is the capital of France?",
+    "Name three colours of the rainbow.",
+    "How many legs does a spider have?",
+    "Say hello in one short sentence.",
+    "What is two plus two?",
+    "Why is the sky blue? Answer briefly.",
+)
+INPUT_KINDS = ("text", "audio", "mixed")
+
+
+def tone_wav(seconds: float = 1.0, rate: int = 16_000) -> bytes:
+    """A plain tone: valid audio input when no spoken sample is available."""
+    t = np.arange(int(seconds * rate)) / rate
+    samples = (0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype("<i2")
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes(samples.tobytes())
+    return buffer.getvalue()
+
+
+def spoken_sample() -> bytes:
+    """A spoken question shipped with the package, else a tone."""
+    data_dir = Path(__file__).resolve().parent.parent / "data"
+    samples = sorted(data_dir.glob("*.wav")) if data_dir.is_dir() else []
+    return samples[0].read_bytes() if samples else tone_wav()
+
+
+def build_payload(
+    index: int, input_kind: str, modalities: list[str], max_tokens: int | None, audio_wav: bytes
+) -> dict[str, Any]:
+    use_audio = input_kind == "audio" or (input_kind == "mixed" and index % 2 == 1)
+    if use_audio:
+        part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(audio_wav).decode(), "format": "wav"}}
+        content: Any = [part]
+    else:
+        content = QUESTIONS[index % len(QUESTIONS)]
+    payload: dict[str, Any] = {
+        "model": "omnictl",
+        "messages": [{"role": "user", "content": content}],
+        "modalities": modalities,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if "audio" in modalities:
+        payload["audio"] = {"format": "pcm16"}
+    if max_tokens is not None:
+        payload["max_tokens"] = max_tokens
+    return payload

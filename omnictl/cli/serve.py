@@ -1,0 +1,69 @@
+"""`omnictl serve [TOPOLOGY]`: launch the pipeline and serve the OpenAI-compatible API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def serve_command(
+    topology: Annotated[Optional[Path], typer.Argument(help="Topology YAML; default: the embedded CPU voice assistant.")] = None,
+    host: Annotated[str, typer.Option(help="Address to bind; 0.0.0.0 exposes the server to the network.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 8000,
+    model_path: Annotated[Optional[str], typer.Option("--model-path", help="Checkpoint directory passed to the stage factories.")] = None,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="OMNICTL_API_KEY", help="Require 'Authorization: Bearer KEY'.")] = None,
+    device: Annotated[Optional[str], typer.Option(help="'cpu' drops the topology's GPU placement.")] = None,
+    no_dashboard: Annotated[bool, typer.Option("--no-dashboard", help="Print status lines instead of the live dashboard.")] = False,
+    run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="Where the profiler writes this run's traces.")] = None,
+    max_body_mb: Annotated[float, typer.Option("--max-body-mb", help="Largest request body accepted (413 above).")] = 32.0,
+    max_audio_mb: Annotated[float, typer.Option("--max-audio-mb", help="Largest decoded input audio part (413 above).")] = 16.0,
+    request_timeout: Annotated[float, typer.Option("--request-timeout", help="Seconds before a request fails.")] = 300.0,
+) -> None:
+    """Serve a topology over an OpenAI-compatible HTTP API (chat completions with text and audio)."""
+    import asyncio
+
+    from rich.console import Console
+
+    from omnictl.exceptions import LaunchError, TopologyError
+    from omnictl.serving.protocol import Limits
+    from omnictl.serving.server import Listening, ServeOptions, run_server
+    from omnictl.serving.ready import ready_message
+
+    console = Console()
+    errors = Console(stderr=True)
+    options = ServeOptions(
+        topology=topology, host=host, port=port, model_path=model_path, api_key=api_key, device=device,
+        run_dir=str(run_dir) if run_dir else None, request_timeout=request_timeout,
+        limits=Limits(int(max_body_mb * 1024 * 1024), int(max_audio_mb * 1024 * 1024)),
+    )
+    dashboards: list[object] = []
+
+    def on_ready(listening: Listening) -> None:
+        pipe = listening.pipeline
+        topo = pipe.topology
+        console.print(ready_message(listening.url, listening.state.model_name, topo.terminals,
+                                    len(topo.stages), len(topo.processes), api_key), soft_wrap=True)
+        if pipe.profile is not None:
+            from omnictl.profiling.dashboard import Dashboard
+
+            mode = "lines" if no_dashboard else "auto"
+            dashboards.append(Dashboard(pipe.profile.aggregator, topo, console=console, mode=mode).start())
+
+    if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
+        errors.print(f"[yellow]warning:[/] serving on {host} without --api-key: anyone who can reach it can use it")
+    console.print(f"omnictl serve: launching {topology or 'the embedded voice assistant'} (loading models)...")
+    try:
+        asyncio.run(run_server(options, on_ready))
+    except (LaunchError, TopologyError) as exc:
+        errors.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from exc
+    finally:
+        for dashboard in dashboards:
+            dashboard.stop()  # type: ignore[attr-defined]
+    console.print("omnictl serve: stopped")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve_command)

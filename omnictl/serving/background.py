@@ -1,0 +1,58 @@
+"""A server on its own thread and event loop, for callers that also run a client (bench, tests).
+
+The server keeps its own loop so that the caller's work (a load generator parsing
+thousands of events) does not sit in the same queue as the coordinator's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from types import TracebackType
+
+from omnictl.exceptions import LaunchError
+from omnictl.serving.server import Listening, ServeOptions, run_server
+
+
+class BackgroundServer:
+    """``with BackgroundServer(options, start_timeout) as listening: ...``"""
+
+    def __init__(self, options: ServeOptions, start_timeout: float = 600.0) -> None:
+        self.options = options
+        self.start_timeout = start_timeout
+        self._ready = threading.Event()
+        self._listening: Listening | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="omnictl-server", daemon=True)
+
+    def _main(self) -> None:
+        async def on_ready(listening: Listening) -> None:
+            self._listening = listening
+            self._loop = asyncio.get_running_loop()
+            self._ready.set()
+
+        try:
+            asyncio.run(run_server(self.options, on_ready, handle_signals=False))
+        except BaseException as exc:  # handed to the caller's thread by __enter__
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    def __enter__(self) -> Listening:
+        self._thread.start()
+        deadline = time.monotonic() + self.start_timeout
+        while not self._ready.wait(timeout=0.2):
+            if time.monotonic() > deadline:
+                raise LaunchError("http", f"the server did not become ready within {self.start_timeout:.0f}s")
+        if self._listening is None:
+            raise LaunchError("http", f"the server stopped before it was ready: {self._error}") from self._error
+        return self._listening
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._loop is not None and self._listening is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._listening.stop)
+        self._thread.join(timeout=60)

@@ -1,0 +1,51 @@
+"""What ``omnictl serve`` prints once it is ready: where it listens and a request to paste."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Mapping
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+
+EXAMPLE_QUESTION = "What is the capital of France?"
+_SAVE_ANSWER = (
+    'import sys, json, base64; m = json.load(sys.stdin)["choices"][0]["message"]; print(m["content"]); '
+    'a = m.get("audio"); a and open("answer.wav", "wb").write(base64.b64decode(a["data"])); '
+    'a and print("spoken answer saved to answer.wav")'
+)
+
+
+def example_body(model: str, modalities: list[str]) -> dict[str, object]:
+    body: dict[str, object] = {
+        "model": model,
+        "modalities": modalities,
+        "messages": [{"role": "user", "content": EXAMPLE_QUESTION}],
+    }
+    if "audio" in modalities:
+        body["audio"] = {"format": "wav"}
+    return body
+
+
+def example_curl(url: str, model: str, terminals: Mapping[str, str], api_key: str | None) -> str:
+    """A shell command that asks a question and, with audio, saves the spoken answer as answer.wav."""
+    modalities = [m for m in ("text", "audio") if m in terminals.values()] or sorted(set(terminals.values()))
+    auth = f" -H {shlex.quote('Authorization: Bearer ' + api_key)}" if api_key else ""
+    body = shlex.quote(json.dumps(example_body(model, modalities), separators=(",", ":")))
+    return (
+        f"curl -s {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d {body}"
+        f" | python3 -c {shlex.quote(_SAVE_ANSWER)}"
+    )
+
+
+def ready_message(url: str, model: str, terminals: Mapping[str, str], stages: int, processes: int,
+                  api_key: str | None) -> RenderableType:
+    produces = ", ".join(sorted(set(terminals.values())))
+    return Group(
+        Text.assemble(("omnictl serve", "bold green"), f": {model} ({stages} stages in {processes} processes; produces {produces})"),
+        Text.assemble("  listening on ", (url, "bold cyan"), "  (OpenAI API at /v1, health at /health, metrics at /metrics)"),
+        Text("  try it:", style="bold"),
+        Text("  " + example_curl(url, model, terminals, api_key)),
+        Text("  Ctrl-C stops the server and every stage process.", style="dim"),
+    )

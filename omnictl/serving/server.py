@@ -1,0 +1,158 @@
+"""Launch a topology and serve it over HTTP in one asyncio loop.
+
+The port is bound before the pipeline starts, so ``/health`` answers 503 while
+models load, and a port already in use fails at once with a clear message rather
+than after minutes of loading. Ctrl-C (or SIGTERM) stops accepting requests, lets
+open responses finish for a few seconds, then shuts every stage process down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterator
+
+import uvicorn
+
+from omnictl.exceptions import LaunchError
+from omnictl.serving.app import ServingState, create_app
+from omnictl.serving.protocol import Limits
+
+DEFAULT_TOPOLOGY = "voice-assistant.yaml"
+GRACEFUL_SHUTDOWN_S = 5
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    topology: str | Path | None = None  # None: the embedded voice assistant
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: any free port (the ready callback gets the real one)
+    model_path: str | None = None
+    api_key: str | None = None
+    device: str | None = None
+    run_dir: str | None = None
+    request_timeout: float = 300.0
+    limits: Limits = field(default_factory=Limits)
+
+
+def default_topology() -> Path:
+    """The embedded default: the package copy, else the repository's ``topologies/``."""
+    package_copy = Path(__file__).resolve().parent.parent / "data" / DEFAULT_TOPOLOGY
+    if package_copy.exists():
+        return package_copy
+    repo_copy = Path(__file__).resolve().parents[2] / "topologies" / DEFAULT_TOPOLOGY
+    if repo_copy.exists():
+        return repo_copy
+    raise LaunchError("default", f"the embedded topology {DEFAULT_TOPOLOGY} is missing from this installation")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise LaunchError("http", f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn without its own signal handling: :func:`run_server` owns Ctrl-C."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@dataclass
+class Listening:
+    """Where a running server is reachable, handed to the ready callback."""
+
+    url: str
+    state: ServingState
+    pipeline: Any
+    stop: Callable[[], None]
+
+
+def _url(host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}"
+
+
+async def run_server(
+    options: ServeOptions,
+    on_ready: Callable[[Listening], Awaitable[None] | None] | None = None,
+    handle_signals: bool = True,
+) -> None:
+    """Serve until stopped (Ctrl-C, SIGTERM, or ``Listening.stop``)."""
+    import omnictl  # the runtime: heavy, so imported only when serving
+
+    topology = Path(options.topology) if options.topology is not None else default_topology()
+    sock = bind(options.host, options.port)
+    port = sock.getsockname()[1]
+    state = ServingState(model_name=topology.stem, limits=options.limits, api_key=options.api_key)
+    config = uvicorn.Config(
+        create_app(state), log_level="warning", access_log=False, lifespan="off",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
+    server = _QuietServer(config)
+    stopping = asyncio.Event()
+
+    def stop() -> None:
+        if stopping.is_set():
+            server.force_exit = True  # a second Ctrl-C does not wait for open responses
+        stopping.set()
+        server.should_exit = True
+
+    loop = asyncio.get_running_loop()
+    if handle_signals and threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop)
+    serving = asyncio.create_task(server.serve(sockets=[sock]), name="uvicorn")
+    serving.add_done_callback(lambda _: stopping.set())  # uvicorn gave up: stop the pipeline too
+    try:
+        launch = omnictl.Pipeline.launch(
+            topology, model_path=options.model_path, device=options.device, run_dir=options.run_dir,
+            profile=True, request_timeout=options.request_timeout,
+        )
+        entering = asyncio.create_task(launch.__aenter__(), name="pipeline-launch")
+        waiting = asyncio.create_task(stopping.wait())
+        await asyncio.wait({entering, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        if not entering.done():  # stopped while the models were still loading
+            entering.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await entering
+            return
+        pipe = entering.result()
+        try:
+            state.pipeline = pipe
+            if pipe.profile is not None:
+                state.metrics.profile.snapshot = pipe.profile.aggregator.snapshot
+            if on_ready is not None:
+                ready = on_ready(Listening(_url(options.host, port), state, pipe, stop))
+                if ready is not None:
+                    await ready
+            await stopping.wait()
+            server.should_exit = True
+            await serving
+        finally:
+            state.pipeline = None
+            await launch.__aexit__(None, None, None)
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+        sock.close()
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
