@@ -1,0 +1,97 @@
+"""TraceStore (JSONL segments with rotation) and run directories."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from omnictl.profiling.events import Event, EventKind
+from omnictl.profiling.store import (
+    TraceError,
+    TraceStore,
+    default_run_dir,
+    read_run_info,
+    resolve_run_dir,
+    write_run_info,
+)
+from omnictl.profiling.synthetic import qwen_omni_topology, synthetic_request
+
+MS = 1_000_000
+
+
+def test_events_come_back_in_time_order_from_a_fresh_store(tmp_path: Path) -> None:
+    writer = TraceStore(tmp_path)
+    events = synthetic_request("req-a", start_ns=1_000 * MS)
+    writer.append(list(reversed(events)))
+    writer.append(synthetic_request("req-b", start_ns=2_000 * MS))
+    writer.close()
+    reader = TraceStore(tmp_path)
+    got = reader.events("req-a")
+    assert [e.ts for e in got] == sorted(e.ts for e in events)
+    assert sorted(got, key=repr) == sorted(events, key=repr)
+    assert reader.events("req-") == []  # whole ids only
+    assert reader.events("missing") == []
+
+
+def test_last_and_slowest(tmp_path: Path) -> None:
+    store = TraceStore(tmp_path)
+    for index, work_ms in enumerate([1.0, 5.0, 3.0]):
+        store.append(synthetic_request(f"r{index}", start_ns=(index + 1) * 1000 * MS, work_ms=work_ms))
+    in_flight = [Event(EventKind.ADMITTED, "r3", None, "coordinator", 9000 * MS)]
+    store.append(in_flight)
+    assert [rid for rid, _ in store.request_ids(last=2)] == ["r3", "r2"]
+    slowest = store.request_ids(slowest=2)
+    assert [rid for rid, _ in slowest] == ["r1", "r2"]
+    assert slowest[0][1] is not None and slowest[0][1] > slowest[1][1]  # type: ignore[operator]
+    assert dict(store.request_ids())["r3"] is None
+    with pytest.raises(ValueError, match="not both"):
+        store.request_ids(last=1, slowest=1)
+
+
+def test_rotation_bounds_the_size(tmp_path: Path) -> None:
+    store = TraceStore(tmp_path, segment_bytes=20_000, max_segments=3)
+    for index in range(200):
+        store.append(synthetic_request(f"r{index}", start_ns=(index + 1) * 100 * MS))
+    store.close()
+    batch_bytes = len(b"".join(msgspec.json.encode(e) + b"\n" for e in synthetic_request("r199")))
+    assert len(store.segments()) == 3
+    assert store.size_bytes() <= 3 * (20_000 + batch_bytes)
+    kept = {rid for rid, _ in store.request_ids()}
+    assert "r199" in kept and "r0" not in kept, "the oldest events rotate out first"
+
+
+def test_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
+    store = TraceStore(tmp_path)
+    store.append(synthetic_request("r1"))
+    store.close()
+    with open(store.segments()[-1], "ab") as segment:
+        segment.write(b'["completed","r1",nu')  # a writer died mid-line
+    assert TraceStore(tmp_path).events("r1")[-1].kind is EventKind.COMPLETED
+
+
+def test_default_run_dir_and_latest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    with pytest.raises(TraceError, match="--run-dir"):
+        resolve_run_dir(None)
+    run_dir = default_run_dir()
+    assert run_dir.parent == tmp_path / "state" / "omnictl" / "runs"
+    assert run_dir.name.endswith(f"-{os.getpid()}")
+    assert resolve_run_dir(None) == run_dir.resolve()
+    with pytest.raises(TraceError, match="does not exist"):
+        resolve_run_dir(tmp_path / "nope")
+
+
+def test_run_info_round_trips(tmp_path: Path) -> None:
+    assert read_run_info(tmp_path) is None
+    written = write_run_info(tmp_path, qwen_omni_topology())
+    info = read_run_info(tmp_path)
+    assert info == written
+    assert info is not None and info.topology == "qwen-omni"
+    assert {s.name: s.process for s in info.stages}["code2wav"] == "talker"
+    assert any((e.src, e.dst, e.kind, e.transport) == ("thinker", "talker", "stream", "relay") for e in info.edges)
+    (tmp_path / "run.json").write_text("{broken")
+    with pytest.raises(TraceError, match="run.json"):
+        read_run_info(tmp_path)
