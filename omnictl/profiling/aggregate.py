@@ -8,6 +8,7 @@ it): matching is symmetric and a finished request's state is kept for a grace pe
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 import time
@@ -89,17 +90,25 @@ class _Request:
 
 
 class _Window:
-    """(timestamp, value) samples; old ones fall out on read."""
+    """(timestamp, value) samples kept in time order; old ones fall out on read.
+
+    Samples arrive out of order (batches from several processes), hence the sorted
+    insert; it is almost always an append.
+    """
 
     def __init__(self) -> None:
-        self.samples: deque[tuple[int, float]] = deque()
+        self.samples: list[tuple[int, float]] = []
 
     def add(self, ts: int, value: float) -> None:
-        self.samples.append((ts, value))
+        if not self.samples or self.samples[-1][0] <= ts:
+            self.samples.append((ts, value))
+        else:
+            bisect.insort(self.samples, (ts, value))
 
     def trim(self, since_ns: int) -> None:
-        while self.samples and self.samples[0][0] < since_ns:
-            self.samples.popleft()
+        cut = bisect.bisect_left(self.samples, (since_ns, -math.inf))
+        if cut:
+            del self.samples[:cut]
 
     def values(self, since_ns: int) -> list[float]:
         self.trim(since_ns)
