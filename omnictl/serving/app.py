@@ -37,6 +37,10 @@ class PipelineLike(Protocol):
 
     async def abort(self, request_id: str) -> Any: ...
 
+    async def stats(self) -> dict[str, dict[str, Any]]: ...
+
+    def in_flight(self) -> int: ...
+
 
 @dataclass
 class ServingState:
@@ -158,9 +162,16 @@ def create_app(state: ServingState) -> Starlette:
         pipe = pipeline_or_none()
         if pipe is None:
             return JSONResponse({"status": "starting"}, status_code=503)
-        if not pipe.healthy:
-            return JSONResponse({"status": "down"}, status_code=503)
-        return JSONResponse({"status": "ok", "in_flight": len(state.active)})
+        stages = await pipe.stats()
+        down = sorted(name for name, info in stages.items() if info.get("status") == "down")
+        body = {
+            "status": "down" if down or not pipe.healthy else "ok",
+            "down": down,
+            "in_flight": len(state.active),  # requests this server is answering
+            "pipeline_in_flight": pipe.in_flight(),  # requests the coordinator still tracks
+            "stages": stages,  # per stage: status and the state it holds (queued, running, buffers)
+        }
+        return JSONResponse(body, status_code=503 if body["status"] == "down" else 200)
 
     async def metrics(request: Request) -> Response:
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE)

@@ -73,7 +73,7 @@ def test_a_modality_the_topology_cannot_produce_says_what_it_can() -> None:
 
 def test_oversized_input_audio_is_413() -> None:
     data = base64.b64encode(b"\0" * 2000).decode()
-    content = [{"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}]
+    content = [{"type": "input_audio", "input_audio": {"data": data, "format": "pcm16"}}]
     with pytest.raises(PayloadTooLarge):
         parse_chat_request(body(messages=[{"role": "user", "content": content}]), BOTH, Limits(max_audio_bytes=1000))
     parse_chat_request(body(messages=[{"role": "user", "content": content}]), BOTH, Limits(max_audio_bytes=4000))

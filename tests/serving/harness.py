@@ -1,0 +1,87 @@
+"""Start and stop a real `omnictl serve` process on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+FAST_TOPOLOGY = HERE / "fast.yaml"
+API_KEY = "test-key-123"
+READY_TIMEOUT_S = 90.0
+STOP_TIMEOUT_S = 30.0
+_URL = re.compile(r"listening on (http://\S+)")
+
+# `omnictl serve` through the real CLI app; registers the command itself until
+# omnictl/cli/main.py does (then this is exactly `python -m omnictl.cli.main serve ...`)
+_LAUNCH = (
+    "import sys; from omnictl.cli.main import app; from omnictl.cli import serve; "
+    "names = [c.name for c in app.registered_commands]; "
+    "'serve' in names or serve.register(app); sys.argv[0] = 'omnictl'; app()"
+)
+
+
+@dataclass
+class ServerProcess:
+    process: subprocess.Popen[str]
+    url: str = ""
+    output: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        return "".join(self.output)
+
+
+def _pump(server: ServerProcess, ready: threading.Event) -> None:
+    assert server.process.stdout is not None
+    for line in server.process.stdout:
+        server.output.append(line)
+        match = _URL.search(line)
+        if match and not server.url:
+            server.url = match.group(1)
+            ready.set()
+    ready.set()
+
+
+def start_server(*args: str) -> ServerProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-c", _LAUNCH, "serve", *args, "--port", "0", "--no-dashboard"]
+    process = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    )
+    server = ServerProcess(process)
+    ready = threading.Event()
+    threading.Thread(target=_pump, args=(server, ready), daemon=True).start()
+    if not ready.wait(READY_TIMEOUT_S) or not server.url:
+        process.kill()
+        raise AssertionError(f"omnictl serve did not become ready:\n{server.text()}")
+    return server
+
+
+def stop_server(server: ServerProcess) -> int:
+    """Ctrl-C, as a user would; returns the exit code."""
+    server.process.send_signal(signal.SIGINT)
+    try:
+        return server.process.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        raise AssertionError(f"omnictl serve did not stop on Ctrl-C:\n{server.text()}") from None
+
+
+def wait_until(predicate, timeout: float = 15.0, interval: float = 0.05):  # type: ignore[no-untyped-def]
+    """Poll ``predicate`` until it returns something truthy; fail at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s (last value {value!r})")
+        time.sleep(interval)
