@@ -1,0 +1,155 @@
+"""`omnictl validate`: text and JSON output, exit codes, several files, and staying light."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from rich.console import Console
+from typer.testing import CliRunner
+
+from omnictl.cli.validate import register, summary
+from omnictl.topology import load
+
+REPO = Path(__file__).resolve().parents[2]
+ARTICLE = REPO / "topologies" / "qwen3-omni.yaml"
+BAD = """\
+stages:
+  - name: a
+    factory: m.a
+    next: [b, ghost]
+  - name: b
+    factory: m.b
+"""
+
+
+@pytest.fixture
+def app() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.callback()
+    def root() -> None:
+        """A group, as in omnictl.cli.main, so `validate` is a subcommand."""
+
+    register(app)
+    return app
+
+
+@pytest.fixture
+def bad_file(tmp_path: Path) -> Path:
+    path = tmp_path / "bad.yaml"
+    path.write_text(BAD)
+    return path
+
+
+def invoke(app: typer.Typer, *args: str):
+    return CliRunner().invoke(app, ["validate", *args])
+
+
+def test_valid_file_prints_what_was_derived(app: typer.Typer) -> None:
+    result = invoke(app, str(ARTICLE))
+    assert result.exit_code == 0, result.output
+    assert f"{ARTICLE}: valid (qwen3-omni: 8 stages, 3 processes)" in result.output
+    assert "entry preprocessing" in result.output
+    assert "decode (text), code2wav (audio)" in result.output
+    assert "thinker -> talker_ar" in result.output and "relay" in result.output
+
+
+def test_invalid_file_prints_compiler_style_errors_and_exits_1(app: typer.Typer,
+                                                               bad_file: Path) -> None:
+    result = invoke(app, str(bad_file))
+    assert result.exit_code == 1
+    lines = result.output.splitlines()
+    assert f"{bad_file}:4:15: unknown-stage: `next` of stage 'a' names 'ghost', which is not a " \
+           "stage" in lines
+    assert f"{bad_file}:5:5: routing-mode: stage 'b' has no routing mode" in lines
+    assert any(line.startswith("  hint: ") for line in lines)
+    assert f"{bad_file}: invalid (3 problem(s))" in lines  # + dead-end: no terminal
+
+
+def test_json_for_one_file_is_one_object(app: typer.Typer, bad_file: Path) -> None:
+    result = invoke(app, "--format", "json", str(bad_file))
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert data["file"] == str(bad_file) and data["valid"] is False and data["derived"] is None
+    ghost = next(e for e in data["errors"] if e["rule"] == "unknown-stage")
+    assert (ghost["stage"], ghost["field"], ghost["line"], ghost["column"]) == ("a", "next", 4, 15)
+    assert ghost["hint"]
+
+
+def test_json_for_several_files_is_a_list_with_derived_topologies(app: typer.Typer,
+                                                                  bad_file: Path) -> None:
+    result = invoke(app, str(ARTICLE), str(bad_file), "--format", "json")
+    assert result.exit_code == 1
+    good, bad = json.loads(result.stdout)
+    assert good["valid"] is True and good["errors"] == []
+    assert good["derived"]["entry"] == "preprocessing"
+    assert good["derived"]["processes"]["talker"] == {"stages": ["talker_ar", "code2wav"],
+                                                      "gpus": [1]}
+    assert {"from": "thinker", "to": "decode", "kind": "stream",
+            "transport": "inproc"} in good["derived"]["edges"]
+    assert bad["valid"] is False
+
+
+def test_unreadable_file_exits_2_and_the_others_are_still_checked(app: typer.Typer,
+                                                                  tmp_path: Path) -> None:
+    missing = tmp_path / "missing.yaml"
+    result = invoke(app, str(missing), str(ARTICLE))
+    assert result.exit_code == 2
+    assert f"{missing}: error: cannot read topology file" in result.output
+    assert f"{ARTICLE}: valid" in result.output
+    assert "2 files: 1 valid, 0 invalid, 1 unreadable" in result.output
+    result = invoke(app, "--format", "json", str(missing))
+    assert result.exit_code == 2
+    assert json.loads(result.stdout)["errors"][0]["rule"] == "read"
+
+
+def test_every_shipped_topology_validates(app: typer.Typer) -> None:
+    files = sorted(str(p) for p in (REPO / "topologies").glob("*.yaml"))
+    result = invoke(app, *files)
+    assert result.exit_code == 0, result.output
+    assert f"{len(files)} files: {len(files)} valid, 0 invalid, 0 unreadable" in result.output
+
+
+def test_check_imports_flag(app: typer.Typer, tmp_path: Path) -> None:
+    path = tmp_path / "imports.yaml"
+    path.write_text("stages:\n  - name: a\n    factory: json.dumps\n    next: [b]\n"
+                    "  - name: b\n    factory: json.no_such_function\n    terminal: true\n")
+    assert invoke(app, str(path)).exit_code == 0
+    result = invoke(app, "--check-imports", str(path))
+    assert result.exit_code == 1
+    assert f"{path}:6:14: import: stage 'b': `factory` 'json' has no attribute " \
+           "'no_such_function'" in result.output
+
+
+def test_summary_renders_processes_and_edges_in_a_fixed_width_console() -> None:
+    console = Console(width=100, record=True, file=io.StringIO())
+    console.print(summary(load(ARTICLE)))
+    text = console.export_text()
+    assert "entry preprocessing  terminals decode (text), code2wav (audio)" in text
+    rows = [" ".join(line.split()) for line in text.splitlines()]
+    assert "frontend preprocessing, image_encoder, audio_encoder, mm_aggregate 0" in rows
+    assert "talker talker_ar, code2wav 1" in rows
+    assert "mm_aggregate -> thinker data cuda_ipc" in rows
+    assert "thinker -> talker_ar data+stream relay" in rows
+
+
+def test_the_cli_and_validate_do_not_import_torch_or_transformers() -> None:
+    code = (
+        "import sys\n"
+        "import omnictl.cli.main\n"
+        "from omnictl.cli.validate import check_files, render_text\n"
+        "from rich.console import Console\n"
+        "import io\n"
+        f"render_text(check_files([__import__('pathlib').Path({str(ARTICLE)!r})], False),"
+        " Console(file=io.StringIO()))\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=REPO, check=True, timeout=60)
+    assert result.stdout.strip() == "[]", result.stderr
