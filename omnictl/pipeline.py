@@ -126,6 +126,15 @@ class Pipeline:
     async def stats(self) -> dict[str, dict[str, Any]]:
         return await self._coordinator.stats()
 
+    def process_ids(self) -> dict[str, int]:
+        """OS pid of each stage process, by process name."""
+        return {name: h.process.pid for name, h in self._coordinator.launcher.handles.items()}
+
+    @property
+    def socket_dir(self) -> Path:
+        """Where this pipeline's ZeroMQ sockets live (removed on close)."""
+        return self._coordinator.socket_dir
+
     def in_flight(self) -> int:
         return len(self._coordinator.requests)
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import httpx
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from omnictl.bench import breakdown
@@ -63,11 +64,33 @@ class BenchConfig:
             raise BenchError("give a TOPOLOGY to launch or --url of a running server, not both")
 
 
-def _progress(console: Console) -> Progress:
-    return Progress(
+@contextmanager
+def _display(console: Console, dashboard: Callable[[], RenderableType] | None, enabled: bool) -> Iterator[Progress | None]:
+    """A progress bar, under the live dashboard when the bench launched the server in a terminal."""
+    if not enabled:
+        yield None
+        return
+    progress = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, transient=True,
+        console=console, auto_refresh=False,
     )
+    if dashboard is not None and console.is_terminal:
+        def view() -> RenderableType:
+            return Group(dashboard(), progress)
+    else:
+        def view() -> RenderableType:
+            return progress
+    with Live(console=console, get_renderable=view, refresh_per_second=4, transient=True):
+        yield progress
+
+
+def _dashboard_of(pipeline: Any) -> Callable[[], RenderableType] | None:
+    if pipeline.profile is None:
+        return None
+    from omnictl.profiling.dashboard import render_dashboard
+
+    aggregator, topology = pipeline.profile.aggregator, pipeline.topology
+    return lambda: render_dashboard(aggregator.snapshot(), topology)
 
 
 async def _drive(
@@ -133,6 +156,7 @@ def run_bench(config: BenchConfig, console: Console | None = None, show_progress
     console = console or Console(stderr=True)
     with ExitStack() as stack:
         run_dir = Path(config.run_dir) if config.run_dir else None
+        dashboard = None
         if config.url is not None:
             base_url, target = config.url, config.url
         else:
@@ -144,10 +168,9 @@ def run_bench(config: BenchConfig, console: Console | None = None, show_progress
                 listening = stack.enter_context(BackgroundServer(options))
             base_url, target = listening.url, config.topology or "embedded voice assistant"
             run_dir = run_dir or _pipeline_run_dir(listening.pipeline)
-        progress = stack.enter_context(_progress(console)) if show_progress else None
-        records, duration = asyncio.run(_drive(config, base_url, progress))
-        if progress is not None:
-            progress.stop()
+            dashboard = _dashboard_of(listening.pipeline)
+        with _display(console, dashboard, show_progress) as progress:
+            records, duration = asyncio.run(_drive(config, base_url, progress))
         found = _breakdown(config, base_url, run_dir, records)
     settings = {k: v for k, v in asdict(config).items() if k != "api_key"}
     return build_result({**settings, "target": target, "base_url": base_url}, records, duration, found)

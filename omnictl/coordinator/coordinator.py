@@ -56,16 +56,16 @@ class Coordinator:
         self.down: dict[str, str] = {}  # process -> why it is down
         self.dead_reason: str | None = None
         # Removed on close. Short paths: ipc:// addresses are limited to ~100 bytes.
-        self._socket_dir = socket_dir or Path(tempfile.mkdtemp(prefix="omnictl-"))
+        self.socket_dir = socket_dir or Path(tempfile.mkdtemp(prefix="omnictl-"))
         self._process_addresses = {
-            name: f"ipc://{self._socket_dir}/p{i}" for i, name in enumerate(topology.processes)
+            name: f"ipc://{self.socket_dir}/p{i}" for i, name in enumerate(topology.processes)
         }
         self._context = zmq.asyncio.Context()
         self._control = self._context.socket(zmq.PULL)
-        self._control.bind(f"ipc://{self._socket_dir}/control")
+        self._control.bind(f"ipc://{self.socket_dir}/control")
         self._broadcast = self._context.socket(zmq.PUB)
         self._broadcast.setsockopt(zmq.SNDHWM, 0)
-        self._broadcast.bind(f"ipc://{self._socket_dir}/broadcast")
+        self._broadcast.bind(f"ipc://{self.socket_dir}/broadcast")
         self._pushes: dict[str, zmq.asyncio.Socket] = {}
         self._pool = SlotPool("coordinator", "coordinator", RelayKnobs().slot_bytes, 4)
         self._codec = PayloadCodec(self._pool, RelayKnobs())
@@ -78,8 +78,8 @@ class Coordinator:
             topology,
             self.model_path,
             self._process_addresses,
-            f"ipc://{self._socket_dir}/control",
-            f"ipc://{self._socket_dir}/broadcast",
+            f"ipc://{self.socket_dir}/control",
+            f"ipc://{self.socket_dir}/broadcast",
             profile_address,
             self._process_exited,
         )
@@ -125,7 +125,7 @@ class Coordinator:
         self._context.term()
         self._reader.close()
         self._pool.close()
-        shutil.rmtree(self._socket_dir, ignore_errors=True)
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     # --- requests ---------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ character, so it reads without colour too::
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -130,8 +131,9 @@ class _Axis:
 
     def columns(self, start_ns: int, end_ns: int) -> range:
         first = self.column(start_ns)
+        last = min(self.width, math.ceil((end_ns - self.start) * self.scale))
         # Anything that lasted at all shows as at least one column.
-        return range(first, max(first + 1, self.column(end_ns)))
+        return range(first, max(first + 1, last))
 
 
 def _axis_labels(total: str, width: int) -> str:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # torch stays out of the import path of the CLI
 class StepOutput:
     logits: "torch.Tensor"  # [vocab]: scores for the next token of one request
     hidden: "torch.Tensor | None" = None  # [hidden]: last-layer state at that position, if the runner exposes it
+    prompt_tokens: int | None = None  # set by `prefill`: how many positions the prompt took
 
 
 class AutoregressiveRunner(Protocol):

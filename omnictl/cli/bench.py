@@ -1,0 +1,67 @@
+"""`omnictl bench [TOPOLOGY | --url URL]`: load-test a pipeline and print its figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def bench_command(
+    topology: Annotated[Optional[str], typer.Argument(help="Topology to launch; default: the embedded voice assistant.")] = None,
+    url: Annotated[Optional[str], typer.Option(help="Measure a running server instead (e.g. http://127.0.0.1:8000).")] = None,
+    concurrency: Annotated[Optional[int], typer.Option(help="Closed loop: requests kept in flight (default 1).")] = None,
+    rate: Annotated[Optional[float], typer.Option(help="Open loop: Poisson arrivals per second.")] = None,
+    num_requests: Annotated[int, typer.Option("--num-requests", "-n", help="Measured requests.")] = 20,
+    warmup: Annotated[int, typer.Option(help="Requests sent first and not measured.")] = 2,
+    input_kind: Annotated[str, typer.Option("--input", help="text, audio (a spoken question) or mixed.")] = "text",
+    modalities: Annotated[str, typer.Option(help="Outputs to ask for: text, audio or text,audio.")] = "text,audio",
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Answer length cap per request.")] = 64,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write every figure and each request's raw figures here.")] = None,
+    compare: Annotated[Optional[Path], typer.Option(help="An earlier --json result to print the differences against.")] = None,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="OMNICTL_API_KEY")] = None,
+    model_path: Annotated[Optional[str], typer.Option("--model-path")] = None,
+    device: Annotated[Optional[str], typer.Option(help="'cpu' drops the topology's GPU placement.")] = None,
+    run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="The server's run directory, for an exact per-stage breakdown.")] = None,
+    audio_file: Annotated[Optional[Path], typer.Option("--audio-file", help="WAV to send for --input audio.")] = None,
+    request_timeout: Annotated[float, typer.Option("--request-timeout")] = 300.0,
+    no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar or dashboard.")] = False,
+) -> None:
+    """Measure TTFT, time to first audio, RTF, latency percentiles and throughput under load."""
+    import json
+
+    from rich.console import Console
+
+    from omnictl.bench.report import load_result, print_result
+    from omnictl.bench.runner import BenchConfig, BenchError, run_bench
+    from omnictl.exceptions import LaunchError, TopologyError
+
+    console = Console()
+    errors = Console(stderr=True)
+    previous = None
+    try:
+        if compare is not None:
+            previous = load_result(compare)  # fail before the run, not after it
+        config = BenchConfig(
+            topology=topology, url=url, concurrency=concurrency, rate=rate, num_requests=num_requests,
+            warmup=warmup, input_kind=input_kind,
+            modalities=tuple(m.strip() for m in modalities.split(",") if m.strip()),
+            max_tokens=max_tokens, api_key=api_key, model_path=model_path, device=device,
+            run_dir=str(run_dir) if run_dir else None, audio_file=str(audio_file) if audio_file else None,
+            request_timeout=request_timeout,
+        )
+        result = run_bench(config, console=errors, show_progress=not no_progress)
+    except (BenchError, LaunchError, TopologyError, ValueError) as exc:
+        errors.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    print_result(result, console, previous)
+    if json_out is not None:
+        json_out.write_text(json.dumps(result, indent=1))
+        console.print(f"results written to {json_out}")
+    if result["summary"]["completed"] == 0:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench")(bench_command)

