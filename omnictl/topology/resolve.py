@@ -61,7 +61,8 @@ def resolve(dotted: str) -> Callable[..., Any]:
 
 def check_imports(stage: RawStage, report: Reporter) -> None:
     """``import``: every dotted path the stage names resolves to a callable."""
-    named = [(key, (key,), getattr(stage, key)) for key in DOTTED_FIELDS]
+    named: list[tuple[str, tuple[str, ...], str | None]] = [
+        (key, (key,), getattr(stage, key)) for key in DOTTED_FIELDS]
     named += [("project", ("project", target), path) for target, path in stage.project.items()]
     for key, at, dotted in named:
         if dotted is None:

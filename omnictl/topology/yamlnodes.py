@@ -16,7 +16,8 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from omnictl.topology.issues import Issue
 
 # A path into the document: mapping keys and sequence indices, as jsonschema reports them.
-Path = tuple[Union[str, int], ...]
+# YAML keys may be any scalar, so a key can also be a float, a bool or None.
+Path = tuple[Union[str, int, float, bool, None], ...]
 Position = tuple[int, int]  # 1-based line, column
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
@@ -91,7 +92,7 @@ class _Builder:
         if node.tag != _MAP_TAG:
             self.issue("yaml-syntax", node, f"unsupported YAML tag {node.tag!r}")
         result: dict[Any, Any] = {}
-        merged: list[tuple[MappingNode, Path]] = []
+        merged: list[MappingNode] = []
         for key_node, value_node in node.value:
             if key_node.tag == _MERGE_TAG:
                 merged.extend(self.merge_sources(value_node))
@@ -117,7 +118,7 @@ class _Builder:
             self.doc.keys[path + (key,)] = _position(key_node)
             result[key] = self.build(value_node, path + (key,))
         # `<<: *base` fills in keys the mapping does not set itself, as YAML 1.1 defines.
-        for source, _ in merged:
+        for source in merged:
             for key_node, value_node in source.value:
                 if isinstance(key_node, ScalarNode):
                     key = self.scalar(key_node)
@@ -126,9 +127,9 @@ class _Builder:
                         result[key] = self.build(value_node, path + (key,))
         return result
 
-    def merge_sources(self, node: Node) -> list[tuple[MappingNode, Path]]:
+    def merge_sources(self, node: Node) -> list[MappingNode]:
         nodes = node.value if isinstance(node, SequenceNode) else [node]
-        sources = [(n, ()) for n in nodes if isinstance(n, MappingNode)]
+        sources = [n for n in nodes if isinstance(n, MappingNode)]
         if len(sources) != len(nodes):
             self.issue("yaml-syntax", node, "a merge key `<<` takes a mapping or a list of them")
         return sources
