@@ -1,0 +1,229 @@
+"""The autoregressive scheduler, driven through its inbox/outbox with a real tiny transformers model."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import torch
+
+from tests.schedulers.harness import GatedRunner, Outcome, RecordingProfiler, new_request, pump, wait_for_condition
+from omnictl.models.hf_causal_lm import HFCausalLMRunner
+from omnictl.profiling.events import EventKind
+from omnictl.schedulers.autoregressive import AutoregressiveScheduler
+
+PROMPTS = {"short": "hi", "medium": "the quick brown fox", "long": "a much longer prompt that has many more tokens in it"}
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, timeout=120))
+
+
+async def generate(scheduler: AutoregressiveScheduler, requests: dict[str, tuple[Any, dict[str, Any]]]) -> dict[str, Outcome]:
+    outcomes: dict[str, Outcome] = {}
+    for rid, (data, sampling) in requests.items():
+        scheduler.inbox.put_nowait(new_request(rid, data, **sampling))
+    await pump(scheduler, outcomes, lambda: all(rid in outcomes and outcomes[rid].done for rid in requests))
+    return outcomes
+
+
+async def solo(runner: Any, prompt: str, **sampling: Any) -> Outcome:
+    scheduler = AutoregressiveScheduler(runner)
+    await scheduler.start()
+    try:
+        return (await generate(scheduler, {"solo": ({"prompt": prompt}, sampling)}))["solo"]
+    finally:
+        await scheduler.stop()
+
+
+def test_greedy_tokens_equal_transformers_generate(endless_model: Any, tokenizer: Any) -> None:
+    runner = HFCausalLMRunner(endless_model, tokenizer)
+    outcome = run(solo(runner, PROMPTS["medium"], max_tokens=16, temperature=0))
+    ids = tokenizer(PROMPTS["medium"], return_tensors="pt")["input_ids"]
+    expected = endless_model.generate(ids, max_new_tokens=16, do_sample=False)[0, ids.shape[1] :].tolist()
+    assert outcome.result["token_ids"] == expected
+    assert outcome.result["text"] == tokenizer.decode(expected)
+    assert outcome.result["prompt_tokens"] == ids.shape[1]
+    assert outcome.result["completion_tokens"] == 16
+    assert outcome.result["finish_reason"] == "length"
+
+
+def test_requests_join_mid_flight_and_output_does_not_depend_on_the_batch(runner: HFCausalLMRunner) -> None:
+    # Batched float32 matmuls may differ from single-row ones in the last bits, so the
+    # invariance checked here is the greedy tokens (plus the logits to a tight tolerance
+    # in tests/models/test_hf_causal_lm.py), not bitwise hidden states.
+    sampling = {"max_tokens": 24, "temperature": 0}
+    alone = {name: run(solo(runner, prompt, **sampling)).result["token_ids"] for name, prompt in PROMPTS.items()}
+
+    gated = GatedRunner(runner)
+    gated.hold(3)  # "medium" joins after the long request's 4th token
+    gated.hold(8)  # "short" joins later still
+
+    async def scenario() -> dict[str, Outcome]:
+        scheduler = AutoregressiveScheduler(gated)
+        await scheduler.start()
+        outcomes: dict[str, Outcome] = {}
+        try:
+            scheduler.inbox.put_nowait(new_request("long", {"prompt": PROMPTS["long"]}, **sampling))
+            for gate, joiner in ((3, "medium"), (8, "short")):
+                assert await asyncio.to_thread(gated.arrived[gate].wait, 30)
+                scheduler.inbox.put_nowait(new_request(joiner, {"prompt": PROMPTS[joiner]}, **sampling))
+                await wait_for_condition(lambda: scheduler.load().queued == 1)
+                gated.gates[gate].set()
+            await pump(scheduler, outcomes, lambda: all(k in outcomes and outcomes[k].done for k in PROMPTS))
+        finally:
+            await scheduler.stop()
+        return outcomes
+
+    outcomes = run(scenario())
+    for name in PROMPTS:
+        assert outcomes[name].result["token_ids"] == alone[name], name
+    assert gated.batches[0] == ("long",)
+    assert ("long", "medium") in gated.batches
+    assert ("long", "medium", "short") in gated.batches
+    assert gated.batches[-1] == ("short",)  # the others finished and left the batch
+    assert runner.kv_slots() == 0
+
+
+def test_stream_chunks_add_up_to_the_result_every_n_steps(runner: HFCausalLMRunner) -> None:
+    async def scenario() -> Outcome:
+        scheduler = AutoregressiveScheduler(runner, stream_every=4, emit_hidden=True)
+        await scheduler.start()
+        try:
+            return (await generate(scheduler, {"r": ({"prompt": "hello"}, {"max_tokens": 10, "temperature": 0})}))["r"]
+        finally:
+            await scheduler.stop()
+
+    outcome = run(scenario())
+    assert [len(chunk["token_ids"]) for chunk in outcome.chunks] == [4, 4, 2]
+    assert sum((chunk["token_ids"] for chunk in outcome.chunks), []) == outcome.result["token_ids"]
+    assert "".join(chunk["text"] for chunk in outcome.chunks) == outcome.result["text"]
+    hidden = outcome.result["hidden"]
+    assert hidden.shape == (10, 32)
+    assert torch.equal(torch.cat([chunk["hidden"] for chunk in outcome.chunks]), hidden)
+
+
+def test_stop_string_cuts_text_and_is_never_streamed(runner: HFCausalLMRunner) -> None:
+    free = run(solo(runner, "hello", max_tokens=30, temperature=0)).result
+    text = free["text"]
+    stop = text[12:14]
+    cut = text.find(stop)
+    assert cut >= 0
+    stopped = run(solo(runner, "hello", max_tokens=30, temperature=0, stop=[stop, "never-there"]))
+    assert stopped.result["finish_reason"] == "stop"
+    assert stopped.result["text"] == text[:cut]
+    streamed = "".join(chunk["text"] for chunk in stopped.chunks)
+    assert streamed == text[:cut]
+    # Generation ended at the token that completed the stop string.
+    assert stopped.result["completion_tokens"] == cut + len(stop)
+
+
+def test_stop_token_ends_the_request_and_is_not_returned(endless_model: Any, tokenizer: Any) -> None:
+    free = run(solo(HFCausalLMRunner(endless_model, tokenizer), "abc", max_tokens=12, temperature=0)).result
+    stop_token = free["token_ids"][4]
+    cut = free["token_ids"].index(stop_token)
+    stopping = HFCausalLMRunner(endless_model, tokenizer, extra_stop_token_ids=[stop_token])
+    outcome = run(solo(stopping, "abc", max_tokens=12, temperature=0))
+    assert outcome.result["token_ids"] == free["token_ids"][:cut]
+    assert outcome.result["text"] == tokenizer.decode(free["token_ids"][:cut])
+    assert outcome.result["completion_tokens"] == cut + 1
+    assert outcome.result["finish_reason"] == "stop"
+    assert sum((chunk["token_ids"] for chunk in outcome.chunks), []) == free["token_ids"][:cut]
+    assert stopping.kv_slots() == 0
+
+
+def test_seeded_sampling_is_deterministic_whatever_shares_the_batch(runner: HFCausalLMRunner) -> None:
+    async def scenario() -> dict[str, Outcome]:
+        scheduler = AutoregressiveScheduler(runner)
+        await scheduler.start()
+        try:
+            sampled = {"max_tokens": 20, "temperature": 1.0, "top_k": 50, "top_p": 0.95}
+            return await generate(
+                scheduler,
+                {
+                    "a": ({"prompt": "hello"}, {**sampled, "seed": 7}),
+                    "b": ({"prompt": "hello"}, {**sampled, "seed": 7}),
+                    "c": ({"prompt": "hello"}, {**sampled, "seed": 8}),
+                    "greedy": ({"prompt": "hello"}, {"max_tokens": 20, "temperature": 0}),
+                },
+            )
+        finally:
+            await scheduler.stop()
+
+    outcomes = run(scenario())
+    alone = run(solo(runner, "hello", max_tokens=20, temperature=1.0, top_k=50, top_p=0.95, seed=7)).result
+    assert outcomes["a"].result["token_ids"] == outcomes["b"].result["token_ids"] == alone["token_ids"]
+    assert outcomes["c"].result["token_ids"] != outcomes["a"].result["token_ids"]
+    greedy = run(solo(runner, "hello", max_tokens=20, temperature=0)).result
+    assert outcomes["greedy"].result["token_ids"] == greedy["token_ids"]
+
+
+def test_abort_frees_the_kv_cache_and_queued_requests(runner: HFCausalLMRunner) -> None:
+    async def scenario() -> tuple[dict[str, Outcome], list[int]]:
+        scheduler = AutoregressiveScheduler(runner, max_batch=1)
+        await scheduler.start()
+        outcomes: dict[str, Outcome] = {}
+        try:
+            scheduler.inbox.put_nowait(new_request("endless", {"prompt": "go"}, max_tokens=100_000, temperature=0))
+            scheduler.inbox.put_nowait(new_request("queued", {"prompt": "wait"}, max_tokens=5, temperature=0))
+            await pump(scheduler, outcomes, lambda: "endless" in outcomes and len(outcomes["endless"].chunks) >= 3)
+            load = scheduler.load()
+            seen = [load.kv_slots, load.running, load.queued]
+            scheduler.abort("queued")  # max_batch=1 keeps it waiting behind "endless"
+            await wait_for_condition(lambda: scheduler.load().queued == 0)
+            scheduler.abort("endless")
+            await wait_for_condition(lambda: scheduler.load().kv_slots == 0 and scheduler.load().running == 0)
+            # The scheduler still serves new work, and nothing more arrives for the aborted ones.
+            scheduler.inbox.put_nowait(new_request("after", {"prompt": "next"}, max_tokens=5, temperature=0))
+            await pump(scheduler, outcomes, lambda: "after" in outcomes and outcomes["after"].done)
+            return outcomes, seen
+        finally:
+            await scheduler.stop()
+
+    outcomes, seen = run(scenario())
+    assert seen == [1, 1, 1]
+    assert outcomes["endless"].result is None and outcomes["endless"].error is None
+    assert "queued" not in outcomes
+    assert outcomes["after"].result["completion_tokens"] == 5
+    assert runner.kv_slots() == 0
+
+
+def test_invalid_sampling_fails_the_request_naming_the_field(runner: HFCausalLMRunner) -> None:
+    async def scenario() -> dict[str, Outcome]:
+        scheduler = AutoregressiveScheduler(runner)
+        scheduler.stage_name = "thinker"
+        await scheduler.start()
+        try:
+            return await generate(
+                scheduler,
+                {"bad": ({"prompt": "x"}, {"top_p": 2.0}), "typo": ({"prompt": "x"}, {"max_token": 3}),
+                 "noinput": ({"text": "x"}, {"max_tokens": 3})},
+            )
+        finally:
+            await scheduler.stop()
+
+    outcomes = run(scenario())
+    assert "sampling.top_p" in outcomes["bad"].error and "thinker" in outcomes["bad"].error
+    assert "max_token" in outcomes["typo"].error
+    assert "prefill failed" in outcomes["noinput"].error and "input_ids" in outcomes["noinput"].error
+    assert runner.kv_slots() == 0
+
+
+def test_profiling_events_cover_prefill_first_emit_and_decode_steps(runner: HFCausalLMRunner) -> None:
+    profiler = RecordingProfiler()
+
+    async def scenario() -> None:
+        scheduler = AutoregressiveScheduler(runner)
+        scheduler.profiler = profiler
+        await scheduler.start()
+        try:
+            await generate(scheduler, {"p": ({"prompt": "abc"}, {"max_tokens": 6, "temperature": 0})})
+        finally:
+            await scheduler.stop()
+
+    run(scenario())
+    kinds = [kind for kind, rid, _ in profiler.events if rid == "p"]
+    assert kinds == [EventKind.PREFILL_START, EventKind.PREFILL_END, EventKind.FIRST_EMIT, EventKind.DECODE_STEPS]
+    steps = [meta for kind, _, meta in profiler.events if kind is EventKind.DECODE_STEPS][0]
+    assert steps["steps"] == 5  # the first token comes from the prefill
+    assert isinstance(steps["seconds"], float) and steps["seconds"] > 0
