@@ -19,6 +19,7 @@ LATENCIES = {  # key: (label, unit: "ms" or "x")
     "e2e": ("end-to-end latency", "ms"),
     "rtf": ("real-time factor", "x"),
 }
+_COMPARABLE = ("target", "concurrency", "rate", "num_requests", "input_kind", "modalities", "max_tokens")
 THROUGHPUT = {  # key: label; higher is better
     "requests_per_s": "requests/s",
     "output_tokens_per_s": "output tokens/s",
@@ -32,7 +33,7 @@ def build_result(
     completed = sum(r.ok for r in records)
     return {
         "omnictl_bench": FORMAT_VERSION,
-        "config": config,
+        "config": json.loads(json.dumps(config)),  # as it will read back from the file (tuples become lists)
         "summary": {
             "requests": len(records),
             "completed": completed,
@@ -107,14 +108,15 @@ def render(result: dict[str, Any]) -> Group:
     return Group(*parts)
 
 
-def _change(old: float | None, new: float | None, higher_is_better: bool) -> tuple[str, str]:
+def _change(old: float | None, new: float | None, higher_is_better: bool, decimals: int) -> tuple[str, str]:
     if old is None or new is None:
         return "-", "-"
     delta = new - old
     percent = f"{delta / old * 100:+.1f}%" if old else "-"
     better = delta > 0 if higher_is_better else delta < 0
     style = "green" if better and delta else ("red" if delta else "")
-    return (f"[{style}]{delta:+.4g}[/]" if style else f"{delta:+.4g}"), percent
+    text = f"{delta:+.{decimals}f}"
+    return (f"[{style}]{text}[/]" if style else text), percent
 
 
 def compare(old: dict[str, Any], new: dict[str, Any]) -> Table:
@@ -124,7 +126,7 @@ def compare(old: dict[str, Any], new: dict[str, Any]) -> Table:
         table.add_column(column, justify="left" if column == "figure" else "right")
     for key, label in THROUGHPUT.items():
         o, n = old["summary"].get(key), new["summary"].get(key)
-        table.add_row(label, _fmt(o, "x"), _fmt(n, "x"), *_change(o, n, higher_is_better=True))
+        table.add_row(label, _fmt(o, "x"), _fmt(n, "x"), *_change(o, n, higher_is_better=True, decimals=3))
     for key, (label, unit) in LATENCIES.items():
         for q in ("mean", "p50", "p99"):
             o, n = old["latency"].get(key, {}).get(q), new["latency"].get(key, {}).get(q)
@@ -133,10 +135,14 @@ def compare(old: dict[str, Any], new: dict[str, Any]) -> Table:
             scale = 1000 if unit == "ms" else 1
             o_s = None if o is None else o * scale
             n_s = None if n is None else n * scale
-            table.add_row(f"{label} {q} ({unit})", _fmt(o, unit), _fmt(n, unit), *_change(o_s, n_s, higher_is_better=False))
+            table.add_row(f"{label} {q} ({unit})", _fmt(o, unit), _fmt(n, unit),
+                          *_change(o_s, n_s, higher_is_better=False, decimals=1 if unit == "ms" else 3))
     for key in ("completed", "failed"):
         o, n = old["summary"][key], new["summary"][key]
         table.add_row(key, str(o), str(n), f"{n - o:+d}", "-")
+    differing = sorted(k for k in _COMPARABLE if old["config"].get(k) != new["config"].get(k))
+    if differing:
+        table.caption = f"note: the runs differ in {', '.join(differing)}"
     return table
 
 

@@ -1,0 +1,81 @@
+"""A bench run end to end: it launches the fast topology itself and drives it over HTTP."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from omnictl.bench.report import render
+from omnictl.bench.runner import BenchConfig, BenchError, run_bench
+from tests.serving.harness import FAST_TOPOLOGY
+
+PERCENTILES = ("p50", "p90", "p99")
+
+
+@pytest.fixture(scope="module")
+def result() -> dict:
+    config = BenchConfig(topology=str(FAST_TOPOLOGY), concurrency=3, num_requests=12, warmup=2, input_kind="mixed",
+                         modalities=("text", "audio"), max_tokens=8)
+    return run_bench(config, console=Console(file=io.StringIO()), show_progress=False)
+
+
+def test_counts_add_up(result: dict) -> None:
+    summary = result["summary"]
+    assert summary["requests"] == 12 == len(result["requests"])
+    assert summary["completed"] + summary["failed"] == summary["requests"]
+    assert summary["completed"] == sum(r["ok"] for r in result["requests"]) == 12
+    assert result["latency"]["e2e"]["count"] == summary["completed"]
+    assert sorted(r["index"] for r in result["requests"]) == list(range(12))
+    assert len({r["request_id"] for r in result["requests"]}) == 12
+
+
+def test_percentiles_are_ordered(result: dict) -> None:
+    for name, s in result["latency"].items():
+        assert s["count"] > 0, name
+        assert s["p50"] <= s["p90"] <= s["p99"], name
+    for name, s in result["breakdown"]["stages"].items():
+        assert s["p50"] <= s["p90"] <= s["p99"], name
+
+
+def test_figures_are_consistent(result: dict) -> None:
+    summary = result["summary"]
+    done = [r for r in result["requests"] if r["ok"]]
+    assert summary["requests_per_s"] == pytest.approx(len(done) / summary["duration_s"])
+    assert summary["output_tokens_per_s"] == pytest.approx(sum(r["output_tokens"] for r in done) / summary["duration_s"])
+    for r in done:
+        assert 0 < r["ttft"] <= r["e2e"] and 0 < r["ttfa"] <= r["e2e"]
+        assert r["output_tokens"] >= 2  # "echo:" plus the question, capped by max_tokens
+        assert r["audio_seconds"] == pytest.approx(0.1 * r["output_tokens"], rel=0.01)  # one 0.1 s tone per word
+        assert r["ttfa"] <= r["last_audio"] <= r["e2e"]
+        assert r["rtf"] == pytest.approx(r["last_audio"] / r["audio_seconds"])
+    json.dumps(result)  # the whole document is JSON
+
+
+def test_breakdown_covers_every_stage_and_edge(result: dict) -> None:
+    breakdown = result["breakdown"]
+    assert breakdown["source"] == "trace_store"
+    assert set(breakdown["stages"]) == {"prep", "answer", "speak"}
+    assert all(s["count"] == 12 for s in breakdown["stages"].values())
+    assert {"prep->answer", "prep->speak"} <= set(breakdown["edges"])
+
+
+def test_the_table_shows_the_figures(result: dict) -> None:
+    console = Console(width=120, record=True, file=io.StringIO())
+    console.print(render(result))
+    text = console.export_text()
+    assert "12 / 0" in text
+    for label in ("time to first text", "time to first audio", "inter-token latency", "end-to-end latency",
+                  "real-time factor", "requests/s", "output tokens/s", "audio seconds/s", "prep->speak"):
+        assert label in text
+
+
+def test_bad_options_are_refused_before_anything_starts() -> None:
+    with pytest.raises(BenchError, match="not both"):
+        run_bench(BenchConfig(concurrency=2, rate=1.0))
+    with pytest.raises(BenchError, match="--input"):
+        run_bench(BenchConfig(input_kind="video"))
+    with pytest.raises(BenchError, match="--modalities"):
+        run_bench(BenchConfig(modalities=("smell",)))
