@@ -129,6 +129,10 @@ def _issue_for(doc: Document, error: ValidationError) -> list[Issue]:
         kind = type(error.instance).__name__
         return [Issue("schema", f"a topology must be a mapping with a `stages` list, not a {kind}",
                       doc.file, line, column, hint="start the file with `stages:`")]
+    if len(path) == 2 and path[0] == "stages" and error.validator == "type":
+        return [Issue("schema", f"stages[{path[1]}]: a stage must be a mapping with at least "
+                      f"`name` and `factory` (got {error.instance!r})", doc.file, line, column,
+                      hint="write a stage as `- name: ...` followed by its fields")]
     expects = FIELD_EXPECTS.get(field or "")
     if error.validator in ("type", "anyOf", "pattern") and expects:
         label = f"`{field}`" if field else "value"

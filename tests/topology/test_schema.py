@@ -103,3 +103,9 @@ def test_shipped_topologies_name_the_schema_for_editors() -> None:
     for file in files:
         first = file.read_text().splitlines()[0]
         assert first == "# yaml-language-server: $schema=../schemas/topology.schema.json", file
+
+
+def test_a_stage_that_is_not_a_mapping(lint) -> None:
+    issues = lint(BASE + "  - just a string\n", "schema")
+    assert [(i.line, i.column) for i in issues] == [(8, 5)]
+    assert "stages[2]: a stage must be a mapping" in issues[0].message
