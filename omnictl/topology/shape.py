@@ -63,11 +63,18 @@ def check_entry_and_reach(by_name: dict[str, RawStage], report: Reporter) -> Non
                        hint=f"list {name!r} in the `next` of a stage that runs before it")
 
 
-def check_terminals(by_name: dict[str, RawStage], report: Reporter) -> None:
-    """``dead-end``: no terminal at all, or a stage from which no terminal is reachable."""
+def check_terminals(by_name: dict[str, RawStage], report: Reporter,
+                    terminal_written: bool = False) -> None:
+    """``dead-end``: no terminal at all, or a stage from which no terminal is reachable.
+
+    ``terminal_written``: some stage entry says `terminal: true` even if the schema rejected
+    that entry (a bad name, say); then "no terminal at all" would only repeat that error.
+    """
     if not by_name:
         return
     terminals = [n for n, s in by_name.items() if s.terminal]
+    if not terminals and terminal_written:
+        return
     if not terminals:
         report.add("dead-end", "no stage is terminal, so no result ever returns",
                    at=("stages",), key=True,

@@ -98,7 +98,10 @@ def _graph_issues(doc: Document, stages: list[RawStage], check_imports: bool) ->
     for name, stage in by_name.items():
         rules.check_fan_in(stage, upstreams[name], names, report)
     shape.check_entry_and_reach(by_name, report)
-    shape.check_terminals(by_name, report)
+    entries = doc.data.get("stages") if isinstance(doc.data, dict) else None
+    terminal_written = isinstance(entries, list) and any(
+        isinstance(e, dict) and e.get("terminal") is True for e in entries)
+    shape.check_terminals(by_name, report, terminal_written)
     shape.check_cycles(by_name, report)
     placement.check_processes(by_name, report)
     return report.issues

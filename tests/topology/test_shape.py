@@ -99,3 +99,9 @@ def test_long_chain_does_not_hit_the_recursion_limit(lint) -> None:
         route = "terminal: true" if i == count - 1 else f"next: [s{i + 1}]"
         lines += [f"  - name: s{i}", f"    factory: m.s{i}", f"    {route}"]
     assert lint("\n".join(lines) + "\n") == []
+
+
+def test_no_terminal_is_not_repeated_when_the_terminal_stage_is_malformed(lint) -> None:
+    # The terminal stage's name is not a string: the schema reports that, nothing more.
+    text = CHAIN.replace("name: c", "name: 7")
+    assert {i.rule for i in lint(text)} == {"schema", "unknown-stage"}
