@@ -8,6 +8,7 @@ check already named that field.
 from __future__ import annotations
 
 import difflib
+
 from omnictl.topology.raw import NAME_LISTS, RawStage, Reporter
 
 
