@@ -71,7 +71,7 @@ def _show(
     if output_format is TraceFormat.json:
         typer.echo(json.dumps(trace_to_json(trace_), indent=2, ensure_ascii=False))
     else:
-        console.print(render_waterfall(trace_, width=min(console.width, 120)), soft_wrap=True, end="")
+        console.print(render_waterfall(trace_, width=min(console.width, 120)), soft_wrap=True)
     if export_chrome is not None:
         export_chrome.write_text(json.dumps(to_chrome(trace_)), encoding="utf-8")
         typer.echo(f"Chrome trace written to {export_chrome} (open it in https://ui.perfetto.dev or chrome://tracing)", err=True)

@@ -54,6 +54,7 @@ def render_waterfall(trace: RequestTrace, width: int = 80) -> Text:
     out.append_text(_hops_table(trace, width))
     for line in LEGEND:
         out.append(_fit(line, width) + "\n", style="dim")
+    out.rstrip()
     return out
 
 

@@ -1,0 +1,116 @@
+"""`omnictl trace`: waterfall, JSON, Chrome export, listing ids, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from omnictl.cli.trace import register
+from omnictl.profiling.events import Event, EventKind
+from omnictl.profiling.store import TraceStore, default_run_dir, write_run_info
+from omnictl.profiling.synthetic import qwen_omni_topology, synthetic_request
+
+MS = 1_000_000
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.callback()
+    def main() -> None:  # keeps `trace` a subcommand, as in `omnictl`
+        """omnictl"""
+
+    register(app)
+    return app
+
+
+def _run(*args: str) -> "typer.testing.Result":
+    return CliRunner().invoke(_app(), ["trace", *args], env={"COLUMNS": "80"})
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "run"
+    write_run_info(directory, qwen_omni_topology())
+    store = TraceStore(directory)
+    for index, work_ms in enumerate([1.0, 4.0, 2.0]):
+        store.append(synthetic_request(f"req-{index}", start_ns=(index + 1) * 1000 * MS, work_ms=work_ms))
+    store.append([Event(EventKind.ADMITTED, "req-live", None, "coordinator", 5000 * MS)])
+    store.close()
+    return directory
+
+
+def test_text_waterfall(run_dir: Path) -> None:
+    result = _run("req-1", "--run-dir", str(run_dir))
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("request req-1  completed")
+    assert max(len(line) for line in lines) <= 80
+    for stage in qwen_omni_topology().stages:
+        assert any(line.startswith(stage) for line in lines), stage
+    assert any("first text at decode" in line for line in lines)
+
+
+def test_json_format(run_dir: Path) -> None:
+    result = _run("req-0", "--run-dir", str(run_dir), "--format", "json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert document["request_id"] == "req-0"
+    assert {"events", "spans"} <= set(document)
+    assert len(document["events"]) == len(synthetic_request("req-0"))
+
+
+def test_chrome_export(run_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "trace.json"
+    result = _run("req-2", "--run-dir", str(run_dir), "--export-chrome", str(out))
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    phases = {event["ph"] for event in document["traceEvents"]}
+    assert {"X", "M", "s", "f"} <= phases
+    assert document["otherData"]["request_id"] == "req-2"
+
+
+def test_unknown_id_says_how_to_list_ids(run_dir: Path) -> None:
+    result = _run("nope", "--run-dir", str(run_dir))
+    assert result.exit_code == 1
+    assert "no events for request 'nope'" in result.output
+    assert "omnictl trace --last" in result.output
+
+
+def test_last_and_slowest(run_dir: Path) -> None:
+    last = _run("--last", "2", "--run-dir", str(run_dir))
+    assert last.exit_code == 0, last.output
+    ids = [line.split()[0] for line in last.output.splitlines()[2:]]
+    assert ids == ["req-live", "req-2"]
+    assert "in_flight" in last.output
+    slowest = _run("--slowest", "2", "--run-dir", str(run_dir), "--format", "json")
+    rows = json.loads(slowest.output)
+    assert [row["request_id"] for row in rows] == ["req-1", "req-2"]
+    assert rows[0]["duration_s"] > rows[1]["duration_s"]
+
+
+def test_exactly_one_of_id_last_slowest(run_dir: Path) -> None:
+    assert _run("--run-dir", str(run_dir)).exit_code == 2
+    assert _run("req-1", "--last", "3", "--run-dir", str(run_dir)).exit_code == 2
+
+
+def test_latest_run_is_the_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    missing = _run("--last", "1")
+    assert missing.exit_code == 1 and "--run-dir" in missing.output
+    store = TraceStore(default_run_dir())
+    store.append(synthetic_request("only-one"))
+    store.close()
+    result = _run("--last", "5")
+    assert result.exit_code == 0 and "only-one" in result.output
+
+
+def test_importing_the_command_stays_light() -> None:
+    code = "import sys, omnictl.cli.trace; print(any(m in sys.modules for m in ('torch', 'rich', 'zmq')))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
