@@ -11,7 +11,6 @@ a new request).
 
 from __future__ import annotations
 
-import asyncio
 from abc import abstractmethod
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -42,7 +41,6 @@ class TextStreamFollower(Scheduler):
         while True:
             message = await self.inbox.get()
             self.accept(message)
-            await asyncio.sleep(0)  # let the stage's IO tasks interleave with a burst of chunks
 
     def accept(self, message: IncomingMessage) -> None:
         rid = message.request_id

@@ -26,7 +26,7 @@ class TextTerminalScheduler(TextStreamFollower):
                 OutgoingKind.RESULT,
                 request_id,
                 {
-                    "text": state.streamed,
+                    "text": str(result["text"]),  # the truth, even if a detokenizer rewrote a streamed delta
                     "prompt_tokens": int(result.get("prompt_tokens", 0)),
                     "completion_tokens": int(result.get("completion_tokens", 0)),
                     "finish_reason": str(result.get("finish_reason") or "stop"),

@@ -1,0 +1,142 @@
+"""The TTS stage's scheduler: speaks each sentence as soon as the streamed text completes it.
+
+Sentences go into one FIFO synthesized by a worker thread (Piper is not thread-safe
+and the CPU is the limit anyway), so requests interleave sentence by sentence and a
+request's audio stays in order. After its last sentence, a request's whole waveform
+is the result. Output follows the audio terminal convention: chunks
+``{"audio", "sample_rate", "transcript"}`` per sentence; the result the same for the
+whole answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from omnictl.models.voice_assistant.text_stream import FollowedText, TextStreamFollower
+from omnictl.models.voice_assistant.tts import DEFAULT_VOICE, VOICES, PiperSpeaker, SentenceSplitter, speakable
+from omnictl.profiling.events import EventKind
+from omnictl.schedulers.base import OutgoingKind, OutgoingMessage, SchedulerLoad
+from omnictl.schedulers.simple import describe_error
+
+
+@dataclass(slots=True)
+class _Speech:
+    voice: str
+    splitter: SentenceSplitter
+    audio: list[np.ndarray] = field(default_factory=list)
+    transcript: list[str] = field(default_factory=list)
+
+
+_FINISH = None  # queue marker: the request's last sentence is queued before it
+
+
+class SentenceSpeechScheduler(TextStreamFollower):
+    def __init__(
+        self,
+        default_voice: str = DEFAULT_VOICE,
+        max_sentence_chars: int = 250,
+        speaker_factory: Callable[[str], PiperSpeaker] = PiperSpeaker,
+    ) -> None:
+        super().__init__()
+        if default_voice not in VOICES:
+            raise ValueError(f"unknown voice {default_voice!r}; installed voices: {', '.join(sorted(VOICES))}")
+        self.default_voice = default_voice
+        self._speaker_factory = speaker_factory
+        self._speakers: dict[str, PiperSpeaker] = {}
+        self._max_sentence_chars = max_sentence_chars
+        self._speech: dict[str, _Speech] = {}
+        self._work: asyncio.Queue[tuple[str, str | None]] = asyncio.Queue()
+        self._worker: asyncio.Task[None] | None = None
+
+    def speaker(self, voice: str) -> PiperSpeaker:
+        if voice not in self._speakers:
+            self._speakers[voice] = self._speaker_factory(voice)
+        return self._speakers[voice]
+
+    async def start(self) -> None:
+        await super().start()
+        self._worker = asyncio.create_task(self._speak_forever(), name="tts-worker")
+
+    async def stop(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            await asyncio.gather(self._worker, return_exceptions=True)
+            self._worker = None
+        await super().stop()
+
+    def load(self) -> SchedulerLoad:
+        return SchedulerLoad(queued=self._work.qsize(), running=len(self._speech), stream_buffers=len(self.requests))
+
+    def abort(self, request_id: str) -> None:
+        super().abort(request_id)
+        self._speech.pop(request_id, None)  # queued sentences of it are skipped by the worker
+
+    # --- following the text ----------------------------------------------------------
+
+    def on_text(self, request_id: str, state: FollowedText, delta: str) -> None:
+        speech = self._speech_of(request_id, state)
+        if speech is not None:
+            self._queue(request_id, speech.splitter.feed(delta))
+
+    def on_stream_done(self, request_id: str, state: FollowedText) -> None:
+        speech = self._speech.get(request_id)
+        if speech is not None:  # the text is complete: its last sentence need not wait for the result
+            self._queue(request_id, speech.splitter.flush())
+
+    def on_complete(self, request_id: str, state: FollowedText, result: Mapping[str, Any]) -> None:
+        speech = self._speech_of(request_id, state)
+        if speech is not None:
+            self._queue(request_id, speech.splitter.flush())
+            self._work.put_nowait((request_id, _FINISH))
+
+    def _speech_of(self, request_id: str, state: FollowedText) -> _Speech | None:
+        speech = self._speech.get(request_id)
+        if speech is None:
+            voice = state.params.get("voice") or self.default_voice
+            if voice not in VOICES:
+                self.fail(request_id, f"voice {voice!r} is not installed; this stage speaks with: {', '.join(sorted(VOICES))}")
+                return None
+            speech = self._speech[request_id] = _Speech(voice, SentenceSplitter(self._max_sentence_chars))
+        return speech
+
+    def _queue(self, request_id: str, sentences: list[str]) -> None:
+        for sentence in sentences:
+            if speakable(sentence):
+                self._work.put_nowait((request_id, sentence))
+
+    # --- speaking --------------------------------------------------------------------
+
+    async def _speak_forever(self) -> None:
+        while True:
+            request_id, sentence = await self._work.get()
+            speech = self._speech.get(request_id)
+            if speech is None:  # aborted or failed meanwhile
+                continue
+            if sentence is _FINISH:
+                del self._speech[request_id]
+                self._finish(request_id, speech)
+                continue
+            try:
+                speaker = self.speaker(speech.voice)
+                audio = await asyncio.to_thread(speaker.synthesize, sentence)
+            except Exception as exc:  # noqa: BLE001 - a synthesis error fails this request only
+                self._speech.pop(request_id, None)
+                self.fail(request_id, f"speaking {sentence!r} failed: {describe_error(exc)}")
+                continue
+            if request_id not in self._speech:  # aborted while it was being spoken
+                continue
+            if not speech.audio:
+                self.profile(EventKind.FIRST_EMIT, request_id)
+            speech.audio.append(audio)
+            speech.transcript.append(sentence)
+            chunk = {"audio": audio, "sample_rate": speaker.sample_rate, "transcript": sentence}
+            self.emit(OutgoingMessage(OutgoingKind.STREAM, request_id, chunk))
+
+    def _finish(self, request_id: str, speech: _Speech) -> None:
+        audio = np.concatenate(speech.audio) if speech.audio else np.zeros(0, dtype=np.float32)
+        result = {"audio": audio, "sample_rate": self.speaker(speech.voice).sample_rate, "transcript": " ".join(speech.transcript)}
+        self.emit(OutgoingMessage(OutgoingKind.RESULT, request_id, result))

@@ -1,0 +1,140 @@
+"""The voice assistant's topology entry points: factories, ``route_input`` and ``merge_question``.
+
+``topologies/voice-assistant.yaml`` wires them::
+
+    preprocessing --route_input--> asr --> thinker     (a spoken question)
+                  \\------------------------> thinker     (a typed one)
+    thinker --stream + result--> decode (text), tts (audio)
+
+Data between stages: preprocessing emits ``{"messages": [...]}`` whose spoken parts
+are placeholders ``{"type": "audio", "key": k}`` plus ``{"audio": {k: float32 16 kHz}}``;
+asr replaces each placeholder by its transcript and drops the audio; the thinker gets
+``{"messages": [{"role", "content": str}, ...]}``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from omnictl.exceptions import InvalidRequest
+from omnictl.models.inputs import AudioPart, ImagePart, TextPart, decode_audio, parse_request
+from omnictl.models.voice_assistant.asr import SAMPLE_RATE, SpeechRecognizer
+from omnictl.models.voice_assistant.speech_scheduler import SentenceSpeechScheduler
+from omnictl.models.voice_assistant.text_terminal import TextTerminalScheduler
+from omnictl.models.voice_assistant.tts import DEFAULT_VOICE, VOICES
+from omnictl.schedulers.base import Scheduler
+
+Data = dict[str, Any]
+
+
+def prepare_question(inputs: Mapping[str, Any]) -> Data:
+    """Validate the request; keep its text, decode its spoken parts to 16 kHz, drop everything else."""
+    request = parse_request(inputs)
+    if request.voice is not None and request.voice not in VOICES:
+        raise InvalidRequest(f"voice: {request.voice!r} is not installed; choose one of {', '.join(sorted(VOICES))}", field="voice")
+    messages: list[Data] = []
+    audio: dict[str, np.ndarray] = {}
+    for i, message in enumerate(request.messages):
+        content: list[Data] = []
+        for j, part in enumerate(message.parts):
+            if isinstance(part, TextPart):
+                content.append({"type": "text", "text": part.text})
+            elif isinstance(part, AudioPart):
+                key = f"m{i}_p{j}"
+                audio[key] = decode_audio(part, SAMPLE_RATE)
+                content.append({"type": "audio", "key": key})
+            elif isinstance(part, ImagePart):
+                raise InvalidRequest(f"{part.field}: the voice assistant does not read images", field=part.field)
+        messages.append({"role": message.role, "content": content if audio else _joined(content)})
+    if not audio:
+        return {"messages": messages}
+    return {"messages": messages, "audio": audio}
+
+
+def _joined(content: list[Data]) -> str:
+    return " ".join(part["text"].strip() for part in content if part["text"].strip())
+
+
+def preprocessing() -> Callable[[Data], Data]:
+    return prepare_question
+
+
+def route_input(data: Data) -> str:
+    """A question with spoken parts goes to ``asr``; a typed one straight to the ``thinker``."""
+    return "asr" if data.get("audio") else "thinker"
+
+
+def transcribe_question(recognizer: SpeechRecognizer, data: Data) -> Data:
+    """Each spoken part becomes the text Whisper heard in it; the audio is dropped here."""
+    audio: Mapping[str, np.ndarray] = data["audio"]
+    messages = []
+    heard = ""
+    for message in data["messages"]:
+        content = message["content"]
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if part["type"] == "audio":
+                    heard = recognizer.transcribe(np.asarray(audio[part["key"]]), SAMPLE_RATE)
+                    parts.append({"type": "text", "text": heard})
+                else:
+                    parts.append(part)
+            content = _joined(parts)
+        messages.append({"role": message["role"], "content": content})
+    return {"messages": messages, "transcript": heard}
+
+
+def asr(beam_size: int = 1, language: str | None = "en") -> Callable[[Data], Data]:
+    recognizer = SpeechRecognizer(language=language, beam_size=beam_size)
+
+    def run(data: Data) -> Data:
+        return transcribe_question(recognizer, data)
+
+    return run
+
+
+def merge_question(inputs: Mapping[str, Data]) -> Data:
+    """The thinker's prompt: the transcribed conversation if asr ran, else the typed one."""
+    source = inputs.get("asr") or inputs.get("preprocessing")
+    if source is None:
+        raise ValueError(f"merge_question: expected input from 'asr' or 'preprocessing', got {sorted(inputs)}")
+    return {"messages": source["messages"]}
+
+
+def thinker(
+    model_path: str | None = None,
+    device: str = "cpu",
+    max_tokens: int = 128,
+    temperature: float = 0.0,
+    stream_every: int = 1,
+    max_batch: int = 16,
+) -> Scheduler:
+    """SmolLM2-135M-Instruct (converted from the packaged GGUF on first use) in the autoregressive scheduler.
+
+    ``max_tokens`` and ``temperature`` are defaults; a request's ``sampling`` overrides them.
+    """
+    from omnictl.models.hf_causal_lm import HFCausalLMRunner
+    from omnictl.models.voice_assistant.llm import smollm2_checkpoint
+    from omnictl.schedulers.autoregressive import AutoregressiveScheduler
+
+    path = Path(model_path) if model_path else smollm2_checkpoint()
+    runner = HFCausalLMRunner.from_pretrained(path, device=device)
+    return AutoregressiveScheduler(
+        runner,
+        stream_every=stream_every,
+        max_batch=max_batch,
+        default_sampling={"max_tokens": max_tokens, "temperature": temperature},
+    )
+
+
+def decode() -> Scheduler:
+    return TextTerminalScheduler()
+
+
+def tts(voice: str = DEFAULT_VOICE, max_sentence_chars: int = 250) -> Scheduler:
+    scheduler = SentenceSpeechScheduler(default_voice=voice, max_sentence_chars=max_sentence_chars)
+    scheduler.speaker(voice)  # load the voice now, not when the first sentence is due
+    return scheduler
