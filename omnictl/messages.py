@@ -13,6 +13,9 @@ from typing import Any, Union
 import msgspec
 
 
+COORDINATOR = "coordinator"  # the owner name of buffers the coordinator sends (Submit)
+
+
 class TensorLayout(msgspec.Struct, array_like=True, frozen=True):
     """Where one tensor leaf of the payload's data tree lives in the buffer."""
 

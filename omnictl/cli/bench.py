@@ -34,8 +34,8 @@ def bench_command(
     from rich.console import Console
 
     from omnictl.bench.report import load_result, print_result
-    from omnictl.bench.runner import BenchConfig, BenchError, run_bench
-    from omnictl.exceptions import LaunchError, TopologyError
+    from omnictl.bench.runner import BenchConfig, run_bench
+    from omnictl.exceptions import OmnictlError
 
     console = Console()
     errors = Console(stderr=True)
@@ -52,7 +52,7 @@ def bench_command(
             request_timeout=request_timeout,
         )
         result = run_bench(config, console=errors, show_progress=not no_progress)
-    except (BenchError, LaunchError, TopologyError, ValueError) as exc:
+    except (OmnictlError, ValueError) as exc:  # BenchError, bad topology, launch failure, unreadable --compare
         errors.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
     print_result(result, console, previous)

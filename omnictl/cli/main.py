@@ -14,6 +14,11 @@ app = typer.Typer(
 )
 
 
+@app.callback()
+def main() -> None:
+    """Serve multi-stage omni models from a declarative YAML topology."""
+
+
 def _register() -> None:
     from omnictl.cli import validate
 

@@ -26,7 +26,7 @@ def serve_command(
 
     from rich.console import Console
 
-    from omnictl.exceptions import LaunchError, TopologyError
+    from omnictl.exceptions import OmnictlError
     from omnictl.serving.protocol import Limits
     from omnictl.serving.server import Listening, ServeOptions, run_server
     from omnictl.serving.ready import ready_message
@@ -56,7 +56,7 @@ def serve_command(
     console.print(f"omnictl serve: launching {topology or 'the embedded voice assistant'} (loading models)...")
     try:
         asyncio.run(run_server(options, on_ready))
-    except (LaunchError, TopologyError) as exc:
+    except OmnictlError as exc:  # every deliberate error: bad topology, stage failed to start, port busy
         errors.print(f"[red]error:[/] {exc}")
         raise typer.Exit(1) from exc
     finally:

@@ -67,7 +67,7 @@ class Coordinator:
         self._broadcast.setsockopt(zmq.SNDHWM, 0)
         self._broadcast.bind(f"ipc://{self.socket_dir}/broadcast")
         self._pushes: dict[str, zmq.asyncio.Socket] = {}
-        self._pool = SlotPool("coordinator", "coordinator", RelayKnobs().slot_bytes, 4)
+        self._pool = SlotPool(m.COORDINATOR, m.COORDINATOR, RelayKnobs().slot_bytes, 4)
         self._codec = PayloadCodec(self._pool, RelayKnobs())
         self._reader = SegmentReader()
         self._stats_seq = itertools.count()

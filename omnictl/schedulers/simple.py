@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import traceback
-from collections import deque
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -25,6 +25,8 @@ from omnictl.schedulers.base import (
     Scheduler,
     SchedulerLoad,
 )
+
+_CANCELLED_MEMORY = 4096
 
 
 def describe_error(exc: BaseException) -> str:
@@ -41,10 +43,9 @@ class SimpleScheduler(Scheduler):
         self._is_async = inspect.iscoroutinefunction(fn)
         self._is_generator = inspect.isgeneratorfunction(fn)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stage")
-        self._queued: deque[IncomingMessage] = deque()
         self._running: set[str] = set()
-        self._aborted: set[str] = set()
-        self._wakeup = asyncio.Event()
+        self._aborted: set[str] = set()  # running, result to be discarded
+        self._cancelled: OrderedDict[str, None] = OrderedDict()  # not started, to be skipped
 
     async def stop(self) -> None:
         await super().stop()
@@ -52,20 +53,13 @@ class SimpleScheduler(Scheduler):
 
     async def run(self) -> None:
         while True:
-            if not self._queued:
-                self._take(await self.inbox.get())
-            self._drain_inbox()
-            if self._queued:
-                await self._execute(self._queued.popleft())
-
-    def _take(self, message: IncomingMessage) -> None:
-        if message.kind is IncomingKind.NEW_REQUEST:
-            self._queued.append(message)
-
-    def _drain_inbox(self) -> None:
-        """Move waiting messages to our own queue, where abort() can remove them."""
-        while not self.inbox.empty():
-            self._take(self.inbox.get_nowait())
+            message = await self.inbox.get()
+            if message.kind is not IncomingKind.NEW_REQUEST:
+                continue
+            if message.request_id in self._cancelled:  # aborted while it waited in the inbox
+                del self._cancelled[message.request_id]
+                continue
+            await self._execute(message)
 
     async def _execute(self, message: IncomingMessage) -> None:
         rid = message.request_id
@@ -105,10 +99,14 @@ class SimpleScheduler(Scheduler):
             self.emit(OutgoingMessage(OutgoingKind.STREAM, rid, data=chunk))
 
     def abort(self, request_id: str) -> None:
-        self._drain_inbox()
-        self._queued = deque(m for m in self._queued if m.request_id != request_id)
         if request_id in self._running:
             self._aborted.add(request_id)  # its result is discarded; a generator stops at its next yield
+            return
+        # It may still sit in the inbox: skip it when it comes up. Bounded, because an id
+        # aborted before it ever reached this stage would otherwise stay forever.
+        self._cancelled[request_id] = None
+        if len(self._cancelled) > _CANCELLED_MEMORY:
+            self._cancelled.popitem(last=False)
 
     def load(self) -> SchedulerLoad:
-        return SchedulerLoad(queued=len(self._queued) + self.inbox.qsize(), running=len(self._running))
+        return SchedulerLoad(queued=self.inbox.qsize(), running=len(self._running))

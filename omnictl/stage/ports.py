@@ -137,6 +137,8 @@ class WorkerPorts:
         """Hand a slot back to its owner (after unpacking what it held)."""
         if ref.owner == self.process:
             self.pool(ref.stage).release(ref)
+        elif ref.owner == m.COORDINATOR:
+            self._coordinator.send(m.encode(m.SlotRelease(ref)))
         else:
             self._peer(ref.owner).send(m.encode(m.SlotRelease(ref)))
 

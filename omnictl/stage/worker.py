@@ -17,11 +17,13 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import zmq
 import zmq.asyncio
 
 from omnictl import messages as m
 from omnictl.profiling.events import EventKind, NullProfiler, Profiler
+from omnictl.schedulers.simple import describe_error
 from omnictl.stage.build import build_stage
 from omnictl.stage.ports import WorkerPorts
 from omnictl.stage.stage import Stage
@@ -150,8 +152,21 @@ class Worker:
 
     async def _receive(self, socket: zmq.asyncio.Socket) -> None:
         while True:
-            message = m.inbound_decoder.decode(await socket.recv())
-            self._dispatch(message)
+            raw = await socket.recv()
+            try:
+                message = m.inbound_decoder.decode(raw)
+            except msgspec.DecodeError as exc:  # a peer speaking another protocol version
+                print(f"omnictl worker {self.config.process}: undecodable message: {exc}", file=sys.stderr)
+                continue
+            try:
+                self._dispatch(message)
+            except Exception as exc:
+                # One message that cannot be handled fails its request, not the process.
+                request_id = message.ctx.request_id if hasattr(message, "ctx") else None
+                if request_id is None:
+                    raise
+                stage = getattr(message, "dst", self.config.process)
+                self.ports.send_failure(request_id, stage, f"stage {stage!r} could not take its input: {describe_error(exc)}")
 
     def _unpack(self, payload: m.EncodedPayload) -> Any:
         try:

@@ -1,0 +1,141 @@
+"""``code2wav``: the streaming vocoder and audio terminal.
+
+Codec frames arrive in the talker's stream chunks (``codes``); once ``chunk_frames``
+new frames are in, the vocoder decodes them with ``left_context`` earlier frames in
+front and the new samples go out as an audio chunk. The vocoder is causal, so with
+enough left context a chunk's samples equal those of decoding everything at once.
+Samples are tracked by position: a decode of frames ``[a, b)`` yields the samples
+``[a * U, b * U - lost)``, where ``U`` is the samples per frame and ``lost`` the few
+trailing samples the causal transposed convolutions drop; the next chunk re-creates
+them, so the stream has no gaps and its total length equals a one-shot decode's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from omnictl.models.qwen3_omni.weights import load_model
+from omnictl.schedulers.base import (
+    IncomingKind,
+    IncomingMessage,
+    OutgoingKind,
+    OutgoingMessage,
+    Scheduler,
+    SchedulerLoad,
+)
+
+SAMPLE_RATE = 24_000  # Qwen3-Omni's code2wav output rate
+
+
+@dataclass(slots=True)
+class _Stream:
+    frames: list[torch.Tensor] = field(default_factory=list)  # [n, groups] blocks
+    count: int = 0  # frames received
+    decoded_to: int = 0  # frames covered by emitted audio
+    emitted: int = 0  # samples emitted
+    pieces: list[np.ndarray] = field(default_factory=list)
+
+
+class Vocoder:
+    """Decodes a window of frames and returns the samples owed after ``emitted``."""
+
+    def __init__(self, model_path: str | Path | None, device: str | None = None, *, left_context: int = 25) -> None:
+        self.code2wav = load_model(model_path, device).code2wav
+        self.device = self.code2wav.device
+        self.samples_per_frame = int(self.code2wav.total_upsample)
+        self.left_context = left_context
+
+    @torch.inference_mode()
+    def samples(self, codes: torch.Tensor, end: int, emitted: int) -> tuple[np.ndarray, int]:
+        """Samples from ``emitted`` up to what frames ``[.., end)`` determine; and the new ``emitted``."""
+        first_owed_frame = emitted // self.samples_per_frame
+        start = max(0, first_owed_frame - self.left_context)
+        window = codes[start:end].T[None].to(self.device)  # [1, groups, frames]
+        wav = self.code2wav(window).reshape(-1).float().cpu().numpy()
+        offset = start * self.samples_per_frame
+        new_end = offset + wav.shape[0]
+        return wav[emitted - offset :].astype(np.float32), new_end
+
+
+class Code2WavScheduler(Scheduler):
+    def __init__(self, vocoder: Vocoder, *, chunk_frames: int = 10) -> None:
+        super().__init__()
+        if chunk_frames < 1:
+            raise ValueError(f"chunk_frames must be >= 1, got {chunk_frames}")
+        self.vocoder = vocoder
+        self.chunk_frames = chunk_frames
+        self._streams: dict[str, _Stream] = {}
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="code2wav")
+
+    async def stop(self) -> None:
+        await super().stop()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def run(self) -> None:
+        while True:
+            await self._handle(await self.inbox.get())
+
+    async def _handle(self, message: IncomingMessage) -> None:
+        rid = message.request_id
+        if message.kind is IncomingKind.STREAM_DONE:
+            return
+        stream = self._streams.setdefault(rid, _Stream())
+        final = message.kind is IncomingKind.NEW_REQUEST
+        codes = torch.as_tensor((message.data or {}).get("codes", torch.zeros(0, 0)))
+        if final:
+            stream.frames, stream.count = ([codes] if codes.numel() else []), int(codes.shape[0])
+        elif codes.numel():
+            stream.frames.append(codes)
+            stream.count += int(codes.shape[0])
+        due = stream.count > stream.decoded_to and (final or stream.count - stream.decoded_to >= self.chunk_frames)
+        try:
+            if due:
+                await self._synthesize(rid, stream)
+        except Exception as exc:  # noqa: BLE001 - a vocoder error fails this request only
+            self._streams.pop(rid, None)
+            self.emit(OutgoingMessage(OutgoingKind.ERROR, rid, error=f"stage {self.stage_name}: vocoder failed: {exc!r}"))
+            return
+        if final:
+            self._streams.pop(rid, None)
+            audio = np.concatenate(stream.pieces) if stream.pieces else np.zeros(0, dtype=np.float32)
+            transcript = str((message.data or {}).get("transcript", ""))
+            self.emit(
+                OutgoingMessage(
+                    OutgoingKind.RESULT,
+                    rid,
+                    {"audio": audio, "sample_rate": SAMPLE_RATE, "transcript": transcript},
+                )
+            )
+
+    async def _synthesize(self, rid: str, stream: _Stream) -> None:
+        codes = torch.cat(stream.frames) if len(stream.frames) > 1 else stream.frames[0]
+        stream.frames = [codes]
+        end = stream.count
+        loop = asyncio.get_running_loop()
+        piece, emitted = await loop.run_in_executor(
+            self._executor, self.vocoder.samples, codes, end, stream.emitted
+        )
+        if rid not in self._streams:  # aborted meanwhile
+            return
+        stream.decoded_to = end
+        stream.emitted = emitted
+        if piece.size:
+            stream.pieces.append(piece)
+            self.emit(
+                OutgoingMessage(
+                    OutgoingKind.STREAM, rid, {"audio": piece, "sample_rate": SAMPLE_RATE, "transcript": ""}
+                )
+            )
+
+    def abort(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+
+    def load(self) -> SchedulerLoad:
+        return SchedulerLoad(running=len(self._streams), stream_buffers=len(self._streams))

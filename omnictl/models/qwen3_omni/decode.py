@@ -1,0 +1,75 @@
+"""``decode``: the text terminal. Detokenizes the thinker's stream into text deltas."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omnictl.models.qwen3_omni.processor import load_processor
+from omnictl.models.qwen3_omni.weights import check_model_path
+from omnictl.schedulers.base import (
+    IncomingKind,
+    IncomingMessage,
+    OutgoingKind,
+    OutgoingMessage,
+    Scheduler,
+    SchedulerLoad,
+)
+from omnictl.schedulers.sampling import cut_at_stop, streamable_prefix
+
+
+class DecodeScheduler(Scheduler):
+    """Streams ``{"text": delta}`` per thinker chunk; the result is the whole text and counts."""
+
+    def __init__(self, model_path: str | Path | None) -> None:
+        super().__init__()
+        self.tokenizer = load_processor(check_model_path(model_path)).tokenizer
+        self._tokens: dict[str, list[int]] = {}
+        self._sent: dict[str, str] = {}
+
+    async def run(self) -> None:
+        while True:
+            self._handle(await self.inbox.get())
+
+    def _handle(self, message: IncomingMessage) -> None:
+        rid = message.request_id
+        stop = tuple((message.params.get("sampling") or {}).get("stop") or ())
+        if isinstance(stop, str):
+            stop = (stop,)
+        if message.kind is IncomingKind.STREAM_CHUNK:
+            tokens = self._tokens.setdefault(rid, [])
+            tokens.extend(int(t) for t in message.data.get("token_ids", ()))
+            text = streamable_prefix(self._text(tokens), stop)
+            sent = self._sent.get(rid, "")
+            if text.startswith(sent) and len(text) > len(sent):
+                self._sent[rid] = text
+                self.emit(OutgoingMessage(OutgoingKind.STREAM, rid, {"text": text[len(sent) :]}))
+        elif message.kind is IncomingKind.NEW_REQUEST:
+            data = message.data
+            text, _ = cut_at_stop(self._text([int(t) for t in data["token_ids"]]), stop)
+            sent = self._sent.pop(rid, "")
+            self._tokens.pop(rid, None)
+            if text.startswith(sent) and len(text) > len(sent):
+                self.emit(OutgoingMessage(OutgoingKind.STREAM, rid, {"text": text[len(sent) :]}))
+            self.emit(
+                OutgoingMessage(
+                    OutgoingKind.RESULT,
+                    rid,
+                    {
+                        "text": text,
+                        "prompt_tokens": int(data["prompt_tokens"]),
+                        "completion_tokens": int(data["completion_tokens"]),
+                        "finish_reason": data["finish_reason"],
+                    },
+                )
+            )
+
+    def _text(self, tokens: list[int]) -> str:
+        return str(self.tokenizer.decode(tokens, skip_special_tokens=True))
+
+    def abort(self, request_id: str) -> None:
+        self._tokens.pop(request_id, None)
+        self._sent.pop(request_id, None)
+
+    def load(self) -> SchedulerLoad:
+        return SchedulerLoad(running=len(self._tokens), stream_buffers=len(self._tokens))

@@ -1,0 +1,80 @@
+"""Stage factories for the Qwen3-Omni topologies (``topologies/qwen3-omni*.yaml``).
+
+Each factory takes ``model_path`` (a local checkpoint directory; nothing is
+downloaded) and ``device``, and returns a plain function (preprocessing, encoders,
+aggregation) or a scheduler (thinker, decode, talker, code2wav).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from omnictl.models.qwen3_omni.code2wav import Code2WavScheduler, Vocoder
+from omnictl.models.qwen3_omni.decode import DecodeScheduler
+from omnictl.models.qwen3_omni.multimodal import Aggregator, AudioEncoder, ImageEncoder, Preprocessor
+from omnictl.models.qwen3_omni.multimodal import merge_multimodal as _merge_multimodal
+from omnictl.models.qwen3_omni.talker import TalkerRunner
+from omnictl.models.qwen3_omni.talker_scheduler import TalkerScheduler
+from omnictl.models.qwen3_omni.thinker import ThinkerRunner, ThinkerScheduler
+
+StageFn = Callable[[Mapping[str, Any]], dict[str, Any]]
+
+# transformers' defaults for the talker in `Qwen3OmniMoeForConditionalGeneration.generate`.
+TALKER_SAMPLING = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "max_tokens": 4096}
+
+
+def preprocessing(model_path: str | Path | None = None) -> StageFn:
+    return Preprocessor(model_path)
+
+
+def audio_encoder(model_path: str | Path | None = None, device: str | None = None) -> StageFn:
+    return AudioEncoder(model_path, device)
+
+
+def image_encoder(model_path: str | Path | None = None, device: str | None = None) -> StageFn:
+    return ImageEncoder(model_path, device)
+
+
+def mm_aggregate(model_path: str | Path | None = None, device: str | None = None) -> StageFn:
+    return Aggregator(model_path, device)
+
+
+def merge_multimodal(inputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return _merge_multimodal(inputs)
+
+
+def thinker(
+    model_path: str | Path | None = None, device: str | None = None, stream_every: int = 1, max_batch: int = 32
+) -> ThinkerScheduler:
+    return ThinkerScheduler(ThinkerRunner(model_path, device), stream_every=stream_every, max_batch=max_batch)
+
+
+def project_for_decode(data: dict[str, Any]) -> dict[str, Any]:
+    """decode needs token ids and counts, not what the talker reads."""
+    return {key: value for key, value in data.items() if key not in ("talker_prefix", "hidden")}
+
+
+def decode(model_path: str | Path | None = None) -> DecodeScheduler:
+    return DecodeScheduler(model_path)
+
+
+def talker_ar(
+    model_path: str | Path | None = None,
+    device: str | None = None,
+    temperature: float = TALKER_SAMPLING["temperature"],
+    top_k: int = TALKER_SAMPLING["top_k"],
+    top_p: float = TALKER_SAMPLING["top_p"],
+    max_codes: int = TALKER_SAMPLING["max_tokens"],
+    repetition_penalty: float = 1.05,
+    max_batch: int = 32,
+) -> TalkerScheduler:
+    sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "max_tokens": max_codes}
+    runner = TalkerRunner(model_path, device, repetition_penalty=repetition_penalty)
+    return TalkerScheduler(runner, sampling=sampling, max_batch=max_batch)
+
+
+def code2wav(
+    model_path: str | Path | None = None, device: str | None = None, chunk_frames: int = 10, left_context: int = 25
+) -> Code2WavScheduler:
+    return Code2WavScheduler(Vocoder(model_path, device, left_context=left_context), chunk_frames=chunk_frames)

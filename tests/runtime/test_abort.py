@@ -1,0 +1,78 @@
+"""Aborts are broadcast; afterwards no stage holds any state for the aborted requests."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import omnictl
+from tests.support import topo
+from tests.support.loop import LoopThread, launch
+from tests.support.wait import until
+
+E = "omnictl.models.examples"
+
+
+def _holds_nothing(stats: dict[str, dict[str, Any]]) -> bool:
+    return all(not any(v for k, v in entry.items() if k not in ("status", "process")) for entry in stats.values())
+
+
+def test_hundred_concurrent_requests_aborted_mid_flight_leave_no_state(loop: LoopThread, tmp_path: Path) -> None:
+    stages = [
+        {"name": "a", "factory": f"{E}.sleep", "factory_args": {"seconds": 0.01}, "next": ["b", "c"], "process": "one"},
+        {"name": "b", "factory": f"{E}.sleep", "factory_args": {"seconds": 0.01}, "next": ["d"], "process": "two"},
+        {"name": "c", "factory": f"{E}.identity", "next": ["d"], "process": "one"},
+        {"name": "d", "factory": f"{E}.identity", "wait_for": ["b", "c"], "merge_fn": f"{E}.merge_dicts",
+         "terminal": True, "modality": "text", "process": "two"},
+    ]
+    pipe = launch(loop, topo.write(tmp_path / "abort.yaml", stages), profile=False)
+    try:
+        async def flood() -> list[Any]:
+            blob = np.ones(64 * 1024, dtype=np.float32)  # over the inline threshold: shm slots
+            requests = [await pipe.submit({"text": f"r{i}", "blob": blob}) for i in range(100)]
+            await asyncio.sleep(0.2)  # let some of them get into the stages
+            for request in requests:
+                await pipe.abort(request.id)
+            outcomes = []
+            for request in requests:
+                try:
+                    outcomes.append(await request.result())
+                except omnictl.RequestAborted as aborted:
+                    outcomes.append(aborted)
+            return outcomes
+
+        outcomes = loop.run(flood())
+        aborted = [o for o in outcomes if isinstance(o, omnictl.RequestAborted)]
+        assert len(aborted) > 50  # most were still in flight
+        assert pipe.in_flight() == 0
+        assert until(lambda: _holds_nothing(loop.run(pipe.stats())), timeout=15), loop.run(pipe.stats())
+        # and the pipeline still serves
+        done = loop.run(_one(pipe, {"text": "after abort"}))
+        assert done["d"]["sources"] == ["b", "c"]
+    finally:
+        loop.run(pipe.close())
+
+
+async def _one(pipe: Any, data: dict[str, Any]) -> dict[str, Any]:
+    return await (await pipe.submit(data)).result()
+
+
+def test_abort_event_ends_the_event_stream(loop: LoopThread, tmp_path: Path) -> None:
+    stages = [
+        {"name": "slow", "factory": f"{E}.sleep", "factory_args": {"seconds": 2.0}, "next": ["out"]},
+        {"name": "out", "factory": f"{E}.identity", "terminal": True},
+    ]
+    pipe = launch(loop, topo.write(tmp_path / "slow.yaml", stages), profile=False)
+    try:
+        async def go() -> list[Any]:
+            request = await pipe.submit({"text": "x"})
+            await pipe.abort(request.id)
+            return [event async for event in request.events()]
+
+        events = loop.run(go())
+        assert [e.kind for e in events] == ["aborted"]
+    finally:
+        loop.run(pipe.close())
