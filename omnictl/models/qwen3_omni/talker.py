@@ -156,6 +156,7 @@ class TalkerRunner:
             cache=running.cache,
             use_cache=True,
             output_hidden_states=True,
+            generation_step=running.step,  # only echoed back (+1) by transformers
         )
         running.history.append(token)
         running.past_hidden = out.hidden_states[0][-1][:, -1:]
