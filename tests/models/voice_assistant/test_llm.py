@@ -1,0 +1,64 @@
+"""SmolLM2 from the packaged GGUF: converted once, cached, and it knows where Paris is."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from omnictl.models.voice_assistant import llm, stages
+from omnictl.schedulers.base import IncomingKind, OutgoingKind
+
+from .conftest import incoming, run, until_result
+
+
+def test_conversion_is_cached_and_not_repeated(monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = llm.smollm2_checkpoint()  # converts on the very first run on this machine
+    weights = folder / "model.safetensors"
+    before = weights.stat().st_mtime_ns
+
+    def must_not_convert(gguf: Path, out_dir: Path) -> None:
+        raise AssertionError("converted again although the cache is complete")
+
+    monkeypatch.setattr(llm, "convert_gguf", must_not_convert)
+    assert llm.smollm2_checkpoint() == folder
+    assert weights.stat().st_mtime_ns == before
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "llama"
+    assert "quantization_config" not in json.loads((folder / "config.json").read_text())
+
+
+def test_a_cache_from_another_package_version_is_converted_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stale = tmp_path / llm.CHECKPOINT_NAME
+    stale.mkdir()
+    (stale / "omnictl-source.json").write_text(json.dumps({"gguf": "elsewhere", "size": 1}))
+    calls: list[Path] = []
+
+    def pretend_conversion(gguf: Path, out_dir: Path) -> None:  # the 20 s conversion is covered above
+        calls.append(gguf)
+        (out_dir / "config.json").write_text("{}")
+
+    monkeypatch.setattr(llm, "convert_gguf", pretend_conversion)
+    assert llm.smollm2_checkpoint(tmp_path) == stale
+    assert calls == [llm.gguf_path()]
+    assert (stale / "config.json").read_text() == "{}"
+    assert llm.smollm2_checkpoint(tmp_path) == stale and len(calls) == 1  # and then reused
+
+
+def test_smollm2_answers_the_paris_question_greedily_in_the_thinker_stage() -> None:
+    async def main() -> None:
+        scheduler = stages.thinker(max_tokens=24)
+        await scheduler.start()
+        try:
+            question = {"messages": [{"role": "user", "content": "What is the capital of France?"}]}
+            scheduler.inbox.put_nowait(incoming(IncomingKind.NEW_REQUEST, "q", question, sampling={"temperature": 0}))
+            streamed, result = await until_result(scheduler, "q")
+            assert result.kind is OutgoingKind.RESULT, result.error
+            assert "Paris" in result.data["text"]
+            assert "".join(m.data["text"] for m in streamed) == result.data["text"]  # streamed as it was written
+            assert result.data["prompt_tokens"] > 5 and result.data["finish_reason"] in ("stop", "length")
+            assert scheduler.load().kv_slots == 0
+        finally:
+            await scheduler.stop()
+
+    run(main())

@@ -1,0 +1,66 @@
+"""Sentence splitting as text streams in, and Piper synthesis."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from omnictl.models.voice_assistant.tts import PiperSpeaker, SentenceSplitter, speakable
+
+
+def feed_words(splitter: SentenceSplitter, text: str) -> list[str]:
+    out: list[str] = []
+    for word in text.split(" "):
+        out += splitter.feed(word + " ")
+    return out
+
+
+def test_sentences_come_out_as_soon_as_they_end() -> None:
+    splitter = SentenceSplitter()
+    assert splitter.feed("The capital of France") == []
+    assert splitter.feed(" is Paris. It has") == ["The capital of France is Paris."]
+    assert splitter.pending == "It has"
+    assert splitter.feed(" museums!\nAnd") == ["It has museums!"]
+    assert splitter.flush() == ["And"]
+    assert splitter.flush() == []
+
+
+def test_abbreviations_numbers_and_list_items_do_not_end_a_sentence() -> None:
+    splitter = SentenceSplitter()
+    text = "Dr. Smith lives at No. 5 St. James. It has 2.5 million people. Steps: 1. wake up 2. eat"
+    assert feed_words(splitter, text) == ["Dr. Smith lives at No. 5 St. James.", "It has 2.5 million people.", "Steps:"]
+    assert splitter.flush() == ["1. wake up 2. eat"]
+
+
+def test_a_sentence_that_never_ends_is_cut_at_a_comma_or_space() -> None:
+    splitter = SentenceSplitter(max_chars=40)
+    sentences = feed_words(splitter, "one two three four five six seven, eight nine ten eleven twelve thirteen fourteen")
+    assert sentences and all(len(s) <= 40 for s in sentences)
+    assert sentences[0].endswith(",")
+    assert " ".join(sentences + splitter.flush()).split() == "one two three four five six seven, eight nine ten eleven twelve thirteen fourteen".split()
+
+
+def test_markup_is_not_spoken() -> None:
+    assert speakable("**Paris** is `nice`") == "Paris is nice"
+    assert speakable(" --- ") == ""
+    assert speakable("### ") == ""
+
+
+@pytest.fixture(scope="module")
+def speaker() -> PiperSpeaker:
+    return PiperSpeaker()
+
+
+def test_piper_speaks_a_sentence(speaker: PiperSpeaker) -> None:
+    audio = speaker.synthesize("The capital of France is Paris.")
+    assert speaker.sample_rate == 22_050
+    assert audio.dtype == np.float32 and audio.ndim == 1
+    seconds = audio.size / speaker.sample_rate
+    assert 1.0 < seconds < 5.0
+    assert np.abs(audio).max() <= 1.0 and np.abs(audio).max() > 0.1  # not silence
+    assert speaker.synthesize("**") .size == 0
+
+
+def test_unknown_voice_is_named() -> None:
+    with pytest.raises(ValueError, match="'alloy'.*joe"):
+        PiperSpeaker("alloy")
