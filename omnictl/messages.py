@@ -112,10 +112,6 @@ class StatsRequest(msgspec.Struct, tag="stats_request", array_like=True):
     seq: int
 
 
-class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
-    pass
-
-
 # --- control plane: stage process -> coordinator -------------------------------------
 
 
@@ -173,7 +169,7 @@ class StatsReply(msgspec.Struct, tag="stats_reply", array_like=True):
 
 
 StageInbound = Union[Submit, DataReady, StreamChunk, StreamDone, Skip, SlotRelease]
-Broadcast = Union[Abort, Hello, StatsRequest, Shutdown]
+Broadcast = Union[Abort, Hello, StatsRequest]
 ToCoordinator = Union[Ready, LaunchFailed, HelloAck, TerminalOutput, TerminalSkipped, StageFailed, StatsReply, SlotRelease]
 
 _encoder = msgspec.msgpack.Encoder()

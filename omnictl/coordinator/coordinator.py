@@ -113,10 +113,6 @@ class Coordinator:
     async def close(self) -> None:
         for record in list(self.requests.values()):
             self._finish(record, RequestState.ABORTED, RequestAborted(record.request_id, "the pipeline shut down"))
-        try:
-            await self._broadcast.send(m.encode(m.Shutdown()))
-        except zmq.ZMQError:
-            pass
         await self.launcher.stop()
         for task in self._tasks:
             task.cancel()

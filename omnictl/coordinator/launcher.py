@@ -99,16 +99,17 @@ class Launcher:
             handle.pidfd = -1
 
     async def stop(self, timeout: float = 5.0) -> None:
-        """Wait for processes told to shut down; terminate, then kill, stragglers."""
+        """SIGTERM every process (workers shut down cleanly on it), then SIGKILL stragglers."""
         self._stopping = True
         loop = asyncio.get_running_loop()
         for handle in self.handles.values():
             self._forget(handle)
+            if handle.alive():
+                handle.process.terminate()
         deadline = loop.time() + timeout
-        for escalate in (None, "terminate", "kill"):
-            for handle in self.handles.values():
-                if handle.alive() and escalate is not None:
-                    getattr(handle.process, escalate)()
-            while any(h.alive() for h in self.handles.values()) and loop.time() < deadline:
-                await asyncio.sleep(0.02)
-            deadline = loop.time() + 2.0
+        while any(h.alive() for h in self.handles.values()) and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        for handle in self.handles.values():
+            if handle.alive():
+                handle.process.kill()
+            handle.process.wait()

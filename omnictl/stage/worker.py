@@ -63,11 +63,12 @@ def main() -> None:
     sys.path[:] = [*dict.fromkeys([*config.sys_path, *sys.path])]
     _die_with_parent(config.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the coordinator's to handle
-    try:
-        asyncio.run(Worker(config).run())
-    except KeyboardInterrupt:  # pragma: no cover
-        pass
-    sys.exit(0)
+    asyncio.run(Worker(config).run())
+    # Don't wait for stage worker threads still inside a model call: everything this
+    # process owns (shared memory, sockets) was released in Worker.run.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _make_profiler(config: WorkerConfig) -> tuple[Profiler, Any]:
@@ -214,8 +215,6 @@ class Worker:
                     for name, stage in self.stages.items()
                 }
                 self.ports.send_control(m.StatsReply(self.config.process, message.seq, stats))
-            elif isinstance(message, m.Shutdown):
-                self._stop.set()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,143 @@
+"""Nothing leaks: not across many requests, not at shutdown, not when the parent is killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tests.support import topo
+from tests.support.loop import LoopThread, launch
+from tests.support.wait import until
+
+E = "omnictl.models.examples"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def two_process_topology(tmp_path: Path) -> Path:
+    return topo.write(
+        tmp_path / "two.yaml",
+        [
+            {"name": "a", "factory": f"{E}.identity", "next": ["b"], "process": "one"},
+            {"name": "b", "factory": f"{E}.identity", "next": ["c"], "process": "two"},
+            {"name": "c", "factory": f"{E}.identity", "terminal": True, "process": "two"},
+        ],
+    )
+
+
+def shm_entries() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if name.startswith("omx")}
+
+
+def open_fds(pids: list[int]) -> int:
+    return sum(len(os.listdir(f"/proc/{pid}/fd")) for pid in pids)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_no_growth_of_shared_memory_or_descriptors_across_a_thousand_requests(loop: LoopThread, tmp_path: Path) -> None:
+    pipe = launch(loop, two_process_topology(tmp_path), profile=False)
+    pids = [os.getpid(), *pipe.process_ids().values()]
+
+    async def burst(count: int, size: int) -> None:
+        for start in range(0, count, 50):
+            requests = [
+                await pipe.submit({"i": i, "blob": np.full(size, i, dtype=np.float32)})
+                for i in range(start, min(start + 50, count))
+            ]
+            for i, request in enumerate(requests, start):
+                out = (await request.result())["c"]
+                assert out["i"] == i and out["blob"][0] == i
+
+    try:
+        # small (inline), slot-sized and oversized (dedicated segment) payloads
+        for size in (16, 64 * 1024, 3 * 1024 * 1024):
+            loop.run(burst(20, size))
+        shm_before, fds_before = shm_entries(), open_fds(pids)
+        loop.run(burst(1000, 64 * 1024), timeout=300)
+        loop.run(burst(50, 3 * 1024 * 1024))
+        assert until(lambda: shm_entries() <= shm_before, timeout=5), shm_entries() - shm_before
+        assert open_fds(pids) <= fds_before
+        stats = loop.run(pipe.stats())
+        assert all(entry["slots_in_use"] == 0 for entry in stats.values())
+    finally:
+        loop.run(pipe.close())
+
+
+def test_orderly_shutdown_leaves_no_process_socket_or_segment(loop: LoopThread, tmp_path: Path) -> None:
+    before = shm_entries()
+    pipe = launch(loop, two_process_topology(tmp_path), profile=False)
+    pids = list(pipe.process_ids().values())
+    sockets = pipe.socket_dir
+
+    async def one() -> Any:
+        return await (await pipe.submit({"blob": np.ones(1 << 20, dtype=np.float32)})).result()
+
+    loop.run(one())
+    assert sockets.exists()
+    loop.run(pipe.close())
+    assert not any(alive(pid) for pid in pids)
+    assert not sockets.exists()
+    assert shm_entries() <= before
+
+
+def _script(tmp_path: Path, body: str) -> Path:
+    script = tmp_path / "owner.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import asyncio, os, sys
+            import numpy as np
+            import omnictl
+
+            async def main():
+                async with omnictl.Pipeline.launch({str(two_process_topology(tmp_path))!r}, profile=False) as pipe:
+                    await (await pipe.submit({{"blob": np.ones(1 << 20, dtype=np.float32)}})).result()
+                    print(" ".join(str(p) for p in pipe.process_ids().values()), pipe.socket_dir, flush=True)
+            {textwrap.indent(textwrap.dedent(body), "        ")}
+
+            asyncio.run(main())
+            """
+        )
+    )
+    return script
+
+
+def _start(script: Path) -> tuple[subprocess.Popen[str], list[int], Path]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    assert owner.stdout is not None
+    *pids, sockets = owner.stdout.readline().split()
+    return owner, [int(p) for p in pids], Path(sockets)
+
+
+def test_children_exit_when_the_parent_is_killed(tmp_path: Path) -> None:
+    before = shm_entries()
+    owner, pids, _ = _start(_script(tmp_path, "await asyncio.sleep(600)"))
+    assert pids and all(alive(pid) for pid in pids)
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    assert until(lambda: not any(alive(pid) for pid in pids), timeout=15)
+    assert until(lambda: shm_entries() <= before, timeout=10), shm_entries() - before
+
+
+def test_sigint_shuts_down_cleanly(tmp_path: Path) -> None:
+    before = shm_entries()
+    owner, pids, sockets = _start(_script(tmp_path, "await asyncio.sleep(600)"))
+    owner.send_signal(signal.SIGINT)
+    owner.wait(timeout=30)
+    assert not any(alive(pid) for pid in pids)
+    assert not sockets.exists()
+    assert shm_entries() <= before
