@@ -68,7 +68,8 @@ STAGE_KINDS = frozenset(
 )
 
 
-class Event(msgspec.Struct, array_like=True, frozen=True):
+class Event(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    # gc=False: events never form reference cycles; untracked, they cost the collector nothing.
     kind: EventKind
     request_id: str
     stage: str | None

@@ -1,6 +1,8 @@
 """The trace store: JSONL segments in the run directory, bounded in size by rotation.
 
-One event per line (``msgspec`` JSON, array form). A segment is closed once it passes
+One batch of events per line (a JSON array of events, each in ``msgspec``'s array
+form: ``[kind, request_id, stage, process, ts, meta]``), so writing costs one encoder
+call per batch. A segment is closed once it passes
 ``segment_bytes``; only the newest ``max_segments`` are kept, so a run never holds more
 than about ``segment_bytes * max_segments`` bytes. Every batch is flushed when written,
 so ``omnictl trace`` can read a run after its server has stopped (or crashed: a torn last
@@ -68,7 +70,7 @@ class TraceStore:
         self.segment_bytes = segment_bytes
         self.max_segments = max_segments
         self._encoder = msgspec.json.Encoder()
-        self._decoder = msgspec.json.Decoder(Event)
+        self._decoder = msgspec.json.Decoder(list[Event])
         self._lock = threading.Lock()
         self._file: BinaryIO | None = None
         self._file_bytes = 0
@@ -76,13 +78,12 @@ class TraceStore:
     # -- writing ---------------------------------------------------------------------
 
     def append(self, events: Sequence[Event]) -> None:
-        """Write ``events`` (one line each) and flush; rotates segments as they fill."""
+        """Write ``events`` as one line and flush; rotates segments as they fill."""
         if not events:
             return
         lines = bytearray()
-        for event in events:
-            self._encoder.encode_into(event, lines, len(lines))
-            lines += b"\n"
+        self._encoder.encode_into(list(events), lines)
+        lines += b"\n"
         with self._lock:
             file = self._file if self._file is not None else self._open_next_segment()
             file.write(lines)
@@ -121,6 +122,7 @@ class TraceStore:
         """Every stored event (of one request, if given), in the order written."""
         # The id is a whole array element (`,"id",`): a cheap byte test before decoding.
         needle = b"," + msgspec.json.encode(request_id) + b"," if request_id is not None else None
+        wanted = (lambda event: True) if request_id is None else (lambda event: event.request_id == request_id)
         for segment in self.segments():
             try:
                 data = segment.read_bytes()
@@ -130,11 +132,10 @@ class TraceStore:
                 if needle is not None and needle not in line:
                     continue
                 try:
-                    event = self._decoder.decode(line)
+                    batch = self._decoder.decode(line)
                 except msgspec.DecodeError:
                     continue  # a torn last line from a process that died mid-write
-                if request_id is None or event.request_id == request_id:
-                    yield event
+                yield from filter(wanted, batch)
 
     def events(self, request_id: str) -> list[Event]:
         """One request's events in time order; empty when the id is unknown."""

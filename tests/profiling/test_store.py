@@ -56,7 +56,7 @@ def test_rotation_bounds_the_size(tmp_path: Path) -> None:
     for index in range(200):
         store.append(synthetic_request(f"r{index}", start_ns=(index + 1) * 100 * MS))
     store.close()
-    batch_bytes = len(b"".join(msgspec.json.encode(e) + b"\n" for e in synthetic_request("r199")))
+    batch_bytes = len(msgspec.json.encode(synthetic_request("r199"))) + 1
     assert len(store.segments()) == 3
     assert store.size_bytes() <= 3 * (20_000 + batch_bytes)
     kept = {rid for rid, _ in store.request_ids()}
@@ -68,7 +68,7 @@ def test_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
     store.append(synthetic_request("r1"))
     store.close()
     with open(store.segments()[-1], "ab") as segment:
-        segment.write(b'["completed","r1",nu')  # a writer died mid-line
+        segment.write(b'[["completed","r1",nu')  # a writer died mid-line
     assert TraceStore(tmp_path).events("r1")[-1].kind is EventKind.COMPLETED
 
 
