@@ -1,0 +1,80 @@
+"""The whole voice assistant, as `omnictl serve` runs it: real processes, real models.
+
+A spoken "What is the capital of France?" must come back as text containing "Paris"
+and as speech in which the same Whisper model hears "Paris".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+import omnictl
+from omnictl.models.voice_assistant.asr import SpeechRecognizer, whisper_base_dir
+from omnictl.models.voice_assistant.llm import smollm2_checkpoint
+from omnictl.models.voice_assistant.samples import sample_request
+from tests.support.loop import LoopThread
+
+TOPOLOGY = Path(__file__).resolve().parents[3] / "topologies" / "voice-assistant.yaml"
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LoopThread, Any]]:
+    # Build the caches here, where a failure is readable, not inside a stage's ready timeout.
+    smollm2_checkpoint()
+    whisper_base_dir()
+    loop = LoopThread()
+    launch = omnictl.Pipeline.launch(TOPOLOGY, device="cpu", run_dir=tmp_path_factory.mktemp("run"))
+    pipe = loop.run(launch.__aenter__(), timeout=300)
+    try:
+        yield loop, pipe
+    finally:
+        loop.run(launch.__aexit__(None, None, None), timeout=60)
+        loop.close()
+
+
+async def ask(pipe: Any, inputs: dict[str, Any], modalities: list[str] | None = None) -> tuple[list[Any], dict[str, Any]]:
+    request = await pipe.submit(inputs, modalities=modalities)
+    events = [event async for event in request.events()]
+    return events, await request.result()
+
+
+def test_a_spoken_question_gets_a_written_and_a_spoken_answer(pipeline: tuple[LoopThread, Any]) -> None:
+    loop, pipe = pipeline
+    events, result = loop.run(ask(pipe, sample_request("capital_of_france", sampling={"max_tokens": 40})), timeout=300)
+    assert set(result) == {"decode", "tts"}
+    text = result["decode"]
+    assert "Paris" in text["text"]
+    assert text["prompt_tokens"] > 0 and text["completion_tokens"] > 0 and text["finish_reason"] in ("stop", "length")
+    deltas = [e.data["text"] for e in events if e.stage == "decode" and e.kind == "stream"]
+    assert "".join(deltas) == text["text"]
+
+    speech = result["tts"]
+    assert speech["sample_rate"] == 22_050 and speech["audio"].dtype == np.float32
+    chunks = [e.data for e in events if e.stage == "tts" and e.kind == "stream"]
+    assert chunks and np.array_equal(np.concatenate([c["audio"] for c in chunks]), speech["audio"])
+    assert " ".join(c["transcript"] for c in chunks) == speech["transcript"]
+    heard = SpeechRecognizer().transcribe(speech["audio"], speech["sample_rate"])
+    assert "paris" in heard.lower(), heard
+
+    kinds = [(e.stage, e.kind) for e in events]
+    assert kinds.index(("decode", "stream")) < kinds.index(("tts", "stream"))  # text arrives before audio
+
+
+def test_a_typed_question_for_text_only_skips_speech(pipeline: tuple[LoopThread, Any]) -> None:
+    loop, pipe = pipeline
+    inputs = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "sampling": {"max_tokens": 24, "temperature": 0}}
+    events, result = loop.run(ask(pipe, inputs, modalities=["text"]), timeout=300)
+    assert set(result) == {"decode"} and "Paris" in result["decode"]["text"]
+    assert all(e.stage != "tts" for e in events)
+
+
+def test_a_bad_part_fails_the_request_naming_the_part(pipeline: tuple[LoopThread, Any]) -> None:
+    loop, pipe = pipeline
+    inputs = {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "%%%", "format": "wav"}}]}]}
+    with pytest.raises((omnictl.RequestFailed, omnictl.InvalidRequest), match=r"messages\[0\]\.content\[0\]\.input_audio\.data"):
+        loop.run(ask(pipe, inputs), timeout=120)
+    assert pipe.healthy
