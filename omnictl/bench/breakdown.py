@@ -88,4 +88,7 @@ def from_metrics(text: str) -> dict[str, Any]:
                 entry["count"] = int(sample.value)
             elif quantile is not None:
                 entry[{"0.5": "p50", "0.99": "p99"}.get(quantile, f"q{quantile}")] = sample.value
-    return {"source": "metrics", "stages": stages, "edges": edges}
+    def measured(entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        return {name: e for name, e in entries.items() if "p50" in e or "p99" in e}
+
+    return {"source": "metrics", "stages": measured(stages), "edges": measured(edges)}

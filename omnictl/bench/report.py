@@ -85,7 +85,9 @@ def render(result: dict[str, Any]) -> Group:
     parts: list[Any] = [head, latency]
     breakdown = result["breakdown"]
     if breakdown.get("stages"):
-        stages = Table(title=f"per-stage time (ms, from {breakdown['source']})", title_justify="left")
+        source = ("the server's /metrics: p50/p99 over its profiler window, n since it started"
+                  if breakdown["source"] == "metrics" else "the trace store: exactly the measured requests")
+        stages = Table(title=f"per-stage time (ms; from {source})", title_justify="left")
         for column in ("stage", "n", "mean", "p50", "p90", "p99", "breakdown (mean)"):
             stages.add_column(column, justify="left" if column in ("stage", "breakdown (mean)") else "right")
         for name, s in breakdown["stages"].items():

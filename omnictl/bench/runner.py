@@ -134,8 +134,18 @@ async def _drive(
         return records, duration
 
 
+def _server_run_dir(base_url: str) -> Path | None:
+    """The server's trace directory, when it is on this machine (its /health says where)."""
+    try:
+        reported = httpx.get(base_url.rstrip("/") + "/health", timeout=10.0).json().get("run_dir")
+    except (httpx.HTTPError, ValueError):
+        return None
+    return Path(reported) if reported and Path(reported).is_dir() else None
+
+
 def _breakdown(config: BenchConfig, base_url: str, run_dir: Path | None, records: list[RequestRecord]) -> dict[str, Any]:
     ids = [r.request_id for r in records if r.request_id]
+    run_dir = run_dir or _server_run_dir(base_url)
     if run_dir is not None and run_dir.is_dir():
         return breakdown.from_trace_store(run_dir, ids)
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}

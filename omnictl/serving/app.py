@@ -32,6 +32,7 @@ class PipelineLike(Protocol):
 
     topology: Any
     healthy: bool
+    run_dir: Any
 
     async def submit(self, inputs: dict[str, Any], modalities: list[str] | None = None, request_id: str | None = None) -> Any: ...
 
@@ -170,6 +171,8 @@ def create_app(state: ServingState) -> Starlette:
             "in_flight": len(state.active),  # requests this server is answering
             "pipeline_in_flight": pipe.in_flight(),  # requests the coordinator still tracks
             "stages": stages,  # per stage: status and the state it holds (queued, running, buffers)
+            # where the profiler writes traces: `omnictl trace` and a local bench read it
+            "run_dir": str(pipe.run_dir) if pipe.run_dir is not None else None,
         }
         return JSONResponse(body, status_code=503 if body["status"] == "down" else 200)
 

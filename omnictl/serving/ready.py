@@ -47,5 +47,6 @@ def ready_message(url: str, model: str, terminals: Mapping[str, str], stages: in
         Text.assemble("  listening on ", (url, "bold cyan"), "  (OpenAI API at /v1, health at /health, metrics at /metrics)"),
         Text("  try it:", style="bold"),
         Text("  " + example_curl(url, model, terminals, api_key)),
+        Text.assemble("  load-test it: ", (f"omnictl bench --url {url}", "bold")),
         Text("  Ctrl-C stops the server and every stage process.", style="dim"),
     )

@@ -1,0 +1,63 @@
+"""`omnictl bench --url` against a running server: the table, --json, --compare, exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from omnictl.cli.bench import register
+from tests.serving.harness import FAST_TOPOLOGY, ServerProcess, start_server, stop_server
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    running = start_server(str(FAST_TOPOLOGY))
+    yield running
+    assert stop_server(running) == 0
+
+
+def bench(*args: str) -> tuple[int, str]:
+    app = typer.Typer()
+    register(app)
+    app.command("noop", hidden=True)(lambda: None)  # keeps `bench` a subcommand, as in the real CLI
+    result = CliRunner().invoke(app, ["bench", *args], env={"COLUMNS": "160"})
+    return result.exit_code, result.output
+
+
+def test_bench_json_and_compare(server: ServerProcess, tmp_path: Path) -> None:
+    first = tmp_path / "first.json"
+    code, output = bench("--url", server.url, "-n", "8", "--warmup", "1", "--concurrency", "2",
+                         "--modalities", "text", "--json", str(first), "--no-progress")
+    assert code == 0, output
+    assert "8 / 0" in output and "time to first text" in output and "prep->answer" in output
+    result = json.loads(first.read_text())
+    assert result["summary"]["completed"] == 8 and result["latency"]["ttfa"]["count"] == 0  # text only
+    # on the same machine the bench finds the server's trace store through /health
+    assert result["breakdown"]["source"] == "trace_store"
+    assert set(result["breakdown"]["stages"]) == {"prep", "answer"}  # a text-only request never runs `speak`
+
+    code, output = bench("--url", server.url, "-n", "6", "--warmup", "0", "--rate", "20",
+                         "--modalities", "text,audio", "--compare", str(first), "--no-progress")
+    assert code == 0, output
+    assert "compared with the earlier run" in output
+    assert "the runs differ in" in output and "modalities" in output and "rate" in output
+    assert "time to first text p50 (ms)" in output
+
+
+def test_compare_with_a_file_that_is_not_a_result_fails_first(tmp_path: Path) -> None:
+    bogus = tmp_path / "bogus.json"
+    bogus.write_text('{"hello": 1}')
+    code, output = bench("--url", "http://127.0.0.1:9", "--compare", str(bogus))
+    assert code == 2 and "not an omnictl bench result" in output
+
+
+def test_a_server_that_rejects_every_request_is_reported(server: ServerProcess) -> None:
+    code, output = bench("--url", server.url, "--modalities", "text", "--input", "text", "--max-tokens", "0",
+                         "--no-progress")
+    assert code == 2
+    assert "rejects" in output and "max_tokens" in output
