@@ -16,6 +16,8 @@ import pytest
 from tests.serving.harness import FAST_TOPOLOGY, REPO, start_server, stop_server
 
 SLOW = os.environ.get("OMNICTL_SLOW") == "1"
+_BENCH = ("from omnictl.cli.main import app; from omnictl.cli import bench; "
+          "'bench' in [c.name for c in app.registered_commands] or bench.register(app); app()")
 
 
 def run_serve(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -59,8 +61,9 @@ def test_a_missing_topology_is_a_clear_error(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not SLOW, reason="loads the real voice-assistant models; set OMNICTL_SLOW=1")
-def test_default_serve_answers_the_printed_curl_with_speech(tmp_path: Path) -> None:
-    server = start_server()
+def test_default_serve_answers_the_printed_curl_with_speech_and_bench_measures_it(tmp_path: Path) -> None:
+    """The README quick start: `omnictl serve`, the curl it prints, then `omnictl bench` against it."""
+    server = start_server(ready_timeout=900)
     try:
         command = next(line.strip() for line in server.text().splitlines() if line.strip().startswith("curl "))
         answer = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=300)
@@ -68,5 +71,12 @@ def test_default_serve_answers_the_printed_curl_with_speech(tmp_path: Path) -> N
         assert re.search(r"paris", answer.stdout, re.IGNORECASE)
         with wave.open(str(tmp_path / "answer.wav")) as wav:
             assert wav.getnframes() / wav.getframerate() > 0.5  # at least half a second of speech
+        bench = subprocess.run(
+            [sys.executable, "-c", _BENCH, "bench", "--url", server.url, "-n", "2", "--warmup", "0",
+             "--input", "mixed", "--max-tokens", "16", "--no-progress"],
+            cwd=REPO, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+        assert bench.returncode == 0, bench.stdout + bench.stderr
+        assert "2 / 0" in bench.stdout and "time to first audio" in bench.stdout and "thinker" in bench.stdout
     finally:
         assert stop_server(server) == 0

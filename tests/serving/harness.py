@@ -50,7 +50,7 @@ def _pump(server: ServerProcess, ready: threading.Event) -> None:
     ready.set()
 
 
-def start_server(*args: str) -> ServerProcess:
+def start_server(*args: str, ready_timeout: float = READY_TIMEOUT_S) -> ServerProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, "-c", _LAUNCH, "serve", *args, "--port", "0", "--no-dashboard"]
     process = subprocess.Popen(
@@ -59,7 +59,7 @@ def start_server(*args: str) -> ServerProcess:
     server = ServerProcess(process)
     ready = threading.Event()
     threading.Thread(target=_pump, args=(server, ready), daemon=True).start()
-    if not ready.wait(READY_TIMEOUT_S) or not server.url:
+    if not ready.wait(ready_timeout) or not server.url:
         process.kill()
         raise AssertionError(f"omnictl serve did not become ready:\n{server.text()}")
     return server
