@@ -9,7 +9,7 @@ prints :func:`status_line` every few seconds instead.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -20,9 +20,11 @@ from omnictl.profiling.aggregate import Aggregator, EdgeStats, ProfileSnapshot, 
 from omnictl.profiling.units import format_rate, format_seconds
 from omnictl.topology.model import Topology
 
-# Per-stage figures only the runtime knows (from `Pipeline.stats()`):
-# stage -> {"queue_depth": n, "in_flight": n, "batch_size": n}; any key may be missing.
-LiveStats = Mapping[str, Mapping[str, float]]
+# Per-stage figures only the runtime knows: `Pipeline.stats()` as it is, i.e.
+# stage -> {"status": "up"|"down"|"unknown", "requests": n, "queued": n, "running": n, ...};
+# any key may be missing. "requests" shows as in flight, "queued" as the queue depth, and
+# "running" as the batch size unless the scheduler reports `batch_size` in its events.
+LiveStats = Mapping[str, Mapping[str, Any]]
 DashboardMode = Literal["auto", "live", "lines", "off"]
 
 
@@ -79,14 +81,15 @@ def _stage_table(snapshot: ProfileSnapshot, topology: Topology | None, live: Liv
         spec = topology.stages.get(name) if topology is not None else None
         process = spec.process if spec is not None else (stats.process if stats else "-")
         gpu = (",".join(str(g) for g in spec.gpu) or "cpu") if spec is not None else "-"
-        in_flight = runtime.get("in_flight", stats.in_flight if stats else None)
-        batch = runtime.get("batch_size", stats.batch_size if stats else None)
+        in_flight = runtime.get("requests", stats.in_flight if stats else None)
+        batch = stats.batch_size if stats and stats.batch_size is not None else runtime.get("running")
+        down = runtime.get("status") == "down"
         table.add_row(
-            name,
+            Text(f"{name} (down)", style="bold red") if down else name,
             process,
             gpu,
             _number(in_flight),
-            _number(runtime.get("queue_depth")),
+            _number(runtime.get("queued")),
             _number(batch),
             format_rate(stats.items_per_s) if stats else "-",
             *_latencies(stats),
@@ -132,8 +135,8 @@ def _latencies(stats: StageStats | EdgeStats | None) -> tuple[str, str]:
     return format_seconds(stats.p50_s), format_seconds(stats.p99_s)
 
 
-def _number(value: float | None) -> str:
-    if value is None:
+def _number(value: Any) -> str:
+    if not isinstance(value, (int, float)):
         return "-"
     return str(int(value)) if float(value).is_integer() else f"{value:.1f}"
 

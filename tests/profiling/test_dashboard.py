@@ -40,7 +40,12 @@ def _row(text: str, first_cell: str) -> list[str]:
 def test_header_stage_and_edge_rows() -> None:
     now = time.time_ns()
     snapshot = _aggregator(now).snapshot(now)
-    live = {"thinker": {"queue_depth": 3, "in_flight": 2}, "talker": {"batch_size": 4}}
+    # The shape of `Pipeline.stats()`.
+    live = {
+        "thinker": {"status": "up", "process": "thinker", "requests": 2, "queued": 3, "running": 1},
+        "talker": {"status": "up", "process": "talker", "requests": 0, "queued": 0, "running": 4},
+        "code2wav": {"status": "down", "process": "talker"},
+    }
     text = _render(render_dashboard(snapshot, TOPOLOGY, live))
     assert "omnictl · qwen-omni" in text
     assert "in flight 1" in text and "completed 4" in text and "failed 1" in text and "aborted 0" in text
@@ -48,7 +53,10 @@ def test_header_stage_and_edge_rows() -> None:
     assert "time to first text p50 18.30 ms" in text and "first audio p50 30.45 ms" in text
     # stage, process, gpu, in flight, queue, batch, items/s, p50, p99, share
     assert _row(text, "thinker")[:7] == ["thinker", "thinker", "0", "2", "3", "1", "0.8"]
-    assert _row(text, "talker")[:6] == ["talker", "talker", "1", "0", "-", "4"]
+    # batch: the scheduler's reported batch_size wins over the runtime's `running` count
+    assert _row(text, "talker")[:6] == ["talker", "talker", "1", "0", "0", "1"]
+    assert _row(text, "code2wav (down)")[:2] == ["code2wav (down)", "talker"]
+    assert _row(text, "decode")[4] == "-", "no runtime figure: no queue depth"
     assert _row(text, "preprocessing")[:3] == ["preprocessing", "preprocess", "cpu"]
     stream = next(line for line in text.splitlines() if "thinker → talker" in line and "stream" in line)
     assert "relay" in stream and "800 µs" in stream
@@ -56,9 +64,10 @@ def test_header_stage_and_edge_rows() -> None:
 
 def test_stages_without_events_still_get_a_row() -> None:
     now = time.time_ns()
-    text = _render(render_dashboard(Aggregator().snapshot(now), TOPOLOGY))
+    text = _render(render_dashboard(Aggregator().snapshot(now), TOPOLOGY, {"thinker": {"running": 3}}))
     for stage in TOPOLOGY.stages:
         assert _row(text, stage)[0] == stage
+    assert _row(text, "thinker")[5] == "3", "without batch_size events, the runtime's running count"
     assert "in flight 0" in text and "p50 -" in text
 
 
@@ -99,7 +108,7 @@ def test_on_a_terminal_the_dashboard_is_live() -> None:
 
     def live_stats() -> dict[str, dict[str, float]]:
         calls.append(1)
-        return {"thinker": {"queue_depth": 5}}
+        return {"thinker": {"queued": 5}}
 
     dashboard = Dashboard(_aggregator(now), TOPOLOGY, live_stats=live_stats, console=console, refresh_s=0.05)
     assert dashboard.mode == "live"
