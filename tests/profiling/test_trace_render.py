@@ -83,3 +83,13 @@ def test_json_has_events_and_spans() -> None:
     kinds = {span["kind"] for span in document["spans"]}
     assert {"stage", "queue", "build", "prefill", "decode", "fanin_wait", "hop", "stream", "mark"} <= kinds
     assert all(span["duration_ns"] >= 0 for span in document["spans"])
+
+
+def test_a_failed_request_shows_where_it_failed() -> None:
+    events = [e for e in synthetic_request("req-1", TOPOLOGY, start_ns=1000 * MS) if e.ts < 1000 * MS + 12 * MS]
+    events.append(Event(EventKind.FAILED, "req-1", "thinker", "coordinator", 1000 * MS + 12 * MS, {"error": "boom"}))
+    text = _text(events)
+    assert text.splitlines()[0] == "request req-1  failed  12.00 ms"
+    assert _bar(text, "request").endswith("X")
+    assert "failed at thinker +12.00 ms" in text
+    assert not any(line.startswith("code2wav") for line in text.splitlines()), "stages it never reached have no row"
