@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import os
+
+import torch
+
+from omnictl.topology.model import RelayKnobs
+from omnictl.transports.codec import PayloadCodec, decode
+from omnictl.transports.shm import SegmentReader, SlotPool
+
+
+def segments() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("omx")}
+
+
+def make(slot_bytes: int = 1 << 16, slots: int = 2, inline: int = 256) -> PayloadCodec:
+    return PayloadCodec(SlotPool("p", "s", slot_bytes, slots), RelayKnobs(slot_bytes, slots, inline))
+
+
+def test_tiny_payloads_ride_inline() -> None:
+    codec = make()
+    payload = codec.encode({"t": torch.ones(4)})
+    assert payload.shm is None and len(payload.inline) >= 16
+    assert torch.equal(decode(payload, SegmentReader())["t"], torch.ones(4))
+    assert codec.pool.in_use == 0
+
+
+def test_slots_are_reused_after_release_and_oversized_payloads_get_their_own_segment() -> None:
+    before = segments()
+    codec, reader = make(), SegmentReader()
+    first = codec.encode({"t": torch.full((1000,), 1.0)})
+    second = codec.encode({"t": torch.full((1000,), 2.0)})
+    assert first.shm is not None and second.shm is not None
+    assert {first.shm.slot, second.shm.slot} == {0, 1}
+    third = codec.encode({"t": torch.full((1000,), 3.0)})  # both slots taken: dedicated
+    big = codec.encode({"t": torch.zeros(100_000)})  # larger than a slot: dedicated
+    assert third.shm is not None and third.shm.slot == -1 and big.shm is not None and big.shm.slot == -1
+    assert codec.pool.in_use == 4
+    for payload, value in ((first, 1.0), (second, 2.0), (third, 3.0)):
+        assert decode(payload, reader)["t"][0].item() == value
+        assert payload.shm is not None
+        codec.pool.release(payload.shm)
+    assert big.shm is not None
+    codec.pool.release(big.shm)
+    assert codec.pool.in_use == 0
+    reused = codec.encode({"t": torch.full((1000,), 4.0)})
+    assert reused.shm is not None and reused.shm.segment == first.shm.segment
+    reader.close()
+    codec.pool.close()
+    assert segments() <= before
