@@ -1,0 +1,58 @@
+"""Per-stage and per-edge figures from the trace store and from a /metrics scrape."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from omnictl.bench.breakdown import from_metrics, from_trace_store
+from omnictl.profiling.aggregate import Aggregator
+from omnictl.profiling.synthetic import qwen_omni_topology, synthetic_request
+from omnictl.profiling.store import TraceStore
+from omnictl.serving.metrics import ServerMetrics
+
+STAGES = set(qwen_omni_topology().stages)
+
+
+def test_trace_store_breakdown_covers_only_the_measured_requests(tmp_path: Path) -> None:
+    store = TraceStore(tmp_path)
+    t0 = time.time_ns()
+    for i in range(3):
+        store.append(synthetic_request(f"r{i}", start_ns=t0 + i * 10**8, work_ms=2.0))
+    store.append(synthetic_request("other", start_ns=t0, work_ms=500.0))  # someone else's slow request
+    store.close()
+    found = from_trace_store(tmp_path, ["r0", "r1", "r2"], wait_s=0)
+    assert found["source"] == "trace_store" and found["requests"] == 3
+    assert set(found["stages"]) == STAGES
+    for name, stage in found["stages"].items():
+        assert stage["count"] == 3, name
+        assert stage["p50"] <= stage["p90"] <= stage["p99"] < 0.4, name  # the 500 ms request is not in here
+    assert {"prefill", "decode"} <= set(found["stages"]["thinker"]["parts"])
+    assert "thinker->talker (stream)" in found["edges"] and "thinker->decode" in found["edges"]
+    assert all(edge["count"] >= 3 for edge in found["edges"].values())
+
+
+def test_metrics_summaries_round_trip_through_the_exposition() -> None:
+    aggregator = Aggregator(window_s=60)
+    t0 = time.time_ns() - 10**9
+    for i in range(5):
+        aggregator.add(synthetic_request(f"r{i}", start_ns=t0 + i * 10**7))
+    metrics = ServerMetrics()
+    metrics.profile.snapshot = aggregator.snapshot
+    found = from_metrics(metrics.exposition().decode())
+    snapshot = aggregator.snapshot()
+    assert found["source"] == "metrics"
+    assert set(found["stages"]) == set(snapshot.stages)
+    for name, stats in snapshot.stages.items():
+        assert found["stages"][name]["p50"] == pytest.approx(stats.p50_s)
+        assert found["stages"][name]["count"] == stats.done
+    data_edges = {f"{src}->{dst}" for (src, dst, kind) in snapshot.edges if kind == "data"}
+    assert data_edges <= set(found["edges"])
+
+
+def test_no_profiler_means_no_stage_series() -> None:
+    text = ServerMetrics().exposition().decode()
+    assert "omnictl_stage_latency_seconds" not in text
+    assert from_metrics(text) == {"source": "metrics", "stages": {}, "edges": {}}

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from omnictl.bench.report import build_result, compare, load_result, render
+from omnictl.bench.stats import RequestRecord
+
+
+def result(ttft: float, rate: float | None) -> dict:
+    records = [RequestRecord(index=i, ok=True, request_id=f"r{i}", ttft=ttft, e2e=ttft * 4, output_tokens=10,
+                             itl=[0.01], ttfa=ttft * 2, last_audio=ttft * 3, audio_seconds=1.0) for i in range(4)]
+    records.append(RequestRecord(index=4, error="HTTP 500: boom"))
+    return build_result({"target": "t", "rate": rate, "modalities": ("text", "audio")}, records, 2.0, None)
+
+
+def text_of(renderable: object) -> str:
+    console = Console(width=140, record=True, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_table_shows_counts_throughput_latencies_and_errors() -> None:
+    text = text_of(render(result(0.1, None)))
+    assert "4 / 1" in text and "2.00 s" in text
+    assert "requests/s" in text and "2.00" in text  # 4 completed in 2 s
+    assert "100.0" in text  # ttft 0.1 s shown in ms
+    assert "0.300" in text  # RTF 0.3 s of generation per 1 s of audio
+    assert "HTTP 500: boom" in text
+
+
+def test_compare_shows_the_changes_and_differing_settings() -> None:
+    text = text_of(compare(result(0.2, None), result(0.1, 5.0)))
+    row = next(line for line in text.splitlines() if "time to first text p50" in line)
+    assert "200.0" in row and "100.0" in row and "-100.0" in row and "-50.0%" in row
+    assert "the runs differ in rate" in text
+
+
+def test_json_round_trip_and_bad_files(tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(result(0.1, None)))
+    assert load_result(path)["summary"]["completed"] == 4
+    (tmp_path / "bad.json").write_text("[1, 2")
+    with pytest.raises(ValueError, match="not a readable bench result"):
+        load_result(tmp_path / "bad.json")
