@@ -1,50 +1,124 @@
-"""Collector: receives batches on a PULL socket, stores them and feeds the aggregator."""
+"""Collector: receives batches on a PULL socket, stores them and feeds the aggregator,
+in a process of its own (the default) or in a thread of the caller's process."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import zmq
 
 from omnictl.profiling.collector import Collector
+from omnictl.profiling.events import EventKind
 from omnictl.profiling.store import TraceStore
 from omnictl.profiling.synthetic import synthetic_request
 
 
-def test_local_recorder_events_are_stored_and_aggregated(tmp_path: Path) -> None:
+@pytest.fixture(params=[True, False], ids=["own-process", "thread"])
+def separate_process(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
+
+
+def _wait_until(condition: "object", timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            return False
+        pause.wait(0.02)
+    return True
+
+
+def test_local_recorder_events_are_stored_and_aggregated(tmp_path: Path, separate_process: bool) -> None:
     address = f"ipc://{tmp_path}/c.sock"
-    with Collector(tmp_path / "run", address) as collector:
+    events = synthetic_request("req-1")
+    with Collector(tmp_path / "run", address, separate_process=separate_process) as collector:
+        assert (collector.pid != os.getpid()) is separate_process
         recorder = collector.local_recorder()
-        for event in synthetic_request("req-1"):
+        for event in events:
             recorder.record(event.kind, event.request_id, event.stage, **event.meta)
         recorder.close()
-        assert collector.wait_for(len(synthetic_request("req-1")), timeout=10)
-    assert collector.aggregator.snapshot().header.completed == 1
+        assert collector.wait_for(len(events), timeout=10)
+        assert collector.aggregator.snapshot().header.completed == 1
+    assert collector.received == len(events)
+    assert collector.aggregator.snapshot().header.completed == 1, "figures stay readable after close"
     # Readable by a fresh store, as `omnictl trace` does after the server stopped.
     stored = TraceStore(tmp_path / "run").events("req-1")
-    assert stored[0].kind.value == "admitted"
+    assert stored[0].kind is EventKind.ADMITTED
     assert {e.process for e in stored} == {"coordinator"}
 
 
-def test_malformed_messages_are_counted_and_skipped(tmp_path: Path) -> None:
+def test_malformed_messages_are_counted_and_skipped(tmp_path: Path, separate_process: bool) -> None:
     address = f"ipc://{tmp_path}/c.sock"
-    with Collector(tmp_path / "run", address) as collector:
+    with Collector(tmp_path / "run", address, separate_process=separate_process) as collector:
         context = zmq.Context()
         push = context.socket(zmq.PUSH)
         push.connect(address)
         push.send(b"not msgpack at all \xff")
         recorder = collector.local_recorder("other")
-        recorder.record(synthetic_request("r")[0].kind, "r")
+        recorder.record(EventKind.ADMITTED, "r")
         recorder.close()
         assert collector.wait_for(1, timeout=10)
+        assert _wait_until(lambda: collector.malformed == 1, timeout=10)
         push.close(linger=0)
         context.term()
     assert collector.malformed == 1
     assert collector.store.request_ids() == [("r", None)]
 
 
-def test_bind_failure_names_the_address(tmp_path: Path) -> None:
+def test_bind_failure_names_the_address(tmp_path: Path, separate_process: bool) -> None:
     address = f"ipc://{tmp_path}/no-such-dir/c.sock"
     with pytest.raises(OSError, match="no-such-dir"):
-        Collector(tmp_path / "run", address).start()
+        Collector(tmp_path / "run", address, separate_process=separate_process).start()
+
+
+def test_a_dead_collector_process_does_not_hang_its_users(tmp_path: Path) -> None:
+    collector = Collector(tmp_path / "run", f"ipc://{tmp_path}/c.sock").start()
+    recorder = collector.local_recorder()
+    recorder.record(EventKind.ADMITTED, "r")
+    recorder.flush()
+    assert collector.wait_for(1, timeout=10)
+    before = collector.aggregator.snapshot()
+    os.kill(collector.pid, signal.SIGKILL)
+    assert before.header.in_flight == 1
+    assert collector.aggregator.snapshot() == before, "the last figures, not a hang or a crash"
+    with pytest.raises(RuntimeError, match="not answering"):
+        collector.received
+    recorder.record(EventKind.COMPLETED, "r")  # recording carries on, into the void
+    recorder.close(timeout=0.1)
+    collector.close()
+
+
+def test_the_collector_process_exits_with_its_parent(tmp_path: Path) -> None:
+    script = (
+        "import sys, threading; from pathlib import Path; from omnictl.profiling.collector import Collector\n"
+        f"c = Collector(Path({str(tmp_path / 'run')!r}), 'ipc://{tmp_path}/c.sock').start()\n"
+        "print(c.pid, flush=True); threading.Event().wait()\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    collector_pid = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+
+    def gone() -> bool:
+        try:
+            os.kill(collector_pid, 0)
+        except ProcessLookupError:
+            return True
+        # A zombie (dead, unreaped by its dead parent) counts as gone.
+        return Path(f"/proc/{collector_pid}/stat").read_text().split(")")[1].split()[0] == "Z"
+
+    assert _wait_until(gone, timeout=10), "the orphaned collector process kept running"
+
+
+def test_control_address_is_needed_beyond_ipc(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="control_address"):
+        Collector(tmp_path, "tcp://127.0.0.1:5555")
+    assert Collector(tmp_path, "tcp://127.0.0.1:5555", separate_process=False).control_address is None

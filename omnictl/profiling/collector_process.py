@@ -1,0 +1,198 @@
+"""The collector's own process, and the coordinator-side handle that talks to it.
+
+Decoding, storing and aggregating every event costs CPU; in the coordinator's process it
+would also hold the coordinator's GIL, stalling the one component every request goes
+through. So by default the collector runs here, in a child process started with
+``python -m omnictl.profiling.collector_process``: its config arrives as one JSON line on
+stdin, it answers ``ready`` (or ``error: ...``) on stdout, then serves control requests
+(snapshot, counts, stop) on a REP socket while it receives events. It exits when told to,
+or when its parent is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import IO
+
+import msgspec
+import zmq
+
+from omnictl.profiling.aggregate import Aggregator, ProfileSnapshot
+from omnictl.profiling.receiver import Receiver
+from omnictl.profiling.store import TraceStore
+
+_PARENT_CHECK_MS = 200
+_START_TIMEOUT_S = 60.0  # a cold interpreter on a busy machine takes seconds
+_STOP_TIMEOUT_S = 5.0
+
+
+class CollectorConfig(msgspec.Struct, frozen=True):
+    run_dir: str
+    address: str
+    control_address: str
+    window_s: float
+    segment_bytes: int
+    max_segments: int
+    parent_pid: int
+
+
+class ControlRequest(msgspec.Struct, frozen=True):
+    """``op``: snapshot (aggregates as of ``now``), counts, or stop (drain, reply with the
+    final counts and snapshot, then exit)."""
+
+    op: str
+    now: int | None = None
+    drain_s: float = 0.2
+
+
+class Counts(msgspec.Struct, frozen=True):
+    received: int
+    malformed: int
+
+
+class ControlReply(msgspec.Struct, frozen=True):
+    counts: Counts
+    snapshot: ProfileSnapshot | None = None
+
+
+def serve(config: CollectorConfig) -> None:
+    """Receive events and answer control requests until told to stop or orphaned."""
+    aggregator = Aggregator(window_s=config.window_s)
+    store = TraceStore(Path(config.run_dir), config.segment_bytes, config.max_segments)
+    receiver = Receiver(config.address, store, aggregator)
+    context = zmq.Context()
+    control = context.socket(zmq.REP)
+    control.setsockopt(zmq.LINGER, 1000)
+    try:
+        control.bind(config.control_address)
+    except zmq.ZMQError as error:
+        receiver.close()
+        raise OSError(f"profiling collector cannot bind {config.control_address}: {error}") from error
+    print("ready", flush=True)
+    poller = zmq.Poller()
+    poller.register(receiver.socket, zmq.POLLIN)
+    poller.register(control, zmq.POLLIN)
+    decoder = msgspec.msgpack.Decoder(ControlRequest)
+    encoder = msgspec.msgpack.Encoder()
+    try:
+        while os.getppid() == config.parent_pid:
+            ready = dict(poller.poll(_PARENT_CHECK_MS))
+            if receiver.socket in ready:
+                receiver.take_ready()
+            if control in ready:
+                request = decoder.decode(control.recv())
+                if request.op == "stop":
+                    receiver.drain(request.drain_s)
+                counts = Counts(receiver.received, receiver.malformed)
+                snapshot = aggregator.snapshot(request.now) if request.op in ("snapshot", "stop") else None
+                control.send(encoder.encode(ControlReply(counts, snapshot)))
+                if request.op == "stop":
+                    return
+    finally:
+        receiver.close()
+        control.close()
+        context.term()
+
+
+class CollectorProcess:
+    """The coordinator's handle on the collector process: start, ask, stop."""
+
+    def __init__(self, config: CollectorConfig) -> None:
+        self.config = config
+        self._lock = threading.Lock()  # one request at a time on the REQ socket
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "omnictl.profiling.collector_process"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+        )
+        assert self._process.stdin is not None and self._process.stdout is not None
+        self._process.stdin.write(msgspec.json.encode(config) + b"\n")
+        self._process.stdin.close()
+        line = _read_line(self._process.stdout, _START_TIMEOUT_S)
+        if line != "ready":
+            self._process.kill()
+            self._process.wait()
+            detail = line.removeprefix("error: ") if line else f"no answer within {_START_TIMEOUT_S:g} s"
+            raise OSError(f"profiling collector did not start: {detail}")
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.REQ)
+        # A timed-out request must not wedge the socket, and its late reply must be ignored.
+        self._socket.setsockopt(zmq.REQ_RELAXED, 1)
+        self._socket.setsockopt(zmq.REQ_CORRELATE, 1)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.connect(config.control_address)
+        self._decoder = msgspec.msgpack.Decoder(ControlReply)
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def ask(self, request: ControlRequest, timeout_s: float) -> ControlReply | None:
+        """The collector's reply, or None when it did not answer within ``timeout_s``."""
+        with self._lock:
+            if self._process.poll() is not None:
+                return None
+            self._socket.send(msgspec.msgpack.encode(request))
+            if not self._socket.poll(int(timeout_s * 1000)):
+                return None
+            return self._decoder.decode(self._socket.recv())
+
+    def stop(self, drain_s: float) -> ControlReply | None:
+        reply = self.ask(ControlRequest("stop", drain_s=drain_s), timeout_s=drain_s + _STOP_TIMEOUT_S)
+        try:
+            self._process.wait(_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._socket.close()
+        self._context.term()
+        if self._process.stdout is not None:
+            self._process.stdout.close()
+        return reply
+
+
+class RemoteAggregator:
+    """``snapshot()`` from the collector process; the last good one when it does not answer."""
+
+    def __init__(self, process: CollectorProcess, window_s: float, timeout_s: float = 2.0) -> None:
+        self.window_s = window_s
+        self._process = process
+        self._timeout_s = timeout_s
+        self._last: ProfileSnapshot = Aggregator(window_s).snapshot()
+
+    def snapshot(self, now: int | None = None) -> ProfileSnapshot:
+        reply = self._process.ask(ControlRequest("snapshot", now=now), self._timeout_s)
+        if reply is not None and reply.snapshot is not None:
+            self._last = reply.snapshot
+        return self._last
+
+    def keep(self, snapshot: ProfileSnapshot) -> None:
+        """Hold ``snapshot`` as the latest (the collector's final one, once it stopped)."""
+        self._last = snapshot
+
+
+def _read_line(stream: IO[bytes], timeout_s: float) -> str | None:
+    """One line from a child's stdout, or None if none comes within ``timeout_s``."""
+    ready, _, _ = select.select([stream], [], [], timeout_s)
+    if not ready:
+        return None
+    return stream.readline().decode(errors="replace").strip()
+
+
+def main() -> None:
+    config = msgspec.json.decode(sys.stdin.buffer.readline(), type=CollectorConfig)
+    try:
+        serve(config)
+    except OSError as error:
+        print(f"error: {error}", flush=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

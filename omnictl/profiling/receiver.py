@@ -1,0 +1,67 @@
+"""The receiving end of profiling: a PULL socket whose batches go to the store and aggregator.
+
+Shared by both ways of running a collector (a thread of the coordinator's process, or a
+process of its own); whoever owns it polls ``socket`` and calls ``take_ready``.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import zmq
+
+from omnictl.profiling.aggregate import Aggregator
+from omnictl.profiling.events import Event
+from omnictl.profiling.store import TraceStore
+
+# Batches taken per call, so a flood of events never starves whoever else the owner serves.
+_MAX_BATCHES_PER_CALL = 64
+
+
+class Receiver:
+    def __init__(self, address: str, store: TraceStore, aggregator: Aggregator) -> None:
+        self.address = address
+        self.store = store
+        self.aggregator = aggregator
+        self.received = 0  # events received so far
+        self.malformed = 0  # messages that were not a msgpack list[Event]
+        self._decoder = msgspec.msgpack.Decoder(list[Event])
+        self._context = zmq.Context()
+        self.socket = self._context.socket(zmq.PULL)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        try:
+            self.socket.bind(address)
+        except zmq.ZMQError as error:
+            self.socket.close()
+            self._context.term()
+            raise OSError(f"profiling collector cannot bind {address}: {error}") from error
+
+    def take_ready(self) -> int:
+        """Store and aggregate the batches waiting now; returns how many events that was."""
+        taken = 0
+        for _ in range(_MAX_BATCHES_PER_CALL):
+            try:
+                message = self.socket.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            try:
+                events = self._decoder.decode(message.buffer)
+            except msgspec.DecodeError:
+                self.malformed += 1
+                continue
+            self.store.append(events)
+            self.aggregator.add(events)
+            taken += len(events)
+        self.received += taken
+        return taken
+
+    def drain(self, timeout_s: float) -> None:
+        """Take what recorders flushed on their way out, until nothing came for ``timeout_s``."""
+        poller = zmq.Poller()
+        poller.register(self.socket, zmq.POLLIN)
+        while poller.poll(int(timeout_s * 1000)):
+            self.take_ready()
+
+    def close(self) -> None:
+        self.socket.close()
+        self._context.term()
+        self.store.close()
