@@ -22,13 +22,11 @@ def serve_command(
     request_timeout: Annotated[float, typer.Option("--request-timeout", help="Seconds before a request fails.")] = 300.0,
 ) -> None:
     """Serve a topology over an OpenAI-compatible HTTP API (chat completions with text and audio)."""
-    import asyncio
-
     from rich.console import Console
 
     from omnictl.exceptions import OmnictlError
     from omnictl.serving.protocol import Limits
-    from omnictl.serving.server import Listening, ServeOptions, run_server
+    from omnictl.serving import Listening, ServeOptions, serve
     from omnictl.serving.ready import ready_message
 
     console = Console()
@@ -55,7 +53,7 @@ def serve_command(
         errors.print(f"[yellow]warning:[/] serving on {host} without --api-key: anyone who can reach it can use it")
     console.print(f"omnictl serve: launching {topology or 'the embedded voice assistant'} (loading models)...")
     try:
-        asyncio.run(run_server(options, on_ready))
+        serve(options, on_ready)
     except OmnictlError as exc:  # every deliberate error: bad topology, stage failed to start, port busy
         errors.print(f"[red]error:[/] {exc}")
         raise typer.Exit(1) from exc

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -22,6 +22,11 @@ from omnictl.serving.metrics import ServerMetrics
 from omnictl.serving.protocol import ChatRequest
 from omnictl.serving.responses import ChunkTranslator, build_completion
 from omnictl.serving.sse import DONE, error_body, sse_error, sse_event
+
+
+# what a terminal that breaks the output convention makes the encoders raise
+BAD_STAGE_OUTPUT = (KeyError, TypeError, ValueError)
+Abort = Callable[[str], Awaitable[Any]]
 
 
 class PipelineEvent(Protocol):
@@ -85,7 +90,7 @@ def _error_of(event: PipelineEvent) -> str:
     return message
 
 
-async def stream_chunks(tracked: Tracked, translator: ChunkTranslator) -> AsyncIterator[bytes]:
+async def stream_chunks(tracked: Tracked, translator: ChunkTranslator, abort: Abort) -> AsyncIterator[bytes]:
     """The SSE body: a role chunk, deltas as they come, a usage chunk, ``[DONE]``."""
     yield sse_event(translator.first())
     try:
@@ -107,13 +112,13 @@ async def stream_chunks(tracked: Tracked, translator: ChunkTranslator) -> AsyncI
             yield sse_event(translator.last())
             tracked.finish("completed")
         yield DONE
-    except Exception as exc:
-        # a broken chunk (a stage returned something that is not audio) must end the
-        # stream with an error event, never a hung or silently cut connection
+    except BAD_STAGE_OUTPUT as exc:
+        # a stage broke the terminal convention (audio that is not a waveform, no
+        # sample_rate): end the stream with an error event, never a silently cut connection
         tracked.finish("failed")
-        yield sse_error(f"{type(exc).__name__}: {exc}", "server_error", "internal_error")
+        await abort(tracked.request.id)  # the other terminals may still be working on it
+        yield sse_error(f"a terminal's output could not be sent: {type(exc).__name__}: {exc}", "server_error", "bad_stage_output")
         yield DONE
-        raise
 
 
 async def _collect(tracked: Tracked, produces: dict[str, str]) -> dict[str, dict[str, Any]] | tuple[int, str, str]:
@@ -139,9 +144,7 @@ async def _client_left(request: Request) -> None:
         pass
 
 
-async def complete(
-    tracked: Tracked, produces: dict[str, str], request: Request, headers: dict[str, str], abort: Any
-) -> Response:
+async def complete(tracked: Tracked, produces: dict[str, str], request: Request, abort: Abort) -> Response:
     """The non-streamed response; a client that leaves while waiting aborts the request."""
     work = asyncio.create_task(_collect(tracked, produces))
     watch = asyncio.create_task(_client_left(request))
@@ -152,27 +155,26 @@ async def complete(
             await work
         await abort(tracked.request.id)
         tracked.finish("aborted")
-        return Response(status_code=499, headers=headers)
+        return Response(status_code=499)  # nobody reads it: the client has gone
     watch.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await watch
+    outcome = work.result()
+    if isinstance(outcome, tuple):
+        status, message, code = outcome
+        tracked.finish("failed" if code == "stage_failed" else "aborted")
+        return JSONResponse(error_body(message, "server_error", code), status_code=status)
     try:
-        outcome = work.result()
-        if isinstance(outcome, tuple):
-            status, message, code = outcome
-            tracked.finish("failed" if code == "stage_failed" else "aborted")
-            return JSONResponse(error_body(message, "server_error", code), status_code=status, headers=headers)
         body = build_completion(tracked.request.id, tracked.chat.model, produces, outcome, tracked.chat.audio_format)
-    except Exception:
+    except BAD_STAGE_OUTPUT as exc:
         tracked.finish("failed")
-        raise
+        message = f"a terminal's output could not be sent: {type(exc).__name__}: {exc}"
+        return JSONResponse(error_body(message, "server_error", "bad_stage_output"), status_code=500)
     tracked.finish("completed")
-    return JSONResponse(body, headers=headers)
+    return JSONResponse(body)
 
 
-def stream_response(
-    tracked: Tracked, produces: dict[str, str], headers: dict[str, str], abort: Any
-) -> EventStreamResponse:
+def stream_response(tracked: Tracked, produces: dict[str, str], abort: Abort) -> EventStreamResponse:
     translator = ChunkTranslator(tracked.request.id, tracked.chat.model, produces, tracked.chat.audio_format)
 
     async def on_disconnect() -> None:
@@ -180,4 +182,4 @@ def stream_response(
             await abort(tracked.request.id)
             tracked.finish("aborted")
 
-    return EventStreamResponse(stream_chunks(tracked, translator), on_disconnect, headers)
+    return EventStreamResponse(stream_chunks(tracked, translator, abort), on_disconnect)

@@ -1,7 +1,7 @@
 """Fast plain-function stages for the HTTP tests: a real pipeline with no model in it.
 
 ``prep`` reads the last user message (text, or a note about its audio) and fails on
-the word "explode"; ``answer`` streams "echo: <question>" word by word as the text
+the word "explode"; ``speak`` sends a chunk that is not audio for the word "garble"; ``answer`` streams "echo: <question>" word by word as the text
 terminal; ``speak`` streams one short tone per word as the audio terminal. The word
 "slowly" makes both terminals wait between chunks, so a test can leave mid-request.
 """
@@ -74,6 +74,9 @@ def speak() -> Callable[[dict[str, Any]], Iterator[dict[str, Any]]]:
         for word in data["words"]:
             if data["slow"]:
                 time.sleep(SLOW_CHUNK_S)
+            if word == "garble":  # breaks the audio terminal convention: not a waveform
+                yield {"audio": "static", "sample_rate": RATE, "transcript": word}
+                continue
             chunk = tone(0.1)
             chunks.append(chunk)
             yield {"audio": chunk, "sample_rate": RATE, "transcript": word + " "}

@@ -142,3 +142,12 @@ def test_abort_endpoint_ends_the_stream(server: ServerProcess) -> None:
     assert json.loads(rest[-2])["error"]["code"] == "aborted"
     assert httpx.post(server.url + "/v1/requests/to-abort-1/abort", headers=AUTH, timeout=10).status_code == 404
     wait_until(lambda: _idle(server))
+
+
+def test_a_terminal_that_breaks_the_output_convention_is_an_error_not_a_cut_connection(server: ServerProcess) -> None:
+    body = ask("garble slowly", modalities=["text", "audio"], stream=True)  # slowly: still running when it breaks
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=30) as response:
+        events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["code"] == "bad_stage_output"
+    wait_until(lambda: _idle(server), timeout=5)  # aborted at once, not left to finish (~12 s more)
