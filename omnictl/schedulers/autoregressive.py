@@ -30,6 +30,7 @@ import asyncio
 import threading
 import time
 from collections import OrderedDict, deque
+from functools import partial
 from typing import Any, Literal, Mapping, Protocol, runtime_checkable
 
 from omnictl.exceptions import InvalidRequest
@@ -98,6 +99,7 @@ class AutoregressiveScheduler(Scheduler):
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._queued_count = 0
         self._stopping = False
+        self._crashed: str | None = None
         # Owned by the worker thread.
         self._waiting: OrderedDict[str, ArRequest] = OrderedDict()
         self._running: OrderedDict[str, ArRequest] = OrderedDict()
@@ -129,6 +131,13 @@ class AutoregressiveScheduler(Scheduler):
         with self._wake:
             active = rid in self._active
             finished = rid in self._finished
+            crashed = self._crashed
+        if crashed is not None:
+            if not active and not finished:  # the held requests were failed by the crash itself
+                with self._wake:
+                    self._remember_finished(rid)
+                self._fail_now(rid, crashed)
+            return
         if message.kind is IncomingKind.NEW_REQUEST:
             if active and self.start_on == "stream" and self._stream_fed:
                 self._send("feed", rid, (message.data, True))
@@ -181,6 +190,19 @@ class AutoregressiveScheduler(Scheduler):
     # --- worker thread ---------------------------------------------------------------
 
     def _work(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:
+            # A bug outside any one request's compute: fail everything held, refuse new work.
+            reason = f"worker crashed: {type(exc).__name__}: {exc}"
+            with self._wake:
+                self._crashed = reason
+                held = list(self._active)
+            for rid in held:
+                self._fail_now(rid, reason)
+            raise
+
+    def _serve(self) -> None:
         while True:
             idle = not self._admissible() and not self._decodable()
             with self._wake:
@@ -230,7 +252,7 @@ class AutoregressiveScheduler(Scheduler):
             self.profile(EventKind.PREFILL_END, rid, prompt_tokens=output.prompt_tokens)
             request.prompt_tokens = output.prompt_tokens or 0
             self._running[rid] = request
-            self._advance(request, output, seconds=0.0)
+            self._guarded([rid], "sampling/streaming", partial(self._advance, request, output, 0.0))
 
     def _step(self, batch: list[ArRequest]) -> None:
         ids = [request.request_id for request in batch]
@@ -242,7 +264,7 @@ class AutoregressiveScheduler(Scheduler):
         seconds = time.perf_counter() - started
         for request, output in zip(batch, outputs):
             request.decode_steps += 1
-            self._advance(request, output, seconds)
+            self._guarded([request.request_id], "sampling/streaming", partial(self._advance, request, output, seconds))
 
     def _advance(self, request: ArRequest, output: Any, seconds: float) -> None:
         request.decode_seconds += seconds

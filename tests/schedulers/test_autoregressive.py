@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 import torch
 
 from tests.schedulers.harness import GatedRunner, Outcome, RecordingProfiler, new_request, pump, wait_for_condition
 from omnictl.models.hf_causal_lm import HFCausalLMRunner
 from omnictl.profiling.events import EventKind
 from omnictl.schedulers.autoregressive import AutoregressiveScheduler
+from omnictl.schedulers.runner import StepOutput
 
 PROMPTS = {"short": "hi", "medium": "the quick brown fox", "long": "a much longer prompt that has many more tokens in it"}
 
@@ -227,3 +229,68 @@ def test_profiling_events_cover_prefill_first_emit_and_decode_steps(runner: HFCa
     steps = [meta for kind, _, meta in profiler.events if kind is EventKind.DECODE_STEPS][0]
     assert steps["steps"] == 5  # the first token comes from the prefill
     assert isinstance(steps["seconds"], float) and steps["seconds"] > 0
+
+
+class NanFor(GatedRunner):
+    """Test double: the real runner, but one request's scores turn to NaN at its 3rd step."""
+
+    def __init__(self, inner: HFCausalLMRunner, victim: str) -> None:
+        super().__init__(inner)
+        self.victim = victim
+        self.steps = 0
+
+    def decode(self, request_ids: Any, token_ids: Any) -> Any:
+        outputs = super().decode(request_ids, token_ids)
+        if self.victim in request_ids:
+            self.steps += 1
+            if self.steps == 3:
+                row = list(request_ids).index(self.victim)
+                outputs[row] = StepOutput(logits=torch.full_like(outputs[row].logits, float("nan")))
+        return outputs
+
+
+def test_a_request_whose_sampling_fails_leaves_and_the_rest_carry_on(runner: HFCausalLMRunner) -> None:
+    sampled = {"max_tokens": 8, "temperature": 1.0, "seed": 1}
+
+    async def scenario() -> dict[str, Outcome]:
+        scheduler = AutoregressiveScheduler(NanFor(runner, "victim"))
+        scheduler.stage_name = "thinker"
+        await scheduler.start()
+        try:
+            return await generate(scheduler, {"victim": ({"prompt": "x"}, sampled), "other": ({"prompt": "y"}, sampled)})
+        finally:
+            await scheduler.stop()
+
+    outcomes = run(scenario())
+    assert "thinker" in outcomes["victim"].error and "sampling" in outcomes["victim"].error
+    assert outcomes["other"].result["completion_tokens"] == 8
+    assert outcomes["other"].result["token_ids"] == run(solo(runner, "y", **sampled)).result["token_ids"]
+    assert runner.kv_slots() == 0
+
+
+class BrokenReady(GatedRunner):
+    """Test double whose stream-input readiness check raises: a bug outside any request's compute."""
+
+    def feed(self, request_id: str, data: Any, *, done: bool) -> None:
+        return None
+
+    def ready(self, request_id: str) -> bool:
+        raise RuntimeError("ready() is broken")
+
+
+# The worker re-raises so the traceback reaches the stage's stderr; pytest reports that as a warning.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_crashed_worker_fails_held_and_new_requests_instead_of_hanging(runner: HFCausalLMRunner) -> None:
+    async def scenario() -> dict[str, Outcome]:
+        scheduler = AutoregressiveScheduler(BrokenReady(runner))
+        await scheduler.start()
+        try:
+            first = await generate(scheduler, {"held": ({"prompt": "x"}, {"max_tokens": 3})})
+            later = await generate(scheduler, {"later": ({"prompt": "x"}, {"max_tokens": 3})})
+            return {**first, **later}
+        finally:
+            await scheduler.stop()
+
+    outcomes = run(scenario())
+    assert "worker crashed" in outcomes["held"].error and "ready() is broken" in outcomes["held"].error
+    assert "worker crashed" in outcomes["later"].error
