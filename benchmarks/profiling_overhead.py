@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 import time
@@ -27,15 +28,17 @@ from omnictl.profiling.recorder import Recorder
 from omnictl.profiling.synthetic import synthetic_request
 
 
-def record_cost(address: str, events: int) -> float:
-    """ns per ``record`` call (shipping thread running, buffer large enough to keep all)."""
-    recorder = Recorder("bench", address, capacity=events + 1, flush_interval=0.05)
-    started = time.perf_counter_ns()
+def record_cost(directory: Path, events: int) -> tuple[float, float]:
+    """CPU ns per ``record`` call, and per event to encode and ship a batch (to no one)."""
+    recorder = Recorder("bench", f"ipc://{directory}/nobody.sock", capacity=events + 1, flush_interval=3600)
+    started = time.thread_time_ns()
     for index in range(events):
         recorder.record(EventKind.HOP_SENT, "req-1234", "thinker", target="talker", bytes=index, transport="shm")
-    elapsed = time.perf_counter_ns() - started
-    recorder.close(timeout=1.0)
-    return elapsed / events
+    recorded = time.thread_time_ns()
+    recorder.flush()
+    shipped = time.thread_time_ns()
+    recorder.close(timeout=0)
+    return (recorded - started) / events, (shipped - recorded) / events
 
 
 def collector_throughput(directory: Path, requests: int) -> float:
@@ -68,23 +71,37 @@ def noop_topology(directory: Path) -> Path:
     return path
 
 
-async def pipeline_rate(topology: Path, run_dir: Path, profile: bool, requests: int, concurrency: int) -> float:
-    """Requests per second through the pipeline (launch excluded)."""
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of these processes (Linux /proc; 10 ms ticks per process)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
+
+
+async def pipeline_round(
+    topology: Path, run_dir: Path, profile: bool, requests: int, concurrency: int
+) -> tuple[float, float]:
+    """Requests per second through the pipeline (launch excluded), and CPU ms per request
+    summed over the coordinator's process, every stage process and the collector's."""
     import omnictl
 
     async with omnictl.Pipeline.launch(topology, device="cpu", run_dir=run_dir, profile=profile) as pipe:
-        async def one(index: int) -> None:
-            handle = await pipe.submit({"text": f"request {index}"})
-            await handle.result()
-
         async def worker(offset: int, count: int) -> None:
             for index in range(offset, count, concurrency):
-                await one(index)
+                handle = await pipe.submit({"text": f"request {index}"})
+                await handle.result()
 
         await asyncio.gather(*(worker(w, 20) for w in range(concurrency)))  # warm up
-        started = time.perf_counter()
+        pids = [os.getpid(), *pipe.process_ids().values()]
+        if pipe.profile is not None and pipe.profile.pid not in pids:
+            pids.append(pipe.profile.pid)  # the collector's own process
+        cpu_before, started = cpu_seconds(pids), time.perf_counter()
         await asyncio.gather(*(worker(w, requests) for w in range(concurrency)))
-        return requests / (time.perf_counter() - started)
+        elapsed, cpu = time.perf_counter() - started, cpu_seconds(pids) - cpu_before
+        return requests / elapsed, cpu / requests * 1000
 
 
 def main() -> None:
@@ -98,26 +115,28 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="omnictl-bench-") as tmp:
         directory = Path(tmp)
-        with Collector(directory / "micro", f"ipc://{directory}/live.sock"):
-            live = record_cost(f"ipc://{directory}/live.sock", args.events)
-        dead = record_cost(f"ipc://{directory}/nobody.sock", args.events)
-        print(f"record(): {live:.0f} ns/event with a collector, {dead:.0f} ns/event with none listening")
+        record_ns, ship_ns = record_cost(directory, args.events)
+        print(f"record(): {record_ns:.0f} ns/event; encoding and shipping: {ship_ns:.0f} ns/event (CPU time)")
         print(f"collector: {collector_throughput(directory, 2000):,.0f} events/s decoded, stored and aggregated")
         if args.skip_pipeline:
             return
         topology = noop_topology(directory)
         rates: dict[bool, list[float]] = {False: [], True: []}
+        cpu: dict[bool, list[float]] = {False: [], True: []}
         for round_index in range(args.rounds):
             for profile in (False, True):
                 run_dir = directory / f"run-{round_index}-{profile}"
-                rate = asyncio.run(pipeline_rate(topology, run_dir, profile, args.requests, args.concurrency))
+                rate, cpu_ms = asyncio.run(pipeline_round(topology, run_dir, profile, args.requests, args.concurrency))
                 rates[profile].append(rate)
-                print(f"  round {round_index + 1}: profiling {'on ' if profile else 'off'} {rate:8.1f} req/s")
+                cpu[profile].append(cpu_ms)
+                print(f"  round {round_index + 1}: profiling {'on ' if profile else 'off'} {rate:8.1f} req/s  {cpu_ms:.3f} CPU ms/request")
         off, on = statistics.median(rates[False]), statistics.median(rates[True])
+        cpu_off, cpu_on = statistics.median(cpu[False]), statistics.median(cpu[True])
         print(
             f"no-op 3-stage pipeline ({args.requests} requests, concurrency {args.concurrency}, "
-            f"median of {args.rounds}): off {off:.1f} req/s, on {on:.1f} req/s, "
-            f"on/off = {on / off:.1%} ({(on - off) / off:+.1%})"
+            f"median of {args.rounds} interleaved rounds):\n"
+            f"  throughput  off {off:.1f} req/s, on {on:.1f} req/s: on/off = {on / off:.1%}\n"
+            f"  CPU         off {cpu_off:.3f} ms/request, on {cpu_on:.3f} ms/request: {(cpu_on - cpu_off) / cpu_off:+.1%}"
         )
 
 
