@@ -2,10 +2,11 @@
 
 ``record`` is on the data path of every stage, so it only appends to a deque (atomic
 under the GIL, so no lock on the hot path); when the buffer is full it drops the event
-and counts it. A daemon thread ships
-the buffer every ``flush_interval`` seconds as one msgpack-encoded ``list[Event]``
-over a PUSH socket of its own. The socket never blocks either: with the collector gone
-the high-water mark fills up and further batches are dropped (and counted).
+and counts it. A daemon thread ships the buffer every ``flush_interval`` seconds as one
+msgpack-encoded ``list[Event]`` over a PUSH socket of its own. The socket never blocks
+either: with the collector gone the high-water mark fills up and further batches are
+dropped (and counted). Drops are reported to the collector with the next batch that
+gets through, as a ``dropped`` event, so the dashboard can show them.
 """
 
 from __future__ import annotations
