@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
@@ -23,6 +23,9 @@ from transformers.cache_utils import DynamicLayer
 
 from omnictl.exceptions import InvalidRequest
 from omnictl.schedulers.runner import StepOutput
+
+if TYPE_CHECKING:
+    from omnictl.schedulers.autoregressive import AutoregressiveScheduler
 
 _PROMPT_KEYS = ("input_ids", "inputs_embeds", "prompt", "messages")
 
@@ -290,3 +293,28 @@ def _text_messages(messages: Any) -> list[dict[str, str]]:
             raise InvalidRequest(f"messages[{index}].content: expected text", field=f"messages[{index}].content")
         rendered.append({"role": message["role"], "content": content})
     return rendered
+
+
+def causal_lm(
+    model_path: str | Path,
+    device: str = "cpu",
+    *,
+    stream_every: int = 1,
+    max_batch: int = 32,
+    hidden_layer: int | None = None,
+    default_sampling: Mapping[str, Any] | None = None,
+) -> "AutoregressiveScheduler":
+    """Stage factory: a local transformers causal-LM checkpoint in the autoregressive scheduler.
+
+    ``hidden_layer`` set: stream chunks and the result also carry that layer's hidden states.
+    """
+    from omnictl.schedulers.autoregressive import AutoregressiveScheduler
+
+    runner = HFCausalLMRunner.from_pretrained(model_path, device=device, hidden_layer=hidden_layer)
+    return AutoregressiveScheduler(
+        runner,
+        stream_every=stream_every,
+        max_batch=max_batch,
+        emit_hidden=hidden_layer is not None,
+        default_sampling=default_sampling,
+    )

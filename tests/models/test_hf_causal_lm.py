@@ -157,3 +157,32 @@ def test_from_pretrained_loads_a_local_checkpoint(tmp_path: Path, model: Any, to
     out = runner.prefill("r", {"prompt": "abc"})
     reference = model(tokenizer("abc", return_tensors="pt")["input_ids"]).logits[0, -1]
     torch.testing.assert_close(out.logits, reference, rtol=0, atol=1e-5)
+
+
+def test_causal_lm_factory_serves_a_local_checkpoint(tmp_path: Path, model: Any, tokenizer: Any) -> None:
+    import asyncio
+
+    from omnictl.models.hf_causal_lm import causal_lm
+    from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind
+
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    scheduler = causal_lm(tmp_path, hidden_layer=-1, default_sampling={"temperature": 0, "max_tokens": 4})
+
+    async def one() -> Any:
+        await scheduler.start()
+        try:
+            scheduler.inbox.put_nowait(IncomingMessage(IncomingKind.NEW_REQUEST, "r", {"prompt": "abc"}))
+            while True:
+                message = await asyncio.wait_for(scheduler.outbox.get(), timeout=30)
+                if message.kind is not OutgoingKind.STREAM:
+                    return message
+        finally:
+            await scheduler.stop()
+
+    message = asyncio.run(one())
+    assert message.kind is OutgoingKind.RESULT, message.error
+    ids = tokenizer("abc", return_tensors="pt")["input_ids"]
+    expected = model.generate(ids, max_new_tokens=4, do_sample=False)[0, 3:].tolist()
+    assert message.data["token_ids"] == expected
+    assert message.data["hidden"].shape == (4, 32)
