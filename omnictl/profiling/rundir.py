@@ -7,6 +7,8 @@ symlink next to them so ``omnictl trace`` finds the most recent run without flag
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import time
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from omnictl.exceptions import OmnictlError
 from omnictl.topology.model import Topology
 
 RUN_INFO_FILE = "run.json"
+_RUN_NAME = re.compile(r"\d{8}-\d{6}-\d+")  # what default_run_dir names a run
 LATEST_LINK = "latest"
 
 
@@ -53,12 +56,20 @@ def runs_root() -> Path:
     return Path(platformdirs.user_state_dir("omnictl")) / "runs"
 
 
-def default_run_dir() -> Path:
-    """Create ``<state dir>/runs/<YYYYmmdd-HHMMSS-pid>`` and point ``latest`` at it."""
+def default_run_dir(keep: int = 20) -> Path:
+    """Create ``<state dir>/runs/<YYYYmmdd-HHMMSS-pid>`` and point ``latest`` at it.
+
+    Only the newest ``keep`` default runs are kept (each is bounded by the store's
+    rotation), so serving day after day does not fill the disk.
+    """
     root = runs_root()
     run_dir = root / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     run_dir.mkdir(parents=True, exist_ok=True)
     mark_latest(run_dir)
+    runs = sorted(path for path in root.iterdir() if _RUN_NAME.fullmatch(path.name) and path.is_dir())
+    for old in runs[: max(0, len(runs) - keep)]:
+        if old != run_dir:
+            shutil.rmtree(old, ignore_errors=True)
     return run_dir
 
 

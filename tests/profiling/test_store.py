@@ -95,3 +95,16 @@ def test_run_info_round_trips(tmp_path: Path) -> None:
     (tmp_path / "run.json").write_text("{broken")
     with pytest.raises(TraceError, match="run.json"):
         read_run_info(tmp_path)
+
+
+def test_only_the_newest_default_runs_are_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    root = tmp_path / "state" / "omnictl" / "runs"
+    root.mkdir(parents=True)
+    for day in range(1, 6):
+        (root / f"2020010{day}-120000-1").mkdir()
+    (root / "my-notes").mkdir()  # not a default run: never touched
+    newest = default_run_dir(keep=3)
+    assert sorted(p.name for p in root.iterdir() if p.name != "latest") == sorted(
+        ["20200104-120000-1", "20200105-120000-1", newest.name, "my-notes"]
+    )
