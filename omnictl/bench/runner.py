@@ -19,7 +19,7 @@ from omnictl.bench.client import send_request
 from omnictl.bench.loadgen import closed_loop, open_loop
 from omnictl.bench.report import build_result
 from omnictl.bench.stats import RequestRecord
-from omnictl.bench.workload import INPUT_KINDS, build_payload, spoken_sample
+from omnictl.bench.workload import INPUT_KINDS, build_payload, spoken_samples
 from omnictl.exceptions import OmnictlError
 
 
@@ -96,7 +96,7 @@ def _dashboard_of(pipeline: Any) -> Callable[[], RenderableType] | None:
 async def _drive(
     config: BenchConfig, base_url: str, progress: Progress | None
 ) -> tuple[list[RequestRecord], float]:
-    audio = Path(config.audio_file).read_bytes() if config.audio_file else spoken_sample()
+    audio = [Path(config.audio_file).read_bytes()] if config.audio_file else spoken_samples()
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     url = base_url.rstrip("/") + "/v1/chat/completions"
     in_flight = config.concurrency or (1 if config.rate is None else 1000)

@@ -34,19 +34,21 @@ def tone_wav(seconds: float = 1.0, rate: int = 16_000) -> bytes:
     return buffer.getvalue()
 
 
-def spoken_sample() -> bytes:
-    """A spoken question shipped with the package, else a tone."""
-    data_dir = Path(__file__).resolve().parent.parent / "data"
-    samples = sorted(data_dir.glob("*.wav")) if data_dir.is_dir() else []
-    return samples[0].read_bytes() if samples else tone_wav()
+def spoken_samples() -> list[bytes]:
+    """The spoken questions shipped with the package (``omnictl/data/samples``), else a tone."""
+    samples_dir = Path(__file__).resolve().parent.parent / "data" / "samples"
+    samples = sorted(samples_dir.glob("*.wav")) if samples_dir.is_dir() else []
+    return [path.read_bytes() for path in samples] or [tone_wav()]
 
 
 def build_payload(
-    index: int, input_kind: str, modalities: list[str], max_tokens: int | None, audio_wav: bytes
+    index: int, input_kind: str, modalities: list[str], max_tokens: int | None, audio_wavs: list[bytes]
 ) -> dict[str, Any]:
+    """Request ``index`` of a run: questions rotate, and ``mixed`` alternates text and speech."""
     use_audio = input_kind == "audio" or (input_kind == "mixed" and index % 2 == 1)
     if use_audio:
-        part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(audio_wav).decode(), "format": "wav"}}
+        wav = audio_wavs[(index // (2 if input_kind == "mixed" else 1)) % len(audio_wavs)]
+        part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"}}
         content: Any = [part]
     else:
         content = QUESTIONS[index % len(QUESTIONS)]
