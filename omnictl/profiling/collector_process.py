@@ -160,7 +160,7 @@ class CollectorProcess:
 class RemoteAggregator:
     """``snapshot()`` from the collector process; the last good one when it does not answer."""
 
-    def __init__(self, process: CollectorProcess, window_s: float, timeout_s: float = 2.0) -> None:
+    def __init__(self, process: CollectorProcess, window_s: float, timeout_s: float = 0.5) -> None:
         self.window_s = window_s
         self._process = process
         self._timeout_s = timeout_s
