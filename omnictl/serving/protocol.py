@@ -17,6 +17,11 @@ from typing import Any, Callable, Mapping
 from omnictl.exceptions import InvalidRequest
 
 AUDIO_FORMATS = ("wav", "pcm16")
+# OpenAI's own voice names. Clients such as the `openai` package insist on one of them,
+# so they mean "this topology's default voice" rather than failing at the speech stage.
+OPENAI_VOICES = frozenset(
+    {"alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer", "verse", "marin", "cedar"}
+)
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -202,6 +207,8 @@ def parse_chat_request(body: Any, produces: Mapping[str, str], limits: Limits = 
     voice = audio.get("voice")
     if voice is not None:
         _expect(voice, str, "audio.voice", "a string")
+        if voice in OPENAI_VOICES:
+            voice = None
 
     request = ChatRequest(
         model=model,

@@ -77,3 +77,8 @@ def test_oversized_input_audio_is_413() -> None:
     with pytest.raises(PayloadTooLarge):
         parse_chat_request(body(messages=[{"role": "user", "content": content}]), BOTH, Limits(max_audio_bytes=1000))
     parse_chat_request(body(messages=[{"role": "user", "content": content}]), BOTH, Limits(max_audio_bytes=4000))
+
+
+def test_openai_voice_names_mean_the_default_voice() -> None:
+    assert parse_chat_request(body(audio={"voice": "alloy", "format": "wav"}), BOTH).voice is None
+    assert parse_chat_request(body(audio={"voice": "joe", "format": "wav"}), BOTH).voice == "joe"
