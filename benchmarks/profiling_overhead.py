@@ -86,9 +86,9 @@ async def pipeline_round(
 ) -> tuple[float, float]:
     """Requests per second through the pipeline (launch excluded), and CPU ms per request
     summed over the coordinator's process, every stage process and the collector's."""
-    import omnictl
+    from omnictl.pipeline import Pipeline
 
-    async with omnictl.Pipeline.launch(topology, device="cpu", run_dir=run_dir, profile=profile) as pipe:
+    async with Pipeline.launch(topology, device="cpu", run_dir=run_dir, profile=profile) as pipe:
         async def worker(offset: int, count: int) -> None:
             for index in range(offset, count, concurrency):
                 handle = await pipe.submit({"text": f"request {index}"})

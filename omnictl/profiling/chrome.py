@@ -43,8 +43,9 @@ def to_chrome(trace: RequestTrace) -> dict[str, Any]:
 
     def track_of(span: Span) -> tuple[int, int]:
         # Marks the coordinator records about a stage go on the coordinator's own track.
-        own = span.stage is not None and trace.stage_process.get(span.stage) == span.process
-        return ids.pid(span.process), ids.tid(span.process, span.stage if own else REQUEST_TRACK)
+        stage = span.stage
+        own = stage is not None and trace.stage_process.get(stage) == span.process
+        return ids.pid(span.process), ids.tid(span.process, stage if own and stage is not None else REQUEST_TRACK)
 
     def complete(span: Span, pid: int, tid: int, name: str) -> None:
         events.append(

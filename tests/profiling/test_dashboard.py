@@ -41,7 +41,7 @@ def test_header_stage_and_edge_rows() -> None:
     now = time.time_ns()
     snapshot = _aggregator(now).snapshot(now)
     # The shape of `Pipeline.stats()`.
-    live = {
+    live: dict[str, dict[str, object]] = {
         "thinker": {"status": "up", "process": "thinker", "requests": 2, "queued": 3, "running": 1},
         "talker": {"status": "up", "process": "talker", "requests": 0, "queued": 0, "running": 4},
         "code2wav": {"status": "down", "process": "talker"},

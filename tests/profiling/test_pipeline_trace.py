@@ -7,7 +7,7 @@ import asyncio
 import json
 from pathlib import Path
 
-import omnictl
+from omnictl.pipeline import Pipeline
 from omnictl.profiling.chrome import to_chrome
 from omnictl.profiling.events import EventKind
 from omnictl.profiling.spans import build_trace
@@ -20,8 +20,8 @@ def test_a_request_through_eight_stages_is_traced(tmp_path: Path) -> None:
     path = topo.qwen_shaped(tmp_path, tmp_path / "seen.log")
     run_dir = tmp_path / "run"
 
-    async def main() -> tuple[str, omnictl.Pipeline]:
-        async with omnictl.Pipeline.launch(path, device="cpu", run_dir=run_dir, profile=True) as pipe:
+    async def main() -> tuple[str, Pipeline]:
+        async with Pipeline.launch(path, device="cpu", run_dir=run_dir, profile=True) as pipe:
             request = await pipe.submit({"text": "hello", "tag": "r1"})
             await request.result()
             return request.id, pipe

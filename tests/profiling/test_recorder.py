@@ -34,7 +34,7 @@ def test_events_recorded_in_a_child_process_reach_the_collector(tmp_path: Path) 
     assert {e.process for e in events} == {"child-process"}
     assert {e.stage for e in events} == {"thinker"}
     assert all(before <= e.ts <= after for e in events), "timestamps are comparable across processes"
-    assert sorted(e.meta["batch_size"] for e in events) == list(range(3, 500, 5))
+    assert sorted(int(e.meta["batch_size"] or 0) for e in events) == list(range(3, 500, 5))
 
 
 def test_full_buffer_drops_and_counts_and_tells_the_collector(tmp_path: Path) -> None:
