@@ -1,7 +1,8 @@
-"""A stage process that dies: /health turns 503 naming it, requests fail fast, nothing hangs."""
+"""Stage processes that die: open streams end with an error event, /health turns 503, new requests fail fast."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,7 +19,14 @@ def test_a_dead_stage_makes_health_503_and_requests_fail_fast() -> None:
         children = subprocess.run(["pgrep", "-P", str(server.process.pid), "-f", "omnictl.stage.worker"],
                                   capture_output=True, text=True).stdout.split()
         assert len(children) == 2, "the fast topology runs two stage processes"
-        os.kill(int(children[0]), signal.SIGKILL)
+        body = {"messages": [{"role": "user", "content": "answer slowly"}], "stream": True}
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=30) as streaming:
+            lines = streaming.iter_lines()
+            next(line for line in lines if '"content":"echo:"' in line)
+            for child in children:  # mid-answer, every stage process dies
+                os.kill(int(child), signal.SIGKILL)
+            rest = [line[6:] for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "[DONE]" and "error" in json.loads(rest[-2])
 
         def down() -> httpx.Response | None:
             response = httpx.get(server.url + "/health", timeout=10)
