@@ -22,7 +22,7 @@ from omnictl.profiling.store import TraceStore
 
 PARTS = ("fanin_wait", "unpack", "queue", "build", "prefill", "decode")
 _ENDS = {EventKind.COMPLETED, EventKind.FAILED, EventKind.ABORTED}
-_POLL_S = 0.1
+_SETTLE_S = 0.25  # several recorder flush intervals (50 ms each)
 
 
 def edge_name(src: str, dst: str, kind: str) -> str:
@@ -30,17 +30,25 @@ def edge_name(src: str, dst: str, kind: str) -> str:
 
 
 def _gather(store: TraceStore, wanted: set[str], wait_s: float) -> dict[str, list[Event]]:
-    """Events of the wanted requests; waits (up to ``wait_s``) for late batches to land."""
+    """Events of the wanted requests; waits (up to ``wait_s``) for late batches to land.
+
+    Every process ships its own batches, so a stage's events can land after the
+    coordinator's "completed": the store is read until every request has ended and a
+    whole settle period brought nothing new.
+    """
     deadline = time.monotonic() + wait_s
+    previous = -1
     while True:
         grouped: dict[str, list[Event]] = defaultdict(list)
         for event in store.iter_events():
             if event.request_id in wanted:
                 grouped[event.request_id].append(event)
         ended = {rid for rid, events in grouped.items() if any(e.kind in _ENDS for e in events)}
-        if ended >= wanted or time.monotonic() > deadline:
+        count = sum(len(events) for events in grouped.values())
+        if (ended >= wanted and count == previous) or time.monotonic() > deadline:
             return grouped
-        time.sleep(_POLL_S)  # polling a file another process appends to, under a deadline
+        previous = count
+        time.sleep(_SETTLE_S)  # polling a file other processes append to, under a deadline
 
 
 def from_trace_store(run_dir: Path, request_ids: Iterable[str], wait_s: float = 5.0) -> dict[str, Any]:
