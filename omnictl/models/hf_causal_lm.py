@@ -63,7 +63,8 @@ class HFCausalLMRunner:
         hidden_layer: int | None = None,
         extra_stop_token_ids: Sequence[int] = (),
     ) -> None:
-        self.model = model.eval()
+        self.model = model
+        model.eval()  # type: ignore[no-untyped-call]  # transformers leaves it untyped
         self.tokenizer = tokenizer
         self.hidden_layer = hidden_layer
         self.device = next(model.parameters()).device
@@ -81,7 +82,8 @@ class HFCausalLMRunner:
         cls, path: str | Path, *, device: str = "cpu", dtype: torch.dtype = torch.float32, **kwargs: Any
     ) -> "HFCausalLMRunner":
         """Load a local checkpoint directory (nothing is downloaded)."""
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True).to(device)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+        model.to(device)  # type: ignore[arg-type]  # transformers' stubs mistype `to`
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         return cls(model, tokenizer, **kwargs)
 
@@ -102,7 +104,7 @@ class HFCausalLMRunner:
             output_hidden_states=self.hidden_layer is not None,
             **extra,
         )
-        own_cache = [(layer.keys, layer.values) for layer in cache.layers]
+        own_cache = [(keys, values) for keys, values in _layers(cache)]
         self._sequences[request_id] = _Sequence(prompt_length, self.first_decode_position(model_inputs), own_cache)
         return StepOutput(
             logits=out.logits[0, -1].float(),
@@ -200,9 +202,10 @@ class HFCausalLMRunner:
             for row, rid in enumerate(batch.request_ids):
                 sequence = self._sequences.get(rid)
                 if sequence is not None:
+                    pad = batch.pads[row]
                     sequence.own_cache = [
-                        (layer.keys[row : row + 1, :, batch.pads[row] :], layer.values[row : row + 1, :, batch.pads[row] :])
-                        for layer in batch.cache.layers
+                        (keys[row : row + 1, :, pad:], values[row : row + 1, :, pad:])
+                        for keys, values in _layers(batch.cache)
                     ]
         longest = max(self._sequences[rid].length for rid in request_ids)
         pads = [longest - self._sequences[rid].length for rid in request_ids]
@@ -234,7 +237,8 @@ class HFCausalLMRunner:
     def _hidden_row(self, out: Any, row: int) -> torch.Tensor | None:
         if self.hidden_layer is None:
             return None
-        return out.hidden_states[self.hidden_layer][row, -1].float()
+        hidden: torch.Tensor = out.hidden_states[self.hidden_layer][row, -1]
+        return hidden.float()
 
     def _ones(self, length: int) -> torch.Tensor:
         return torch.ones(1, length, dtype=torch.long, device=self.device)
@@ -268,6 +272,16 @@ class HFCausalLMRunner:
             raise ValueError(
                 f"HFCausalLMRunner supports full-attention KV caches only; {type(self.model).__name__} uses {names}"
             )
+
+
+def _layers(cache: DynamicCache) -> KV:
+    """Keys and values of every layer (full-attention layers only: checked at construction)."""
+    layers = []
+    for index, layer in enumerate(cache.layers):
+        if not isinstance(layer, DynamicLayer) or layer.keys is None or layer.values is None:
+            raise RuntimeError(f"KV cache layer {index} is {type(layer).__name__} without keys/values (internal error)")
+        layers.append((layer.keys, layer.values))
+    return layers
 
 
 def _text_messages(messages: Any) -> list[dict[str, str]]:

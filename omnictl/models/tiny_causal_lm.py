@@ -21,13 +21,13 @@ EOS_ID = len(_PRINTABLE)
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
     """One token per printable ASCII character (byte-level), plus ``<eos>``."""
-    byte_chars = bytes_to_unicode()
+    byte_chars: dict[int, str] = bytes_to_unicode()  # type: ignore[no-untyped-call]
     vocab = {byte_chars[byte]: index for index, byte in enumerate(_PRINTABLE)}
     vocab[EOS] = EOS_ID
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOS)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOS)  # type: ignore[no-untyped-call]
 
 
 def tiny_llama(seed: int = 0, *, hidden_size: int = 32, layers: int = 2, eos: bool = True) -> LlamaForCausalLM:
@@ -52,4 +52,6 @@ def tiny_llama(seed: int = 0, *, hidden_size: int = 32, layers: int = 2, eos: bo
         eos_token_id=EOS_ID if eos else None,
     )
     torch.manual_seed(seed)
-    return LlamaForCausalLM(config).eval()
+    model = LlamaForCausalLM(config)
+    model.eval()  # type: ignore[no-untyped-call]  # transformers leaves it untyped
+    return model

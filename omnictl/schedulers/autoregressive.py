@@ -91,6 +91,7 @@ class AutoregressiveScheduler(Scheduler):
         self.default_sampling = SamplingParams.from_mapping(None, defaults=default_sampling, where="default_sampling")
         self._default_sampling_raw = dict(default_sampling or {})
         self._stream_fed = isinstance(runner, StreamFedRunner)
+        self._fed_runner: StreamFedRunner | None = runner if isinstance(runner, StreamFedRunner) else None
         self._stop_ids = set(runner.stop_token_ids())
         # Shared between the loop and the worker, guarded by `_wake`'s lock.
         self._wake = threading.Condition()
@@ -227,12 +228,14 @@ class AutoregressiveScheduler(Scheduler):
         elif kind == "feed":
             if rid in self._waiting or rid in self._running:
                 data, done = payload
-                self._guarded([rid], "reading its input stream", lambda: self.runner.feed(rid, data, done=done))
+                fed_runner = self._fed_runner
+                if fed_runner is not None:
+                    self._guarded([rid], "reading its input stream", lambda: fed_runner.feed(rid, data, done=done))
         elif kind == "abort":
             self._drop(rid)
 
     def _ready(self, rid: str) -> bool:
-        return not self._stream_fed or self.runner.ready(rid)
+        return self._fed_runner is None or self._fed_runner.ready(rid)
 
     def _admissible(self) -> list[str]:
         room = self.max_batch - len(self._running)
