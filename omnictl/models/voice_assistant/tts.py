@@ -20,17 +20,26 @@ DEFAULT_VOICE = "joe"
 
 # A sentence ends at . ! ? ; or : (plus closing quotes/brackets) followed by whitespace, or at a line break.
 _BOUNDARY = re.compile(r"[.!?;:][\"'”’)\]]*\s+|\n+")
+# Text that already ends a sentence, before the next token brings the space: "?" / "!", or a
+# dot right after a letter ("Paris."; not "2." which may become "2.5").
+_ENDS_NOW = re.compile(r"(?:[!?]|(?<=[^\W\d_])\.)[\"'”’)\]]*$")
 # Words whose trailing dot does not end a sentence.
 _ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "prof", "st", "vs", "etc", "e.g", "i.e", "approx", "no", "jr", "sr"}
 _MARKUP = re.compile(r"[*_#`~|>]+")  # markdown the LLM likes to write and nobody should hear
 
 
 class SentenceSplitter:
-    """Cuts a growing text into sentences; ``max_chars`` bounds a sentence that never ends."""
+    """Cuts a growing text into sentences as soon as each one ends.
 
-    def __init__(self, max_chars: int = 250) -> None:
+    ``max_chars`` bounds a sentence that never ends. ``first_clause_chars`` lets the very
+    first piece end at a comma once it is that long, so speech can start sooner.
+    """
+
+    def __init__(self, max_chars: int = 250, first_clause_chars: int | None = 40) -> None:
         self.max_chars = max_chars
+        self.first_clause_chars = first_clause_chars
         self._buffer = ""
+        self._pieces = 0  # handed out so far
 
     def feed(self, delta: str) -> list[str]:
         """Add ``delta``; return the sentences it completed (maybe none)."""
@@ -44,15 +53,27 @@ class SentenceSplitter:
             sentences.append(candidate)
             start = match.end()
         self._buffer = self._buffer[start:]
+        ending = _ENDS_NOW.search(self._buffer)
+        if ending and not (ending.group().startswith(".") and self._is_not_an_ending(self._buffer[: ending.start()])):
+            sentences.append(self._buffer)
+            self._buffer = ""
+        if not sentences and self._pieces == 0 and self.first_clause_chars is not None:
+            comma = self._buffer.find(", ", self.first_clause_chars - 1)
+            if comma >= 0:
+                sentences.append(self._buffer[: comma + 1])
+                self._buffer = self._buffer[comma + 1 :]
         while len(self._buffer) > self.max_chars:
             cut = self._soft_cut(self._buffer)
             sentences.append(self._buffer[:cut])
             self._buffer = self._buffer[cut:]
-        return [s.strip() for s in sentences if s.strip()]
+        pieces = [s.strip() for s in sentences if s.strip()]
+        self._pieces += len(pieces)
+        return pieces
 
     def flush(self) -> list[str]:
         """The rest of the text, as a last sentence (the text is complete)."""
         rest, self._buffer = self._buffer.strip(), ""
+        self._pieces += bool(rest)
         return [rest] if rest else []
 
     @property

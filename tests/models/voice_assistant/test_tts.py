@@ -25,8 +25,26 @@ def test_sentences_come_out_as_soon_as_they_end() -> None:
     assert splitter.flush() == []
 
 
-def test_abbreviations_numbers_and_list_items_do_not_end_a_sentence() -> None:
+def test_a_sentence_ends_with_its_last_token_not_with_the_next_space() -> None:
     splitter = SentenceSplitter()
+    assert splitter.feed("It is Paris.") == ["It is Paris."]
+    assert splitter.feed(" Really?") == ["Really?"]
+    assert splitter.feed(" It has 2.") == []  # may still become 2.5
+    assert splitter.feed("5 million people. See Dr.") == ["It has 2.5 million people."]
+    assert splitter.pending == "See Dr."
+
+
+def test_the_first_piece_may_end_at_a_comma_once_it_is_long_enough() -> None:
+    splitter = SentenceSplitter(first_clause_chars=20)
+    assert splitter.feed("Yes, it is. ") == ["Yes, it is."]  # a short first sentence: no cut at its comma
+    splitter = SentenceSplitter(first_clause_chars=20)
+    assert splitter.feed("Short, then") == []
+    assert splitter.feed(" the largest planet is Jupiter, which") == ["Short, then the largest planet is Jupiter,"]
+    assert splitter.feed(" is big, and gassy.") == ["which is big, and gassy."]  # later pieces end at sentence ends only
+
+
+def test_abbreviations_numbers_and_list_items_do_not_end_a_sentence() -> None:
+    splitter = SentenceSplitter(first_clause_chars=None)
     text = "Dr. Smith lives at No. 5 St. James. It has 2.5 million people. Steps: 1. wake up 2. eat"
     assert feed_words(splitter, text) == ["Dr. Smith lives at No. 5 St. James.", "It has 2.5 million people.", "Steps:"]
     assert splitter.flush() == ["1. wake up 2. eat"]
