@@ -20,9 +20,10 @@ def main() -> None:
 
 
 def _register() -> None:
-    from omnictl.cli import validate
+    from omnictl.cli import bench, serve, trace, validate
 
-    validate.register(app)
+    for command in (validate, serve, bench, trace):
+        command.register(app)
 
 
 _register()
