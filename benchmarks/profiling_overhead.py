@@ -25,7 +25,10 @@ import yaml
 from omnictl.profiling.collector import Collector
 from omnictl.profiling.events import EventKind
 from omnictl.profiling.recorder import Recorder
+from omnictl.profiling.store import TraceStore
 from omnictl.profiling.synthetic import synthetic_request
+
+_WARMUP = 20  # requests before measuring: first-request costs (imports, caches) excluded
 
 
 def record_cost(directory: Path, events: int) -> tuple[float, float]:
@@ -41,8 +44,9 @@ def record_cost(directory: Path, events: int) -> tuple[float, float]:
     return (recorded - started) / events, (shipped - recorded) / events
 
 
-def collector_throughput(directory: Path, requests: int) -> float:
-    """Events per second the collector decodes, stores and aggregates."""
+def collector_cost(directory: Path, requests: int) -> tuple[float, float]:
+    """Events per second the collector process decodes, stores and aggregates (wall), and
+    its CPU microseconds per event."""
     address = f"ipc://{directory}/collector.sock"
     batches = [synthetic_request(f"r{i}") for i in range(requests)]
     total = sum(len(batch) for batch in batches)
@@ -51,13 +55,13 @@ def collector_throughput(directory: Path, requests: int) -> float:
         for batch in batches:
             for event in batch:
                 recorder.record(event.kind, event.request_id, event.stage, **event.meta)
-        started = time.perf_counter()
+        cpu_before, started = cpu_seconds([collector.pid]), time.perf_counter()
         recorder.flush()
         if not collector.wait_for(total, timeout=120):
             raise RuntimeError(f"collector received {collector.received} of {total} events")
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, cpu_seconds([collector.pid]) - cpu_before
         recorder.close()
-    return total / elapsed
+    return total / elapsed, cpu / total * 1e6
 
 
 def noop_topology(directory: Path) -> Path:
@@ -94,7 +98,7 @@ async def pipeline_round(
                 handle = await pipe.submit({"text": f"request {index}"})
                 await handle.result()
 
-        await asyncio.gather(*(worker(w, 20) for w in range(concurrency)))  # warm up
+        await asyncio.gather(*(worker(w, _WARMUP) for w in range(concurrency)))
         pids = [os.getpid(), *pipe.process_ids().values()]
         if pipe.profile is not None and pipe.profile.pid not in pids:
             pids.append(pipe.profile.pid)  # the collector's own process
@@ -117,7 +121,8 @@ def main() -> None:
         directory = Path(tmp)
         record_ns, ship_ns = record_cost(directory, args.events)
         print(f"record(): {record_ns:.0f} ns/event; encoding and shipping: {ship_ns:.0f} ns/event (CPU time)")
-        print(f"collector: {collector_throughput(directory, 2000):,.0f} events/s decoded, stored and aggregated")
+        rate, collector_us = collector_cost(directory, 3000)
+        print(f"collector process: {rate:,.0f} events/s decoded, stored and aggregated; {collector_us:.2f} CPU µs/event")
         if args.skip_pipeline:
             return
         topology = noop_topology(directory)
@@ -130,13 +135,22 @@ def main() -> None:
                 rates[profile].append(rate)
                 cpu[profile].append(cpu_ms)
                 print(f"  round {round_index + 1}: profiling {'on ' if profile else 'off'} {rate:8.1f} req/s  {cpu_ms:.3f} CPU ms/request")
+        recorded = sum(1 for _ in TraceStore(directory / "run-0-True").iter_events())
+        per_request = recorded / (args.requests + _WARMUP)
+        profiling_ms = per_request * (record_ns + ship_ns + collector_us * 1000) / 1e6
+        print(
+            f"  {per_request:.1f} events recorded per request: profiling CPU ≈ {per_request:.1f} × "
+            f"({record_ns:.0f} + {ship_ns:.0f} + {collector_us * 1000:.0f}) ns = {profiling_ms:.3f} ms/request"
+        )
         off, on = statistics.median(rates[False]), statistics.median(rates[True])
         cpu_off, cpu_on = statistics.median(cpu[False]), statistics.median(cpu[True])
         print(
             f"no-op 3-stage pipeline ({args.requests} requests, concurrency {args.concurrency}, "
             f"median of {args.rounds} interleaved rounds):\n"
             f"  throughput  off {off:.1f} req/s, on {on:.1f} req/s: on/off = {on / off:.1%}\n"
-            f"  CPU         off {cpu_off:.3f} ms/request, on {cpu_on:.3f} ms/request: {(cpu_on - cpu_off) / cpu_off:+.1%}"
+            f"  CPU         off {cpu_off:.3f} ms/request, on {cpu_on:.3f} ms/request: {(cpu_on - cpu_off) / cpu_off:+.1%}\n"
+            f"  bottom-up   profiling adds {profiling_ms:.3f} CPU ms to {cpu_off:.3f}: {profiling_ms / cpu_off:+.1%} "
+            f"(throughput bound by CPU: on/off ≈ {cpu_off / (cpu_off + profiling_ms):.1%})"
         )
 
 
