@@ -128,7 +128,14 @@ def create_app(state: ServingState) -> Starlette:
                 return _error(503, "the pipeline is still starting; retry shortly", "server_error", "starting")
             parsed = parse_chat_request(body, pipe.topology.terminals, state.limits)
             parsed = dataclasses.replace(parsed, model=parsed.model or state.model_name)
-            submitted = await pipe.submit(parsed.pipeline_inputs(), parsed.modalities, request_id=request_id)
+            if request_id in state.active:
+                state.metrics.outcome("rejected")
+                return _error(409, f"request id {request_id!r} is already in flight", "invalid_request_error",
+                              "duplicate_request_id", "X-Request-Id")
+            try:
+                submitted = await pipe.submit(parsed.pipeline_inputs(), parsed.modalities, request_id=request_id)
+            except ValueError as exc:  # the coordinator refuses an id it still tracks
+                raise InvalidRequest(str(exc), field="X-Request-Id") from exc
         except InvalidRequest as exc:
             state.metrics.outcome("rejected")
             return _invalid(exc)
