@@ -22,12 +22,12 @@ class TraceFormat(str, enum.Enum):
 
 
 def trace(
-    request_id: Optional[str] = typer.Argument(None, help="The request to show (list ids with --last N or --slowest N)."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory (default: the latest run)."),
+    request_id: Optional[str] = typer.Argument(None, metavar="REQUEST_ID", help="The request to show (list ids with --last N or --slowest N)."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", metavar="DIR", help="Run directory (default: the latest run)."),
     output_format: TraceFormat = typer.Option(TraceFormat.text, "--format", help="text: a waterfall; json: events and spans."),
-    export_chrome: Optional[Path] = typer.Option(None, "--export-chrome", help="Also write Chrome/Perfetto trace JSON to FILE."),
-    last: Optional[int] = typer.Option(None, "--last", min=1, help="List the N most recent request ids."),
-    slowest: Optional[int] = typer.Option(None, "--slowest", min=1, help="List the N slowest finished request ids."),
+    export_chrome: Optional[Path] = typer.Option(None, "--export-chrome", metavar="FILE", help="Also write Chrome/Perfetto trace JSON to FILE."),
+    last: Optional[int] = typer.Option(None, "--last", min=1, metavar="N", help="List the N most recent request ids."),
+    slowest: Optional[int] = typer.Option(None, "--slowest", min=1, metavar="N", help="List the N slowest finished request ids."),
 ) -> None:
     """Show one request's timeline across stages and hops, or find request ids."""
     # Imported here so `omnictl --help` stays instant.

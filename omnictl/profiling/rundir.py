@@ -56,7 +56,7 @@ def runs_root() -> Path:
     return Path(platformdirs.user_state_dir("omnictl")) / "runs"
 
 
-def default_run_dir(keep: int = 20) -> Path:
+def default_run_dir(keep: int = 10) -> Path:
     """Create ``<state dir>/runs/<YYYYmmdd-HHMMSS-pid>`` and point ``latest`` at it.
 
     Only the newest ``keep`` default runs are kept (each is bounded by the store's
