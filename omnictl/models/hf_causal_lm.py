@@ -203,8 +203,11 @@ class HFCausalLMRunner:
                 sequence = self._sequences.get(rid)
                 if sequence is not None:
                     pad = batch.pads[row]
+                    # A request sitting this batch out copies its rows: a view would keep the
+                    # whole old batch cache alive until it rejoins.
+                    copy = rid not in request_ids
                     sequence.own_cache = [
-                        (keys[row : row + 1, :, pad:], values[row : row + 1, :, pad:])
+                        (_rows(keys, row, pad, copy), _rows(values, row, pad, copy))
                         for keys, values in _layers(batch.cache)
                     ]
         longest = max(self._sequences[rid].length for rid in request_ids)
@@ -272,6 +275,11 @@ class HFCausalLMRunner:
             raise ValueError(
                 f"HFCausalLMRunner supports full-attention KV caches only; {type(self.model).__name__} uses {names}"
             )
+
+
+def _rows(tensor: torch.Tensor, row: int, pad: int, copy: bool) -> torch.Tensor:
+    rows = tensor[row : row + 1, :, pad:]
+    return rows.clone() if copy else rows
 
 
 def _layers(cache: DynamicCache) -> KV:

@@ -186,3 +186,19 @@ def test_causal_lm_factory_serves_a_local_checkpoint(tmp_path: Path, model: Any,
     expected = model.generate(ids, max_new_tokens=4, do_sample=False)[0, 3:].tolist()
     assert message.data["token_ids"] == expected
     assert message.data["hidden"].shape == (4, 32)
+
+
+def test_a_request_sitting_out_a_step_keeps_its_cache(model: Any) -> None:
+    # A stream-fed request (a talker waiting for input) may miss decode steps and rejoin later.
+    alone_a, _ = greedy_alone(model, [1, 2, 3], 6)
+    alone_b, _ = greedy_alone(model, [9, 8, 7, 6, 5], 6)
+    runner = HFCausalLMRunner(model)
+    a = [int(runner.prefill("a", {"input_ids": [1, 2, 3]}).logits.argmax())]
+    b = [int(runner.prefill("b", {"input_ids": [9, 8, 7, 6, 5]}).logits.argmax())]
+    schedule = [("a", "b"), ("a",), ("a",), ("a", "b"), ("b",), ("a", "b"), ("b",)]
+    tokens = {"a": a, "b": b}
+    for batch in schedule:
+        batch = tuple(rid for rid in batch if len(tokens[rid]) < 6)
+        for rid, out in zip(batch, runner.decode(list(batch), [tokens[rid][-1] for rid in batch])):
+            tokens[rid].append(int(out.logits.argmax()))
+    assert tokens["a"] == alone_a and tokens["b"] == alone_b
