@@ -1,12 +1,12 @@
 """The trace store: JSONL segments in the run directory, bounded in size by rotation.
 
-One batch of events per line (a JSON array of events, each in ``msgspec``'s array
-form: ``[kind, request_id, stage, process, ts, meta]``), so writing costs one encoder
-call per batch. A segment is closed once it passes
-``segment_bytes``; only the newest ``max_segments`` are kept, so a run never holds more
-than about ``segment_bytes * max_segments`` bytes. Every batch is flushed when written,
-so ``omnictl trace`` can read a run after its server has stopped (or crashed: a torn last
-line is skipped).
+One batch of events per line (a JSON array of events, each in ``msgspec``'s array form:
+``[kind, request_id, stage, process, ts, meta]``), so writing costs one encoder call per
+batch. A segment is closed once it passes ``segment_bytes``; only the newest
+``max_segments`` are kept, so a run never holds more than about
+``segment_bytes * max_segments`` bytes. Writes are flushed as they come (the collector
+flushes once per burst of batches), so ``omnictl trace`` can read a run after its server
+has stopped, or crashed: a torn last line is skipped.
 """
 
 from __future__ import annotations
@@ -77,8 +77,9 @@ class TraceStore:
 
     # -- writing ---------------------------------------------------------------------
 
-    def append(self, events: Sequence[Event]) -> None:
-        """Write ``events`` as one line and flush; rotates segments as they fill."""
+    def append(self, events: Sequence[Event], flush: bool = True) -> None:
+        """Write ``events`` as one line (flushed unless told otherwise: a caller writing
+        many batches at once flushes after the last); rotates segments as they fill."""
         if not events:
             return
         lines = bytearray()
@@ -87,11 +88,17 @@ class TraceStore:
         with self._lock:
             file = self._file if self._file is not None else self._open_next_segment()
             file.write(lines)
-            file.flush()
+            if flush:
+                file.flush()
             self._file_bytes += len(lines)
             if self._file_bytes >= self.segment_bytes:
                 file.close()
                 self._file = None
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.flush()
 
     def close(self) -> None:
         with self._lock:
