@@ -76,7 +76,7 @@ class Launcher:
         process = subprocess.Popen(
             [sys.executable, "-m", "omnictl.stage.worker"],
             stdin=subprocess.PIPE,
-            start_new_session=False,
+            env=self._environment(),
         )
         assert process.stdin is not None
         process.stdin.write(pickle.dumps(config))
@@ -85,6 +85,15 @@ class Launcher:
         handle = self.handles[name] = ProcessHandle(name, process, os.pidfd_open(process.pid), restarts)
         asyncio.get_running_loop().add_reader(handle.pidfd, self._exited, handle)
         return handle
+
+    def _environment(self) -> dict[str, str]:
+        """Split the cores between the stage processes: OpenMP threads that outnumber the
+        cores spin against each other and make every forward pass several times slower."""
+        env = dict(os.environ)
+        if "OMP_NUM_THREADS" not in env:
+            cores = len(os.sched_getaffinity(0))
+            env["OMP_NUM_THREADS"] = str(max(1, cores // len(self.topology.processes)))
+        return env
 
     def _exited(self, handle: ProcessHandle) -> None:
         self._forget(handle)
