@@ -46,6 +46,8 @@ def test_local_recorder_events_are_stored_and_aggregated(tmp_path: Path, separat
         recorder.close()
         assert collector.wait_for(len(events), timeout=10)
         assert collector.aggregator.snapshot().header.completed == 1
+        # `omnictl trace` works while the server runs: what was received is on disk.
+        assert len(TraceStore(tmp_path / "run").events("req-1")) == len(events)
     assert collector.received == len(events)
     assert collector.aggregator.snapshot().header.completed == 1, "figures stay readable after close"
     # Readable by a fresh store, as `omnictl trace` does after the server stopped.
