@@ -20,7 +20,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
 
 from omnictl.profiling.collector import Collector
 from omnictl.profiling.events import EventKind
@@ -64,14 +63,25 @@ def collector_cost(directory: Path, requests: int) -> tuple[float, float]:
     return total / elapsed, cpu / total * 1e6
 
 
+NOOP_TOPOLOGY = """\
+name: noop
+stages:
+  - name: a
+    factory: omnictl.models.examples.identity
+    next: [b]
+  - name: b
+    factory: omnictl.models.examples.identity
+    next: [c]
+  - name: c
+    factory: omnictl.models.examples.identity
+    terminal: true
+"""
+
+
 def noop_topology(directory: Path) -> Path:
-    stages = [
-        {"name": "a", "factory": "omnictl.models.examples.identity", "next": ["b"]},
-        {"name": "b", "factory": "omnictl.models.examples.identity", "next": ["c"]},
-        {"name": "c", "factory": "omnictl.models.examples.identity", "terminal": True},
-    ]
+    """Three identity stages, one process each (so every hop crosses processes via shm)."""
     path = directory / "noop.yaml"
-    path.write_text(yaml.safe_dump({"name": "noop", "stages": stages}, sort_keys=False))
+    path.write_text(NOOP_TOPOLOGY)
     return path
 
 

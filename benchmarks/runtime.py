@@ -157,7 +157,7 @@ async def closed_loop(
     return requests / (time.perf_counter() - started), latencies, ids
 
 
-async def flush_profile(pipe: Any, expected_hops: int) -> None:
+async def flush_profile() -> None:
     """Give the stage recorders (50 ms flush interval) time to ship the last events."""
     await asyncio.sleep(0.3)
 
@@ -248,6 +248,7 @@ class Peer:
         from omnictl.messages import ShmRef
 
         self._context = zmq.Context()
+        directory.mkdir(parents=True, exist_ok=True)
         to_peer, from_peer = f"ipc://{directory}/peer-in", f"ipc://{directory}/peer-out"
         self._pull = self._context.socket(zmq.PULL)
         self._pull.bind(from_peer)
@@ -340,70 +341,87 @@ class Results:
 
 
 async def pipeline_hops(
-    topology: Path, run_dir: Path, src: str, dst: str, inputs: Callable[[int], dict[str, Any]],
-    count: int, warmup: int,
-) -> dict[str, list[int]]:
-    """Hop ns per input kind (``inputs`` returns (kind, data)) through a profiled pipeline,
-    requests one at a time."""
+    topologies: dict[str, Path], run_dir: Path, src: str, dst: str, inputs: Callable[[int], tuple[str, dict[str, Any]]],
+    count: int, warmup: int, between: Callable[[int], None] | None = None,
+) -> dict[str, dict[str, list[int]]]:
+    """Hop ns per pipeline and input kind (``inputs`` returns (kind, data)) through
+    profiled pipelines launched together; requests one at a time, round-robin over the
+    pipelines (``between`` runs after each round: raw floors measured alongside)."""
+    import contextlib
+
     import omnictl
 
-    async with omnictl.Pipeline.launch(topology, device="cpu", run_dir=run_dir, profile=True) as pipe:
-        kinds: dict[str, str] = {}
+    kinds: dict[str, str] = {}
+    result: dict[str, dict[str, list[int]]] = {}
+    async with contextlib.AsyncExitStack() as stack:
+        pipes = {
+            label: await stack.enter_async_context(
+                omnictl.Pipeline.launch(path, device="cpu", run_dir=run_dir / label, profile=True)
+            )
+            for label, path in topologies.items()
+        }
         for index in range(warmup + count):
             kind, data = inputs(index)
             rid = f"{'w' if index < warmup else 'm'}-{index}"
-            handle = await pipe.submit(data, request_id=rid)
-            await handle.result()
+            for pipe in pipes.values():
+                handle = await pipe.submit(data, request_id=rid)
+                await handle.result()
             if index >= warmup:
                 kinds[rid] = kind
-        await flush_profile(pipe, count)
-        hops = hop_latencies(pipe, src, dst, set(kinds))
-    result: dict[str, list[int]] = {}
-    for rid, dt in hops.items():
-        result.setdefault(kinds[rid], []).append(dt)
+            if between is not None:
+                between(index)
+        await flush_profile()
+        for label, pipe in pipes.items():
+            result[label] = {}
+            for rid, dt in hop_latencies(pipe, src, dst, set(kinds)).items():
+                result[label].setdefault(kinds[rid], []).append(dt)
     return result
 
 
 def section_a(directory: Path, quick: bool, results: Results, console: Any, table_cls: Any) -> None:
-    count = 100 if quick else 500
+    count, warmup = (60, 20) if quick else (500, 50)
     two_stages = [
         {"name": "a", "factory": "omnictl.models.examples.identity", "next": ["b"]},
         {"name": "b", "factory": "omnictl.models.examples.identity", "terminal": True},
     ]
-    inproc = write_topology(directory, "hop-inproc", [{**s, "process": "p"} for s in two_stages])
-    shm = write_topology(directory, "hop-shm", two_stages)
-    small = lambda i: ("small", {"text": f"request {i}", "tokens": list(range(8))})  # noqa: E731
-    hops = {
-        "inproc": asyncio.run(pipeline_hops(inproc, directory / "run-a-inproc", "a", "b", small, count, 30))["small"],
-        "shm": asyncio.run(pipeline_hops(shm, directory / "run-a-shm", "a", "b", small, count, 30))["small"],
+    topologies = {
+        "inproc": write_topology(directory, "hop-inproc", [{**s, "process": "p"} for s in two_stages]),
+        "shm": write_topology(directory, "hop-shm", two_stages),
     }
-    peer = Peer(directory)
+    small = lambda i: ("small", {"text": f"request {i}", "tokens": list(range(8))})  # noqa: E731
+    peers = {"raw": Peer(directory / "p1"), "async": Peer(directory / "p2", _async_peer_main)}
+    raw: dict[str, list[int]] = {label: [] for label in peers}
+    padding = bytes(120)  # about the size of a small DataReady
+
+    def ping(index: int) -> None:
+        for label, peer in peers.items():
+            dt, _ = peer.ask(_PING, time.time_ns(), padding)
+            if index >= warmup:
+                raw[label].append(dt)
+
     try:
-        raw = raw_ping(peer, count)
+        measured = asyncio.run(pipeline_hops(topologies, directory / "run-a", "a", "b", small, count, warmup, ping))
     finally:
-        peer.close()
-    peer = Peer(directory, _async_peer_main)
-    try:
-        raw_async = raw_ping(peer, count)
-    finally:
-        peer.close()
-    raw_p50 = pct(raw, 50)
-    table = table_cls(title=f"(a) hop latency, small payloads ({count} sequential requests each)")
+        for peer in peers.values():
+            peer.close()
+    hops = {label: measured[label]["small"] for label in topologies}
+    raw_p50 = pct(raw["raw"], 50)
+    table = table_cls(title=f"(a) hop latency, small payloads ({count} sequential requests each, interleaved)")
     for column in ("path", "n", "p50", "p99", "p50 / raw p50"):
         table.add_column(column, justify="right" if column != "path" else "left")
     for label, values in hops.items():
         table.add_row(f"pipeline hop, {label}", str(len(values)), us(pct(values, 50)), us(pct(values, 99)),
                       f"{pct(values, 50) / raw_p50:.2f}x")
-    table.add_row("raw pyzmq PUSH/PULL, 2 processes", str(len(raw)), us(raw_p50), us(pct(raw, 99)), "1.00x")
-    table.add_row("  same, receiver on a zmq.asyncio loop", str(len(raw_async)), us(pct(raw_async, 50)),
-                  us(pct(raw_async, 99)), f"{pct(raw_async, 50) / raw_p50:.2f}x")
+    table.add_row("raw pyzmq PUSH/PULL, 2 processes", str(len(raw["raw"])), us(raw_p50), us(pct(raw["raw"], 99)), "1.00x")
+    table.add_row("  same, receiver on a zmq.asyncio loop", str(len(raw["async"])), us(pct(raw["async"], 50)),
+                  us(pct(raw["async"], 99)), f"{pct(raw['async'], 50) / raw_p50:.2f}x")
     console.print(table)
     ratio = pct(hops["shm"], 50) / raw_p50
     results.goal("(a) shm hop p50 <= 2x raw zmq p50", f"{ratio:.2f}x ({us(pct(hops['shm'], 50))} vs {us(raw_p50)})", ratio <= 2.0)
 
 
 def section_b(directory: Path, quick: bool, results: Results, console: Any, table_cls: Any) -> None:
-    sizes = {4 * MiB: 10 if quick else 60, 64 * MiB: 4 if quick else 20}
+    sizes = {4 * MiB: 10 if quick else 60, 64 * MiB: 3 if quick else 20}
     peer = Peer(directory)
     rows = []
     try:
@@ -436,7 +454,7 @@ def section_b(directory: Path, quick: bool, results: Results, console: Any, tabl
     # Hop latency by payload size through a real pipeline: inproc passes the object, so it
     # must not grow with size; shm (separate processes) copies twice, for comparison.
     sizes_hop = [1 * KiB, 1 * MiB, 64 * MiB]
-    per_size = 10 if quick else 40
+    per_size = 5 if quick else 40
     two_stages = [
         {"name": "src", "factory": f"{HERE}.tensor_source", "next": ["sink"]},
         {"name": "sink", "factory": f"{HERE}.tensor_sink", "terminal": True},
@@ -450,11 +468,9 @@ def section_b(directory: Path, quick: bool, results: Results, console: Any, tabl
 
     warm = 2 * len(sizes_hop)
     total = per_size * len(sizes_hop)
-    hops = {
-        "inproc": asyncio.run(pipeline_hops(inproc, directory / "run-b-inproc", "src", "sink", by_size, total, warm)),
-        "shm": asyncio.run(pipeline_hops(shm, directory / "run-b-shm", "src", "sink", by_size, total, warm)),
-    }
-    table = table_cls(title=f"(b) pipeline hop latency by payload size (tensor in the payload dict, {per_size} requests per size)")
+    hops = asyncio.run(pipeline_hops({"inproc": inproc, "shm": shm}, directory / "run-b", "src", "sink",
+                                     by_size, total, warm))
+    table = table_cls(title=f"(b) pipeline hop latency by payload size (tensor in the payload dict, {per_size} requests per size, interleaved)")
     table.add_column("transport")
     for nbytes in sizes_hop:
         label = f"{nbytes // KiB} KiB" if nbytes < MiB else f"{nbytes // MiB} MiB"
@@ -471,31 +487,37 @@ def section_b(directory: Path, quick: bool, results: Results, console: Any, tabl
                  f"{us(small)} -> {us(large)} ({large / small:.2f}x)", large <= 1.5 * small)
 
 
-async def throughput_points(
-    topology: Path, concurrencies: list[int], requests: dict[int, int], warmup: int
-) -> dict[int, tuple[float, float]]:
+async def throughput_rounds(
+    topologies: dict[str, Path], concurrencies: list[int], requests: dict[int, int], warmup: int, rounds: int
+) -> dict[str, dict[int, list[tuple[float, float]]]]:
+    """Every pipeline launched at once; each round measures every (concurrency, pipeline)
+    point in turn, so all pipelines see the same spread of machine load."""
+    import contextlib
+
     import omnictl
 
-    points: dict[int, tuple[float, float]] = {}
     inputs = lambda i: {"text": f"request {i}"}  # noqa: E731
-    async with omnictl.Pipeline.launch(topology, device="cpu", profile=False) as pipe:
-        for concurrency in concurrencies:
-            await closed_loop(pipe, inputs, warmup, concurrency, f"w{concurrency}")
-            rate, latencies, _ = await closed_loop(pipe, inputs, requests[concurrency], concurrency, f"m{concurrency}")
-            points[concurrency] = (rate, pct(latencies, 50))
+    points: dict[str, dict[int, list[tuple[float, float]]]] = {label: {c: [] for c in concurrencies} for label in topologies}
+    async with contextlib.AsyncExitStack() as stack:
+        pipes = {label: await stack.enter_async_context(omnictl.Pipeline.launch(path, device="cpu", profile=False))
+                 for label, path in topologies.items()}
+        for label, pipe in pipes.items():
+            await closed_loop(pipe, inputs, warmup, 16, "w")
+        for round_index in range(rounds):
+            for concurrency in concurrencies:
+                for label, pipe in pipes.items():
+                    rate, latencies, _ = await closed_loop(
+                        pipe, inputs, requests[concurrency], concurrency, f"r{round_index}-c{concurrency}"
+                    )
+                    points[label][concurrency].append((rate, pct(latencies, 50)))
     return points
 
 
 def section_c(directory: Path, quick: bool, results: Results, console: Any, table_cls: Any) -> None:
     concurrencies = [1, 16, 64]
-    requests = {1: 40, 16: 100, 64: 200} if quick else {1: 300, 16: 800, 64: 1000}
-    warmup = 20 if quick else 100
-    table = table_cls(title="(c) no-op pipelines (identity stages, profiling off, closed loop)")
-    table.add_column("pipeline")
-    for concurrency in concurrencies:
-        table.add_column(f"c={concurrency} req/s", justify="right")
-        table.add_column(f"c={concurrency} p50", justify="right")
-    measured: dict[tuple[int, str], dict[int, tuple[float, float]]] = {}
+    requests = {1: 40, 16: 100, 64: 200} if quick else {1: 200, 16: 500, 64: 800}
+    warmup, rounds = (20, 1) if quick else (100, 3)
+    topologies: dict[str, Path] = {}
     for n in (3, 8):
         for placement in ("process per stage", "one process"):
             stages = []
@@ -508,18 +530,31 @@ def section_c(directory: Path, quick: bool, results: Results, console: Any, tabl
                 if placement == "one process":
                     stage["process"] = "all"
                 stages.append(stage)
-            topology = write_topology(directory, f"noop-{n}-{placement.replace(' ', '-')}", stages)
-            points = asyncio.run(throughput_points(topology, concurrencies, requests, warmup))
-            measured[(n, placement)] = points
-            cells = []
-            for concurrency in concurrencies:
-                rate, p50 = points[concurrency]
-                cells += [f"{rate:,.0f}", ms(p50)]
-            table.add_row(f"{n} stages, {placement}", *cells)
+            label = f"{n} stages, {placement}"
+            topologies[label] = write_topology(directory, f"noop-{n}-{placement.replace(' ', '-')}", stages)
+    points = asyncio.run(throughput_rounds(topologies, concurrencies, requests, warmup, rounds))
+    table = table_cls(title=f"(c) no-op pipelines (identity stages, profiling off, closed loop; median of {rounds} "
+                            f"interleaved round{'s' if rounds > 1 else ''})")
+    table.add_column("pipeline")
+    for concurrency in concurrencies:
+        table.add_column(f"c={concurrency} req/s", justify="right")
+        table.add_column(f"c={concurrency} p50", justify="right")
+    medians: dict[str, dict[int, float]] = {}
+    for label in topologies:
+        cells = []
+        medians[label] = {}
+        for concurrency in concurrencies:
+            rates = [rate for rate, _ in points[label][concurrency]]
+            p50s = [p50 for _, p50 in points[label][concurrency]]
+            medians[label][concurrency] = statistics.median(rates)
+            spread = f" ({min(rates):,.0f}-{max(rates):,.0f})" if len(rates) > 1 else ""
+            cells += [f"{statistics.median(rates):,.0f}{spread}", ms(statistics.median(p50s))]
+        table.add_row(label, *cells)
     console.print(table)
-    console.print(f"requests per point: {requests} (after {warmup} warm-up requests); p50 = submit -> result")
+    console.print(f"requests per point and round: {requests} (after {warmup} warm-up requests); "
+                  f"req/s: median (min-max over rounds); p50 = submit -> result")
     for placement in ("process per stage", "one process"):
-        rate = measured[(3, placement)][64][0]
+        rate = medians[f"3 stages, {placement}"][64]
         results.goal(f"(c) no-op 3 stages ({placement}) >= 1,000 req/s at c=64", f"{rate:,.0f} req/s", rate >= 1000)
 
 
@@ -545,7 +580,7 @@ async def text_path_latencies(topologies: dict[str, Path], count: int, warmup: i
 
 
 def section_d(directory: Path, quick: bool, results: Results, console: Any, table_cls: Any) -> None:
-    count, warmup = (60, 10) if quick else (300, 30)
+    count, warmup = (30, 5) if quick else (300, 30)
     rows, cols = 512, 2048
     think = {"name": "thinker", "factory": f"{HERE}.thinker", "factory_args": {"rows": rows, "cols": cols},
              "next": ["decode"]}

@@ -29,7 +29,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-import omnictl
+from omnictl.pipeline import Pipeline
 from omnictl.models.voice_assistant.asr import SpeechRecognizer
 from omnictl.models.voice_assistant.llm import chat_prompt_ids, load_smollm2
 from omnictl.models.voice_assistant.samples import sample_names, sample_question, sample_request
@@ -77,8 +77,9 @@ class Sequential:
         question = self.recognizer.transcribe(samples, rate)
         ids = torch.tensor([chat_prompt_ids(self.tokenizer, [{"role": "user", "content": question}])])
         with torch.inference_mode():
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False)
-        answer = self.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+            generate: Any = self.model.generate
+            out = generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False)
+        answer = str(self.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
         answered = time.perf_counter() - started
         self.speaker.synthesize(answer)
         total = time.perf_counter() - started
@@ -90,13 +91,13 @@ def median(values: list[float]) -> float:
 
 
 async def main(args: argparse.Namespace) -> None:
-    console = Console()
+    console = Console(width=max(Console().width, 140))  # the table has eight columns
     names = args.questions.split(",") if args.questions else sample_names()
     console.print("loading the sequential script's models ...")
     sequential = Sequential()
     console.print("launching the pipeline ...")
     with tempfile.TemporaryDirectory() as run_dir:
-        async with omnictl.Pipeline.launch(TOPOLOGY, device="cpu", run_dir=run_dir) as pipe:
+        async with Pipeline.launch(TOPOLOGY, device="cpu", run_dir=run_dir) as pipe:
             # Warm both sides once: first forward passes allocate and compile kernels.
             await ask_pipeline(pipe, names[0], 8)
             sequential.ask(names[0], 8)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from typing import Any
 
 from omnictl.profiling.chrome import to_chrome
 from omnictl.profiling.spans import build_trace
@@ -13,9 +14,10 @@ MS = 1_000_000
 TOPOLOGY = qwen_omni_topology()
 
 
-def _export() -> dict:  # type: ignore[type-arg]
+def _export() -> dict[str, Any]:
     trace = build_trace("r", synthetic_request("r", TOPOLOGY, start_ns=1000 * MS))
-    return json.loads(json.dumps(to_chrome(trace)))  # must survive a JSON round trip
+    document: dict[str, Any] = json.loads(json.dumps(to_chrome(trace)))  # must survive a JSON round trip
+    return document
 
 
 def test_structure() -> None:
