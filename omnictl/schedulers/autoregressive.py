@@ -158,15 +158,22 @@ class AutoregressiveScheduler(Scheduler):
         try:
             params = SamplingParams.from_mapping(message.params.get("sampling"), defaults=self._default_sampling_raw)
         except InvalidRequest as exc:
-            self._fail_now(message.request_id, str(exc))
+            self._refuse(message.request_id, str(exc))
             return
         if not isinstance(inputs, Mapping):
-            self._fail_now(message.request_id, f"expected a dict as input, got {type(inputs).__name__}")
+            self._refuse(message.request_id, f"expected a dict as input, got {type(inputs).__name__}")
             return
         with self._wake:
             self._active.add(message.request_id)
             self._queued_count += 1
         self._send("new", message.request_id, ArRequest(message.request_id, inputs, params))
+
+    def _refuse(self, request_id: str, reason: str) -> None:
+        """Fail a request that never started; in stream mode its next chunks are then ignored."""
+        if self.start_on == "stream":
+            with self._wake:
+                self._remember_finished(request_id)
+        self._fail_now(request_id, reason)
 
     def _fail_now(self, request_id: str, reason: str) -> None:
         self.emit(OutgoingMessage(OutgoingKind.ERROR, request_id, error=f"stage {self.stage_name}: {reason}"))

@@ -18,6 +18,7 @@ class Outcome:
     chunks: list[Any] = field(default_factory=list)
     result: Any = None
     error: str | None = None
+    errors: list[str] = field(default_factory=list)  # every error seen, to catch duplicates
 
     @property
     def done(self) -> bool:
@@ -47,6 +48,7 @@ async def pump(scheduler: Scheduler, outcomes: dict[str, Outcome], until: Any, t
             outcome.result = message.data
         else:
             outcome.error = message.error
+            outcome.errors.append(message.error or "")
 
 
 async def wait_for_condition(condition: Any, timeout: float = 10.0) -> None:

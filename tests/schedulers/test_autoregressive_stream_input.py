@@ -151,3 +151,27 @@ def test_a_stream_started_request_waits_for_its_input_and_ignores_late_messages(
     assert outcomes["next"].result["token_ids"] == reference.result["token_ids"]
     assert outcomes["gone"].result is None and outcomes["gone"].error is None
     assert runner.kv_slots() == 0
+
+
+def test_a_refused_stream_request_fails_once(runner: HFCausalLMRunner) -> None:
+    async def scenario() -> list[str]:
+        scheduler = AutoregressiveScheduler(ConditionedRunner(runner), start_on="stream")
+        await scheduler.start()
+        errors: list[str] = []
+        try:
+            for tokens in ([1, 2], [3], [4]):
+                bad = stream_chunk("bad", tokens)
+                bad.params = {"sampling": {"top_k": -1}}
+                scheduler.inbox.put_nowait(bad)
+            scheduler.inbox.put_nowait(stream_chunk("ok", UPSTREAM))
+            scheduler.inbox.put_nowait(stream_done("ok"))
+            outcomes: dict[str, Outcome] = {}
+            await pump(scheduler, outcomes, lambda: "ok" in outcomes and outcomes["ok"].done)
+            errors = [error for outcome in outcomes.values() for error in outcome.errors]
+            assert outcomes["ok"].result is not None
+            return errors
+        finally:
+            await scheduler.stop()
+
+    errors = asyncio.run(scenario())
+    assert len(errors) == 1 and "sampling.top_k" in errors[0]
