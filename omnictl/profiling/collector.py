@@ -20,6 +20,7 @@ from omnictl.profiling.aggregate import Aggregator
 from omnictl.profiling.collector_process import CollectorConfig, CollectorProcess, ControlRequest, RemoteAggregator
 from omnictl.profiling.receiver import Receiver
 from omnictl.profiling.recorder import Recorder
+from omnictl.profiling.stats import SnapshotSource
 from omnictl.profiling.store import TraceStore
 
 _POLL_MS = 100  # how often the receiving thread checks whether it should stop
@@ -49,7 +50,8 @@ class Collector:
             control_address = f"{address}.control"
         self.control_address = control_address
         self.store = TraceStore(self.run_dir, segment_bytes, max_segments)  # for reading the trace
-        self.aggregator: Aggregator | RemoteAggregator = Aggregator(window_s)
+        self._aggregator = Aggregator(window_s)  # fed here in thread mode
+        self.aggregator: SnapshotSource = self._aggregator
         self._process: CollectorProcess | None = None
         self._receiver: Receiver | None = None
         self._thread: threading.Thread | None = None
@@ -70,8 +72,7 @@ class Collector:
             self._process = CollectorProcess(config)
             self.aggregator = RemoteAggregator(self._process, self.window_s)
             return self
-        assert isinstance(self.aggregator, Aggregator)
-        self._receiver = Receiver(self.address, self.store, self.aggregator)
+        self._receiver = Receiver(self.address, self.store, self._aggregator)
         self._thread = threading.Thread(target=self._receive_loop, name="omnictl-collector", daemon=True)
         self._thread.start()
         return self

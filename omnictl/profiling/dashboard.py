@@ -16,7 +16,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from omnictl.profiling.aggregate import Aggregator, EdgeStats, ProfileSnapshot, StageStats
+from omnictl.profiling.aggregate import EdgeStats, ProfileSnapshot, StageStats
+from omnictl.profiling.stats import SnapshotSource
 from omnictl.profiling.units import format_rate, format_seconds
 from omnictl.topology.model import Topology
 
@@ -156,7 +157,7 @@ class Dashboard:
 
     def __init__(
         self,
-        aggregator: Aggregator,
+        aggregator: SnapshotSource,
         topology: Topology | None = None,
         live_stats: Callable[[], LiveStats] | None = None,
         console: Console | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,12 @@ class ProfileSnapshot:
     header: HeaderStats
     stages: dict[str, StageStats]  # in order of first activity
     edges: dict[tuple[str, str, str], EdgeStats]  # (src, dst, kind)
+
+
+class SnapshotSource(Protocol):
+    """Anything that answers ``snapshot()``: an Aggregator, or a collector process's proxy."""
+
+    def snapshot(self, now: int | None = None) -> ProfileSnapshot: ...
 
 
 class Window:
