@@ -127,6 +127,7 @@ def main() -> None:
     parser.add_argument("--skip-pipeline", action="store_true")
     args = parser.parse_args()
 
+    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (other work skews every figure below)")
     with tempfile.TemporaryDirectory(prefix="omnictl-bench-") as tmp:
         directory = Path(tmp)
         record_ns, ship_ns = record_cost(directory, args.events)
