@@ -401,6 +401,7 @@ def section_a(directory: Path, quick: bool, results: Results, console: Any, tabl
 
     try:
         measured = asyncio.run(pipeline_hops(topologies, directory / "run-a", "a", "b", small, count, warmup, ping))
+        hot = raw_ping(peers["raw"], count)  # back to back: the receiver never idles long
     finally:
         for peer in peers.values():
             peer.close()
@@ -415,9 +416,17 @@ def section_a(directory: Path, quick: bool, results: Results, console: Any, tabl
     table.add_row("raw pyzmq PUSH/PULL, 2 processes", str(len(raw["raw"])), us(raw_p50), us(pct(raw["raw"], 99)), "1.00x")
     table.add_row("  same, receiver on a zmq.asyncio loop", str(len(raw["async"])), us(pct(raw["async"], 50)),
                   us(pct(raw["async"], 99)), f"{pct(raw['async'], 50) / raw_p50:.2f}x")
+    table.add_row("raw pyzmq, back-to-back pings (not interleaved)", str(len(hot)), us(pct(hot, 50)),
+                  us(pct(hot, 99)), f"{pct(hot, 50) / raw_p50:.2f}x")
     console.print(table)
+    console.print("interleaved: each round sends one request through each pipeline, then one raw ping of each kind; "
+                  "the goal ratio uses the interleaved raw p50")
     ratio = pct(hops["shm"], 50) / raw_p50
-    results.goal("(a) shm hop p50 <= 2x raw zmq p50", f"{ratio:.2f}x ({us(pct(hops['shm'], 50))} vs {us(raw_p50)})", ratio <= 2.0)
+    results.goal("(a) shm hop p50 <= 2x raw zmq p50 (interleaved)",
+                 f"{ratio:.2f}x ({us(pct(hops['shm'], 50))} vs {us(raw_p50)})", ratio <= 2.0)
+    strict = pct(hops["shm"], 50) / pct(hot, 50)
+    results.goal("(a) same against back-to-back raw pings (stricter)",
+                 f"{strict:.2f}x ({us(pct(hops['shm'], 50))} vs {us(pct(hot, 50))})", strict <= 2.0)
 
 
 def section_b(directory: Path, quick: bool, results: Results, console: Any, table_cls: Any) -> None:
