@@ -7,6 +7,7 @@ import json
 import re
 import secrets
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,6 +25,7 @@ from omnictl.serving.protocol import Limits, PayloadTooLarge, parse_chat_request
 from omnictl.serving.sse import error_body
 
 REQUEST_ID_HEADER = "X-Request-Id"
+USED_IDS_KEPT = 100_000  # ids remembered to refuse reuse (a few MB at most)
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
@@ -54,6 +56,12 @@ class ServingState:
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     active: dict[str, chat.Tracked] = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
+    used_ids: OrderedDict[str, None] = field(default_factory=OrderedDict)  # the most recent ones
+
+    def remember(self, request_id: str) -> None:
+        self.used_ids[request_id] = None
+        while len(self.used_ids) > USED_IDS_KEPT:
+            self.used_ids.popitem(last=False)
 
 
 def new_request_id() -> str:
@@ -128,9 +136,10 @@ def create_app(state: ServingState) -> Starlette:
                 return _error(503, "the pipeline is still starting; retry shortly", "server_error", "starting")
             parsed = parse_chat_request(body, pipe.topology.terminals, state.limits)
             parsed = dataclasses.replace(parsed, model=parsed.model or state.model_name)
-            if request_id in state.active:
+            if request_id in state.used_ids:
+                # ids key the trace store, and stages drop late messages of aborted ids: never reuse one
                 state.metrics.outcome("rejected")
-                return _error(409, f"request id {request_id!r} is already in flight", "invalid_request_error",
+                return _error(409, f"request id {request_id!r} was already used", "invalid_request_error",
                               "duplicate_request_id", "X-Request-Id")
             try:
                 submitted = await pipe.submit(parsed.pipeline_inputs(), parsed.modalities, request_id=request_id)
@@ -142,6 +151,7 @@ def create_app(state: ServingState) -> Starlette:
         except PipelineDead as exc:
             state.metrics.outcome("rejected")
             return _error(503, f"the pipeline is down: {exc}", "server_error", "pipeline_dead")
+        state.remember(submitted.id)
         state.metrics.in_flight.inc()
         tracked = chat.Tracked(submitted, parsed, state.metrics, state.active)
         state.active[submitted.id] = tracked

@@ -153,11 +153,16 @@ def test_a_terminal_that_breaks_the_output_convention_is_an_error_not_a_cut_conn
     wait_until(lambda: _idle(server), timeout=5)  # aborted at once, not left to finish (~12 s more)
 
 
-def test_a_request_id_already_in_flight_is_409(server: ServerProcess) -> None:
+def test_a_request_id_in_flight_or_already_used_is_409(server: ServerProcess) -> None:
     headers = {**AUTH, "X-Request-Id": "twice-1"}
     with httpx.stream("POST", server.url + "/v1/chat/completions", headers=headers, timeout=30,
                       json=ask("answer slowly", stream=True)) as first:
-        next(line for line in first.iter_lines() if '"content":"echo:"' in line)
+        lines = first.iter_lines()  # one iterator: dropping a partly read one closes the response
+        for line in lines:
+            if '"content":"echo:"' in line:
+                break
         second = post(server, ask("hi"), headers={"X-Request-Id": "twice-1"})
         assert second.status_code == 409 and error_of(second)["code"] == "duplicate_request_id"
     wait_until(lambda: _idle(server))
+    third = post(server, ask("hi"), headers={"X-Request-Id": "twice-1"})  # finished (aborted) ids stay used
+    assert third.status_code == 409
