@@ -34,6 +34,7 @@ ARRAY_RATE = 16_000  # numpy arrays without a sample_rate are taken as 16 kHz
 _MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}
 _SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 # Leading bytes of the image formats the image processors read.
+_PCM_DTYPES: dict[int, "np.dtype[Any]"] = {8: np.dtype(np.uint8), 16: np.dtype("<i2"), 32: np.dtype("<i4")}
 _IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM", b"RIFF")
 
 
@@ -178,9 +179,9 @@ def _parse_audio(audio: Mapping[str, Any], field: str) -> AudioPart:
     fmt = audio.get("format", "wav")
     if fmt not in AUDIO_FORMATS:
         raise _fail(f"{field}.format", f"must be one of {', '.join(AUDIO_FORMATS)}, got {fmt!r}")
-    _expect(data, str, f"{field}.data", "a base64 string or a numpy array")
+    encoded: str = _expect(data, str, f"{field}.data", "a base64 string or a numpy array")
     try:
-        raw = base64.b64decode(data, validate=True)
+        raw = base64.b64decode(encoded, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise _fail(f"{field}.data", f"not valid base64 ({exc})") from exc
     if fmt == "pcm16":
@@ -235,20 +236,20 @@ def _wav_samples(body: bytes, tag: int, channels: int, rate: int, bits: int, fie
     if channels < 1 or rate < 1:
         raise _fail(field, f"WAV header is broken ({channels} channels at {rate} Hz)")
     if tag == 1 and bits in (8, 16, 32):
-        dtype = {8: np.uint8, 16: np.dtype("<i2"), 32: np.dtype("<i4")}[bits]
-        ints = np.frombuffer(body[: len(body) - len(body) % (bits // 8)], dtype=dtype).astype(np.float32)
+        ints = np.frombuffer(body[: len(body) - len(body) % (bits // 8)], dtype=_PCM_DTYPES[bits]).astype(np.float32)
         samples = (ints - 128.0) / 128.0 if bits == 8 else ints / float(2 ** (bits - 1))
     elif tag == 1 and bits == 24:
         triples = np.frombuffer(body[: len(body) - len(body) % 3], dtype=np.uint8).reshape(-1, 3).astype(np.int32)
-        ints = triples[:, 0] | (triples[:, 1] << 8) | (triples[:, 2] << 16)
-        samples = (np.where(ints >= 1 << 23, ints - (1 << 24), ints) / float(1 << 23)).astype(np.float32)
+        packed = triples[:, 0] | (triples[:, 1] << 8) | (triples[:, 2] << 16)
+        samples = (np.where(packed >= 1 << 23, packed - (1 << 24), packed) / float(1 << 23)).astype(np.float32)
     elif tag == 3 and bits in (32, 64):
         samples = np.frombuffer(body[: len(body) - len(body) % (bits // 8)], dtype=f"<f{bits // 8}").astype(np.float32)
     else:
         raise _fail(field, f"unsupported WAV encoding (format tag {tag}, {bits} bits); send PCM or float WAV")
     frames = samples.size // channels
     # Several channels are averaged: every model here hears mono.
-    return samples[: frames * channels].reshape(frames, channels).mean(axis=1)
+    mono: np.ndarray = samples[: frames * channels].reshape(frames, channels).mean(axis=1, dtype=np.float32)
+    return mono
 
 
 def _parse_image(url: str, field: str) -> ImagePart:

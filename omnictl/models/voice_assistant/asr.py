@@ -62,7 +62,7 @@ class SpeechRecognizer:
     """Whisper base on the CPU; :meth:`transcribe` takes float32 mono at any rate."""
 
     def __init__(self, model_dir: Path | None = None, language: str | None = "en", beam_size: int = 1, cpu_threads: int = 0) -> None:
-        from faster_whisper import WhisperModel
+        from faster_whisper import WhisperModel  # type: ignore[import-untyped]
 
         self.language = language
         self.beam_size = beam_size

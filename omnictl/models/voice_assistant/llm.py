@@ -42,7 +42,7 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The weights are de-quantized floats by now; only the GGUF bookkeeping still says
     # "quantized", which would stop save_pretrained and make later loads look for the GGUF.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # transformers types it as a module attribute
     del model.config.quantization_config
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
@@ -78,11 +78,12 @@ def load_smollm2(device: str = "cpu") -> "tuple[PreTrainedModel, PreTrainedToken
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = smollm2_checkpoint()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
-    return model, AutoTokenizer.from_pretrained(path)
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+    return model.to(device).eval(), AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
 def chat_prompt_ids(tokenizer: "PreTrainedTokenizerBase", messages: Sequence[Mapping[str, Any]]) -> list[int]:
     """Token ids of ``messages`` (role/content strings) under the model's chat template, ready to answer."""
-    encoded = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True, return_dict=True)
-    return list(encoded["input_ids"])
+    rendered = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
+    encoded: Any = tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True, return_dict=True)
+    return [int(token) for token in encoded["input_ids"]]

@@ -127,4 +127,5 @@ class PiperSpeaker:
         chunks = [chunk.audio_float_array for chunk in self._piper.synthesize(text)]
         if not chunks:
             return np.zeros(0, dtype=np.float32)
-        return np.clip(np.concatenate(chunks), -1.0, 1.0).astype(np.float32, copy=False)
+        audio: np.ndarray = np.clip(np.concatenate(chunks), -1.0, 1.0).astype(np.float32, copy=False)
+        return audio

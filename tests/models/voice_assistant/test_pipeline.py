@@ -16,6 +16,7 @@ import omnictl
 from omnictl.models.voice_assistant.asr import SpeechRecognizer, whisper_base_dir
 from omnictl.models.voice_assistant.llm import smollm2_checkpoint
 from omnictl.models.voice_assistant.samples import sample_request
+from omnictl.pipeline import Pipeline
 from tests.support.loop import LoopThread
 
 TOPOLOGY = Path(__file__).resolve().parents[3] / "topologies" / "voice-assistant.yaml"
@@ -27,7 +28,7 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LoopThr
     smollm2_checkpoint()
     whisper_base_dir()
     loop = LoopThread()
-    launch = omnictl.Pipeline.launch(TOPOLOGY, device="cpu", run_dir=tmp_path_factory.mktemp("run"))
+    launch = Pipeline.launch(TOPOLOGY, device="cpu", run_dir=tmp_path_factory.mktemp("run"))
     pipe = loop.run(launch.__aenter__(), timeout=300)
     try:
         yield loop, pipe
