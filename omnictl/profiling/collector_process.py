@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -186,6 +187,9 @@ def _read_line(stream: IO[bytes], timeout_s: float) -> str | None:
 
 
 def main() -> None:
+    # Ctrl-C reaches the whole process group; stopping is the coordinator's call, so that
+    # the last batches are drained and stored first.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     config = msgspec.json.decode(sys.stdin.buffer.readline(), type=CollectorConfig)
     try:
         serve(config)

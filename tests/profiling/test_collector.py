@@ -97,6 +97,15 @@ def test_a_dead_collector_process_does_not_hang_its_users(tmp_path: Path) -> Non
     collector.close()
 
 
+def test_ctrl_c_leaves_stopping_to_the_coordinator(tmp_path: Path) -> None:
+    with Collector(tmp_path / "run", f"ipc://{tmp_path}/c.sock") as collector:
+        os.kill(collector.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends the process group
+        recorder = collector.local_recorder()
+        recorder.record(EventKind.ADMITTED, "r")
+        recorder.close()
+        assert collector.wait_for(1, timeout=10), "the collector kept working"
+
+
 def test_the_collector_process_exits_with_its_parent(tmp_path: Path) -> None:
     script = (
         "import sys, threading; from pathlib import Path; from omnictl.profiling.collector import Collector\n"
