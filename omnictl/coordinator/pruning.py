@@ -6,6 +6,7 @@ from typing import Sequence
 
 from omnictl.exceptions import InvalidRequest
 from omnictl.topology.model import EdgeKind, Topology
+from omnictl.topology.shape import reachable
 
 
 def select_terminals(topology: Topology, modalities: Sequence[str] | None) -> tuple[str, ...]:
@@ -33,17 +34,7 @@ def active_stages(topology: Topology, terminals: Sequence[str]) -> tuple[str, ..
         if edge.kind is EdgeKind.DATA:
             downstream[edge.src].append(edge.dst)
             upstream[edge.dst].append(edge.src)
-    reaches_terminal = _closure(terminals, upstream)
-    from_entry = _closure([topology.entry], {n: [d for d in ds if d in reaches_terminal] for n, ds in downstream.items()})
+    reaches_terminal = reachable(terminals, upstream)
+    from_entry = reachable([topology.entry], {n: [d for d in ds if d in reaches_terminal] for n, ds in downstream.items()})
     return tuple(name for name in topology.stages if name in reaches_terminal and name in from_entry)
 
-
-def _closure(start: Sequence[str], neighbours: dict[str, list[str]]) -> set[str]:
-    seen = set(start)
-    frontier = list(start)
-    while frontier:
-        for nxt in neighbours[frontier.pop()]:
-            if nxt not in seen:
-                seen.add(nxt)
-                frontier.append(nxt)
-    return seen

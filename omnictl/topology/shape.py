@@ -21,7 +21,8 @@ def stream_graph(by_name: dict[str, RawStage]) -> Graph:
             for name, stage in by_name.items()}
 
 
-def _reach(starts: Iterable[str], graph: Graph) -> set[str]:
+def reachable(starts: Iterable[str], graph: Graph) -> set[str]:
+    """Every node reachable from ``starts`` (included) along ``graph``."""
     seen = set(starts)
     queue = deque(seen)
     while queue:
@@ -55,7 +56,7 @@ def check_entry_and_reach(by_name: dict[str, RawStage], report: Reporter) -> Non
                    stage=second, hint=f"route to {second.name!r} from an earlier stage's "
                    "`next`, or remove it")
         return
-    reached = _reach(entries, both)
+    reached = reachable(entries, both)
     for name, stage in by_name.items():
         if name not in reached:
             report.add("unreachable", f"stage {name!r} cannot be reached from the entry "
@@ -85,7 +86,7 @@ def check_terminals(by_name: dict[str, RawStage], report: Reporter,
     for src, targets in data.items():
         for target in targets:
             reverse[target].append(src)
-    reaches_terminal = _reach(terminals, reverse)
+    reaches_terminal = reachable(terminals, reverse)
     for name, stage in by_name.items():
         unrouted = stage.next is None and stage.route_fn is None  # reported by routing-mode
         if name not in reaches_terminal and not unrouted:
