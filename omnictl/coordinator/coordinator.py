@@ -13,6 +13,7 @@ import itertools
 import shutil
 import tempfile
 import uuid
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -24,13 +25,14 @@ from omnictl import messages as m
 from omnictl.coordinator.launcher import Launcher, describe_exit
 from omnictl.coordinator.pruning import active_stages, select_terminals
 from omnictl.coordinator.request import RequestEvent, RequestHandle, RequestRecord, RequestState
-from omnictl.exceptions import LaunchError, PipelineDead, RequestAborted, RequestFailed
+from omnictl.exceptions import InvalidRequest, LaunchError, PipelineDead, RequestAborted, RequestFailed
 from omnictl.profiling.events import EventKind, NullProfiler, Profiler
 from omnictl.topology.model import RelayKnobs, Topology
 from omnictl.transports.codec import PayloadCodec, decode
 from omnictl.transports.shm import SegmentReader, SlotPool
 
 _PARAM_KEYS = ("sampling", "voice")
+_RECENT_IDS = 100_000
 
 
 class Coordinator:
@@ -53,6 +55,7 @@ class Coordinator:
         self.ready_timeout = ready_timeout
         self.max_restarts = max_restarts
         self.requests: dict[str, RequestRecord] = {}
+        self._recent: OrderedDict[str, None] = OrderedDict()  # finished ids, refused if reused
         self.down: dict[str, str] = {}  # process -> why it is down
         self.dead_reason: str | None = None
         # Removed on close. Short paths: ipc:// addresses are limited to ~100 bytes.
@@ -146,8 +149,9 @@ class Coordinator:
         terminals = select_terminals(self.topology, modalities)
         active = active_stages(self.topology, terminals)
         rid = request_id or uuid.uuid4().hex
-        if rid in self.requests:
-            raise ValueError(f"request id {rid!r} is already in flight")
+        if rid in self.requests or rid in self._recent:
+            # Stages drop late messages of finished ids, so a reused id would never complete.
+            raise InvalidRequest(f"request id {rid!r} was already used; ids must be unique", field="request_id")
         params = {key: inputs.get(key) for key in _PARAM_KEYS if isinstance(inputs, dict) and key in inputs}
         params["modalities"] = sorted({self.topology.terminals[t] for t in terminals})
         loop = asyncio.get_running_loop()
@@ -171,6 +175,9 @@ class Coordinator:
         if record.finished:
             return
         self.requests.pop(record.request_id, None)
+        self._recent[record.request_id] = None
+        if len(self._recent) > _RECENT_IDS:
+            self._recent.popitem(last=False)
         if state is RequestState.COMPLETED:
             self.profiler.record(EventKind.COMPLETED, record.request_id, None)
         else:

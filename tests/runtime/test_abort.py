@@ -76,3 +76,22 @@ def test_abort_event_ends_the_event_stream(loop: LoopThread, tmp_path: Path) -> 
         assert [e.kind for e in events] == ["aborted"]
     finally:
         loop.run(pipe.close())
+
+
+def test_a_request_id_cannot_be_reused(loop: LoopThread, tmp_path: Path) -> None:
+    stages = [{"name": "only", "factory": f"{E}.identity", "terminal": True}]
+    pipe = launch(loop, topo.write(tmp_path / "one.yaml", stages), profile=False)
+    try:
+        async def go() -> None:
+            first = await pipe.submit({"x": 1}, request_id="same")
+            await first.result()
+            try:
+                await pipe.submit({"x": 2}, request_id="same")
+            except omnictl.InvalidRequest as error:
+                assert error.field == "request_id" and "already used" in str(error)
+            else:
+                raise AssertionError("a reused id was accepted")
+
+        loop.run(go())
+    finally:
+        loop.run(pipe.close())
