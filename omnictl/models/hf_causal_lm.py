@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 from transformers.cache_utils import DynamicLayer
 
 from omnictl.exceptions import InvalidRequest
+from omnictl.models.kv_batch import KV, BatchCache, kv_layers
 from omnictl.schedulers.runner import StepOutput
 
 if TYPE_CHECKING:
@@ -29,21 +30,11 @@ if TYPE_CHECKING:
 
 _PROMPT_KEYS = ("input_ids", "inputs_embeds", "prompt", "messages")
 
-KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values of shape [1, heads, length, head_dim]
-
-
 @dataclass(slots=True)
 class _Sequence:
     length: int  # cached positions
     next_position: int  # position id of the next input token
     own_cache: KV | None  # set while the request is outside the batch cache
-
-
-@dataclass(slots=True)
-class _Batch:
-    request_ids: tuple[str, ...]
-    cache: DynamicCache
-    pads: list[int]  # left padding of each row
 
 
 class HFCausalLMRunner:
@@ -75,7 +66,7 @@ class HFCausalLMRunner:
         self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
         self._stop_ids = self._collect_stop_ids(extra_stop_token_ids)
         self._sequences: dict[str, _Sequence] = {}
-        self._batch: _Batch | None = None
+        self._batch: BatchCache | None = None
 
     @classmethod
     def from_pretrained(
@@ -104,7 +95,7 @@ class HFCausalLMRunner:
             output_hidden_states=self.hidden_layer is not None,
             **extra,
         )
-        own_cache = [(keys, values) for keys, values in _layers(cache)]
+        own_cache = kv_layers(cache)
         self._sequences[request_id] = _Sequence(prompt_length, self.first_decode_position(model_inputs), own_cache)
         return StepOutput(
             logits=out.logits[0, -1].float(),
@@ -120,10 +111,7 @@ class HFCausalLMRunner:
         if unknown:
             raise KeyError(f"decode: no KV cache for request(s) {unknown} (never prefilled, or released)")
         batch = self._batch_for(tuple(request_ids))
-        total = batch.cache.get_seq_length()
-        attention_mask = torch.ones(len(request_ids), total + 1, dtype=torch.long, device=self.device)
-        for row, pad in enumerate(batch.pads):
-            attention_mask[row, :pad] = 0
+        attention_mask = batch.next_step_mask(self.device)
         sequences = [self._sequences[rid] for rid in request_ids]
         out = self.model(
             input_ids=torch.tensor(token_ids, dtype=torch.long, device=self.device)[:, None],
@@ -192,7 +180,7 @@ class HFCausalLMRunner:
 
     # --- internals -------------------------------------------------------------------
 
-    def _batch_for(self, request_ids: tuple[str, ...]) -> _Batch:
+    def _batch_for(self, request_ids: tuple[str, ...]) -> BatchCache:
         batch = self._batch
         if batch is not None and batch.request_ids == request_ids:
             return batch
@@ -202,25 +190,12 @@ class HFCausalLMRunner:
             for row, rid in enumerate(batch.request_ids):
                 sequence = self._sequences.get(rid)
                 if sequence is not None:
-                    pad = batch.pads[row]
                     # A request sitting this batch out copies its rows: a view would keep the
                     # whole old batch cache alive until it rejoins.
-                    copy = rid not in request_ids
-                    sequence.own_cache = [
-                        (_rows(keys, row, pad, copy), _rows(values, row, pad, copy))
-                        for keys, values in _layers(batch.cache)
-                    ]
-        longest = max(self._sequences[rid].length for rid in request_ids)
-        pads = [longest - self._sequences[rid].length for rid in request_ids]
-        layers: list[tuple[torch.Tensor, torch.Tensor]] = []
-        num_layers = len(self._sequences[request_ids[0]].own_cache or [])
-        for layer in range(num_layers):
-            keys = [self._padded(self._own(rid)[layer][0], pad) for rid, pad in zip(request_ids, pads)]
-            values = [self._padded(self._own(rid)[layer][1], pad) for rid, pad in zip(request_ids, pads)]
-            layers.append((torch.cat(keys), torch.cat(values)))
+                    sequence.own_cache = batch.rows(row, copy=rid not in request_ids)
+        self._batch = BatchCache.stack(request_ids, [self._own(rid) for rid in request_ids])
         for rid in request_ids:
             self._sequences[rid].own_cache = None  # the batch cache holds it now
-        self._batch = _Batch(request_ids, DynamicCache(ddp_cache_data=layers), pads)
         return self._batch
 
     def _own(self, request_id: str) -> KV:
@@ -228,14 +203,6 @@ class HFCausalLMRunner:
         if cache is None:
             raise RuntimeError(f"request {request_id!r} has no KV rows outside the batch (internal error)")
         return cache
-
-    @staticmethod
-    def _padded(tensor: torch.Tensor, pad: int) -> torch.Tensor:
-        if pad == 0:
-            return tensor
-        shape = list(tensor.shape)
-        shape[2] = pad
-        return torch.cat([tensor.new_zeros(shape), tensor], dim=2)
 
     def _hidden_row(self, out: Any, row: int) -> torch.Tensor | None:
         if self.hidden_layer is None:
@@ -275,21 +242,6 @@ class HFCausalLMRunner:
             raise ValueError(
                 f"HFCausalLMRunner supports full-attention KV caches only; {type(self.model).__name__} uses {names}"
             )
-
-
-def _rows(tensor: torch.Tensor, row: int, pad: int, copy: bool) -> torch.Tensor:
-    rows = tensor[row : row + 1, :, pad:]
-    return rows.clone() if copy else rows
-
-
-def _layers(cache: DynamicCache) -> KV:
-    """Keys and values of every layer (full-attention layers only: checked at construction)."""
-    layers = []
-    for index, layer in enumerate(cache.layers):
-        if not isinstance(layer, DynamicLayer) or layer.keys is None or layer.values is None:
-            raise RuntimeError(f"KV cache layer {index} is {type(layer).__name__} without keys/values (internal error)")
-        layers.append((layer.keys, layer.values))
-    return layers
 
 
 def _text_messages(messages: Any) -> list[dict[str, str]]:
