@@ -31,7 +31,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from functools import partial
-from typing import Any, Literal, Mapping, Protocol, runtime_checkable
+from typing import Any, Literal, Mapping
 
 from omnictl.exceptions import InvalidRequest
 from omnictl.profiling.events import EventKind
@@ -44,25 +44,12 @@ from omnictl.schedulers.base import (
     Scheduler,
     SchedulerLoad,
 )
-from omnictl.schedulers.runner import AutoregressiveRunner
+from omnictl.schedulers.runner import AutoregressiveRunner, StreamFedRunner
 from omnictl.schedulers.sampling import SamplingParams
 
 _FINISHED_MEMORY = 4096  # finished request ids remembered (stream mode) so late messages do not restart them
 
-
-@runtime_checkable
-class StreamFedRunner(Protocol):
-    """Optional runner methods for requests whose input keeps arriving while they decode."""
-
-    def feed(self, request_id: str, data: Any, *, done: bool) -> None:
-        """An upstream increment (``done``: the upstream finished; ``data`` may be None).
-
-        May be called before ``prefill``; ``release`` must drop what was fed."""
-        ...
-
-    def ready(self, request_id: str) -> bool:
-        """Whether the request may prefill (before its prefill) or take a decode step now."""
-        ...
+__all__ = ["AutoregressiveScheduler", "StreamFedRunner"]
 
 
 class AutoregressiveScheduler(Scheduler):

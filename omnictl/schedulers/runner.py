@@ -7,7 +7,7 @@ batch, sampling, stopping and streaming. Adding a model means writing a runner.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:  # torch stays out of the import path of the CLI
     import torch
@@ -41,4 +41,19 @@ class AutoregressiveRunner(Protocol):
 
     def kv_slots(self) -> int:
         """How many requests hold a KV cache right now."""
+        ...
+
+
+@runtime_checkable
+class StreamFedRunner(Protocol):
+    """Optional runner methods for requests whose input keeps arriving while they decode."""
+
+    def feed(self, request_id: str, data: Any, *, done: bool) -> None:
+        """An upstream increment (``done``: the upstream finished; ``data`` may be None).
+
+        May be called before ``prefill``; ``release`` must drop what was fed."""
+        ...
+
+    def ready(self, request_id: str) -> bool:
+        """Whether the request may prefill (before its prefill) or take a decode step now."""
         ...
