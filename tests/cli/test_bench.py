@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from omnictl.cli.bench import register
+from omnictl.cli.main import app
 from tests.serving.harness import FAST_TOPOLOGY, ServerProcess, start_server, stop_server
 
 
@@ -22,9 +21,6 @@ def server() -> Iterator[ServerProcess]:
 
 
 def bench(*args: str) -> tuple[int, str]:
-    app = typer.Typer()
-    register(app)
-    app.command("noop", hidden=True)(lambda: None)  # keeps `bench` a subcommand, as in the real CLI
     result = CliRunner().invoke(app, ["bench", *args], env={"COLUMNS": "160"})
     return result.exit_code, result.output
 

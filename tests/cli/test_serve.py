@@ -16,14 +16,10 @@ import pytest
 from tests.serving.harness import FAST_TOPOLOGY, REPO, start_server, stop_server
 
 SLOW = os.environ.get("OMNICTL_SLOW") == "1"
-_BENCH = ("from omnictl.cli.main import app; from omnictl.cli import bench; "
-          "'bench' in [c.name for c in app.registered_commands] or bench.register(app); app()")
 
 
 def run_serve(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    code = "import sys; from omnictl.cli.main import app; from omnictl.cli import serve; " \
-           "'serve' in [c.name for c in app.registered_commands] or serve.register(app); app()"
-    return subprocess.run([sys.executable, "-c", code, "serve", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "omnictl.cli.main", "serve", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
@@ -72,7 +68,7 @@ def test_default_serve_answers_the_printed_curl_with_speech_and_bench_measures_i
         with wave.open(str(tmp_path / "answer.wav")) as wav:
             assert wav.getnframes() / wav.getframerate() > 0.5  # at least half a second of speech
         bench = subprocess.run(
-            [sys.executable, "-c", _BENCH, "bench", "--url", server.url, "-n", "2", "--warmup", "0",
+            [sys.executable, "-m", "omnictl.cli.main", "bench", "--url", server.url, "-n", "2", "--warmup", "0",
              "--input", "mixed", "--max-tokens", "16", "--no-progress"],
             cwd=REPO, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)},
         )

@@ -20,13 +20,6 @@ READY_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
 _URL = re.compile(r"listening on (http://\S+)")
 
-# `omnictl serve` through the real CLI app; registers the command itself until
-# omnictl/cli/main.py does (then this is exactly `python -m omnictl.cli.main serve ...`)
-_LAUNCH = (
-    "import sys; from omnictl.cli.main import app; from omnictl.cli import serve; "
-    "names = [c.name for c in app.registered_commands]; "
-    "'serve' in names or serve.register(app); sys.argv[0] = 'omnictl'; app()"
-)
 
 
 @dataclass
@@ -52,7 +45,7 @@ def _pump(server: ServerProcess, ready: threading.Event) -> None:
 
 def start_server(*args: str, ready_timeout: float = READY_TIMEOUT_S) -> ServerProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-c", _LAUNCH, "serve", *args, "--port", "0", "--no-dashboard"]
+    command = [sys.executable, "-m", "omnictl.cli.main", "serve", *args, "--port", "0", "--no-dashboard"]
     process = subprocess.Popen(
         command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
     )
