@@ -33,7 +33,7 @@ class ShmRef(msgspec.Struct, array_like=True, frozen=True):
     owner: str
     stage: str  # the sending stage, whose pool owns the slot
     segment: str
-    slot: int  # -1: a dedicated segment, unlinked when released
+    slot: int  # -1: a segment of its own (a payload larger than a slot)
     offset: int  # where the slot starts in the segment
     nbytes: int
 

@@ -41,13 +41,11 @@ def decode(payload: EncodedPayload, reader: SegmentReader) -> Any:
     """Rebuild the data; the caller sends ``SlotRelease(payload.shm)`` afterwards."""
     if payload.shm is None:
         return unpack(payload.skeleton, payload.layout, payload.inline)
-    view, dedicated = reader.read(payload.shm)
+    view = reader.read(payload.shm)
     try:
         return unpack(payload.skeleton, payload.layout, view)
     finally:
         view.release()
-        if dedicated is not None:
-            dedicated.close()
 
 
 def codec_for(transport: Transport, pool: SlotPool, knobs: RelayKnobs) -> PayloadCodec:

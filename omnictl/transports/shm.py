@@ -1,8 +1,8 @@
 """Shared-memory slots: the sender packs tensors into a reusable slot and sends only a
 small control message; the receiver copies them out and hands the slot back.
 
-A payload larger than a slot, or sent while every slot is taken, gets a dedicated
-segment that is unlinked when released, so sending never blocks.
+A payload larger than a slot, or sent while every slot is taken, gets a segment of its
+own (kept as a spare for reuse once released), so sending never blocks.
 """
 
 from __future__ import annotations
@@ -10,11 +10,15 @@ from __future__ import annotations
 import mmap
 import os
 import uuid
+from collections import OrderedDict
 from multiprocessing import shared_memory
 
 import _posixshmem  # CPython's POSIX shm binding, the one SharedMemory uses
 
 from omnictl.messages import ShmRef
+
+
+_SPARE_SEGMENTS = 2  # large segments a pool keeps for reuse after release
 
 
 def _segment_name() -> str:
@@ -44,7 +48,12 @@ class AttachedSegment:
 
 class SlotPool:
     """The sending stage's slots. Created lazily: a stage that never sends over shm
-    never allocates."""
+    never allocates.
+
+    Payloads larger than a slot get a segment of their own (sized to a power of two);
+    released ones are kept as spares for the next large payload, because creating and
+    first-touching a fresh 64 MiB segment costs several times the copy itself.
+    """
 
     def __init__(self, owner: str, stage: str, slot_bytes: int, slots: int) -> None:
         self.owner = owner
@@ -53,11 +62,12 @@ class SlotPool:
         self.slots = slots
         self._segment: shared_memory.SharedMemory | None = None
         self._free: list[int] = list(range(slots - 1, -1, -1))
-        self._dedicated: dict[str, shared_memory.SharedMemory] = {}
+        self._large: dict[str, shared_memory.SharedMemory] = {}  # in flight
+        self._spare: list[shared_memory.SharedMemory] = []  # released, kept for reuse
 
     @property
     def in_use(self) -> int:
-        return (self.slots - len(self._free)) + len(self._dedicated)
+        return (self.slots - len(self._free)) + len(self._large)
 
     def acquire(self, nbytes: int) -> tuple[ShmRef, memoryview]:
         if nbytes <= self.slot_bytes and self._free:
@@ -69,56 +79,72 @@ class SlotPool:
             start = slot * self.slot_bytes
             ref = ShmRef(self.owner, self.stage, self._segment.name, slot, start, nbytes)
             return ref, self._segment.buf[start : start + nbytes]
-        segment = shared_memory.SharedMemory(name=_segment_name(), create=True, size=max(nbytes, 1))
-        self._dedicated[segment.name] = segment
+        segment = self._take_spare(nbytes) or shared_memory.SharedMemory(
+            name=_segment_name(), create=True, size=1 << max(nbytes - 1, 1).bit_length()
+        )
+        self._large[segment.name] = segment
         return ShmRef(self.owner, self.stage, segment.name, -1, 0, nbytes), segment.buf[:nbytes]
+
+    def _take_spare(self, nbytes: int) -> shared_memory.SharedMemory | None:
+        for i, segment in enumerate(self._spare):
+            if nbytes <= segment.size <= 4 * nbytes:  # don't park a small payload in a huge one
+                return self._spare.pop(i)
+        return None
 
     def release(self, ref: ShmRef) -> None:
         if ref.slot < 0:
-            segment = self._dedicated.pop(ref.segment, None)
+            segment = self._large.pop(ref.segment, None)
             if segment is not None:
-                segment.close()
-                segment.unlink()
+                self._spare.append(segment)
+                if len(self._spare) > _SPARE_SEGMENTS:
+                    _unlink(self._spare.pop(0))
             return
         if self._segment is not None and ref.segment == self._segment.name and ref.slot not in self._free:
             self._free.append(ref.slot)
 
     def close(self) -> None:
-        segments = list(self._dedicated.values())
+        segments = [*self._large.values(), *self._spare]
         if self._segment is not None:
             segments.append(self._segment)
         for segment in segments:
-            try:
-                segment.close()
-            except BufferError:
-                # A view into it is still alive somewhere; unlinking still frees the name.
-                pass
-            segment.unlink()
-        self._dedicated.clear()
+            _unlink(segment)
+        self._large.clear()
+        self._spare.clear()
         self._segment = None
 
 
+def _unlink(segment: shared_memory.SharedMemory) -> None:
+    try:
+        segment.close()
+    except BufferError:
+        pass  # a view into it is still alive somewhere; unlinking still frees the name
+    segment.unlink()
+
+
 class SegmentReader:
-    """The receiving side: attaches pool segments once and keeps them mapped."""
+    """The receiving side: keeps recently used segments mapped (bounded, so segments
+    their owner has unlinked are eventually unmapped too)."""
 
-    def __init__(self) -> None:
-        self._pools: dict[str, AttachedSegment] = {}
+    def __init__(self, capacity: int = 16) -> None:
+        self._capacity = capacity
+        self._mapped: OrderedDict[str, AttachedSegment] = OrderedDict()
 
-    def read(self, ref: ShmRef) -> tuple[memoryview, AttachedSegment | None]:
-        """A view of the referenced bytes; the second item is a dedicated segment the
-        caller must close once it has copied the bytes out."""
-        if ref.slot < 0:
-            segment = AttachedSegment(ref.segment)
-            return segment.buf[: ref.nbytes], segment
-        segment = self._pools.get(ref.segment)
+    def read(self, ref: ShmRef) -> memoryview:
+        """A view of the referenced bytes; release it once they are copied out."""
+        segment = self._mapped.get(ref.segment)
         if segment is None:
-            segment = self._pools[ref.segment] = AttachedSegment(ref.segment)
-        return segment.buf[ref.offset : ref.offset + ref.nbytes], None
+            segment = self._mapped[ref.segment] = AttachedSegment(ref.segment)
+            if len(self._mapped) > self._capacity:
+                _, evicted = self._mapped.popitem(last=False)
+                evicted.close()
+        else:
+            self._mapped.move_to_end(ref.segment)
+        return segment.buf[ref.offset : ref.offset + ref.nbytes]
 
     def close(self) -> None:
-        for segment in self._pools.values():
+        for segment in self._mapped.values():
             try:
                 segment.close()
             except BufferError:
                 pass
-        self._pools.clear()
+        self._mapped.clear()

@@ -64,11 +64,12 @@ def test_no_growth_of_shared_memory_or_descriptors_across_a_thousand_requests(lo
     try:
         # small (inline), slot-sized and oversized (dedicated segment) payloads
         for size in (16, 64 * 1024, 3 * 1024 * 1024):
-            loop.run(burst(20, size))
-        shm_before, fds_before = shm_entries(), open_fds(pids)
+            loop.run(burst(50, size))
+        shm_before, fds_before = len(shm_entries()), open_fds(pids)
         loop.run(burst(1000, 64 * 1024), timeout=300)
         loop.run(burst(50, 3 * 1024 * 1024))
-        assert until(lambda: shm_entries() <= shm_before, timeout=5), shm_entries() - shm_before
+        # Large segments are kept as spares (a bounded number per pool): count, not names.
+        assert until(lambda: len(shm_entries()) <= shm_before, timeout=5), (shm_before, shm_entries())
         assert open_fds(pids) <= fds_before
         stats = loop.run(pipe.stats())
         assert all(entry["slots_in_use"] == 0 for entry in stats.values())

@@ -45,6 +45,9 @@ def test_slots_are_reused_after_release_and_oversized_payloads_get_their_own_seg
     assert codec.pool.in_use == 0
     reused = codec.encode({"t": torch.full((1000,), 4.0)})
     assert reused.shm is not None and reused.shm.segment == first.shm.segment
+    big_again = codec.encode({"t": torch.ones(90_000)})  # the released large segment is reused
+    assert big_again.shm is not None and big_again.shm.segment == big.shm.segment
+    assert decode(big_again, reader)["t"].sum().item() == 90_000
     reader.close()
     codec.pool.close()
     assert segments() <= before
