@@ -38,6 +38,17 @@ _HOPS = {
     EventKind.STREAM_RECEIVED: ("stream", False),
 }
 _MILESTONES = {EventKind.ADMITTED, EventKind.FIRST_TEXT, EventKind.FIRST_AUDIO, *_ENDS}
+# Work inside a stage: the live figures need a stage's arrival and completion, not these
+# (unless they carry a batch size). Skipping them early is a quarter of all events.
+_INSIDE_STAGE = {
+    EventKind.FANIN_WAIT_END,
+    EventKind.BUILD_START,
+    EventKind.BUILD_END,
+    EventKind.PREFILL_START,
+    EventKind.PREFILL_END,
+    EventKind.FIRST_EMIT,
+    EventKind.DECODE_TOKEN,
+}
 
 Edge = tuple[str, str, str]
 
@@ -124,6 +135,8 @@ class Aggregator:
 
     def _add(self, event: Event) -> None:
         kind, ts = event.kind, event.ts
+        if kind in _INSIDE_STAGE and not event.meta:
+            return
         if kind is EventKind.DROPPED:  # bookkeeping, not a request
             count = event.meta.get("count", 0)
             self._dropped += int(count) if isinstance(count, (int, float)) else 0
