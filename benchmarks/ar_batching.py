@@ -12,7 +12,10 @@ Printed per row: requests/s, generated tokens/s, mean time to first token, and
 speed-up over ``generate``. Also checks that each request's tokens equal the
 ``generate`` tokens (batching must not change greedy output).
 
-Run: ``python benchmarks/ar_batching.py [--requests 32] [--max-tokens 32] [--hidden 256] [--layers 4]``
+One torch thread by default: on a shared machine, spinning OpenMP threads make every
+small op slow and the figures wander (``--threads 0`` for torch's default).
+
+Run: ``python benchmarks/ar_batching.py [--requests 32] [--max-tokens 32] [--hidden 256] [--layers 4] [--threads 1]``
 """
 
 from __future__ import annotations
@@ -111,7 +114,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
     args = parser.parse_args()
+    if args.threads:
+        # On a loaded machine, spinning OpenMP threads make every small op slow; one thread is steadier.
+        torch.set_num_threads(args.threads)
 
     model = build_model(args.hidden, args.layers)
     work = prompts(args.requests)
