@@ -44,9 +44,9 @@ def serve_command(
         console.print(ready_message(listening.url, listening.state.model_name, topo.terminals,
                                     len(topo.stages), len(topo.processes), api_key), soft_wrap=True)
         if pipe.profile is not None:
-            from omnictl.profiling.dashboard import Dashboard
+            from omnictl.profiling.dashboard import Dashboard, DashboardMode
 
-            mode = "lines" if no_dashboard else "auto"
+            mode: DashboardMode = "lines" if no_dashboard else "auto"
             dashboards.append(Dashboard(pipe.profile.aggregator, topo, console=console, mode=mode).start())
 
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:

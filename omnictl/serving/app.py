@@ -32,8 +32,12 @@ _ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 class PipelineLike(Protocol):
     """What the server needs from :class:`omnictl.Pipeline`."""
 
-    topology: Any
-    healthy: bool
+    @property
+    def topology(self) -> Any: ...
+
+    @property
+    def healthy(self) -> bool: ...
+
     run_dir: Any
 
     async def submit(self, inputs: dict[str, Any], modalities: list[str] | None = None, request_id: str | None = None) -> Any: ...
@@ -118,7 +122,7 @@ def create_app(state: ServingState) -> Starlette:
     def pipeline_or_none() -> PipelineLike | None:
         return state.pipeline
 
-    async def chat_completions(request: Request) -> Response:
+    async def chat_completions(request: Request) -> Response | chat.EventStreamResponse:
         request_id: str = request.state.request_id
         if request.state.bad_request_id:
             return _error(400, "X-Request-Id must be 1-128 characters of A-Z a-z 0-9 . _ : -", "invalid_request_error", "invalid_request", "X-Request-Id")

@@ -21,7 +21,7 @@ _UNKNOWN_SIZE = 0xFFFFFFFF
 def to_float32(audio: object, where: str = "audio") -> np.ndarray:
     """A 1-D float32 array from a stage's audio output (numpy, torch tensor or list)."""
     if hasattr(audio, "detach"):  # a torch tensor; avoid importing torch here
-        audio = audio.detach().cpu().numpy()  # type: ignore[attr-defined]
+        audio = audio.detach().cpu().numpy()
     array = np.asarray(audio, dtype=np.float32)
     if array.ndim == 2 and 1 in array.shape:
         array = array.reshape(-1)
@@ -36,12 +36,13 @@ def resample(samples: np.ndarray, rate: int, target: int) -> np.ndarray:
         return samples
     count = max(1, round(samples.size * target / rate))
     positions = np.linspace(0.0, samples.size - 1, num=count, dtype=np.float64)
-    return np.interp(positions, np.arange(samples.size), samples).astype(np.float32)
+    resampled: np.ndarray = np.interp(positions, np.arange(samples.size), samples).astype(np.float32)
+    return resampled
 
 
 def pcm16_bytes(samples: np.ndarray) -> bytes:
     clipped = np.clip(samples, -1.0, 1.0)
-    return (clipped * 32767.0).round().astype("<i2").tobytes()
+    return bytes((clipped * 32767.0).round().astype("<i2").tobytes())
 
 
 def wav_header(sample_rate: int, data_bytes: int | None) -> bytes:

@@ -18,6 +18,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from omnictl.serving.eventstream import EventStreamResponse
+
+__all__ = ["EventStreamResponse", "Tracked", "complete", "stream_response"]
 from omnictl.serving.metrics import ServerMetrics
 from omnictl.serving.protocol import ChatRequest
 from omnictl.serving.responses import ChunkTranslator, build_completion

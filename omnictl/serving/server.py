@@ -94,7 +94,7 @@ async def run_server(
     handle_signals: bool = True,
 ) -> None:
     """Serve until stopped (Ctrl-C, SIGTERM, or ``Listening.stop``)."""
-    import omnictl  # the runtime: heavy, so imported only when serving
+    from omnictl.pipeline import Pipeline  # the runtime: heavy, so imported only when serving
 
     topology = Path(options.topology) if options.topology is not None else default_topology()
     sock = bind(options.host, options.port)
@@ -120,7 +120,7 @@ async def run_server(
     serving = asyncio.create_task(server.serve(sockets=[sock]), name="uvicorn")
     serving.add_done_callback(lambda _: stopping.set())  # uvicorn gave up: stop the pipeline too
     try:
-        launch = omnictl.Pipeline.launch(
+        launch = Pipeline.launch(
             topology, model_path=options.model_path, device=options.device, run_dir=options.run_dir,
             profile=True, request_timeout=options.request_timeout,
         )

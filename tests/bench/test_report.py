@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import io
 import json
 from pathlib import Path
@@ -11,7 +13,7 @@ from omnictl.bench.report import build_result, compare, load_result, render
 from omnictl.bench.stats import RequestRecord
 
 
-def result(ttft: float, rate: float | None) -> dict:
+def result(ttft: float, rate: float | None) -> dict[str, Any]:
     records = [RequestRecord(index=i, ok=True, request_id=f"r{i}", ttft=ttft, e2e=ttft * 4, output_tokens=10,
                              itl=[0.01], ttfa=ttft * 2, last_audio=ttft * 3, audio_seconds=1.0) for i in range(4)]
     records.append(RequestRecord(index=4, error="HTTP 500: boom"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import io
 import json
 
@@ -16,13 +18,13 @@ PERCENTILES = ("p50", "p90", "p99")
 
 
 @pytest.fixture(scope="module")
-def result() -> dict:
+def result() -> dict[str, Any]:
     config = BenchConfig(topology=str(FAST_TOPOLOGY), concurrency=3, num_requests=12, warmup=2, input_kind="mixed",
                          modalities=("text", "audio"), max_tokens=8)
     return run_bench(config, console=Console(file=io.StringIO()), show_progress=False)
 
 
-def test_counts_add_up(result: dict) -> None:
+def test_counts_add_up(result: dict[str, Any]) -> None:
     summary = result["summary"]
     assert summary["requests"] == 12 == len(result["requests"])
     assert summary["completed"] + summary["failed"] == summary["requests"]
@@ -32,7 +34,7 @@ def test_counts_add_up(result: dict) -> None:
     assert len({r["request_id"] for r in result["requests"]}) == 12
 
 
-def test_percentiles_are_ordered(result: dict) -> None:
+def test_percentiles_are_ordered(result: dict[str, Any]) -> None:
     for name, s in result["latency"].items():
         assert s["count"] > 0, name
         assert s["p50"] <= s["p90"] <= s["p99"], name
@@ -40,7 +42,7 @@ def test_percentiles_are_ordered(result: dict) -> None:
         assert s["p50"] <= s["p90"] <= s["p99"], name
 
 
-def test_figures_are_consistent(result: dict) -> None:
+def test_figures_are_consistent(result: dict[str, Any]) -> None:
     summary = result["summary"]
     done = [r for r in result["requests"] if r["ok"]]
     assert summary["requests_per_s"] == pytest.approx(len(done) / summary["duration_s"])
@@ -54,7 +56,7 @@ def test_figures_are_consistent(result: dict) -> None:
     json.dumps(result)  # the whole document is JSON
 
 
-def test_breakdown_covers_every_stage_and_edge(result: dict) -> None:
+def test_breakdown_covers_every_stage_and_edge(result: dict[str, Any]) -> None:
     breakdown = result["breakdown"]
     assert breakdown["source"] == "trace_store"
     assert set(breakdown["stages"]) == {"prep", "answer", "speak"}
@@ -62,7 +64,7 @@ def test_breakdown_covers_every_stage_and_edge(result: dict) -> None:
     assert {"prep->answer", "prep->speak"} <= set(breakdown["edges"])
 
 
-def test_the_table_shows_the_figures(result: dict) -> None:
+def test_the_table_shows_the_figures(result: dict[str, Any]) -> None:
     console = Console(width=120, record=True, file=io.StringIO())
     console.print(render(result))
     text = console.export_text()

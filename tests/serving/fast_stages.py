@@ -9,13 +9,14 @@ terminal; ``speak`` streams one short tone per word as the audio terminal. The w
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator
 
 import numpy as np
 
 RATE = 16_000
 SLOW_CHUNK_S = 0.3
 SLOW_WORDS = 40
+Stream = Generator[dict[str, Any], None, dict[str, Any]]  # chunks, then the result
 
 
 def _question(data: dict[str, Any]) -> str:
@@ -46,8 +47,8 @@ def prep() -> Callable[[dict[str, Any]], dict[str, Any]]:
     return run
 
 
-def answer() -> Callable[[dict[str, Any]], Iterator[dict[str, Any]]]:
-    def run(data: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def answer() -> Callable[[dict[str, Any]], Stream]:
+    def run(data: dict[str, Any]) -> Stream:
         words = list(data["words"])
         for index, word in enumerate(words):
             if data["slow"]:
@@ -68,8 +69,8 @@ def tone(seconds: float, frequency: float = 440.0) -> np.ndarray:
     return (0.4 * np.sin(2 * np.pi * frequency * t)).astype(np.float32)
 
 
-def speak() -> Callable[[dict[str, Any]], Iterator[dict[str, Any]]]:
-    def run(data: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def speak() -> Callable[[dict[str, Any]], Stream]:
+    def run(data: dict[str, Any]) -> Stream:
         chunks = []
         for word in data["words"]:
             if data["slow"]:

@@ -39,6 +39,7 @@ def test_text_completion(client: openai.OpenAI) -> None:
     assert completion.choices[0].message.content == "echo: hello big world"
     assert completion.choices[0].message.audio is None
     assert completion.choices[0].finish_reason == "stop"
+    assert completion.usage is not None
     assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (3, 4)
     assert completion.usage.total_tokens == 7
     assert raw.headers["x-request-id"] == completion.id
@@ -51,7 +52,7 @@ def test_text_and_wav_audio(client: openai.OpenAI) -> None:
         messages=[{"role": "user", "content": "say two"}],
     )
     message = completion.choices[0].message
-    assert message.content == "echo: say two"
+    assert message.content == "echo: say two" and message.audio is not None
     assert message.audio.transcript == "echo: say two"
     with wave.open(io.BytesIO(base64.b64decode(message.audio.data))) as wav:
         assert wav.getframerate() == 16000
@@ -88,13 +89,11 @@ def test_streaming_text_and_pcm16_audio(client: openai.OpenAI) -> None:
 def test_input_audio_reaches_the_pipeline(client: openai.OpenAI) -> None:
     pcm = (np.zeros(1600, dtype="<i2")).tobytes()
     data = base64.b64encode(pcm).decode()
-    completion = client.chat.completions.create(
-        model="fast",
-        messages=[{"role": "user", "content": [
-            {"type": "text", "text": "listen"},
-            {"type": "input_audio", "input_audio": {"data": data, "format": "pcm16"}},
-        ]}],
-    )
+    messages: Any = [{"role": "user", "content": [
+        {"type": "text", "text": "listen"},
+        {"type": "input_audio", "input_audio": {"data": data, "format": "pcm16"}},
+    ]}]
+    completion = client.chat.completions.create(model="fast", messages=messages)
     assert completion.choices[0].message.content == f"echo: listen audio({len(data)} base64 chars)"
 
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import base64
 import io
 import wave
@@ -13,8 +15,9 @@ PRODUCES = {"decode": "text", "tts": "audio"}
 TONE = np.full(1600, 0.25, dtype=np.float32)
 
 
-def delta(chunk: dict) -> dict:
-    return chunk["choices"][0]["delta"]
+def delta(chunk: dict[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = chunk["choices"][0]["delta"]
+    return found
 
 
 def test_streamed_text_and_audio_deltas_then_usage() -> None:
