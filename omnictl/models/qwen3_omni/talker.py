@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from transformers import DynamicCache
 
+from omnictl.models.kv_batch import KV, BatchCache, kv_layers
 from omnictl.models.qwen3_omni.talker_prompt import TalkerPrompt, build_talker_prompt
 from omnictl.models.qwen3_omni.weights import load_model
 from omnictl.schedulers.runner import StepOutput
@@ -38,7 +39,7 @@ class _Fed:
 @dataclass(slots=True)
 class _Running:
     prompt: TalkerPrompt
-    cache: DynamicCache
+    own_cache: KV | None  # None while the batch cache holds this request's rows
     past_hidden: torch.Tensor  # last layer, last position: the code predictor's first input
     length: int  # cached positions
     step: int = 0  # decode steps done (transformers' `generation_step`)
@@ -69,6 +70,7 @@ class TalkerRunner:
         self._sent_frames: dict[str, int] = {}
         self._sample_codes: dict[str, bool] = {}
         self._transcripts: dict[str, str] = {}
+        self._batch: BatchCache | None = None
 
     # --- stream input ----------------------------------------------------------------
 
@@ -116,57 +118,99 @@ class TalkerRunner:
             use_cache=True,
             output_hidden_states=True,
         )
-        self._running[request_id] = _Running(prompt, cache, out.hidden_states[0][-1][:, -1:], prompt.length)
+        self._running[request_id] = _Running(prompt, kv_layers(cache), out.hidden_states[0][-1][:, -1:], prompt.length)
         self._frames.setdefault(request_id, [])
         return StepOutput(logits=self._scores(out.logits[0, -1], []), prompt_tokens=prompt.length)
 
     @torch.inference_mode()
     def decode(self, request_ids: Sequence[str], token_ids: Sequence[int]) -> list[StepOutput]:
-        return [self._decode_one(rid, int(token)) for rid, token in zip(request_ids, token_ids)]
-
-    def _decode_one(self, request_id: str, token: int) -> StepOutput:
-        running = self._running[request_id]
-        last_code = torch.tensor([[token]], dtype=torch.long, device=self.device)
-        last_hidden = self.talker.get_input_embeddings()(last_code)
-        sample = self._sample_codes.get(request_id, False)
-        extra = {"top_k": 50, "top_p": 0.8} if sample else {}
-        predicted = self.talker.code_predictor.generate(
-            inputs_embeds=torch.cat((running.past_hidden, last_hidden), dim=1),
-            max_new_tokens=self.num_code_groups - 1,
-            do_sample=sample,
-            output_hidden_states=True,
-            return_dict_in_generate=True,
-            **extra,
-        )
-        self._frames[request_id].append(torch.cat((last_code, predicted.sequences), dim=-1)[0].cpu())
-        residual_hidden = [hidden[0] for hidden in predicted.hidden_states[1:]]
-        last_residual = self.talker.code_predictor.get_input_embeddings()[-1](predicted.sequences[..., -1:])
-        embeds = torch.cat([last_hidden, *residual_hidden, last_residual], dim=1).sum(1, keepdim=True)
-        embeds = embeds + running.prompt.text_step(self._trailing(self._fed[request_id], running.step))
-        delta = running.prompt.rope_delta
-        position_ids = torch.tensor(
-            [running.length, running.length + delta, running.length + delta, running.length + delta],
-            dtype=torch.long,
-            device=self.device,
-        ).view(4, 1, 1)
+        ids = tuple(request_ids)
+        runs = [self._running[rid] for rid in ids]
+        codes = torch.tensor(list(token_ids), dtype=torch.long, device=self.device)[:, None]
+        last_hidden = self.talker.get_input_embeddings()(codes)  # [batch, 1, hidden]
+        past_hidden = torch.cat([run.past_hidden for run in runs])
+        residual_codes, residual_embeds = self._residuals(ids, past_hidden, last_hidden)
+        embeds = torch.cat([last_hidden, residual_embeds], dim=1).sum(1, keepdim=True)
+        text = [run.prompt.text_step(self._trailing(self._fed[rid], run.step)) for rid, run in zip(ids, runs)]
+        embeds = embeds + torch.cat(text)
+        batch = self._batch_for(ids)
+        lengths = torch.tensor([run.length for run in runs], dtype=torch.long, device=self.device)
+        deltas = torch.tensor([run.prompt.rope_delta for run in runs], dtype=torch.long, device=self.device)
+        position_ids = torch.stack([lengths, lengths + deltas, lengths + deltas, lengths + deltas]).view(4, -1, 1)
         out = self.talker(
             inputs_embeds=embeds,
-            attention_mask=torch.ones(1, running.length + 1, dtype=torch.long, device=self.device),
+            attention_mask=batch.next_step_mask(self.device),
             position_ids=position_ids,
-            cache=running.cache,
+            cache=batch.cache,
             use_cache=True,
             output_hidden_states=True,
-            generation_step=running.step,  # only echoed back (+1) by transformers
+            generation_step=0,  # only echoed back (+1) by transformers
         )
-        running.history.append(token)
-        running.past_hidden = out.hidden_states[0][-1][:, -1:]
-        running.length += 1
-        running.step += 1
-        return StepOutput(logits=self._scores(out.logits[0, -1], running.history))
+        outputs = []
+        for row, (rid, run) in enumerate(zip(ids, runs)):
+            self._frames[rid].append(torch.cat((codes[row], residual_codes[row])).cpu())
+            run.history.append(int(codes[row, 0]))
+            run.past_hidden = out.hidden_states[0][-1][row : row + 1, -1:]
+            run.length += 1
+            run.step += 1
+            outputs.append(StepOutput(logits=self._scores(out.logits[row, -1], run.history)))
+        return outputs
+
+    def _residuals(
+        self, ids: tuple[str, ...], past_hidden: torch.Tensor, last_hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The code predictor's residual codes ``[batch, groups - 1]`` and their embeddings.
+
+        Greedy and sampling requests run as separate batches (``generate`` takes one mode).
+        """
+        groups = self.num_code_groups - 1
+        codes = torch.empty(len(ids), groups, dtype=torch.long, device=self.device)
+        embeds = last_hidden.new_empty(len(ids), groups, last_hidden.shape[-1])
+        for sample in (False, True):
+            rows = [row for row, rid in enumerate(ids) if self._sample_codes.get(rid, False) is sample]
+            if not rows:
+                continue
+            index = torch.tensor(rows, device=self.device)
+            extra = {"top_k": 50, "top_p": 0.8} if sample else {}
+            predicted = self.talker.code_predictor.generate(
+                inputs_embeds=torch.cat((past_hidden[index], last_hidden[index]), dim=1),
+                max_new_tokens=groups,
+                do_sample=sample,
+                output_hidden_states=True,
+                return_dict_in_generate=True,
+                **extra,
+            )
+            middle = [hidden[0] for hidden in predicted.hidden_states[1:]]
+            last = self.talker.code_predictor.get_input_embeddings()[-1](predicted.sequences[..., -1:])
+            codes[index] = predicted.sequences
+            embeds[index] = torch.cat([*middle, last], dim=1)
+        return codes, embeds
+
+    def _batch_for(self, request_ids: tuple[str, ...]) -> BatchCache:
+        batch = self._batch
+        if batch is not None and batch.request_ids == request_ids:
+            return batch
+        if batch is not None:  # the set changed: take live rows out, then stack the new set
+            for row, rid in enumerate(batch.request_ids):
+                running = self._running.get(rid)
+                if running is not None:
+                    running.own_cache = batch.rows(row, copy=rid not in request_ids)
+        caches = []
+        for rid in request_ids:
+            own = self._running[rid].own_cache
+            if own is None:
+                raise RuntimeError(f"talker: request {rid!r} has no KV rows outside the batch (internal error)")
+            caches.append(own)
+        self._batch = BatchCache.stack(request_ids, caches)
+        for rid in request_ids:
+            self._running[rid].own_cache = None
+        return self._batch
 
     def release(self, request_id: str) -> None:
         # Frames stay until the scheduler took them (the result is sent after release).
         self._running.pop(request_id, None)
+        if self._batch is not None and not any(rid in self._running for rid in self._batch.request_ids):
+            self._batch = None  # nobody left in it: free it now
         fed = self._fed.pop(request_id, None)
         if fed is not None and fed.text:
             self._transcripts[request_id] = fed.text
