@@ -140,7 +140,8 @@ def main() -> None:
         rates: dict[bool, list[float]] = {False: [], True: []}
         cpu: dict[bool, list[float]] = {False: [], True: []}
         for round_index in range(args.rounds):
-            for profile in (False, True):
+            # Alternate which goes first, so neither always gets the warmer machine.
+            for profile in (False, True) if round_index % 2 == 0 else (True, False):
                 run_dir = directory / f"run-{round_index}-{profile}"
                 rate, cpu_ms = asyncio.run(pipeline_round(topology, run_dir, profile, args.requests, args.concurrency))
                 rates[profile].append(rate)
