@@ -4,14 +4,18 @@ with every stage and hop it crossed, readable after the pipeline stopped."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from pathlib import Path
+
+from rich.console import Console
 
 from omnictl.pipeline import Pipeline
 from omnictl.profiling.chrome import to_chrome
 from omnictl.profiling.events import EventKind
 from omnictl.profiling.spans import build_trace
 from omnictl.profiling.store import TraceStore, read_run_info
+from omnictl.profiling.trace_render import render_waterfall
 from omnictl.topology.model import EdgeKind
 from tests.support import topo
 
@@ -53,3 +57,8 @@ def test_a_request_through_eight_stages_is_traced(tmp_path: Path) -> None:
     assert info is not None and info.topology == "qwen-shaped"
     chrome = json.loads(json.dumps(to_chrome(trace)))
     assert sum(1 for e in chrome["traceEvents"] if e["ph"] == "s") == len(trace.of_kind("hop", "stream"))
+    console = Console(width=80, record=True, file=io.StringIO(), color_system=None)
+    console.print(render_waterfall(trace))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert [line.split()[0] for line in lines[3 : 3 + len(topology.stages)]] == trace.stages
