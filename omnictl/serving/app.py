@@ -7,7 +7,6 @@ import json
 import re
 import secrets
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -25,7 +24,6 @@ from omnictl.serving.protocol import Limits, PayloadTooLarge, parse_chat_request
 from omnictl.serving.sse import error_body
 
 REQUEST_ID_HEADER = "X-Request-Id"
-USED_IDS_KEPT = 100_000  # ids remembered to refuse reuse (a few MB at most)
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
@@ -60,12 +58,6 @@ class ServingState:
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     active: dict[str, chat.Tracked] = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
-    used_ids: OrderedDict[str, None] = field(default_factory=OrderedDict)  # the most recent ones
-
-    def remember(self, request_id: str) -> None:
-        self.used_ids[request_id] = None
-        while len(self.used_ids) > USED_IDS_KEPT:
-            self.used_ids.popitem(last=False)
 
 
 def new_request_id() -> str:
@@ -140,22 +132,22 @@ def create_app(state: ServingState) -> Starlette:
                 return _error(503, "the pipeline is still starting; retry shortly", "server_error", "starting")
             parsed = parse_chat_request(body, pipe.topology.terminals, state.limits)
             parsed = dataclasses.replace(parsed, model=parsed.model or state.model_name)
-            if request_id in state.used_ids:
-                # ids key the trace store, and stages drop late messages of aborted ids: never reuse one
+            try:
+                submitted = await pipe.submit(parsed.pipeline_inputs(), parsed.modalities, request_id=request_id)
+            except InvalidRequest as exc:
+                if exc.field != "request_id":
+                    raise
+                # The coordinator refuses an id it has seen: stages drop late messages of
+                # finished ids, and ids key the trace store.
                 state.metrics.outcome("rejected")
                 return _error(409, f"request id {request_id!r} was already used", "invalid_request_error",
                               "duplicate_request_id", "X-Request-Id")
-            try:
-                submitted = await pipe.submit(parsed.pipeline_inputs(), parsed.modalities, request_id=request_id)
-            except ValueError as exc:  # the coordinator refuses an id it still tracks
-                raise InvalidRequest(str(exc), field="X-Request-Id") from exc
         except InvalidRequest as exc:
             state.metrics.outcome("rejected")
             return _invalid(exc)
         except PipelineDead as exc:
             state.metrics.outcome("rejected")
             return _error(503, f"the pipeline is down: {exc}", "server_error", "pipeline_dead")
-        state.remember(submitted.id)
         state.metrics.in_flight.inc()
         tracked = chat.Tracked(submitted, parsed, state.metrics, state.active)
         state.active[submitted.id] = tracked
