@@ -70,7 +70,8 @@ def test_no_growth_of_shared_memory_or_descriptors_across_a_thousand_requests(lo
         loop.run(burst(50, 3 * 1024 * 1024))
         # Large segments are kept as spares (a bounded number per pool): count, not names.
         assert until(lambda: len(shm_entries()) <= shm_before, timeout=5), (shm_before, shm_entries())
-        assert open_fds(pids) <= fds_before
+        # Slot releases travel back asynchronously; a segment in flight holds a descriptor.
+        assert until(lambda: open_fds(pids) <= fds_before, timeout=5), (fds_before, open_fds(pids))
         stats = loop.run(pipe.stats())
         assert all(entry["slots_in_use"] == 0 for entry in stats.values())
     finally:
