@@ -123,8 +123,11 @@ class Pipeline:
     async def abort(self, request_id: str) -> None:
         await self._coordinator.abort(request_id)
 
-    async def stats(self) -> dict[str, dict[str, Any]]:
-        return await self._coordinator.stats()
+    async def stats(self, timeout: float = 5.0) -> dict[str, dict[str, Any]]:
+        """Per stage: ``status`` (up/down/unknown), ``process``, and how many requests it
+        holds state for, by kind (fan-in buffers, queued, running, stream buffers, KV
+        slots, shared-memory slots in use)."""
+        return await self._coordinator.stats(timeout)
 
     def process_ids(self) -> dict[str, int]:
         """OS pid of each stage process, by process name."""

@@ -44,10 +44,28 @@ def serve_command(
         console.print(ready_message(listening.url, listening.state.model_name, topo.terminals,
                                     len(topo.stages), len(topo.processes), api_key), soft_wrap=True)
         if pipe.profile is not None:
+            import asyncio
+
             from omnictl.profiling.dashboard import Dashboard, DashboardMode
 
+            import threading
+
+            loop = asyncio.get_running_loop()
+            loop_thread = threading.get_ident()
+
+            def live_stats() -> dict[str, dict[str, object]]:
+                # Runs in the dashboard's thread and asks the server's loop; the first
+                # render happens on the loop itself, where waiting would deadlock.
+                if threading.get_ident() == loop_thread:
+                    return {}
+                try:
+                    return asyncio.run_coroutine_threadsafe(pipe.stats(timeout=0.5), loop).result(1.0)
+                except TimeoutError:  # a busy server: show the columns as unknown this time
+                    return {}
+
             mode: DashboardMode = "lines" if no_dashboard else "auto"
-            dashboards.append(Dashboard(pipe.profile.aggregator, topo, console=console, mode=mode).start())
+            dashboard = Dashboard(pipe.profile.aggregator, topo, live_stats=live_stats, console=console, mode=mode)
+            dashboards.append(dashboard.start())
 
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         errors.print(f"[yellow]warning:[/] serving on {host} without --api-key: anyone who can reach it can use it")
