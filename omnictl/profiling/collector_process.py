@@ -119,7 +119,12 @@ class CollectorProcess:
         if line != "ready":
             self._process.kill()
             self._process.wait()
-            detail = line.removeprefix("error: ") if line else f"no answer within {_START_TIMEOUT_S:g} s"
+            if line is None:
+                detail = f"no answer within {_START_TIMEOUT_S:g} s"
+            elif line:
+                detail = line.removeprefix("error: ")
+            else:  # its stdout closed: it exited before it could say why (see its stderr)
+                detail = f"the collector process exited with code {self._process.returncode}"
             raise OSError(f"profiling collector did not start: {detail}")
         self._context = zmq.Context()
         self._socket = self._context.socket(zmq.REQ)
