@@ -89,6 +89,7 @@ class AutoregressiveScheduler(Scheduler):
         self._stopping = False
         self._crashed: str | None = None
         # Owned by the worker thread.
+        self._outgoing: list[OutgoingMessage] = []  # emitted during the current phase, handed over at once
         self._waiting: OrderedDict[str, ArRequest] = OrderedDict()
         self._running: OrderedDict[str, ArRequest] = OrderedDict()
         self._thread: threading.Thread | None = None
@@ -184,6 +185,23 @@ class AutoregressiveScheduler(Scheduler):
 
     # --- worker thread ---------------------------------------------------------------
 
+    def emit(self, message: OutgoingMessage) -> None:
+        # From the worker, messages are handed to the loop in one call per phase: one
+        # wake-up of the loop per decode step instead of one per request.
+        if self._thread is not None and threading.current_thread() is self._thread:
+            self._outgoing.append(message)
+        else:
+            super().emit(message)
+
+    def _flush(self) -> None:
+        if self._outgoing and self._loop is not None:
+            messages, self._outgoing = self._outgoing, []
+            self._loop.call_soon_threadsafe(self._put_all, messages)
+
+    def _put_all(self, messages: list[OutgoingMessage]) -> None:
+        for message in messages:
+            self.outbox.put_nowait(message)
+
     def _work(self) -> None:
         try:
             self._serve()
@@ -195,6 +213,7 @@ class AutoregressiveScheduler(Scheduler):
                 held = list(self._active)
             for rid in held:
                 self._fail_now(rid, reason)
+            self._flush()
             raise
 
     def _serve(self) -> None:
@@ -213,6 +232,7 @@ class AutoregressiveScheduler(Scheduler):
             batch = self._decodable()
             if batch:
                 self._step(batch)
+            self._flush()  # everything emitted this round (tokens, failures) leaves before the next wait
         for rid in [*self._waiting, *self._running]:
             self.runner.release(rid)
 
@@ -245,11 +265,13 @@ class AutoregressiveScheduler(Scheduler):
             self.profile(EventKind.PREFILL_START, rid)
             output = self._guarded([rid], "prefill", lambda: self.runner.prefill(rid, request.inputs))
             if output is None:
+                self._flush()
                 continue
             self.profile(EventKind.PREFILL_END, rid, prompt_tokens=output.prompt_tokens)
             request.prompt_tokens = output.prompt_tokens or 0
             self._running[rid] = request
             self._guarded([rid], "sampling/streaming", partial(self._advance, request, output, 0.0))
+            self._flush()  # each first token leaves as soon as it exists
 
     def _step(self, batch: list[ArRequest]) -> None:
         ids = [request.request_id for request in batch]
