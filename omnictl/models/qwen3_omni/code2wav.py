@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnictl.models.qwen3_omni.weights import load_model
+from omnictl.models.qwen3_omni.weights import load_code2wav
 from omnictl.schedulers.base import (
     IncomingKind,
     IncomingMessage,
@@ -47,7 +47,7 @@ class Vocoder:
     """Decodes a window of frames and returns the samples owed after ``emitted``."""
 
     def __init__(self, model_path: str | Path | None, device: str | None = None, *, left_context: int = 25) -> None:
-        self.code2wav = load_model(model_path, device).code2wav
+        self.code2wav = load_code2wav(model_path, device)
         self.device = self.code2wav.device
         self.samples_per_frame = int(self.code2wav.total_upsample)
         self.left_context = left_context

@@ -17,7 +17,7 @@ import torch
 
 from omnictl.models.inputs import AudioPart, ImagePart, TextPart, decode_audio, load_image, parse_request
 from omnictl.models.qwen3_omni.processor import load_processor
-from omnictl.models.qwen3_omni.weights import check_model_path, load_model
+from omnictl.models.qwen3_omni.weights import check_model_path, load_thinker
 
 AUDIO_RATE = 16_000  # the Whisper feature extractor's rate
 
@@ -63,7 +63,7 @@ class AudioEncoder:
     """The thinker's audio tower: features -> one embedding per audio placeholder token."""
 
     def __init__(self, model_path: str | Path | None, device: str | None = None) -> None:
-        self.thinker = load_model(model_path, device).thinker
+        self.thinker = load_thinker(model_path, device)
         self.device = self.thinker.device
 
     @torch.inference_mode()
@@ -80,7 +80,7 @@ class ImageEncoder:
     """The thinker's vision tower: patches -> merged image embeddings plus deepstack features."""
 
     def __init__(self, model_path: str | Path | None, device: str | None = None) -> None:
-        self.thinker = load_model(model_path, device).thinker
+        self.thinker = load_thinker(model_path, device)
         self.device = self.thinker.device
 
     @torch.inference_mode()
@@ -111,7 +111,7 @@ class Aggregator:
     """Thinker input embeddings with the encoders' output scattered in, plus mrope positions."""
 
     def __init__(self, model_path: str | Path | None, device: str | None = None) -> None:
-        self.thinker = load_model(model_path, device).thinker
+        self.thinker = load_thinker(model_path, device)
         self.config = self.thinker.config
         self.device = self.thinker.device
 

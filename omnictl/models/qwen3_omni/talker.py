@@ -22,7 +22,7 @@ from transformers import DynamicCache
 
 from omnictl.models.kv_batch import KV, BatchCache, kv_layers
 from omnictl.models.qwen3_omni.talker_prompt import TalkerPrompt, build_talker_prompt
-from omnictl.models.qwen3_omni.weights import load_model
+from omnictl.models.qwen3_omni.weights import load_talker
 from omnictl.schedulers.runner import StepOutput
 
 
@@ -52,10 +52,10 @@ class TalkerRunner:
     def __init__(
         self, model_path: str | Path | None, device: str | None = None, *, repetition_penalty: float = 1.05
     ) -> None:
-        full = load_model(model_path, device)
-        self.config = full.config
-        self.talker = full.talker
-        self.thinker_embed = full.thinker.get_input_embeddings()
+        parts = load_talker(model_path, device)
+        self.config = parts.config
+        self.talker = parts.talker
+        self.thinker_embed = parts.thinker_embed
         self.device = self.talker.device
         self.repetition_penalty = repetition_penalty
         talker_config = self.config.talker_config

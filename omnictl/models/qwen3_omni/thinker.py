@@ -18,7 +18,7 @@ import torch
 
 from omnictl.models.hf_causal_lm import HFCausalLMRunner
 from omnictl.models.qwen3_omni.processor import load_processor
-from omnictl.models.qwen3_omni.weights import check_model_path, load_model
+from omnictl.models.qwen3_omni.weights import check_model_path, load_config, load_thinker
 from omnictl.schedulers.autoregressive import AutoregressiveScheduler
 from omnictl.schedulers.base import OutgoingKind, OutgoingMessage
 from omnictl.schedulers.runner import StepOutput
@@ -78,12 +78,11 @@ class ThinkerRunner(HFCausalLMRunner):
     """Prefill from ``mm_aggregate``'s output (``inputs_embeds``, ``position_ids``, ...)."""
 
     def __init__(self, model_path: str | Path | None, device: str | None = None) -> None:
-        full = load_model(model_path, device)
-        config = full.config
+        config = load_config(model_path)
         self.mm_token_ids = torch.tensor(
             [config.thinker_config.audio_token_id, config.thinker_config.image_token_id, config.thinker_config.video_token_id]
         )
-        self.language_model = ThinkerLanguageModel(full.thinker, config.talker_config.accept_hidden_layer)
+        self.language_model = ThinkerLanguageModel(load_thinker(model_path, device), config.talker_config.accept_hidden_layer)
         tokenizer = load_processor(check_model_path(model_path)).tokenizer
         super().__init__(self.language_model, tokenizer, extra_stop_token_ids=[config.im_end_token_id])
         self._rope_delta = 0
