@@ -70,12 +70,22 @@ def make_request(index: int, max_tokens: int) -> dict[str, Any]:
 # --- staged ---------------------------------------------------------------------------
 
 
-def staged_topology(max_codes: int) -> Any:
+def staged_topology(max_codes: int, stream_every: int, chunk_frames: int) -> Any:
+    """The shipped topology with the knobs of this run as factory_args."""
     from omnictl.topology.validation import loads
 
-    factory = "factory: omnictl.models.qwen3_omni.stages.talker_ar\n"
     text = TOPOLOGY.read_text()
-    return loads(text.replace(factory, factory + f"    factory_args: {{max_codes: {max_codes}}}\n"), str(TOPOLOGY))
+    knobs = {
+        "talker_ar": f"{{max_codes: {max_codes}}}",
+        "thinker": f"{{stream_every: {stream_every}}}",
+        "code2wav": f"{{chunk_frames: {chunk_frames}}}",
+    }
+    for stage, args in knobs.items():
+        factory = f"factory: omnictl.models.qwen3_omni.stages.{stage}\n"
+        if factory not in text:
+            raise ValueError(f"{TOPOLOGY}: no stage with {factory.strip()!r}")
+        text = text.replace(factory, factory + f"    factory_args: {args}\n")
+    return loads(text, str(TOPOLOGY))
 
 
 async def staged_one(pipe: Any, inputs: dict[str, Any]) -> tuple[float, float, float]:
@@ -95,13 +105,15 @@ async def staged_one(pipe: Any, inputs: dict[str, Any]) -> tuple[float, float, f
     return first_text or total, first_audio or total, total
 
 
-async def staged_run(model_path: str, levels: list[int], rounds: int, max_tokens: int, max_codes: int) -> dict[int, Figures]:
+async def staged_run(
+    model_path: str, levels: list[int], rounds: int, max_tokens: int, max_codes: int, knobs: dict[str, int]
+) -> dict[int, Figures]:
     import omnictl
 
     figures: dict[int, Figures] = {}
     with tempfile.TemporaryDirectory() as run_dir:
         async with omnictl.Pipeline.launch(
-            staged_topology(max_codes), model_path=model_path, device="cpu", run_dir=run_dir, profile=False
+            staged_topology(max_codes, **knobs), model_path=model_path, device="cpu", run_dir=run_dir, profile=False
         ) as pipe:
             await staged_one(pipe, make_request(0, max_tokens))  # warm-up
             for level in levels:
@@ -196,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=24, help="text tokens per request")
     parser.add_argument("--max-codes", type=int, default=32, help="codec frames per request")
     parser.add_argument("--rounds", type=int, default=2, help="requests per client at each concurrency")
+    parser.add_argument("--stream-every", type=int, default=1, help="thinker: stream every N tokens")
+    parser.add_argument("--chunk-frames", type=int, default=10, help="code2wav: frames per audio chunk")
     parser.add_argument("--quick", action="store_true", help="concurrency 1 and 4, one round (a smoke run)")
     args = parser.parse_args(argv)
     levels = [1, 4] if args.quick else [1, 8, 16]
@@ -206,9 +220,13 @@ def main(argv: list[str] | None = None) -> int:
             from omnictl.models.qwen3_omni.tiny import write_tiny_checkpoint
 
             model_path = str(write_tiny_checkpoint(Path(scratch) / "tiny-qwen3-omni"))
-        print(f"checkpoint: {model_path}; {args.max_tokens} text tokens, {args.max_codes} codec frames per request")
+        print(
+            f"checkpoint: {model_path}; {args.max_tokens} text tokens, {args.max_codes} codec frames per request; "
+            f"thinker streams every {args.stream_every} token(s), code2wav chunks of {args.chunk_frames} frames"
+        )
         mono = monolithic_run(model_path, levels, rounds, args.max_tokens, args.max_codes)
-        staged = asyncio.run(staged_run(model_path, levels, rounds, args.max_tokens, args.max_codes))
+        knobs = {"stream_every": args.stream_every, "chunk_frames": args.chunk_frames}
+        staged = asyncio.run(staged_run(model_path, levels, rounds, args.max_tokens, args.max_codes, knobs))
     report(staged, mono)
     return 0
 

@@ -108,6 +108,13 @@ class TalkerRunner:
         if fed.prefix is None:
             raise ValueError("talker prefill before the thinker's talker_prefix arrived")
         first = self._thinker_text(fed, 0)
+        self._frames.setdefault(request_id, [])
+        if first is None:
+            # The thinker said nothing (it stopped at once): nothing to speak, end right away.
+            # (transformers' generate cannot build a talker prompt in this case.)
+            silent = torch.full((self.config.talker_config.text_config.vocab_size,), float("-inf"))
+            silent[self.eos] = 0.0
+            return StepOutput(logits=silent, prompt_tokens=0)
         prompt = build_talker_prompt(self.config, self.talker, self.thinker_embed, fed.prefix, first)
         cache = DynamicCache()
         out = self.talker(
@@ -119,7 +126,6 @@ class TalkerRunner:
             output_hidden_states=True,
         )
         self._running[request_id] = _Running(prompt, kv_layers(cache), out.hidden_states[0][-1][:, -1:], prompt.length)
-        self._frames.setdefault(request_id, [])
         return StepOutput(logits=self._scores(out.logits[0, -1], []), prompt_tokens=prompt.length)
 
     @torch.inference_mode()

@@ -79,3 +79,15 @@ def test_talker_waits_for_the_thinker_tokens_it_speaks(tiny_qwen: Path) -> None:
     assert runner.ready("r")
     runner.forget("r")
     assert runner.kv_slots() == 0
+
+
+def test_empty_answer_ends_the_talker_at_once(tiny_qwen: Path) -> None:
+    answer = thinker_answers(tiny_qwen)["text"]
+    runner = TalkerRunner(str(tiny_qwen), "cpu")
+    # The thinker's first token was its stop token: no text tokens, one completion token.
+    runner.feed("r", {**answer, "token_ids": [], "completion_tokens": 1, "finish_reason": "stop"}, done=True)
+    assert runner.ready("r")
+    assert int(runner.prefill("r", {}).logits.argmax()) in runner.stop_token_ids()
+    assert runner.kv_slots() == 0
+    runner.release("r")
+    assert runner.take_frames("r", final=True).shape == (0, 4)
