@@ -167,7 +167,7 @@ class TalkerRunner:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The code predictor's residual codes ``[batch, groups - 1]`` and their embeddings.
 
-        Greedy and sampling requests run as separate batches (``generate`` takes one mode).
+        Greedy rows run a plain loop (what ``generate`` does, minus its overhead); sampling rows ``generate``.
         """
         groups = self.num_code_groups - 1
         codes = torch.empty(len(ids), groups, dtype=torch.long, device=self.device)
@@ -177,20 +177,33 @@ class TalkerRunner:
             if not rows:
                 continue
             index = torch.tensor(rows, device=self.device)
-            extra = {"top_k": 50, "top_p": 0.8} if sample else {}
-            predicted = self.talker.code_predictor.generate(
-                inputs_embeds=torch.cat((past_hidden[index], last_hidden[index]), dim=1),
-                max_new_tokens=groups,
-                do_sample=sample,
-                output_hidden_states=True,
-                return_dict_in_generate=True,
-                **extra,
-            )
-            middle = [hidden[0] for hidden in predicted.hidden_states[1:]]
-            last = self.talker.code_predictor.get_input_embeddings()[-1](predicted.sequences[..., -1:])
-            codes[index] = predicted.sequences
-            embeds[index] = torch.cat([*middle, last], dim=1)
+            first_inputs = torch.cat((past_hidden[index], last_hidden[index]), dim=1)
+            found = self._predict_greedy(first_inputs) if not sample else self._predict_sampled(first_inputs)
+            codes[index] = found
+            tables = self.talker.code_predictor.get_input_embeddings()
+            embeds[index] = torch.cat([tables[group](found[:, group : group + 1]) for group in range(groups)], dim=1)
         return codes, embeds
+
+    def _predict_greedy(self, first_inputs: torch.Tensor) -> torch.Tensor:
+        """Greedy residual codes: the loop ``generate`` runs, without its per-call overhead."""
+        predictor = self.talker.code_predictor
+        cache = DynamicCache()
+        out = predictor(inputs_embeds=first_inputs, cache=cache, use_cache=True)
+        found = [out.logits[:, -1].argmax(-1)]
+        for group in range(1, self.num_code_groups - 1):
+            out = predictor(input_ids=found[-1][:, None], cache=cache, use_cache=True, generation_steps=group)
+            found.append(out.logits[:, -1].argmax(-1))
+        return torch.stack(found, dim=1)
+
+    def _predict_sampled(self, first_inputs: torch.Tensor) -> torch.Tensor:
+        predicted = self.talker.code_predictor.generate(
+            inputs_embeds=first_inputs,
+            max_new_tokens=self.num_code_groups - 1,
+            do_sample=True,
+            top_k=50,
+            top_p=0.8,  # transformers' settings for the code predictor when the talker samples
+        )
+        return predicted[:, -(self.num_code_groups - 1) :]
 
     def _batch_for(self, request_ids: tuple[str, ...]) -> BatchCache:
         batch = self._batch
