@@ -60,3 +60,23 @@ def test_topology_runs_on_cpu_and_matches_monolithic(tiny_qwen: Path, tmp_path: 
     assert audio_chunks, "code2wav streamed no audio"
     np.testing.assert_allclose(results["code2wav"]["audio"], wav.reshape(-1).numpy(), atol=1e-5)
     assert results["code2wav"]["sample_rate"] == 24_000
+
+
+@pytest.mark.parametrize("name", ["qwen3-omni-text.yaml", "qwen3-omni-single-gpu.yaml"])
+def test_other_shipped_qwen_topologies_run_on_cpu(name: str, tiny_qwen: Path, tmp_path: Path) -> None:
+    path = TOPOLOGY.parent / name
+    text = path.read_text()
+    factory = "factory: omnictl.models.qwen3_omni.stages.talker_ar\n"
+    topology = loads(text.replace(factory, factory + f"    factory_args: {{max_codes: {MAX_CODES}}}\n"), str(path))
+
+    async def run() -> dict[str, Any]:
+        async with omnictl.Pipeline.launch(
+            topology, model_path=str(tiny_qwen), device="cpu", run_dir=tmp_path / "run", request_timeout=120.0
+        ) as pipe:
+            req = await pipe.submit(request("image", max_tokens=6))
+            return await req.result()
+
+    results = asyncio.run(run())
+    assert results["decode"]["completion_tokens"] == 6
+    if "code2wav" in topology.terminals:
+        assert results["code2wav"]["audio"].size > 0
