@@ -1,0 +1,20 @@
+"""Suite-wide: profiling runs go to a temporary state directory, never the user's own
+(default runs are pruned to the newest ten, which would discard a user's real traces)."""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    previous = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))
+    yield
+    if previous is None:
+        del os.environ["XDG_STATE_HOME"]
+    else:
+        os.environ["XDG_STATE_HOME"] = previous
