@@ -93,9 +93,12 @@ class Coordinator:
         self._tasks.append(asyncio.create_task(self._receive(), name="coordinator.receive"))
         self._tasks.append(asyncio.create_task(self._enforce_deadlines(), name="coordinator.deadlines"))
         handles = [self.launcher.start(name) for name in self.topology.processes]
-        try:
-            await asyncio.wait_for(asyncio.gather(*(h.ready for h in handles)), self.ready_timeout)
+        async def all_ready() -> None:
+            await asyncio.gather(*(h.ready for h in handles))
             await self._handshake(list(self.topology.processes))
+
+        try:
+            await asyncio.wait_for(all_ready(), self.ready_timeout)
         except asyncio.TimeoutError:
             waiting = [h.name for h in handles if not h.ready.done()] or list(self.topology.processes)
             raise LaunchError(
@@ -109,6 +112,11 @@ class Coordinator:
         self._hello_acks.clear()
         seq = 0
         while not set(processes) <= self._hello_acks:
+            for process in processes:
+                handle = self.launcher.handles[process]
+                if not handle.alive():
+                    why = f"process {process!r} exited: {describe_exit(handle.process.returncode)}"
+                    raise LaunchError(self.topology.processes[process].stages[0], why)
             self._broadcast.send(m.encode(m.Hello(seq)))
             seq += 1
             await asyncio.sleep(0.01)
