@@ -260,6 +260,8 @@ class Coordinator:
         record = self.requests.get(message.request_id)
         if record is None:
             return  # finished (aborted, failed) while this was in flight
+        if message.seq == 0:  # the terminal's first output: its first chunk, or a result that never streamed
+            self._mark_first_output(message.request_id, message.stage)
         if message.final:
             record.results[message.stage] = data
             record.expected.discard(message.stage)
@@ -268,11 +270,13 @@ class Coordinator:
             self._maybe_complete(record)
         else:
             record.events.put_nowait(RequestEvent("stream", message.stage, data))
-            if message.seq == 0:
-                modality = self.topology.terminals[message.stage]
-                if modality in ("text", "audio"):
-                    kind = EventKind.FIRST_TEXT if modality == "text" else EventKind.FIRST_AUDIO
-                    self.profiler.record(kind, message.request_id, message.stage)
+
+    def _mark_first_output(self, request_id: str, stage: str) -> None:
+        modality = self.topology.terminals[stage]
+        if modality == "text":
+            self.profiler.record(EventKind.FIRST_TEXT, request_id, stage)
+        elif modality == "audio":
+            self.profiler.record(EventKind.FIRST_AUDIO, request_id, stage)
 
     def _maybe_complete(self, record: RequestRecord) -> None:
         if record.expected:
