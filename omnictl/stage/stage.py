@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from omnictl.messages import RequestContext, StageStats
 from omnictl.profiling.events import EventKind, Profiler
 from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind, OutgoingMessage, Scheduler
 from omnictl.schedulers.simple import describe_error
-from omnictl.stage.fanin import FanIn
+from omnictl.stage.fanin import FanIn, FanInResult
 from omnictl.stage.router import RouteContractError, Router
 from omnictl.topology.model import StageSpec
 
@@ -78,36 +78,32 @@ class Stage:
         return True
 
     def on_input(self, ctx: RequestContext, source: str | None, data: Any) -> None:
-        rid = ctx.request_id
         if not self._admit(ctx):
             return
-        self.profiler.record(EventKind.INPUT_RECEIVED, rid, self.name, source=source)
+        self.profiler.record(EventKind.INPUT_RECEIVED, ctx.request_id, self.name, source=source)
+        self._fan_in(ctx, source, lambda: self.fanin.arrive(ctx.request_id, ctx.active, source, data))
+
+    def on_skip(self, ctx: RequestContext, source: str) -> None:
+        if self._admit(ctx):
+            self._fan_in(ctx, source, lambda: self.fanin.skip(ctx.request_id, ctx.active, source))
+
+    def _fan_in(self, ctx: RequestContext, source: str | None, step: Callable[[], FanInResult]) -> None:
+        """Apply one arrival (or skip) and act on the outcome: run, keep waiting, or skip."""
+        rid = ctx.request_id
         waiting = self.fanin.waiting(rid)
         try:
-            outcome = self.fanin.arrive(rid, ctx.active, source, data)
+            outcome = step()
         except Exception as exc:  # merge_fn failed: this request only
             self._fail(rid, f"merge_fn of stage {self.name!r} raised {describe_error(exc)}")
             return
-        if outcome.ready:
-            if waiting:
-                self.profiler.record(EventKind.FANIN_WAIT_END, rid, self.name)
-            self._enqueue(IncomingMessage(IncomingKind.NEW_REQUEST, rid, outcome.data, source, ctx.params))
-        elif not waiting:
-            self.profiler.record(EventKind.FANIN_WAIT_START, rid, self.name)
-
-    def on_skip(self, ctx: RequestContext, source: str) -> None:
-        rid = ctx.request_id
-        if not self._admit(ctx):
-            return
-        try:
-            outcome = self.fanin.skip(rid, ctx.active, source)
-        except Exception as exc:
-            self._fail(rid, f"merge_fn of stage {self.name!r} raised {describe_error(exc)}")
-            return
+        if waiting and not self.fanin.waiting(rid):
+            self.profiler.record(EventKind.FANIN_WAIT_END, rid, self.name)
         if outcome.ready:
             self._enqueue(IncomingMessage(IncomingKind.NEW_REQUEST, rid, outcome.data, source, ctx.params))
         elif outcome.skipped:
             self._skip_downstream(ctx)
+        elif not waiting:
+            self.profiler.record(EventKind.FANIN_WAIT_START, rid, self.name)
 
     def on_stream_chunk(self, ctx: RequestContext, source: str, seq: int, data: Any) -> None:
         if not self._admit(ctx):
