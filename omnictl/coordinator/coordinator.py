@@ -27,6 +27,7 @@ from omnictl.coordinator.pruning import active_stages, select_terminals
 from omnictl.coordinator.request import RequestEvent, RequestHandle, RequestRecord, RequestState
 from omnictl.exceptions import InvalidRequest, LaunchError, PipelineDead, RequestAborted, RequestFailed
 from omnictl.profiling.events import EventKind, NullProfiler, Profiler
+from omnictl.schedulers.simple import describe_error
 from omnictl.topology.model import RelayKnobs, Topology
 from omnictl.transports.codec import PayloadCodec, decode
 from omnictl.transports.shm import SegmentReader, SlotPool
@@ -162,13 +163,13 @@ class Coordinator:
             raise InvalidRequest(f"request id {rid!r} was already used; ids must be unique", field="request_id")
         params = {key: inputs.get(key) for key in _PARAM_KEYS if isinstance(inputs, dict) and key in inputs}
         params["modalities"] = sorted({self.topology.terminals[t] for t in terminals})
+        ctx = m.RequestContext(rid, params, active)
+        entry = self.topology.entry
+        payload = self._codec.encode(inputs)  # before registering: inputs that cannot be sent leave no trace
         loop = asyncio.get_running_loop()
         record = RequestRecord(rid, set(terminals), active, loop.time() + self.request_timeout)
         self.requests[rid] = record
         self.profiler.record(EventKind.ADMITTED, rid, None, terminals=",".join(terminals))
-        ctx = m.RequestContext(rid, params, active)
-        entry = self.topology.entry
-        payload = self._codec.encode(inputs)
         record.state = RequestState.RUNNING
         await self._push(self.topology.process_of(entry)).send(m.encode(m.Submit(ctx, entry, payload)))
         return RequestHandle(record, self.abort)
@@ -254,6 +255,10 @@ class Coordinator:
     def _terminal_output(self, message: m.TerminalOutput) -> None:
         try:
             data = decode(message.payload, self._reader)
+        except Exception as exc:  # e.g. an object that pickles but does not unpickle: this request fails
+            self._fail(message.request_id, message.stage,
+                       f"the output of stage {message.stage!r} could not be decoded: {describe_error(exc)}")
+            return
         finally:
             if message.payload.shm is not None:
                 self._push(message.payload.shm.owner).send(m.encode(m.SlotRelease(message.payload.shm)))
@@ -310,8 +315,11 @@ class Coordinator:
             await asyncio.wait_for(handle.ready, self.ready_timeout)
             await asyncio.wait_for(self._handshake([process]), self.ready_timeout)
         except (LaunchError, asyncio.TimeoutError) as exc:
-            self.dead_reason = f"stage process {process!r} could not be restarted: {exc}"
-            return
+            if handle.alive():  # hung rather than exited: no exit will trigger another try
+                handle.process.kill()
+            if handle.restarts >= self.max_restarts:
+                self.dead_reason = f"stage process {process!r} could not be restarted: {exc}"
+            return  # otherwise its exit starts the next restart
         self.down.pop(process, None)
 
     # --- introspection ----------------------------------------------------------------

@@ -29,7 +29,7 @@ def append(tag: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
 
 
 def words(delay: float = 0.0) -> Callable[[dict[str, Any]], Iterator[dict[str, Any]]]:
-    """Streams ``data["text"]`` word by word, then returns the whole text."""
+    """Streams ``data["text"]`` word by word, then returns its input."""
 
     def run(data: dict[str, Any]) -> Iterator[dict[str, Any]]:
         text = str(data.get("text", ""))
@@ -37,7 +37,7 @@ def words(delay: float = 0.0) -> Callable[[dict[str, Any]], Iterator[dict[str, A
             if delay:
                 time.sleep(delay)
             yield {"text": word + " "}
-        return {"text": text}
+        return data
 
     return run
 

@@ -119,8 +119,18 @@ class Stage:
         self._enqueue(IncomingMessage(IncomingKind.STREAM_DONE, ctx.request_id, None, source, ctx.params))
 
     def on_abort(self, request_id: str) -> None:
-        self.scheduler.abort(request_id)
+        self._abort_in_scheduler(request_id)
         self._forget(request_id)
+
+    def _abort_in_scheduler(self, request_id: str) -> None:
+        """Take the request's messages still waiting in the inbox back out (the scheduler
+        would otherwise build state from them after its abort), then abort it there."""
+        inbox = self.scheduler.inbox
+        keep = [inbox.get_nowait() for _ in range(inbox.qsize())]
+        for message in keep:
+            if message.request_id != request_id:
+                inbox.put_nowait(message)
+        self.scheduler.abort(request_id)
 
     def _enqueue(self, message: IncomingMessage) -> None:
         if message.kind is IncomingKind.NEW_REQUEST:
@@ -135,12 +145,15 @@ class Stage:
             ctx = self._contexts.get(message.request_id)
             if ctx is None:
                 continue  # aborted while the scheduler was finishing it
-            if message.kind is OutgoingKind.STREAM:
-                self._stream(ctx, message)
-            elif message.kind is OutgoingKind.RESULT:
-                self._route(ctx, message.data)
-            else:
-                self._fail(ctx.request_id, f"stage {self.name!r} failed: {message.error}")
+            try:
+                if message.kind is OutgoingKind.STREAM:
+                    self._stream(ctx, message)
+                elif message.kind is OutgoingKind.RESULT:
+                    self._route(ctx, message.data)
+                else:
+                    self._fail(ctx.request_id, f"stage {self.name!r} failed: {message.error}")
+            except Exception as exc:  # e.g. an output leaf that cannot be serialized: this request fails
+                self._fail(ctx.request_id, f"stage {self.name!r} could not send its output: {describe_error(exc)}")
 
     def _stream(self, ctx: RequestContext, message: OutgoingMessage) -> None:
         seq = self._stream_seq.get(ctx.request_id, 0)
@@ -180,6 +193,7 @@ class Stage:
 
     def _skip_downstream(self, ctx: RequestContext) -> None:
         """No upstream runs for this request: neither does this stage."""
+        self._abort_in_scheduler(ctx.request_id)  # it may hold stream state from a stream_to upstream
         if self.spec.terminal:
             self.ports.send_terminal_skipped(ctx.request_id, self.name)
         for target in self.spec.next:
@@ -189,7 +203,7 @@ class Stage:
 
     def _fail(self, request_id: str, error: str) -> None:
         self.ports.send_failure(request_id, self.name, error)
-        self.scheduler.abort(request_id)
+        self._abort_in_scheduler(request_id)
         self._forget(request_id)
 
     def _forget(self, request_id: str) -> None:

@@ -154,3 +154,64 @@ def crash_on(word: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
 
 def broken_factory() -> Any:
     raise RuntimeError("weights not found at /nowhere")
+
+
+class Picky(Exception):
+    """Pickles fine, fails to unpickle (its __init__ needs two arguments)."""
+
+    def __init__(self, a: int, b: int) -> None:
+        super().__init__(a)
+        self.b = b
+
+
+def returns_picky() -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def run(data: dict[str, Any]) -> dict[str, Any]:
+        if data.get("picky"):
+            return {"error": Picky(1, 2)}
+        return data
+
+    return run
+
+
+def returns_unpicklable() -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def run(data: dict[str, Any]) -> dict[str, Any]:
+        if data.get("lambda"):
+            return {"fn": lambda: None}
+        return data
+
+    return run
+
+
+class StreamCounter(Scheduler):
+    """Finishes on STREAM_DONE: a stage reached only through `stream_to`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[str, int] = {}
+
+    async def run(self) -> None:
+        while True:
+            message = await self.inbox.get()
+            if message.kind is IncomingKind.STREAM_CHUNK:
+                self.counts[message.request_id] = self.counts.get(message.request_id, 0) + 1
+            elif message.kind is IncomingKind.STREAM_DONE:
+                count = self.counts.pop(message.request_id, 0)
+                self.emit(OutgoingMessage(OutgoingKind.RESULT, message.request_id, {"chunks": count}))
+
+    def abort(self, request_id: str) -> None:
+        self.counts.pop(request_id, None)
+
+    def load(self) -> SchedulerLoad:
+        return SchedulerLoad(stream_buffers=len(self.counts))
+
+
+def stream_counter() -> StreamCounter:
+    return StreamCounter()
+
+
+def fails_once_after_marker(marker: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A factory that raises (once) while ``marker`` exists: a restart that fails."""
+    if os.path.exists(marker):
+        os.remove(marker)
+        raise RuntimeError("transient start-up failure")
+    return crash_on("die")

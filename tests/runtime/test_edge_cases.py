@@ -1,0 +1,94 @@
+"""Faults found in review: none of them may hang a request or leak state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import omnictl
+from tests.support import topo
+from tests.support.loop import LoopThread, launch
+from tests.support.wait import until
+
+E = "omnictl.models.examples"
+S = "tests.support.stages"
+
+
+async def _result(pipe: Any, data: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    return await (await pipe.submit(data, **kwargs)).result()
+
+
+def test_outputs_that_cannot_cross_a_process_fail_their_request_only(loop: LoopThread, tmp_path: Path) -> None:
+    path = topo.write(
+        tmp_path / "bad-output.yaml",
+        [
+            {"name": "a", "factory": f"{S}.returns_unpicklable", "next": ["b"], "process": "one"},
+            {"name": "b", "factory": f"{S}.returns_picky", "terminal": True, "process": "two"},
+        ],
+    )
+    pipe = launch(loop, path, profile=False)
+    try:
+        with pytest.raises(omnictl.RequestFailed, match=r"stage 'a' could not send its output: .*pickle"):
+            loop.run(_result(pipe, {"lambda": True}))
+        with pytest.raises(omnictl.RequestFailed, match=r"output of stage 'b' could not be decoded"):
+            loop.run(_result(pipe, {"picky": True}))
+        assert loop.run(_result(pipe, {"text": "fine"}))["b"]["text"] == "fine"
+        stats = loop.run(pipe.stats())
+        assert all(entry["requests"] == 0 for entry in stats.values())
+    finally:
+        loop.run(pipe.close())
+
+
+def test_inputs_that_cannot_be_sent_leave_no_request_behind(loop: LoopThread, tmp_path: Path) -> None:
+    pipe = launch(loop, topo.write(tmp_path / "one.yaml", [{"name": "a", "factory": f"{E}.identity", "terminal": True}]), profile=False)
+    try:
+        with pytest.raises(AttributeError):
+            loop.run(pipe.submit({"fn": lambda: None}, request_id="r1"))
+        assert pipe.in_flight() == 0
+        assert loop.run(_result(pipe, {"x": 1}, request_id="r1")) == {"a": {"x": 1}}
+    finally:
+        loop.run(pipe.close())
+
+
+def test_stream_only_terminal_runs_and_route_skipped_stream_target_keeps_nothing(loop: LoopThread, tmp_path: Path) -> None:
+    path = topo.write(
+        tmp_path / "streams.yaml",
+        [
+            {"name": "src", "factory": f"{E}.words", "route_fn": f"{E}.route_by_kind", "next": ["collect", "plain"],
+             "stream_to": ["collect", "count"], "process": "one"},
+            {"name": "collect", "factory": f"{S}.chunk_collector", "terminal": True, "modality": "text", "process": "two"},
+            {"name": "plain", "factory": f"{E}.identity", "terminal": True, "modality": "json", "process": "two"},
+            {"name": "count", "factory": f"{S}.stream_counter", "terminal": True, "modality": "audio", "process": "two"},
+        ],
+    )
+    pipe = launch(loop, path, profile=False)
+    try:
+        # `count` is reached only through stream_to: it runs, also for an audio-only request
+        assert loop.run(_result(pipe, {"text": "a b c", "route": "plain"}, modalities=["audio"])) == {"count": {"chunks": 3}}
+        # `collect` gets the stream, then a skip from the route_fn: it must drop what it buffered
+        for _ in range(3):
+            out = loop.run(_result(pipe, {"text": "a b c", "route": "plain"}, modalities=["json", "text"]))
+            assert set(out) == {"plain"}
+        assert until(lambda: all(e["stream_buffers"] == 0 and e["requests"] == 0 for e in loop.run(pipe.stats()).values()))
+    finally:
+        loop.run(pipe.close())
+
+
+def test_a_failed_restart_is_retried_and_the_pipeline_recovers(loop: LoopThread, tmp_path: Path) -> None:
+    marker = tmp_path / "fail-next-start"
+    path = topo.write(
+        tmp_path / "flaky.yaml",
+        [{"name": "a", "factory": f"{S}.fails_once_after_marker", "factory_args": {"marker": str(marker)}, "terminal": True}],
+    )
+    pipe = launch(loop, path, profile=False, max_restarts=3)
+    try:
+        marker.write_text("x")
+        with pytest.raises(omnictl.RequestFailed, match="exit code 3"):
+            loop.run(_result(pipe, {"text": "die"}))
+        assert until(lambda: pipe.healthy, timeout=60)
+        assert not marker.exists()  # the first restart did fail
+        assert loop.run(_result(pipe, {"text": "fine"}))["a"]["text"] == "fine"
+    finally:
+        loop.run(pipe.close())
