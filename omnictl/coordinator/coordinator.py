@@ -300,16 +300,18 @@ class Coordinator:
         handle = self.launcher.handles[process]
         if not handle.ready.done():
             handle.ready.set_exception(LaunchError(stages[0], why))
+        failed: list[str] = []
         for record in list(self.requests.values()):
             involved = [s for s in stages if s in record.active]
             if involved:
+                failed.append(record.request_id)
                 self._fail(record.request_id, involved[0], f"stage {involved[0]!r} failed: {why}")
         if handle.restarts < self.max_restarts:
-            asyncio.get_running_loop().create_task(self._restart(process))
+            asyncio.get_running_loop().create_task(self._restart(process, failed))
         else:
             self.dead_reason = why
 
-    async def _restart(self, process: str) -> None:
+    async def _restart(self, process: str, failed: list[str]) -> None:
         handle = self.launcher.start(process)
         try:
             await asyncio.wait_for(handle.ready, self.ready_timeout)
@@ -320,6 +322,10 @@ class Coordinator:
             if handle.restarts >= self.max_restarts:
                 self.dead_reason = f"stage process {process!r} could not be restarted: {exc}"
             return  # otherwise its exit starts the next restart
+        if failed:
+            # The new process never heard the aborts for what its predecessor held: data
+            # for those requests still in flight must not build state there.
+            self._broadcast.send(m.encode(m.Abort(tuple(failed))))
         self.down.pop(process, None)
 
     # --- introspection ----------------------------------------------------------------
