@@ -172,12 +172,26 @@ def build_config(tokenizer: Any) -> Any:
     }
     codec = CODEBOOK_SIZE + 1024
     talker_specials = {
-        "codec_pad_id": CODEBOOK_SIZE + 1024 - 8,
-        "codec_bos_id": CODEBOOK_SIZE + 1024 - 7,
-        "codec_eos_token_id": CODEBOOK_SIZE + 1024 - 6,
-        "codec_nothink_id": CODEBOOK_SIZE + 1024 - 5,
-        "codec_think_bos_id": CODEBOOK_SIZE + 1024 - 4,
-        "codec_think_eos_id": CODEBOOK_SIZE + 1024 - 3,
+        "codec_pad_id": codec - 8,
+        "codec_bos_id": codec - 7,
+        "codec_eos_token_id": codec - 6,
+        "codec_nothink_id": codec - 5,
+        "codec_think_bos_id": codec - 4,
+        "codec_think_eos_id": codec - 3,
+    }
+    # The thinker's and the talker's decoders share one tiny MoE shape.
+    moe_text = {
+        "hidden_size": HIDDEN,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "moe_intermediate_size": 16,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "rope_parameters": rope,
+        "max_position_embeddings": 4096,
     }
     thinker = {
         "audio_config": audio_config,
@@ -193,38 +207,15 @@ def build_config(tokenizer: Any) -> Any:
             "num_position_embeddings": 64,
             "deepstack_visual_indexes": [1],
         },
-        "text_config": {
-            "vocab_size": vocab_size,
-            "hidden_size": HIDDEN,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 1,
-            "head_dim": 16,
-            "moe_intermediate_size": 16,
-            "num_experts": 4,
-            "num_experts_per_tok": 2,
-            "rope_parameters": rope,
-            "max_position_embeddings": 4096,
-        },
+        "text_config": {"vocab_size": vocab_size, **moe_text},
         "user_token_id": _single_token(tokenizer, "user"),
         **token_ids,
     }
     talker = {
         "text_config": {
             "vocab_size": codec,
-            "hidden_size": HIDDEN,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 1,
-            "head_dim": 16,
-            "moe_intermediate_size": 16,
+            **moe_text,
             "shared_expert_intermediate_size": 32,  # not defaulted by transformers 5.x
-            "num_experts": 4,
-            "num_experts_per_tok": 2,
-            "rope_parameters": rope,
-            "max_position_embeddings": 4096,
         },
         "code_predictor_config": {
             "vocab_size": CODEBOOK_SIZE,
@@ -240,7 +231,7 @@ def build_config(tokenizer: Any) -> Any:
         "num_code_groups": NUM_CODE_GROUPS,
         "thinker_hidden_size": HIDDEN,
         "accept_hidden_layer": 1,
-        "speaker_id": {SPEAKER: CODEBOOK_SIZE + 1024 - 2},
+        "speaker_id": {SPEAKER: codec - 2},
         "spatial_merge_size": 2,  # read by the talker for 3D positions of image tokens
         "audio_config": audio_config,  # the talker's 3D positions for audio read `audio_config.n_window`
         **talker_specials,
