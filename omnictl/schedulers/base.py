@@ -105,7 +105,9 @@ class Scheduler(ABC):
 
     @abstractmethod
     def abort(self, request_id: str) -> None:
-        """Drop every piece of state held for ``request_id`` (queued, running, caches)."""
+        """Drop every piece of state held for ``request_id`` (queued, running, caches).
+
+        The Stage has already taken the request's messages out of ``inbox``."""
 
     @abstractmethod
     def load(self) -> SchedulerLoad:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import traceback
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -25,9 +24,6 @@ from omnictl.schedulers.base import (
     Scheduler,
     SchedulerLoad,
 )
-
-_CANCELLED_MEMORY = 4096
-
 
 def describe_error(exc: BaseException) -> str:
     """``Type: message`` plus the innermost frame, enough to find the bug."""
@@ -45,7 +41,6 @@ class SimpleScheduler(Scheduler):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stage")
         self._running: set[str] = set()
         self._aborted: set[str] = set()  # running, result to be discarded
-        self._cancelled: OrderedDict[str, None] = OrderedDict()  # not started, to be skipped
 
     async def stop(self) -> None:
         await super().stop()
@@ -55,9 +50,6 @@ class SimpleScheduler(Scheduler):
         while True:
             message = await self.inbox.get()
             if message.kind is not IncomingKind.NEW_REQUEST:
-                continue
-            if message.request_id in self._cancelled:  # aborted while it waited in the inbox
-                del self._cancelled[message.request_id]
                 continue
             await self._execute(message)
 
@@ -99,14 +91,10 @@ class SimpleScheduler(Scheduler):
             self.emit(OutgoingMessage(OutgoingKind.STREAM, rid, data=chunk))
 
     def abort(self, request_id: str) -> None:
+        # Queued work needs nothing here: the Stage takes the request's messages out of
+        # the inbox before it calls abort.
         if request_id in self._running:
             self._aborted.add(request_id)  # its result is discarded; a generator stops at its next yield
-            return
-        # It may still sit in the inbox: skip it when it comes up. Bounded, because an id
-        # aborted before it ever reached this stage would otherwise stay forever.
-        self._cancelled[request_id] = None
-        if len(self._cancelled) > _CANCELLED_MEMORY:
-            self._cancelled.popitem(last=False)
 
     def load(self) -> SchedulerLoad:
         return SchedulerLoad(queued=self.inbox.qsize(), running=len(self._running))
