@@ -5,13 +5,26 @@ The tree separates "your input was wrong" from "this request failed" from
 
     OmnictlError
     ├── TopologyError            the topology file is invalid (carries every problem found)
-    ├── LaunchError              a stage process could not start (names the stage, shows its traceback)
+    ├── TopologyReadError        the topology file cannot be read at all (missing, not UTF-8...)
+    ├── ResolveError             a dotted path the topology names cannot be imported, or is not
+    │                            callable (also an ImportError: says which module, from where, why)
+    ├── LaunchError              a stage process could not start (names the stage, shows its
+    │                            traceback), or the topology asks for what the runtime lacks
     ├── InvalidRequest           the request's input is malformed (names the field / part)
+    │   └── PayloadTooLarge      a body or input audio part exceeds the server's limits (413)
     ├── RequestError             one request did not produce a result; the pipeline is fine
     │   ├── RequestFailed        a stage raised, a route_fn broke its contract, a deadline passed
     │   └── RequestAborted       the request was aborted (by the client or by `Pipeline.abort`)
-    └── PipelineDead             a stage is down and no restart policy brings it back:
-                                 the pipeline refuses new work
+    ├── RouteContractError       a route_fn returned targets outside its `next` (inside a stage;
+    │                            the request then fails with RequestFailed)
+    ├── UnknownWireType          a payload names a struct type the receiving process cannot rebuild
+    ├── PipelineDead             a stage is down and no restart policy brings it back:
+    │                            the pipeline refuses new work
+    ├── TraceError               a profiling trace or run directory cannot be found or read
+    └── BenchError               `omnictl bench` cannot run (bad options, every request rejected)
+
+Every class is defined here, not next to the code that raises it, so this module imports
+nothing from omnictl and any module may import it without creating an import cycle.
 """
 
 from __future__ import annotations
@@ -36,6 +49,39 @@ class TopologyError(OmnictlError):
         super().__init__(f"{path}: {len(self.issues)} problem(s)\n{lines}")
 
 
+class TopologyReadError(OmnictlError):
+    """A topology file could not be read at all (missing, a directory, not UTF-8...)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: cannot read topology file: {reason}")
+
+
+class ResolveError(OmnictlError, ImportError):
+    """A dotted path in a topology cannot be imported, or names something not callable.
+
+    Also an :class:`ImportError`, so code that guards an import keeps catching it.
+    ``reason`` says why (the module that is missing, the attribute that is not there, or
+    what the module raised while importing); ``where`` the topology file:line and field
+    when known; ``searched`` the directories looked in first.
+    """
+
+    def __init__(self, dotted: str, reason: str, *, where: str | None = None,
+                 searched: tuple[str, ...] = ()) -> None:
+        self.dotted = dotted
+        self.reason = reason
+        self.where = where
+        self.searched = searched
+        message = f"cannot use {dotted!r}"
+        if where:
+            message += f" ({where})"
+        message += f": {reason}"
+        if searched:
+            message += f" [searched {', '.join(searched)}, then sys.path]"
+        super().__init__(message)
+
+
 class LaunchError(OmnictlError):
     """A stage process failed to start; the message names the stage and holds its traceback."""
 
@@ -50,6 +96,10 @@ class InvalidRequest(OmnictlError):
     def __init__(self, message: str, field: str | None = None) -> None:
         self.field = field
         super().__init__(message)
+
+
+class PayloadTooLarge(InvalidRequest):
+    """A body or an input audio part exceeds the server's limits (HTTP 413)."""
 
 
 class RequestError(OmnictlError):
@@ -69,5 +119,21 @@ class RequestAborted(RequestError):
     """The request was aborted before it completed."""
 
 
+class RouteContractError(OmnictlError):
+    """A route_fn returned something other than candidates declared in `next`."""
+
+
+class UnknownWireType(OmnictlError):
+    """A payload names a struct type that the receiving process cannot rebuild."""
+
+
 class PipelineDead(OmnictlError):
     """A stage process is down and will not come back; new work is refused."""
+
+
+class TraceError(OmnictlError):
+    """A trace could not be found or read (missing run directory, unknown request id)."""
+
+
+class BenchError(OmnictlError):
+    """The bench could not run (bad options, or the server rejects every request)."""

@@ -13,7 +13,6 @@ import itertools
 import shutil
 import tempfile
 import uuid
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -24,15 +23,18 @@ import zmq.asyncio
 from omnictl import messages as m
 from omnictl.coordinator.launcher import Launcher, describe_exit
 from omnictl.coordinator.pruning import active_stages, select_terminals
-from omnictl.coordinator.request import RequestEvent, RequestHandle, RequestRecord, RequestState
+from omnictl.coordinator.request import RequestEvent, RequestEventKind, RequestHandle, RequestRecord, RequestState
 from omnictl.exceptions import InvalidRequest, LaunchError, PipelineDead, RequestAborted, RequestFailed
 from omnictl.profiling.events import EventKind, NullProfiler, Profiler
+from omnictl.recent import RecentIds
 from omnictl.schedulers.simple import describe_error
 from omnictl.topology.model import RelayKnobs, Topology
 from omnictl.transports.codec import PayloadCodec, decode
 from omnictl.transports.shm import SegmentReader, SlotPool
 
 _PARAM_KEYS = ("sampling", "voice")
+# A reused request id is refused for as long as it is remembered; a client may reuse one long
+# after it finished, so the coordinator remembers more than a stage (DEFAULT_RECENT_IDS): ~17 MB for uuid-hex ids.
 _RECENT_IDS = 100_000
 
 
@@ -56,7 +58,7 @@ class Coordinator:
         self.ready_timeout = ready_timeout
         self.max_restarts = max_restarts
         self.requests: dict[str, RequestRecord] = {}
-        self._recent: OrderedDict[str, None] = OrderedDict()  # finished ids, refused if reused
+        self._recent = RecentIds(_RECENT_IDS)  # finished ids, refused if reused
         self.down: dict[str, str] = {}  # process -> why it is down
         self.dead_reason: str | None = None
         # Removed on close. Short paths: ipc:// addresses are limited to ~100 bytes.
@@ -184,9 +186,7 @@ class Coordinator:
         if record.finished:
             return
         self.requests.pop(record.request_id, None)
-        self._recent[record.request_id] = None
-        if len(self._recent) > _RECENT_IDS:
-            self._recent.popitem(last=False)
+        self._recent.add(record.request_id)
         if state is RequestState.COMPLETED:
             self.profiler.record(EventKind.COMPLETED, record.request_id, None)
         else:
@@ -270,11 +270,11 @@ class Coordinator:
         if message.final:
             record.results[message.stage] = data
             record.expected.discard(message.stage)
-            record.events.put_nowait(RequestEvent("result", message.stage, data))
+            record.events.put_nowait(RequestEvent(RequestEventKind.RESULT, message.stage, data))
             self.profiler.record(EventKind.TERMINAL_COMPLETE, message.request_id, message.stage)
             self._maybe_complete(record)
         else:
-            record.events.put_nowait(RequestEvent("stream", message.stage, data))
+            record.events.put_nowait(RequestEvent(RequestEventKind.STREAM, message.stage, data))
 
     def _mark_first_output(self, request_id: str, stage: str) -> None:
         modality = self.topology.terminals[stage]

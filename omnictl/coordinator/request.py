@@ -18,9 +18,21 @@ class RequestState(str, enum.Enum):
     ABORTED = "aborted"
 
 
+class RequestEventKind(str, enum.Enum):
+    """What a :class:`RequestEvent` reports."""
+
+    STREAM = "stream"  # a terminal's stream chunk (``data``)
+    RESULT = "result"  # a terminal's result (``data``)
+    ERROR = "error"  # the request failed (``error``, ``stage``); ends the events
+    ABORTED = "aborted"  # the request was aborted; ends the events
+
+
 @dataclass(frozen=True)
 class RequestEvent:
-    kind: str  # "stream" | "result" | "error" | "aborted"
+    """One step of a request as its caller sees it. For a ``text`` / ``audio`` terminal,
+    ``data`` is an :mod:`omnictl.outputs` type (checked by the stage that sent it)."""
+
+    kind: RequestEventKind
     stage: str | None
     data: Any = None
     error: str | None = None
@@ -48,7 +60,7 @@ class RequestRecord:
         if error is None:
             self.outcome.set_result(dict(self.results))
         else:
-            kind = "aborted" if isinstance(error, RequestAborted) else "error"
+            kind = RequestEventKind.ABORTED if isinstance(error, RequestAborted) else RequestEventKind.ERROR
             self.events.put_nowait(RequestEvent(kind, error.stage, error=str(error)))
             self.outcome.set_exception(error)
             self.outcome.exception()  # mark retrieved: not awaiting the result is fine

@@ -9,6 +9,10 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterator
 
+import numpy as np
+
+from omnictl.outputs import AudioResult
+
 
 def identity() -> Callable[[dict[str, Any]], dict[str, Any]]:
     """Factory of the no-op stage: returns its input."""
@@ -45,6 +49,17 @@ def words(delay: float = 0.0) -> Callable[[dict[str, Any]], Iterator[dict[str, A
 def upper() -> Callable[[dict[str, Any]], dict[str, Any]]:
     def run(data: dict[str, Any]) -> dict[str, Any]:
         return {**data, "text": str(data.get("text", "")).upper()}
+
+    return run
+
+
+def tone(seconds: float = 0.2, frequency: float = 440.0, sample_rate: int = 16_000) -> Callable[[Any], AudioResult]:
+    """Factory of an audio terminal that answers every request with a short sine tone."""
+    t = np.arange(int(seconds * sample_rate)) / sample_rate
+    samples = (0.3 * np.sin(2 * np.pi * frequency * t)).astype(np.float32)
+
+    def run(data: Any) -> AudioResult:
+        return AudioResult(samples=samples, sample_rate=sample_rate)
 
     return run
 

@@ -15,16 +15,12 @@ from pathlib import Path
 import msgspec
 import platformdirs
 
-from omnictl.exceptions import OmnictlError
+from omnictl.exceptions import TraceError  # re-exported here (and by the store) for callers
 from omnictl.topology.model import Topology
 
 RUN_INFO_FILE = "run.json"
 _RUN_NAME = re.compile(r"\d{8}-\d{6}-\d+")  # what default_run_dir names a run
 LATEST_LINK = "latest"
-
-
-class TraceError(OmnictlError):
-    """A trace could not be found or read (missing run directory, unknown request id)."""
 
 
 class StageInfo(msgspec.Struct, frozen=True):

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
+from omnictl.outputs import FinishReason, TokenDelta, TokenResult
 from omnictl.schedulers.sampling import Sampler, SamplingParams, cut_at_stop, streamable_prefix
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ class ArRequest:
         self.hidden_size = 0
         self.completion_tokens = 0
         self.last_token = -1  # the token fed to the next decode step
-        self.finish_reason: str | None = None
+        self.finish_reason: FinishReason | None = None
         self.final_text: str | None = None  # set when a stop string ended the request
         self.sent_text = ""
         self.sent_tokens = 0
@@ -42,7 +43,7 @@ class ArRequest:
         if output.hidden is not None:
             self.hidden_size = int(output.hidden.shape[-1])
         if token in stop_ids:
-            self.finish_reason = "stop"
+            self.finish_reason = FinishReason.STOP
             return
         self.token_ids.append(token)
         if output.hidden is not None:
@@ -50,11 +51,11 @@ class ArRequest:
         if self.params.stop:
             text, hit = cut_at_stop(runner.detokenize(self.token_ids), self.params.stop)
             if hit:
-                self.finish_reason = "stop"
+                self.finish_reason = FinishReason.STOP
                 self.final_text = text
                 return
         if self.completion_tokens >= self.params.max_tokens:
-            self.finish_reason = "length"
+            self.finish_reason = FinishReason.LENGTH
 
     def text(self, runner: "AutoregressiveRunner") -> str:
         """The whole text when finished, else the part that is safe to stream."""
@@ -63,7 +64,7 @@ class ArRequest:
         full = runner.detokenize(self.token_ids)
         return full if self.finish_reason is not None else streamable_prefix(full, self.params.stop)
 
-    def chunk(self, runner: "AutoregressiveRunner", emit_hidden: bool) -> dict[str, Any] | None:
+    def chunk(self, runner: "AutoregressiveRunner", emit_hidden: bool) -> TokenDelta | None:
         """The increment since the last chunk, or None when there is nothing new."""
         self.steps_since_emit = 0
         token_ids = self.token_ids[self.sent_tokens :]
@@ -72,24 +73,21 @@ class ArRequest:
         delta = text[len(self.sent_text) :] if text.startswith(self.sent_text) else ""
         if not token_ids and not delta:
             return None
-        chunk: dict[str, Any] = {"token_ids": token_ids, "text": delta}
-        if emit_hidden:
-            chunk["hidden"] = self._hidden(self.hidden_rows[self.sent_tokens :])
+        hidden = self._hidden(self.hidden_rows[self.sent_tokens :]) if emit_hidden else None
+        chunk = TokenDelta(text=delta, token_ids=token_ids, hidden=hidden)
         self.sent_tokens = len(self.token_ids)
         self.sent_text += delta
         return chunk
 
-    def result(self, runner: "AutoregressiveRunner", emit_hidden: bool) -> dict[str, Any]:
-        result: dict[str, Any] = {
-            "token_ids": list(self.token_ids),
-            "text": self.text(runner),
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "finish_reason": self.finish_reason,
-        }
-        if emit_hidden:
-            result["hidden"] = self._hidden(self.hidden_rows)
-        return result
+    def result(self, runner: "AutoregressiveRunner", emit_hidden: bool) -> TokenResult:
+        return TokenResult(
+            text=self.text(runner),
+            finish_reason=self.finish_reason or FinishReason.STOP,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            token_ids=list(self.token_ids),
+            hidden=self._hidden(self.hidden_rows) if emit_hidden else None,
+        )
 
     def _hidden(self, rows: list[torch.Tensor]) -> torch.Tensor:
         if not rows:

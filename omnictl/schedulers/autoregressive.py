@@ -19,22 +19,41 @@ Outputs, per request:
 Upstream streams (a talker fed by the thinker's hidden states): when the runner also
 implements :class:`StreamFedRunner`, ``stream_chunk`` / ``stream_done`` data is passed
 to ``runner.feed`` and a request only prefills or decodes while ``runner.ready`` says
-so. With ``start_on="stream"`` the first chunk starts the request, and a later
-``new_request`` (the upstream's final result) is fed as the last increment. Runners
+so. With ``start_on="stream"`` the first chunk starts the request, and the
+``new_request`` (the upstream's final result) is fed as the last increment; when it
+comes first (the upstream streamed nothing) it also starts the request. Runners
 without ``feed`` ignore stream messages and start from ``new_request`` alone.
+
+Hooks: a model scheduler extends this one by overriding these public methods, never
+the private ones (all default to doing nothing special):
+
+- :meth:`~AutoregressiveScheduler.request_sampling` ``(params) -> Mapping | None``
+  (event loop): which sampling fields of a request apply at this stage; they are laid
+  over ``default_sampling`` and validated, a bad value fails the request.
+- :meth:`~AutoregressiveScheduler.on_start` ``(request_id, sampling) -> None`` (worker
+  thread): a request was accepted, before anything is fed to it or it prefills.
+- :meth:`~AutoregressiveScheduler.on_output` ``(request_id, data, *, final) -> data``
+  (worker thread): a stream chunk or the result just before it leaves; returns what
+  leaves (e.g. with per-request extras the runner produced). Raising fails the request.
+- :meth:`~AutoregressiveScheduler.on_drop` ``(request_id) -> None`` (worker thread):
+  the request left without a result (aborted, or a model call or hook failed); free
+  what is kept for it beyond the KV cache the runner already released.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import threading
 import time
 from collections import OrderedDict, deque
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, Mapping
 
 from omnictl.exceptions import InvalidRequest
 from omnictl.profiling.events import EventKind
+from omnictl.recent import RecentIds
 from omnictl.schedulers.ar_request import ArRequest
 from omnictl.schedulers.base import (
     IncomingKind,
@@ -47,9 +66,37 @@ from omnictl.schedulers.base import (
 from omnictl.schedulers.runner import AutoregressiveRunner, StreamFedRunner
 from omnictl.schedulers.sampling import SamplingParams
 
-_FINISHED_MEMORY = 4096  # finished request ids remembered (stream mode) so late messages do not restart them
+__all__ = ["AutoregressiveScheduler", "StartOn", "StreamFedRunner"]
 
-__all__ = ["AutoregressiveScheduler", "StreamFedRunner"]
+
+class StartOn(str, enum.Enum):
+    """What starts a request at this stage (a str enum: ``"request"`` / ``"stream"`` are accepted)."""
+
+    REQUEST = "request"  # its new_request (the upstream's result, or the entry input)
+    STREAM = "stream"  # its first stream chunk; the new_request is then its last increment
+
+
+# Commands from the event loop to the worker thread, applied in arrival order.
+
+
+@dataclass(frozen=True, slots=True)
+class _NewRequest:
+    request: ArRequest
+
+
+@dataclass(frozen=True, slots=True)
+class _Feed:
+    request_id: str
+    data: Any  # an upstream increment (None with `done` for a bare stream-done)
+    done: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    request_id: str
+
+
+_Command = _NewRequest | _Feed | _Abort
 
 
 class AutoregressiveScheduler(Scheduler):
@@ -60,31 +107,39 @@ class AutoregressiveScheduler(Scheduler):
         stream_every: int = 1,
         emit_hidden: bool = False,
         max_batch: int = 32,
-        start_on: Literal["request", "stream"] = "request",
+        start_on: StartOn | Literal["request", "stream"] = StartOn.REQUEST,
         default_sampling: Mapping[str, Any] | None = None,
     ) -> None:
+        """
+        default_sampling: sampling fields for requests that do not set them (validated
+            here: a bad value fails construction, not every request).
+        """
         super().__init__()
         if stream_every < 1:
             raise ValueError(f"stream_every must be >= 1, got {stream_every}")
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        if start_on not in ("request", "stream"):
-            raise ValueError(f"start_on must be 'request' or 'stream', got {start_on!r}")
+        try:
+            self.start_on = StartOn(start_on)
+        except ValueError:
+            raise ValueError(f"start_on must be 'request' or 'stream', got {start_on!r}") from None
         self.runner = runner
         self.stream_every = stream_every
         self.emit_hidden = emit_hidden
         self.max_batch = max_batch
-        self.start_on = start_on
-        self.default_sampling = SamplingParams.from_mapping(None, defaults=default_sampling, where="default_sampling")
-        self._default_sampling_raw = dict(default_sampling or {})
-        self._stream_fed = isinstance(runner, StreamFedRunner)
+        SamplingParams.from_mapping(None, defaults=default_sampling, where="default_sampling")  # raises if invalid
+        self._sampling_defaults: dict[str, Any] = dict(default_sampling or {})
         self._fed_runner: StreamFedRunner | None = runner if isinstance(runner, StreamFedRunner) else None
+        # Stream mode with a runner that takes increments: the upstream's result is one too.
+        self._result_is_fed = self._fed_runner is not None and self.start_on is StartOn.STREAM
         self._stop_ids = set(runner.stop_token_ids())
         # Shared between the loop and the worker, guarded by `_wake`'s lock.
         self._wake = threading.Condition()
-        self._commands: deque[tuple[str, str, Any]] = deque()  # (kind, request_id, payload), in arrival order
+        self._commands: deque[_Command] = deque()  # in arrival order
         self._active: set[str] = set()
-        self._finished: OrderedDict[str, None] = OrderedDict()
+        # Stream mode only: finished, refused or aborted ids, so that chunks still in
+        # flight for them do not start them again.
+        self._finished = RecentIds()
         self._queued_count = 0
         self._stopping = False
         self._crashed: str | None = None
@@ -93,6 +148,37 @@ class AutoregressiveScheduler(Scheduler):
         self._waiting: OrderedDict[str, ArRequest] = OrderedDict()
         self._running: OrderedDict[str, ArRequest] = OrderedDict()
         self._thread: threading.Thread | None = None
+
+    # --- hooks for model schedulers (see the module docstring) ----------------------
+
+    def request_sampling(self, params: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """Hook (event loop): the sampling fields a request with these ``params`` sets here.
+
+        They are laid over ``default_sampling`` and validated; an invalid one fails the
+        request with a message naming the field. Default: the request's ``sampling``.
+        """
+        sampling: Mapping[str, Any] | None = params.get("sampling")
+        return sampling
+
+    def on_start(self, request_id: str, sampling: SamplingParams) -> None:
+        """Hook (worker thread): the request was accepted with these resolved ``sampling``
+        parameters; it runs before anything is fed to the runner for it and before its
+        prefill. The request leaves later through a result or :meth:`on_drop`."""
+
+    def on_output(self, request_id: str, data: Any, *, final: bool) -> Any:
+        """Hook (worker thread): a stream chunk (``final=False``) or the result
+        (``final=True``) of ``request_id`` just before it is emitted; returns what is emitted.
+
+        Chunks come in order and the result last, after the runner released the
+        request's KV cache. Raising fails the request (then :meth:`on_drop` follows).
+        """
+        return data
+
+    def on_drop(self, request_id: str) -> None:
+        """Hook (worker thread): the request left without a result (aborted, or a model
+        call or a hook failed), after the runner released its KV cache. Free what is
+        kept for it besides. It may come for ids never started, or twice; it must not
+        raise (that is a bug outside any one request: the worker stops, failing all)."""
 
     # --- event-loop side -------------------------------------------------------------
 
@@ -124,59 +210,61 @@ class AutoregressiveScheduler(Scheduler):
         if crashed is not None:
             if not active and not finished:  # the held requests were failed by the crash itself
                 with self._wake:
-                    self._remember_finished(rid)
+                    self._finished.add(rid)
                 self._fail_now(rid, crashed)
             return
         if message.kind is IncomingKind.NEW_REQUEST:
-            if active and self.start_on == "stream" and self._stream_fed:
-                self._send("feed", rid, (message.data, True))
+            if active and self._result_is_fed:
+                self._send(_Feed(rid, message.data, done=True))
             elif active:
                 self._fail_now(rid, "a request with this id is already running here")
-            elif not finished:
-                self._create(message, inputs=message.data)
-        elif self._stream_fed and not finished:
-            if not active and message.kind is IncomingKind.STREAM_CHUNK and self.start_on == "stream":
-                self._create(message, inputs={})
-                active = rid in self._active
+            elif not finished and self._create(message, inputs=message.data) and self._result_is_fed:
+                # Nothing was streamed (the upstream stopped at once): its result is the whole input.
+                self._send(_Feed(rid, message.data, done=True))
+        elif self._fed_runner is not None and not finished:
+            if not active and message.kind is IncomingKind.STREAM_CHUNK and self.start_on is StartOn.STREAM:
+                active = self._create(message, inputs={})
             if active:
                 done = message.kind is IncomingKind.STREAM_DONE
-                self._send("feed", rid, (None if done else message.data, done))
+                self._send(_Feed(rid, None if done else message.data, done=done))
 
-    def _create(self, message: IncomingMessage, inputs: Any) -> None:
+    def _create(self, message: IncomingMessage, inputs: Any) -> bool:
+        """Queue a new request for the worker; False if it was refused (and failed)."""
         try:
-            params = SamplingParams.from_mapping(message.params.get("sampling"), defaults=self._default_sampling_raw)
+            params = SamplingParams.from_mapping(self.request_sampling(message.params), defaults=self._sampling_defaults)
         except InvalidRequest as exc:
             self._refuse(message.request_id, str(exc))
-            return
+            return False
         if not isinstance(inputs, Mapping):
             self._refuse(message.request_id, f"expected a dict as input, got {type(inputs).__name__}")
-            return
+            return False
         with self._wake:
             self._active.add(message.request_id)
             self._queued_count += 1
-        self._send("new", message.request_id, ArRequest(message.request_id, inputs, params))
+        self._send(_NewRequest(ArRequest(message.request_id, inputs, params)))
+        return True
 
     def _refuse(self, request_id: str, reason: str) -> None:
         """Fail a request that never started; in stream mode its next chunks are then ignored."""
-        if self.start_on == "stream":
+        if self.start_on is StartOn.STREAM:
             with self._wake:
-                self._remember_finished(request_id)
+                self._finished.add(request_id)
         self._fail_now(request_id, reason)
 
     def _fail_now(self, request_id: str, reason: str) -> None:
         self.emit(OutgoingMessage(OutgoingKind.ERROR, request_id, error=f"stage {self.stage_name}: {reason}"))
 
-    def _send(self, kind: str, request_id: str, payload: Any) -> None:
+    def _send(self, command: _Command) -> None:
         with self._wake:
-            self._commands.append((kind, request_id, payload))
+            self._commands.append(command)
             self._wake.notify()
 
     def abort(self, request_id: str) -> None:
-        if self.start_on == "stream":
+        if self.start_on is StartOn.STREAM:
             # Chunks already in flight must not start the aborted request again.
             with self._wake:
-                self._remember_finished(request_id)
-        self._send("abort", request_id, None)
+                self._finished.add(request_id)
+        self._send(_Abort(request_id))
 
     def load(self) -> SchedulerLoad:
         with self._wake:
@@ -226,8 +314,8 @@ class AutoregressiveScheduler(Scheduler):
                     break
                 commands = list(self._commands)
                 self._commands.clear()
-            for kind, rid, payload in commands:
-                self._apply(kind, rid, payload)
+            for command in commands:
+                self._apply(command)
             self._admit()
             batch = self._decodable()
             if batch:
@@ -236,17 +324,18 @@ class AutoregressiveScheduler(Scheduler):
         for rid in [*self._waiting, *self._running]:
             self.runner.release(rid)
 
-    def _apply(self, kind: str, rid: str, payload: Any) -> None:
-        if kind == "new":
-            self._waiting[rid] = payload
-        elif kind == "feed":
-            if rid in self._waiting or rid in self._running:
-                data, done = payload
+    def _apply(self, command: _Command) -> None:
+        match command:
+            case _NewRequest(request=request):
+                rid = request.request_id
+                self._waiting[rid] = request
+                self._guarded([rid], "starting", lambda: self.on_start(rid, request.params))
+            case _Feed(request_id=rid, data=data, done=done):
                 fed_runner = self._fed_runner
-                if fed_runner is not None:
+                if fed_runner is not None and (rid in self._waiting or rid in self._running):
                     self._guarded([rid], "reading its input stream", lambda: fed_runner.feed(rid, data, done=done))
-        elif kind == "abort":
-            self._drop(rid)
+            case _Abort(request_id=rid):
+                self._drop(rid)
 
     def _ready(self, rid: str) -> bool:
         return self._fed_runner is None or self._fed_runner.ready(rid)
@@ -290,18 +379,20 @@ class AutoregressiveScheduler(Scheduler):
         request.take(output, self.runner, self._stop_ids)
         if request.finish_reason is None and request.steps_since_emit < self.stream_every:
             return
+        rid = request.request_id
         chunk = request.chunk(self.runner, self.emit_hidden)
         if chunk is not None:
+            data = self.on_output(rid, chunk, final=False)
             self._emit_first(request)
-            self.emit(OutgoingMessage(OutgoingKind.STREAM, request.request_id, chunk))
+            self.emit(OutgoingMessage(OutgoingKind.STREAM, rid, data))
         if request.finish_reason is not None:
-            rid = request.request_id
             self.profile(EventKind.DECODE_STEPS, rid, steps=request.decode_steps, seconds=request.decode_seconds)
             del self._running[rid]
             self.runner.release(rid)
             self._forget(rid)
+            result = self.on_output(rid, request.result(self.runner, self.emit_hidden), final=True)
             self._emit_first(request)
-            self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, request.result(self.runner, self.emit_hidden)))
+            self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, result))
 
     def _emit_first(self, request: ArRequest) -> None:
         if not request.emitted:
@@ -309,7 +400,7 @@ class AutoregressiveScheduler(Scheduler):
             self.profile(EventKind.FIRST_EMIT, request.request_id)
 
     def _guarded(self, request_ids: list[str], what: str, call: Any) -> Any:
-        """Run ``call``; if the model raises, those requests fail (with the cause) and leave."""
+        """Run ``call``; if the model (or a hook) raises, those requests fail (with the cause) and leave."""
         try:
             return call()
         except Exception as exc:  # noqa: BLE001 - a model error fails its requests, not the stage
@@ -319,12 +410,13 @@ class AutoregressiveScheduler(Scheduler):
             return None
 
     def _drop(self, rid: str) -> None:
-        """Forget ``rid`` wherever it is and free its KV cache."""
+        """Forget ``rid`` wherever it is, free its KV cache, then let the subclass free its own."""
         if self._waiting.pop(rid, None) is not None:
             self._count_dequeued()
         self._running.pop(rid, None)
         self.runner.release(rid)
         self._forget(rid)
+        self.on_drop(rid)
 
     def _count_dequeued(self) -> None:
         with self._wake:
@@ -334,11 +426,5 @@ class AutoregressiveScheduler(Scheduler):
         with self._wake:
             if rid in self._active:
                 self._active.discard(rid)
-                if self.start_on == "stream":
-                    self._remember_finished(rid)
-
-    def _remember_finished(self, rid: str) -> None:
-        self._finished[rid] = None
-        while len(self._finished) > _FINISHED_MEMORY:
-            self._finished.popitem(last=False)
-
+                if self.start_on is StartOn.STREAM:
+                    self._finished.add(rid)

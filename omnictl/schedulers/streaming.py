@@ -17,15 +17,19 @@ which receives chunks, then stream-done, then that request). A ``new_request`` f
 request that streamed nothing is taken as its whole input.
 
 Callbacks run in one worker thread, in arrival order, so the event loop stays free.
+
+Hooks: a model adapts this scheduler through its constructor's public callbacks
+(``process_chunk``, ``split``, ``units``, ``finish``), not by subclassing it; each
+request's parameters reach them as :attr:`Window.params` / ``finish``'s ``params``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import sys
 import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Sequence
@@ -33,9 +37,15 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 import numpy as np
 
 from omnictl.profiling.events import EventKind
+from omnictl.recent import RecentIds
 from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind, OutgoingMessage, Scheduler, SchedulerLoad
 
-_FINISHED_MEMORY = 4096  # ended request ids remembered so late messages for them are ignored
+
+class FinishOn(str, enum.Enum):
+    """What ends a request's stream here (a str enum: the plain strings are accepted)."""
+
+    STREAM_DONE = "stream_done"  # the upstream's stream-done (a stage that only receives the stream)
+    REQUEST = "request"  # the new_request carrying the upstream's result (a stream_to and next target)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +85,7 @@ class StreamingScheduler(Scheduler):
         split: Callable[[Any], int] | None = None,
         units: str | Callable[[Any], Any] = "token_ids",
         finish: Finish | None = None,
-        finish_on: Literal["stream_done", "request"] = "stream_done",
+        finish_on: FinishOn | Literal["stream_done", "request"] = FinishOn.STREAM_DONE,
     ) -> None:
         """
         process_chunk: ``Window -> dict | None``; a dict is emitted as a stream output.
@@ -86,21 +96,23 @@ class StreamingScheduler(Scheduler):
         units: the key of a stream chunk's dict holding its units, or a function of the chunk
             data returning them (a str, list, numpy array or torch tensor, concatenated along dim 0).
         finish: ``(request_id, params, outputs) -> result``; default :func:`merge_outputs`.
+        finish_on: what ends a request's stream (see :class:`FinishOn`).
         """
         super().__init__()
         if left_context < 0 or chunk_size < 1:
             raise ValueError(f"need left_context >= 0 and chunk_size >= 1, got {left_context}, {chunk_size}")
-        if finish_on not in ("stream_done", "request"):
-            raise ValueError(f"finish_on must be 'stream_done' or 'request', got {finish_on!r}")
+        try:
+            self.finish_on = FinishOn(finish_on)
+        except ValueError:
+            raise ValueError(f"finish_on must be 'stream_done' or 'request', got {finish_on!r}") from None
         self.process_chunk = process_chunk
         self.left_context = left_context
         self.chunk_size = chunk_size
         self.split = split
         self.units = units
         self.finish = finish if finish is not None else (lambda _rid, _params, outputs: merge_outputs(outputs))
-        self.finish_on = finish_on
         self._streams: dict[str, _Stream] = {}
-        self._ended: OrderedDict[str, None] = OrderedDict()
+        self._ended = RecentIds()  # ended, failed or aborted: late messages for them are ignored
         self._jobs = 0
         self._jobs_lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
@@ -124,7 +136,7 @@ class StreamingScheduler(Scheduler):
         stream = self._streams.pop(request_id, None)
         if stream is not None:
             stream.failed = True  # jobs already queued for it skip their work
-        self._remember_ended(request_id)
+        self._ended.add(request_id)
 
     def load(self) -> SchedulerLoad:
         with self._jobs_lock:
@@ -143,7 +155,7 @@ class StreamingScheduler(Scheduler):
                 stream = self._streams[rid] = _Stream(params=message.params)
             self._add_units(rid, stream, message.data)
         elif message.kind is IncomingKind.STREAM_DONE:
-            if self.finish_on == "stream_done":
+            if self.finish_on is FinishOn.STREAM_DONE:
                 self._end(rid, stream if stream is not None else _Stream(params=message.params))
         else:  # the upstream's final result
             if stream is None:  # nothing streamed: the result is the whole input
@@ -169,7 +181,7 @@ class StreamingScheduler(Scheduler):
 
     def _end(self, rid: str, stream: _Stream) -> None:
         self._streams.pop(rid, None)
-        self._remember_ended(rid)
+        self._ended.add(rid)
         if stream.pending is not None and len(stream.pending) > 0:
             self._submit_window(rid, stream, stream.pending, final=True)
             stream.pending = None
@@ -194,13 +206,8 @@ class StreamingScheduler(Scheduler):
     def _fail(self, rid: str, stream: _Stream, reason: str) -> None:
         stream.failed = True
         self._streams.pop(rid, None)
-        self._remember_ended(rid)
+        self._ended.add(rid)
         self.emit(OutgoingMessage(OutgoingKind.ERROR, rid, error=f"stage {self.stage_name}: {reason}"))
-
-    def _remember_ended(self, rid: str) -> None:
-        self._ended[rid] = None
-        while len(self._ended) > _FINISHED_MEMORY:
-            self._ended.popitem(last=False)
 
     # --- worker thread: the callbacks ----------------------------------------------------
 

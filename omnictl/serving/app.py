@@ -151,10 +151,9 @@ def create_app(state: ServingState) -> Starlette:
         state.metrics.in_flight.inc()
         tracked = chat.Tracked(submitted, parsed, state.metrics, state.active)
         state.active[submitted.id] = tracked
-        produces = dict(pipe.topology.terminals)
         if parsed.stream:
-            return chat.stream_response(tracked, produces, pipe.abort)
-        return await chat.complete(tracked, produces, request, pipe.abort)
+            return chat.stream_response(tracked, pipe.abort)
+        return await chat.complete(tracked, request, pipe.abort)
 
     async def abort_request(request: Request) -> Response:
         if not authorized(request.headers, state.api_key):

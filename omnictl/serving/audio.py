@@ -1,4 +1,5 @@
-"""Waveforms out: float32 mono in [-1, 1] → pcm16 or WAV bytes, base64 for JSON.
+"""Waveforms out: float32 mono in [-1, 1] (as :mod:`omnictl.outputs` carries them) →
+pcm16 or WAV bytes, base64 for JSON.
 
 ``pcm16`` follows the OpenAI convention clients rely on: raw little-endian 16-bit
 mono at 24 kHz, so stages at another rate are resampled. ``wav`` keeps the stage's
@@ -16,18 +17,6 @@ import numpy as np
 
 PCM16_RATE = 24_000
 _UNKNOWN_SIZE = 0xFFFFFFFF
-
-
-def to_float32(audio: object, where: str = "audio") -> np.ndarray:
-    """A 1-D float32 array from a stage's audio output (numpy, torch tensor or list)."""
-    if hasattr(audio, "detach"):  # a torch tensor; avoid importing torch here
-        audio = audio.detach().cpu().numpy()
-    array = np.asarray(audio, dtype=np.float32)
-    if array.ndim == 2 and 1 in array.shape:
-        array = array.reshape(-1)
-    if array.ndim != 1:
-        raise ValueError(f"{where}: expected mono audio (1-D), got shape {array.shape}")
-    return array
 
 
 def resample(samples: np.ndarray, rate: int, target: int) -> np.ndarray:
@@ -56,9 +45,8 @@ def wav_header(sample_rate: int, data_bytes: int | None) -> bytes:
     )
 
 
-def encode_whole(audio: object, sample_rate: int, fmt: str) -> bytes:
-    """One complete waveform as a WAV file or as 24 kHz pcm16."""
-    samples = to_float32(audio)
+def encode_whole(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
+    """One complete waveform (float32 mono) as a WAV file or as 24 kHz pcm16."""
     if fmt == "pcm16":
         return pcm16_bytes(resample(samples, sample_rate, PCM16_RATE))
     body = pcm16_bytes(samples)
@@ -77,8 +65,7 @@ class AudioStreamEncoder:
     header_sent: bool = False
     seconds: float = 0.0  # audio produced so far
 
-    def encode(self, audio: object, sample_rate: int) -> bytes:
-        samples = to_float32(audio)
+    def encode(self, samples: np.ndarray, sample_rate: int) -> bytes:
         self.seconds += samples.size / sample_rate if sample_rate else 0.0
         if self.fmt == "pcm16":
             return pcm16_bytes(resample(samples, sample_rate, PCM16_RATE))

@@ -17,6 +17,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from omnictl.coordinator.request import RequestEventKind
+from omnictl.outputs import AudioChunk, TextDelta, TextResult
 from omnictl.serving.eventstream import EventStreamResponse
 
 __all__ = ["EventStreamResponse", "Tracked", "complete", "stream_response"]
@@ -25,14 +27,11 @@ from omnictl.serving.protocol import ChatRequest
 from omnictl.serving.responses import ChunkTranslator, build_completion
 from omnictl.serving.sse import DONE, error_body, sse_error, sse_event
 
-
-# what a terminal that breaks the output convention makes the encoders raise
-BAD_STAGE_OUTPUT = (KeyError, TypeError, ValueError)
 Abort = Callable[[str], Awaitable[Any]]
 
 
 class PipelineEvent(Protocol):
-    kind: str  # "stream" | "result" | "error" | "aborted"
+    kind: RequestEventKind
     stage: str | None
     data: Any
     error: Any
@@ -67,11 +66,11 @@ class Tracked:
             self.first_audio = time.perf_counter() - self.started
             self.metrics.first_audio.observe(self.first_audio)
 
-    def saw(self, chunk: dict[str, Any]) -> None:
-        delta = chunk["choices"][0]["delta"]
-        if delta.get("content"):
+    def saw(self, data: object) -> None:
+        """Note the first text and the first audio of a terminal's output."""
+        if isinstance(data, (TextDelta, TextResult)) and data.text:
             self.saw_text()
-        if "audio" in delta:
+        elif isinstance(data, AudioChunk):
             self.saw_audio()
 
     def finish(self, outcome: str) -> None:
@@ -92,51 +91,43 @@ def _error_of(event: PipelineEvent) -> str:
     return message
 
 
-async def stream_chunks(tracked: Tracked, translator: ChunkTranslator, abort: Abort) -> AsyncIterator[bytes]:
+async def stream_chunks(tracked: Tracked, translator: ChunkTranslator) -> AsyncIterator[bytes]:
     """The SSE body: a role chunk, deltas as they come, a usage chunk, ``[DONE]``."""
     yield sse_event(translator.first())
-    try:
-        async for event in tracked.request.events():
-            if event.kind == "error":
-                tracked.finish("failed")
-                yield sse_error(_error_of(event), "server_error", "stage_failed")
-                break
-            if event.kind == "aborted":
-                tracked.finish("aborted")
-                yield sse_error("the request was aborted", "server_error", "aborted")
-                break
-            stage = event.stage or ""
-            chunks = translator.on_stream(stage, event.data) if event.kind == "stream" else translator.on_result(stage, event.data)
-            for chunk in chunks:
-                tracked.saw(chunk)
-                yield sse_event(chunk)
-        else:
-            yield sse_event(translator.last())
-            tracked.finish("completed")
-        yield DONE
-    except BAD_STAGE_OUTPUT as exc:
-        # a stage broke the terminal convention (audio that is not a waveform, no
-        # sample_rate): end the stream with an error event, never a silently cut connection
-        tracked.finish("failed")
-        await abort(tracked.request.id)  # the other terminals may still be working on it
-        yield sse_error(f"a terminal's output could not be sent: {type(exc).__name__}: {exc}", "server_error", "bad_stage_output")
-        yield DONE
-
-
-async def _collect(tracked: Tracked, produces: dict[str, str]) -> dict[str, dict[str, Any]] | tuple[int, str, str]:
-    """Every terminal's result, or (status, message, code) when the request did not complete."""
-    results: dict[str, dict[str, Any]] = {}
     async for event in tracked.request.events():
-        if event.kind == "error":
+        if event.kind is RequestEventKind.ERROR:
+            tracked.finish("failed")
+            yield sse_error(_error_of(event), "server_error", "stage_failed")
+            break
+        if event.kind is RequestEventKind.ABORTED:
+            tracked.finish("aborted")
+            yield sse_error("the request was aborted", "server_error", "aborted")
+            break
+        stage = event.stage or ""
+        if event.kind is RequestEventKind.STREAM:
+            chunks = translator.on_stream(stage, event.data)
+        else:
+            chunks = translator.on_result(stage, event.data)
+        if chunks:
+            tracked.saw(event.data)
+        for chunk in chunks:
+            yield sse_event(chunk)
+    else:
+        yield sse_event(translator.last())
+        tracked.finish("completed")
+    yield DONE
+
+
+async def _collect(tracked: Tracked) -> dict[str, object] | tuple[int, str, str]:
+    """Every terminal's result, or (status, message, code) when the request did not complete."""
+    results: dict[str, object] = {}
+    async for event in tracked.request.events():
+        if event.kind is RequestEventKind.ERROR:
             return 500, _error_of(event), "stage_failed"
-        if event.kind == "aborted":
+        if event.kind is RequestEventKind.ABORTED:
             return 409, "the request was aborted", "aborted"
-        modality = produces.get(event.stage or "")
-        if event.kind in ("stream", "result") and modality == "audio":
-            tracked.saw_audio()
-        elif event.kind in ("stream", "result"):
-            tracked.saw_text()
-        if event.kind == "result" and event.stage:
+        tracked.saw(event.data)
+        if event.kind is RequestEventKind.RESULT and event.stage:
             results[event.stage] = event.data
     return results
 
@@ -146,9 +137,9 @@ async def _client_left(request: Request) -> None:
         pass
 
 
-async def complete(tracked: Tracked, produces: dict[str, str], request: Request, abort: Abort) -> Response:
+async def complete(tracked: Tracked, request: Request, abort: Abort) -> Response:
     """The non-streamed response; a client that leaves while waiting aborts the request."""
-    work = asyncio.create_task(_collect(tracked, produces))
+    work = asyncio.create_task(_collect(tracked))
     watch = asyncio.create_task(_client_left(request))
     await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
     if not work.done():
@@ -166,22 +157,17 @@ async def complete(tracked: Tracked, produces: dict[str, str], request: Request,
         status, message, code = outcome
         tracked.finish("failed" if code == "stage_failed" else "aborted")
         return JSONResponse(error_body(message, "server_error", code), status_code=status)
-    try:
-        body = build_completion(tracked.request.id, tracked.chat.model, produces, outcome, tracked.chat.audio_format)
-    except BAD_STAGE_OUTPUT as exc:
-        tracked.finish("failed")
-        message = f"a terminal's output could not be sent: {type(exc).__name__}: {exc}"
-        return JSONResponse(error_body(message, "server_error", "bad_stage_output"), status_code=500)
+    body = build_completion(tracked.request.id, tracked.chat.model, outcome, tracked.chat.audio_format)
     tracked.finish("completed")
     return JSONResponse(body)
 
 
-def stream_response(tracked: Tracked, produces: dict[str, str], abort: Abort) -> EventStreamResponse:
-    translator = ChunkTranslator(tracked.request.id, tracked.chat.model, produces, tracked.chat.audio_format)
+def stream_response(tracked: Tracked, abort: Abort) -> EventStreamResponse:
+    translator = ChunkTranslator(tracked.request.id, tracked.chat.model, tracked.chat.audio_format)
 
     async def on_disconnect() -> None:
         if tracked.outcome is None:
             await abort(tracked.request.id)
             tracked.finish("aborted")
 
-    return EventStreamResponse(stream_chunks(tracked, translator, abort), on_disconnect)
+    return EventStreamResponse(stream_chunks(tracked, translator), on_disconnect)

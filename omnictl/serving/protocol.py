@@ -25,8 +25,7 @@ OPENAI_VOICES = frozenset(
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-class PayloadTooLarge(InvalidRequest):
-    """A body or an input audio part exceeds the server's limits (HTTP 413)."""
+from omnictl.exceptions import PayloadTooLarge
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """Pipeline events → OpenAI ``chat.completion`` objects and ``chat.completion.chunk`` deltas.
 
-Terminal conventions (see the runtime contract): a text terminal streams
-``{"text": delta}`` and returns ``{"text", "prompt_tokens", "completion_tokens",
-"finish_reason"}``; an audio terminal streams ``{"audio", "sample_rate", "transcript"}``
-and returns the whole waveform the same way. A terminal that never streamed has its
+Terminals follow the output contract of :mod:`omnictl.outputs` (a stage checks its own
+outputs against its modality, so what reaches this module is already typed): text
+terminals stream :class:`TextDelta` and return :class:`TextResult`; audio terminals stream
+:class:`AudioChunk` and return :class:`AudioResult`. Outputs of other modalities have no
+place in a chat completion and are left out. A terminal that never streamed has its
 result sent as a single delta, so a client always receives everything it asked for.
 """
 
@@ -14,7 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from omnictl.serving.audio import AudioStreamEncoder, b64, encode_whole, to_float32
+from omnictl.outputs import AudioChunk, FinishReason, TextDelta, TextResult
+from omnictl.serving.audio import AudioStreamEncoder, b64, encode_whole
 
 AUDIO_TTL_S = 3600
 
@@ -31,11 +33,10 @@ class Usage:
             "total_tokens": self.prompt_tokens + self.completion_tokens,
         }
 
-
-def _usage_from(result: Mapping[str, Any], usage: Usage) -> str:
-    usage.prompt_tokens = int(result.get("prompt_tokens") or 0)
-    usage.completion_tokens = int(result.get("completion_tokens") or 0)
-    return str(result.get("finish_reason") or "stop")
+    def take(self, result: TextResult) -> FinishReason:
+        self.prompt_tokens = result.prompt_tokens
+        self.completion_tokens = result.completion_tokens
+        return result.finish_reason
 
 
 @dataclass
@@ -44,63 +45,49 @@ class ChunkTranslator:
 
     request_id: str
     model: str
-    produces: Mapping[str, str]  # terminal stage -> modality
     audio_format: str
     created: int = field(default_factory=lambda: int(time.time()))
     audio_id: str = field(default_factory=lambda: f"audio_{secrets.token_hex(12)}")
     usage: Usage = field(default_factory=Usage)
-    finish_reason: str = "stop"
+    finish_reason: FinishReason = FinishReason.STOP
     streamed: set[str] = field(default_factory=set)  # terminals that sent at least one chunk
-    text_seen: bool = False
-    audio_seen: bool = False
 
     def __post_init__(self) -> None:
         self.encoder = AudioStreamEncoder(self.audio_format)
 
-    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    def _chunk(self, delta: dict[str, Any], finish_reason: FinishReason | None = None) -> dict[str, Any]:
         return {
             "id": self.request_id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+            "choices": [{"index": 0, "delta": delta, "finish_reason": None if finish_reason is None else finish_reason.value}],
         }
 
     def first(self) -> dict[str, Any]:
         return self._chunk({"role": "assistant", "content": ""})
 
-    def _text_delta(self, text: str) -> dict[str, Any]:
-        self.text_seen = True
-        return self._chunk({"content": text})
+    def _delta(self, data: object) -> list[dict[str, Any]]:
+        if isinstance(data, (TextDelta, TextResult)):
+            return [self._chunk({"content": data.text})] if data.text else []
+        if isinstance(data, AudioChunk):  # an AudioResult too
+            audio = {
+                "id": self.audio_id,
+                "data": b64(self.encoder.encode(data.samples, data.sample_rate)),
+                "transcript": data.transcript,
+                "expires_at": self.created + AUDIO_TTL_S,
+            }
+            return [self._chunk({"audio": audio})]
+        return []  # a free-form modality: nothing a chat completion can carry
 
-    def _audio_delta(self, data: Mapping[str, Any]) -> dict[str, Any]:
-        self.audio_seen = True
-        encoded = self.encoder.encode(data["audio"], int(data["sample_rate"]))
-        audio = {
-            "id": self.audio_id,
-            "data": b64(encoded),
-            "transcript": str(data.get("transcript") or ""),
-            "expires_at": self.created + AUDIO_TTL_S,
-        }
-        return self._chunk({"audio": audio})
-
-    def on_stream(self, stage: str, data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def on_stream(self, stage: str, data: object) -> list[dict[str, Any]]:
         self.streamed.add(stage)
-        if self.produces.get(stage) == "audio":
-            return [self._audio_delta(data)]
-        text = str(data.get("text") or "")
-        return [self._text_delta(text)] if text else []
+        return self._delta(data)
 
-    def on_result(self, stage: str, data: Mapping[str, Any]) -> list[dict[str, Any]]:
-        modality = self.produces.get(stage)
-        if modality == "text":
-            self.finish_reason = _usage_from(data, self.usage)
-        if stage in self.streamed:
-            return []
-        if modality == "audio":
-            return [self._audio_delta(data)]
-        text = str(data.get("text") or "")
-        return [self._text_delta(text)] if text else []
+    def on_result(self, stage: str, data: object) -> list[dict[str, Any]]:
+        if isinstance(data, TextResult):
+            self.finish_reason = self.usage.take(data)
+        return [] if stage in self.streamed else self._delta(data)
 
     def last(self) -> dict[str, Any]:
         chunk = self._chunk({}, self.finish_reason)
@@ -108,30 +95,21 @@ class ChunkTranslator:
         return chunk
 
 
-def build_completion(
-    request_id: str,
-    model: str,
-    produces: Mapping[str, str],
-    results: Mapping[str, Mapping[str, Any]],
-    audio_format: str,
-) -> dict[str, Any]:
+def build_completion(request_id: str, model: str, results: Mapping[str, object], audio_format: str) -> dict[str, Any]:
     """The non-streamed response from ``{terminal: result}``."""
     created = int(time.time())
     usage = Usage()
-    finish_reason = "stop"
+    finish_reason = FinishReason.STOP
     message: dict[str, Any] = {"role": "assistant", "content": None}
-    for stage, data in results.items():
-        modality = produces.get(stage)
-        if modality == "text":
-            finish_reason = _usage_from(data, usage)
-            message["content"] = str(data.get("text") or "")
-        elif modality == "audio":
-            rate = int(data["sample_rate"])
-            samples = to_float32(data["audio"], f"stage {stage!r} result")
+    for data in results.values():
+        if isinstance(data, TextResult):
+            finish_reason = usage.take(data)
+            message["content"] = data.text
+        elif isinstance(data, AudioChunk):
             message["audio"] = {
                 "id": f"audio_{secrets.token_hex(12)}",
-                "data": b64(encode_whole(samples, rate, audio_format)),
-                "transcript": str(data.get("transcript") or ""),
+                "data": b64(encode_whole(data.samples, data.sample_rate, audio_format)),
+                "transcript": data.transcript,
                 "expires_at": created + AUDIO_TTL_S,
             }
     return {
@@ -139,6 +117,6 @@ def build_completion(
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason.value}],
         "usage": usage.as_dict(),
     }

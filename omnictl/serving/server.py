@@ -19,11 +19,11 @@ from typing import Any, Awaitable, Callable, Iterator
 
 import uvicorn
 
+from omnictl.data import DEFAULT_TOPOLOGY, data_path
 from omnictl.exceptions import LaunchError
 from omnictl.serving.app import ServingState, create_app
 from omnictl.serving.protocol import Limits
 
-DEFAULT_TOPOLOGY = "voice-assistant.yaml"
 GRACEFUL_SHUTDOWN_S = 5
 
 
@@ -41,14 +41,11 @@ class ServeOptions:
 
 
 def default_topology() -> Path:
-    """The embedded default: the package copy, else the repository's ``topologies/``."""
-    package_copy = Path(__file__).resolve().parent.parent / "data" / DEFAULT_TOPOLOGY
-    if package_copy.exists():
-        return package_copy
-    repo_copy = Path(__file__).resolve().parents[2] / "topologies" / DEFAULT_TOPOLOGY
-    if repo_copy.exists():
-        return repo_copy
-    raise LaunchError("default", f"the embedded topology {DEFAULT_TOPOLOGY} is missing from this installation")
+    """The embedded default topology, from the package data."""
+    path = data_path(DEFAULT_TOPOLOGY)
+    if path.is_file():
+        return path
+    raise LaunchError("default", f"the embedded topology {DEFAULT_TOPOLOGY} is missing from this installation ({path})")
 
 
 def bind(host: str, port: int) -> socket.socket:

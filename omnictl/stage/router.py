@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from omnictl.exceptions import RouteContractError
 from omnictl.topology.model import StageSpec
 from omnictl.transports.packing import copy_containers
 
-
-class RouteContractError(Exception):
-    """A route_fn returned something other than candidates declared in `next`."""
+__all__ = ["RouteContractError", "Router"]  # RouteContractError: defined in omnictl.exceptions
 
 
 class Router:

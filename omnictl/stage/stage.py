@@ -8,18 +8,17 @@ FAN-IN, ROUTE and STREAM, plus abort. The Stage talks to the model side only thr
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
 from typing import Any, Callable, Protocol
 
 from omnictl.messages import RequestContext, StageStats
+from omnictl.outputs import check_output
 from omnictl.profiling.events import EventKind, Profiler
+from omnictl.recent import RecentIds
 from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind, OutgoingMessage, Scheduler
 from omnictl.schedulers.simple import describe_error
 from omnictl.stage.fanin import FanIn, FanInResult
 from omnictl.stage.router import RouteContractError, Router
 from omnictl.topology.model import StageSpec
-
-_FORGET_AFTER = 4096  # finished request ids remembered, to drop late messages for them
 
 
 class Ports(Protocol):
@@ -54,7 +53,7 @@ class Stage:
         self._contexts: dict[str, RequestContext] = {}  # requests this stage holds state for
         self._stream_seq: dict[str, int] = {}
         self._streaming_in: set[str] = set()  # receiving chunks from an upstream
-        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._finished = RecentIds()  # finished or aborted here: late messages for them are dropped
         self._pump: asyncio.Task[None] | None = None
         scheduler.profiler = profiler
         scheduler.stage_name = spec.name
@@ -155,7 +154,17 @@ class Stage:
             except Exception as exc:  # e.g. an output leaf that cannot be serialized: this request fails
                 self._fail(ctx.request_id, f"stage {self.name!r} could not send its output: {describe_error(exc)}")
 
+    def _breaks_contract(self, ctx: RequestContext, final: bool, data: Any) -> bool:
+        """A terminal's output that is not what its modality promises fails the request here,
+        naming this stage, instead of surfacing as a KeyError in whoever reads it."""
+        problem = check_output(self.spec.modality or self.name, final, data) if self.spec.terminal else None
+        if problem is not None:
+            self._fail(ctx.request_id, f"stage {self.name!r} broke the output contract: {problem}")
+        return problem is not None
+
     def _stream(self, ctx: RequestContext, message: OutgoingMessage) -> None:
+        if self._breaks_contract(ctx, False, message.data):
+            return
         seq = self._stream_seq.get(ctx.request_id, 0)
         self._stream_seq[ctx.request_id] = seq + 1
         if seq == 0:
@@ -168,6 +177,8 @@ class Stage:
 
     def _route(self, ctx: RequestContext, data: Any) -> None:
         rid = ctx.request_id
+        if self._breaks_contract(ctx, True, data):
+            return
         self.profiler.record(EventKind.STAGE_DONE, rid, self.name)
         for target in self.spec.stream_to:
             if target in ctx.active:
@@ -211,9 +222,7 @@ class Stage:
         self._stream_seq.pop(request_id, None)
         self._streaming_in.discard(request_id)
         self.fanin.drop(request_id)
-        self._finished[request_id] = None
-        if len(self._finished) > _FORGET_AFTER:
-            self._finished.popitem(last=False)
+        self._finished.add(request_id)
 
     # --- introspection ----------------------------------------------------------------
 

@@ -5,6 +5,9 @@ The runtime builds on :func:`load`; ``omnictl validate`` is a thin shell over :f
 
 from __future__ import annotations
 
+from omnictl.exceptions import ResolveError, TopologyReadError
+from omnictl.topology.derive import on_cpu
+from omnictl.topology.imports import resolve, resolve_callable, topology_dir
 from omnictl.topology.issues import Issue
 from omnictl.topology.model import (
     Edge,
@@ -15,10 +18,8 @@ from omnictl.topology.model import (
     Topology,
     Transport,
 )
-from omnictl.topology.resolve import ResolveError, resolve
 from omnictl.topology.schema import schema_path
 from omnictl.topology.validation import (
-    TopologyReadError,
     ValidationReport,
     load,
     loads,
@@ -40,8 +41,11 @@ __all__ = [
     "ValidationReport",
     "load",
     "loads",
+    "on_cpu",
     "resolve",
+    "resolve_callable",
     "schema_path",
+    "topology_dir",
     "validate",
     "validate_text",
 ]

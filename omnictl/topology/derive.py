@@ -5,6 +5,7 @@ Assumes the stage list passed the graph rules (exactly one entry, references exi
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Mapping
 
@@ -72,3 +73,13 @@ def derive(
         processes=derive_processes(stages),
         edges=edges,
     )
+
+
+def on_cpu(topology: Topology) -> Topology:
+    """The same topology with every GPU placement dropped and transports derived again.
+
+    Processes stay as declared, so a two-GPU topology runs on a CPU-only machine
+    with the same process layout (its cross-process edges become ``shm``).
+    """
+    stages = {n: dataclasses.replace(s, gpu=(), tp_size=1) for n, s in topology.stages.items()}
+    return derive(topology.name, topology.path, topology.model_path, stages)

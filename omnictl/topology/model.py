@@ -1,12 +1,12 @@
 """The validated, derived topology: what the runtime builds on.
 
 Everything here is derived from the YAML ``stages`` list; nothing is declared twice.
-Instances are produced by :func:`omnictl.topology.load` and are immutable.
+Instances are produced by :func:`omnictl.topology.load` and are immutable. This module
+imports nothing from the rest of the package: ``derive`` builds on it, never the reverse.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -17,7 +17,7 @@ class Transport(str, Enum):
     INPROC = "inproc"  # same process: the object is passed, no serialization
     CUDA_IPC = "cuda_ipc"  # different processes, same GPU
     SHM = "shm"  # different processes, at least one side on CPU
-    RELAY = "relay"  # different GPUs (later: different hosts)
+    RELAY = "relay"  # different GPUs: staged through host shared memory, like shm
 
 
 class EdgeKind(str, Enum):
@@ -101,13 +101,6 @@ class Topology:
     def process_of(self, stage: str) -> str:
         return self.stages[stage].process
 
-    def on_cpu(self) -> "Topology":
-        """The same topology with every GPU placement dropped and transports derived again.
-
-        Processes stay as declared, so a two-GPU topology runs on a CPU-only machine
-        with the same process layout (its cross-process edges become ``shm``).
-        """
-        from omnictl.topology.derive import derive  # local: derive imports this module
-
-        stages = {n: dataclasses.replace(s, gpu=(), tp_size=1) for n, s in self.stages.items()}
-        return derive(self.name, self.path, self.model_path, stages)
+    def tensor_parallel(self) -> tuple[StageSpec, ...]:
+        """Stages placed on more than one GPU (``tp_size`` > 1), in file order."""
+        return tuple(s for s in self.stages.values() if s.tp_size > 1)

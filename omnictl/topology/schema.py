@@ -5,17 +5,17 @@ from __future__ import annotations
 import difflib
 import json
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path as FilePath
 from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
+from omnictl.data import SCHEMA, data_path
 from omnictl.topology.issues import Issue
 from omnictl.topology.yamlnodes import Document, Path
 
-SCHEMA_NAME = "topology.schema.json"
+SCHEMA_NAME = SCHEMA
 
 # What each field expects, in words: used as the message for shape errors and as the hint.
 FIELD_EXPECTS: dict[str, str] = {
@@ -49,11 +49,8 @@ _TRANSPORT_HINT = (
 
 
 def schema_path() -> FilePath:
-    """The schema file: the repository's copy when present, else the installed package data."""
-    in_repo = FilePath(__file__).resolve().parents[2] / "schemas" / SCHEMA_NAME
-    if in_repo.is_file():
-        return in_repo
-    return FilePath(str(resources.files("omnictl") / "data" / SCHEMA_NAME))
+    """The schema file: the package data (``schemas/`` in a checkout holds a copy of it)."""
+    return data_path(SCHEMA)
 
 
 @lru_cache(maxsize=1)

@@ -7,24 +7,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omnictl.exceptions import OmnictlError, TopologyError
+from omnictl.exceptions import TopologyError, TopologyReadError
 from omnictl.topology import placement, rules, shape
-from omnictl.topology.derive import derive
+from omnictl.topology.derive import derive, on_cpu
+from omnictl.topology.imports import check_imports as check_stage_imports
+from omnictl.topology.imports import import_path, topology_dir
 from omnictl.topology.issues import Issue
 from omnictl.topology.model import RelayKnobs, StageSpec, Topology
 from omnictl.topology.raw import RawStage, Reporter, read_stages
-from omnictl.topology.resolve import check_imports as check_stage_imports
 from omnictl.topology.schema import check_schema
 from omnictl.topology.yamlnodes import Document, parse
 
-
-class TopologyReadError(OmnictlError):
-    """A topology file could not be read at all (missing, a directory, not UTF-8...)."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        self.path = path
-        self.reason = reason
-        super().__init__(f"{path}: cannot read topology file: {reason}")
+__all__ = ["TopologyReadError", "ValidationReport", "load", "loads", "validate", "validate_text"]
 
 
 @dataclass
@@ -93,8 +87,11 @@ def _graph_issues(doc: Document, stages: list[RawStage], check_imports: bool) ->
         rules.check_routing(stage, report)
         rules.check_references(stage, names, report)
         placement.check_tp_size(stage, report)
-        if check_imports:
-            check_stage_imports(stage, report)
+    if check_imports:
+        directory = topology_dir(doc.file)  # the same rule as the stage processes use
+        with import_path(directory):
+            for stage in stages:
+                check_stage_imports(stage, report, directory)
     for name, stage in by_name.items():
         rules.check_fan_in(stage, upstreams[name], names, report)
     shape.check_entry_and_reach(by_name, report)
@@ -154,5 +151,5 @@ def load(path: str | Path, *, device: str | None = None) -> Topology:
     if device is None:
         return topology
     if device == "cpu":
-        return topology.on_cpu()
+        return on_cpu(topology)
     raise ValueError(f"device must be None or 'cpu', not {device!r}")

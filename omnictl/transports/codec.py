@@ -1,13 +1,24 @@
 """Encode a payload for a cross-process edge, and decode it on arrival.
 
 The transport is derived from placement (see ``omnictl.topology.derive``); every
-cross-process transport is a :class:`PayloadCodec` so the Stage never branches on it.
+cross-process transport has a :class:`PayloadCodec`, so the Stage never branches on it.
 ``inproc`` edges pass the object itself and use no codec.
+
+Codecs are looked up by transport name in a registry. Each codec module registers its own
+class when imported; :func:`codec_for` imports the module named for a transport on first
+use, so this base module never imports its subclasses (that was an import cycle).
+
+- ``shm``: host shared memory (this module).
+- ``relay`` (stages on different GPUs): the same host-staged shared memory as ``shm``.
+  Device tensors are copied to host memory on the way and arrive on the CPU; the
+  receiving stage moves them to its own device. No device-to-device path is built yet.
+- ``cuda_ipc`` (different processes, same GPU): :mod:`omnictl.transports.cuda_ipc`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import Any, Callable
 
 from omnictl.messages import EncodedPayload
 from omnictl.topology.model import RelayKnobs, Transport
@@ -16,9 +27,8 @@ from omnictl.transports.shm import SegmentReader, SlotPool
 
 
 class PayloadCodec:
-    """Shared-memory codec (``shm``): tiny payloads inline, the rest in a reusable slot."""
-
-    transport = Transport.SHM
+    """Shared-memory codec (``shm``, ``relay``): tiny payloads inline, the rest in a
+    reusable slot. GPU tensors are staged through host memory."""
 
     def __init__(self, pool: SlotPool, knobs: RelayKnobs) -> None:
         self.knobs = knobs
@@ -33,8 +43,9 @@ class PayloadCodec:
         view.release()
         return EncodedPayload(packed.skeleton, packed.layout, shm=ref)
 
-    def _device_leaf(self) -> Any:
-        return None  # GPU tensors are staged through host memory
+    def _device_leaf(self) -> Callable[[Any], bytes] | None:
+        """How GPU tensor leaves are serialized; None copies their bytes to the host."""
+        return None
 
 
 def decode(payload: EncodedPayload, reader: SegmentReader) -> Any:
@@ -48,15 +59,34 @@ def decode(payload: EncodedPayload, reader: SegmentReader) -> Any:
         view.release()
 
 
+_CODECS: dict[Transport, type[PayloadCodec]] = {}
+
+# The module whose import registers each transport's codec (see register_codec).
+_CODEC_MODULES: dict[Transport, str] = {
+    Transport.SHM: __name__,
+    Transport.RELAY: __name__,
+    Transport.CUDA_IPC: "omnictl.transports.cuda_ipc",
+}
+
+
+def register_codec(transport: Transport, codec: type[PayloadCodec]) -> None:
+    """Make ``codec`` the one :func:`codec_for` builds for ``transport`` edges."""
+    _CODECS[transport] = codec
+
+
 def codec_for(transport: Transport, pool: SlotPool, knobs: RelayKnobs) -> PayloadCodec:
-    if transport is Transport.CUDA_IPC:
-        from omnictl.transports.cuda_ipc import CudaIpcCodec
+    """A codec for a sending stage's edges of ``transport``."""
+    codec = _CODECS.get(transport)
+    if codec is None:
+        module = _CODEC_MODULES.get(transport)
+        if module is None:
+            raise ValueError(f"{transport.value} edges pass objects directly and use no codec")
+        importlib.import_module(module)  # registers its codec
+        codec = _CODECS.get(transport)
+        if codec is None:
+            raise LookupError(f"importing {module} registered no codec for {transport.value} edges")
+    return codec(pool, knobs)
 
-        return CudaIpcCodec(pool, knobs)
-    if transport is Transport.RELAY:
-        from omnictl.transports.relay import RelayCodec
 
-        return RelayCodec(pool, knobs)
-    if transport is Transport.SHM:
-        return PayloadCodec(pool, knobs)
-    raise ValueError(f"{transport.value} edges pass objects directly and use no codec")
+register_codec(Transport.SHM, PayloadCodec)
+register_codec(Transport.RELAY, PayloadCodec)  # host-staged, see the module docstring

@@ -2,7 +2,8 @@
 
 GPU tensor leaves are serialized with torch's multiprocessing reductions (an IPC handle
 the receiver opens on the same device); host leaves still travel through shared memory.
-Only exercised where a GPU exists.
+Only exercised where a GPU exists. Importing this module registers the codec
+(:func:`omnictl.transports.codec.codec_for` does so on the first ``cuda_ipc`` edge).
 """
 
 from __future__ import annotations
@@ -10,13 +11,11 @@ from __future__ import annotations
 import io
 from typing import Any, Callable
 
-from omnictl.transports.codec import PayloadCodec
 from omnictl.topology.model import Transport
+from omnictl.transports.codec import PayloadCodec, register_codec
 
 
 class CudaIpcCodec(PayloadCodec):
-    transport = Transport.CUDA_IPC
-
     def _device_leaf(self) -> Callable[[Any], bytes]:
         from torch.multiprocessing.reductions import ForkingPickler  # type: ignore[attr-defined]
 
@@ -26,3 +25,6 @@ class CudaIpcCodec(PayloadCodec):
             return buffer.getvalue()
 
         return dump
+
+
+register_codec(Transport.CUDA_IPC, CudaIpcCodec)

@@ -2,7 +2,8 @@
 
 Tensor and numpy leaves are replaced in the skeleton by a marker holding their index in
 the layout table; their bytes are laid out back to back in one buffer. Everything else
-is msgpack, with a pickle fallback for objects msgpack cannot express.
+is msgpack; a :class:`~omnictl.wire.WireStruct` keeps its type (written as its class name and
+fields); a pickle fallback remains for objects msgpack cannot express.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import msgspec
 import numpy as np
 
 from omnictl.messages import TensorLayout
+from omnictl.wire import WireStruct, rebuild, wire_fields
 
 _TENSOR_EXT = 1
 _PICKLE_EXT = 2
+_STRUCT_EXT = 3
 _ALIGN = 64  # keep every tensor cache-line aligned inside the buffer
 
 
@@ -85,12 +88,39 @@ def pack(data: Any, device_leaf: Callable[[Any], bytes] | None = None) -> Packed
             views.append(view)
             offset += -(-view.nbytes // _ALIGN) * _ALIGN
             return msgspec.msgpack.Ext(_TENSOR_EXT, index.to_bytes(4, "little"))
+        if isinstance(obj, _Typed):
+            # its own encoder: msgspec encoders are not re-entrant; its tensors share this layout
+            fields = [_mark_structs(value) for value in wire_fields(obj.struct)]
+            return msgspec.msgpack.Ext(_STRUCT_EXT, msgspec.msgpack.Encoder(enc_hook=enc_hook).encode(fields))
         return msgspec.msgpack.Ext(_PICKLE_EXT, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
 
     # msgspec encodes tuples and sets natively as arrays: they come back as lists.
     encoder = msgspec.msgpack.Encoder(enc_hook=enc_hook)
-    skeleton = encoder.encode(data)
+    skeleton = encoder.encode(_mark_structs(data))
     return PackedTree(skeleton, tuple(layout), views, offset)
+
+
+class _Typed:
+    """Wraps a WireStruct so that msgspec hands it to ``enc_hook`` (it would write a
+    struct as a plain map otherwise, losing its type)."""
+
+    __slots__ = ("struct",)
+
+    def __init__(self, struct: WireStruct) -> None:
+        self.struct = struct
+
+
+def _mark_structs(data: Any) -> Any:
+    """``data`` with every WireStruct wrapped; containers are copied only when one holds one."""
+    if isinstance(data, WireStruct):
+        return _Typed(data)
+    if isinstance(data, dict):
+        marked = {key: _mark_structs(value) for key, value in data.items()}
+        return marked if any(marked[key] is not value for key, value in data.items()) else data
+    if isinstance(data, (list, tuple)):
+        items = [_mark_structs(value) for value in data]
+        return items if any(new is not old for new, old in zip(items, data)) else data
+    return data
 
 
 def unpack(skeleton: bytes, layout: tuple[TensorLayout, ...], buffer: memoryview | bytes) -> Any:
@@ -100,6 +130,8 @@ def unpack(skeleton: bytes, layout: tuple[TensorLayout, ...], buffer: memoryview
     def ext_hook(code: int, raw: memoryview) -> Any:
         if code == _TENSOR_EXT:
             return leaves[int.from_bytes(raw, "little")]
+        if code == _STRUCT_EXT:
+            return rebuild(msgspec.msgpack.decode(raw, ext_hook=ext_hook))
         if code == _PICKLE_EXT:
             return pickle.loads(raw)
         raise ValueError(f"unknown payload extension code {code}")

@@ -26,7 +26,7 @@ def test_hundred_concurrent_requests_aborted_mid_flight_leave_no_state(loop: Loo
         {"name": "b", "factory": f"{E}.sleep", "factory_args": {"seconds": 0.01}, "next": ["d"], "process": "two"},
         {"name": "c", "factory": f"{E}.identity", "next": ["d"], "process": "one"},
         {"name": "d", "factory": f"{E}.identity", "wait_for": ["b", "c"], "merge_fn": f"{E}.merge_dicts",
-         "terminal": True, "modality": "text", "process": "two"},
+         "terminal": True, "modality": "merged", "process": "two"},
     ]
     pipe = launch(loop, topo.write(tmp_path / "abort.yaml", stages), profile=False)
     try:

@@ -58,18 +58,18 @@ def test_stream_only_terminal_runs_and_route_skipped_stream_target_keeps_nothing
         [
             {"name": "src", "factory": f"{E}.words", "route_fn": f"{E}.route_by_kind", "next": ["collect", "plain"],
              "stream_to": ["collect", "count"], "process": "one"},
-            {"name": "collect", "factory": f"{S}.chunk_collector", "terminal": True, "modality": "text", "process": "two"},
+            {"name": "collect", "factory": f"{S}.chunk_collector", "terminal": True, "modality": "collected", "process": "two"},
             {"name": "plain", "factory": f"{E}.identity", "terminal": True, "modality": "json", "process": "two"},
-            {"name": "count", "factory": f"{S}.stream_counter", "terminal": True, "modality": "audio", "process": "two"},
+            {"name": "count", "factory": f"{S}.stream_counter", "terminal": True, "modality": "counted", "process": "two"},
         ],
     )
     pipe = launch(loop, path, profile=False)
     try:
-        # `count` is reached only through stream_to: it runs, also for an audio-only request
-        assert loop.run(_result(pipe, {"text": "a b c", "route": "plain"}, modalities=["audio"])) == {"count": {"chunks": 3}}
+        # `count` is reached only through stream_to: it runs, also for a request that wants only its output
+        assert loop.run(_result(pipe, {"text": "a b c", "route": "plain"}, modalities=["counted"])) == {"count": {"chunks": 3}}
         # `collect` gets the stream, then a skip from the route_fn: it must drop what it buffered
         for _ in range(3):
-            out = loop.run(_result(pipe, {"text": "a b c", "route": "plain"}, modalities=["json", "text"]))
+            out = loop.run(_result(pipe, {"text": "a b c", "route": "plain"}, modalities=["json", "collected"]))
             assert set(out) == {"plain"}
         assert until(lambda: all(e["stream_buffers"] == 0 and e["requests"] == 0 for e in loop.run(pipe.stats()).values()))
     finally:

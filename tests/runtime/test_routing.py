@@ -25,7 +25,7 @@ def pipe(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         {"name": "right", "factory": f"{E}.append", "factory_args": {"tag": "right"}, "next": ["join"], "process": "back"},
         {"name": "join", "factory": f"{E}.identity", "wait_for": ["left", "right"], "merge_fn": f"{E}.merge_dicts",
          "next": ["out"], "process": "back"},
-        {"name": "out", "factory": f"{E}.identity", "terminal": True, "modality": "text", "process": "back"},
+        {"name": "out", "factory": f"{E}.identity", "terminal": True, "modality": "trail", "process": "back"},
     ]
     path = topo.write(tmp_path_factory.mktemp("routing") / "routing.yaml", stages)
     pipeline = launch(loop, path, profile=False)

@@ -13,10 +13,13 @@ from typing import Any, Callable, Generator
 
 import numpy as np
 
+from omnictl.outputs import AudioChunk, AudioResult, TextDelta, TextResult
+
 RATE = 16_000
 SLOW_CHUNK_S = 0.3
 SLOW_WORDS = 40
-Stream = Generator[dict[str, Any], None, dict[str, Any]]  # chunks, then the result
+TextStream = Generator[TextDelta, None, TextResult]  # chunks, then the result
+AudioStream = Generator[Any, None, AudioResult]
 
 
 def _question(data: dict[str, Any]) -> str:
@@ -47,19 +50,14 @@ def prep() -> Callable[[dict[str, Any]], dict[str, Any]]:
     return run
 
 
-def answer() -> Callable[[dict[str, Any]], Stream]:
-    def run(data: dict[str, Any]) -> Stream:
+def answer() -> Callable[[dict[str, Any]], TextStream]:
+    def run(data: dict[str, Any]) -> TextStream:
         words = list(data["words"])
         for index, word in enumerate(words):
             if data["slow"]:
                 time.sleep(SLOW_CHUNK_S)
-            yield {"text": word if index == 0 else " " + word}
-        return {
-            "text": " ".join(words),
-            "prompt_tokens": data["prompt_tokens"],
-            "completion_tokens": len(words),
-            "finish_reason": "stop",
-        }
+            yield TextDelta(text=word if index == 0 else " " + word)
+        return TextResult(text=" ".join(words), prompt_tokens=data["prompt_tokens"], completion_tokens=len(words))
 
     return run
 
@@ -69,18 +67,18 @@ def tone(seconds: float, frequency: float = 440.0) -> np.ndarray:
     return (0.4 * np.sin(2 * np.pi * frequency * t)).astype(np.float32)
 
 
-def speak() -> Callable[[dict[str, Any]], Stream]:
-    def run(data: dict[str, Any]) -> Stream:
+def speak() -> Callable[[dict[str, Any]], AudioStream]:
+    def run(data: dict[str, Any]) -> AudioStream:
         chunks = []
         for word in data["words"]:
             if data["slow"]:
                 time.sleep(SLOW_CHUNK_S)
-            if word == "garble":  # breaks the audio terminal convention: not a waveform
+            if word == "garble":  # breaks the audio terminal contract: a dict, not an AudioChunk
                 yield {"audio": "static", "sample_rate": RATE, "transcript": word}
                 continue
             chunk = tone(0.1)
             chunks.append(chunk)
-            yield {"audio": chunk, "sample_rate": RATE, "transcript": word + " "}
-        return {"audio": np.concatenate(chunks), "sample_rate": RATE, "transcript": " ".join(data["words"])}
+            yield AudioChunk(samples=chunk, sample_rate=RATE, transcript=word + " ")
+        return AudioResult(samples=np.concatenate(chunks), sample_rate=RATE, transcript=" ".join(data["words"]))
 
     return run

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from omnictl.outputs import AudioChunk, AudioResult, TextDelta, TextResult
 from omnictl.schedulers.base import IncomingKind, OutgoingKind, OutgoingMessage, Scheduler, SchedulerLoad
 
 
@@ -80,13 +81,13 @@ def drop_hidden(data: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k != "hidden"}
 
 
-def detokenize(log: str | None = None) -> Callable[[dict[str, Any]], Iterator[dict[str, Any]]]:
-    def run(data: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def detokenize(log: str | None = None) -> Callable[[dict[str, Any]], Iterator[TextDelta]]:
+    def run(data: dict[str, Any]) -> Iterator[TextDelta]:
         _log(log, "decode", data)
         assert "hidden" not in data, "projection should have dropped the hidden states"
         for token in data["tokens"]:
-            yield {"text": chr(token)}
-        return {"text": "".join(chr(t) for t in data["tokens"])}
+            yield TextDelta(text=chr(token))
+        return TextResult(text="".join(chr(t) for t in data["tokens"]), completion_tokens=len(data["tokens"]))
 
     return run
 
@@ -99,15 +100,15 @@ def talker(log: str | None = None) -> Callable[[dict[str, Any]], dict[str, Any]]
     return run
 
 
-def vocoder(log: str | None = None) -> Callable[[dict[str, Any]], Iterator[dict[str, Any]]]:
-    def run(data: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def vocoder(log: str | None = None) -> Callable[[dict[str, Any]], Iterator[AudioChunk]]:
+    def run(data: dict[str, Any]) -> Iterator[AudioChunk]:
         _log(log, "code2wav", data)
         chunks = []
         for code in data["codes"]:
             chunk = torch.full((8,), float(code)) / 100.0
             chunks.append(chunk)
-            yield {"audio": chunk.numpy(), "sample_rate": 16000}
-        return {"audio": torch.cat(chunks).numpy(), "sample_rate": 16000}
+            yield AudioChunk(samples=chunk, sample_rate=16000)
+        return AudioResult(samples=torch.cat(chunks), sample_rate=16000)
 
     return run
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from omnictl.models.qwen3_omni.weights import load_code2wav
+from omnictl.outputs import AudioChunk, AudioResult
 from omnictl.schedulers.base import (
     IncomingKind,
     IncomingMessage,
@@ -106,13 +107,7 @@ class Code2WavScheduler(Scheduler):
             self._streams.pop(rid, None)
             audio = np.concatenate(stream.pieces) if stream.pieces else np.zeros(0, dtype=np.float32)
             transcript = str((message.data or {}).get("transcript", ""))
-            self.emit(
-                OutgoingMessage(
-                    OutgoingKind.RESULT,
-                    rid,
-                    {"audio": audio, "sample_rate": SAMPLE_RATE, "transcript": transcript},
-                )
-            )
+            self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, AudioResult(samples=audio, sample_rate=SAMPLE_RATE, transcript=transcript)))
 
     async def _synthesize(self, rid: str, stream: _Stream) -> None:
         codes = torch.cat(stream.frames) if len(stream.frames) > 1 else stream.frames[0]
@@ -128,11 +123,7 @@ class Code2WavScheduler(Scheduler):
         stream.emitted = emitted
         if piece.size:
             stream.pieces.append(piece)
-            self.emit(
-                OutgoingMessage(
-                    OutgoingKind.STREAM, rid, {"audio": piece, "sample_rate": SAMPLE_RATE, "transcript": ""}
-                )
-            )
+            self.emit(OutgoingMessage(OutgoingKind.STREAM, rid, AudioChunk(samples=piece, sample_rate=SAMPLE_RATE)))
 
     def abort(self, request_id: str) -> None:
         self._streams.pop(request_id, None)

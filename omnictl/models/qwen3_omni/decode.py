@@ -7,6 +7,7 @@ from typing import Any
 
 from omnictl.models.qwen3_omni.processor import load_processor
 from omnictl.models.qwen3_omni.weights import check_model_path
+from omnictl.outputs import TextDelta, TextResult, TokenDelta, TokenResult
 from omnictl.schedulers.base import (
     IncomingKind,
     IncomingMessage,
@@ -19,7 +20,7 @@ from omnictl.schedulers.sampling import cut_at_stop, streamable_prefix
 
 
 class DecodeScheduler(Scheduler):
-    """Streams ``{"text": delta}`` per thinker chunk; the result is the whole text and counts."""
+    """Streams a :class:`TextDelta` per thinker chunk; the :class:`TextResult` is the whole text and counts."""
 
     def __init__(self, model_path: str | Path | None) -> None:
         super().__init__()
@@ -37,32 +38,37 @@ class DecodeScheduler(Scheduler):
         if isinstance(stop, str):
             stop = (stop,)
         if message.kind is IncomingKind.STREAM_CHUNK:
+            if not isinstance(message.data, TokenDelta):
+                self._refuse(rid, f"expected the thinker's TokenDelta chunks, got {type(message.data).__name__}")
+                return
             tokens = self._tokens.setdefault(rid, [])
-            tokens.extend(int(t) for t in message.data.get("token_ids", ()))
+            tokens.extend(int(t) for t in message.data.token_ids)
             text = streamable_prefix(self._text(tokens), stop)
             sent = self._sent.get(rid, "")
             if text.startswith(sent) and len(text) > len(sent):
                 self._sent[rid] = text
-                self.emit(OutgoingMessage(OutgoingKind.STREAM, rid, {"text": text[len(sent) :]}))
+                self.emit(OutgoingMessage(OutgoingKind.STREAM, rid, TextDelta(text=text[len(sent) :])))
         elif message.kind is IncomingKind.NEW_REQUEST:
             data = message.data
-            text, _ = cut_at_stop(self._text([int(t) for t in data["token_ids"]]), stop)
+            if not isinstance(data, TokenResult):
+                self._refuse(rid, f"expected the thinker's TokenResult, got {type(data).__name__}")
+                return
+            text, _ = cut_at_stop(self._text([int(t) for t in data.token_ids]), stop)
             sent = self._sent.pop(rid, "")
             self._tokens.pop(rid, None)
             if text.startswith(sent) and len(text) > len(sent):
-                self.emit(OutgoingMessage(OutgoingKind.STREAM, rid, {"text": text[len(sent) :]}))
-            self.emit(
-                OutgoingMessage(
-                    OutgoingKind.RESULT,
-                    rid,
-                    {
-                        "text": text,
-                        "prompt_tokens": int(data["prompt_tokens"]),
-                        "completion_tokens": int(data["completion_tokens"]),
-                        "finish_reason": data["finish_reason"],
-                    },
-                )
+                self.emit(OutgoingMessage(OutgoingKind.STREAM, rid, TextDelta(text=text[len(sent) :])))
+            result = TextResult(
+                text=text,
+                finish_reason=data.finish_reason,
+                prompt_tokens=data.prompt_tokens,
+                completion_tokens=data.completion_tokens,
             )
+            self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, result))
+
+    def _refuse(self, rid: str, reason: str) -> None:
+        self.abort(rid)
+        self.emit(OutgoingMessage(OutgoingKind.ERROR, rid, error=f"stage {self.stage_name}: {reason}"))
 
     def _text(self, tokens: list[int]) -> str:
         return str(self.tokenizer.decode(tokens, skip_special_tokens=True))

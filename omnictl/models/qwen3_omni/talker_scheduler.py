@@ -5,6 +5,7 @@ chunk (``start_on="stream"``); its sampling is its own (the request's ``max_toke
 counts text tokens, not codec frames) except that a greedy request (temperature 0)
 makes the talker greedy too; and every output carries the finished codec frames
 (``codes``) for ``code2wav``, the result all of them plus the spoken ``transcript``.
+All three go through the scheduler's public hooks.
 """
 
 from __future__ import annotations
@@ -12,40 +13,38 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from omnictl.models.qwen3_omni.talker import TalkerRunner
-from omnictl.schedulers.autoregressive import AutoregressiveScheduler
-from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind, OutgoingMessage
+from omnictl.schedulers.autoregressive import AutoregressiveScheduler, StartOn
+from omnictl.schedulers.sampling import SamplingParams
 
 
 class TalkerScheduler(AutoregressiveScheduler):
     runner: TalkerRunner
 
     def __init__(self, runner: TalkerRunner, *, sampling: Mapping[str, Any], max_batch: int = 32) -> None:
-        super().__init__(runner, start_on="stream", max_batch=max_batch)
-        self.talker_sampling = dict(sampling)
+        # The talker's own sampling is the default every request starts from.
+        super().__init__(runner, start_on=StartOn.STREAM, max_batch=max_batch, default_sampling=sampling)
 
-    def _create(self, message: IncomingMessage, inputs: Any) -> None:
-        requested = message.params.get("sampling") or {}
-        sampling = dict(self.talker_sampling)
+    def request_sampling(self, params: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """Only a request's greediness and seed reach the talker; the rest is its own."""
+        requested = params.get("sampling")
+        if not isinstance(requested, Mapping):
+            return requested  # None, or not an object: validation names it
+        own: dict[str, Any] = {}
         if requested.get("temperature") == 0:
-            sampling["temperature"] = 0.0
+            own["temperature"] = 0.0
         if requested.get("seed") is not None:
-            sampling["seed"] = requested["seed"]
-        own = IncomingMessage(message.kind, message.request_id, message.data, message.source, {**message.params, "sampling": sampling})
-        self.runner.set_code_sampling(message.request_id, float(sampling.get("temperature", 1.0)) > 0.0)
-        super()._create(own, inputs)
-        if message.kind is IncomingKind.NEW_REQUEST:
-            # Nothing was streamed (the thinker stopped at once): its result is the whole input.
-            self._send("feed", message.request_id, (inputs, True))
+            own["seed"] = requested["seed"]
+        return own
 
-    def emit(self, message: OutgoingMessage) -> None:
-        if message.kind in (OutgoingKind.STREAM, OutgoingKind.RESULT) and isinstance(message.data, dict):
-            final = message.kind is OutgoingKind.RESULT
-            data = {**message.data, "codes": self.runner.take_frames(message.request_id, final=final)}
-            if final:
-                data["transcript"] = self.runner.transcript(message.request_id)
-            message = OutgoingMessage(message.kind, message.request_id, data)
-        super().emit(message)
+    def on_start(self, request_id: str, sampling: SamplingParams) -> None:
+        # A greedy talker also picks its residual codes greedily (what transformers does).
+        self.runner.set_code_sampling(request_id, sampling.temperature > 0.0)
 
-    def _drop(self, rid: str) -> None:
-        super()._drop(rid)
-        self.runner.forget(rid)
+    def on_output(self, request_id: str, data: Any, *, final: bool) -> Any:
+        extra: dict[str, Any] = {"codes": self.runner.take_frames(request_id, final=final)}
+        if final:
+            extra["transcript"] = self.runner.transcript(request_id)
+        return {**data, **extra}
+
+    def on_drop(self, request_id: str) -> None:
+        self.runner.forget(request_id)  # frames and transcript too: no result will take them

@@ -20,7 +20,6 @@ from omnictl.models.hf_causal_lm import HFCausalLMRunner
 from omnictl.models.qwen3_omni.processor import load_processor
 from omnictl.models.qwen3_omni.weights import check_model_path, load_config, load_thinker
 from omnictl.schedulers.autoregressive import AutoregressiveScheduler
-from omnictl.schedulers.base import OutgoingKind, OutgoingMessage
 from omnictl.schedulers.runner import StepOutput
 
 
@@ -139,13 +138,9 @@ class ThinkerScheduler(AutoregressiveScheduler):
 
     runner: ThinkerRunner
 
-    def emit(self, message: OutgoingMessage) -> None:
-        if message.kind in (OutgoingKind.STREAM, OutgoingKind.RESULT) and isinstance(message.data, dict):
-            prefix = self.runner.take_talker_prefix(message.request_id)
-            if prefix is not None:
-                message = OutgoingMessage(message.kind, message.request_id, {**message.data, "talker_prefix": prefix})
-        super().emit(message)
+    def on_output(self, request_id: str, data: Any, *, final: bool) -> Any:
+        prefix = self.runner.take_talker_prefix(request_id)
+        return data if prefix is None else {**data, "talker_prefix": prefix}
 
-    def _drop(self, rid: str) -> None:
-        super()._drop(rid)
-        self.runner.take_talker_prefix(rid)  # aborted or failed before it was sent
+    def on_drop(self, request_id: str) -> None:
+        self.runner.take_talker_prefix(request_id)  # aborted or failed before it was sent

@@ -3,21 +3,22 @@
 Sentences go into one FIFO synthesized by a worker thread (Piper is not thread-safe
 and the CPU is the limit anyway), so requests interleave sentence by sentence and a
 request's audio stays in order. After its last sentence, a request's whole waveform
-is the result. Output follows the audio terminal convention: chunks
-``{"audio", "sample_rate", "transcript"}`` per sentence; the result the same for the
-whole answer.
+is the result. Output follows the audio terminal contract: an
+:class:`~omnictl.outputs.AudioChunk` per sentence, then an :class:`~omnictl.outputs.AudioResult`
+for the whole answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Callable
 
 import numpy as np
 
 from omnictl.models.voice_assistant.text_stream import FollowedText, TextStreamFollower
 from omnictl.models.voice_assistant.tts import DEFAULT_VOICE, VOICES, PiperSpeaker, SentenceSplitter, speakable
+from omnictl.outputs import AudioChunk, AudioResult, TextResult
 from omnictl.profiling.events import EventKind
 from omnictl.schedulers.base import OutgoingKind, OutgoingMessage, SchedulerLoad
 from omnictl.schedulers.simple import describe_error
@@ -87,7 +88,7 @@ class SentenceSpeechScheduler(TextStreamFollower):
         if speech is not None:  # the text is complete: its last sentence need not wait for the result
             self._queue(request_id, speech.splitter.flush())
 
-    def on_complete(self, request_id: str, state: FollowedText, result: Mapping[str, Any]) -> None:
+    def on_complete(self, request_id: str, state: FollowedText, result: TextResult) -> None:
         speech = self._speech_of(request_id, state)
         if speech is not None:
             self._queue(request_id, speech.splitter.flush())
@@ -133,10 +134,10 @@ class SentenceSpeechScheduler(TextStreamFollower):
                 self.profile(EventKind.FIRST_EMIT, request_id)
             speech.audio.append(audio)
             speech.transcript.append(sentence)
-            chunk = {"audio": audio, "sample_rate": speaker.sample_rate, "transcript": sentence}
+            chunk = AudioChunk(samples=audio, sample_rate=speaker.sample_rate, transcript=sentence)
             self.emit(OutgoingMessage(OutgoingKind.STREAM, request_id, chunk))
 
     def _finish(self, request_id: str, speech: _Speech) -> None:
         audio = np.concatenate(speech.audio) if speech.audio else np.zeros(0, dtype=np.float32)
-        result = {"audio": audio, "sample_rate": self.speaker(speech.voice).sample_rate, "transcript": " ".join(speech.transcript)}
+        result = AudioResult(samples=audio, sample_rate=self.speaker(speech.voice).sample_rate, transcript=" ".join(speech.transcript))
         self.emit(OutgoingMessage(OutgoingKind.RESULT, request_id, result))

@@ -1,7 +1,7 @@
 """A scheduler base for stages that follow an upstream's streamed text (decode, TTS).
 
-The upstream (the thinker) streams ``{"text": delta, ...}`` chunks to this stage and
-also sends it its final result ``{"text": full, ...}`` through ``next``. Chunks and the
+The upstream (the thinker) streams :class:`~omnictl.outputs.TextDelta` chunks to this stage
+and also sends it its final :class:`~omnictl.outputs.TextResult` through ``next``. Chunks and the
 result travel on different channels, so the result may overtake the last chunks: the
 result's text is the truth, and whatever it holds beyond what was streamed is handed
 on as one last delta. A request is done here when its result arrives; chunks that
@@ -12,13 +12,12 @@ a new request).
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from omnictl.outputs import TextDelta, TextResult
+from omnictl.recent import RecentIds
 from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind, OutgoingMessage, Scheduler, SchedulerLoad
-
-_FINISHED_MEMORY = 4096
 
 
 @dataclass(slots=True)
@@ -35,7 +34,7 @@ class TextStreamFollower(Scheduler):
     def __init__(self) -> None:
         super().__init__()
         self.requests: dict[str, FollowedText] = {}
-        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._finished = RecentIds()  # done or aborted here: late chunks must not start them again
 
     async def run(self) -> None:
         while True:
@@ -50,19 +49,18 @@ class TextStreamFollower(Scheduler):
         if state is None:
             state = self.requests[rid] = FollowedText(params=message.params)
         if message.kind is IncomingKind.STREAM_CHUNK:
-            delta = _text_of(message.data)
-            if delta is None:
-                self.fail(rid, f"expected stream chunks with a 'text' delta, got {_describe(message.data)}")
-            elif delta:
-                state.streamed += delta
-                self.on_text(rid, state, delta)
+            if not isinstance(message.data, TextDelta):
+                self.fail(rid, f"expected TextDelta stream chunks, got {_describe(message.data)}")
+            elif message.data.text:
+                state.streamed += message.data.text
+                self.on_text(rid, state, message.data.text)
         elif message.kind is IncomingKind.STREAM_DONE:
             self.on_stream_done(rid, state)
         elif message.kind is IncomingKind.NEW_REQUEST:
-            full = _text_of(message.data)
-            if full is None:
-                self.fail(rid, f"expected the upstream's result to carry its 'text', got {_describe(message.data)}")
+            if not isinstance(message.data, TextResult):
+                self.fail(rid, f"expected the upstream's result to be a TextResult, got {_describe(message.data)}")
                 return
+            full = message.data.text
             if full.startswith(state.streamed) and len(full) > len(state.streamed):
                 rest = full[len(state.streamed) :]
                 state.streamed = full
@@ -79,9 +77,7 @@ class TextStreamFollower(Scheduler):
     def forget(self, request_id: str) -> None:
         """Drop the request's state; later messages for it are ignored."""
         self.requests.pop(request_id, None)
-        self._finished[request_id] = None
-        while len(self._finished) > _FINISHED_MEMORY:
-            self._finished.popitem(last=False)
+        self._finished.add(request_id)
 
     def fail(self, request_id: str, reason: str) -> None:
         self.forget(request_id)
@@ -95,14 +91,8 @@ class TextStreamFollower(Scheduler):
         """The upstream finished streaming (its result may still be on its way)."""
 
     @abstractmethod
-    def on_complete(self, request_id: str, state: FollowedText, result: Mapping[str, Any]) -> None:
+    def on_complete(self, request_id: str, state: FollowedText, result: TextResult) -> None:
         """The upstream's result arrived; every delta has been passed to :meth:`on_text`."""
-
-
-def _text_of(data: Any) -> str | None:
-    if isinstance(data, Mapping) and isinstance(data.get("text"), str):
-        return str(data["text"])
-    return None
 
 
 def _describe(data: Any) -> str:

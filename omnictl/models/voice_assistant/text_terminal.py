@@ -1,12 +1,12 @@
 """The text terminal (``decode``): passes the thinker's text deltas to the client as they come.
 
-Stream chunks ``{"text": delta}``; result ``{"text", "prompt_tokens", "completion_tokens",
-"finish_reason"}`` (the terminal convention the HTTP layer relies on).
+Streams :class:`~omnictl.outputs.TextDelta` and returns :class:`~omnictl.outputs.TextResult`
+(the text terminal contract).
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from omnictl.outputs import TextDelta, TextResult
 
 from omnictl.models.voice_assistant.text_stream import FollowedText, TextStreamFollower
 from omnictl.profiling.events import EventKind
@@ -18,18 +18,14 @@ class TextTerminalScheduler(TextStreamFollower):
         if not state.emitted:
             state.emitted = True
             self.profile(EventKind.FIRST_EMIT, request_id)
-        self.emit(OutgoingMessage(OutgoingKind.STREAM, request_id, {"text": delta}))
+        self.emit(OutgoingMessage(OutgoingKind.STREAM, request_id, TextDelta(text=delta)))
 
-    def on_complete(self, request_id: str, state: FollowedText, result: Mapping[str, Any]) -> None:
-        self.emit(
-            OutgoingMessage(
-                OutgoingKind.RESULT,
-                request_id,
-                {
-                    "text": str(result["text"]),  # the truth, even if a detokenizer rewrote a streamed delta
-                    "prompt_tokens": int(result.get("prompt_tokens", 0)),
-                    "completion_tokens": int(result.get("completion_tokens", 0)),
-                    "finish_reason": str(result.get("finish_reason") or "stop"),
-                },
-            )
+    def on_complete(self, request_id: str, state: FollowedText, result: TextResult) -> None:
+        # the upstream's text is the truth, even if a detokenizer rewrote a streamed delta
+        final = TextResult(
+            text=result.text,
+            finish_reason=result.finish_reason,
+            prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens,
         )
+        self.emit(OutgoingMessage(OutgoingKind.RESULT, request_id, final))

@@ -1,0 +1,160 @@
+"""What a terminal stage streams and returns, by modality: the one output contract.
+
+A terminal of modality ``text`` streams :class:`TextDelta` and returns :class:`TextResult`;
+one of modality ``audio`` streams :class:`AudioChunk` and returns :class:`AudioResult`.
+Any other modality is free-form: its data reaches the caller as the stage sent it.
+The Stage checks every output of a ``text``/``audio`` terminal with :func:`check_output`
+and fails that request (naming the stage, the modality and what was wrong) on a
+mismatch, so a broken model is reported where it broke, not in the HTTP layer.
+
+The constructors check their fields too: ``AudioChunk(samples=..., sample_rate=0)``
+raises at once, in the model's own code.
+
+Subclasses are welcome (the autoregressive scheduler streams :class:`TokenDelta`, a
+``TextDelta`` that also carries token ids and hidden states), so a stage that emits
+more than the contract still satisfies it. All are :class:`~omnictl.wire.WireStruct`,
+so they arrive in the caller's process as the same types.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from typing import Any, Union
+
+import numpy as np
+
+from omnictl.wire import WireStruct
+
+TEXT = "text"
+AUDIO = "audio"
+
+
+class FinishReason(str, enum.Enum):
+    """Why a text answer ended (the OpenAI ``finish_reason`` values omnictl produces)."""
+
+    STOP = "stop"  # an end-of-sequence token or a stop string
+    LENGTH = "length"  # max_tokens reached
+
+
+def _require(ok: bool, cls: type, problem: str) -> None:
+    if not ok:
+        raise TypeError(f"{cls.__name__}: {problem}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+class TextDelta(WireStruct):
+    """A piece of streamed text, to append to what came before."""
+
+    text: str
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.text, str), type(self), f"text must be a str, got {type(self.text).__name__}")
+
+
+class TextResult(WireStruct):
+    """A text terminal's result: the whole text, why it ended, and token usage."""
+
+    text: str
+    finish_reason: FinishReason = FinishReason.STOP
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        cls = type(self)
+        _require(isinstance(self.text, str), cls, f"text must be a str, got {type(self.text).__name__}")
+        try:
+            self.finish_reason = FinishReason(self.finish_reason)
+        except ValueError:
+            allowed = ", ".join(reason.value for reason in FinishReason)
+            raise TypeError(f"{cls.__name__}: finish_reason must be one of {allowed}, got {self.finish_reason!r}") from None
+        for name in ("prompt_tokens", "completion_tokens"):
+            value = getattr(self, name)
+            _require(_is_int(value) and value >= 0, cls, f"{name} must be an integer >= 0, got {value!r}")
+            setattr(self, name, int(value))
+
+
+def as_samples(audio: Any, where: str) -> np.ndarray:
+    """``audio`` (numpy array, torch tensor or list of floats) as mono float32 samples."""
+    torch = sys.modules.get("torch")  # a tensor can only exist once torch is imported
+    if torch is not None and isinstance(audio, torch.Tensor):
+        audio = audio.detach().to("cpu", torch.float32).numpy()
+    if isinstance(audio, (list, tuple)):
+        audio = np.asarray(audio, dtype=np.float32)
+    if not isinstance(audio, np.ndarray):
+        raise TypeError(f"{where}: samples must be a numpy array or a torch tensor, got {type(audio).__name__}")
+    if audio.ndim == 2 and 1 in audio.shape:  # (1, n) or (n, 1): one channel
+        audio = audio.reshape(-1)
+    if audio.ndim != 1:
+        raise TypeError(f"{where}: samples must be mono (1-D), got shape {audio.shape}")
+    if audio.dtype == np.int16:
+        return audio.astype(np.float32) / 32768.0
+    if not np.issubdtype(audio.dtype, np.floating):
+        raise TypeError(f"{where}: samples must be float in [-1, 1] (or int16), got {audio.dtype}")
+    return np.ascontiguousarray(audio, dtype=np.float32)
+
+
+class AudioChunk(WireStruct):
+    """A piece of streamed audio: mono float32 samples at ``sample_rate``, and what it says."""
+
+    samples: np.ndarray
+    sample_rate: int
+    transcript: str = ""
+
+    def __post_init__(self) -> None:
+        cls = type(self)
+        self.samples = as_samples(self.samples, cls.__name__)
+        _require(_is_int(self.sample_rate) and self.sample_rate > 0, cls, f"sample_rate must be a positive integer (Hz), got {self.sample_rate!r}")
+        self.sample_rate = int(self.sample_rate)
+        _require(isinstance(self.transcript, str), cls, f"transcript must be a str, got {type(self.transcript).__name__}")
+
+
+class AudioResult(AudioChunk):
+    """An audio terminal's result: the whole waveform and its whole transcript."""
+
+
+class TokenDelta(TextDelta):
+    """What an autoregressive stage streams: new tokens, their text, and optionally the
+    hidden state that produced each token (``hidden[i]`` for ``token_ids[i]``)."""
+
+    token_ids: list[int] = []
+    hidden: Any = None  # a [n, H] tensor when the scheduler emits hidden states
+
+
+class TokenResult(TextResult):
+    """What an autoregressive stage returns: a :class:`TextResult` with every token id
+    (a stop token ends the answer but is not among them) and optionally every hidden state."""
+
+    token_ids: list[int] = []
+    hidden: Any = None
+
+
+TerminalOutput = Union[TextDelta, TextResult, AudioChunk, AudioResult]
+_EXPECTED: dict[str, tuple[type, type]] = {TEXT: (TextDelta, TextResult), AUDIO: (AudioChunk, AudioResult)}
+
+
+def check_output(modality: str, final: bool, data: Any) -> str | None:
+    """Why ``data`` breaks the output contract of a ``modality`` terminal, or None.
+
+    ``final``: ``data`` is the result (else a stream chunk). Free-form modalities pass.
+    """
+    expected = _EXPECTED.get(modality)
+    if expected is None:
+        return None
+    cls = expected[1] if final else expected[0]
+    if final and modality == AUDIO:
+        ok = isinstance(data, AudioResult)
+    elif not final and modality == AUDIO:
+        ok = isinstance(data, AudioChunk) and not isinstance(data, AudioResult)
+    else:
+        ok = isinstance(data, cls)
+    if ok:
+        return None
+    what = "result" if final else "stream chunk"
+    got = type(data).__name__
+    if isinstance(data, dict):
+        got = f"a dict with keys {sorted(map(str, data))}"
+    return f"a {modality!r} terminal's {what} must be omnictl.outputs.{cls.__name__}, got {got}"

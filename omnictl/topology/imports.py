@@ -1,0 +1,170 @@
+"""The one import rule for the user code a topology names (factories, ``route_fn``,
+``merge_fn``, projections).
+
+A dotted path is imported with the topology file's directory first on the import path,
+then ``sys.path`` — the same rule wherever it is resolved: ``omnictl validate
+--check-imports`` (here, in :func:`check_imports`), and ``serve``, ``bench`` and
+``Pipeline.launch``, whose stage processes get the directory first on their ``sys.path``
+from the launcher (:func:`worker_sys_path`). A topology next to its ``stages.py`` thus
+names ``stages.tokenize`` wherever it is run from, as ``python run.py`` beside it would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from omnictl.exceptions import ResolveError
+from omnictl.topology.raw import DOTTED_FIELDS, RawStage, Reporter
+
+__all__ = ["ResolveError", "check_imports", "import_path", "resolve", "resolve_callable",
+           "topology_dir", "worker_sys_path"]
+
+
+def topology_dir(path: str | Path | None) -> Path | None:
+    """The absolute directory of a topology file (None for a topology read from a string)."""
+    if path is None or str(path).startswith("<"):
+        return None
+    return Path(path).resolve().parent
+
+
+def worker_sys_path(topology_path: str | Path | None, base: Sequence[str]) -> tuple[str, ...]:
+    """``base`` (the parent's ``sys.path``) with the topology directory first: what a stage
+    process imports user code with."""
+    directory = topology_dir(topology_path)
+    first = [str(directory)] if directory is not None else []
+    return tuple(dict.fromkeys([*first, *base]))
+
+
+def _found_in(name: str, module: Any, directory: Path) -> bool:
+    """True when ``directory`` is the import-path entry that module ``name`` came from (its
+    file is ``directory/<name as a path>``): not omnictl itself, nor a package that merely
+    lives below it (a virtualenv inside the project)."""
+    file = getattr(module, "__file__", None)
+    if file is None or name == "omnictl" or name.startswith("omnictl."):
+        return False
+    try:
+        parts = list(Path(file).resolve().relative_to(directory).parts)
+    except ValueError:
+        return False
+    stem = parts.pop().split(".")[0]  # stages.py, stages.cpython-311-x86_64-linux-gnu.so
+    if stem != "__init__":
+        parts.append(stem)
+    return parts == name.split(".")
+
+
+@contextlib.contextmanager
+def import_path(directory: Path | None) -> Iterator[None]:
+    """Import with ``directory`` first on ``sys.path``, for one check; undone on exit.
+
+    Modules imported from ``directory`` meanwhile are forgotten again on exit, so checking a
+    second topology whose own ``stages.py`` shares the name does not get the first one's.
+    Nothing changes when ``directory`` is on ``sys.path`` already (as in a stage process).
+    """
+    if directory is None:
+        yield
+        return
+    entry = str(directory)
+    added = entry not in sys.path
+    before = set(sys.modules)
+    if added:
+        sys.path.insert(0, entry)
+    importlib.invalidate_caches()  # files written since the last import must be seen
+    try:
+        yield
+    finally:
+        if added:
+            with contextlib.suppress(ValueError):  # user code may have removed it itself
+                sys.path.remove(entry)
+            for name in set(sys.modules) - before:
+                if _found_in(name, sys.modules[name], directory):
+                    del sys.modules[name]
+
+
+def _split(dotted: str) -> list[tuple[str, list[str]]]:
+    """Candidate (module, attribute chain) splits, longest module first."""
+    if ":" in dotted:
+        module, _, attrs = dotted.partition(":")
+        return [(module, attrs.split("."))]
+    parts = dotted.split(".")
+    return [(".".join(parts[:i]), parts[i:]) for i in range(len(parts) - 1, 0, -1)]
+
+
+def _is_missing(error: ModuleNotFoundError, module: str) -> bool:
+    """True when ``module`` itself (or a parent package) is absent, not something it imports."""
+    return error.name is not None and (module == error.name or module.startswith(error.name + "."))
+
+
+def resolve_callable(dotted: str, directory: Path | None = None, *,
+                     where: str | None = None) -> Callable[..., Any]:
+    """Import ``package.module.attr`` (or ``package.module:attr``) and return the callable.
+
+    ``directory`` (a topology's directory) is searched before ``sys.path``; ``where`` (the
+    topology file:line and field) goes into the error. Raises :class:`ResolveError` saying
+    which module, from where and why: the module that is missing, the attribute that is
+    not there, or what the module raised while importing.
+    """
+    searched = (str(directory),) if directory is not None else ()
+
+    def fail(reason: str) -> ResolveError:
+        return ResolveError(str(dotted), reason, where=where, searched=searched)
+
+    if not isinstance(dotted, str) or not dotted.strip(". :") or (
+            ":" not in dotted and "." not in dotted):
+        raise fail("expected a dotted path like package.module.function")
+    missing: ModuleNotFoundError | None = None  # why the longest candidate module is absent
+    with import_path(directory):  # a no-op when the directory is on sys.path already
+        for module_name, attrs in _split(dotted):
+            try:
+                target: Any = importlib.import_module(module_name)
+            except ModuleNotFoundError as error:
+                if _is_missing(error, module_name):
+                    missing = missing or error
+                    continue  # maybe a shorter prefix is the module and the rest attributes
+                raise fail(f"importing module {module_name!r} failed: {error}") from error
+            except Exception as error:  # the module itself raised while importing: say what
+                raise fail(f"importing module {module_name!r} failed: "
+                           f"{type(error).__name__}: {error}") from error
+            for depth, attr in enumerate(attrs):
+                try:
+                    target = getattr(target, attr)
+                except AttributeError as error:
+                    owner = ".".join([module_name, *attrs[:depth]])
+                    if depth == 0 and missing is not None:  # neither a module nor an attribute
+                        raise fail(f"no module named {missing.name!r} (and module "
+                                   f"{owner!r} has no attribute {attr!r})") from missing
+                    raise fail(f"{owner!r} has no attribute {attr!r}") from error
+            if not callable(target):
+                raise fail(f"it is a {type(target).__name__}, not a callable")
+            return target  # type: ignore[no-any-return]
+    assert missing is not None  # every candidate was a missing module
+    raise fail(f"no module named {missing.name!r}") from missing
+
+
+# The stage builder resolves through the same function; the stage process already has the
+# topology directory first on sys.path (see worker_sys_path).
+resolve = resolve_callable
+
+
+def check_imports(stage: RawStage, report: Reporter, directory: Path | None = None) -> None:
+    """``import``: every dotted path the stage names resolves to a callable.
+
+    The caller wraps the whole file in :func:`import_path` so each module is imported once.
+    """
+    named: list[tuple[str, tuple[str, ...], str | None]] = [
+        (key, (key,), getattr(stage, key)) for key in DOTTED_FIELDS]
+    named += [("project", ("project", target), path) for target, path in stage.project.items()]
+    for key, at, dotted in named:
+        if dotted is None:
+            continue
+        try:
+            resolve_callable(dotted, directory)
+        except ResolveError as error:
+            searched = f" (searched {directory} first, then sys.path)" if directory else ""
+            report.add("import", f"stage {stage.name!r}: `{key}` cannot import {dotted!r}: "
+                       f"{error.reason}{searched}", stage=stage, field=key, at=at,
+                       hint="check the dotted path, and that its module is in the topology's "
+                       "directory or an installed package")
