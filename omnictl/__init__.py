@@ -27,7 +27,7 @@ def __getattr__(name: str) -> object:
         from omnictl import pipeline
 
         return getattr(pipeline, name)
-    if name in ("RequestHandle", "RequestEvent", "RequestState"):
+    if name in ("RequestHandle", "RequestEvent", "RequestEventKind", "RequestState"):
         from omnictl.coordinator import request
 
         return getattr(request, name)
@@ -36,6 +36,7 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "Pipeline",
     "RequestEvent",
+    "RequestEventKind",
     "RequestHandle",
     "RequestState",
     "run",

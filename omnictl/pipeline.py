@@ -8,16 +8,21 @@ from pathlib import Path
 from typing import Any, Generator, Sequence
 
 from omnictl.coordinator.coordinator import Coordinator
+from omnictl.coordinator.launcher import refuse_unsupported
 from omnictl.coordinator.request import RequestHandle
+from omnictl.topology.derive import on_cpu
 from omnictl.topology.model import Topology
 
 
 def _load(topology: str | Path | Topology, device: str | None) -> Topology:
     if isinstance(topology, Topology):
-        return topology.on_cpu() if device == "cpu" else topology
-    from omnictl.topology import load
+        loaded = on_cpu(topology) if device == "cpu" else topology
+    else:
+        from omnictl.topology import load
 
-    return load(topology, device=device)
+        loaded = load(topology, device=device)
+    refuse_unsupported(loaded)  # before any process is spawned
+    return loaded
 
 
 class Pipeline:
@@ -46,7 +51,11 @@ class Pipeline:
     ) -> "_Launch":
         """Spawn the stage processes; use as ``async with`` (or ``await`` it and close yourself).
 
-        ``device="cpu"`` drops the GPU placement (processes stay as declared).
+        ``device="cpu"`` drops the GPU placement (processes stay as declared). A stage with
+        ``tp_size`` > 1 raises :class:`LaunchError` here (tensor parallelism is not
+        implemented yet), before any process starts. User code (factories, route/merge
+        functions, projections) is imported with the topology file's directory first on
+        the import path.
         ``max_restarts`` > 0 restarts a stage process that dies; otherwise the pipeline
         reports itself unhealthy and refuses new work. ``profile`` records every request
         stage by stage into ``run_dir`` (a fresh directory under the user state dir by default).

@@ -18,6 +18,6 @@ def test_three_stage_example_runs() -> None:
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0] == "{'detokenize': {'text': 'HIHI'}}"
-    assert lines[1:9] == [f"stream detokenize {{'text': '{c}'}}" for c in "OMNIOMNI"]
-    assert lines[9] == "result detokenize {'text': 'OMNIOMNI'}"
+    assert lines[0] == "HIHI"
+    assert lines[1:9] == [f"stream detokenize {c}" for c in "OMNIOMNI"]
+    assert lines[9] == "result detokenize OMNIOMNI"

@@ -4,6 +4,8 @@ from typing import Iterator
 
 import torch
 
+from omnictl.outputs import TextDelta, TextResult
+
 
 def tokenize():
     def run(data: dict) -> dict:
@@ -19,11 +21,11 @@ def shout(repeat: int = 1):
 
 def detokenize():
     # A generator: each yield is a stream chunk (sent to the client, since this stage
-    # is terminal); the return value is the result.
-    def run(data: dict) -> Iterator[dict]:
-        text = ""
-        for i in data["ids"].tolist():
-            text += chr(i)
-            yield {"text": chr(i)}
-        return {"text": text}
+    # is terminal); the return value is the result. A `text` terminal streams TextDelta
+    # and returns TextResult (see docs/adding-a-model.md).
+    def run(data: dict) -> Iterator[TextDelta]:
+        ids = data["ids"].tolist()
+        for i in ids:
+            yield TextDelta(text=chr(i))
+        return TextResult(text="".join(map(chr, ids)), completion_tokens=len(ids))
     return run

@@ -83,6 +83,14 @@ def summary(topology: Topology) -> Group:
     return Group(head, Text(""), processes, Text(""), edges)
 
 
+def tensor_parallel_warnings(file: str, topology: Topology) -> list[str]:
+    """Valid, but refused at launch: the language has tensor parallelism, the runtime not yet."""
+    return [f"{file}:{spec.line}: warning: stage {spec.name!r} has tp_size {spec.tp_size}: "
+            "tensor parallelism is not implemented by this runtime yet; serve, bench and "
+            "Pipeline.launch refuse this topology (it runs with --device cpu)"
+            for spec in topology.tensor_parallel()]
+
+
 def render_text(outcomes: list[Outcome], console: Console) -> None:
     for outcome in outcomes:
         if isinstance(outcome, TopologyReadError):
@@ -94,6 +102,8 @@ def render_text(outcomes: list[Outcome], console: Console) -> None:
                                         f" ({topology.name}: {len(topology.stages)} stages, "
                                         f"{len(topology.processes)} processes)"))
             console.print(summary(topology))
+            for warning in tensor_parallel_warnings(outcome.file, topology):
+                console.print(warning, markup=False, highlight=False, style="yellow")
         else:
             for issue in outcome.issues:
                 console.print(issue.format(), markup=False, highlight=False)

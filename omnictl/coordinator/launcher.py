@@ -11,7 +11,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
+from omnictl.exceptions import LaunchError
 from omnictl.stage.worker import WorkerConfig
+from omnictl.topology.imports import topology_dir, worker_sys_path
 from omnictl.topology.model import Topology
 
 
@@ -24,6 +26,24 @@ def describe_exit(code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
+
+
+def refuse_unsupported(topology: Topology) -> None:
+    """Raise :class:`LaunchError` before any process starts if the topology asks for what
+    this runtime cannot do, rather than silently doing less.
+
+    Tensor parallelism validates (the language has it) but is not run: a stage with
+    ``tp_size`` > 1 would get only its first GPU.
+    """
+    for spec in topology.tensor_parallel():
+        where = f"{topology.path}:{spec.line}: " if topology.path is not None else ""
+        raise LaunchError(
+            spec.name,
+            f"{where}tensor parallelism is not implemented by this runtime yet: the stage asks "
+            f"for tp_size={spec.tp_size} on GPUs {list(spec.gpu)}, and would run on GPU "
+            f"{spec.gpu[0] if spec.gpu else 0} alone. Place it on one GPU (`gpu: N`), or "
+            f"launch with device='cpu' (--device cpu).",
+        )
 
 
 @dataclass
@@ -58,6 +78,8 @@ class Launcher:
         self.on_exit = on_exit
         self.handles: dict[str, ProcessHandle] = {}
         self._stopping = False
+        # Resolved now: a restart later must not depend on the parent's working directory.
+        self._topology_dir = topology_dir(topology.path)
 
     def start(self, name: str) -> ProcessHandle:
         config = WorkerConfig(
@@ -69,7 +91,8 @@ class Launcher:
             broadcast_address=self.broadcast_address,
             profile_address=self.profile_address,
             parent_pid=os.getpid(),
-            sys_path=tuple(sys.path),
+            # The topology's directory first: user code imports as in `validate --check-imports`.
+            sys_path=worker_sys_path(self._topology_dir, sys.path),
         )
         # A fresh interpreter (not multiprocessing's spawn): the user's __main__ is never
         # re-imported, so scripts need no `if __name__ == "__main__"` guard.

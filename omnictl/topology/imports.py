@@ -31,10 +31,9 @@ def topology_dir(path: str | Path | None) -> Path | None:
     return Path(path).resolve().parent
 
 
-def worker_sys_path(topology_path: str | Path | None, base: Sequence[str]) -> tuple[str, ...]:
-    """``base`` (the parent's ``sys.path``) with the topology directory first: what a stage
-    process imports user code with."""
-    directory = topology_dir(topology_path)
+def worker_sys_path(directory: Path | None, base: Sequence[str]) -> tuple[str, ...]:
+    """``base`` (the parent's ``sys.path``) with the topology's ``directory`` first: what a
+    stage process imports user code with."""
     first = [str(directory)] if directory is not None else []
     return tuple(dict.fromkeys([*first, *base]))
 
@@ -163,8 +162,8 @@ def check_imports(stage: RawStage, report: Reporter, directory: Path | None = No
         try:
             resolve_callable(dotted, directory)
         except ResolveError as error:
-            searched = f" (searched {directory} first, then sys.path)" if directory else ""
-            report.add("import", f"stage {stage.name!r}: `{key}` cannot import {dotted!r}: "
-                       f"{error.reason}{searched}", stage=stage, field=key, at=at,
+            searched = f"; searched {directory}, then sys.path" if directory else ""
+            report.add("import", f"stage {stage.name!r}: `{key}` {error.reason} "
+                       f"({dotted}{searched})", stage=stage, field=key, at=at,
                        hint="check the dotted path, and that its module is in the topology's "
                        "directory or an installed package")

@@ -15,7 +15,6 @@ from omnictl.data import SCHEMA, data_path
 from omnictl.topology.issues import Issue
 from omnictl.topology.yamlnodes import Document, Path
 
-SCHEMA_NAME = SCHEMA
 
 # What each field expects, in words: used as the message for shape errors and as the hint.
 FIELD_EXPECTS: dict[str, str] = {

@@ -1,6 +1,7 @@
 """The front of Qwen3-Omni: preprocessing, the audio and image encoders, and their fan-in.
 
-``Preprocessor`` turns a request (``{"messages", "sampling", "voice"}``) into token ids,
+``Preprocessor`` turns a request (an :class:`omnictl.inputs.ChatRequest`, or the
+``{"messages", "sampling", "voice"}`` dict) into token ids,
 audio features and image patches, and keeps no raw media. The encoders each run one
 tower of the thinker. ``merge_multimodal`` and ``Aggregator`` put the encoders' output
 into the thinker's input embeddings at the placeholder tokens and compute the 3-D
@@ -15,7 +16,7 @@ from typing import Any, Mapping
 
 import torch
 
-from omnictl.models.inputs import AudioPart, ImagePart, TextPart, decode_audio, load_image, parse_request
+from omnictl.inputs import AudioPart, ChatRequest, ImagePart, TextPart, as_chat_request, decode_audio, load_image
 from omnictl.models.qwen3_omni.processor import load_processor
 from omnictl.models.qwen3_omni.weights import check_model_path, load_thinker
 
@@ -28,8 +29,8 @@ class Preprocessor:
     def __init__(self, model_path: str | Path | None) -> None:
         self.processor = load_processor(check_model_path(model_path))
 
-    def __call__(self, data: Mapping[str, Any]) -> dict[str, Any]:
-        request = parse_request(data)
+    def __call__(self, data: ChatRequest | Mapping[str, Any]) -> dict[str, Any]:
+        request = as_chat_request(data)  # audio arrives decoded; only resampled here
         conversation: list[dict[str, Any]] = []
         audios: list[Any] = []
         images: list[Any] = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from omnictl.inputs import ChatRequest
 from omnictl.models.qwen3_omni.code2wav import Code2WavScheduler, Vocoder
 from omnictl.models.qwen3_omni.decode import DecodeScheduler
 from omnictl.models.qwen3_omni.multimodal import Aggregator, AudioEncoder, ImageEncoder, Preprocessor
@@ -24,7 +25,8 @@ StageFn = Callable[[Mapping[str, Any]], dict[str, Any]]
 TALKER_SAMPLING = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "max_tokens": 4096}
 
 
-def preprocessing(model_path: str | Path | None = None) -> StageFn:
+def preprocessing(model_path: str | Path | None = None) -> Callable[[ChatRequest | Mapping[str, Any]], dict[str, Any]]:
+    """The entry stage: takes the typed request (HTTP) or the request dict (Python API)."""
     return Preprocessor(model_path)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from omnictl.models.inputs import resample
+from omnictl.inputs import resample
 from omnictl.models.voice_assistant.cache import build_lock, cache_dir, package_data_dir
 
 SAMPLE_RATE = 16_000  # what Whisper hears

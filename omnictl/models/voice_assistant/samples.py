@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from omnictl.models.inputs import read_wav, resample
+from omnictl.inputs import read_wav, resample
 
 SAMPLE_RATE = 16_000
 QUESTIONS: dict[str, str] = {

@@ -6,7 +6,9 @@
                   \\------------------------> thinker     (a typed one)
     thinker --stream + result--> decode (text), tts (audio)
 
-Data between stages: preprocessing emits ``{"messages": [...]}`` whose spoken parts
+preprocessing receives the request (an :class:`omnictl.inputs.ChatRequest` from the HTTP
+server, or the ``{"messages", "sampling", "voice"}`` dict from Python callers). Data
+between stages: preprocessing emits ``{"messages": [...]}`` whose spoken parts
 are placeholders ``{"type": "audio", "key": k}`` plus ``{"audio": {k: float32 16 kHz}}``;
 asr replaces each placeholder by its transcript and drops the audio; the thinker gets
 ``{"messages": [{"role", "content": str}, ...]}``.
@@ -20,7 +22,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from omnictl.exceptions import InvalidRequest
-from omnictl.models.inputs import AudioPart, ImagePart, TextPart, decode_audio, parse_request
+from omnictl.inputs import AudioPart, ChatRequest, ImagePart, TextPart, as_chat_request, decode_audio
 from omnictl.models.voice_assistant.asr import SAMPLE_RATE, SpeechRecognizer
 from omnictl.models.voice_assistant.speech_scheduler import SentenceSpeechScheduler
 from omnictl.models.voice_assistant.text_terminal import TextTerminalScheduler
@@ -30,9 +32,10 @@ from omnictl.schedulers.base import Scheduler
 Data = dict[str, Any]
 
 
-def prepare_question(inputs: Mapping[str, Any]) -> Data:
-    """Validate the request; keep its text, decode its spoken parts to 16 kHz, drop everything else."""
-    request = parse_request(inputs)
+def prepare_question(inputs: ChatRequest | Mapping[str, Any]) -> Data:
+    """Keep the request's text, resample its (already decoded) spoken parts to 16 kHz, drop
+    everything else. Takes the typed request (HTTP) or the dict (Python API)."""
+    request = as_chat_request(inputs)
     if request.voice is not None and request.voice not in VOICES:
         raise InvalidRequest(f"voice: {request.voice!r} is not installed; choose one of {', '.join(sorted(VOICES))}", field="voice")
     messages: list[Data] = []
@@ -58,7 +61,7 @@ def _joined(content: list[Data]) -> str:
     return " ".join(part["text"].strip() for part in content if part["text"].strip())
 
 
-def preprocessing() -> Callable[[Data], Data]:
+def preprocessing() -> Callable[[ChatRequest | Mapping[str, Any]], Data]:
     return prepare_question
 
 

@@ -21,7 +21,7 @@ def test_the_spoken_paris_question_is_heard(recognizer: SpeechRecognizer) -> Non
 
 
 def test_audio_at_another_rate_is_resampled_first(recognizer: SpeechRecognizer) -> None:
-    from omnictl.models.inputs import resample
+    from omnictl.inputs import resample
 
     samples, rate = sample_question("spider_legs")
     heard = recognizer.transcribe(resample(samples, rate, 24_000), 24_000).lower()

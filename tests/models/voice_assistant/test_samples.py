@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from omnictl.models.inputs import parse_request
+from omnictl.inputs import parse_request
 from omnictl.models.voice_assistant.samples import sample_names, sample_path, sample_question, sample_request, sample_text
 
 

@@ -1,12 +1,18 @@
-"""The one request shape model topologies take, checked part by part.
+"""The one input boundary: an OpenAI-style chat request, checked part by part, typed.
 
 ``{"messages": [...], "sampling": {...}, "voice": ...}``: OpenAI-style chat messages
 whose content parts are ``text``, ``input_audio`` (base64 WAV / pcm16, or a numpy
 array) and ``image_url`` (a data URL or a local path). :func:`parse_request` turns it
 into a :class:`ChatRequest` or raises :class:`InvalidRequest` whose ``field`` names the
 bad part, e.g. ``messages[0].content[1].input_audio.data``. Audio is decoded while
-parsing (a broken WAV is a bad request, not a stage crash); images are only checked,
-and loaded on demand with :func:`load_image`.
+parsing (a broken WAV is a bad request, not a stage crash), and only there; images are
+only checked, and loaded on demand with :func:`load_image`.
+
+The HTTP server parses each request once and submits the typed :class:`ChatRequest`;
+Python callers may submit the dict. An entry stage takes either through
+:func:`as_chat_request`. The request types are :class:`~omnictl.wire.WireStruct` s, so
+they reach the entry stage's process as the same types, audio samples as raw buffers.
+Nothing here is model-specific: models decide what they do with each part.
 """
 
 from __future__ import annotations
@@ -16,13 +22,14 @@ import binascii
 import io
 import math
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Union
 
+import msgspec
 import numpy as np
 
-from omnictl.exceptions import InvalidRequest
+from omnictl.exceptions import InvalidRequest, PayloadTooLarge
+from omnictl.wire import WireStruct
 
 if TYPE_CHECKING:  # Pillow is only needed by topologies that take images
     from PIL.Image import Image
@@ -31,39 +38,75 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 AUDIO_FORMATS = ("wav", "pcm16")
 PCM16_RATE = 24_000  # the OpenAI convention for raw pcm16
 ARRAY_RATE = 16_000  # numpy arrays without a sample_rate are taken as 16 kHz
+PARAM_KEYS = ("sampling", "voice")  # what every stage sees of a request (RequestContext.params)
 _MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}
 _SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
-# Leading bytes of the image formats the image processors read.
 _PCM_DTYPES: dict[int, "np.dtype[Any]"] = {8: np.dtype(np.uint8), 16: np.dtype("<i2"), 32: np.dtype("<i4")}
+# Leading bytes of the image formats the image processors read.
 _IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM", b"RIFF")
 
 
-@dataclass(frozen=True, slots=True)
-class TextPart:
+def _fail(field: str, problem: str) -> InvalidRequest:
+    return InvalidRequest(f"{field}: {problem}", field=field)
+
+
+def _set(obj: msgspec.Struct, name: str, value: Any) -> None:
+    # The request types are frozen (stages share one by reference); __post_init__ may
+    # still normalize a field, e.g. the list msgpack hands back where a tuple was sent.
+    msgspec.structs.force_setattr(obj, name, value)
+
+
+# Frozen: a fan-out passes one request object to several stages of a process.
+class TextPart(WireStruct, frozen=True, kw_only=True):
     text: str
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.text, str):
+            raise _fail("text", f"must be a string, got {_kind(self.text)}")
 
-@dataclass(frozen=True, slots=True)
-class AudioPart:
+
+class AudioPart(WireStruct, frozen=True, kw_only=True):
     samples: np.ndarray  # float32 mono in [-1, 1], at ``sample_rate``
     sample_rate: int
-    field: str  # where it sat in the request, for errors raised later
+    field: str = "audio"  # where it sat in the request, for errors raised later
+
+    def __post_init__(self) -> None:
+        # O(1) checks only: this runs again on every process hop; the NaN scan is parsing's.
+        samples = self.samples
+        if not isinstance(samples, np.ndarray) or samples.ndim != 1 or samples.dtype != np.float32:
+            got = f"{samples.dtype} array of shape {samples.shape}" if isinstance(samples, np.ndarray) else _kind(samples)
+            raise _fail(self.field, f"samples must be a 1-D float32 array (mono, in [-1, 1]), got {got}")
+        rate = self.sample_rate
+        if isinstance(rate, bool) or not isinstance(rate, (int, np.integer)) or rate < 1:
+            raise _fail(f"{self.field}.sample_rate", f"must be a positive integer (Hz), got {rate!r}")
+        _set(self, "sample_rate", int(rate))
 
 
-@dataclass(frozen=True, slots=True)
-class ImagePart:
+class ImagePart(WireStruct, frozen=True, kw_only=True):
     field: str
     data: bytes | None = None  # from a data URL
-    path: Path | None = None  # a local file
+    path: str | None = None  # a local file (a str, not a Path: it crosses processes as msgpack)
+
+    def __post_init__(self) -> None:
+        if (self.data is None) == (self.path is None):
+            raise _fail(self.field, "an image part holds exactly one of data and path")
 
 
 Part = Union[TextPart, AudioPart, ImagePart]
+_PART_TYPES = (TextPart, AudioPart, ImagePart)
 
 
-@dataclass(frozen=True, slots=True)
-class ChatMessage:
+class ChatMessage(WireStruct, frozen=True, kw_only=True):
     role: str
-    parts: tuple[Part, ...]
+    parts: tuple[Part, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise _fail("role", f"must be one of {', '.join(ROLES)}, got {self.role!r}")
+        _set(self, "parts", tuple(self.parts))
+        for i, part in enumerate(self.parts):
+            if not isinstance(part, _PART_TYPES):
+                raise _fail(f"parts[{i}]", f"must be a TextPart, AudioPart or ImagePart, got {_kind(part)}")
 
     def text(self) -> str:
         """The message's text parts joined by a space (media parts skipped)."""
@@ -73,8 +116,9 @@ class ChatMessage:
         return [part for part in self.parts if isinstance(part, AudioPart)]
 
 
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
+class SamplingParams(WireStruct, frozen=True, kw_only=True):
+    """What the request asks of generation; None: the stage's default."""
+
     max_tokens: int | None = None
     temperature: float | None = None  # 0 means greedy
     top_p: float | None = None
@@ -82,12 +126,30 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        _set(self, "stop", tuple(self.stop))
 
-@dataclass(frozen=True, slots=True)
-class ChatRequest:
+    def as_dict(self) -> dict[str, Any]:
+        """The fields that are set, msgpack-plain (what schedulers read from ``params["sampling"]``)."""
+        values = {name: getattr(self, name) for name in self.__struct_fields__}
+        values["stop"] = list(self.stop) or None
+        return {name: value for name, value in values.items() if value is not None}
+
+
+class ChatRequest(WireStruct, frozen=True, kw_only=True):
     messages: tuple[ChatMessage, ...]
-    sampling: SamplingParams
+    sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     voice: str | None = None
+
+    def __post_init__(self) -> None:
+        _set(self, "messages", tuple(self.messages))
+        if not self.messages:
+            raise _fail("messages", "must contain at least one message")
+        for i, message in enumerate(self.messages):
+            if not isinstance(message, ChatMessage):
+                raise _fail(f"messages[{i}]", f"must be a ChatMessage, got {_kind(message)}")
+        if not isinstance(self.sampling, SamplingParams):
+            raise _fail("sampling", f"must be a SamplingParams, got {_kind(self.sampling)}")
 
     def last_user_message(self) -> ChatMessage | None:
         for message in reversed(self.messages):
@@ -95,9 +157,32 @@ class ChatRequest:
                 return message
         return None
 
+    def params(self) -> dict[str, Any]:
+        """Its per-request parameters as every stage sees them (``RequestContext.params``)."""
+        params: dict[str, Any] = {"sampling": self.sampling.as_dict()}
+        if self.voice is not None:
+            params["voice"] = self.voice
+        return params
 
-def _fail(field: str, problem: str) -> InvalidRequest:
-    return InvalidRequest(f"{field}: {problem}", field=field)
+
+def as_chat_request(inputs: Any) -> ChatRequest:
+    """What an entry stage calls on its input: a :class:`ChatRequest` as is (the HTTP
+    server already parsed it), a ``{"messages", ...}`` mapping parsed (Python callers)."""
+    if isinstance(inputs, ChatRequest):
+        return inputs
+    if isinstance(inputs, Mapping):
+        return parse_request(inputs)
+    raise _fail("inputs", f"must be a ChatRequest or a mapping with 'messages', got {_kind(inputs)}")
+
+
+def request_params(inputs: Any) -> dict[str, Any]:
+    """The parameters every stage sees for a request with these ``inputs``: its
+    ``sampling`` and ``voice``. A mapping's are passed as given (stages validate them)."""
+    if isinstance(inputs, ChatRequest):
+        return inputs.params()
+    if isinstance(inputs, dict):
+        return {key: inputs[key] for key in PARAM_KEYS if key in inputs}
+    return {}
 
 
 def _kind(value: Any) -> str:
@@ -119,8 +204,12 @@ def _no_unknown_keys(obj: Mapping[str, Any], allowed: set[str] | tuple[str, ...]
             raise _fail(f"{field}.{key}", f"unknown field (expected one of {', '.join(sorted(allowed))})")
 
 
-def parse_request(inputs: Mapping[str, Any]) -> ChatRequest:
-    """Check ``inputs`` and decode its audio; raises :class:`InvalidRequest` naming the bad part."""
+def parse_request(inputs: Mapping[str, Any], *, max_audio_bytes: int | None = None) -> ChatRequest:
+    """Check ``inputs`` and decode its audio; raises :class:`InvalidRequest` naming the bad part.
+
+    ``max_audio_bytes`` caps the decoded size of one base64 audio part: a bigger one
+    raises :class:`PayloadTooLarge` before it is decoded.
+    """
     _expect(inputs, Mapping, "inputs", "an object")
     _no_unknown_keys(inputs, {"messages", "sampling", "voice"}, "inputs")
     messages = _expect(inputs.get("messages"), list, "messages", "a list of chat messages")
@@ -130,13 +219,13 @@ def parse_request(inputs: Mapping[str, Any]) -> ChatRequest:
     if voice is not None and (not isinstance(voice, str) or not voice):
         raise _fail("voice", f"must be a voice name (a non-empty string), got {voice!r}")
     return ChatRequest(
-        messages=tuple(_parse_message(message, f"messages[{i}]") for i, message in enumerate(messages)),
+        messages=tuple(_parse_message(message, f"messages[{i}]", max_audio_bytes) for i, message in enumerate(messages)),
         sampling=parse_sampling(inputs.get("sampling") or {}),
         voice=voice,
     )
 
 
-def _parse_message(message: Any, field: str) -> ChatMessage:
+def _parse_message(message: Any, field: str, max_audio_bytes: int | None) -> ChatMessage:
     _expect(message, Mapping, field, "an object with 'role' and 'content'")
     _no_unknown_keys(message, _MESSAGE_KEYS, field)
     role = message.get("role")
@@ -144,22 +233,24 @@ def _parse_message(message: Any, field: str) -> ChatMessage:
         raise _fail(f"{field}.role", f"must be one of {', '.join(ROLES)}, got {role!r}")
     content = message.get("content")
     if content is None and role == "assistant":  # an assistant turn that only called tools
-        return ChatMessage(role, ())
+        return ChatMessage(role=role)
     if isinstance(content, str):
-        return ChatMessage(role, (TextPart(content),))
+        return ChatMessage(role=role, parts=(TextPart(text=content),))
     _expect(content, list, f"{field}.content", "a string or a list of content parts")
-    return ChatMessage(role, tuple(_parse_part(part, f"{field}.content[{j}]") for j, part in enumerate(content)))
+    parts = tuple(_parse_part(part, f"{field}.content[{j}]", max_audio_bytes) for j, part in enumerate(content))
+    return ChatMessage(role=role, parts=parts)
 
 
-def _parse_part(part: Any, field: str) -> Part:
+def _parse_part(part: Any, field: str, max_audio_bytes: int | None) -> Part:
     _expect(part, Mapping, field, "an object with a 'type'")
     kind = part.get("type")
     if kind == "text":
         _no_unknown_keys(part, {"type", "text"}, field)
-        return TextPart(_expect(part.get("text"), str, f"{field}.text", "a string"))
+        return TextPart(text=_expect(part.get("text"), str, f"{field}.text", "a string"))
     if kind == "input_audio":
         _no_unknown_keys(part, {"type", "input_audio"}, field)
-        return _parse_audio(_expect(part.get("input_audio"), Mapping, f"{field}.input_audio", "an object"), f"{field}.input_audio")
+        audio = _expect(part.get("input_audio"), Mapping, f"{field}.input_audio", "an object")
+        return _parse_audio(audio, f"{field}.input_audio", max_audio_bytes)
     if kind == "image_url":
         _no_unknown_keys(part, {"type", "image_url"}, field)
         image = _expect(part.get("image_url"), Mapping, f"{field}.image_url", "an object with a 'url'")
@@ -168,31 +259,37 @@ def _parse_part(part: Any, field: str) -> Part:
     raise _fail(f"{field}.type", f"must be text, input_audio or image_url, got {kind!r}")
 
 
-def _parse_audio(audio: Mapping[str, Any], field: str) -> AudioPart:
+def _parse_audio(audio: Mapping[str, Any], field: str, max_audio_bytes: int | None) -> AudioPart:
     _no_unknown_keys(audio, {"data", "format", "sample_rate"}, field)
     data = audio.get("data")
     rate = audio.get("sample_rate")
     if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int) or not 1000 <= rate <= 384_000):
         raise _fail(f"{field}.sample_rate", f"must be an integer between 1000 and 384000 (Hz), got {rate!r}")
     if isinstance(data, np.ndarray):
-        return AudioPart(_array_samples(data, f"{field}.data"), rate or ARRAY_RATE, field)
+        return AudioPart(samples=_array_samples(data, f"{field}.data"), sample_rate=rate or ARRAY_RATE, field=field)
     fmt = audio.get("format", "wav")
     if fmt not in AUDIO_FORMATS:
         raise _fail(f"{field}.format", f"must be one of {', '.join(AUDIO_FORMATS)}, got {fmt!r}")
-    encoded: str = _expect(data, str, f"{field}.data", "a base64 string or a numpy array")
-    try:
-        raw = base64.b64decode(encoded, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise _fail(f"{field}.data", f"not valid base64 ({exc})") from exc
+    raw = _decode_base64(_expect(data, str, f"{field}.data", "a base64 string or a numpy array"), f"{field}.data", max_audio_bytes)
     if fmt == "pcm16":
         if len(raw) % 2:
             raise _fail(f"{field}.data", f"pcm16 audio must hold whole 16-bit samples, got {len(raw)} bytes")
         samples = np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
-        return AudioPart(_array_samples(samples, f"{field}.data"), rate or PCM16_RATE, field)
+        return AudioPart(samples=_array_samples(samples, f"{field}.data"), sample_rate=rate or PCM16_RATE, field=field)
     if rate is not None:
         raise _fail(f"{field}.sample_rate", "a WAV file carries its own sample rate; drop this field")
     samples, wav_rate = read_wav(raw, f"{field}.data")
-    return AudioPart(_array_samples(samples, f"{field}.data"), wav_rate, field)
+    return AudioPart(samples=_array_samples(samples, f"{field}.data"), sample_rate=wav_rate, field=field)
+
+
+def _decode_base64(encoded: str, field: str, max_bytes: int | None) -> bytes:
+    """The one place input audio is base64-decoded, after its size is checked."""
+    if max_bytes is not None and len(encoded) * 3 // 4 > max_bytes:
+        raise PayloadTooLarge(f"{field}: decodes to more than {max_bytes} bytes", field=field)
+    try:
+        return base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise _fail(field, f"not valid base64 ({exc})") from exc
 
 
 def _array_samples(array: np.ndarray, field: str) -> np.ndarray:
@@ -263,13 +360,13 @@ def _parse_image(url: str, field: str) -> ImagePart:
             raise _fail(field, f"not valid base64 ({exc})") from exc
         if not data.startswith(_IMAGE_MAGIC):
             raise _fail(field, "the data is not a PNG, JPEG, GIF, BMP or WebP image")
-        return ImagePart(field, data=data)
+        return ImagePart(field=field, data=data)
     if url.startswith(("http://", "https://")):
         raise _fail(field, "remote image URLs are not fetched; send a data URL or a local path")
     path = Path(url.removeprefix("file://")).expanduser()
     if not path.is_file():
         raise _fail(field, f"no image file at {str(path)!r}")
-    return ImagePart(field, path=path)
+    return ImagePart(field=field, path=str(path))
 
 
 def parse_sampling(sampling: Any) -> SamplingParams:
@@ -307,7 +404,7 @@ def parse_sampling(sampling: Any) -> SamplingParams:
 
 
 def decode_audio(part: AudioPart, sample_rate: int) -> np.ndarray:
-    """The part's samples as float32 mono at ``sample_rate``."""
+    """The part's samples as float32 mono at ``sample_rate`` (resampled; already decoded)."""
     return resample(part.samples, part.sample_rate, sample_rate)
 
 
