@@ -284,12 +284,16 @@ def _parse_audio(audio: Mapping[str, Any], field: str, max_audio_bytes: int | No
 
 def _decode_base64(encoded: str, field: str, max_bytes: int | None) -> bytes:
     """The one place input audio is base64-decoded, after its size is checked."""
-    if max_bytes is not None and len(encoded) * 3 // 4 > max_bytes:
+    if max_bytes is not None and len(encoded) * 3 // 4 - _padding(encoded) > max_bytes:
         raise PayloadTooLarge(f"{field}: decodes to more than {max_bytes} bytes", field=field)
     try:
         return base64.b64decode(encoded, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise _fail(field, f"not valid base64 ({exc})") from exc
+
+
+def _padding(encoded: str) -> int:
+    return 2 if encoded.endswith("==") else 1 if encoded.endswith("=") else 0
 
 
 def _array_samples(array: np.ndarray, field: str) -> np.ndarray:

@@ -10,6 +10,7 @@ from typing import Any, Generator, Sequence
 from omnictl.coordinator.coordinator import Coordinator
 from omnictl.coordinator.launcher import refuse_unsupported
 from omnictl.coordinator.request import RequestHandle
+from omnictl.inputs import request_params
 from omnictl.topology.derive import on_cpu
 from omnictl.topology.model import Topology
 
@@ -122,12 +123,18 @@ class Pipeline:
 
     async def submit(
         self,
-        inputs: dict[str, Any],
+        inputs: Any,
         modalities: Sequence[str] | None = None,
         request_id: str | None = None,
     ) -> RequestHandle:
-        """Start a request. ``modalities`` selects terminals by modality (None: all)."""
-        return await self._coordinator.submit(inputs, modalities, request_id)
+        """Start a request. ``modalities`` selects terminals by modality (None: all).
+
+        ``inputs`` reach the entry stage as given: any data tree, or a chat request (an
+        :class:`omnictl.inputs.ChatRequest` or its ``{"messages", "sampling", "voice"}`` dict).
+        Its ``sampling`` and ``voice`` are also what every stage sees as the request's params.
+        """
+        params = request_params(inputs)
+        return await self._coordinator.submit(inputs, modalities, request_id, params=params)
 
     async def abort(self, request_id: str) -> None:
         await self._coordinator.abort(request_id)

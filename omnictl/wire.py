@@ -17,11 +17,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from omnictl.exceptions import OmnictlError
-
-
-class UnknownWireType(OmnictlError):
-    """A payload names a struct type that the receiving process cannot rebuild."""
+from omnictl.exceptions import UnknownWireType
 
 
 class WireStruct(msgspec.Struct, kw_only=True):

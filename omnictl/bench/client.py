@@ -10,8 +10,7 @@ from typing import Any
 import httpx
 
 from omnictl.bench.stats import RequestRecord
-
-PCM16_RATE = 24_000  # the server's pcm16 convention (OpenAI's)
+from omnictl.inputs import PCM16_RATE  # the server's pcm16 convention (OpenAI's)
 
 
 def _apply_chunk(record: RequestRecord, chunk: dict[str, Any], now: float, last_text: list[float]) -> None:

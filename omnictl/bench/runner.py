@@ -20,11 +20,7 @@ from omnictl.bench.loadgen import closed_loop, open_loop
 from omnictl.bench.report import build_result
 from omnictl.bench.stats import RequestRecord
 from omnictl.bench.workload import INPUT_KINDS, build_payload, spoken_samples
-from omnictl.exceptions import OmnictlError
-
-
-class BenchError(OmnictlError):
-    """The bench could not run (bad options, or the server rejects every request)."""
+from omnictl.exceptions import BenchError
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from omnictl.data import SAMPLES, data_path
+
 QUESTIONS = (
     "What is the capital of France?",
     "Name three colours of the rainbow.",
@@ -36,7 +38,7 @@ def tone_wav(seconds: float = 1.0, rate: int = 16_000) -> bytes:
 
 def spoken_samples() -> list[bytes]:
     """The spoken questions shipped with the package (``omnictl/data/samples``), else a tone."""
-    samples_dir = Path(__file__).resolve().parent.parent / "data" / "samples"
+    samples_dir = data_path(SAMPLES)
     samples = sorted(samples_dir.glob("*.wav")) if samples_dir.is_dir() else []
     return [path.read_bytes() for path in samples] or [tone_wav()]
 

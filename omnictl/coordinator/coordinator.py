@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import msgspec
 import zmq
@@ -32,7 +32,6 @@ from omnictl.topology.model import RelayKnobs, Topology
 from omnictl.transports.codec import PayloadCodec, decode
 from omnictl.transports.shm import SegmentReader, SlotPool
 
-_PARAM_KEYS = ("sampling", "voice")
 # A reused request id is refused for as long as it is remembered; a client may reuse one long
 # after it finished, so the coordinator remembers more than a stage (DEFAULT_RECENT_IDS): ~17 MB for uuid-hex ids.
 _RECENT_IDS = 100_000
@@ -153,8 +152,14 @@ class Coordinator:
         return socket
 
     async def submit(
-        self, inputs: dict[str, Any], modalities: Sequence[str] | None = None, request_id: str | None = None
+        self,
+        inputs: Any,
+        modalities: Sequence[str] | None = None,
+        request_id: str | None = None,
+        params: Mapping[str, Any] | None = None,
     ) -> RequestHandle:
+        """``params`` (msgpack-plain): what every stage sees of the request besides its data
+        (``sampling``, ``voice``); :meth:`Pipeline.submit` derives them from the inputs."""
         if not self.healthy:
             raise PipelineDead(self.dead_reason or f"stage process down: {', '.join(self.down.values())}")
         terminals = select_terminals(self.topology, modalities)
@@ -163,9 +168,8 @@ class Coordinator:
         if rid in self.requests or rid in self._recent:
             # Stages drop late messages of finished ids, so a reused id would never complete.
             raise InvalidRequest(f"request id {rid!r} was already used; ids must be unique", field="request_id")
-        params = {key: inputs.get(key) for key in _PARAM_KEYS if isinstance(inputs, dict) and key in inputs}
-        params["modalities"] = sorted({self.topology.terminals[t] for t in terminals})
-        ctx = m.RequestContext(rid, params, active)
+        context_params = {**(params or {}), "modalities": sorted({self.topology.terminals[t] for t in terminals})}
+        ctx = m.RequestContext(rid, context_params, active)
         entry = self.topology.entry
         payload = self._codec.encode(inputs)  # before registering: inputs that cannot be sent leave no trace
         loop = asyncio.get_running_loop()
@@ -240,7 +244,7 @@ class Coordinator:
         elif isinstance(message, m.LaunchFailed):
             handle = self.launcher.handles.get(message.process)
             if handle is not None and not handle.ready.done():
-                handle.ready.set_exception(LaunchError(message.stage, "its factory raised\n" + message.error))
+                handle.ready.set_exception(LaunchError(message.stage, message.error))
         elif isinstance(message, m.HelloAck):
             self._hello_acks.add(message.process)
         elif isinstance(message, m.StatsReply):

@@ -52,6 +52,7 @@ from functools import partial
 from typing import Any, Literal, Mapping
 
 from omnictl.exceptions import InvalidRequest
+from omnictl.outputs import TokenDelta, TokenResult
 from omnictl.profiling.events import EventKind
 from omnictl.recent import RecentIds
 from omnictl.schedulers.ar_request import ArRequest
@@ -165,9 +166,10 @@ class AutoregressiveScheduler(Scheduler):
         parameters; it runs before anything is fed to the runner for it and before its
         prefill. The request leaves later through a result or :meth:`on_drop`."""
 
-    def on_output(self, request_id: str, data: Any, *, final: bool) -> Any:
-        """Hook (worker thread): a stream chunk (``final=False``) or the result
-        (``final=True``) of ``request_id`` just before it is emitted; returns what is emitted.
+    def on_output(self, request_id: str, data: TokenDelta | TokenResult, *, final: bool) -> Any:
+        """Hook (worker thread): a stream chunk (``final=False``, a :class:`TokenDelta`) or
+        the result (``final=True``, a :class:`TokenResult`) of ``request_id`` just before
+        it is emitted; returns what is emitted (e.g. a subclass carrying model extras).
 
         Chunks come in order and the result last, after the runner released the
         request's KV cache. Raising fails the request (then :meth:`on_drop` follows).

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import secrets
 import time
@@ -16,11 +15,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from omnictl.exceptions import InvalidRequest, PipelineDead
+from omnictl.exceptions import InvalidRequest, PayloadTooLarge, PipelineDead
 from omnictl.serving import chat
 from omnictl.serving.auth import authorized
 from omnictl.serving.metrics import CONTENT_TYPE, ServerMetrics
-from omnictl.serving.protocol import Limits, PayloadTooLarge, parse_chat_request
+from omnictl.serving.protocol import Limits, parse_chat_body
 from omnictl.serving.sse import error_body
 
 REQUEST_ID_HEADER = "X-Request-Id"
@@ -38,7 +37,7 @@ class PipelineLike(Protocol):
 
     run_dir: Any
 
-    async def submit(self, inputs: dict[str, Any], modalities: list[str] | None = None, request_id: str | None = None) -> Any: ...
+    async def submit(self, inputs: Any, modalities: list[str] | None = None, request_id: str | None = None) -> Any: ...
 
     async def abort(self, request_id: str) -> Any: ...
 
@@ -123,17 +122,14 @@ def create_app(state: ServingState) -> Starlette:
             return _error(401, "missing or wrong API key (send 'Authorization: Bearer <key>')", "authentication_error", "invalid_api_key")
         try:
             raw = await _read_body(request, state.limits.max_body_bytes)
-            try:
-                body = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise InvalidRequest(f"body is not valid JSON: {exc}", field="body") from exc
             pipe = pipeline_or_none()
             if pipe is None:
                 return _error(503, "the pipeline is still starting; retry shortly", "server_error", "starting")
-            parsed = parse_chat_request(body, pipe.topology.terminals, state.limits)
+            # JSON, envelope and messages; input audio is decoded here, once (off the loop when large)
+            parsed = await parse_chat_body(raw, pipe.topology.terminals, state.limits)
             parsed = dataclasses.replace(parsed, model=parsed.model or state.model_name)
             try:
-                submitted = await pipe.submit(parsed.pipeline_inputs(), parsed.modalities, request_id=request_id)
+                submitted = await pipe.submit(parsed.inputs, parsed.modalities, request_id=request_id)
             except InvalidRequest as exc:
                 if exc.field != "request_id":
                     raise

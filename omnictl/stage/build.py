@@ -11,8 +11,14 @@ from omnictl.schedulers.simple import SimpleScheduler
 from omnictl.stage.fanin import FanIn
 from omnictl.stage.router import Router
 from omnictl.stage.stage import Ports, Stage
-from omnictl.topology import resolve
+from omnictl.topology.imports import resolve_callable, topology_dir
 from omnictl.topology.model import StageSpec, Topology
+
+
+def _resolve(topology: Topology, spec: StageSpec, field: str, dotted: str) -> Callable[..., Any]:
+    """The callable at ``dotted``, found the way ``validate --check-imports`` finds it."""
+    where = f"{topology.path}:{spec.line} `{field}` of stage {spec.name!r}"
+    return resolve_callable(dotted, topology_dir(topology.path), where=where)
 
 
 def _accepts(fn: Callable[..., Any], keyword: str) -> bool:
@@ -23,9 +29,9 @@ def _accepts(fn: Callable[..., Any], keyword: str) -> bool:
     return keyword in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
 
 
-def make_scheduler(spec: StageSpec, model_path: str | None) -> Scheduler:
+def make_scheduler(spec: StageSpec, topology: Topology, model_path: str | None) -> Scheduler:
     """``factory(**factory_args)`` plus ``model_path=`` / ``device=`` when it takes them."""
-    factory = resolve(spec.factory)
+    factory = _resolve(topology, spec, "factory", spec.factory)
     kwargs = dict(spec.factory_args)
     if model_path is not None and "model_path" not in kwargs and _accepts(factory, "model_path"):
         kwargs["model_path"] = model_path
@@ -45,9 +51,9 @@ def make_scheduler(spec: StageSpec, model_path: str | None) -> Scheduler:
 def build_stage(
     spec: StageSpec, topology: Topology, model_path: str | None, ports: Ports, profiler: Profiler
 ) -> Stage:
-    scheduler = make_scheduler(spec, model_path)
-    merge = resolve(spec.merge_fn) if spec.merge_fn else None
-    route_fn = resolve(spec.route_fn) if spec.route_fn else None
-    projections = {target: resolve(path) for target, path in spec.project.items()}
+    scheduler = make_scheduler(spec, topology, model_path)
+    merge = _resolve(topology, spec, "merge_fn", spec.merge_fn) if spec.merge_fn else None
+    route_fn = _resolve(topology, spec, "route_fn", spec.route_fn) if spec.route_fn else None
+    projections = {target: _resolve(topology, spec, f"project.{target}", path) for target, path in spec.project.items()}
     fanin = FanIn(topology.upstreams(spec.name), merge)
     return Stage(spec, scheduler, fanin, Router(spec, route_fn, projections), ports, profiler)

@@ -142,8 +142,9 @@ class WorkerPorts:
         else:
             self._peer(ref.owner).send(m.encode(m.SlotRelease(ref)))
 
-    def close(self) -> None:
+    def close(self, linger_ms: int = 0) -> None:
+        """``linger_ms``: how long queued messages may still go out (a launch failure must)."""
         for pool in self.pools.values():
             pool.close()
         for socket in [*self._peers.values(), self._coordinator]:
-            socket.close(linger=0)
+            socket.close(linger=linger_ms)

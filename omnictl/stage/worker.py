@@ -22,6 +22,7 @@ import zmq
 import zmq.asyncio
 
 from omnictl import messages as m
+from omnictl.exceptions import ResolveError
 from omnictl.profiling.events import EventKind, NullProfiler, Profiler
 from omnictl.schedulers.simple import describe_error
 from omnictl.stage.build import build_stage
@@ -32,6 +33,7 @@ from omnictl.transports.codec import decode
 from omnictl.transports.shm import SegmentReader
 
 _PR_SET_PDEATHSIG = 1
+_REPORT_LINGER_MS = 2000  # how long a stage process that failed to start waits for its report to go out
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,9 @@ class Worker:
             profiler,
         )
         if not await self._build(profiler):
-            self._close(inbound, broadcast, recorder)
+            # the LaunchFailed report is queued: without a linger, closing would drop it and
+            # the coordinator would only see the process exit, not why
+            self._close(inbound, broadcast, recorder, linger_ms=_REPORT_LINGER_MS)
             return
         self.ports.send_control(m.Ready(config.process, os.getpid()))
         tasks = [
@@ -131,15 +135,18 @@ class Worker:
             try:
                 stage = build_stage(spec, config.topology, config.model_path, self.ports, profiler)
                 await stage.start()
+            except ResolveError as exc:  # the message says which module, from where, and why
+                self.ports.send_control(m.LaunchFailed(config.process, name, str(exc)))
+                return False
             except BaseException:  # report any failure to build, with its traceback
-                self.ports.send_control(m.LaunchFailed(config.process, name, traceback.format_exc()))
+                self.ports.send_control(m.LaunchFailed(config.process, name, "its factory raised\n" + traceback.format_exc()))
                 return False
             self.stages[name] = stage
             self.ports.local[name] = stage
         return True
 
-    def _close(self, inbound: zmq.asyncio.Socket, broadcast: zmq.asyncio.Socket, recorder: Any) -> None:
-        self.ports.close()
+    def _close(self, inbound: zmq.asyncio.Socket, broadcast: zmq.asyncio.Socket, recorder: Any, linger_ms: int = 0) -> None:
+        self.ports.close(linger_ms)
         self.reader.close()
         inbound.close(linger=0)
         broadcast.close(linger=0)

@@ -43,11 +43,11 @@ def test_greedy_tokens_equal_transformers_generate(endless_model: Any, tokenizer
     outcome = run(solo(runner, PROMPTS["medium"], max_tokens=16, temperature=0))
     ids = tokenizer(PROMPTS["medium"], return_tensors="pt")["input_ids"]
     expected = endless_model.generate(ids, max_new_tokens=16, do_sample=False)[0, ids.shape[1] :].tolist()
-    assert outcome.result["token_ids"] == expected
-    assert outcome.result["text"] == tokenizer.decode(expected)
-    assert outcome.result["prompt_tokens"] == ids.shape[1]
-    assert outcome.result["completion_tokens"] == 16
-    assert outcome.result["finish_reason"] == "length"
+    assert outcome.result.token_ids == expected
+    assert outcome.result.text == tokenizer.decode(expected)
+    assert outcome.result.prompt_tokens == ids.shape[1]
+    assert outcome.result.completion_tokens == 16
+    assert outcome.result.finish_reason == "length"
 
 
 def test_requests_join_mid_flight_and_output_does_not_depend_on_the_batch(runner: HFCausalLMRunner) -> None:
@@ -55,7 +55,7 @@ def test_requests_join_mid_flight_and_output_does_not_depend_on_the_batch(runner
     # invariance checked here is the greedy tokens (plus the logits to a tight tolerance
     # in tests/models/test_hf_causal_lm.py), not bitwise hidden states.
     sampling = {"max_tokens": 24, "temperature": 0}
-    alone = {name: run(solo(runner, prompt, **sampling)).result["token_ids"] for name, prompt in PROMPTS.items()}
+    alone = {name: run(solo(runner, prompt, **sampling)).result.token_ids for name, prompt in PROMPTS.items()}
 
     gated = GatedRunner(runner)
     gated.hold(3)  # "medium" joins after the long request's 4th token
@@ -79,7 +79,7 @@ def test_requests_join_mid_flight_and_output_does_not_depend_on_the_batch(runner
 
     outcomes = run(scenario())
     for name in PROMPTS:
-        assert outcomes[name].result["token_ids"] == alone[name], name
+        assert outcomes[name].result.token_ids == alone[name], name
     assert gated.batches[0] == ("long",)
     assert ("long", "medium") in gated.batches
     assert ("long", "medium", "short") in gated.batches
@@ -97,40 +97,40 @@ def test_stream_chunks_add_up_to_the_result_every_n_steps(runner: HFCausalLMRunn
             await scheduler.stop()
 
     outcome = run(scenario())
-    assert [len(chunk["token_ids"]) for chunk in outcome.chunks] == [4, 4, 2]
-    assert sum((chunk["token_ids"] for chunk in outcome.chunks), []) == outcome.result["token_ids"]
-    assert "".join(chunk["text"] for chunk in outcome.chunks) == outcome.result["text"]
-    hidden = outcome.result["hidden"]
+    assert [len(chunk.token_ids) for chunk in outcome.chunks] == [4, 4, 2]
+    assert sum((chunk.token_ids for chunk in outcome.chunks), []) == outcome.result.token_ids
+    assert "".join(chunk.text for chunk in outcome.chunks) == outcome.result.text
+    hidden = outcome.result.hidden
     assert hidden.shape == (10, 32)
-    assert torch.equal(torch.cat([chunk["hidden"] for chunk in outcome.chunks]), hidden)
+    assert torch.equal(torch.cat([chunk.hidden for chunk in outcome.chunks]), hidden)
 
 
 def test_stop_string_cuts_text_and_is_never_streamed(runner: HFCausalLMRunner) -> None:
     free = run(solo(runner, "hello", max_tokens=30, temperature=0)).result
-    text = free["text"]
+    text = free.text
     stop = text[12:14]
     cut = text.find(stop)
     assert cut >= 0
     stopped = run(solo(runner, "hello", max_tokens=30, temperature=0, stop=[stop, "never-there"]))
-    assert stopped.result["finish_reason"] == "stop"
-    assert stopped.result["text"] == text[:cut]
-    streamed = "".join(chunk["text"] for chunk in stopped.chunks)
+    assert stopped.result.finish_reason == "stop"
+    assert stopped.result.text == text[:cut]
+    streamed = "".join(chunk.text for chunk in stopped.chunks)
     assert streamed == text[:cut]
     # Generation ended at the token that completed the stop string.
-    assert stopped.result["completion_tokens"] == cut + len(stop)
+    assert stopped.result.completion_tokens == cut + len(stop)
 
 
 def test_stop_token_ends_the_request_and_is_not_returned(endless_model: Any, tokenizer: Any) -> None:
     free = run(solo(HFCausalLMRunner(endless_model, tokenizer), "abc", max_tokens=12, temperature=0)).result
-    stop_token = free["token_ids"][4]
-    cut = free["token_ids"].index(stop_token)
+    stop_token = free.token_ids[4]
+    cut = free.token_ids.index(stop_token)
     stopping = HFCausalLMRunner(endless_model, tokenizer, extra_stop_token_ids=[stop_token])
     outcome = run(solo(stopping, "abc", max_tokens=12, temperature=0))
-    assert outcome.result["token_ids"] == free["token_ids"][:cut]
-    assert outcome.result["text"] == tokenizer.decode(free["token_ids"][:cut])
-    assert outcome.result["completion_tokens"] == cut + 1
-    assert outcome.result["finish_reason"] == "stop"
-    assert sum((chunk["token_ids"] for chunk in outcome.chunks), []) == free["token_ids"][:cut]
+    assert outcome.result.token_ids == free.token_ids[:cut]
+    assert outcome.result.text == tokenizer.decode(free.token_ids[:cut])
+    assert outcome.result.completion_tokens == cut + 1
+    assert outcome.result.finish_reason == "stop"
+    assert sum((chunk.token_ids for chunk in outcome.chunks), []) == free.token_ids[:cut]
     assert stopping.kv_slots() == 0
 
 
@@ -154,10 +154,10 @@ def test_seeded_sampling_is_deterministic_whatever_shares_the_batch(runner: HFCa
 
     outcomes = run(scenario())
     alone = run(solo(runner, "hello", max_tokens=20, temperature=1.0, top_k=50, top_p=0.95, seed=7)).result
-    assert outcomes["a"].result["token_ids"] == outcomes["b"].result["token_ids"] == alone["token_ids"]
-    assert outcomes["c"].result["token_ids"] != outcomes["a"].result["token_ids"]
+    assert outcomes["a"].result.token_ids == outcomes["b"].result.token_ids == alone.token_ids
+    assert outcomes["c"].result.token_ids != outcomes["a"].result.token_ids
     greedy = run(solo(runner, "hello", max_tokens=20, temperature=0)).result
-    assert outcomes["greedy"].result["token_ids"] == greedy["token_ids"]
+    assert outcomes["greedy"].result.token_ids == greedy.token_ids
 
 
 def test_abort_frees_the_kv_cache_and_queued_requests(runner: HFCausalLMRunner) -> None:
@@ -186,7 +186,7 @@ def test_abort_frees_the_kv_cache_and_queued_requests(runner: HFCausalLMRunner) 
     assert seen == [1, 1, 1]
     assert outcomes["endless"].result is None and outcomes["endless"].error is None
     assert "queued" not in outcomes
-    assert outcomes["after"].result["completion_tokens"] == 5
+    assert outcomes["after"].result.completion_tokens == 5
     assert runner.kv_slots() == 0
 
 
@@ -263,8 +263,8 @@ def test_a_request_whose_sampling_fails_leaves_and_the_rest_carry_on(runner: HFC
 
     outcomes = run(scenario())
     assert "thinker" in outcomes["victim"].error and "sampling" in outcomes["victim"].error
-    assert outcomes["other"].result["completion_tokens"] == 8
-    assert outcomes["other"].result["token_ids"] == run(solo(runner, "y", **sampled)).result["token_ids"]
+    assert outcomes["other"].result.completion_tokens == 8
+    assert outcomes["other"].result.token_ids == run(solo(runner, "y", **sampled)).result.token_ids
     assert runner.kv_slots() == 0
 
 

@@ -119,7 +119,7 @@ def test_a_stream_started_request_waits_for_its_input_and_ignores_late_messages(
             scheduler.inbox.put_nowait(stream_chunk("r", UPSTREAM[:3]))
             assert await asyncio.to_thread(talker.waiting.wait, 30)  # it consumed all 3 and must wait
             await pump(scheduler, outcomes, lambda: scheduler.outbox.empty(), timeout=5)
-            before_more = sum(len(c["token_ids"]) for c in outcomes["r"].chunks)
+            before_more = sum(len(c.token_ids) for c in outcomes["r"].chunks)
             scheduler.inbox.put_nowait(stream_chunk("r", UPSTREAM[3:]))
             scheduler.inbox.put_nowait(stream_done("r"))
             scheduler.inbox.put_nowait(upstream_result("r", UPSTREAM))  # fed as the last increment
@@ -144,11 +144,11 @@ def test_a_stream_started_request_waits_for_its_input_and_ignores_late_messages(
 
     reference = asyncio.run(all_at_once())
     outcome, before_more, outcomes = asyncio.run(trickled())
-    assert outcome.result["token_ids"] == reference.result["token_ids"]
-    assert outcome.result["completion_tokens"] == 8
+    assert outcome.result.token_ids == reference.result.token_ids
+    assert outcome.result.completion_tokens == 8
     # prefill read 2 upstream tokens and gave token 1; steps 2 and 3 read the 3rd... then it waited.
     assert before_more == 2
-    assert outcomes["next"].result["token_ids"] == reference.result["token_ids"]
+    assert outcomes["next"].result.token_ids == reference.result.token_ids
     assert outcomes["gone"].result is None and outcomes["gone"].error is None
     assert runner.kv_slots() == 0
 

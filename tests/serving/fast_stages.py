@@ -1,6 +1,7 @@
 """Fast plain-function stages for the HTTP tests: a real pipeline with no model in it.
 
-``prep`` reads the last user message (text, or a note about its audio) and fails on
+``prep`` takes the server's typed request and reads its last user message (text, or a
+note about its audio) and fails on
 the word "explode"; ``speak`` sends a chunk that is not audio for the word "garble"; ``answer`` streams "echo: <question>" word by word as the text
 terminal; ``speak`` streams one short tone per word as the audio terminal. The word
 "slowly" makes both terminals wait between chunks, so a test can leave mid-request.
@@ -13,6 +14,7 @@ from typing import Any, Callable, Generator
 
 import numpy as np
 
+from omnictl.inputs import AudioPart, ChatRequest, TextPart, as_chat_request
 from omnictl.outputs import AudioChunk, AudioResult, TextDelta, TextResult
 
 RATE = 16_000
@@ -22,28 +24,27 @@ TextStream = Generator[TextDelta, None, TextResult]  # chunks, then the result
 AudioStream = Generator[Any, None, AudioResult]
 
 
-def _question(data: dict[str, Any]) -> str:
-    content = [m for m in data["messages"] if m.get("role") == "user"][-1]["content"]
-    if isinstance(content, str):
-        return content
+def _question(request: ChatRequest) -> str:
+    message = request.last_user_message()
     words = []
-    for part in content:
-        if part["type"] == "text":
-            words.append(part["text"])
-        elif part["type"] == "input_audio":
-            words.append(f"audio({len(part['input_audio']['data'])} base64 chars)")
+    for part in message.parts if message is not None else ():
+        if isinstance(part, TextPart):
+            words.append(part.text)
+        elif isinstance(part, AudioPart):  # decoded by the server: samples, not base64
+            words.append(f"audio({part.samples.size} samples at {part.sample_rate} Hz)")
     return " ".join(words)
 
 
-def prep() -> Callable[[dict[str, Any]], dict[str, Any]]:
-    def run(data: dict[str, Any]) -> dict[str, Any]:
-        question = _question(data)
+def prep() -> Callable[[Any], dict[str, Any]]:
+    def run(data: Any) -> dict[str, Any]:
+        request = as_chat_request(data)
+        question = _question(request)
         if "explode" in question:
             raise RuntimeError("prep exploded on purpose")
         words = ["echo:", *question.split()]
         if "slowly" in question:
             words += ["and"] * SLOW_WORDS
-        max_tokens = data.get("sampling", {}).get("max_tokens")
+        max_tokens = request.sampling.max_tokens
         return {"words": words[:max_tokens] if max_tokens else words, "slow": "slowly" in question,
                 "prompt_tokens": len(question.split())}
 

@@ -94,7 +94,8 @@ def test_input_audio_reaches_the_pipeline(client: openai.OpenAI) -> None:
         {"type": "input_audio", "input_audio": {"data": data, "format": "pcm16"}},
     ]}]
     completion = client.chat.completions.create(model="fast", messages=messages)
-    assert completion.choices[0].message.content == f"echo: listen audio({len(data)} base64 chars)"
+    # decoded once by the server: the entry stage gets pcm16's samples at its 24 kHz
+    assert completion.choices[0].message.content == "echo: listen audio(1600 samples at 24000 Hz)"
 
 
 def test_stage_failure_mid_stream_raises_in_the_client(client: openai.OpenAI) -> None:

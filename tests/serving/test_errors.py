@@ -144,13 +144,24 @@ def test_abort_endpoint_ends_the_stream(server: ServerProcess) -> None:
     wait_until(lambda: _idle(server))
 
 
-def test_a_terminal_that_breaks_the_output_convention_is_an_error_not_a_cut_connection(server: ServerProcess) -> None:
+BROKE_CONTRACT = "stage 'speak' broke the output contract: a 'audio' terminal's stream chunk must be omnictl.outputs.AudioChunk"
+
+
+def test_a_terminal_that_breaks_the_output_contract_is_an_error_event_naming_the_stage(server: ServerProcess) -> None:
     body = ask("garble slowly", modalities=["text", "audio"], stream=True)  # slowly: still running when it breaks
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=30) as response:
         events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
-    assert json.loads(events[-2])["error"]["code"] == "bad_stage_output"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == "stage_failed" and BROKE_CONTRACT in error["message"]
     wait_until(lambda: _idle(server), timeout=5)  # aborted at once, not left to finish (~12 s more)
+
+
+def test_a_terminal_that_breaks_the_output_contract_is_a_500_naming_the_stage(server: ServerProcess) -> None:
+    response = post(server, ask("garble", modalities=["text", "audio"]))
+    assert response.status_code == 500
+    assert error_of(response)["code"] == "stage_failed" and BROKE_CONTRACT in error_of(response)["message"]
+    assert "Traceback" not in response.text
 
 
 def test_a_request_id_in_flight_or_already_used_is_409(server: ServerProcess) -> None:

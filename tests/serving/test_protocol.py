@@ -4,8 +4,9 @@ import base64
 
 import pytest
 
-from omnictl.exceptions import InvalidRequest
-from omnictl.serving.protocol import Limits, PayloadTooLarge, parse_chat_request
+from omnictl.exceptions import InvalidRequest, PayloadTooLarge
+from omnictl.inputs import ChatRequest, SamplingParams, TextPart
+from omnictl.serving.protocol import Limits, parse_chat_request
 
 BOTH = {"thinker": "text", "vocoder": "audio"}
 TEXT_ONLY = {"decode": "text"}
@@ -15,21 +16,21 @@ def body(**extra: object) -> dict[str, object]:
     return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
 
 
-def test_minimal_request_becomes_pipeline_inputs() -> None:
+def test_minimal_request_becomes_the_typed_pipeline_request() -> None:
     req = parse_chat_request(body(max_tokens=5, temperature=0, stop="x", seed=3), BOTH)
     assert req.modalities == ["text"]
     assert req.stream is False
-    assert req.pipeline_inputs() == {
-        "messages": [{"role": "user", "content": "hi"}],
-        "sampling": {"max_tokens": 5, "temperature": 0.0, "stop": ["x"], "seed": 3},
-        "voice": None,
-    }
+    assert isinstance(req.inputs, ChatRequest)
+    assert [(m.role, m.parts) for m in req.inputs.messages] == [("user", (TextPart(text="hi"),))]
+    assert req.inputs.sampling == SamplingParams(max_tokens=5, temperature=0.0, stop=("x",), seed=3)
+    assert req.inputs.voice is None
+    assert req.inputs.params() == {"sampling": {"max_tokens": 5, "temperature": 0.0, "stop": ["x"], "seed": 3}}
 
 
 def test_audio_modality_and_format() -> None:
     req = parse_chat_request(body(modalities=["text", "audio"], audio={"voice": "joe", "format": "pcm16"}, stream=True), BOTH)
     assert req.modalities == ["text", "audio"]
-    assert (req.audio_format, req.voice, req.stream) == ("pcm16", "joe", True)
+    assert (req.audio_format, req.inputs.voice, req.stream) == ("pcm16", "joe", True)
 
 
 def test_default_modalities_without_a_text_terminal() -> None:
@@ -53,6 +54,12 @@ def test_default_modalities_without_a_text_terminal() -> None:
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": True}, "max_tokens"),
         ({"stop": [1]}, "stop[0]"),
+        ({"stop": ["ok", ""]}, "stop[1]"),
+        ({"top_p": 0}, "top_p"),
+        ({"messages": [{"role": "user", "content": "x", "colour": 1}]}, "messages[0].colour"),
+        ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}]},
+         "messages[0].content[0].input_audio.data"),  # valid base64, not a WAV file
+        ({"audio": {"voice": ""}}, "audio.voice"),
         ({"stream": "yes"}, "stream"),
         ({"n": 2}, "n"),
         ({"audio": {"format": "mp3"}}, "audio.format"),
@@ -74,11 +81,12 @@ def test_a_modality_the_topology_cannot_produce_says_what_it_can() -> None:
 def test_oversized_input_audio_is_413() -> None:
     data = base64.b64encode(b"\0" * 2000).decode()
     content = [{"type": "input_audio", "input_audio": {"data": data, "format": "pcm16"}}]
-    with pytest.raises(PayloadTooLarge):
-        parse_chat_request(body(messages=[{"role": "user", "content": content}]), BOTH, Limits(max_audio_bytes=1000))
-    parse_chat_request(body(messages=[{"role": "user", "content": content}]), BOTH, Limits(max_audio_bytes=4000))
+    with pytest.raises(PayloadTooLarge) as caught:
+        parse_chat_request(body(messages=[{"role": "user", "content": content}]), BOTH, Limits(max_audio_bytes=1999))
+    assert caught.value.field == "messages[0].content[0].input_audio.data"
+    parse_chat_request(body(messages=[{"role": "user", "content": content}]), BOTH, Limits(max_audio_bytes=2000))
 
 
 def test_openai_voice_names_mean_the_default_voice() -> None:
-    assert parse_chat_request(body(audio={"voice": "alloy", "format": "wav"}), BOTH).voice is None
-    assert parse_chat_request(body(audio={"voice": "joe", "format": "wav"}), BOTH).voice == "joe"
+    assert parse_chat_request(body(audio={"voice": "alloy", "format": "wav"}), BOTH).inputs.voice is None
+    assert parse_chat_request(body(audio={"voice": "joe", "format": "wav"}), BOTH).inputs.voice == "joe"

@@ -89,7 +89,8 @@ class Code2WavScheduler(Scheduler):
             return
         stream = self._streams.setdefault(rid, _Stream())
         final = message.kind is IncomingKind.NEW_REQUEST
-        codes = torch.as_tensor((message.data or {}).get("codes", torch.zeros(0, 0)))
+        frames = getattr(message.data, "codes", None)  # TalkerDelta / TalkerResult
+        codes = torch.as_tensor(frames if frames is not None else torch.zeros(0, 0))
         if final:
             stream.frames, stream.count = ([codes] if codes.numel() else []), int(codes.shape[0])
         elif codes.numel():
@@ -106,7 +107,7 @@ class Code2WavScheduler(Scheduler):
         if final:
             self._streams.pop(rid, None)
             audio = np.concatenate(stream.pieces) if stream.pieces else np.zeros(0, dtype=np.float32)
-            transcript = str((message.data or {}).get("transcript", ""))
+            transcript = str(getattr(message.data, "transcript", ""))
             self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, AudioResult(samples=audio, sample_rate=SAMPLE_RATE, transcript=transcript)))
 
     async def _synthesize(self, rid: str, stream: _Stream) -> None:

@@ -18,6 +18,7 @@ from omnictl.models.qwen3_omni.multimodal import merge_multimodal as _merge_mult
 from omnictl.models.qwen3_omni.talker import TalkerRunner
 from omnictl.models.qwen3_omni.talker_scheduler import TalkerScheduler
 from omnictl.models.qwen3_omni.thinker import ThinkerRunner, ThinkerScheduler
+from omnictl.outputs import TokenResult
 
 StageFn = Callable[[Mapping[str, Any]], dict[str, Any]]
 
@@ -52,9 +53,15 @@ def thinker(
     return ThinkerScheduler(ThinkerRunner(model_path, device), stream_every=stream_every, max_batch=max_batch)
 
 
-def project_for_decode(data: dict[str, Any]) -> dict[str, Any]:
+def project_for_decode(data: TokenResult) -> TokenResult:
     """decode needs token ids and counts, not what the talker reads."""
-    return {key: value for key, value in data.items() if key not in ("talker_prefix", "hidden")}
+    return TokenResult(
+        text=data.text,
+        finish_reason=data.finish_reason,
+        prompt_tokens=data.prompt_tokens,
+        completion_tokens=data.completion_tokens,
+        token_ids=data.token_ids,
+    )
 
 
 def decode(model_path: str | Path | None = None) -> DecodeScheduler:

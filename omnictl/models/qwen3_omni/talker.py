@@ -23,6 +23,7 @@ from transformers import DynamicCache
 from omnictl.models.kv_batch import KV, BatchCache, kv_layers
 from omnictl.models.qwen3_omni.talker_prompt import TalkerPrompt, build_talker_prompt
 from omnictl.models.qwen3_omni.weights import load_talker
+from omnictl.outputs import TokenDelta, TokenResult
 from omnictl.schedulers.runner import StepOutput
 
 
@@ -76,18 +77,19 @@ class TalkerRunner:
 
     def feed(self, request_id: str, data: Any, *, done: bool) -> None:
         fed = self._fed.setdefault(request_id, _Fed())
-        if not isinstance(data, Mapping):
-            return
-        if fed.prefix is None and "talker_prefix" in data:
-            fed.prefix = data["talker_prefix"]
-        if "finish_reason" in data:  # the thinker's final result: the whole answer
-            fed.tokens = [int(t) for t in data["token_ids"]]
-            fed.total = int(data["completion_tokens"])
-            fed.text = str(data.get("text", ""))
+        if not isinstance(data, (TokenDelta, TokenResult)):
+            return  # stream done (None)
+        prefix = getattr(data, "talker_prefix", None)  # on the thinker's first output only
+        if fed.prefix is None and prefix is not None:
+            fed.prefix = prefix
+        if isinstance(data, TokenResult):  # the thinker's final result: the whole answer
+            fed.tokens = [int(t) for t in data.token_ids]
+            fed.total = data.completion_tokens
+            fed.text = data.text
             if fed.prefix is None:
                 raise ValueError("the thinker finished without sending talker_prefix")
-        elif "token_ids" in data:
-            fed.tokens.extend(int(t) for t in data["token_ids"])
+        else:
+            fed.tokens.extend(int(t) for t in data.token_ids)
 
     def ready(self, request_id: str) -> bool:
         fed = self._fed.get(request_id)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from omnictl.models.qwen3_omni.payloads import TalkerDelta, TalkerResult, extend
 from omnictl.models.qwen3_omni.talker import TalkerRunner
 from omnictl.schedulers.autoregressive import AutoregressiveScheduler, StartOn
 from omnictl.schedulers.sampling import SamplingParams
@@ -41,10 +42,10 @@ class TalkerScheduler(AutoregressiveScheduler):
         self.runner.set_code_sampling(request_id, sampling.temperature > 0.0)
 
     def on_output(self, request_id: str, data: Any, *, final: bool) -> Any:
-        extra: dict[str, Any] = {"codes": self.runner.take_frames(request_id, final=final)}
+        codes = self.runner.take_frames(request_id, final=final)
         if final:
-            extra["transcript"] = self.runner.transcript(request_id)
-        return {**data, **extra}
+            return extend(data, TalkerDelta, TalkerResult, codes=codes, transcript=self.runner.transcript(request_id))
+        return extend(data, TalkerDelta, TalkerResult, codes=codes)
 
     def on_drop(self, request_id: str) -> None:
         self.runner.forget(request_id)  # frames and transcript too: no result will take them

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from omnictl.models.hf_causal_lm import HFCausalLMRunner
+from omnictl.models.qwen3_omni.payloads import ThinkerDelta, ThinkerResult, extend
 from omnictl.models.qwen3_omni.processor import load_processor
 from omnictl.models.qwen3_omni.weights import check_model_path, load_config, load_thinker
 from omnictl.schedulers.autoregressive import AutoregressiveScheduler
@@ -140,7 +141,7 @@ class ThinkerScheduler(AutoregressiveScheduler):
 
     def on_output(self, request_id: str, data: Any, *, final: bool) -> Any:
         prefix = self.runner.take_talker_prefix(request_id)
-        return data if prefix is None else {**data, "talker_prefix": prefix}
+        return data if prefix is None else extend(data, ThinkerDelta, ThinkerResult, talker_prefix=prefix)
 
     def on_drop(self, request_id: str) -> None:
         self.runner.take_talker_prefix(request_id)  # aborted or failed before it was sent

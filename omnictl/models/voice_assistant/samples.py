@@ -10,12 +10,12 @@ import base64
 import io
 import sys
 import wave
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from omnictl.data import SAMPLES, data_path
 from omnictl.inputs import read_wav, resample
 
 SAMPLE_RATE = 16_000
@@ -40,7 +40,7 @@ def sample_text(name: str) -> str:
 
 def sample_path(name: str) -> Path:
     _check(name)
-    return Path(str(files("omnictl").joinpath("data", "samples", f"{name}.wav")))
+    return data_path(SAMPLES) / f"{name}.wav"
 
 
 def sample_question(name: str) -> tuple[np.ndarray, int]:
@@ -91,6 +91,6 @@ def _check(name: str) -> None:
 
 
 if __name__ == "__main__":
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(str(files("omnictl").joinpath("data", "samples")))
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else data_path(SAMPLES)
     for written_path in write_samples(target):
         print(f"{written_path}  {written_path.stat().st_size // 1024} KiB")

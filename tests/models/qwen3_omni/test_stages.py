@@ -18,8 +18,10 @@ import pytest
 import torch
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
+from omnictl.inputs import parse_request
 from omnictl.models.qwen3_omni import stages
 from omnictl.models.qwen3_omni.processor import load_processor
+from omnictl.transports.packing import pack, unpack
 
 from .chain import InProcessQwen
 from .conftest import request
@@ -83,6 +85,18 @@ def test_staged_equals_monolithic(kind: str, tiny_qwen: Path, monolithic: Any) -
     np.testing.assert_array_equal(streamed, out["code2wav"]["audio"])
     assert out["code2wav"]["audio"].shape == wav.shape
     np.testing.assert_allclose(out["code2wav"]["audio"], wav, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["audio", "image"])
+def test_preprocessing_takes_the_servers_typed_request_like_the_dict(kind: str, tiny_qwen: Path) -> None:
+    inputs = request(kind)
+    packed = pack(parse_request(inputs))  # as the HTTP server submits it, across a process hop
+    arrived = unpack(packed.skeleton, packed.layout, packed.to_bytes())
+    preprocess = stages.preprocessing(str(tiny_qwen))
+    from_dict, from_typed = preprocess(inputs), preprocess(arrived)
+    assert from_dict.keys() == from_typed.keys()
+    for key, value in from_dict.items():
+        assert torch.equal(value, from_typed[key]), key
 
 
 def test_preprocessing_drops_raw_media(tiny_qwen: Path) -> None:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import omnictl
+from omnictl.inputs import ChatRequest, parse_request
 from omnictl.models.voice_assistant.asr import SpeechRecognizer, whisper_base_dir
 from omnictl.models.voice_assistant.llm import smollm2_checkpoint
 from omnictl.models.voice_assistant.samples import sample_request
@@ -37,7 +38,7 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LoopThr
         loop.close()
 
 
-async def ask(pipe: Any, inputs: dict[str, Any], modalities: list[str] | None = None) -> tuple[list[Any], dict[str, Any]]:
+async def ask(pipe: Any, inputs: ChatRequest | dict[str, Any], modalities: list[str] | None = None) -> tuple[list[Any], dict[str, Any]]:
     request = await pipe.submit(inputs, modalities=modalities)
     events = [event async for event in request.events()]
     return events, await request.result()
@@ -79,3 +80,13 @@ def test_a_bad_part_fails_the_request_naming_the_part(pipeline: tuple[LoopThread
     with pytest.raises((omnictl.RequestFailed, omnictl.InvalidRequest), match=r"messages\[0\]\.content\[0\]\.input_audio\.data"):
         loop.run(ask(pipe, inputs), timeout=120)
     assert pipe.healthy
+
+
+def test_the_servers_typed_request_is_answered_with_its_sampling(pipeline: tuple[LoopThread, Any]) -> None:
+    # What `omnictl serve` submits: the parsed request. Its sampling reaches the thinker's
+    # scheduler through the request's params, so max_tokens=3 caps the answer.
+    loop, pipe = pipeline
+    typed = parse_request({"messages": [{"role": "user", "content": "Name three colours."}], "sampling": {"max_tokens": 3, "temperature": 0}})
+    _, result = loop.run(ask(pipe, typed, modalities=["text"]), timeout=300)
+    answer = result["decode"]
+    assert answer.completion_tokens == 3 and answer.finish_reason == "length"

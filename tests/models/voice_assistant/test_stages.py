@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from omnictl.exceptions import InvalidRequest
+from omnictl.inputs import parse_request
 from omnictl.models.voice_assistant import stages
 from omnictl.models.voice_assistant.samples import sample_question, sample_request
 
@@ -29,6 +30,15 @@ def test_a_spoken_question_goes_to_asr_with_16khz_audio_and_no_raw_bytes() -> No
     assert rate == 16_000
     np.testing.assert_allclose(data["audio"]["m0_p0"], samples)
     assert "base64" not in repr(data["messages"])  # the encoded WAV was dropped, only its samples go on
+
+
+def test_the_typed_request_from_the_server_prepares_like_the_dict(monkeypatch: pytest.MonkeyPatch) -> None:
+    typed = parse_request(sample_request("capital_of_france", voice="joe"))
+    monkeypatch.setattr(base64, "b64decode", lambda *a, **k: pytest.fail("the entry stage decoded audio again"))
+    data = stages.prepare_question(typed)
+    samples, _ = sample_question("capital_of_france")
+    assert data["messages"] == [{"role": "user", "content": [{"type": "audio", "key": "m0_p0"}]}]
+    np.testing.assert_allclose(data["audio"]["m0_p0"], samples)
 
 
 class HeardEverything:

@@ -1,4 +1,5 @@
-"""Request input validation: every bad part is named; good audio decodes to the right samples."""
+"""omnictl.inputs: every bad part is named; good audio decodes to the right samples; the
+typed request crosses processes intact; entry stages take the typed request or the dict."""
 
 from __future__ import annotations
 
@@ -12,16 +13,24 @@ from typing import Any
 import numpy as np
 import pytest
 
-from omnictl.exceptions import InvalidRequest
-from omnictl.models.inputs import (
+import omnictl.inputs
+from omnictl.exceptions import InvalidRequest, PayloadTooLarge
+from omnictl.inputs import (
     AudioPart,
+    ChatMessage,
+    ChatRequest,
     ImagePart,
+    SamplingParams,
     TextPart,
+    as_chat_request,
     decode_audio,
+    load_image,
     parse_request,
     read_wav,
+    request_params,
     resample,
 )
+from omnictl.transports.packing import pack, unpack
 
 RATE = 16_000
 PNG_1PX = base64.b64decode(
@@ -71,7 +80,7 @@ def test_text_and_wav_parts_parse_into_typed_parts() -> None:
     parsed = parse_request(request(audio_part(base64.b64encode(wav_bytes(samples)).decode())))
     message = parsed.messages[0]
     assert message.role == "user"
-    assert message.parts[0] == TextPart("hi")
+    assert message.parts[0] == TextPart(text="hi")
     audio = message.parts[1]
     assert isinstance(audio, AudioPart)
     assert audio.sample_rate == RATE
@@ -180,7 +189,7 @@ def test_wav_reader_handles_float_stereo_and_streamed_sizes() -> None:
 
 def test_resample_keeps_a_tone_and_removes_what_the_target_cannot_hold() -> None:
     low = tone(seconds=1.0, rate=22_050, hz=440.0)
-    down = decode_audio(AudioPart(low, 22_050, "x"), RATE)
+    down = decode_audio(AudioPart(samples=low, sample_rate=22_050, field="x"), RATE)
     assert down.size == RATE
     spectrum = np.abs(np.fft.rfft(down))
     assert abs(int(np.argmax(spectrum)) - 440) <= 1  # 1 Hz bins over one second
@@ -198,10 +207,104 @@ def test_image_parts_from_data_url_and_path(tmp_path: Path) -> None:
     parsed = parse_request(request({"type": "image_url", "image_url": {"url": url}}, {"type": "image_url", "image_url": {"url": str(path)}}))
     from_url, from_path = parsed.messages[0].parts[1:]
     assert isinstance(from_url, ImagePart) and from_url.data == PNG_1PX
-    assert isinstance(from_path, ImagePart) and from_path.path == path
+    assert isinstance(from_path, ImagePart) and from_path.path == str(path)
     pil = pytest.importorskip("PIL")
     assert pil is not None
-    from omnictl.models.inputs import load_image
-
     assert load_image(from_url).size == (1, 1)
     assert load_image(from_path).mode == "RGB"
+
+
+def test_an_oversized_audio_part_is_refused_before_it_is_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = base64.b64decode
+    monkeypatch.setattr(base64, "b64decode", lambda data, *a, **k: calls.append(len(data)) or real(data, *a, **k))
+    inputs = request(audio_part(base64.b64encode(bytes(2000)).decode(), "pcm16"))
+    with pytest.raises(PayloadTooLarge) as caught:
+        parse_request(inputs, max_audio_bytes=1000)
+    assert caught.value.field == "messages[0].content[1].input_audio.data" and calls == []
+    assert parse_request(inputs, max_audio_bytes=2000).messages[0].audio()[0].samples.size == 1000
+
+
+def typed_request() -> ChatRequest:
+    wav = base64.b64encode(wav_bytes(tone())).decode()
+    url = "data:image/png;base64," + base64.b64encode(PNG_1PX).decode()
+    return parse_request({
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}, audio_part(wav), {"type": "image_url", "image_url": {"url": url}}]},
+        ],
+        "sampling": {"max_tokens": 8, "temperature": 0, "stop": ["\n", "."]},
+        "voice": "joe",
+    })
+
+
+def test_a_typed_request_crosses_processes_as_the_same_types() -> None:
+    sent = typed_request()
+    packed = pack({"request": sent})
+    assert len(packed.layout) == 1  # the samples travel as a raw buffer, not inside msgpack
+    assert b"pickle" not in packed.skeleton and b"numpy" not in packed.skeleton
+    got = unpack(packed.skeleton, packed.layout, packed.to_bytes())["request"]
+    assert type(got) is ChatRequest and type(got.sampling) is SamplingParams
+    assert got.sampling == sent.sampling and got.sampling.stop == ("\n", ".")  # a tuple again, not a list
+    assert isinstance(got.messages, tuple) and all(type(m) is ChatMessage for m in got.messages)
+    assert [type(p) for p in got.messages[1].parts] == [TextPart, AudioPart, ImagePart]
+    audio, sent_audio = got.messages[1].audio()[0], sent.messages[1].audio()[0]
+    assert (audio.sample_rate, audio.field) == (sent_audio.sample_rate, sent_audio.field)
+    assert audio.samples.dtype == np.float32
+    np.testing.assert_array_equal(audio.samples, sent_audio.samples)
+    image = got.messages[1].parts[2]
+    assert isinstance(image, ImagePart) and image.data == PNG_1PX and image.path is None
+    assert got.params() == sent.params()
+
+
+def test_as_chat_request_takes_the_typed_request_or_the_dict() -> None:
+    typed = typed_request()
+    assert as_chat_request(typed) is typed  # already parsed: nothing decoded again
+    parsed = as_chat_request({"messages": [{"role": "user", "content": "hello"}], "sampling": {"max_tokens": 3}})
+    assert isinstance(parsed, ChatRequest) and parsed.messages[0].text() == "hello" and parsed.sampling.max_tokens == 3
+    with pytest.raises(InvalidRequest) as caught:
+        as_chat_request({"messages": [{"role": "user", "content": [audio_part("%%")]}]})
+    assert caught.value.field == "messages[0].content[0].input_audio.data"
+    for garbage, named in (("hello", "got str"), (["messages"], "got list"), (None, "got null"), (42, "got int")):
+        with pytest.raises(InvalidRequest) as caught:
+            as_chat_request(garbage)
+        assert caught.value.field == "inputs" and str(caught.value).endswith(named)
+
+
+def test_request_params_are_what_stages_read_and_msgpack_plain() -> None:
+    import msgspec
+
+    params = request_params(typed_request())
+    assert params == {"sampling": {"max_tokens": 8, "temperature": 0.0, "stop": ["\n", "."]}, "voice": "joe"}
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(params)) == params  # a control-plane message
+    assert request_params(parse_request({"messages": [{"role": "user", "content": "x"}]})) == {"sampling": {}}
+    # A dict's are passed on as given (the stages validate them), as before; anything else has none.
+    assert request_params({"text": "x", "sampling": {"top_k": 2}, "voice": "v"}) == {"sampling": {"top_k": 2}, "voice": "v"}
+    assert request_params({"text": "x"}) == {} and request_params("text") == {}
+
+
+def test_the_request_types_check_themselves_and_are_frozen() -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        ChatMessage(role="robot")
+    assert caught.value.field == "role"
+    with pytest.raises(InvalidRequest, match="1-D float32"):
+        AudioPart(samples=np.zeros((2, 3), dtype=np.float32), sample_rate=RATE, field="a")
+    with pytest.raises(InvalidRequest) as caught:
+        AudioPart(samples=tone(), sample_rate=0, field="a")
+    assert caught.value.field == "a.sample_rate"
+    with pytest.raises(InvalidRequest) as caught:
+        ChatRequest(messages=[])
+    assert caught.value.field == "messages"
+    with pytest.raises(InvalidRequest):
+        ImagePart(field="img")
+    message = ChatMessage(role="user", parts=[TextPart(text="hi")])
+    assert message.parts == (TextPart(text="hi"),)
+    with pytest.raises(AttributeError):
+        message.role = "assistant"  # type: ignore[misc]
+
+
+def test_one_definition_of_formats_and_roles() -> None:
+    from omnictl.serving import protocol
+
+    assert protocol.AUDIO_FORMATS is omnictl.inputs.AUDIO_FORMATS
+    assert not hasattr(protocol, "_ROLES") and not hasattr(protocol, "ROLES")
