@@ -56,7 +56,8 @@ def _set(obj: msgspec.Struct, name: str, value: Any) -> None:
     msgspec.structs.force_setattr(obj, name, value)
 
 
-# Frozen: a fan-out passes one request object to several stages of a process.
+# Frozen: a fan-out passes one request object to several stages of a process. kw_only on
+# each class: msgspec applies it only to the fields the class itself declares.
 class TextPart(WireStruct, frozen=True, kw_only=True):
     text: str
 

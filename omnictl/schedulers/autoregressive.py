@@ -6,15 +6,18 @@ prefill newly admitted requests one by one, then advance every running request b
 token in a single batched decode step. A request joins the batch between two steps and
 leaves it when it finishes; its KV cache is released on finish and on abort.
 
-Outputs, per request:
+Outputs, per request (types from :mod:`omnictl.outputs`, so an autoregressive stage can
+be a ``text`` terminal as it is):
 
-- ``stream`` every ``stream_every`` tokens: ``{"token_ids": [...], "text": "<delta>"}``
-  plus ``"hidden"`` (``[n, H]``) when ``emit_hidden``; ``hidden[i]`` is the state that
-  produced ``token_ids[i]`` (for the first token, the prompt's last position);
-- ``result``: ``{"token_ids", "text", "prompt_tokens", "completion_tokens",
-  "finish_reason": "stop" | "length"}`` (plus all ``"hidden"`` rows when ``emit_hidden``).
-  A stop token ends the request but is not in ``token_ids`` (it counts in
-  ``completion_tokens``); a stop string is cut from ``text`` and never streamed.
+- ``stream`` every ``stream_every`` tokens: a :class:`~omnictl.outputs.TokenDelta` (the new
+  ``token_ids`` and their ``text``), with ``hidden`` (``[n, H]``) when ``emit_hidden``;
+  ``hidden[i]`` is the state that produced ``token_ids[i]`` (for the first token, the
+  prompt's last position);
+- ``result``: a :class:`~omnictl.outputs.TokenResult` (``text``, ``token_ids``,
+  ``prompt_tokens``, ``completion_tokens``, ``finish_reason`` STOP or LENGTH; every
+  ``hidden`` row when ``emit_hidden``). A stop token ends the request but is not in
+  ``token_ids`` (it counts in ``completion_tokens``); a stop string is cut from ``text``
+  and never streamed.
 
 Upstream streams (a talker fed by the thinker's hidden states): when the runner also
 implements :class:`StreamFedRunner`, ``stream_chunk`` / ``stream_done`` data is passed

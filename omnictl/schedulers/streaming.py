@@ -36,6 +36,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
+from omnictl.outputs import AudioChunk, AudioResult, TextDelta, TextResult
 from omnictl.profiling.events import EventKind
 from omnictl.recent import RecentIds
 from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind, OutgoingMessage, Scheduler, SchedulerLoad
@@ -263,15 +264,28 @@ def _concat(head: Any, tail: Any) -> Any:
     return torch.cat([head, torch.as_tensor(tail)])
 
 
-def merge_outputs(outputs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The default result: the stream outputs joined key by key.
+def merge_outputs(outputs: Sequence[Any]) -> Any:
+    """The default result: the stream outputs joined.
 
-    Arrays and tensors are concatenated, strings joined, lists chained; any other value
-    (a sample rate) is the last one seen. So audio chunks ``{"audio", "sample_rate",
-    "transcript"}`` merge into the whole waveform with its full transcript.
+    :class:`~omnictl.outputs.AudioChunk` outputs become one
+    :class:`~omnictl.outputs.AudioResult` (the whole waveform, the transcripts joined) and
+    :class:`~omnictl.outputs.TextDelta` outputs one :class:`~omnictl.outputs.TextResult`,
+    so a streaming ``audio`` / ``text`` terminal needs no ``finish`` of its own. Dicts are
+    joined key by key: arrays and tensors concatenated, strings joined, lists chained, any
+    other value the last one seen.
     """
+    if outputs and all(isinstance(output, AudioChunk) for output in outputs):
+        return AudioResult(
+            samples=np.concatenate([output.samples for output in outputs]),
+            sample_rate=outputs[-1].sample_rate,
+            transcript="".join(output.transcript for output in outputs),
+        )
+    if outputs and all(isinstance(output, TextDelta) for output in outputs):
+        return TextResult(text="".join(output.text for output in outputs))
     merged: dict[str, Any] = {}
     for output in outputs:
+        if not isinstance(output, Mapping):
+            raise TypeError(f"cannot merge a {type(output).__name__} with the other outputs; pass finish=")
         for key, value in output.items():
             if key in merged and (isinstance(value, (str, list, np.ndarray)) or _is_tensor(value)):
                 merged[key] = _concat(merged[key], value)

@@ -26,14 +26,14 @@ def test_eight_stage_pipeline_streams_text_and_audio_and_merges_terminals(tmp_pa
 
     events, result = asyncio.run(main())
     assert set(result) == {"decode", "code2wav"}
-    assert result["decode"]["text"] == "hello"  # 5 thinker steps over "hello"
+    assert result["decode"].text == "hello"  # 5 thinker steps over "hello"
     codes = [sum(range(4 * i, 4 * i + 4)) for i in range(5)]
     expected_audio = np.concatenate([np.full(8, c / 100.0, dtype=np.float32) for c in codes])
-    np.testing.assert_allclose(result["code2wav"]["audio"], expected_audio)
+    np.testing.assert_allclose(result["code2wav"].samples, expected_audio)
 
     text_events = [e for e in events if e.stage == "decode"]
     assert [e.kind for e in text_events] == ["stream"] * 5 + ["result"]
-    assert "".join(e.data["text"] for e in text_events[:-1]) == "hello"  # in order
+    assert "".join(e.data.text for e in text_events[:-1]) == "hello"  # in order
     audio_events = [e for e in events if e.stage == "code2wav"]
     assert [e.kind for e in audio_events] == ["stream"] * 5 + ["result"]
     assert set(seen(log)) == {

@@ -7,7 +7,9 @@ import re
 from typing import Any
 
 import numpy as np
+import pytest
 
+from omnictl.outputs import AudioChunk, AudioResult, TextDelta, TextResult
 from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind
 from omnictl.schedulers.streaming import StreamingScheduler, Window, merge_outputs
 from tests.schedulers.harness import Outcome, pump, wait_for_condition
@@ -229,12 +231,21 @@ def test_abort_drops_the_buffer_and_a_failing_callback_fails_only_its_request() 
     assert outcomes["good"].result == {"text": "finemore"}
 
 
-def test_merge_outputs_joins_audio_chunks() -> None:
+def test_merge_outputs_joins_audio_chunks_into_an_audio_result() -> None:
     merged = merge_outputs(
         [
-            {"audio": np.ones(2, dtype=np.float32), "sample_rate": 16000, "transcript": "Hi. "},
-            {"audio": np.zeros(3, dtype=np.float32), "sample_rate": 16000, "transcript": "Bye."},
+            AudioChunk(samples=np.ones(2, dtype=np.float32), sample_rate=16000, transcript="Hi. "),
+            AudioChunk(samples=np.zeros(3, dtype=np.float32), sample_rate=16000, transcript="Bye."),
         ]
     )
-    np.testing.assert_array_equal(merged["audio"], [1, 1, 0, 0, 0])
-    assert merged["sample_rate"] == 16000 and merged["transcript"] == "Hi. Bye."
+    assert isinstance(merged, AudioResult)
+    np.testing.assert_array_equal(merged.samples, [1, 1, 0, 0, 0])
+    assert merged.sample_rate == 16000 and merged.transcript == "Hi. Bye."
+
+
+def test_merge_outputs_joins_text_deltas_and_dicts_key_by_key() -> None:
+    assert merge_outputs([TextDelta(text="a"), TextDelta(text="b")]) == TextResult(text="ab")
+    merged = merge_outputs([{"ids": [1], "rate": 1, "raw": np.ones(1)}, {"ids": [2], "rate": 2, "raw": np.zeros(1)}])
+    assert merged["ids"] == [1, 2] and merged["rate"] == 2 and merged["raw"].tolist() == [1.0, 0.0]
+    with pytest.raises(TypeError, match="cannot merge a TextDelta"):
+        merge_outputs([{"a": 1}, TextDelta(text="x")])
