@@ -76,6 +76,16 @@ class TextResult(WireStruct):
             _require(_is_int(value) and value >= 0, cls, f"{name} must be an integer >= 0, got {value!r}")
             setattr(self, name, int(value))
 
+    def plain(self) -> "TextResult":
+        """Only the contract's fields: what a text terminal returns for an upstream's
+        richer result (a :class:`TokenResult`'s token ids and hidden states dropped)."""
+        return TextResult(
+            text=self.text,
+            finish_reason=self.finish_reason,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+        )
+
 
 def as_samples(audio: Any, where: str) -> np.ndarray:
     """``audio`` (numpy array, torch tensor or list of floats) as mono float32 samples."""

@@ -47,6 +47,12 @@ def test_audio_samples_become_float32_mono_from_tensors_int16_and_columns() -> N
     assert AudioChunk(samples=np.zeros((7, 1)), sample_rate=8000).samples.shape == (7,)
 
 
+def test_plain_keeps_only_the_contract_fields() -> None:
+    rich = TokenResult(text="hi", finish_reason="length", prompt_tokens=2, completion_tokens=3, token_ids=[7, 8])
+    assert rich.plain() == TextResult(text="hi", finish_reason=FinishReason.LENGTH, prompt_tokens=2, completion_tokens=3)
+    assert type(rich.plain()) is TextResult
+
+
 def test_finish_reason_is_an_enum_also_when_given_as_text() -> None:
     assert TextResult(text="x", finish_reason="length").finish_reason is FinishReason.LENGTH
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from omnictl.inputs import as_chat_request
-from omnictl.outputs import AudioChunk, AudioResult, TextDelta, TextResult, TokenDelta, TokenResult
+from omnictl.outputs import AudioChunk, AudioResult, TextDelta, TokenDelta, TokenResult
 from omnictl.recent import RecentIds
 from omnictl.schedulers.autoregressive import AutoregressiveScheduler
 from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind, OutgoingMessage, Scheduler, SchedulerLoad
@@ -134,13 +134,7 @@ class ShowText(Scheduler):
             self.abort(rid)
             if data.text.startswith(shown):
                 self._show(rid, data.text[len(shown) :])
-            result = TextResult(
-                text=data.text,
-                finish_reason=data.finish_reason,
-                prompt_tokens=data.prompt_tokens,
-                completion_tokens=data.completion_tokens,
-            )
-            self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, result))
+            self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, data.plain()))  # without token ids
         else:
             self.abort(rid)
             self.emit(OutgoingMessage(OutgoingKind.ERROR, rid, error=f"expected the thinker's tokens, got {type(data).__name__}"))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-PCM16_RATE = 24_000
+from omnictl.inputs import PCM16_RATE  # one definition for audio in and out
 _UNKNOWN_SIZE = 0xFFFFFFFF
 
 

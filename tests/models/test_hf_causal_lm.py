@@ -163,6 +163,7 @@ def test_causal_lm_factory_serves_a_local_checkpoint(tmp_path: Path, model: Any,
     import asyncio
 
     from omnictl.models.hf_causal_lm import causal_lm
+    from omnictl.outputs import TokenResult
     from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind
 
     model.save_pretrained(tmp_path)
@@ -184,8 +185,9 @@ def test_causal_lm_factory_serves_a_local_checkpoint(tmp_path: Path, model: Any,
     assert message.kind is OutgoingKind.RESULT, message.error
     ids = tokenizer("abc", return_tensors="pt")["input_ids"]
     expected = model.generate(ids, max_new_tokens=4, do_sample=False)[0, 3:].tolist()
-    assert message.data["token_ids"] == expected
-    assert message.data["hidden"].shape == (4, 32)
+    assert isinstance(message.data, TokenResult)
+    assert message.data.token_ids == expected
+    assert message.data.hidden.shape == (4, 32)
 
 
 def test_a_request_sitting_out_a_step_keeps_its_cache(model: Any) -> None:

@@ -10,11 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import msgspec
+
 from omnictl.inputs import ChatRequest
 from omnictl.models.qwen3_omni.code2wav import Code2WavScheduler, Vocoder
 from omnictl.models.qwen3_omni.decode import DecodeScheduler
 from omnictl.models.qwen3_omni.multimodal import Aggregator, AudioEncoder, ImageEncoder, Preprocessor
 from omnictl.models.qwen3_omni.multimodal import merge_multimodal as _merge_multimodal
+from omnictl.models.qwen3_omni.payloads import ThinkerResult
 from omnictl.models.qwen3_omni.talker import TalkerRunner
 from omnictl.models.qwen3_omni.talker_scheduler import TalkerScheduler
 from omnictl.models.qwen3_omni.thinker import ThinkerRunner, ThinkerScheduler
@@ -55,13 +58,10 @@ def thinker(
 
 def project_for_decode(data: TokenResult) -> TokenResult:
     """decode needs token ids and counts, not what the talker reads."""
-    return TokenResult(
-        text=data.text,
-        finish_reason=data.finish_reason,
-        prompt_tokens=data.prompt_tokens,
-        completion_tokens=data.completion_tokens,
-        token_ids=data.token_ids,
-    )
+    dropped: dict[str, Any] = {"hidden": None}
+    if isinstance(data, ThinkerResult):  # the talker's prefix, when nothing streamed before
+        dropped["talker_prefix"] = None
+    return msgspec.structs.replace(data, **dropped)
 
 
 def decode(model_path: str | Path | None = None) -> DecodeScheduler:

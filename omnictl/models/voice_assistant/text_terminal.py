@@ -22,10 +22,4 @@ class TextTerminalScheduler(TextStreamFollower):
 
     def on_complete(self, request_id: str, state: FollowedText, result: TextResult) -> None:
         # the upstream's text is the truth, even if a detokenizer rewrote a streamed delta
-        final = TextResult(
-            text=result.text,
-            finish_reason=result.finish_reason,
-            prompt_tokens=result.prompt_tokens,
-            completion_tokens=result.completion_tokens,
-        )
-        self.emit(OutgoingMessage(OutgoingKind.RESULT, request_id, final))
+        self.emit(OutgoingMessage(OutgoingKind.RESULT, request_id, result.plain()))

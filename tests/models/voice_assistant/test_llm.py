@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from omnictl.models.voice_assistant import llm, stages
+from omnictl.outputs import FinishReason, TokenDelta, TokenResult
 from omnictl.schedulers.base import IncomingKind, OutgoingKind
 
 from .conftest import incoming, run, until_result
@@ -54,9 +55,11 @@ def test_smollm2_answers_the_paris_question_greedily_in_the_thinker_stage() -> N
             scheduler.inbox.put_nowait(incoming(IncomingKind.NEW_REQUEST, "q", question, sampling={"temperature": 0}))
             streamed, result = await until_result(scheduler, "q")
             assert result.kind is OutgoingKind.RESULT, result.error
-            assert "Paris" in result.data["text"]
-            assert "".join(m.data["text"] for m in streamed) == result.data["text"]  # streamed as it was written
-            assert result.data["prompt_tokens"] > 5 and result.data["finish_reason"] in ("stop", "length")
+            assert isinstance(result.data, TokenResult)
+            assert all(isinstance(m.data, TokenDelta) for m in streamed)
+            assert "Paris" in result.data.text
+            assert "".join(m.data.text for m in streamed) == result.data.text  # streamed as it was written
+            assert result.data.prompt_tokens > 5 and result.data.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
             assert scheduler.load().kv_slots == 0
         finally:
             await scheduler.stop()
