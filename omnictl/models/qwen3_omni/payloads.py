@@ -29,7 +29,7 @@ class TalkerDelta(TokenDelta):
 
 
 class TalkerResult(TokenResult):
-    codes: Any = None  # the frames not yet sent in a chunk
+    codes: Any = None  # every frame of the answer (code2wav decodes what it has not yet)
     transcript: str = ""  # the text the talker spoke
 
 

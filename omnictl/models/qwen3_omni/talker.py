@@ -77,8 +77,11 @@ class TalkerRunner:
 
     def feed(self, request_id: str, data: Any, *, done: bool) -> None:
         fed = self._fed.setdefault(request_id, _Fed())
+        if data is None:
+            return  # the thinker's stream ended; its result is still to come
         if not isinstance(data, (TokenDelta, TokenResult)):
-            return  # stream done (None)
+            # a wrong upstream must fail the request, not leave it waiting for a prefix forever
+            raise TypeError(f"the talker reads the thinker's TokenDelta / TokenResult, got {type(data).__name__}")
         prefix = getattr(data, "talker_prefix", None)  # on the thinker's first output only
         if fed.prefix is None and prefix is not None:
             fed.prefix = prefix

@@ -11,7 +11,9 @@ import pytest
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
 import omnictl
+from omnictl.coordinator.request import RequestEventKind
 from omnictl.models.qwen3_omni import stages
+from omnictl.outputs import AudioChunk, AudioResult, TextDelta, TextResult
 from omnictl.topology.model import Topology
 from omnictl.topology.validation import loads
 
@@ -53,13 +55,19 @@ def test_topology_runs_on_cpu_and_matches_monolithic(tiny_qwen: Path, tmp_path: 
     tokenizer_text = stages.decode(str(tiny_qwen)).tokenizer.decode(
         sequences[0, front["input_ids"].shape[1] :].tolist(), skip_special_tokens=True
     )
-    assert results["decode"]["text"] == tokenizer_text
-    streamed_text = "".join(e.data["text"] for e in events if e.kind == "stream" and e.stage == "decode")
+    assert isinstance(results["decode"], TextResult)
+    assert results["decode"].text == tokenizer_text
+    text_chunks = [e.data for e in events if e.kind is RequestEventKind.STREAM and e.stage == "decode"]
+    assert all(isinstance(chunk, TextDelta) for chunk in text_chunks)
+    streamed_text = "".join(chunk.text for chunk in text_chunks)
     assert streamed_text == tokenizer_text
-    audio_chunks = [e.data["audio"] for e in events if e.kind == "stream" and e.stage == "code2wav"]
+    audio_chunks = [e.data for e in events if e.kind is RequestEventKind.STREAM and e.stage == "code2wav"]
     assert audio_chunks, "code2wav streamed no audio"
-    np.testing.assert_allclose(results["code2wav"]["audio"], wav.reshape(-1).numpy(), atol=1e-5)
-    assert results["code2wav"]["sample_rate"] == 24_000
+    assert all(isinstance(chunk, AudioChunk) and not isinstance(chunk, AudioResult) for chunk in audio_chunks)
+    speech = results["code2wav"]
+    assert isinstance(speech, AudioResult)
+    np.testing.assert_allclose(speech.samples, wav.reshape(-1).numpy(), atol=1e-5)
+    assert speech.sample_rate == 24_000
 
 
 @pytest.mark.parametrize("name", ["qwen3-omni-text.yaml", "qwen3-omni-single-gpu.yaml"])
@@ -77,6 +85,8 @@ def test_other_shipped_qwen_topologies_run_on_cpu(name: str, tiny_qwen: Path, tm
             return await req.result()
 
     results = asyncio.run(run())
-    assert results["decode"]["completion_tokens"] == 6
+    assert isinstance(results["decode"], TextResult)
+    assert results["decode"].completion_tokens == 6
     if "code2wav" in topology.terminals:
-        assert results["code2wav"]["audio"].size > 0
+        assert isinstance(results["code2wav"], AudioResult)
+        assert results["code2wav"].samples.size > 0

@@ -20,7 +20,9 @@ from transformers import Qwen3OmniMoeForConditionalGeneration
 
 from omnictl.inputs import parse_request
 from omnictl.models.qwen3_omni import stages
+from omnictl.models.qwen3_omni.payloads import TalkerResult
 from omnictl.models.qwen3_omni.processor import load_processor
+from omnictl.outputs import AudioChunk, AudioResult, FinishReason, TextDelta, TextResult, TokenResult
 from omnictl.transports.packing import pack, unpack
 
 from .chain import InProcessQwen
@@ -73,18 +75,26 @@ def test_staged_equals_monolithic(kind: str, tiny_qwen: Path, monolithic: Any) -
     tokens, codes, wav = reference(monolithic, tiny_qwen, front)
 
     # Text: token for token (the monolithic sequence ends at max_tokens here, no stop token).
-    assert out["thinker"]["token_ids"] == tokens
+    assert isinstance(out["thinker"], TokenResult)
+    assert out["thinker"].token_ids == tokens
     tokenizer = load_processor(tiny_qwen).tokenizer
-    assert out["decode"]["text"] == tokenizer.decode(tokens, skip_special_tokens=True)
-    assert "".join(chunk["text"] for chunk in out["text_stream"]) == out["decode"]["text"]
-    assert out["decode"]["completion_tokens"] == MAX_TOKENS and out["decode"]["finish_reason"] == "length"
+    decoded = out["decode"]
+    assert isinstance(decoded, TextResult)
+    assert decoded.text == tokenizer.decode(tokens, skip_special_tokens=True)
+    assert all(isinstance(chunk, TextDelta) for chunk in out["text_stream"])
+    assert "".join(chunk.text for chunk in out["text_stream"]) == decoded.text
+    assert decoded.completion_tokens == MAX_TOKENS and decoded.finish_reason is FinishReason.LENGTH
     # Audio: the same codec frames, and the same waveform, streamed in several chunks.
-    assert torch.equal(out["talker_ar"]["codes"], codes)
+    assert isinstance(out["talker_ar"], TalkerResult)
+    assert torch.equal(out["talker_ar"].codes, codes)
     assert len(out["audio_stream"]) >= 2
-    streamed = np.concatenate([chunk["audio"] for chunk in out["audio_stream"]])
-    np.testing.assert_array_equal(streamed, out["code2wav"]["audio"])
-    assert out["code2wav"]["audio"].shape == wav.shape
-    np.testing.assert_allclose(out["code2wav"]["audio"], wav, atol=1e-5)
+    assert all(isinstance(chunk, AudioChunk) and not isinstance(chunk, AudioResult) for chunk in out["audio_stream"])
+    speech = out["code2wav"]
+    assert isinstance(speech, AudioResult)
+    streamed = np.concatenate([chunk.samples for chunk in out["audio_stream"]])
+    np.testing.assert_array_equal(streamed, speech.samples)
+    assert speech.samples.shape == wav.shape
+    np.testing.assert_allclose(speech.samples, wav, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["audio", "image"])

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
 import torch
 
+from omnictl.models.qwen3_omni.payloads import ThinkerDelta, ThinkerResult
 from omnictl.models.qwen3_omni.talker import TalkerRunner
 from omnictl.models.qwen3_omni.thinker import ThinkerRunner
+from omnictl.outputs import FinishReason
 
 from .test_thinker import greedy, thinker_inputs
 
 STEPS = 6
 
 
-def thinker_answers(tiny_qwen: Path) -> dict[str, dict[str, Any]]:
+def thinker_answers(tiny_qwen: Path) -> dict[str, ThinkerResult]:
     """Per request: the thinker's final result plus the talker prefix, as the talker receives it."""
     thinker = ThinkerRunner(str(tiny_qwen), "cpu")
     answers = {}
@@ -25,17 +25,17 @@ def thinker_answers(tiny_qwen: Path) -> dict[str, dict[str, Any]]:
         thinker.prefill(kind, inputs)
         prefix = thinker.take_talker_prefix(kind)
         thinker.release(kind)
-        answers[kind] = {
-            "talker_prefix": prefix,
-            "token_ids": tokens,
-            "completion_tokens": len(tokens),
-            "finish_reason": "length",
-            "text": "",
-        }
+        answers[kind] = ThinkerResult(
+            talker_prefix=prefix,
+            token_ids=tokens,
+            completion_tokens=len(tokens),
+            finish_reason=FinishReason.LENGTH,
+            text="",
+        )
     return answers
 
 
-def talk(runner: TalkerRunner, answers: dict[str, dict[str, Any]]) -> dict[str, torch.Tensor]:
+def talk(runner: TalkerRunner, answers: dict[str, ThinkerResult]) -> dict[str, torch.Tensor]:
     last = {}
     for rid, answer in answers.items():
         runner.feed(rid, answer, done=True)
@@ -66,11 +66,11 @@ def test_batched_talker_matches_each_request_alone(tiny_qwen: Path) -> None:
 def test_talker_waits_for_the_thinker_tokens_it_speaks(tiny_qwen: Path) -> None:
     answer = thinker_answers(tiny_qwen)["text"]
     runner = TalkerRunner(str(tiny_qwen), "cpu")
-    tokens = answer["token_ids"]
-    runner.feed("r", {"talker_prefix": answer["talker_prefix"], "token_ids": tokens[:1], "text": ""}, done=False)
+    tokens = answer.token_ids
+    runner.feed("r", ThinkerDelta(talker_prefix=answer.talker_prefix, token_ids=tokens[:1], text=""), done=False)
     # The first token is spoken only if it is not the answer's last: one more is needed.
     assert not runner.ready("r")
-    runner.feed("r", {"token_ids": tokens[1:3], "text": ""}, done=False)
+    runner.feed("r", ThinkerDelta(token_ids=tokens[1:3], text=""), done=False)
     assert runner.ready("r")
     first = int(runner.prefill("r", {}).logits.argmax())
     runner.decode(["r"], [first])  # step 0 speaks thinker token 1; token 2 is known
@@ -85,7 +85,8 @@ def test_empty_answer_ends_the_talker_at_once(tiny_qwen: Path) -> None:
     answer = thinker_answers(tiny_qwen)["text"]
     runner = TalkerRunner(str(tiny_qwen), "cpu")
     # The thinker's first token was its stop token: no text tokens, one completion token.
-    runner.feed("r", {**answer, "token_ids": [], "completion_tokens": 1, "finish_reason": "stop"}, done=True)
+    silent = ThinkerResult(talker_prefix=answer.talker_prefix, token_ids=[], completion_tokens=1, finish_reason=FinishReason.STOP, text="")
+    runner.feed("r", silent, done=True)
     assert runner.ready("r")
     assert int(runner.prefill("r", {}).logits.argmax()) in runner.stop_token_ids()
     assert runner.kv_slots() == 0

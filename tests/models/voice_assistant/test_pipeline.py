@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 
 import omnictl
+from omnictl.coordinator.request import RequestEventKind
 from omnictl.inputs import ChatRequest, parse_request
 from omnictl.models.voice_assistant.asr import SpeechRecognizer, whisper_base_dir
 from omnictl.models.voice_assistant.llm import smollm2_checkpoint
 from omnictl.models.voice_assistant.samples import sample_request
+from omnictl.outputs import AudioChunk, AudioResult, FinishReason, TextDelta, TextResult
 from omnictl.pipeline import Pipeline
 from tests.support.loop import LoopThread
 
@@ -49,28 +51,32 @@ def test_a_spoken_question_gets_a_written_and_a_spoken_answer(pipeline: tuple[Lo
     events, result = loop.run(ask(pipe, sample_request("capital_of_france", sampling={"max_tokens": 40})), timeout=300)
     assert set(result) == {"decode", "tts"}
     text = result["decode"]
-    assert "Paris" in text["text"]
-    assert text["prompt_tokens"] > 0 and text["completion_tokens"] > 0 and text["finish_reason"] in ("stop", "length")
-    deltas = [e.data["text"] for e in events if e.stage == "decode" and e.kind == "stream"]
-    assert "".join(deltas) == text["text"]
+    assert isinstance(text, TextResult)
+    assert "Paris" in text.text
+    assert text.prompt_tokens > 0 and text.completion_tokens > 0 and text.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+    text_chunks = [e.data for e in events if e.stage == "decode" and e.kind is RequestEventKind.STREAM]
+    assert all(isinstance(d, TextDelta) for d in text_chunks)
+    assert "".join(d.text for d in text_chunks) == text.text
 
     speech = result["tts"]
-    assert speech["sample_rate"] == 22_050 and speech["audio"].dtype == np.float32
-    chunks = [e.data for e in events if e.stage == "tts" and e.kind == "stream"]
-    assert chunks and np.array_equal(np.concatenate([c["audio"] for c in chunks]), speech["audio"])
-    assert " ".join(c["transcript"] for c in chunks) == speech["transcript"]
-    heard = SpeechRecognizer().transcribe(speech["audio"], speech["sample_rate"])
+    assert isinstance(speech, AudioResult)
+    assert speech.sample_rate == 22_050 and speech.samples.dtype == np.float32
+    chunks = [e.data for e in events if e.stage == "tts" and e.kind is RequestEventKind.STREAM]
+    assert all(isinstance(c, AudioChunk) and not isinstance(c, AudioResult) for c in chunks)
+    assert chunks and np.array_equal(np.concatenate([c.samples for c in chunks]), speech.samples)
+    assert " ".join(c.transcript for c in chunks) == speech.transcript
+    heard = SpeechRecognizer().transcribe(speech.samples, speech.sample_rate)
     assert "paris" in heard.lower(), heard
 
     kinds = [(e.stage, e.kind) for e in events]
-    assert kinds.index(("decode", "stream")) < kinds.index(("tts", "stream"))  # text arrives before audio
+    assert kinds.index(("decode", RequestEventKind.STREAM)) < kinds.index(("tts", RequestEventKind.STREAM))  # text arrives before audio
 
 
 def test_a_typed_question_for_text_only_skips_speech(pipeline: tuple[LoopThread, Any]) -> None:
     loop, pipe = pipeline
     inputs = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "sampling": {"max_tokens": 24, "temperature": 0}}
     events, result = loop.run(ask(pipe, inputs, modalities=["text"]), timeout=300)
-    assert set(result) == {"decode"} and "Paris" in result["decode"]["text"]
+    assert set(result) == {"decode"} and isinstance(result["decode"], TextResult) and "Paris" in result["decode"].text
     assert all(e.stage != "tts" for e in events)
 
 
@@ -89,4 +95,5 @@ def test_the_servers_typed_request_is_answered_with_its_sampling(pipeline: tuple
     typed = parse_request({"messages": [{"role": "user", "content": "Name three colours."}], "sampling": {"max_tokens": 3, "temperature": 0}})
     _, result = loop.run(ask(pipe, typed, modalities=["text"]), timeout=300)
     answer = result["decode"]
-    assert answer.completion_tokens == 3 and answer.finish_reason == "length"
+    assert isinstance(answer, TextResult)
+    assert answer.completion_tokens == 3 and answer.finish_reason is FinishReason.LENGTH

@@ -8,6 +8,7 @@ import pytest
 
 from omnictl.models.voice_assistant.speech_scheduler import SentenceSpeechScheduler
 from omnictl.models.voice_assistant.tts import PiperSpeaker
+from omnictl.outputs import AudioChunk, AudioResult, TokenDelta, TokenResult
 from omnictl.schedulers.base import IncomingKind, OutgoingKind
 
 from .conftest import drained, incoming, next_out, run, until_result
@@ -32,25 +33,28 @@ def test_first_audio_comes_before_the_text_is_complete(speaker: PiperSpeaker) ->
             words = ANSWER.split(" ")
             first_sentence_words = 6  # "The capital of France is Paris." plus the next word ends it
             for word in words[: first_sentence_words + 1]:
-                scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "r1", {"token_ids": [1], "text": word + " "}))
+                scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "r1", TokenDelta(text=word + " ", token_ids=[1])))
             first = await next_out(scheduler)
             # Only the first sentence (and one word) has been streamed: the audio cannot wait for the rest.
             assert first.kind is OutgoingKind.STREAM
-            assert first.data["transcript"] == "The capital of France is Paris."
-            assert first.data["sample_rate"] == speaker.sample_rate
-            assert first.data["audio"].dtype == np.float32 and first.data["audio"].size > speaker.sample_rate // 2
+            assert isinstance(first.data, AudioChunk) and not isinstance(first.data, AudioResult)
+            assert first.data.transcript == "The capital of France is Paris."
+            assert first.data.sample_rate == speaker.sample_rate
+            assert first.data.samples.dtype == np.float32 and first.data.samples.size > speaker.sample_rate // 2
 
             for word in words[first_sentence_words + 1 :]:
-                scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "r1", {"token_ids": [1], "text": word + " "}))
+                scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "r1", TokenDelta(text=word + " ", token_ids=[1])))
             scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_DONE, "r1"))
-            scheduler.inbox.put_nowait(incoming(IncomingKind.NEW_REQUEST, "r1", {"text": ANSWER + " ", "completion_tokens": 20}))
+            scheduler.inbox.put_nowait(incoming(IncomingKind.NEW_REQUEST, "r1", TokenResult(text=ANSWER + " ", completion_tokens=20)))
             streamed, result = await until_result(scheduler, "r1")
             assert result.kind is OutgoingKind.RESULT
-            transcripts = [first.data["transcript"]] + [m.data["transcript"] for m in streamed]
+            assert isinstance(result.data, AudioResult) and result.data.sample_rate == speaker.sample_rate
+            assert all(isinstance(m.data, AudioChunk) and not isinstance(m.data, AudioResult) for m in streamed)
+            transcripts = [first.data.transcript] + [m.data.transcript for m in streamed]
             assert transcripts == ["The capital of France is Paris.", "It is known for the Eiffel Tower.", "Many people visit it every year."]
-            assert result.data["transcript"] == ANSWER
-            whole = np.concatenate([first.data["audio"]] + [m.data["audio"] for m in streamed])
-            np.testing.assert_array_equal(result.data["audio"], whole)
+            assert result.data.transcript == ANSWER
+            whole = np.concatenate([first.data.samples] + [m.data.samples for m in streamed])
+            np.testing.assert_array_equal(result.data.samples, whole)
             assert scheduler.load().running == 0 and scheduler.load().stream_buffers == 0
         finally:
             await scheduler.stop()
@@ -63,14 +67,14 @@ def test_a_result_that_overtakes_the_stream_still_speaks_everything(speaker: Pip
         scheduler = scheduler_with(speaker)
         await scheduler.start()
         try:
-            scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "r2", {"text": "Paris is "}))
-            scheduler.inbox.put_nowait(incoming(IncomingKind.NEW_REQUEST, "r2", {"text": "Paris is lovely. Yes."}))
+            scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "r2", TokenDelta(text="Paris is ")))
+            scheduler.inbox.put_nowait(incoming(IncomingKind.NEW_REQUEST, "r2", TokenResult(text="Paris is lovely. Yes.")))
             # Late stream messages of a finished request must not start it again.
-            scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "r2", {"text": "lovely. "}))
+            scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "r2", TokenDelta(text="lovely. ")))
             scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_DONE, "r2"))
             streamed, result = await until_result(scheduler, "r2")
-            assert [m.data["transcript"] for m in streamed] == ["Paris is lovely.", "Yes."]
-            assert result.data["transcript"] == "Paris is lovely. Yes."
+            assert [m.data.transcript for m in streamed] == ["Paris is lovely.", "Yes."]
+            assert result.data.transcript == "Paris is lovely. Yes."
             await drained(scheduler)
             assert scheduler.outbox.empty()
             assert scheduler.load().running == 0 and scheduler.load().stream_buffers == 0
@@ -85,16 +89,16 @@ def test_abort_drops_the_request_and_its_queued_sentences(speaker: PiperSpeaker)
         scheduler = scheduler_with(speaker)
         await scheduler.start()
         try:
-            scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "gone", {"text": "One. Two. Three. Four. "}))
-            scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "kept", {"text": "Hello there. "}))
+            scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "gone", TokenDelta(text="One. Two. Three. Four. ")))
+            scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "kept", TokenDelta(text="Hello there. ")))
             first = await next_out(scheduler)
             assert first.request_id == "gone"
             scheduler.abort("gone")
             assert scheduler.load().running == 1  # only "kept" is left
-            scheduler.inbox.put_nowait(incoming(IncomingKind.NEW_REQUEST, "gone", {"text": "One. Two. Three. Four."}))
-            scheduler.inbox.put_nowait(incoming(IncomingKind.NEW_REQUEST, "kept", {"text": "Hello there."}))
+            scheduler.inbox.put_nowait(incoming(IncomingKind.NEW_REQUEST, "gone", TokenResult(text="One. Two. Three. Four.")))
+            scheduler.inbox.put_nowait(incoming(IncomingKind.NEW_REQUEST, "kept", TokenResult(text="Hello there.")))
             streamed, result = await until_result(scheduler, "kept")
-            assert result.kind is OutgoingKind.RESULT and result.data["transcript"] == "Hello there."
+            assert result.kind is OutgoingKind.RESULT and result.data.transcript == "Hello there."
             await drained(scheduler)
             leftovers = [scheduler.outbox.get_nowait() for _ in range(scheduler.outbox.qsize())]
             assert all(m.request_id != "gone" for m in leftovers)
@@ -110,7 +114,7 @@ def test_unknown_voice_fails_the_request_naming_the_voice(speaker: PiperSpeaker)
         scheduler = scheduler_with(speaker)
         await scheduler.start()
         try:
-            scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "r3", {"text": "Hi. "}, voice="alloy"))
+            scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "r3", TokenDelta(text="Hi. "), voice="alloy"))
             error = await next_out(scheduler)
             assert error.kind is OutgoingKind.ERROR and "'alloy'" in (error.error or "") and "joe" in (error.error or "")
             assert scheduler.load().running == 0
@@ -123,11 +127,15 @@ def test_unknown_voice_fails_the_request_naming_the_voice(speaker: PiperSpeaker)
 def test_chunks_without_text_fail_the_request(speaker: PiperSpeaker) -> None:
     async def main() -> None:
         scheduler = scheduler_with(speaker)
+        scheduler.stage_name = "tts"
         await scheduler.start()
         try:
             scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "r4", {"token_ids": [3]}))
             error = await next_out(scheduler)
-            assert error.kind is OutgoingKind.ERROR and "'text'" in (error.error or "")
+            assert error.kind is OutgoingKind.ERROR and error.request_id == "r4"
+            assert "stage tts" in (error.error or "") and "expected TextDelta" in (error.error or "")
+            assert "['token_ids']" in (error.error or "")  # names what it got
+            assert scheduler.load().running == 0 and scheduler.load().stream_buffers == 0
         finally:
             await scheduler.stop()
 
