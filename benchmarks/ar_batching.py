@@ -99,7 +99,7 @@ async def run_scheduler(
                 raise RuntimeError(message.error)
             first_token.setdefault(message.request_id, time.perf_counter() - submitted[message.request_id])
             if message.kind is OutgoingKind.RESULT:
-                results[message.request_id] = message.data["token_ids"]
+                results[message.request_id] = message.data.token_ids
                 if next_index < len(work):
                     submit()
         elapsed = time.perf_counter() - started

@@ -58,7 +58,7 @@ async def ask_pipeline(pipe: Any, name: str, max_tokens: int) -> Timing:
             first_audio = now
     result = await request.result()
     total = time.perf_counter() - started
-    return Timing(first_text, first_audio, total, result["decode"]["text"])
+    return Timing(first_text, first_audio, total, result["decode"].text)
 
 
 class Sequential:
