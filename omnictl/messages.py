@@ -150,6 +150,7 @@ class StageFailed(msgspec.Struct, tag="stage_failed", array_like=True):
     request_id: str
     stage: str
     error: str
+    rejected: bool = False  # the stage could not take its input (vs. failed while working)
 
 
 class StageStats(msgspec.Struct):

@@ -80,13 +80,19 @@ def _display(console: Console, dashboard: Callable[[], RenderableType] | None, e
         yield progress
 
 
-def _dashboard_of(pipeline: Any) -> Callable[[], RenderableType] | None:
-    if pipeline.profile is None:
+def _dashboard_of(listening: Any) -> Callable[[], RenderableType] | None:
+    """The same dashboard `serve` shows (live stage figures and rejections included)."""
+    pipeline = listening.pipeline
+    if pipeline.profile is None or listening.loop is None:
         return None
-    from omnictl.profiling.dashboard import render_dashboard
+    from omnictl.profiling.dashboard import Dashboard, pipeline_live_stats
 
-    aggregator, topology = pipeline.profile.aggregator, pipeline.topology
-    return lambda: render_dashboard(aggregator.snapshot(), topology)
+    metrics = listening.state.metrics
+    dashboard = Dashboard(
+        pipeline.profile.aggregator, pipeline.topology, live_stats=pipeline_live_stats(pipeline, listening.loop),
+        mode="off", rejected=lambda: metrics.count("rejected"),
+    )
+    return dashboard.render
 
 
 async def _drive(
@@ -174,7 +180,7 @@ def run_bench(config: BenchConfig, console: Console | None = None, show_progress
                 listening = stack.enter_context(BackgroundServer(options))
             base_url, target = listening.url, config.topology or "embedded voice assistant"
             run_dir = run_dir or _pipeline_run_dir(listening.pipeline)
-            dashboard = _dashboard_of(listening.pipeline)
+            dashboard = _dashboard_of(listening)
         with _display(console, dashboard, show_progress) as progress:
             records, duration = asyncio.run(_drive(config, base_url, progress))
         found = _breakdown(config, base_url, run_dir, records)

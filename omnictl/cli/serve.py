@@ -46,25 +46,14 @@ def serve_command(
         if pipe.profile is not None:
             import asyncio
 
-            from omnictl.profiling.dashboard import Dashboard, DashboardMode
-
-            import threading
-
-            loop = asyncio.get_running_loop()
-            loop_thread = threading.get_ident()
-
-            def live_stats() -> dict[str, dict[str, object]]:
-                # Runs in the dashboard's thread and asks the server's loop; the first
-                # render happens on the loop itself, where waiting would deadlock.
-                if threading.get_ident() == loop_thread:
-                    return {}
-                try:
-                    return asyncio.run_coroutine_threadsafe(pipe.stats(timeout=0.5), loop).result(1.0)
-                except TimeoutError:  # a busy server: show the columns as unknown this time
-                    return {}
+            from omnictl.profiling.dashboard import Dashboard, DashboardMode, pipeline_live_stats
 
             mode: DashboardMode = "lines" if no_dashboard else "auto"
-            dashboard = Dashboard(pipe.profile.aggregator, topo, live_stats=live_stats, console=console, mode=mode)
+            metrics = listening.state.metrics
+            dashboard = Dashboard(
+                pipe.profile.aggregator, topo, live_stats=pipeline_live_stats(pipe, asyncio.get_running_loop()),
+                console=console, mode=mode, rejected=lambda: metrics.count("rejected"),
+            )
             dashboards.append(dashboard.start())
 
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:

@@ -186,7 +186,13 @@ class Coordinator:
             return
         self._finish(record, RequestState.ABORTED, RequestAborted(request_id, f"request {request_id} was aborted"))
 
-    def _finish(self, record: RequestRecord, state: RequestState, error: RequestFailed | RequestAborted | None = None) -> None:
+    def _finish(
+        self,
+        record: RequestRecord,
+        state: RequestState,
+        error: RequestFailed | RequestAborted | None = None,
+        rejected: bool = False,
+    ) -> None:
         if record.finished:
             return
         self.requests.pop(record.request_id, None)
@@ -197,13 +203,15 @@ class Coordinator:
             # Every stage drops what it holds for this request, at once.
             self._broadcast.send(m.encode(m.Abort((record.request_id,))))
             kind = EventKind.ABORTED if state is RequestState.ABORTED else EventKind.FAILED
-            self.profiler.record(kind, record.request_id, error.stage if error else None, error=str(error))
+            # `rejected`: the stage refused the input; the dashboard counts it apart from failures
+            meta = {"error": str(error), "rejected": True} if rejected else {"error": str(error)}
+            self.profiler.record(kind, record.request_id, error.stage if error else None, **meta)
         record.finish(state, error)
 
-    def _fail(self, request_id: str, stage: str | None, message: str) -> None:
+    def _fail(self, request_id: str, stage: str | None, message: str, rejected: bool = False) -> None:
         record = self.requests.get(request_id)
         if record is not None:
-            self._finish(record, RequestState.FAILED, RequestFailed(request_id, message, stage))
+            self._finish(record, RequestState.FAILED, RequestFailed(request_id, message, stage), rejected)
 
     async def _enforce_deadlines(self) -> None:
         loop = asyncio.get_running_loop()
@@ -229,7 +237,7 @@ class Coordinator:
         if isinstance(message, m.TerminalOutput):
             self._terminal_output(message)
         elif isinstance(message, m.StageFailed):
-            self._fail(message.request_id, message.stage, message.error)
+            self._fail(message.request_id, message.stage, message.error, message.rejected)
         elif isinstance(message, m.TerminalSkipped):
             record = self.requests.get(message.request_id)
             if record is not None:

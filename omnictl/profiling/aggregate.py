@@ -80,16 +80,22 @@ class Aggregator:
         self._totals = {"completed": 0, "failed": 0, "aborted": 0}
         self._dropped = 0
         self._next_purge = 0
-        self._completions = Window()
-        self._request_times = Window()
-        self._ttft = Window()
-        self._ttfa = Window()
+        span_ns = int(window_s * 1e9)
+
+        def window() -> Window:
+            return Window(span_ns)
+
+        self._completions = window()
+        self._ttft = window()
+        self._ttfa = window()
         self._stage_process: dict[str, str] = {}
         self._stage_done: dict[str, int] = defaultdict(int)
-        self._stage_times: dict[str, Window] = defaultdict(Window)
-        self._batch_sizes: dict[str, Window] = defaultdict(Window)
-        self._hop_times: dict[Edge, Window] = defaultdict(Window)
-        self._hop_bytes: dict[Edge, Window] = defaultdict(Window)
+        self._stage_failed: dict[str, int] = defaultdict(int)
+        self._stage_rejected: dict[str, int] = defaultdict(int)
+        self._stage_times: dict[str, Window] = defaultdict(window)
+        self._batch_sizes: dict[str, Window] = defaultdict(window)
+        self._hop_times: dict[Edge, Window] = defaultdict(window)
+        self._hop_bytes: dict[Edge, Window] = defaultdict(window)
         self._transports: dict[Edge, str] = {}
 
     def add(self, events: Iterable[Event]) -> None:
@@ -109,23 +115,32 @@ class Aggregator:
         # Rates divide by the window, or by the uptime while it is shorter than the window.
         span_s = max(1e-3, min(self.window_s, (now - self.started_ns) / 1e9))
         with self._lock:
-            request_time = sum(self._request_times.values(since))
-            ttft, ttfa = sorted(self._ttft.values(since)), sorted(self._ttfa.values(since))
+            completions, stale = self._completions.recent(since)
+            ttft, ttft_stale = self._ttft.recent(since)
+            ttfa, ttfa_stale = self._ttfa.recent(since)
+            ttft, ttfa = sorted(ttft), sorted(ttfa)
             header = HeaderStats(
                 uptime_s=(now - self.started_ns) / 1e9,
                 in_flight=len(self._open),
                 completed=self._totals["completed"],
                 failed=self._totals["failed"],
                 aborted=self._totals["aborted"],
-                requests_per_s=len(self._completions.values(since)) / span_s,
+                requests_per_s=len(completions) / (self.window_s if stale else span_s),
                 ttft_p50_s=percentile(ttft, 50),
                 ttft_p99_s=percentile(ttft, 99),
                 ttfa_p50_s=percentile(ttfa, 50),
                 ttfa_p99_s=percentile(ttfa, 99),
                 dropped_events=self._dropped,
+                ttft_n=len(ttft),
+                ttfa_n=len(ttfa),
+                stale=stale or ttft_stale or ttfa_stale,
             )
+            times = {stage: self._stage_times[stage].recent(since) for stage in self._stage_process}
+            # Shares among the stages measured in this window (or, for idle ones, among
+            # the last window's), so each group sums to 100%.
+            totals = {flag: sum(sum(t) for t, s in times.values() if s is flag) for flag in (False, True)}
             stages = {
-                stage: self._stage_stats(stage, process, since, span_s, request_time)
+                stage: self._stage_stats(stage, process, since, span_s, *times[stage], totals[times[stage][1]])
                 for stage, process in self._stage_process.items()
             }
             edges = {edge: self._edge_stats(edge, since, span_s) for edge in self._transports}
@@ -150,6 +165,10 @@ class Aggregator:
         elif ts > request.last_seen:
             request.last_seen = ts
         stage = event.stage
+        if kind is EventKind.FAILED and stage is not None and request.ended is None:
+            self._stage_process.setdefault(stage, event.process)
+            counts = self._stage_rejected if event.meta.get("rejected") is True else self._stage_failed
+            counts[stage] += 1
         if stage is not None and kind in STAGE_KINDS:
             self._at_stage(request, rid, stage, event)
         if kind is EventKind.STAGE_DONE and stage is not None:
@@ -200,7 +219,6 @@ class Aggregator:
         for name, at, window in (
             ("ttft", request.first_text, self._ttft),
             ("ttfa", request.first_audio, self._ttfa),
-            ("total", request.ended, self._request_times),
         ):
             if at is not None and name not in request.reported:
                 request.reported.add(name)
@@ -243,7 +261,7 @@ class Aggregator:
             self._close(rid, self._requests.pop(rid))
         # Samples fall out of windows on read too; this bounds memory when nobody reads.
         since = now - int(self.window_s * 1e9)
-        windows = [self._completions, self._request_times, self._ttft, self._ttfa]
+        windows = [self._completions, self._ttft, self._ttfa]
         for group in (self._stage_times, self._batch_sizes, self._hop_times, self._hop_bytes):
             windows.extend(group.values())
         for window in windows:
@@ -251,8 +269,9 @@ class Aggregator:
 
     # -- reading ---------------------------------------------------------------------
 
-    def _stage_stats(self, stage: str, process: str, since: int, span_s: float, request_time: float) -> StageStats:
-        times = self._stage_times[stage].values(since)
+    def _stage_stats(
+        self, stage: str, process: str, since: int, span_s: float, times: list[float], stale: bool, all_stages: float
+    ) -> StageStats:
         ordered = sorted(times)
         batches = self._batch_sizes[stage].values(since)
         return StageStats(
@@ -260,16 +279,21 @@ class Aggregator:
             process=process,
             in_flight=len(self._open_at[stage]),
             done=self._stage_done[stage],
-            items_per_s=len(times) / span_s,
+            items_per_s=len(times) / (self.window_s if stale else span_s),
             p50_s=percentile(ordered, 50),
             p99_s=percentile(ordered, 99),
-            share=sum(times) / request_time if request_time > 0 else None,
+            share=sum(times) / all_stages if all_stages > 0 else None,
             batch_size=sum(batches) / len(batches) if batches else None,
+            n=len(times),
+            failed=self._stage_failed[stage],
+            rejected=self._stage_rejected[stage],
+            stale=stale,
         )
 
     def _edge_stats(self, edge: Edge, since: int, span_s: float) -> EdgeStats:
-        latencies = sorted(self._hop_times[edge].values(since))
-        sizes = self._hop_bytes[edge].values(since)
+        latencies, stale = self._hop_times[edge].recent(since)
+        latencies.sort()
+        sizes = self._hop_bytes[edge].recent(since)[0]
         return EdgeStats(
             src=edge[0],
             dst=edge[1],
@@ -278,5 +302,6 @@ class Aggregator:
             hops=len(latencies),
             p50_s=percentile(latencies, 50),
             p99_s=percentile(latencies, 99),
-            mb_per_s=sum(sizes) / 1e6 / span_s,
+            mb_per_s=sum(sizes) / 1e6 / (self.window_s if stale else span_s),
+            stale=stale,
         )

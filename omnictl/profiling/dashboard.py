@@ -2,17 +2,28 @@
 
 ``render_dashboard`` turns a :class:`ProfileSnapshot` into a Rich renderable: a header
 (uptime, in flight, outcomes, req/s, time to first text and audio), a row per stage and a
-row per edge. ``Dashboard`` keeps it on screen while a run lasts; without a terminal it
-prints :func:`status_line` every few seconds instead.
+row per edge. The renderable lays itself out for the width it is given: header items wrap
+whole, and table columns are dropped (least useful first) until the table fits, so a
+number never loses its unit to an ellipsis. ``Dashboard`` keeps it on screen while a run
+lasts; without a terminal it prints :func:`status_line` when the figures change.
+
+Conventions, the same in ``serve`` and in ``bench``: ``-`` means "no figure" (nothing
+measured, or too few samples for a percentile), ``0`` is a counted zero; figures in grey
+are the last window's, shown while nothing new arrived.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from typing import Any, Callable, Literal, Mapping
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Literal, Mapping
 
-from rich.console import Console, Group, RenderableType
+from rich import box
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.live import Live
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -28,96 +39,232 @@ from omnictl.topology.model import Topology
 LiveStats = Mapping[str, Mapping[str, Any]]
 DashboardMode = Literal["auto", "live", "lines", "off"]
 
+# Percentiles over fewer samples than this show as "-": p50 of two requests is not a fact.
+MIN_SAMPLES_P50 = 3
+MIN_SAMPLES_P99 = 10
+STALE_STYLE = "dim"
+HEARTBEAT_S = 300.0  # `--no-dashboard`: repeat an unchanged status line this rarely
+
+
+@dataclass(frozen=True)
+class _Column:
+    header: str
+    right: bool
+    keep: int  # dropped in increasing order of `keep` when the table is too wide
+
 
 def render_dashboard(
     snapshot: ProfileSnapshot,
     topology: Topology | None = None,
     live: LiveStats | None = None,
+    rejected: int | None = None,
 ) -> RenderableType:
-    return Group(_header(snapshot, topology), _stage_table(snapshot, topology, live or {}), _edge_table(snapshot, topology))
+    """``rejected``: requests the HTTP server refused (4xx), when the caller knows them."""
+    return DashboardView(snapshot, topology, live or {}, rejected)
 
 
-def status_line(snapshot: ProfileSnapshot) -> str:
-    """One line for logs and non-terminals."""
+class DashboardView:
+    """The dashboard, laid out for whatever width Rich offers when it is rendered."""
+
+    def __init__(
+        self, snapshot: ProfileSnapshot, topology: Topology | None, live: LiveStats, rejected: int | None
+    ) -> None:
+        self.snapshot = snapshot
+        self.topology = topology
+        self.live = live
+        self.rejected = rejected
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        yield _wrap_items(_header_items(self.snapshot, self.topology, self.rejected), width)
+        columns, rows = _stage_rows(self.snapshot, self.topology, self.live)
+        yield _fit(console, options, "stages", columns, rows)
+        columns, rows = _edge_rows(self.snapshot, self.topology)
+        yield _fit(console, options, "edges", columns, rows)
+
+
+def status_line(snapshot: ProfileSnapshot, rejected: int | None = None) -> str:
+    """One line for logs and non-terminals (without the time; see :class:`Dashboard`)."""
     h = snapshot.header
+    outcomes = f"done {h.completed} failed {h.failed} aborted {h.aborted}"
+    if rejected is not None:
+        outcomes += f" rejected {rejected}"
     line = (
-        f"up {_uptime(h.uptime_s)} | in flight {h.in_flight} | done {h.completed} failed {h.failed} "
-        f"aborted {h.aborted} | {format_rate(h.requests_per_s)} req/s | "
-        f"TTFT p50 {format_seconds(h.ttft_p50_s)} p99 {format_seconds(h.ttft_p99_s)} | "
-        f"first audio p50 {format_seconds(h.ttfa_p50_s)} p99 {format_seconds(h.ttfa_p99_s)}"
+        f"up {_uptime(h.uptime_s)} | in flight {h.in_flight} | {outcomes} | "
+        f"{format_rate(h.requests_per_s)} req/s | "
+        f"TTFT {_percentiles(h.ttft_p50_s, h.ttft_p99_s, h.ttft_n)} | "
+        f"first audio {_percentiles(h.ttfa_p50_s, h.ttfa_p99_s, h.ttfa_n)}"
     )
     return line + (f" | dropped events {h.dropped_events}" if h.dropped_events else "")
 
 
-def _header(snapshot: ProfileSnapshot, topology: Topology | None) -> Text:
+# -- header ---------------------------------------------------------------------------
+
+
+def _header_items(snapshot: ProfileSnapshot, topology: Topology | None, rejected: int | None) -> list[Text]:
     h = snapshot.header
-    title = f"omnictl · {topology.name}" if topology is not None else "omnictl"
-    text = Text(no_wrap=True, overflow="ellipsis")
-    text.append(title, style="bold")
-    text.append(
-        f"  up {_uptime(h.uptime_s)}  in flight {h.in_flight}  completed {h.completed}  "
-        f"failed {h.failed}  aborted {h.aborted}  {format_rate(h.requests_per_s)} req/s\n"
-    )
-    text.append(
-        f"time to first text p50 {format_seconds(h.ttft_p50_s)} p99 {format_seconds(h.ttft_p99_s)}  ·  "
-        f"first audio p50 {format_seconds(h.ttfa_p50_s)} p99 {format_seconds(h.ttfa_p99_s)}  ·  "
-        f"window {snapshot.window_s:g} s"
-    )
+    figures = STALE_STYLE if h.stale else ""
+    items = [
+        Text(f"omnictl · {topology.name}" if topology is not None else "omnictl", style="bold"),
+        Text(f"up {_uptime(h.uptime_s)}"),
+        Text(f"in flight {h.in_flight}"),
+        Text(f"completed {h.completed}"),
+        _count("failed", h.failed),
+    ]
+    if rejected is not None:
+        items.append(_count("rejected", rejected))
+    items += [
+        Text(f"aborted {h.aborted}"),
+        Text(f"{format_rate(h.requests_per_s)} req/s", style=figures),
+        Text(f"first text {_percentiles(h.ttft_p50_s, h.ttft_p99_s, h.ttft_n)}", style=figures),
+        Text(f"first audio {_percentiles(h.ttfa_p50_s, h.ttfa_p99_s, h.ttfa_n)}", style=figures),
+        Text(f"window {snapshot.window_s:g} s" + (" (idle: last window's figures)" if h.stale else "")),
+    ]
     if h.dropped_events:
-        text.append(f"  ·  dropped events {h.dropped_events}", style="bold red")
-    return text
+        items.append(Text(f"dropped events {h.dropped_events}", style="bold red"))
+    return items
 
 
-def _stage_table(snapshot: ProfileSnapshot, topology: Topology | None, live: LiveStats) -> Table:
-    table = Table(title="stages", title_justify="left", expand=False)
-    for column in ("stage", "process", "gpu"):
-        table.add_column(column, no_wrap=True)
-    for column in ("in flight", "queue", "batch", "items/s", "p50", "p99", "share"):
-        table.add_column(column, justify="right", no_wrap=True)
+def _count(label: str, value: int) -> Text:
+    return Text(f"{label} {value}", style="bold red" if value else "")
+
+
+def _percentiles(p50: float | None, p99: float | None, n: int) -> str:
+    return f"p50 {_enough(p50, n, MIN_SAMPLES_P50)} p99 {_enough(p99, n, MIN_SAMPLES_P99)} (n={n})"
+
+
+def _enough(value: float | None, n: int, minimum: int) -> str:
+    return format_seconds(value) if n >= minimum else "-"
+
+
+def _wrap_items(items: Iterable[Text], width: int) -> Text:
+    """Items joined by two spaces; a line breaks between items, never inside one."""
+    out = Text(no_wrap=True, overflow="crop")
+    used = 0
+    for item in items:
+        if used and used + 2 + item.cell_len > width:
+            out.append("\n")
+            used = 0
+        elif used:
+            out.append("  ")
+            used += 2
+        out.append_text(item)
+        used += item.cell_len
+    return out
+
+
+# -- tables ---------------------------------------------------------------------------
+
+_STAGE_COLUMNS = (
+    _Column("stage", False, 100),
+    _Column("process", False, 2),
+    _Column("gpu", False, 1),
+    _Column("in flight", True, 90),
+    _Column("queue", True, 5),
+    _Column("batch", True, 3),
+    _Column("items/s", True, 4),
+    _Column("n", True, 70),
+    _Column("p50", True, 80),
+    _Column("p99", True, 60),
+    _Column("share", True, 6),
+    _Column("failed", True, 85),
+    _Column("rejected", True, 50),
+)
+
+_EDGE_COLUMNS = (
+    _Column("edge", False, 100),
+    _Column("kind", False, 50),
+    _Column("transport", False, 2),
+    _Column("hops", True, 70),
+    _Column("p50", True, 80),
+    _Column("p99", True, 60),
+    _Column("MB/s", True, 5),
+)
+
+
+def _stage_rows(
+    snapshot: ProfileSnapshot, topology: Topology | None, live: LiveStats
+) -> tuple[tuple[_Column, ...], list[list[Text]]]:
+    # Names are shown as they come (a replica's process may be "tts#0"): nothing here parses them.
     names = list(topology.stages) if topology is not None else []
     names += [name for name in snapshot.stages if name not in names]
+    rows = []
     for name in names:
         stats = snapshot.stages.get(name)
         runtime = live.get(name, {})
         spec = topology.stages.get(name) if topology is not None else None
         process = spec.process if spec is not None else (stats.process if stats else "-")
         gpu = (",".join(str(g) for g in spec.gpu) or "cpu") if spec is not None else "-"
-        in_flight = runtime.get("requests", stats.in_flight if stats else None)
+        in_flight = runtime.get("requests", stats.in_flight if stats else 0)
         batch = stats.batch_size if stats and stats.batch_size is not None else runtime.get("running")
         down = runtime.get("status") == "down"
-        table.add_row(
-            Text(f"{name} (down)", style="bold red") if down else name,
-            process,
-            gpu,
-            _number(in_flight),
-            _number(runtime.get("queued")),
-            _number(batch),
-            format_rate(stats.items_per_s) if stats else "-",
-            *_latencies(stats),
-            f"{stats.share:.0%}" if stats and stats.share is not None else "-",
-        )
-    return table
+        measured = stats is not None and stats.n > 0
+        style = STALE_STYLE if stats is not None and stats.stale else ""
+        cells = [
+            Text(f"{name} (down)", style="bold red") if down else Text(name),
+            Text(process),
+            Text(gpu),
+            Text(_number(in_flight)),
+            Text(_number(runtime.get("queued"))),
+            Text(_number(batch)),
+            Text(format_rate(stats.items_per_s) if measured and stats else "-", style=style),
+            Text(str(stats.n) if stats else "0", style=style),
+            *(Text(cell, style=style) for cell in _latencies(stats)),
+            Text(f"{stats.share:.0%}" if measured and stats and stats.share is not None else "-", style=style),
+            _count_cell(stats.failed if stats else 0),
+            _count_cell(stats.rejected if stats else 0),
+        ]
+        rows.append(cells)
+    return _STAGE_COLUMNS, rows
 
 
-def _edge_table(snapshot: ProfileSnapshot, topology: Topology | None) -> Table:
-    table = Table(title="edges", title_justify="left", expand=False)
-    for column in ("edge", "kind", "transport"):
-        table.add_column(column, no_wrap=True)
-    for column in ("hops", "p50", "p99", "MB/s"):
-        table.add_column(column, justify="right", no_wrap=True)
+def _edge_rows(snapshot: ProfileSnapshot, topology: Topology | None) -> tuple[tuple[_Column, ...], list[list[Text]]]:
     keys = [(e.src, e.dst, e.kind.value) for e in topology.edges] if topology is not None else []
     keys += [key for key in snapshot.edges if key not in keys]
+    rows = []
     for key in keys:
         stats = snapshot.edges.get(key)
         transport = stats.transport if stats and stats.transport else _topology_transport(topology, key)
-        table.add_row(
-            f"{key[0]} → {key[1]}",
-            key[2],
-            transport,
-            str(stats.hops) if stats else "0",
-            *_latencies(stats),
-            f"{stats.mb_per_s:.2f}" if stats else "-",
+        style = STALE_STYLE if stats is not None and stats.stale else ""
+        measured = stats is not None and stats.hops > 0
+        rows.append(
+            [
+                Text(f"{key[0]} → {key[1]}"),
+                Text(key[2]),
+                Text(transport),
+                Text(str(stats.hops) if stats else "0", style=style),
+                *(Text(cell, style=style) for cell in _latencies(stats)),
+                Text(f"{stats.mb_per_s:.2f}" if measured and stats else "-", style=style),
+            ]
         )
+    return _EDGE_COLUMNS, rows
+
+
+def _count_cell(value: int) -> Text:
+    return Text(str(value), style="bold red" if value else "")
+
+
+def _fit(
+    console: Console, options: ConsoleOptions, title: str, columns: tuple[_Column, ...], rows: list[list[Text]]
+) -> Table:
+    """The widest table that fits: drop the least useful columns until it does."""
+    kept = list(range(len(columns)))
+    while True:
+        table = _table(title, [columns[i] for i in kept], [[row[i] for i in kept] for row in rows])
+        if len(kept) <= 1 or Measurement.get(console, options.update(width=10_000), table).maximum <= options.max_width:
+            return table
+        kept.remove(min(kept, key=lambda i: columns[i].keep))
+
+
+def _table(title: str, columns: list[_Column], rows: list[list[Text]]) -> Table:
+    table = Table(
+        title=title, title_justify="left", box=box.SIMPLE_HEAD, expand=False,
+        pad_edge=False, padding=(0, 1, 0, 0), show_edge=False,
+    )
+    for column in columns:
+        table.add_column(column.header, justify="right" if column.right else "left", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
     return table
 
 
@@ -133,7 +280,8 @@ def _topology_transport(topology: Topology | None, key: tuple[str, str, str]) ->
 def _latencies(stats: StageStats | EdgeStats | None) -> tuple[str, str]:
     if stats is None:
         return "-", "-"
-    return format_seconds(stats.p50_s), format_seconds(stats.p99_s)
+    n = stats.n if isinstance(stats, StageStats) else stats.hops
+    return _enough(stats.p50_s, n, MIN_SAMPLES_P50), _enough(stats.p99_s, n, MIN_SAMPLES_P99)
 
 
 def _number(value: Any) -> str:
@@ -152,7 +300,8 @@ class Dashboard:
     """Keeps the dashboard on screen (``live``) or prints status lines (``lines``).
 
     ``auto`` picks ``live`` when the console is a terminal, else ``lines``; ``off``
-    shows nothing. ``--no-dashboard`` maps to ``lines``.
+    shows nothing. ``--no-dashboard`` maps to ``lines``: a line stamped with the wall
+    clock whenever the figures change, and every ``heartbeat_s`` when they do not.
     """
 
     def __init__(
@@ -164,21 +313,26 @@ class Dashboard:
         mode: DashboardMode = "auto",
         refresh_s: float = 0.5,
         status_interval_s: float = 5.0,
+        rejected: Callable[[], int] | None = None,
+        heartbeat_s: float = HEARTBEAT_S,
     ) -> None:
         self.aggregator = aggregator
         self.topology = topology
         self.live_stats = live_stats
+        self.rejected = rejected
         self.console = console if console is not None else Console()
         self.mode: DashboardMode = ("live" if self.console.is_terminal else "lines") if mode == "auto" else mode
         self.refresh_s = refresh_s
         self.status_interval_s = status_interval_s
+        self.heartbeat_s = heartbeat_s
         self._live: Live | None = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
     def render(self) -> RenderableType:
         live = self.live_stats() if self.live_stats is not None else None
-        return render_dashboard(self.aggregator.snapshot(), self.topology, live)
+        rejected = self.rejected() if self.rejected is not None else None
+        return render_dashboard(self.aggregator.snapshot(), self.topology, live, rejected)
 
     def start(self) -> "Dashboard":
         if self.mode == "live":
@@ -210,5 +364,33 @@ class Dashboard:
         self.stop()
 
     def _print_lines(self) -> None:
+        previous: tuple[int | None, ...] = ()
+        printed_at = 0.0
         while not self._stopping.wait(self.status_interval_s):
-            self.console.print(status_line(self.aggregator.snapshot()), soft_wrap=True, highlight=False)
+            rejected = self.rejected() if self.rejected is not None else None
+            snapshot = self.aggregator.snapshot()
+            h = snapshot.header
+            # Something happened when a count moved; rates and uptime drift on their own.
+            counts = (h.in_flight, h.completed, h.failed, h.aborted, rejected, h.dropped_events)
+            if counts == previous and time.monotonic() - printed_at < self.heartbeat_s:
+                continue
+            previous, printed_at = counts, time.monotonic()
+            line = f"{time.strftime('%H:%M:%S')} {status_line(snapshot, rejected)}"
+            self.console.print(line, soft_wrap=True, highlight=False, markup=False)
+
+
+def pipeline_live_stats(pipeline: Any, loop: asyncio.AbstractEventLoop) -> Callable[[], LiveStats]:
+    """``Pipeline.stats()`` asked from the dashboard's thread of the loop ``pipeline`` runs on."""
+    loop_thread: list[int] = []
+    loop.call_soon_threadsafe(lambda: loop_thread.append(threading.get_ident()))
+
+    def live_stats() -> LiveStats:
+        # The first render may happen on the loop itself, where waiting would deadlock.
+        if threading.get_ident() in loop_thread or not loop.is_running():
+            return {}
+        try:
+            return asyncio.run_coroutine_threadsafe(pipeline.stats(timeout=0.5), loop).result(1.0)
+        except TimeoutError:  # a busy server: show the columns as unknown this time
+            return {}
+
+    return live_stats

@@ -46,9 +46,15 @@ class ServerMetrics:
         )
         self.profile = ProfileMetrics()
         self.registry.register(self.profile)
+        self._counts = dict.fromkeys(OUTCOMES, 0)  # the counter's values, readable without a scrape
 
     def outcome(self, outcome: str) -> None:
         self.requests.labels(outcome).inc()
+        self._counts[outcome] += 1
+
+    def count(self, outcome: str) -> int:
+        """Requests with this outcome so far (``rejected``: refused with a 4xx/503)."""
+        return self._counts[outcome]
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

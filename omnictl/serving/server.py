@@ -78,6 +78,7 @@ class Listening:
     state: ServingState
     pipeline: Any
     stop: Callable[[], None]
+    loop: asyncio.AbstractEventLoop | None = None  # the loop the server and pipeline run on
 
 
 def _url(host: str, port: int) -> str:
@@ -136,7 +137,7 @@ async def run_server(
             if pipe.profile is not None:
                 state.metrics.profile.snapshot = pipe.profile.aggregator.snapshot
             if on_ready is not None:
-                ready = on_ready(Listening(_url(options.host, port), state, pipe, stop))
+                ready = on_ready(Listening(_url(options.host, port), state, pipe, stop, loop))
                 if ready is not None:
                     await ready
             await stopping.wait()

@@ -174,7 +174,9 @@ class Worker:
                 if request_id is None:
                     raise
                 stage = getattr(message, "dst", self.config.process)
-                self.ports.send_failure(request_id, stage, f"stage {stage!r} could not take its input: {describe_error(exc)}")
+                self.ports.send_failure(
+                    request_id, stage, f"stage {stage!r} could not take its input: {describe_error(exc)}", rejected=True
+                )
 
     def _unpack(self, payload: m.EncodedPayload) -> Any:
         try:

@@ -64,8 +64,15 @@ def test_stage_and_edge_figures(now: int) -> None:
     assert thinker.process == "thinker" and thinker.done == 9 and thinker.in_flight == 0
     assert thinker.items_per_s == pytest.approx(4 / 10)
     assert thinker.p50_s == pytest.approx(times[1]) and thinker.p99_s == pytest.approx(times[-1])
-    request_time = sum(_gap(e, EventKind.ADMITTED, EventKind.COMPLETED) for e in recent)
-    assert thinker.share == pytest.approx(sum(times) / request_time)
+    # share: the stage's part of all stages' time in the window
+    all_stages = sum(
+        (next(e.ts for e in ev if e.kind is EventKind.STAGE_DONE and e.stage == name)
+         - min(e.ts for e in ev if e.stage == name and e.process == TOPOLOGY.process_of(name))) / 1e9
+        for ev in recent for name in TOPOLOGY.stages
+    )
+    assert thinker.share == pytest.approx(sum(times) / all_stages)
+    assert sum(s.share or 0 for s in snapshot.stages.values()) == pytest.approx(1.0)
+    assert thinker.n == 4 and not thinker.stale
     assert thinker.batch_size == 1
     stream = snapshot.edges[("thinker", "talker", "stream")]
     assert (stream.transport, stream.hops) == ("relay", 12)

@@ -1,11 +1,13 @@
-"""Dashboard rendering (into a fixed-size Rich console) and the plain status line."""
+"""Dashboard rendering (into fixed-size Rich consoles) and the plain status lines."""
 
 from __future__ import annotations
 
 import io
+import re
 import threading
 import time
 
+import pytest
 from rich.console import Console
 
 from omnictl.profiling.aggregate import Aggregator
@@ -15,6 +17,8 @@ from omnictl.profiling.synthetic import qwen_omni_topology, synthetic_request
 
 S = 1_000_000_000
 TOPOLOGY = qwen_omni_topology()
+# a figure with its unit, a rate, a count, a percentage, or "-": what a latency / rate cell may hold
+NUMBER_CELL = re.compile(r"^(-|\d+(\.\d+)? (µs|ms|s)|\d+(\.\d+)?|\d+%)$")
 
 
 def _render(renderable: object, width: int = 140) -> str:
@@ -23,51 +27,150 @@ def _render(renderable: object, width: int = 140) -> str:
     return console.export_text()
 
 
-def _aggregator(now: int) -> Aggregator:
+def _aggregator(now: int, requests: int = 4) -> Aggregator:
     aggregator = Aggregator(window_s=10)
-    for index in range(4):
-        aggregator.add(synthetic_request(f"r{index}", TOPOLOGY, start_ns=now - (5 - index) * S))
+    for index in range(requests):
+        aggregator.add(synthetic_request(f"r{index}", TOPOLOGY, start_ns=now - (5 - index * 4 / requests) * S))
     aggregator.add([Event(EventKind.ADMITTED, "pending", None, "coordinator", now - S)])
-    aggregator.add([Event(EventKind.FAILED, "bad", "thinker", "coordinator", now - S)])
+    aggregator.add([Event(EventKind.ADMITTED, "bad", None, "coordinator", now - S)])
+    aggregator.add([Event(EventKind.FAILED, "bad", "thinker", "coordinator", now - S, {"error": "boom"})])
+    aggregator.add([Event(EventKind.ADMITTED, "odd", None, "coordinator", now - S)])
+    aggregator.add([Event(EventKind.FAILED, "odd", "talker", "coordinator", now - S, {"error": "x", "rejected": True})])
     return aggregator
 
 
-def _row(text: str, first_cell: str) -> list[str]:
-    line = next(line for line in text.splitlines() if line.strip("│┃ ").startswith(first_cell + " "))
-    return [cell.strip() for cell in line.replace("┃", "│").split("│") if cell.strip()]
+def _cells(line: str) -> list[str]:
+    return [cell for cell in re.split(r"\s{2,}", line.strip()) if cell]
+
+
+def _table(text: str, title: str) -> tuple[list[str], dict[str, list[str]]]:
+    """(header cells, first cell -> the row's cells) of one dashboard table."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == title)
+    header = _cells(lines[start + 1])
+    rows: dict[str, list[str]] = {}
+    for line in lines[start + 3:]:
+        if not line.strip() or line.strip() in ("stages", "edges"):
+            break
+        cells = _cells(line)
+        rows[cells[0]] = cells
+    return header, rows
+
+
+def _column(text: str, title: str, first_cell: str, column: str) -> str:
+    header, rows = _table(text, title)
+    return dict(zip(header, rows[first_cell]))[column]
 
 
 def test_header_stage_and_edge_rows() -> None:
     now = time.time_ns()
-    snapshot = _aggregator(now).snapshot(now)
-    # The shape of `Pipeline.stats()`.
-    live: dict[str, dict[str, object]] = {
+    snapshot = _aggregator(now, requests=12).snapshot(now)
+    live: dict[str, dict[str, object]] = {  # the shape of `Pipeline.stats()`
         "thinker": {"status": "up", "process": "thinker", "requests": 2, "queued": 3, "running": 1},
         "talker": {"status": "up", "process": "talker", "requests": 0, "queued": 0, "running": 4},
         "code2wav": {"status": "down", "process": "talker"},
     }
-    text = _render(render_dashboard(snapshot, TOPOLOGY, live))
+    text = _render(render_dashboard(snapshot, TOPOLOGY, live, rejected=3), width=160)
     assert "omnictl · qwen-omni" in text
-    assert "in flight 1" in text and "completed 4" in text and "failed 1" in text and "aborted 0" in text
-    assert "1.0 req/s" in text  # 5 requests ended in the 5 s since the first event
-    assert "time to first text p50 18.30 ms" in text and "first audio p50 30.45 ms" in text
-    # stage, process, gpu, in flight, queue, batch, items/s, p50, p99, share
-    assert _row(text, "thinker")[:7] == ["thinker", "thinker", "0", "2", "3", "1", "0.8"]
-    # batch: the scheduler's reported batch_size wins over the runtime's `running` count
-    assert _row(text, "talker")[:6] == ["talker", "talker", "1", "0", "0", "1"]
-    assert _row(text, "code2wav (down)")[:2] == ["code2wav (down)", "talker"]
-    assert _row(text, "decode")[4] == "-", "no runtime figure: no queue depth"
-    assert _row(text, "preprocessing")[:3] == ["preprocessing", "preprocess", "cpu"]
+    assert "in flight 1" in text and "completed 12" in text and "failed 2" in text and "aborted 0" in text
+    assert "rejected 3" in text, "the server's 4xx count"
+    assert "2.8 req/s" in text  # 14 requests ended in the 5 s since the first event
+    assert "first text p50 18.30 ms p99 18.30 ms (n=12)" in text
+    header, rows = _table(text, "stages")
+    assert header == ["stage", "process", "gpu", "in flight", "queue", "batch", "items/s", "n", "p50", "p99",
+                      "share", "failed", "rejected"]
+    thinker = dict(zip(header, rows["thinker"]))
+    assert [thinker[c] for c in ("process", "gpu", "in flight", "queue", "batch", "items/s", "n")] == [
+        "thinker", "0", "2", "3", "1", "2.4", "12"]
+    assert (thinker["failed"], thinker["rejected"]) == ("1", "0")
+    talker = dict(zip(header, rows["talker"]))
+    assert talker["batch"] == "1", "the scheduler's reported batch_size wins over the runtime's running count"
+    assert (talker["failed"], talker["rejected"]) == ("0", "1")
+    assert rows["code2wav (down)"][1] == "talker"
+    assert dict(zip(header, rows["decode"]))["queue"] == "-", "no runtime figure: no queue depth"
+    assert rows["preprocessing"][:3] == ["preprocessing", "preprocess", "cpu"]
     stream = next(line for line in text.splitlines() if "thinker → talker" in line and "stream" in line)
     assert "relay" in stream and "800 µs" in stream
+
+
+def test_share_is_each_stages_part_of_all_stage_time_and_sums_to_100() -> None:
+    now = time.time_ns()
+    snapshot = _aggregator(now, requests=12).snapshot(now)
+    shares = [s.share for s in snapshot.stages.values() if s.share is not None]
+    assert sum(shares) == pytest.approx(1.0)
+    text = _render(render_dashboard(snapshot, TOPOLOGY), width=160)
+    shown = [int(_column(text, "stages", name, "share").rstrip("%")) for name in TOPOLOGY.stages]
+    assert 97 <= sum(shown) <= 103  # rounded percentages
+
+
+def test_percentiles_show_n_and_a_dash_until_there_are_enough_samples() -> None:
+    now = time.time_ns()
+    text = _render(render_dashboard(_aggregator(now, requests=2).snapshot(now), TOPOLOGY), width=160)
+    assert "first text p50 - p99 - (n=2)" in text
+    assert _column(text, "stages", "thinker", "n") == "2"
+    assert _column(text, "stages", "thinker", "p50") == "-"
+    text = _render(render_dashboard(_aggregator(now, requests=4).snapshot(now), TOPOLOGY), width=160)
+    assert _column(text, "stages", "thinker", "p50").endswith(" ms")
+    assert _column(text, "stages", "thinker", "p99") == "-", "p99 of 4 samples is not shown"
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_at_narrow_widths_columns_go_before_any_figure_is_cut(width: int) -> None:
+    now = time.time_ns()
+    live = {"thinker": {"requests": 2, "queued": 3, "running": 1}}
+    text = _render(render_dashboard(_aggregator(now, requests=12).snapshot(now), TOPOLOGY, live, rejected=0), width)
+    assert "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= width
+    assert "req/s" in text and "rejected 0" in text and "first audio p50" in text
+    for title in ("stages", "edges"):
+        header, rows = _table(text, title)
+        assert {"p50", "n" if title == "stages" else "hops"} <= set(header)
+        for name, cells in rows.items():
+            assert len(cells) == len(header), f"{title} row {name!r} lost a cell: {cells}"
+            row = dict(zip(header, cells))
+            for column in ("p50", "p99", "items/s", "share", "MB/s"):
+                if column in row:
+                    assert NUMBER_CELL.match(row[column]), f"{name} {column} {row[column]!r}"
+    header, _ = _table(text, "stages")
+    assert {"stage", "in flight", "failed"} <= set(header)
+
+
+def test_replica_process_names_are_shown_as_they_are() -> None:
+    now = time.time_ns()
+    aggregator = Aggregator()
+    aggregator.add([Event(EventKind.INPUT_RECEIVED, "r", "tts", "tts#1", now - S),
+                    Event(EventKind.STAGE_DONE, "r", "tts", "tts#1", now),
+                    Event(EventKind.INPUT_RECEIVED, "q", "tts#0", "tts#0", now - S)])
+    text = _render(render_dashboard(aggregator.snapshot(now)), width=140)
+    rows = _table(text, "stages")[1]
+    assert rows["tts"][:2] == ["tts", "tts#1"] and rows["tts#0"][:3] == ["tts#0", "tts#0", "-"]
+    assert "tts#0" in _table(_render(render_dashboard(aggregator.snapshot(now)), width=80), "stages")[1]
+
+
+def test_an_idle_dashboard_shows_the_last_windows_figures() -> None:
+    now = time.time_ns()
+    aggregator = _aggregator(now, requests=12)
+    fresh = aggregator.snapshot(now)
+    idle = aggregator.snapshot(now + 60 * S)  # two windows later: nothing new
+    assert idle.header.stale and idle.stages["thinker"].stale
+    assert idle.stages["thinker"].p50_s == fresh.stages["thinker"].p50_s
+    text = _render(render_dashboard(idle, TOPOLOGY), width=160)
+    assert "idle: last window's figures" in text
+    assert _column(text, "stages", "thinker", "p50") == _column(_render(render_dashboard(fresh, TOPOLOGY), width=160),
+                                                                "stages", "thinker", "p50")
+    console = Console(width=160, file=io.StringIO(), force_terminal=True, color_system="standard")
+    console.print(render_dashboard(idle, TOPOLOGY))
+    assert "\x1b[2m" in console.file.getvalue(), "greyed (dim)"  # type: ignore[attr-defined]
 
 
 def test_stages_without_events_still_get_a_row() -> None:
     now = time.time_ns()
     text = _render(render_dashboard(Aggregator().snapshot(now), TOPOLOGY, {"thinker": {"running": 3}}))
-    for stage in TOPOLOGY.stages:
-        assert _row(text, stage)[0] == stage
-    assert _row(text, "thinker")[5] == "3", "without batch_size events, the runtime's running count"
+    header, rows = _table(text, "stages")
+    assert set(rows) == set(TOPOLOGY.stages)
+    thinker = dict(zip(header, rows["thinker"]))
+    assert thinker["batch"] == "3", "without batch_size events, the runtime's running count"
+    assert (thinker["in flight"], thinker["n"], thinker["p50"], thinker["items/s"]) == ("0", "0", "-", "-")
     assert "in flight 0" in text and "p50 -" in text
 
 
@@ -81,23 +184,30 @@ def test_dropped_events_are_shown() -> None:
 
 def test_status_line() -> None:
     now = time.time_ns()
-    line = status_line(_aggregator(now).snapshot(now))
-    assert line.startswith("up 0m05s | in flight 1 | done 4 failed 1 aborted 0 | 1.0 req/s | TTFT p50 18.30 ms")
+    line = status_line(_aggregator(now).snapshot(now), rejected=2)
+    assert line.startswith("up 0m05s | in flight 1 | done 4 failed 2 aborted 0 rejected 2 | 1.2 req/s | "
+                           "TTFT p50 18.30 ms p99 - (n=4)")
     assert "\n" not in line
 
 
-def test_without_a_terminal_the_dashboard_prints_status_lines() -> None:
+def test_status_lines_carry_the_time_and_are_printed_when_something_changes() -> None:
     now = time.time_ns()
+    aggregator = _aggregator(now)
     out = io.StringIO()
     console = Console(file=out, width=200)  # a StringIO is not a terminal
-    dashboard = Dashboard(_aggregator(now), TOPOLOGY, console=console, status_interval_s=0.05)
+    dashboard = Dashboard(aggregator, TOPOLOGY, console=console, status_interval_s=0.02)
     assert dashboard.mode == "lines"
     with dashboard:
+        time.sleep(0.3)  # ~15 intervals with nothing new: one line
+        aggregator.add([Event(EventKind.ADMITTED, "late", None, "coordinator", time.time_ns())])
         deadline = time.monotonic() + 10
         while out.getvalue().count("\n") < 2 and time.monotonic() < deadline:
             threading.Event().wait(0.02)
+        time.sleep(0.1)
     lines = out.getvalue().splitlines()
-    assert len(lines) >= 2 and all(line.startswith("up ") for line in lines)
+    assert len(lines) == 2, lines
+    assert all(re.match(r"\d\d:\d\d:\d\d up ", line) for line in lines)
+    assert "in flight 1" in lines[0] and "in flight 2" in lines[1]
 
 
 def test_on_a_terminal_the_dashboard_is_live() -> None:
