@@ -113,6 +113,9 @@ class Launcher:
         """Split the cores between the stage processes: OpenMP threads that outnumber the
         cores spin against each other and make every forward pass several times slower."""
         env = dict(os.environ)
+        # Model loaders' progress bars (transformers' "Loading weights") would interleave
+        # across processes; each worker prints one line per stage it loaded instead.
+        env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         if "OMP_NUM_THREADS" not in env:
             cores = len(os.sched_getaffinity(0))
             env["OMP_NUM_THREADS"] = str(max(1, cores // len(self.topology.processes)))

@@ -13,6 +13,7 @@ import os
 import pickle
 import signal
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -132,6 +133,7 @@ class Worker:
         config = self.config
         for name in config.topology.processes[config.process].stages:
             spec = config.topology.stages[name]
+            started = time.monotonic()
             try:
                 stage = build_stage(spec, config.topology, config.model_path, self.ports, profiler)
                 await stage.start()
@@ -143,6 +145,8 @@ class Worker:
                 return False
             self.stages[name] = stage
             self.ports.local[name] = stage
+            print(f"omnictl: stage {name!r} loaded in {time.monotonic() - started:.1f} s (process {config.process})",
+                  file=sys.stderr, flush=True)
         return True
 
     def _close(self, inbound: zmq.asyncio.Socket, broadcast: zmq.asyncio.Socket, recorder: Any, linger_ms: int = 0) -> None:

@@ -76,3 +76,31 @@ def test_default_serve_answers_the_printed_curl_with_speech_and_bench_measures_i
         assert "2 / 0" in bench.stdout and "time to first audio" in bench.stdout and "thinker" in bench.stdout
     finally:
         assert stop_server(server) == 0
+
+
+LOADING_STAGE = '''
+from huggingface_hub.utils import tqdm
+
+
+def load():
+    for _ in tqdm(range(50), desc="Loading weights"):  # what transformers shows while loading
+        pass
+    return lambda data: data
+'''
+
+
+def test_loading_prints_one_line_per_stage_and_no_progress_bars(tmp_path: Path) -> None:
+    (tmp_path / "loading_stage.py").write_text(LOADING_STAGE)
+    topology = tmp_path / "loading.yaml"
+    topology.write_text("name: loading\nstages:\n"
+                        "  - {name: first, factory: loading_stage.load, next: [second]}\n"
+                        "  - {name: second, factory: loading_stage.load, process: other, terminal: true,"
+                        " modality: text}\n")
+    server = start_server(str(topology))
+    try:
+        text = server.text()
+    finally:
+        assert stop_server(server) == 0
+    assert "Loading weights" not in text
+    assert re.search(r"stage 'first' loaded in \d+\.\d s \(process first\)", text)
+    assert re.search(r"stage 'second' loaded in \d+\.\d s \(process other\)", text)
