@@ -64,12 +64,19 @@ def from_trace_store(run_dir: Path, request_ids: Iterable[str], wait_s: float = 
                 stage_times[span.stage].append(seconds)
             elif span.kind in PARTS and span.stage:
                 part_times[span.stage][span.kind] += seconds
+            elif span.kind == "compute" and span.stage:  # a phase the scheduler named
+                part_times[span.stage][span.name] += seconds
             elif span.kind in ("hop", "stream") and span.meta.get("received") is not False:
                 edge_times[(str(span.meta["src"]), str(span.meta["dst"]), span.kind)].append(seconds)
     stages = {}
     for stage, times in stage_times.items():
-        parts = {part: part_times[stage][part] / len(times) for part in PARTS if part in part_times[stage]}
-        stages[stage] = {**summarize(times).as_dict(), "parts": parts}
+        named = sorted(part_times[stage], key=lambda part: (part not in PARTS, PARTS.index(part) if part in PARTS else 0))
+        parts = {part: part_times[stage][part] / len(times) for part in named}
+        summary = summarize(times)
+        # The rest of the stage's time (waiting on stream input, routing, sending), so the
+        # parts add up to the stage's mean.
+        parts["other"] = max(0.0, (summary.mean or 0.0) - sum(parts.values()))
+        stages[stage] = {**summary.as_dict(), "parts": parts}
     edges = {
         edge_name(src, dst, kind): {"kind": kind, **summarize(times).as_dict()}
         for (src, dst, kind), times in sorted(edge_times.items())

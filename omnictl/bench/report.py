@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 
 from omnictl.bench.stats import RequestRecord, latency_summaries, throughput
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# One unit throughout, stated in the document itself.
+UNITS = {
+    "time": "seconds (every duration and latency, per request and summarized)",
+    "rtf": "real-time factor: time spent producing audio / audio duration; below 1 is faster than real time, lower is better",
+    "rates": "per second of the measured run (keys ending in _per_s)",
+}
+OTHER_NOTE = "other: time at the stage outside any recorded phase (waiting for stream input, routing, sending)"
+RTF_NOTE = ("real-time factor (RTF) = time spent producing audio ÷ the audio's duration: "
+            "below 1 is faster than real time; lower is better")
 LATENCIES = {  # key: (label, unit: "ms" or "x")
     "ttft": ("time to first text", "ms"),
     "ttfa": ("time to first audio", "ms"),
@@ -30,12 +41,17 @@ THROUGHPUT = {  # key: label; higher is better
 def build_result(
     config: dict[str, Any], records: list[RequestRecord], duration: float, breakdown: dict[str, Any] | None
 ) -> dict[str, Any]:
+    from omnictl import __version__
+
     completed = sum(r.ok for r in records)
     return {
         "omnictl_bench": FORMAT_VERSION,
+        "omnictl_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "units": UNITS,
         "config": json.loads(json.dumps(config)),  # as it will read back from the file (tuples become lists)
         "summary": {
-            "requests": len(records),
+            "sent": len(records),
             "completed": completed,
             "failed": len(records) - completed,
             "duration_s": duration,
@@ -82,18 +98,20 @@ def render(result: dict[str, Any]) -> Group:
         s = result["latency"][key]
         latency.add_row(label, unit, str(s["count"]), *(_fmt(s[q], unit) for q in ("mean", "p50", "p90", "p99")))
 
-    parts: list[Any] = [head, latency]
+    parts: list[Any] = [head, latency, Text(RTF_NOTE, style="dim")]
     breakdown = result["breakdown"]
     if breakdown.get("stages"):
         source = ("the server's /metrics: p50/p99 over its profiler window, n since it started"
                   if breakdown["source"] == "metrics" else "the trace store: exactly the measured requests")
-        stages = Table(title=f"per-stage time (ms; from {source})", title_justify="left")
-        for column in ("stage", "n", "mean", "p50", "p90", "p99", "breakdown (mean)"):
-            stages.add_column(column, justify="left" if column in ("stage", "breakdown (mean)") else "right")
+        stages = Table(title="per-stage time (ms)", title_justify="left")
+        for column in ("stage", "n", "mean", "p50", "p90", "p99"):
+            stages.add_column(column, justify="left" if column == "stage" else "right", no_wrap=column == "stage")
         for name, s in breakdown["stages"].items():
-            split = "  ".join(f"{part} {seconds * 1000:.1f}" for part, seconds in s.get("parts", {}).items())
-            stages.add_row(name, str(s.get("count", "-")), *(_fmt(s.get(q), "ms") for q in ("mean", "p50", "p90", "p99")), split)
-        parts.append(stages)
+            stages.add_row(name, str(s.get("count", "-")), *(_fmt(s.get(q), "ms") for q in ("mean", "p50", "p90", "p99")))
+        parts += [stages, Text(f"from {source}", style="dim")]
+        split = _parts_table(breakdown["stages"])
+        if split is not None:
+            parts += [split, Text(OTHER_NOTE, style="dim")]
     if breakdown.get("edges"):
         edges = Table(title="per-edge hop latency (ms)", title_justify="left")
         for column in ("edge", "n", "mean", "p50", "p90", "p99"):
@@ -108,6 +126,21 @@ def render(result: dict[str, Any]) -> Group:
             errors.add_row(error)
         parts.append(errors)
     return Group(*parts)
+
+
+def _parts_table(stages: dict[str, Any]) -> Table | None:
+    """Where each stage's time goes: one row per part, so it reads at any width."""
+    table = Table(title="per-stage parts (mean ms)", title_justify="left")
+    for column in ("stage", "part", "mean", "of stage"):
+        table.add_column(column, justify="left" if column in ("stage", "part") else "right", no_wrap=True)
+    rows = 0
+    for name, s in stages.items():
+        mean = s.get("mean")
+        for index, (part, seconds) in enumerate(s.get("parts", {}).items()):
+            share = f"{seconds / mean:.0%}" if mean else "-"
+            table.add_row(name if index == 0 else "", part, _fmt(seconds, "ms"), share)
+            rows += 1
+    return table if rows else None
 
 
 def _change(old: float | None, new: float | None, higher_is_better: bool, decimals: int) -> tuple[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
@@ -60,11 +61,63 @@ class BenchConfig:
             raise BenchError("give a TOPOLOGY to launch or --url of a running server, not both")
 
 
+class LineProgress:
+    """Progress for a console that is not a terminal: a plain line every ``every_s`` seconds.
+
+    It offers the three calls ``_drive`` makes on Rich's Progress.
+    """
+
+    def __init__(self, console: Console, every_s: float) -> None:
+        self.console = console
+        self.every_s = every_s
+        self._tasks: dict[int, list[Any]] = {}  # id -> [description, total, completed]
+        self._started = time.monotonic()
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="omnictl-bench-progress", daemon=True)
+
+    def add_task(self, description: str, total: int) -> int:
+        with self._lock:
+            task = len(self._tasks)
+            self._tasks[task] = [description, total, 0]
+        return task
+
+    def advance(self, task: int) -> None:
+        with self._lock:
+            self._tasks[task][2] += 1
+
+    def remove_task(self, task: int) -> None:
+        with self._lock:
+            self._tasks.pop(task, None)
+
+    def __enter__(self) -> "LineProgress":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stopping.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stopping.wait(self.every_s):
+            with self._lock:
+                parts = [f"{d} {done}/{total}" for d, total, done in self._tasks.values()]
+            elapsed = time.monotonic() - self._started
+            self.console.print(f"bench: {', '.join(parts) or 'starting'} ({elapsed:.0f} s)", highlight=False, soft_wrap=True)
+
+
 @contextmanager
-def _display(console: Console, dashboard: Callable[[], RenderableType] | None, enabled: bool) -> Iterator[Progress | None]:
-    """A progress bar, under the live dashboard when the bench launched the server in a terminal."""
+def _display(
+    console: Console, dashboard: Callable[[], RenderableType] | None, enabled: bool, every_s: float
+) -> Iterator[Any]:
+    """A progress bar, under the live dashboard when the bench launched the server in a
+    terminal; without a terminal, a progress line every few seconds."""
     if not enabled:
         yield None
+        return
+    if not console.is_terminal:
+        with LineProgress(console, every_s) as lines:
+            yield lines
         return
     progress = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -96,7 +149,7 @@ def _dashboard_of(listening: Any) -> Callable[[], RenderableType] | None:
 
 
 async def _drive(
-    config: BenchConfig, base_url: str, progress: Progress | None
+    config: BenchConfig, base_url: str, progress: Any
 ) -> tuple[list[RequestRecord], float]:
     audio = [Path(config.audio_file).read_bytes()] if config.audio_file else spoken_samples()
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
@@ -136,6 +189,15 @@ async def _drive(
         return records, duration
 
 
+def check_reachable(url: str, timeout_s: float = 5.0) -> None:
+    """Fail at once, in one line, when nothing answers at ``url`` (not after a report of zeros)."""
+    try:
+        httpx.get(url.rstrip("/") + "/health", timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        reason = str(exc) or type(exc).__name__
+        raise BenchError(f"cannot reach {url}: {reason} (is `omnictl serve` running there?)") from exc
+
+
 def _server_run_dir(base_url: str) -> Path | None:
     """The server's trace directory, when it is on this machine (its /health says where)."""
     try:
@@ -159,8 +221,12 @@ def _breakdown(config: BenchConfig, base_url: str, run_dir: Path | None, records
     return breakdown.from_metrics(response.text)
 
 
-def run_bench(config: BenchConfig, console: Console | None = None, show_progress: bool = True) -> dict[str, Any]:
-    """Run the bench and return its result document (see :func:`omnictl.bench.report.build_result`)."""
+def run_bench(
+    config: BenchConfig, console: Console | None = None, show_progress: bool = True, progress_every_s: float = 5.0
+) -> dict[str, Any]:
+    """Run the bench and return its result document (see :func:`omnictl.bench.report.build_result`).
+
+    ``progress_every_s``: how often a progress line is printed when ``console`` is not a terminal."""
     from omnictl.serving.background import BackgroundServer
     from omnictl.serving.server import ServeOptions
 
@@ -170,6 +236,7 @@ def run_bench(config: BenchConfig, console: Console | None = None, show_progress
         run_dir = Path(config.run_dir) if config.run_dir else None
         dashboard = None
         if config.url is not None:
+            check_reachable(config.url)
             base_url, target = config.url, config.url
         else:
             options = ServeOptions(
@@ -181,11 +248,13 @@ def run_bench(config: BenchConfig, console: Console | None = None, show_progress
             base_url, target = listening.url, config.topology or "embedded voice assistant"
             run_dir = run_dir or _pipeline_run_dir(listening.pipeline)
             dashboard = _dashboard_of(listening)
-        with _display(console, dashboard, show_progress) as progress:
+            if run_dir is not None:
+                console.print(f"traces in {run_dir}", soft_wrap=True, highlight=False)
+        with _display(console, dashboard, show_progress, progress_every_s) as progress:
             records, duration = asyncio.run(_drive(config, base_url, progress))
         found = _breakdown(config, base_url, run_dir, records)
     settings = {k: v for k, v in asdict(config).items() if k != "api_key"}
-    return build_result({**settings, "target": target, "base_url": base_url}, records, duration, found)
+    return build_result({**settings, "target": target}, records, duration, found)
 
 
 def _pipeline_run_dir(pipeline: Any) -> Path | None:

@@ -42,7 +42,8 @@ def serve_command(
         pipe = listening.pipeline
         topo = pipe.topology
         console.print(ready_message(listening.url, listening.state.model_name, topo.terminals,
-                                    len(topo.stages), len(topo.processes), api_key), soft_wrap=True)
+                                    len(topo.stages), len(topo.processes), api_key,
+                                    str(pipe.run_dir) if pipe.run_dir is not None else None), soft_wrap=True)
         if pipe.profile is not None:
             import asyncio
 

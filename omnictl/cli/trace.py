@@ -23,7 +23,7 @@ class TraceFormat(str, enum.Enum):
 
 def trace(
     request_id: Optional[str] = typer.Argument(None, metavar="REQUEST_ID", help="The request to show (list ids with --last N or --slowest N)."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", metavar="DIR", help="Run directory (default: the latest run)."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", metavar="DIR", help="Run directory (default: for REQUEST_ID, the newest run that recorded it; for --last / --slowest, the latest run)."),
     output_format: TraceFormat = typer.Option(TraceFormat.text, "--format", help="text: a waterfall; json: events and spans."),
     export_chrome: Optional[Path] = typer.Option(None, "--export-chrome", metavar="FILE", help="Also write Chrome/Perfetto trace JSON to FILE."),
     last: Optional[int] = typer.Option(None, "--last", min=1, metavar="N", help="List the N most recent request ids."),
@@ -33,11 +33,23 @@ def trace(
     # Imported here so `omnictl --help` stays instant.
     from rich.console import Console
 
-    from omnictl.profiling.store import TraceError, TraceStore, resolve_run_dir
+    from omnictl.profiling.store import TraceError, TraceStore, default_runs, find_request, resolve_run_dir
 
     console = Console(highlight=False)
     if (last is not None) + (slowest is not None) + (request_id is not None) != 1:
         raise typer.BadParameter("give exactly one of REQUEST_ID, --last N, --slowest N")
+    if request_id is not None and run_dir is None:
+        runs = default_runs()
+        found = find_request(request_id, runs)
+        if found is None:
+            _fail(
+                f"no events for request {request_id!r} in the {len(runs)} recent run(s) under "
+                f"{runs[0].parent if runs else 'the state directory'}. List recorded ids with "
+                "`omnictl trace --last 20`, or pass the server's --run-dir DIR (serve prints it)."
+            )
+        directory, events = found
+        _show(console, request_id, events, output_format, export_chrome, directory)
+        return
     try:
         directory = resolve_run_dir(run_dir)
     except TraceError as error:
@@ -50,10 +62,9 @@ def trace(
     if not events:
         _fail(
             f"no events for request {request_id!r} in {directory}. "
-            "List recorded ids with `omnictl trace --last 20` (or `--slowest 20`)"
-            + ("" if run_dir is None else f" and `--run-dir {run_dir}`") + ".",
+            f"List recorded ids with `omnictl trace --last 20 --run-dir {run_dir}` (or `--slowest 20`).",
         )
-    _show(console, request_id, events, output_format, export_chrome)
+    _show(console, request_id, events, output_format, export_chrome, directory)
 
 
 def _show(
@@ -62,6 +73,7 @@ def _show(
     events: "list[Event]",
     output_format: TraceFormat,
     export_chrome: Path | None,
+    directory: Path,
 ) -> None:
     from omnictl.profiling.chrome import to_chrome
     from omnictl.profiling.spans import build_trace
@@ -71,6 +83,7 @@ def _show(
     if output_format is TraceFormat.json:
         typer.echo(json.dumps(trace_to_json(trace_), indent=2, ensure_ascii=False))
     else:
+        console.print(f"run {directory}", soft_wrap=True)
         console.print(render_waterfall(trace_, width=min(console.width, 120)), soft_wrap=True)
     if export_chrome is not None:
         export_chrome.write_text(json.dumps(to_chrome(trace_)), encoding="utf-8")

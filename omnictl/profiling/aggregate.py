@@ -48,6 +48,8 @@ _INSIDE_STAGE = {
     EventKind.PREFILL_END,
     EventKind.FIRST_EMIT,
     EventKind.DECODE_TOKEN,
+    EventKind.COMPUTE_START,
+    EventKind.COMPUTE_END,
 }
 
 Edge = tuple[str, str, str]

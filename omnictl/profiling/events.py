@@ -28,6 +28,10 @@ class EventKind(str, enum.Enum):
     FIRST_EMIT = "first_emit"  # first stream chunk or result left the scheduler
     DECODE_STEPS = "decode_steps"  # aggregated: meta steps, seconds
     DECODE_TOKEN = "decode_token"  # one per token, only when asked for
+    # A phase of work the scheduler names itself (meta: phase), e.g. a TTS's "synthesis":
+    # what it does that is neither build, prefill nor decode.
+    COMPUTE_START = "compute_start"
+    COMPUTE_END = "compute_end"
     STREAM_SENT = "stream_sent"  # meta: target, seq, bytes, transport
     STREAM_RECEIVED = "stream_received"  # meta: source, seq
     HOP_SENT = "hop_sent"  # meta: target, bytes, transport
@@ -61,6 +65,8 @@ STAGE_KINDS = frozenset(
         EventKind.FIRST_EMIT,
         EventKind.DECODE_STEPS,
         EventKind.DECODE_TOKEN,
+        EventKind.COMPUTE_START,
+        EventKind.COMPUTE_END,
         EventKind.STREAM_SENT,
         EventKind.HOP_SENT,
         EventKind.STAGE_DONE,

@@ -56,17 +56,42 @@ def default_run_dir(keep: int = 10) -> Path:
     """Create ``<state dir>/runs/<YYYYmmdd-HHMMSS-pid>`` and point ``latest`` at it.
 
     Only the newest ``keep`` default runs are kept (each is bounded by the store's
-    rotation), so serving day after day does not fill the disk.
+    rotation), so serving day after day does not fill the disk; the run of a process
+    that is still alive is never removed, however old.
     """
     root = runs_root()
     run_dir = root / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     run_dir.mkdir(parents=True, exist_ok=True)
     mark_latest(run_dir)
-    runs = sorted(path for path in root.iterdir() if _RUN_NAME.fullmatch(path.name) and path.is_dir())
-    for old in runs[: max(0, len(runs) - keep)]:
-        if old != run_dir:
+    runs = default_runs()
+    for old in runs[keep:]:
+        if old != run_dir and not _alive(_run_pid(old)):
             shutil.rmtree(old, ignore_errors=True)
     return run_dir
+
+
+def default_runs() -> list[Path]:
+    """The default run directories, newest first."""
+    root = runs_root()
+    if not root.is_dir():
+        return []
+    runs = [path for path in root.iterdir() if _RUN_NAME.fullmatch(path.name) and path.is_dir()]
+    # by start time, then pid: the name sorts as a string only while pids have equal length
+    return sorted(runs, key=lambda path: (path.name.rsplit("-", 1)[0], _run_pid(path)), reverse=True)
+
+
+def _run_pid(run_dir: Path) -> int:
+    return int(run_dir.name.rsplit("-", 1)[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
 
 
 def mark_latest(run_dir: Path) -> None:

@@ -1,7 +1,8 @@
 """Derive one request's spans from its events.
 
 Spans: the request (admitted → completed / failed / aborted); per stage the whole stage,
-fan-in wait, unpack (hop received → input rebuilt), queue, build, prefill, decode; per
+fan-in wait, unpack (hop received → input rebuilt), queue, build, prefill, decode, and the
+phases a scheduler names itself (kind ``compute``, named by the phase); per
 edge the hops (sent → received, matched by source and target, stream chunks also by
 ``seq``); zero-length marks (first text, first audio, first emit, terminal complete,
 failure).
@@ -30,6 +31,7 @@ _PAIRS = (
 _QUEUE_EXITS = {
     EventKind.BUILD_START,
     EventKind.PREFILL_START,
+    EventKind.COMPUTE_START,
     EventKind.FIRST_EMIT,
     EventKind.DECODE_STEPS,
     EventKind.STAGE_DONE,
@@ -150,6 +152,24 @@ def _stage_spans(stage: str, events: list[Event]) -> list[Span]:
     decode = _decode_span(events, span)
     if decode is not None:
         spans.append(decode)
+    spans.extend(_compute_spans(stage, process, events, end))
+    return spans
+
+
+def _compute_spans(stage: str, process: str, events: list[Event], end: int) -> list[Span]:
+    """The scheduler's named phases: kind "compute", named by the phase (e.g. "synthesis")."""
+    opened: dict[str, deque[Event]] = defaultdict(deque)
+    spans = []
+    for event in events:
+        phase = str(event.meta.get("phase", "compute"))
+        if event.kind is EventKind.COMPUTE_START:
+            opened[phase].append(event)
+        elif event.kind is EventKind.COMPUTE_END and opened[phase]:
+            begin = opened[phase].popleft().ts
+            spans.append(Span(phase, stage, process, begin, max(begin, event.ts), "compute", {"phase": phase}))
+    for phase, starts in opened.items():
+        spans.extend(Span(phase, stage, process, e.ts, max(e.ts, end), "compute", {"phase": phase, "open": True})
+                     for e in starts)
     return spans
 
 

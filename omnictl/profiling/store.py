@@ -23,6 +23,7 @@ from omnictl.profiling.rundir import (  # re-exported: the store's public API
     RunInfo,
     TraceError,
     default_run_dir,
+    default_runs,
     read_run_info,
     resolve_run_dir,
     write_run_info,
@@ -34,6 +35,8 @@ __all__ = [
     "TraceError",
     "TraceStore",
     "default_run_dir",
+    "default_runs",
+    "find_request",
     "read_run_info",
     "resolve_run_dir",
     "write_run_info",
@@ -185,6 +188,19 @@ class TraceStore:
             finished.sort(key=lambda s: s.end_ns - s.start_ns, reverse=True)  # type: ignore[operator]
             return finished[: max(0, slowest)]
         return summaries
+
+
+def find_request(request_id: str, runs: Sequence[Path] | None = None) -> tuple[Path, list[Event]] | None:
+    """The newest run (of ``runs``, default: the default runs) that recorded ``request_id``.
+
+    ``runs/latest`` is whichever program started last, maybe not the server that answered
+    the request; an id names its run by itself.
+    """
+    for run_dir in default_runs() if runs is None else runs:
+        events = TraceStore(run_dir).events(request_id)
+        if events:
+            return run_dir, events
+    return None
 
 
 def _segment_number(path: Path) -> int:

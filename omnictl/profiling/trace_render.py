@@ -30,12 +30,14 @@ SEGMENTS: dict[str, tuple[str, str]] = {
     "build": ("b", "cyan"),
     "prefill": ("P", "blue"),
     "decode": ("=", "green"),
+    "compute": ("#", "bold green"),  # a phase the scheduler named (its name is listed below)
 }
 ARRIVAL = (">", "bold magenta")  # a hop (or the first stream chunk) arrived at this stage
 MARKS = {"first_text": ("T", "bold green"), "first_audio": ("A", "bold yellow"), "failed": ("X", "bold red")}
 LEGEND = (
     "legend: > hop arrival  u unpack  ~ fan-in wait  : queue  b build  P prefill",
-    "        = decode  - other time at stage  T first text  A first audio  X failed",
+    "        = decode  # named phase  - other time at stage  T first text",
+    "        A first audio  X failed",
 )
 
 
@@ -51,6 +53,7 @@ def render_waterfall(trace: RequestTrace, width: int = 80) -> Text:
     for stage in trace.stages:
         out.append_text(_stage_row(trace, stage, axis))
     out.append_text(_marks_line(trace, width))
+    out.append_text(_phases_line(trace, width))
     out.append_text(_hops_table(trace, width))
     for line in LEGEND:
         out.append(_fit(line, width) + "\n", style="dim")
@@ -100,12 +103,25 @@ def _marks_line(trace: RequestTrace, width: int) -> Text:
     return Text(_fit("marks: " + ("; ".join(parts) or "none"), width) + "\n")
 
 
+def _phases_line(trace: RequestTrace, width: int) -> Text:
+    """The phases schedulers named (painted ``#``), with their total time per stage."""
+    totals: dict[tuple[str, str], int] = defaultdict(int)
+    for span in trace.of_kind("compute"):
+        totals[(span.name, span.stage or "?")] += span.duration_ns
+    if not totals:
+        return Text("")
+    parts = [f"{name} at {stage} {format_seconds(ns / 1e9)}" for (name, stage), ns in totals.items()]
+    return Text(_fit("phases (#): " + "; ".join(parts), width) + "\n")
+
+
 def _hops_table(trace: RequestTrace, width: int) -> Text:
-    """One line per edge: data hops one by one, stream chunks summarised."""
+    """One line per edge: data hops one by one, stream chunks summarised; columns sized to
+    their widest cell, so they line up whatever the names and figures."""
     groups: dict[tuple[str, str], list[Span]] = defaultdict(list)
     for span in trace.of_kind("hop", "stream"):
         groups[(span.kind, span.name)].append(span)
     out = Text("hops:\n" if groups else "hops: none recorded\n")
+    rows = []
     for (kind, name), spans in groups.items():
         latencies = sorted(s.duration_ns for s in spans if s.meta.get("received", True))
         transport = str(spans[0].meta.get("transport", "?"))
@@ -118,7 +134,15 @@ def _hops_table(trace: RequestTrace, width: int) -> Text:
         else:
             latency = format_seconds(latencies[0] / 1e9)
         label = f"{name} ({kind})" if kind == "stream" else name
-        out.append(_fit(f"  {_fit(label, 34):<34} {transport:<8} {latency:>20} {size:>9}", width) + "\n")
+        rows.append((label, transport, latency, size))
+    if not rows:
+        return out
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    # Figures keep their full width; only the edge label gives way on a narrow screen.
+    widths[0] = max(8, min(widths[0], width - 2 - sum(widths[1:]) - 3))
+    for label, transport, latency, size in rows:
+        line = f"  {_fit(label, widths[0]):<{widths[0]}} {transport:<{widths[1]}} {latency:>{widths[2]}} {size:>{widths[3]}}"
+        out.append(line + "\n")
     return out
 
 

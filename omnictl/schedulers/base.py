@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import enum
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from omnictl.profiling.events import EventKind, MetaValue, NullProfiler, Profiler
 
@@ -71,6 +72,16 @@ class Scheduler(ABC):
     def profile(self, kind: EventKind, request_id: str, **meta: MetaValue) -> None:
         """Record a profiling event for this stage (build, prefill, decode steps...)."""
         self.profiler.record(kind, request_id, self.stage_name, **meta)
+
+    @contextmanager
+    def computing(self, request_id: str, phase: str) -> Iterator[None]:
+        """Time the block as this stage's compute phase ``phase`` (e.g. "synthesis"): the
+        trace waterfall and the bench's breakdown show it by that name."""
+        self.profile(EventKind.COMPUTE_START, request_id, phase=phase)
+        try:
+            yield
+        finally:
+            self.profile(EventKind.COMPUTE_END, request_id, phase=phase)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()

@@ -56,3 +56,32 @@ def test_no_profiler_means_no_stage_series() -> None:
     text = ServerMetrics().exposition().decode()
     assert "omnictl_stage_latency_seconds" not in text
     assert from_metrics(text) == {"source": "metrics", "stages": {}, "edges": {}}
+
+
+def test_a_named_phase_is_a_part_and_the_parts_cover_the_stage(tmp_path: Path) -> None:
+    from omnictl.profiling.events import Event, EventKind
+    from omnictl.schedulers.simple import SimpleScheduler
+
+    recorded: list[Event] = []
+
+    class Recorder:
+        def record(self, kind: EventKind, request_id: str, stage: str | None = None, **meta: object) -> None:
+            recorded.append(Event(kind, request_id, stage, "p", time.time_ns(), meta))  # type: ignore[arg-type]
+
+    scheduler = SimpleScheduler(lambda data: data)
+    scheduler.profiler, scheduler.stage_name = Recorder(), "tts"
+    ms = 1_000_000
+    recorded.append(Event(EventKind.ADMITTED, "r", None, "coordinator", time.time_ns()))
+    recorded.append(Event(EventKind.QUEUE_ENTER, "r", "tts", "p", time.time_ns()))
+    with scheduler.computing("r", "synthesis"):
+        time.sleep(0.03)
+    time.sleep(0.01)
+    recorded.append(Event(EventKind.STAGE_DONE, "r", "tts", "p", time.time_ns()))
+    recorded.append(Event(EventKind.COMPLETED, "r", None, "coordinator", time.time_ns() + ms))
+    store = TraceStore(tmp_path)
+    store.append(recorded)
+    store.close()
+    stage = from_trace_store(tmp_path, ["r"], wait_s=0)["stages"]["tts"]
+    assert stage["parts"]["synthesis"] >= 0.03
+    assert stage["parts"]["other"] >= 0.009
+    assert sum(stage["parts"].values()) == pytest.approx(stage["mean"])

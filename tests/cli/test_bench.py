@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Iterator
 
@@ -50,6 +51,16 @@ def test_compare_with_a_file_that_is_not_a_result_fails_first(tmp_path: Path) ->
     bogus.write_text('{"hello": 1}')
     code, output = bench("--url", "http://127.0.0.1:9", "--compare", str(bogus))
     assert code == 2 and "not an omnictl bench result" in output
+
+
+def test_a_dead_url_fails_at_once_in_one_line() -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code, output = bench("--url", f"http://127.0.0.1:{port}", "-n", "3", "--warmup", "0", "--no-progress")
+    assert code == 2
+    assert output.strip().count("\n") == 0, output
+    assert output.startswith(f"error: cannot reach http://127.0.0.1:{port}")
 
 
 def test_a_server_that_rejects_every_request_is_reported(server: ServerProcess) -> None:

@@ -89,7 +89,7 @@ def load():
 '''
 
 
-def test_loading_prints_one_line_per_stage_and_no_progress_bars(tmp_path: Path) -> None:
+def test_loading_prints_one_line_per_stage_no_progress_bars_and_the_run_directory(tmp_path: Path) -> None:
     (tmp_path / "loading_stage.py").write_text(LOADING_STAGE)
     topology = tmp_path / "loading.yaml"
     topology.write_text("name: loading\nstages:\n"
@@ -104,3 +104,5 @@ def test_loading_prints_one_line_per_stage_and_no_progress_bars(tmp_path: Path) 
     assert "Loading weights" not in text
     assert re.search(r"stage 'first' loaded in \d+\.\d s \(process first\)", text)
     assert re.search(r"stage 'second' loaded in \d+\.\d s \(process other\)", text)
+    traces = re.search(r"traces in (\S+)", text)
+    assert traces and (Path(traces.group(1)) / "run.json").is_file(), text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,8 @@ from typer.testing import CliRunner
 
 from omnictl.cli.trace import register
 from omnictl.profiling.events import Event, EventKind
-from omnictl.profiling.store import TraceStore, default_run_dir, write_run_info
+from omnictl.profiling.rundir import runs_root
+from omnictl.profiling.store import TraceStore, default_run_dir, default_runs, write_run_info
 from omnictl.profiling.synthetic import qwen_omni_topology, synthetic_request
 
 MS = 1_000_000
@@ -50,7 +52,8 @@ def test_text_waterfall(run_dir: Path) -> None:
     result = _run("req-1", "--run-dir", str(run_dir))
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0].startswith("request req-1  completed")
+    assert lines[0] == f"run {run_dir}"
+    assert lines[1].startswith("request req-1  completed")
     assert max(len(line) for line in lines) <= 80
     for stage in qwen_omni_topology().stages:
         assert any(line.startswith(stage) for line in lines), stage
@@ -109,6 +112,45 @@ def test_latest_run_is_the_default(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     store.close()
     result = _run("--last", "5")
     assert result.exit_code == 0 and "only-one" in result.output
+
+
+def _dead_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def test_an_id_is_found_in_the_newest_run_that_recorded_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    root = runs_root()
+    older, newer = root / f"20260101-080000-{_dead_pid()}", root / f"20260101-090000-{_dead_pid()}"
+    for directory, ids in ((older, ["only-old", "both"]), (newer, ["both"])):
+        store = TraceStore(directory)
+        for request_id in ids:
+            store.append(synthetic_request(request_id, work_ms=1.0 if directory == older else 3.0))
+        store.close()
+    store = TraceStore(default_run_dir())  # another program started since: `latest` points at it
+    store.append(synthetic_request("someone-else"))
+    store.close()
+    result = _run("only-old")
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0] == f"run {older}"
+    assert _run("both").output.splitlines()[0] == f"run {newer}"
+    missing = _run("nope")
+    assert missing.exit_code == 1 and "3 recent run(s)" in missing.output and "--run-dir" in missing.output
+
+
+def test_runs_of_live_processes_are_never_pruned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    root = runs_root()
+    alive = root / f"20200101-000000-{os.getpid()}"  # the oldest, but its server still runs
+    dead = [root / f"2021010{day}-000000-{_dead_pid()}" for day in range(1, 5)]
+    for directory in (alive, *dead):
+        directory.mkdir(parents=True)
+    current = default_run_dir(keep=2)
+    left = set(default_runs())
+    assert alive in left and current in left and dead[-1] in left
+    assert not (set(dead[:-1]) & left), "older runs of exited processes are pruned"
 
 
 def test_importing_the_command_stays_light() -> None:

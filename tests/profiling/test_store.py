@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import msgspec
@@ -101,10 +102,12 @@ def test_only_the_newest_default_runs_are_kept(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     root = tmp_path / "state" / "omnictl" / "runs"
     root.mkdir(parents=True)
+    exited = subprocess.Popen(["true"])
+    exited.wait()  # runs of a process that exited may go
     for day in range(1, 6):
-        (root / f"2020010{day}-120000-1").mkdir()
+        (root / f"2020010{day}-120000-{exited.pid}").mkdir()
     (root / "my-notes").mkdir()  # not a default run: never touched
     newest = default_run_dir(keep=3)
     assert sorted(p.name for p in root.iterdir() if p.name != "latest") == sorted(
-        ["20200104-120000-1", "20200105-120000-1", newest.name, "my-notes"]
+        [f"20200104-120000-{exited.pid}", f"20200105-120000-{exited.pid}", newest.name, "my-notes"]
     )

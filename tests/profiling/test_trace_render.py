@@ -93,3 +93,34 @@ def test_a_failed_request_shows_where_it_failed() -> None:
     assert _bar(text, "request").endswith("X")
     assert "failed at thinker +12.00 ms" in text
     assert not any(line.startswith("code2wav") for line in text.splitlines()), "stages it never reached have no row"
+
+
+def test_hop_columns_line_up_whatever_the_figures() -> None:
+    text = _text(synthetic_request("req-1", TOPOLOGY, start_ns=1000 * MS, chunks=12), width=100)
+    lines = text.splitlines()
+    start = lines.index("hops:")
+    hops = [line for line in lines[start + 1:] if line.startswith("  ") and "→" in line]
+    assert any("12 chunks, max" in line for line in hops)
+    transports = {next(i for i, _ in enumerate(line) if line[i:].startswith(("relay", "inproc", "shm", "cuda_ipc")))
+                  for line in hops}
+    assert len(transports) == 1, "the transport column starts at one place"
+    assert len({len(line) for line in hops}) == 1, "the right-aligned figures end at one place"
+
+
+def test_a_named_compute_phase_is_painted_and_listed() -> None:
+    events = [
+        Event(EventKind.ADMITTED, "req-1", None, "coordinator", 0),
+        Event(EventKind.QUEUE_ENTER, "req-1", "tts", "p", 0),
+        Event(EventKind.COMPUTE_START, "req-1", "tts", "p", 10 * MS, {"phase": "synthesis"}),
+        Event(EventKind.COMPUTE_END, "req-1", "tts", "p", 40 * MS, {"phase": "synthesis"}),
+        Event(EventKind.COMPUTE_START, "req-1", "tts", "p", 50 * MS, {"phase": "synthesis"}),
+        Event(EventKind.COMPUTE_END, "req-1", "tts", "p", 90 * MS, {"phase": "synthesis"}),
+        Event(EventKind.STAGE_DONE, "req-1", "tts", "p", 100 * MS),
+        Event(EventKind.COMPLETED, "req-1", None, "coordinator", 100 * MS),
+    ]
+    text = _text(events)
+    bar = _bar(text, "tts")
+    assert bar.count("#") >= 0.6 * len(bar), bar  # 70 of the 100 ms
+    assert "phases (#): synthesis at tts 70.00 ms" in text
+    spans = [s for s in build_trace("req-1", events).spans if s.kind == "compute"]
+    assert [(s.name, s.duration_ns) for s in spans] == [("synthesis", 30 * MS), ("synthesis", 40 * MS)]

@@ -123,7 +123,8 @@ class SentenceSpeechScheduler(TextStreamFollower):
                 continue
             try:
                 speaker = self.speaker(speech.voice)
-                audio = await asyncio.to_thread(speaker.synthesize, sentence)
+                with self.computing(request_id, "synthesis"):
+                    audio = await asyncio.to_thread(speaker.synthesize, sentence)
             except Exception as exc:  # noqa: BLE001 - a synthesis error fails this request only
                 self._speech.pop(request_id, None)
                 self.fail(request_id, f"speaking {sentence!r} failed: {describe_error(exc)}")
