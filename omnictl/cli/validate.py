@@ -50,7 +50,8 @@ def outcome_json(outcome: Outcome) -> dict[str, object]:
     if isinstance(outcome, ValidationReport):
         return outcome.to_json()
     error = {"rule": "read", "stage": None, "field": None, "line": None, "column": None,
-             "message": f"cannot read topology file: {outcome.reason}", "hint": None}
+             "message": f"cannot read topology file: {outcome.reason}", "hint": None,
+             "follows_from": None}
     return {"file": outcome.path, "valid": False, "errors": [error], "derived": None}
 
 
@@ -107,8 +108,10 @@ def render_text(outcomes: list[Outcome], console: Console) -> None:
         else:
             for issue in outcome.issues:
                 console.print(issue.format(), markup=False, highlight=False)
+            follow = sum(1 for issue in outcome.issues if issue.follows_from)
+            detail = f"; {follow} follow(s) from the others" if follow else ""
             console.print(Text.assemble((f"{outcome.file}: ", "bold"), ("invalid", "red bold"),
-                                        f" ({len(outcome.issues)} problem(s))"))
+                                        f" ({len(outcome.issues)} problem(s){detail})"))
     if len(outcomes) > 1:
         valid = sum(1 for o in outcomes if isinstance(o, ValidationReport) and o.valid)
         unreadable = sum(1 for o in outcomes if isinstance(o, TopologyReadError))

@@ -16,10 +16,14 @@ class Issue:
     stage: str | None = None
     field: str | None = None
     hint: str | None = None
+    # "<rule> at <line>:<col>" of the root cause this problem only follows from
+    follows_from: str | None = None
 
     def format(self) -> str:
         """Compiler-style text: ``file:line:col: rule: message`` then the hint."""
         text = f"{self.file}:{self.line}:{self.column}: {self.rule}: {self.message}"
+        if self.follows_from:
+            text += f"\n  follows from {self.follows_from}: fixing that fixes this"
         if self.hint:
             text += f"\n  hint: {self.hint}"
         return text

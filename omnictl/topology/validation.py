@@ -15,7 +15,8 @@ from omnictl.topology.imports import import_path, topology_dir
 from omnictl.topology.issues import Issue
 from omnictl.topology.model import RelayKnobs, StageSpec, Topology
 from omnictl.topology.raw import RawStage, Reporter, read_stages
-from omnictl.topology.schema import check_schema
+from omnictl.topology.causes import order_by_cause
+from omnictl.topology.schema import check_schema, load_schema
 from omnictl.topology.yamlnodes import Document, parse
 
 __all__ = ["TopologyReadError", "ValidationReport", "load", "loads", "validate", "validate_text"]
@@ -114,7 +115,8 @@ def validate_text(text: str, filename: str = "<string>", *,
         stages = read_stages(doc)
         if isinstance(doc.data, dict) and isinstance(doc.data.get("stages"), list):
             issues += _graph_issues(doc, stages, check_imports)  # else: the schema said why
-    issues.sort(key=lambda i: (i.line, i.column))
+    stage_fields = list(load_schema()["$defs"]["stage"]["properties"])
+    issues = order_by_cause(doc, issues, stage_fields, lambda d: _graph_issues(d, read_stages(d), False))
     report = ValidationReport(file=filename, issues=issues)
     if report.valid:
         data = doc.data

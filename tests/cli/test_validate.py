@@ -153,3 +153,20 @@ def test_the_cli_and_validate_do_not_import_torch_or_transformers() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=REPO, check=True, timeout=60)
     assert result.stdout.strip() == "[]", result.stderr
+
+
+def test_root_causes_lead_and_consequences_say_what_they_follow_from(app: typer.Typer, tmp_path: Path) -> None:
+    path = tmp_path / "typos.yaml"
+    path.write_text("stages:\n"
+                    "  - {name: prep, factory: m.p, next: [answr]}\n"
+                    "  - {name: answer, factory: m.a, nxt: [voice]}\n"
+                    "  - {name: voice, factory: m.v, terminal: true}\n")
+    result = invoke(app, str(path))
+    assert result.exit_code == 1
+    problems = [line for line in result.output.splitlines() if line.startswith(str(path) + ":")]
+    assert problems[0].split(": ")[1] == "unknown-stage" and problems[1].split(": ")[1] == "schema"
+    assert "follows from unknown-stage at 2:" in result.output
+    assert "follow(s) from the others)" in problems[-1]
+    data = json.loads(invoke(app, str(path), "--format", "json").output)
+    assert [e["follows_from"] is None for e in data["errors"]][:2] == [True, True]
+    assert any(e["follows_from"] for e in data["errors"])

@@ -131,7 +131,7 @@ def test_report_json_shape() -> None:
     bad = validate_text("stages: 3\n", "b.yaml").to_json()
     assert bad["valid"] is False and bad["derived"] is None
     assert set(bad["errors"][0]) == {"rule", "stage", "field", "line", "column", "message",
-                                     "hint"}
+                                     "hint", "follows_from"}
 
 
 MANY_MISTAKES = """\
@@ -163,16 +163,16 @@ stages:
 def test_a_file_with_many_mistakes_gets_all_of_them_at_the_right_lines() -> None:
     report = validate_text(MANY_MISTAKES, "many.yaml")
     found = [(i.rule, i.line) for i in report.issues]
-    assert found == [
+    assert found == [  # root causes first, each part in file order
         ("unknown-stage", 5),  # thinkr
+        ("duplicate-key", 20),  # factory twice
+        ("schema", 21),  # relay.transport
+        ("self-reference", 22),  # decode -> decode
         ("tp-size", 9),  # tp_size 4 vs two GPUs
         ("process-placement", 10),  # tensor-parallel encoder shares `shared`
         ("fan-in-pair", 15),  # wait_for without merge_fn
         ("routing-mode", 17),  # terminal with next
         ("dead-end", 18),  # decode only leads to itself: never a terminal
-        ("duplicate-key", 20),  # factory twice
-        ("schema", 21),  # relay.transport
-        ("self-reference", 22),  # decode -> decode
     ]
     assert not report.valid and report.topology is None
 
@@ -214,3 +214,65 @@ def test_arbitrary_structures_never_crash_the_validator(data: object) -> None:
         assert report.topology.entry in report.topology.stages
         assert set(report.topology.terminals) <= set(report.topology.stages)
     report.to_json()  # always serialisable into the CLI's shape
+
+
+TWO_TYPOS = """\
+name: typos
+stages:
+  - name: prep
+    factory: app.prep
+    next: [answr, speak]
+  - name: answer
+    factory: app.answer
+    terminal: true
+  - name: speak
+    factory: app.speak
+    nxt: [voice]
+  - name: voice
+    factory: app.voice
+    terminal: true
+"""
+
+CYCLE = """\
+name: loop
+stages:
+  - name: a
+    factory: app.a
+    next: [b]
+  - name: b
+    factory: app.b
+    next: [c]
+  - name: c
+    factory: app.c
+    next: [b, d]
+  - name: d
+    factory: app.d
+    terminal: true
+"""
+
+
+def test_two_typos_come_first_and_what_follows_from_them_says_so() -> None:
+    issues = validate_text(TWO_TYPOS, "typos.yaml").issues
+    assert [(i.rule, i.line) for i in issues[:2]] == [("unknown-stage", 5), ("schema", 11)]
+    follow_ons = issues[2:]
+    assert follow_ons, "the typos leave stages without an incoming edge or a way to a terminal"
+    for issue in follow_ons:
+        assert issue.follows_from in ("unknown-stage at 5:12", "schema at 11:5"), issue
+        assert issue.hint is None, "advice for a consequence would send the user the wrong way"
+        assert "follows from" in issue.format()
+    assert {i.rule for i in follow_ons} <= {"entry", "unreachable", "dead-end", "routing-mode"}
+
+
+def test_a_cycle_comes_first_and_gets_no_wait_for_advice() -> None:
+    issues = validate_text(CYCLE, "loop.yaml").issues
+    assert issues[0].rule == "cycle"
+    fan_in = next(i for i in issues if i.rule == "fan-in-sources")
+    assert fan_in.follows_from == f"cycle at {issues[0].line}:{issues[0].column}"
+    assert fan_in.hint is None and "wait_for" not in fan_in.format().split("\n", 1)[-1]
+
+
+def test_independent_problems_are_not_marked() -> None:
+    text = TWO_TYPOS.replace("nxt: [voice]", "next: [voice]").replace("answr", "answer")
+    text += "  - name: lonely\n    factory: app.lonely\n    terminal: true\n"
+    issues = validate_text(text, "lonely.yaml").issues
+    assert issues and all(i.follows_from is None for i in issues)
