@@ -9,26 +9,26 @@ import typer
 
 
 def bench_command(
-    topology: Annotated[Optional[str], typer.Argument(help="Topology to launch; default: the embedded voice assistant.")] = None,
-    url: Annotated[Optional[str], typer.Option(help="Measure a running server instead (e.g. http://127.0.0.1:8000).")] = None,
-    concurrency: Annotated[Optional[int], typer.Option(help="Closed loop: requests kept in flight (default 1).")] = None,
-    rate: Annotated[Optional[float], typer.Option(help="Open loop: Poisson arrivals per second.")] = None,
-    num_requests: Annotated[int, typer.Option("--num-requests", "-n", help="Measured requests.")] = 20,
-    warmup: Annotated[int, typer.Option(help="Requests sent first and not measured.")] = 2,
-    input_kind: Annotated[str, typer.Option("--input", help="text, audio (a spoken question) or mixed.")] = "text",
-    modalities: Annotated[str, typer.Option(help="Outputs to ask for: text, audio or text,audio.")] = "text,audio",
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Answer length cap per request.")] = 64,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write every figure and each request's raw figures here.")] = None,
-    compare: Annotated[Optional[Path], typer.Option(help="An earlier --json result to print the differences against.")] = None,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="OMNICTL_API_KEY")] = None,
-    model_path: Annotated[Optional[str], typer.Option("--model-path")] = None,
-    device: Annotated[Optional[str], typer.Option(help="'cpu' drops the topology's GPU placement.")] = None,
-    run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="The server's run directory, for an exact per-stage breakdown.")] = None,
-    audio_file: Annotated[Optional[Path], typer.Option("--audio-file", help="WAV to send for --input audio.")] = None,
-    request_timeout: Annotated[float, typer.Option("--request-timeout")] = 300.0,
+    topology: Annotated[Optional[str], typer.Argument(metavar="TOPOLOGY", help="Topology to launch; default: the embedded voice assistant.")] = None,
+    url: Annotated[Optional[str], typer.Option(metavar="URL", help="Measure a running server instead (e.g. http://127.0.0.1:8000).")] = None,
+    concurrency: Annotated[Optional[int], typer.Option(metavar="N", help="Closed loop: requests kept in flight (default 1).")] = None,
+    rate: Annotated[Optional[float], typer.Option(metavar="PER_S", help="Open loop: Poisson arrivals per second.")] = None,
+    num_requests: Annotated[int, typer.Option("--num-requests", "-n", metavar="N", help="Measured requests.")] = 20,
+    warmup: Annotated[int, typer.Option(metavar="N", help="Requests sent first and not measured.")] = 2,
+    input_kind: Annotated[str, typer.Option("--input", metavar="KIND", help="text, audio (a spoken question) or mixed.")] = "text",
+    modalities: Annotated[str, typer.Option(metavar="LIST", help="Outputs to ask for: text, audio or text,audio.")] = "text,audio",
+    max_tokens: Annotated[int, typer.Option("--max-tokens", metavar="N", help="Answer length cap per request.")] = 64,
+    json_out: Annotated[Optional[Path], typer.Option("--json", metavar="FILE", help="Write every figure and each request's raw figures here (times in seconds).")] = None,
+    compare: Annotated[Optional[Path], typer.Option(metavar="FILE", help="An earlier --json result to print the differences against.")] = None,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="OMNICTL_API_KEY", metavar="KEY", help="Sent as 'Authorization: Bearer KEY'; also the key of a server the bench launches.")] = None,
+    model_path: Annotated[Optional[str], typer.Option("--model-path", metavar="DIR", help="Checkpoint directory for the topology the bench launches.")] = None,
+    device: Annotated[Optional[str], typer.Option(metavar="DEVICE", help="'cpu' drops the topology's GPU placement.")] = None,
+    run_dir: Annotated[Optional[Path], typer.Option("--run-dir", metavar="DIR", help="The server's run directory, for an exact per-stage breakdown.")] = None,
+    audio_file: Annotated[Optional[Path], typer.Option("--audio-file", metavar="WAV", help="WAV to send for --input audio.")] = None,
+    request_timeout: Annotated[float, typer.Option("--request-timeout", metavar="SECONDS", help="Seconds before a request counts as failed.")] = 300.0,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar or dashboard.")] = False,
 ) -> None:
-    """Measure TTFT, time to first audio, RTF, latency percentiles and throughput under load."""
+    """Measure TTFT, time to first audio, real-time factor (RTF, lower is better), latency percentiles and throughput under load."""
     import json
 
     from rich.console import Console
@@ -64,4 +64,6 @@ def bench_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("bench")(bench_command)
+    from omnictl.cli.help import command
+
+    command(app, "bench")(bench_command)

@@ -3,19 +3,36 @@ modules import heavy dependencies inside their command functions so `--help` sta
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
+
+from omnictl.cli.help import CONTEXT_SETTINGS, OmnictlGroup
 
 app = typer.Typer(
     name="omnictl",
     help="Serve multi-stage omni models from a declarative YAML topology.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
     pretty_exceptions_enable=False,
+    context_settings=CONTEXT_SETTINGS,
+    cls=OmnictlGroup,
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from omnictl import __version__
+
+        typer.echo(f"omnictl {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def main() -> None:
+def main(
+    version: Annotated[bool, typer.Option(
+        "--version", "-V", callback=_version, is_eager=True, help="Print omnictl's version and exit.")] = False,
+) -> None:
     """Serve multi-stage omni models from a declarative YAML topology."""
 
 

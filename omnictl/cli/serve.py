@@ -9,17 +9,17 @@ import typer
 
 
 def serve_command(
-    topology: Annotated[Optional[Path], typer.Argument(help="Topology YAML; default: the embedded CPU voice assistant.")] = None,
-    host: Annotated[str, typer.Option(help="Address to bind; 0.0.0.0 exposes the server to the network.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 8000,
-    model_path: Annotated[Optional[str], typer.Option("--model-path", help="Checkpoint directory passed to the stage factories.")] = None,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="OMNICTL_API_KEY", help="Require 'Authorization: Bearer KEY'.")] = None,
-    device: Annotated[Optional[str], typer.Option(help="'cpu' drops the topology's GPU placement.")] = None,
+    topology: Annotated[Optional[Path], typer.Argument(metavar="TOPOLOGY", help="Topology YAML; default: the embedded CPU voice assistant.")] = None,
+    host: Annotated[str, typer.Option(metavar="HOST", help="Address to bind; 0.0.0.0 exposes the server to the network.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(metavar="PORT", help="Port to listen on (0: any free port).")] = 8000,
+    model_path: Annotated[Optional[str], typer.Option("--model-path", metavar="DIR", help="Checkpoint directory passed to the stage factories.")] = None,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="OMNICTL_API_KEY", metavar="KEY", help="Require 'Authorization: Bearer KEY'.")] = None,
+    device: Annotated[Optional[str], typer.Option(metavar="DEVICE", help="'cpu' drops the topology's GPU placement.")] = None,
     no_dashboard: Annotated[bool, typer.Option("--no-dashboard", help="Print status lines instead of the live dashboard.")] = False,
-    run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="Where the profiler writes this run's traces.")] = None,
-    max_body_mb: Annotated[float, typer.Option("--max-body-mb", help="Largest request body accepted (413 above).")] = 32.0,
-    max_audio_mb: Annotated[float, typer.Option("--max-audio-mb", help="Largest decoded input audio part (413 above).")] = 16.0,
-    request_timeout: Annotated[float, typer.Option("--request-timeout", help="Seconds before a request fails.")] = 300.0,
+    run_dir: Annotated[Optional[Path], typer.Option("--run-dir", metavar="DIR", help="Where the profiler writes this run's traces.")] = None,
+    max_body_mb: Annotated[float, typer.Option("--max-body-mb", metavar="MB", help="Largest request body accepted (413 above).")] = 32.0,
+    max_audio_mb: Annotated[float, typer.Option("--max-audio-mb", metavar="MB", help="Largest decoded input audio part (413 above).")] = 16.0,
+    request_timeout: Annotated[float, typer.Option("--request-timeout", metavar="SECONDS", help="Seconds before a request fails.")] = 300.0,
 ) -> None:
     """Serve a topology over an OpenAI-compatible HTTP API (chat completions with text and audio)."""
     from rich.console import Console
@@ -72,4 +72,6 @@ def serve_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("serve")(serve_command)
+    from omnictl.cli.help import command
+
+    command(app, "serve")(serve_command)

@@ -123,5 +123,7 @@ def _fail(message: str) -> NoReturn:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("trace")(trace)
+    from omnictl.cli.help import command
+
+    command(app, "trace")(trace)
 

@@ -140,4 +140,6 @@ def validate_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("validate")(validate_command)
+    from omnictl.cli.help import command
+
+    command(app, "validate")(validate_command)
