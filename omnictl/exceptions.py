@@ -10,6 +10,10 @@ The tree separates "your input was wrong" from "this request failed" from
     │                            callable (also an ImportError: says which module, from where, why)
     ├── LaunchError              a stage process could not start (names the stage, shows its
     │                            traceback), or the topology asks for what the runtime lacks
+    ├── StartupError             a known reason not to start, in one line with a hint
+    │   ├── ListenError          the HTTP port is in use (or cannot be bound)
+    │   └── ModelPathError       no --model-path given, or it is not a checkpoint (also a
+    │                            FileNotFoundError)
     ├── InvalidRequest           the request's input is malformed (names the field / part)
     │   └── PayloadTooLarge      a body or input audio part exceeds the server's limits (413)
     ├── RequestError             one request did not produce a result; the pipeline is fine
@@ -88,6 +92,22 @@ class LaunchError(OmnictlError):
     def __init__(self, stage: str, message: str) -> None:
         self.stage = stage
         super().__init__(f"stage {stage!r} failed to start: {message}")
+
+
+class StartupError(OmnictlError):
+    """A known reason the server or a stage cannot start: one line; ``hint`` says what to do."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        self.hint = hint
+        super().__init__(f"{message} ({hint})" if hint else message)
+
+
+class ListenError(StartupError):
+    """The server cannot listen where it was asked to (the port is in use, say)."""
+
+
+class ModelPathError(StartupError, FileNotFoundError):
+    """A stage needs a checkpoint directory: none was given, or it is not one."""
 
 
 class InvalidRequest(OmnictlError):

@@ -53,7 +53,9 @@ def bench_command(
         )
         result = run_bench(config, console=errors, show_progress=not no_progress)
     except (OmnictlError, ValueError) as exc:  # BenchError, bad topology, launch failure, unreadable --compare
-        errors.print(f"[red]error:[/] {exc}")
+        from omnictl.cli.failures import report_failure
+
+        report_failure(errors, exc, "bench")
         raise typer.Exit(2) from exc
     print_result(result, console, previous)
     if json_out is not None:

@@ -63,7 +63,9 @@ def serve_command(
     try:
         serve(options, on_ready)
     except OmnictlError as exc:  # every deliberate error: bad topology, stage failed to start, port busy
-        errors.print(f"[red]error:[/] {exc}")
+        from omnictl.cli.failures import report_failure
+
+        report_failure(errors, exc, "serve")
         raise typer.Exit(1) from exc
     finally:
         for dashboard in dashboards:

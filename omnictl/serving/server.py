@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import signal
 import socket
 import threading
@@ -20,7 +21,7 @@ from typing import Any, Awaitable, Callable, Iterator
 import uvicorn
 
 from omnictl.data import DEFAULT_TOPOLOGY, data_path
-from omnictl.exceptions import LaunchError
+from omnictl.exceptions import LaunchError, ListenError
 from omnictl.serving.app import ServingState, create_app
 from omnictl.serving.protocol import Limits
 
@@ -56,7 +57,9 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise LaunchError("http", f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+        if exc.errno == errno.EADDRINUSE:
+            raise ListenError(f"port {port} is in use", hint="try --port 0") from exc
+        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock

@@ -23,7 +23,7 @@ import zmq
 import zmq.asyncio
 
 from omnictl import messages as m
-from omnictl.exceptions import ResolveError
+from omnictl.exceptions import ResolveError, StartupError
 from omnictl.profiling.events import EventKind, NullProfiler, Profiler
 from omnictl.schedulers.simple import describe_error
 from omnictl.stage.build import build_stage
@@ -137,7 +137,7 @@ class Worker:
             try:
                 stage = build_stage(spec, config.topology, config.model_path, self.ports, profiler)
                 await stage.start()
-            except ResolveError as exc:  # the message says which module, from where, and why
+            except (ResolveError, StartupError) as exc:  # one line: which module / option, and why
                 self.ports.send_control(m.LaunchFailed(config.process, name, str(exc)))
                 return False
             except BaseException:  # report any failure to build, with its traceback

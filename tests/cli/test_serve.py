@@ -46,7 +46,32 @@ def test_a_port_in_use_is_a_clear_error() -> None:
         port = busy.getsockname()[1]
         result = run_serve(str(FAST_TOPOLOGY), "--port", str(port), "--no-dashboard")
     assert result.returncode == 1
-    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert result.stderr.strip() == f"error: port {port} is in use (try --port 0)"
+
+
+def test_a_qwen_topology_without_model_path_is_one_line_naming_the_option() -> None:
+    result = run_serve(str(REPO / "topologies" / "qwen3-omni-text.yaml"), "--device", "cpu", "--port", "0",
+                       "--no-dashboard", timeout=300)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: stage ") and "--model-path DIR" in lines[0], lines
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_an_unforeseen_start_up_failure_is_one_line_and_the_traceback_goes_to_a_log(tmp_path: Path) -> None:
+    (tmp_path / "broken_stage.py").write_text("def make():\n    raise RuntimeError('no such device: npu7')\n")
+    topology = tmp_path / "broken.yaml"
+    topology.write_text("name: broken\nstages:\n  - {name: only, factory: broken_stage.make, terminal: true}\n")
+    result = subprocess.run([sys.executable, "-m", "omnictl.cli.main", "serve", str(topology), "--port", "0",
+                             "--no-dashboard"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "XDG_STATE_HOME": str(tmp_path / "state")})
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0] == "error: stage 'only' failed to start: its factory raised: RuntimeError: no such device: npu7"
+    log = Path(lines[1].split(" is in ", 1)[1])
+    assert log.is_file() and "Traceback" in log.read_text() and "broken_stage.py" in log.read_text()
+    assert "Traceback" not in result.stdout + result.stderr
 
 
 def test_a_missing_topology_is_a_clear_error(tmp_path: Path) -> None:

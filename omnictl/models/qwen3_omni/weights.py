@@ -21,6 +21,8 @@ from transformers import (
     Qwen3OmniMoeThinkerForConditionalGeneration,
 )
 
+from omnictl.exceptions import ModelPathError
+
 _cache: dict[tuple[str, str, str], Any] = {}
 _lock = threading.RLock()  # building one part may load another (the config)
 
@@ -35,12 +37,15 @@ class TalkerParts:
 def check_model_path(model_path: str | Path | None) -> Path:
     """``model_path`` as a Path, or a clear error when it is missing or not a checkpoint."""
     if model_path is None:
-        raise ValueError("Qwen3-Omni stages need model_path: a local checkpoint directory (nothing is downloaded)")
+        raise ModelPathError(
+            "Qwen3-Omni stages need a local checkpoint directory (nothing is downloaded)",
+            hint="pass --model-path DIR, or model_path= to Pipeline.launch",
+        )
     path = Path(model_path).expanduser()
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model_path {str(path)!r} is not a Qwen3-Omni checkpoint directory (no config.json); "
-            "write a tiny one with `python -m omnictl.models.qwen3_omni.tiny DIR`"
+        raise ModelPathError(
+            f"--model-path {str(path)!r} is not a Qwen3-Omni checkpoint directory (no config.json)",
+            hint="write a tiny one with `python -m omnictl.models.qwen3_omni.tiny DIR`",
         )
     return path
 
