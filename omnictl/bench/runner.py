@@ -149,7 +149,7 @@ def _dashboard_of(listening: Any) -> Callable[[], RenderableType] | None:
 
 
 async def _drive(
-    config: BenchConfig, base_url: str, progress: Any
+    config: BenchConfig, base_url: str, progress: Any, model: str
 ) -> tuple[list[RequestRecord], float]:
     audio = [Path(config.audio_file).read_bytes()] if config.audio_file else spoken_samples()
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
@@ -162,7 +162,8 @@ async def _drive(
 
         def sender(offset: int) -> Callable[[int], Any]:
             async def send(index: int) -> RequestRecord:
-                payload = build_payload(index + offset, config.input_kind, list(config.modalities), config.max_tokens, audio)
+                payload = build_payload(index + offset, config.input_kind, list(config.modalities), config.max_tokens,
+                                        audio, model)
                 record = RequestRecord(index=index, sent_at=time.perf_counter() - origin)
                 return await send_request(client, url, payload, record, headers)
 
@@ -189,13 +190,19 @@ async def _drive(
         return records, duration
 
 
-def check_reachable(url: str, timeout_s: float = 5.0) -> None:
-    """Fail at once, in one line, when nothing answers at ``url`` (not after a report of zeros)."""
+def served_model(url: str, api_key: str | None, timeout_s: float = 5.0) -> str:
+    """The model id the server at ``url`` serves (what the requests name). Fails at once, in
+    one line, when nothing answers there, rather than after a report of zeros."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        httpx.get(url.rstrip("/") + "/health", timeout=timeout_s)
+        response = httpx.get(url.rstrip("/") + "/v1/models", headers=headers, timeout=timeout_s)
     except httpx.HTTPError as exc:
         reason = str(exc) or type(exc).__name__
         raise BenchError(f"cannot reach {url}: {reason} (is `omnictl serve` running there?)") from exc
+    try:
+        return str(response.raise_for_status().json()["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+        raise BenchError(f"{url}/v1/models did not name a model (HTTP {response.status_code}): {exc}") from exc
 
 
 def _server_run_dir(base_url: str) -> Path | None:
@@ -236,7 +243,7 @@ def run_bench(
         run_dir = Path(config.run_dir) if config.run_dir else None
         dashboard = None
         if config.url is not None:
-            check_reachable(config.url)
+            model = served_model(config.url, config.api_key)
             base_url, target = config.url, config.url
         else:
             options = ServeOptions(
@@ -246,12 +253,13 @@ def run_bench(
             with console.status("launching the pipeline..."):
                 listening = stack.enter_context(BackgroundServer(options))
             base_url, target = listening.url, config.topology or "embedded voice assistant"
+            model = listening.state.model_name
             run_dir = run_dir or _pipeline_run_dir(listening.pipeline)
             dashboard = _dashboard_of(listening)
             if run_dir is not None:
                 console.print(f"traces in {run_dir}", soft_wrap=True, highlight=False)
         with _display(console, dashboard, show_progress, progress_every_s) as progress:
-            records, duration = asyncio.run(_drive(config, base_url, progress))
+            records, duration = asyncio.run(_drive(config, base_url, progress, model))
         found = _breakdown(config, base_url, run_dir, records)
     settings = {k: v for k, v in asdict(config).items() if k != "api_key"}
     return build_result({**settings, "target": target}, records, duration, found)

@@ -44,7 +44,8 @@ def spoken_samples() -> list[bytes]:
 
 
 def build_payload(
-    index: int, input_kind: str, modalities: list[str], max_tokens: int | None, audio_wavs: list[bytes]
+    index: int, input_kind: str, modalities: list[str], max_tokens: int | None, audio_wavs: list[bytes],
+    model: str,
 ) -> dict[str, Any]:
     """Request ``index`` of a run: questions rotate, and ``mixed`` alternates text and speech."""
     use_audio = input_kind == "audio" or (input_kind == "mixed" and index % 2 == 1)
@@ -55,7 +56,7 @@ def build_payload(
     else:
         content = QUESTIONS[index % len(QUESTIONS)]
     payload: dict[str, Any] = {
-        "model": "omnictl",
+        "model": model,
         "messages": [{"role": "user", "content": content}],
         "modalities": modalities,
         "stream": True,

@@ -20,6 +20,9 @@ def serve_command(
     max_body_mb: Annotated[float, typer.Option("--max-body-mb", metavar="MB", help="Largest request body accepted (413 above).")] = 32.0,
     max_audio_mb: Annotated[float, typer.Option("--max-audio-mb", metavar="MB", help="Largest decoded input audio part (413 above).")] = 16.0,
     request_timeout: Annotated[float, typer.Option("--request-timeout", metavar="SECONDS", help="Seconds before a request fails.")] = 300.0,
+    served_model_name: Annotated[Optional[list[str]], typer.Option(
+        "--served-model-name", metavar="NAME",
+        help="Also accept requests naming this model (repeatable); the topology's `name` is always served.")] = None,
 ) -> None:
     """Serve a topology over an OpenAI-compatible HTTP API (chat completions with text and audio)."""
     from rich.console import Console
@@ -35,6 +38,7 @@ def serve_command(
         topology=topology, host=host, port=port, model_path=model_path, api_key=api_key, device=device,
         run_dir=str(run_dir) if run_dir else None, request_timeout=request_timeout,
         limits=Limits(int(max_body_mb * 1024 * 1024), int(max_audio_mb * 1024 * 1024)),
+        served_model_names=tuple(served_model_name or ()),
     )
     dashboards: list[object] = []
 

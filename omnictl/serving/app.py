@@ -50,8 +50,9 @@ class PipelineLike(Protocol):
 class ServingState:
     """Shared between the launcher (which sets ``pipeline`` once ready) and the routes."""
 
-    model_name: str
+    model_name: str  # the topology's `name`: the model id clients ask for
     pipeline: PipelineLike | None = None
+    aliases: tuple[str, ...] = ()  # other model ids accepted (`--served-model-name`)
     limits: Limits = field(default_factory=Limits)
     api_key: str | None = None
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
@@ -127,6 +128,11 @@ def create_app(state: ServingState) -> Starlette:
                 return _error(503, "the pipeline is still starting; retry shortly", "server_error", "starting")
             # JSON, envelope and messages; input audio is decoded here, once (off the loop when large)
             parsed = await parse_chat_body(raw, pipe.topology.terminals, state.limits)
+            served = (state.model_name, *state.aliases)
+            if parsed.model and parsed.model not in served:
+                state.metrics.outcome("rejected")
+                return _error(404, f"the model {parsed.model!r} does not exist; this server serves "
+                              f"{', '.join(repr(m) for m in served)}", "invalid_request_error", "model_not_found", "model")
             parsed = dataclasses.replace(parsed, model=parsed.model or state.model_name)
             try:
                 submitted = await pipe.submit(parsed.inputs, parsed.modalities, request_id=request_id)
@@ -164,8 +170,9 @@ def create_app(state: ServingState) -> Starlette:
     async def models(request: Request) -> Response:
         if not authorized(request.headers, state.api_key):
             return _error(401, "missing or wrong API key", "authentication_error", "invalid_api_key")
-        model = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "omnictl"}
-        return JSONResponse({"object": "list", "data": [model]})
+        models = [{"id": name, "object": "model", "created": state.created, "owned_by": "omnictl"}
+                  for name in (state.model_name, *state.aliases)]
+        return JSONResponse({"object": "list", "data": models})
 
     async def health(request: Request) -> Response:
         pipe = pipeline_or_none()

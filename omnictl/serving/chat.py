@@ -21,7 +21,7 @@ from omnictl.coordinator.request import RequestEventKind
 from omnictl.outputs import AudioChunk, TextDelta, TextResult
 from omnictl.serving.eventstream import EventStreamResponse
 
-__all__ = ["EventStreamResponse", "Tracked", "complete", "stream_response"]
+__all__ = ["EventStreamResponse", "Tracked", "complete", "end_in_flight", "stream_response"]
 from omnictl.serving.metrics import ServerMetrics
 from omnictl.serving.protocol import ChatRequest
 from omnictl.serving.responses import ChunkTranslator, build_completion
@@ -55,6 +55,8 @@ class Tracked:
     first_text: float | None = None
     first_audio: float | None = None
     outcome: str | None = None
+    # Set when the server ends the request itself (shutting down): the client is told why.
+    ended_by_server: str | None = None
 
     def saw_text(self) -> None:
         if self.first_text is None:
@@ -101,7 +103,10 @@ async def stream_chunks(tracked: Tracked, translator: ChunkTranslator) -> AsyncI
             break
         if event.kind is RequestEventKind.ABORTED:
             tracked.finish("aborted")
-            yield sse_error("the request was aborted", "server_error", "aborted")
+            if tracked.ended_by_server:
+                yield sse_error(tracked.ended_by_server, "server_error", "server_shutdown")
+            else:
+                yield sse_error("the request was aborted", "server_error", "aborted")
             break
         stage = event.stage or ""
         if event.kind is RequestEventKind.STREAM:
@@ -125,11 +130,21 @@ async def _collect(tracked: Tracked) -> dict[str, object] | tuple[int, str, str]
         if event.kind is RequestEventKind.ERROR:
             return 500, _error_of(event), "stage_failed"
         if event.kind is RequestEventKind.ABORTED:
+            if tracked.ended_by_server:
+                return 503, tracked.ended_by_server, "server_shutdown"
             return 409, "the request was aborted", "aborted"
         tracked.saw(event.data)
         if event.kind is RequestEventKind.RESULT and event.stage:
             results[event.stage] = event.data
     return results
+
+
+async def end_in_flight(active: dict[str, Tracked], abort: Abort, reason: str) -> None:
+    """End every open request with ``reason``: a stream gets an error event and ``[DONE]``,
+    a waiting client a 503, instead of a connection cut when the server stops."""
+    for tracked in list(active.values()):
+        tracked.ended_by_server = reason
+        await abort(tracked.request.id)
 
 
 async def _client_left(request: Request) -> None:

@@ -23,6 +23,7 @@ import uvicorn
 from omnictl.data import DEFAULT_TOPOLOGY, data_path
 from omnictl.exceptions import LaunchError, ListenError
 from omnictl.serving.app import ServingState, create_app
+from omnictl.serving.chat import end_in_flight
 from omnictl.serving.protocol import Limits
 
 GRACEFUL_SHUTDOWN_S = 5
@@ -39,6 +40,7 @@ class ServeOptions:
     run_dir: str | None = None
     request_timeout: float = 300.0
     limits: Limits = field(default_factory=Limits)
+    served_model_names: tuple[str, ...] = ()  # model ids accepted besides the topology's name
 
 
 def default_topology() -> Path:
@@ -100,7 +102,8 @@ async def run_server(
     topology = Path(options.topology) if options.topology is not None else default_topology()
     sock = bind(options.host, options.port)
     port = sock.getsockname()[1]
-    state = ServingState(model_name=topology.stem, limits=options.limits, api_key=options.api_key)
+    state = ServingState(model_name=topology.stem, limits=options.limits, api_key=options.api_key,
+                         aliases=options.served_model_names)
     config = uvicorn.Config(
         create_app(state), log_level="warning", access_log=False, lifespan="off",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
@@ -136,6 +139,7 @@ async def run_server(
             return
         pipe = entering.result()
         try:
+            state.model_name = pipe.topology.name  # the model id is the topology's `name`
             state.pipeline = pipe
             if pipe.profile is not None:
                 state.metrics.profile.snapshot = pipe.profile.aggregator.snapshot
@@ -144,6 +148,8 @@ async def run_server(
                 if ready is not None:
                     await ready
             await stopping.wait()
+            # Open responses end with an error event and [DONE] (or a 503), not a cut connection.
+            await end_in_flight(state.active, pipe.abort, "the server is shutting down")
             server.should_exit = True
             await serving
         finally:
