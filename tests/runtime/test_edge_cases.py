@@ -92,3 +92,24 @@ def test_a_failed_restart_is_retried_and_the_pipeline_recovers(loop: LoopThread,
         assert loop.run(_result(pipe, {"text": "fine"}))["a"]["text"] == "fine"
     finally:
         loop.run(pipe.close())
+
+
+def test_a_stage_that_cannot_take_its_input_counts_as_rejected_there(loop: LoopThread, tmp_path: Path) -> None:
+    path = topo.write(
+        tmp_path / "rejects.yaml",
+        [
+            {"name": "a", "factory": f"{S}.returns_picky", "next": ["b"], "process": "one"},
+            {"name": "b", "factory": f"{E}.identity", "terminal": True, "process": "two"},
+        ],
+    )
+    pipe = launch(loop, path, run_dir=tmp_path / "run")
+    try:
+        with pytest.raises(omnictl.RequestFailed, match=r"stage 'b' could not take its input"):
+            loop.run(_result(pipe, {"picky": True}))
+        def stage_b() -> Any:
+            return pipe.profile.aggregator.snapshot().stages.get("b")
+
+        assert until(lambda: stage_b() is not None and stage_b().rejected == 1)
+        assert stage_b().failed == 0
+    finally:
+        loop.run(pipe.close())
