@@ -108,7 +108,7 @@ class LineProgress:
 
 @contextmanager
 def _display(
-    console: Console, dashboard: Callable[[], RenderableType] | None, enabled: bool, every_s: float
+    console: Console, dashboard: Callable[[int], RenderableType] | None, enabled: bool, every_s: float
 ) -> Iterator[Any]:
     """A progress bar, under the live dashboard when the bench launched the server in a
     terminal; without a terminal, a progress line every few seconds."""
@@ -125,7 +125,7 @@ def _display(
     )
     if dashboard is not None and console.is_terminal:
         def view() -> RenderableType:
-            return Group(dashboard(), progress)
+            return Group(dashboard(console.height - 2), progress)  # the bar takes a row or two
     else:
         def view() -> RenderableType:
             return progress
@@ -133,7 +133,7 @@ def _display(
         yield progress
 
 
-def _dashboard_of(listening: Any) -> Callable[[], RenderableType] | None:
+def _dashboard_of(listening: Any) -> Callable[[int], RenderableType] | None:
     """The same dashboard `serve` shows (live stage figures and rejections included)."""
     pipeline = listening.pipeline
     if pipeline.profile is None or listening.loop is None:

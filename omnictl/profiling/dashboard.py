@@ -58,29 +58,50 @@ def render_dashboard(
     topology: Topology | None = None,
     live: LiveStats | None = None,
     rejected: int | None = None,
+    max_height: int | None = None,
 ) -> RenderableType:
-    """``rejected``: requests the HTTP server refused (4xx), when the caller knows them."""
-    return DashboardView(snapshot, topology, live or {}, rejected)
+    """``rejected``: requests the HTTP server refused (4xx), when the caller knows them;
+    ``max_height``: the rows the dashboard may take (a terminal's height)."""
+    return DashboardView(snapshot, topology, live or {}, rejected, max_height)
 
 
 class DashboardView:
-    """The dashboard, laid out for whatever width Rich offers when it is rendered."""
+    """The dashboard, laid out for whatever width Rich offers when it is rendered and, when
+    given, a height: edge rows that do not fit are left out, and a line says how many."""
 
     def __init__(
-        self, snapshot: ProfileSnapshot, topology: Topology | None, live: LiveStats, rejected: int | None
+        self,
+        snapshot: ProfileSnapshot,
+        topology: Topology | None,
+        live: LiveStats,
+        rejected: int | None,
+        max_height: int | None = None,
     ) -> None:
         self.snapshot = snapshot
         self.topology = topology
         self.live = live
         self.rejected = rejected
+        self.max_height = max_height
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
-        yield _wrap_items(_header_items(self.snapshot, self.topology, self.rejected), width)
+        header = _wrap_items(_header_items(self.snapshot, self.topology, self.rejected), width)
+        yield header
         columns, rows = _stage_rows(self.snapshot, self.topology, self.live)
         yield _fit(console, options, "stages", columns, rows)
-        columns, rows = _edge_rows(self.snapshot, self.topology)
-        yield _fit(console, options, "edges", columns, rows)
+        columns, edges = _edge_rows(self.snapshot, self.topology)
+        if self.max_height is None:
+            yield _fit(console, options, "edges", columns, edges)
+            return
+        # title, column names and rule: three rows per table besides its body
+        room = self.max_height - (header.plain.count("\n") + 1) - (3 + len(rows)) - 3
+        if room >= len(edges):
+            yield _fit(console, options, "edges", columns, edges)
+            return
+        shown = max(0, room - 1)  # one row for the note
+        if shown:
+            yield _fit(console, options, "edges", columns, edges[:shown])
+        yield Text(f"… {len(edges) - shown} more edges (a taller terminal shows them)", style="dim")
 
 
 def status_line(snapshot: ProfileSnapshot, rejected: int | None = None) -> str:
@@ -329,10 +350,13 @@ class Dashboard:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def render(self) -> RenderableType:
+    def render(self, max_height: int | None = None) -> RenderableType:
+        """``max_height``: the rows it may take; by default, a live dashboard fits the terminal."""
         live = self.live_stats() if self.live_stats is not None else None
         rejected = self.rejected() if self.rejected is not None else None
-        return render_dashboard(self.aggregator.snapshot(), self.topology, live, rejected)
+        if max_height is None and self.mode == "live":
+            max_height = self.console.height
+        return render_dashboard(self.aggregator.snapshot(), self.topology, live, rejected, max_height)
 
     def start(self) -> "Dashboard":
         if self.mode == "live":

@@ -50,7 +50,7 @@ def _table(text: str, title: str) -> tuple[list[str], dict[str, list[str]]]:
     header = _cells(lines[start + 1])
     rows: dict[str, list[str]] = {}
     for line in lines[start + 3:]:
-        if not line.strip() or line.strip() in ("stages", "edges"):
+        if not line.strip() or line.strip() in ("stages", "edges") or line.startswith("…"):
             break
         cells = _cells(line)
         rows[cells[0]] = cells
@@ -229,3 +229,18 @@ def test_on_a_terminal_the_dashboard_is_live() -> None:
     assert len(calls) >= 2, "the live view refreshes"
     assert "code2wav" in out.getvalue()
     assert Dashboard(Aggregator(), console=console, mode="off").start().mode == "off"
+
+
+def test_at_80x24_the_dashboard_fits_and_says_what_it_left_out() -> None:
+    now = time.time_ns()
+    snapshot = _aggregator(now, requests=12).snapshot(now)
+    text = _render(render_dashboard(snapshot, TOPOLOGY, rejected=0, max_height=24), width=80)
+    lines = text.rstrip("\n").splitlines()
+    assert len(lines) <= 24 and max(len(line) for line in lines) <= 80
+    hidden = re.search(r"… (\d+) more edges", text)
+    assert hidden, text
+    shown = sum(1 for line in lines if " → " in line)
+    assert shown + int(hidden.group(1)) == len(snapshot.edges)
+    assert set(_table(text, "stages")[1]) == set(TOPOLOGY.stages), "every stage keeps its row"
+    tall = _render(render_dashboard(snapshot, TOPOLOGY, max_height=60), width=80)
+    assert "more edges" not in tall and sum(1 for line in tall.splitlines() if " → " in line) == len(snapshot.edges)
