@@ -405,8 +405,15 @@ class Dashboard:
 
 def pipeline_live_stats(pipeline: Any, loop: asyncio.AbstractEventLoop) -> Callable[[], LiveStats]:
     """``Pipeline.stats()`` asked from the dashboard's thread of the loop ``pipeline`` runs on."""
-    loop_thread: list[int] = []
-    loop.call_soon_threadsafe(lambda: loop_thread.append(threading.get_ident()))
+    loop_thread: set[int] = set()
+    try:
+        on_loop = asyncio.get_running_loop() is loop
+    except RuntimeError:  # no loop in this thread
+        on_loop = False
+    if on_loop:
+        loop_thread.add(threading.get_ident())
+    else:
+        loop.call_soon_threadsafe(lambda: loop_thread.add(threading.get_ident()))
 
     def live_stats() -> LiveStats:
         # The first render may happen on the loop itself, where waiting would deadlock.

@@ -244,3 +244,25 @@ def test_at_80x24_the_dashboard_fits_and_says_what_it_left_out() -> None:
     assert set(_table(text, "stages")[1]) == set(TOPOLOGY.stages), "every stage keeps its row"
     tall = _render(render_dashboard(snapshot, TOPOLOGY, max_height=60), width=80)
     assert "more edges" not in tall and sum(1 for line in tall.splitlines() if " → " in line) == len(snapshot.edges)
+
+
+def test_live_stats_come_from_the_pipelines_loop_and_never_block_it() -> None:
+    import asyncio
+
+    from omnictl.profiling.dashboard import pipeline_live_stats
+
+    class Pipeline:
+        async def stats(self, timeout: float) -> dict[str, dict[str, int]]:
+            return {"thinker": {"queued": 4}}
+
+    async def main() -> tuple[float, object, object]:
+        live_stats = pipeline_live_stats(Pipeline(), asyncio.get_running_loop())
+        started = time.monotonic()
+        on_loop = live_stats()  # the first render runs on the loop itself: it must not wait
+        waited = time.monotonic() - started
+        from_thread = await asyncio.to_thread(live_stats)
+        return waited, on_loop, from_thread
+
+    waited, on_loop, from_thread = asyncio.run(main())
+    assert on_loop == {} and waited < 0.5
+    assert from_thread == {"thinker": {"queued": 4}}
