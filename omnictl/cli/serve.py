@@ -20,6 +20,7 @@ def serve_command(
     max_body_mb: Annotated[float, typer.Option("--max-body-mb", help="Largest request body accepted (413 above).")] = 32.0,
     max_audio_mb: Annotated[float, typer.Option("--max-audio-mb", help="Largest decoded input audio part (413 above).")] = 16.0,
     request_timeout: Annotated[float, typer.Option("--request-timeout", help="Seconds before a request fails.")] = 300.0,
+    max_restarts: Annotated[int, typer.Option("--max-restarts", min=0, help="Restart a stage process (each replica on its own) up to N times after it dies; 0: it stays down.")] = 0,
 ) -> None:
     """Serve a topology over an OpenAI-compatible HTTP API (chat completions with text and audio)."""
     from rich.console import Console
@@ -33,7 +34,7 @@ def serve_command(
     errors = Console(stderr=True)
     options = ServeOptions(
         topology=topology, host=host, port=port, model_path=model_path, api_key=api_key, device=device,
-        run_dir=str(run_dir) if run_dir else None, request_timeout=request_timeout,
+        run_dir=str(run_dir) if run_dir else None, request_timeout=request_timeout, max_restarts=max_restarts,
         limits=Limits(int(max_body_mb * 1024 * 1024), int(max_audio_mb * 1024 * 1024)),
     )
     dashboards: list[object] = []
@@ -42,7 +43,7 @@ def serve_command(
         pipe = listening.pipeline
         topo = pipe.topology
         console.print(ready_message(listening.url, listening.state.model_name, topo.terminals,
-                                    len(topo.stages), len(topo.processes), api_key), soft_wrap=True)
+                                    len(topo.stages), len(topo.instances()), api_key), soft_wrap=True)
         if pipe.profile is not None:
             import asyncio
 

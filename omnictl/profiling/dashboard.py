@@ -22,7 +22,7 @@ from omnictl.profiling.units import format_rate, format_seconds
 from omnictl.topology.model import Topology
 
 # Per-stage figures only the runtime knows: `Pipeline.stats()` as it is, i.e.
-# stage -> {"status": "up"|"down"|"unknown", "requests": n, "queued": n, "running": n, ...};
+# stage -> {"status": "up"|"degraded"|"down"|"unknown", "requests": n, "queued": n, "running": n, ...};
 # any key may be missing. "requests" shows as in flight, "queued" as the queue depth, and
 # "running" as the batch size unless the scheduler reports `batch_size` in its events.
 LiveStats = Mapping[str, Mapping[str, Any]]
@@ -80,13 +80,13 @@ def _stage_table(snapshot: ProfileSnapshot, topology: Topology | None, live: Liv
         stats = snapshot.stages.get(name)
         runtime = live.get(name, {})
         spec = topology.stages.get(name) if topology is not None else None
-        process = spec.process if spec is not None else (stats.process if stats else "-")
+        process = _process_label(topology, spec.process) if spec is not None else (stats.process if stats else "-")
         gpu = (",".join(str(g) for g in spec.gpu) or "cpu") if spec is not None else "-"
         in_flight = runtime.get("requests", stats.in_flight if stats else None)
         batch = stats.batch_size if stats and stats.batch_size is not None else runtime.get("running")
-        down = runtime.get("status") == "down"
+        status = runtime.get("status")
         table.add_row(
-            Text(f"{name} (down)", style="bold red") if down else name,
+            Text(f"{name} ({status})", style="bold red") if status in ("down", "degraded") else name,
             process,
             gpu,
             _number(in_flight),
@@ -97,6 +97,12 @@ def _stage_table(snapshot: ProfileSnapshot, topology: Topology | None, live: Liv
             f"{stats.share:.0%}" if stats and stats.share is not None else "-",
         )
     return table
+
+
+def _process_label(topology: Topology | None, process: str) -> str:
+    """The process, or its replicas' names (``tts#0,tts#1``) when it has several."""
+    spec = topology.processes.get(process) if topology is not None else None
+    return ",".join(spec.instances) if spec is not None and spec.replicas > 1 else process
 
 
 def _edge_table(snapshot: ProfileSnapshot, topology: Topology | None) -> Table:

@@ -37,6 +37,7 @@ class ServeOptions:
     device: str | None = None
     run_dir: str | None = None
     request_timeout: float = 300.0
+    max_restarts: int = 0  # per replica: how often a dead stage process is started again
     limits: Limits = field(default_factory=Limits)
 
 
@@ -119,7 +120,7 @@ async def run_server(
     try:
         launch = Pipeline.launch(
             topology, model_path=options.model_path, device=options.device, run_dir=options.run_dir,
-            profile=True, request_timeout=options.request_timeout,
+            profile=True, request_timeout=options.request_timeout, max_restarts=options.max_restarts,
         )
         entering = asyncio.create_task(launch.__aenter__(), name="pipeline-launch")
         waiting = asyncio.create_task(stopping.wait())
@@ -133,6 +134,7 @@ async def run_server(
         pipe = entering.result()
         try:
             state.pipeline = pipe
+            state.metrics.processes.pipeline = pipe
             if pipe.profile is not None:
                 state.metrics.profile.snapshot = pipe.profile.aggregator.snapshot
             if on_ready is not None:
