@@ -47,6 +47,8 @@ class PipelineLike(Protocol):
 
     def in_flight(self) -> int: ...
 
+    def process_ids(self) -> dict[str, int]: ...
+
 
 @dataclass
 class ServingState:
@@ -181,6 +183,7 @@ def create_app(state: ServingState) -> Starlette:
             "status": status,
             "down": sorted(name for name, info in stages.items() if info.get("status") == "down"),
             "replicas_down": replicas_down,  # OS process (``tts#1``) -> why
+            "processes": pipe.process_ids(),  # OS process -> pid
             "in_flight": len(state.active),  # requests this server is answering
             "pipeline_in_flight": pipe.in_flight(),  # requests the coordinator still tracks
             "stages": stages,  # per stage: status and the state it holds (queued, running, buffers)
