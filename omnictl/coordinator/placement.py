@@ -29,8 +29,8 @@ class ReplicaPlacement:
     def _pick(self, process: ProcessSpec, down: Container[str]) -> int:
         up = [i for i, name in enumerate(process.instances) if name not in down]
         if not up:
-            raise PipelineDead(f"every replica of process {process.name!r} "
-                               f"(stages {', '.join(process.stages)}) is down")
+            which = "every replica of process" if process.replicas > 1 else "process"
+            raise PipelineDead(f"{which} {process.name!r} (stages {', '.join(process.stages)}) is down")
         # Ties rotate, so light load spreads over the replicas too.
         turn = self._turn[process.name]
         self._turn[process.name] = turn + 1

@@ -189,3 +189,29 @@ async def _aborted_or_result(request: Any) -> Any:
         return await request.result()
     except omnictl.RequestAborted as aborted:
         return aborted
+
+
+def test_the_trace_names_the_replica_that_served_the_request(tmp_path: Path) -> None:
+    from omnictl.pipeline import Pipeline
+    from omnictl.profiling.spans import build_trace
+    from omnictl.profiling.store import TraceStore
+
+    run_dir = tmp_path / "run"
+
+    async def main() -> tuple[list[tuple[str, int]], dict[str, int]]:
+        async with Pipeline.launch(work_topology(tmp_path, 0.0), run_dir=run_dir, profile=True) as pipe:
+            served = []
+            for i in range(4):
+                request = await pipe.submit({"i": i})
+                served.append((request.id, (await request.result())["out"]["work_pid"]))
+            return served, pipe.process_ids()
+
+    served, pids = asyncio.run(main())
+    by_pid = {pid: name for name, pid in pids.items()}
+    replicas = set()
+    for request_id, pid in served:
+        trace = build_trace(request_id, TraceStore(run_dir).events(request_id))
+        assert trace.stage_process["work"] == by_pid[pid]  # work#0 or work#1, the one that ran it
+        assert trace.stage_process["a"] == "front"
+        replicas.add(trace.stage_process["work"])
+    assert replicas == {"work#0", "work#1"}  # idle replicas take turns
