@@ -119,3 +119,16 @@ def test_on_a_terminal_the_dashboard_is_live() -> None:
     assert len(calls) >= 2, "the live view refreshes"
     assert "code2wav" in out.getvalue()
     assert Dashboard(Aggregator(), console=console, mode="off").start().mode == "off"
+
+
+def test_a_replicated_process_shows_its_replicas_and_a_degraded_stage() -> None:
+    import dataclasses
+
+    processes = dict(TOPOLOGY.processes)
+    processes["talker"] = dataclasses.replace(processes["talker"], replicas=2)
+    topology = dataclasses.replace(TOPOLOGY, processes=processes)
+    now = time.time_ns()
+    live = {"code2wav": {"status": "degraded", "process": "talker", "requests": 1}}
+    text = _render(render_dashboard(Aggregator().snapshot(now), topology, live), width=160)
+    assert _row(text, "code2wav (degraded)")[:2] == ["code2wav (degraded)", "talker#0,talker#1"]
+    assert _row(text, "thinker")[1] == "thinker"
