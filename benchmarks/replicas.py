@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from omnictl.pipeline import Pipeline
+from omnictl.profiling.units import format_seconds
 
 E = "omnictl.models.examples"
 VOICE = Path(__file__).resolve().parents[1] / "topologies" / "voice-assistant.yaml"
@@ -109,8 +110,8 @@ def table(title: str, runs: list[Run], concurrency: int) -> Table:
         out.add_column(column, justify="right")
     base = runs[0].rate
     for run in runs:
-        out.add_row(str(run.replicas), str(run.requests), f"{run.rate:.1f}", f"{run.rate / base:.2f}x",
-                    f"{run.quantile(0.5) * 1000:.1f} ms", f"{run.quantile(0.99) * 1000:.1f} ms")
+        out.add_row(str(run.replicas), str(run.requests), f"{run.rate:.1f}" if run.rate >= 10 else f"{run.rate:.3f}",
+                    f"{run.rate / base:.2f}x", format_seconds(run.quantile(0.5)), format_seconds(run.quantile(0.99)))
     return out
 
 
