@@ -188,11 +188,15 @@ class Coordinator:
             raise InvalidRequest(f"request id {rid!r} was already used; ids must be unique", field="request_id")
         context_params = {**(params or {}), "modalities": sorted({self.topology.terminals[t] for t in terminals})}
         entry = self.topology.entry
-        payload = self._codec.encode(inputs)  # before registering: inputs that cannot be sent leave no trace
         try:
             replicas = self.placement.assign(rid, active, self.down)
         except PipelineDead as exc:
             raise PipelineDead(f"{exc}: {'; '.join(self.down.values())}") from exc
+        try:
+            payload = self._codec.encode(inputs)  # before registering: inputs that cannot be sent leave no trace
+        except BaseException:
+            self.placement.release(rid)
+            raise
         ctx = m.RequestContext(rid, context_params, active, replicas)
         loop = asyncio.get_running_loop()
         record = RequestRecord(rid, set(terminals), active, loop.time() + self.request_timeout)
