@@ -51,6 +51,9 @@ class RequestContext(msgspec.Struct, array_like=True, frozen=True):
     request_id: str
     params: dict[str, Any]
     active: tuple[str, ...]  # stages that run for this request (modality pruning)
+    # The replica of each replicated process this request runs on (process -> index),
+    # chosen once at submit: every hop, chunk and fan-in part of the request goes there.
+    replicas: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 # --- data plane: stage process <-> stage process -------------------------------------

@@ -57,8 +57,9 @@ class Pipeline:
         implemented yet), before any process starts. User code (factories, route/merge
         functions, projections) is imported with the topology file's directory first on
         the import path.
-        ``max_restarts`` > 0 restarts a stage process that dies; otherwise the pipeline
-        reports itself unhealthy and refuses new work. ``profile`` records every request
+        ``max_restarts`` > 0 restarts a stage process (each replica on its own) that dies;
+        otherwise it stays down: requests go to the process's other replicas, and once a
+        process has none left the pipeline refuses new work. ``profile`` records every request
         stage by stage into ``run_dir`` (a fresh directory under the user state dir by default).
         """
         return _Launch(
@@ -114,7 +115,13 @@ class Pipeline:
 
     @property
     def healthy(self) -> bool:
+        """Every replica of every stage process is up."""
         return self._coordinator.healthy
+
+    def health(self) -> tuple[str, dict[str, str]]:
+        """``("ok" | "degraded" | "down", {replica: why it is down})``: degraded while every
+        process still has a replica up, down when some process has none."""
+        return self._coordinator.health()
 
     @property
     def profile(self) -> Any | None:
@@ -146,7 +153,7 @@ class Pipeline:
         return await self._coordinator.stats(timeout)
 
     def process_ids(self) -> dict[str, int]:
-        """OS pid of each stage process, by process name."""
+        """OS pid of each stage process, by its name (``NAME#i`` for a replica)."""
         return {name: h.process.pid for name, h in self._coordinator.launcher.handles.items()}
 
     @property

@@ -23,6 +23,9 @@ def serve_command(
     served_model_name: Annotated[Optional[list[str]], typer.Option(
         "--served-model-name", metavar="NAME",
         help="Also accept requests naming this model (repeatable); the topology's `name` is always served.")] = None,
+    max_restarts: Annotated[int, typer.Option(
+        "--max-restarts", min=0, metavar="N",
+        help="Restart a stage process (each replica on its own) up to N times after it dies; 0: it stays down.")] = 0,
 ) -> None:
     """Serve a topology over an OpenAI-compatible HTTP API (chat completions with text and audio)."""
     from rich.console import Console
@@ -36,7 +39,7 @@ def serve_command(
     errors = Console(stderr=True)
     options = ServeOptions(
         topology=topology, host=host, port=port, model_path=model_path, api_key=api_key, device=device,
-        run_dir=str(run_dir) if run_dir else None, request_timeout=request_timeout,
+        run_dir=str(run_dir) if run_dir else None, request_timeout=request_timeout, max_restarts=max_restarts,
         limits=Limits(int(max_body_mb * 1024 * 1024), int(max_audio_mb * 1024 * 1024)),
         served_model_names=tuple(served_model_name or ()),
     )
@@ -46,7 +49,7 @@ def serve_command(
         pipe = listening.pipeline
         topo = pipe.topology
         console.print(ready_message(listening.url, listening.state.model_name, topo.terminals,
-                                    len(topo.stages), len(topo.processes), api_key,
+                                    len(topo.stages), len(topo.instances()), api_key,
                                     str(pipe.run_dir) if pipe.run_dir is not None else None), soft_wrap=True)
         if pipe.profile is not None:
             import asyncio

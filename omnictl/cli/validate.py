@@ -61,16 +61,16 @@ def render_json(outcomes: list[Outcome]) -> str:
 
 
 def summary(topology: Topology) -> Group:
-    """Processes x stages x GPUs, then edges with their transports."""
+    """Processes x stages x GPUs x replicas, then edges with their transports."""
     terminals = ", ".join(f"{name} ({modality})" for name, modality in topology.terminals.items())
     head = Text.assemble(("  entry ", "dim"), (topology.entry, "bold"),
                          ("  terminals ", "dim"), terminals)
     processes = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
-    for column in ("process", "stages", "gpus"):
+    for column in ("process", "stages", "gpus", "replicas"):
         processes.add_column(column)
     for process in topology.processes.values():
         gpus = ", ".join(str(g) for g in process.gpus) or "cpu"
-        processes.add_row(process.name, ", ".join(process.stages), gpus)
+        processes.add_row(process.name, ", ".join(process.stages), gpus, str(process.replicas))
     edges = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
     for column in ("edge", "kind", "transport"):
         edges.add_column(column)
@@ -82,6 +82,12 @@ def summary(topology: Topology) -> Group:
     for (src, dst), pair_kinds in kinds.items():
         edges.add_row(f"{src} -> {dst}", "+".join(pair_kinds), transports[(src, dst)])
     return Group(head, Text(""), processes, Text(""), edges)
+
+
+def _os_processes(topology: Topology) -> str:
+    """How many OS processes the replicas make, when that differs from the process count."""
+    count = len(topology.instances())
+    return f", {count} OS processes with replicas" if count != len(topology.processes) else ""
 
 
 def tensor_parallel_warnings(file: str, topology: Topology) -> list[str]:
@@ -101,7 +107,7 @@ def render_text(outcomes: list[Outcome], console: Console) -> None:
             topology = outcome.topology
             console.print(Text.assemble((f"{outcome.file}: ", "bold"), ("valid", "green bold"),
                                         f" ({topology.name}: {len(topology.stages)} stages, "
-                                        f"{len(topology.processes)} processes)"))
+                                        f"{len(topology.processes)} processes{_os_processes(topology)})"))
             console.print(summary(topology))
             for warning in tensor_parallel_warnings(outcome.file, topology):
                 console.print(warning, markup=False, highlight=False, style="yellow")

@@ -16,12 +16,13 @@ import uuid
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import msgspec
 import zmq
 import zmq.asyncio
 
 from omnictl import messages as m
 from omnictl.coordinator.launcher import Launcher, describe_exit
+from omnictl.coordinator.placement import ReplicaPlacement
+from omnictl.coordinator.stats import stage_stats
 from omnictl.coordinator.pruning import active_stages, select_terminals
 from omnictl.coordinator.request import RequestEvent, RequestEventKind, RequestHandle, RequestRecord, RequestState
 from omnictl.exceptions import InvalidRequest, LaunchError, PipelineDead, RequestAborted, RequestFailed
@@ -58,12 +59,14 @@ class Coordinator:
         self.max_restarts = max_restarts
         self.requests: dict[str, RequestRecord] = {}
         self._recent = RecentIds(_RECENT_IDS)  # finished ids, refused if reused
-        self.down: dict[str, str] = {}  # process -> why it is down
+        self.down: dict[str, str] = {}  # OS process (replica) -> why it is down
+        self.lost: set[str] = set()  # replicas down for good (no restart left)
+        self.placement = ReplicaPlacement(topology)
         self.dead_reason: str | None = None
         # Removed on close. Short paths: ipc:// addresses are limited to ~100 bytes.
         self.socket_dir = socket_dir or Path(tempfile.mkdtemp(prefix="omnictl-"))
         self._process_addresses = {
-            name: f"ipc://{self.socket_dir}/p{i}" for i, name in enumerate(topology.processes)
+            name: f"ipc://{self.socket_dir}/p{i}" for i, name in enumerate(topology.instances())
         }
         self._context = zmq.asyncio.Context()
         self._control = self._context.socket(zmq.PULL)
@@ -94,19 +97,23 @@ class Coordinator:
     async def start(self) -> None:
         self._tasks.append(asyncio.create_task(self._receive(), name="coordinator.receive"))
         self._tasks.append(asyncio.create_task(self._enforce_deadlines(), name="coordinator.deadlines"))
-        handles = [self.launcher.start(name) for name in self.topology.processes]
+        instances = list(self.topology.instances())
+        handles = [self.launcher.start(name) for name in instances]
         async def all_ready() -> None:
             await asyncio.gather(*(h.ready for h in handles))
-            await self._handshake(list(self.topology.processes))
+            await self._handshake(instances)
 
         try:
             await asyncio.wait_for(all_ready(), self.ready_timeout)
         except asyncio.TimeoutError:
-            waiting = [h.name for h in handles if not h.ready.done()] or list(self.topology.processes)
+            waiting = [h.name for h in handles if not h.ready.done()] or instances
             raise LaunchError(
-                self.topology.processes[waiting[0]].stages[0],
+                self._first_stage(waiting[0]),
                 f"process {waiting[0]!r} was not ready within {self.ready_timeout:.0f}s",
             ) from None
+
+    def _first_stage(self, instance: str) -> str:
+        return self.topology.processes[self.launcher.process_of[instance]].stages[0]
 
     async def _handshake(self, processes: list[str]) -> None:
         """PUB/SUB drops messages until a subscription is in place: say hello until
@@ -118,7 +125,7 @@ class Coordinator:
                 handle = self.launcher.handles[process]
                 if not handle.alive():
                     why = f"process {process!r} exited: {describe_exit(handle.process.returncode)}"
-                    raise LaunchError(self.topology.processes[process].stages[0], why)
+                    raise LaunchError(self._first_stage(process), why)
             self._broadcast.send(m.encode(m.Hello(seq)))
             seq += 1
             await asyncio.sleep(0.01)
@@ -140,7 +147,18 @@ class Coordinator:
 
     @property
     def healthy(self) -> bool:
+        """Every replica of every process is up."""
         return not self.down and self.dead_reason is None
+
+    def health(self) -> tuple[str, dict[str, str]]:
+        """``ok``; ``degraded`` while every process has a replica up but some replica is
+        down; ``down`` when some process has none (or the pipeline is dead). With the
+        down replicas and why."""
+        if self.dead_reason is not None or any(
+            all(name in self.down for name in p.instances) for p in self.topology.processes.values()
+        ):
+            return "down", dict(self.down)
+        return ("degraded" if self.down else "ok"), dict(self.down)
 
     def _push(self, process: str) -> zmq.asyncio.Socket:
         socket = self._pushes.get(process)
@@ -160,8 +178,8 @@ class Coordinator:
     ) -> RequestHandle:
         """``params`` (msgpack-plain): what every stage sees of the request besides its data
         (``sampling``, ``voice``); :meth:`Pipeline.submit` derives them from the inputs."""
-        if not self.healthy:
-            raise PipelineDead(self.dead_reason or f"stage process down: {', '.join(self.down.values())}")
+        if self.dead_reason is not None:
+            raise PipelineDead(self.dead_reason)
         terminals = select_terminals(self.topology, modalities)
         active = active_stages(self.topology, terminals)
         rid = request_id or uuid.uuid4().hex
@@ -169,15 +187,25 @@ class Coordinator:
             # Stages drop late messages of finished ids, so a reused id would never complete.
             raise InvalidRequest(f"request id {rid!r} was already used; ids must be unique", field="request_id")
         context_params = {**(params or {}), "modalities": sorted({self.topology.terminals[t] for t in terminals})}
-        ctx = m.RequestContext(rid, context_params, active)
         entry = self.topology.entry
-        payload = self._codec.encode(inputs)  # before registering: inputs that cannot be sent leave no trace
+        try:
+            replicas = self.placement.assign(rid, active, self.down)
+        except PipelineDead as exc:
+            raise PipelineDead(f"{exc}: {'; '.join(self.down.values())}") from exc
+        try:
+            payload = self._codec.encode(inputs)  # before registering: inputs that cannot be sent leave no trace
+        except BaseException:
+            self.placement.release(rid)
+            raise
+        ctx = m.RequestContext(rid, context_params, active, replicas)
         loop = asyncio.get_running_loop()
         record = RequestRecord(rid, set(terminals), active, loop.time() + self.request_timeout)
         self.requests[rid] = record
         self.profiler.record(EventKind.ADMITTED, rid, None, terminals=",".join(terminals))
         record.state = RequestState.RUNNING
-        await self._push(self.topology.process_of(entry)).send(m.encode(m.Submit(ctx, entry, payload)))
+        process = self.topology.processes[self.topology.process_of(entry)]
+        instance = process.instances[replicas.get(process.name, 0)]
+        await self._push(instance).send(m.encode(m.Submit(ctx, entry, payload)))
         return RequestHandle(record, self.abort)
 
     async def abort(self, request_id: str) -> None:
@@ -196,6 +224,7 @@ class Coordinator:
         if record.finished:
             return
         self.requests.pop(record.request_id, None)
+        self.placement.release(record.request_id)
         self._recent.add(record.request_id)
         if state is RequestState.COMPLETED:
             self.profiler.record(EventKind.COMPLETED, record.request_id, None)
@@ -260,7 +289,7 @@ class Coordinator:
             if waiter is not None:
                 done, replies = waiter
                 replies[message.process] = message
-                live = {p for p in self.topology.processes if p not in self.down}
+                live = {p for p in self.launcher.process_of if p not in self.down}
                 if live <= set(replies) and not done.done():
                     done.set_result(None)
 
@@ -305,62 +334,67 @@ class Coordinator:
 
     # --- faults -----------------------------------------------------------------------
 
-    def _process_exited(self, process: str, exitcode: int | None) -> None:
-        stages = self.topology.processes[process].stages
-        why = f"stage process {process!r} (stages {', '.join(stages)}) died: {describe_exit(exitcode)}"
-        self.down[process] = why
-        handle = self.launcher.handles[process]
+    def _process_exited(self, instance: str, exitcode: int | None) -> None:
+        """``instance`` (a process, or one replica of it) died: fail the requests pinned to
+        it, restart it if the policy allows; the other replicas keep serving."""
+        process = self.topology.processes[self.launcher.process_of[instance]]
+        label = f"replica {instance!r}" if process.replicas > 1 else f"stage process {instance!r}"
+        why = f"{label} (stages {', '.join(process.stages)}) died: {describe_exit(exitcode)}"
+        self.down[instance] = why
+        handle = self.launcher.handles[instance]
         if not handle.ready.done():
-            handle.ready.set_exception(LaunchError(stages[0], why))
-        failed: list[str] = []
-        for record in list(self.requests.values()):
-            involved = [s for s in stages if s in record.active]
-            if involved:
-                failed.append(record.request_id)
-                self._fail(record.request_id, involved[0], f"stage {involved[0]!r} failed: {why}")
+            handle.ready.set_exception(LaunchError(process.stages[0], why))
+        failed = self.placement.holders(instance)
+        for request_id in failed:
+            record = self.requests.get(request_id)
+            if record is None:
+                continue
+            stage = next((s for s in process.stages if s in record.active), process.stages[0])
+            self._fail(request_id, stage, f"stage {stage!r} failed: {why}")
         if handle.restarts < self.max_restarts:
-            asyncio.get_running_loop().create_task(self._restart(process, failed))
+            asyncio.get_running_loop().create_task(self._restart(instance, failed))
         else:
+            self._lose(instance, why)
+
+    def _lose(self, instance: str, why: str) -> None:
+        """No restart left for ``instance``: the pipeline is dead once a process has lost
+        every replica."""
+        self.lost.add(instance)
+        process = self.topology.processes[self.launcher.process_of[instance]]
+        if all(name in self.lost for name in process.instances):
             self.dead_reason = why
 
-    async def _restart(self, process: str, failed: list[str]) -> None:
-        handle = self.launcher.start(process)
+    async def _restart(self, instance: str, failed: list[str]) -> None:
+        handle = self.launcher.start(instance)
         try:
             await asyncio.wait_for(handle.ready, self.ready_timeout)
-            await asyncio.wait_for(self._handshake([process]), self.ready_timeout)
+            await asyncio.wait_for(self._handshake([instance]), self.ready_timeout)
         except (LaunchError, asyncio.TimeoutError) as exc:
             if handle.alive():  # hung rather than exited: no exit will trigger another try
                 handle.process.kill()
             if handle.restarts >= self.max_restarts:
-                self.dead_reason = f"stage process {process!r} could not be restarted: {exc}"
+                self._lose(instance, f"stage process {instance!r} could not be restarted: {exc}")
             return  # otherwise its exit starts the next restart
         if failed:
             # The new process never heard the aborts for what its predecessor held: data
             # for those requests still in flight must not build state there.
             self._broadcast.send(m.encode(m.Abort(tuple(failed))))
-        self.down.pop(process, None)
+        self.down.pop(instance, None)
 
     # --- introspection ----------------------------------------------------------------
 
     async def stats(self, timeout: float = 5.0) -> dict[str, dict[str, Any]]:
-        """Per stage: status ("up"/"down") and how many requests it holds state for, by kind."""
+        """Per stage: status and the state it holds, over its replicas (see stage_stats)."""
         seq = next(self._stats_seq)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         replies: dict[str, m.StatsReply] = {}
         self._stats_waiters[seq] = (done, replies)
         try:
-            if set(self.topology.processes) - set(self.down):
+            if set(self.launcher.process_of) - set(self.down):
                 await self._broadcast.send(m.encode(m.StatsRequest(seq)))
                 await asyncio.wait_for(done, timeout)
         except asyncio.TimeoutError:
             pass  # report what answered; the rest shows as unknown
         finally:
             del self._stats_waiters[seq]
-        result: dict[str, dict[str, Any]] = {}
-        for process, spec in self.topology.processes.items():
-            reply = replies.get(process)
-            for stage in spec.stages:
-                status = "down" if process in self.down else ("up" if reply else "unknown")
-                fields = msgspec.structs.asdict(reply.stages[stage]) if reply else {}
-                result[stage] = {"status": status, "process": process, **fields}
-        return result
+        return stage_stats(self.topology, replies, self.down)

@@ -1,4 +1,4 @@
-"""Start, watch and stop one OS process per topology `process`."""
+"""Start, watch and stop one OS process per topology `process` replica (``NAME`` or ``NAME#i``)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def refuse_unsupported(topology: Topology) -> None:
 
 @dataclass
 class ProcessHandle:
-    name: str
+    name: str  # the OS process (replica) name
     process: subprocess.Popen[bytes]
     pidfd: int  # readable once the process has exited
     restarts: int = 0
@@ -76,14 +76,17 @@ class Launcher:
         self.broadcast_address = broadcast_address
         self.profile_address = profile_address
         self.on_exit = on_exit
-        self.handles: dict[str, ProcessHandle] = {}
+        self.handles: dict[str, ProcessHandle] = {}  # by OS process (replica) name
+        self.process_of = {name: p.name for p in topology.processes.values() for name in p.instances}
         self._stopping = False
         # Resolved now: a restart later must not depend on the parent's working directory.
         self._topology_dir = topology_dir(topology.path)
 
     def start(self, name: str) -> ProcessHandle:
+        """Start (or restart) the OS process ``name``: a process, or one replica of it."""
         config = WorkerConfig(
-            process=name,
+            process=self.process_of[name],
+            instance=name,
             topology=self.topology,
             model_path=self.model_path,
             process_addresses=self.process_addresses,
@@ -118,7 +121,7 @@ class Launcher:
         env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         if "OMP_NUM_THREADS" not in env:
             cores = len(os.sched_getaffinity(0))
-            env["OMP_NUM_THREADS"] = str(max(1, cores // len(self.topology.processes)))
+            env["OMP_NUM_THREADS"] = str(max(1, cores // len(self.process_of)))
         return env
 
     def _exited(self, handle: ProcessHandle) -> None:

@@ -33,7 +33,7 @@ from omnictl.profiling.units import format_rate, format_seconds
 from omnictl.topology.model import Topology
 
 # Per-stage figures only the runtime knows: `Pipeline.stats()` as it is, i.e.
-# stage -> {"status": "up"|"down"|"unknown", "requests": n, "queued": n, "running": n, ...};
+# stage -> {"status": "up"|"degraded"|"down"|"unknown", "requests": n, "queued": n, "running": n, ...};
 # any key may be missing. "requests" shows as in flight, "queued" as the queue depth, and
 # "running" as the batch size unless the scheduler reports `batch_size` in its events.
 LiveStats = Mapping[str, Mapping[str, Any]]
@@ -214,15 +214,15 @@ def _stage_rows(
         stats = snapshot.stages.get(name)
         runtime = live.get(name, {})
         spec = topology.stages.get(name) if topology is not None else None
-        process = spec.process if spec is not None else (stats.process if stats else "-")
+        process = _process_label(topology, spec.process) if spec is not None else (stats.process if stats else "-")
         gpu = (",".join(str(g) for g in spec.gpu) or "cpu") if spec is not None else "-"
         in_flight = runtime.get("requests", stats.in_flight if stats else 0)
         batch = stats.batch_size if stats and stats.batch_size is not None else runtime.get("running")
-        down = runtime.get("status") == "down"
+        status = runtime.get("status")
         measured = stats is not None and stats.n > 0
         style = STALE_STYLE if stats is not None and stats.stale else ""
         cells = [
-            Text(f"{name} (down)", style="bold red") if down else Text(name),
+            Text(f"{name} ({status})", style="bold red") if status in ("down", "degraded") else Text(name),
             Text(process),
             Text(gpu),
             Text(_number(in_flight)),
@@ -237,6 +237,12 @@ def _stage_rows(
         ]
         rows.append(cells)
     return _STAGE_COLUMNS, rows
+
+
+def _process_label(topology: Topology | None, process: str) -> str:
+    """The process, or its replicas' names (``tts#0,tts#1``) when it has several."""
+    spec = topology.processes.get(process) if topology is not None else None
+    return ",".join(spec.instances) if spec is not None and spec.replicas > 1 else process
 
 
 def _edge_rows(snapshot: ProfileSnapshot, topology: Topology | None) -> tuple[tuple[_Column, ...], list[list[Text]]]:

@@ -35,6 +35,8 @@ class PipelineLike(Protocol):
     @property
     def healthy(self) -> bool: ...
 
+    def health(self) -> tuple[str, dict[str, str]]: ...
+
     run_dir: Any
 
     async def submit(self, inputs: Any, modalities: list[str] | None = None, request_id: str | None = None) -> Any: ...
@@ -44,6 +46,8 @@ class PipelineLike(Protocol):
     async def stats(self) -> dict[str, dict[str, Any]]: ...
 
     def in_flight(self) -> int: ...
+
+    def process_ids(self) -> dict[str, int]: ...
 
 
 @dataclass
@@ -179,10 +183,14 @@ def create_app(state: ServingState) -> Starlette:
         if pipe is None:
             return JSONResponse({"status": "starting"}, status_code=503)
         stages = await pipe.stats()
-        down = sorted(name for name, info in stages.items() if info.get("status") == "down")
+        status, replicas_down = pipe.health()
         body = {
-            "status": "down" if down or not pipe.healthy else "ok",
-            "down": down,
+            # ok; degraded (200): some replica is down, every process still has one up;
+            # down (503): some process has no replica up
+            "status": status,
+            "down": sorted(name for name, info in stages.items() if info.get("status") == "down"),
+            "replicas_down": replicas_down,  # OS process (``tts#1``) -> why
+            "processes": pipe.process_ids(),  # OS process -> pid
             "in_flight": len(state.active),  # requests this server is answering
             "pipeline_in_flight": pipe.in_flight(),  # requests the coordinator still tracks
             "stages": stages,  # per stage: status and the state it holds (queued, running, buffers)

@@ -47,6 +47,8 @@ class ServerMetrics:
         self.profile = ProfileMetrics()
         self.registry.register(self.profile)
         self._counts = dict.fromkeys(OUTCOMES, 0)  # the counter's values, readable without a scrape
+        self.processes = ProcessMetrics()
+        self.registry.register(self.processes)
 
     def outcome(self, outcome: str) -> None:
         self.requests.labels(outcome).inc()
@@ -94,6 +96,28 @@ class ProfileMetrics(Collector):
             edge.add_sample("omnictl_edge_latency_seconds_count", labels, float(stats.hops))
         yield stage
         yield edge
+
+
+class ProcessMetrics(Collector):
+    """``omnictl_process_up{process="tts#1", group="tts"}``: 1 per stage process (each
+    replica on its own) that is up, 0 while it is down. ``pipeline`` is set once it is up."""
+
+    def __init__(self) -> None:
+        self.pipeline: Any | None = None
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        if self.pipeline is None:
+            return
+        up = Metric("omnictl_process_up", "Stage process (replica) up: 1, down: 0", "gauge")
+        _, down = self.pipeline.health()
+        for group in self.pipeline.topology.processes.values():
+            for name in group.instances:
+                up.add_sample("omnictl_process_up", {"process": name, "group": group.name},
+                              0.0 if name in down else 1.0)
+        yield up
 
 
 def _quantiles(metric: Metric, name: str, labels: dict[str, str], p50: float | None, p99: float | None) -> None:

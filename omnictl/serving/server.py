@@ -39,6 +39,7 @@ class ServeOptions:
     device: str | None = None
     run_dir: str | None = None
     request_timeout: float = 300.0
+    max_restarts: int = 0  # per replica: how often a dead stage process is started again
     limits: Limits = field(default_factory=Limits)
     served_model_names: tuple[str, ...] = ()  # model ids accepted besides the topology's name
 
@@ -126,7 +127,7 @@ async def run_server(
     try:
         launch = Pipeline.launch(
             topology, model_path=options.model_path, device=options.device, run_dir=options.run_dir,
-            profile=True, request_timeout=options.request_timeout,
+            profile=True, request_timeout=options.request_timeout, max_restarts=options.max_restarts,
         )
         entering = asyncio.create_task(launch.__aenter__(), name="pipeline-launch")
         waiting = asyncio.create_task(stopping.wait())
@@ -141,6 +142,7 @@ async def run_server(
         try:
             state.model_name = pipe.topology.name  # the model id is the topology's `name`
             state.pipeline = pipe
+            state.metrics.processes.pipeline = pipe
             if pipe.profile is not None:
                 state.metrics.profile.snapshot = pipe.profile.aggregator.snapshot
             if on_ready is not None:

@@ -14,7 +14,7 @@ import zmq
 
 from omnictl import messages as m
 from omnictl.profiling.events import EventKind, Profiler, now_ns
-from omnictl.topology.model import EdgeKind, RelayKnobs, Topology, Transport
+from omnictl.topology.model import EdgeKind, RelayKnobs, Topology, Transport, replica_name
 from omnictl.transports.codec import PayloadCodec, codec_for
 from omnictl.transports.shm import SlotPool
 
@@ -29,7 +29,7 @@ def payload_bytes(payload: m.EncodedPayload) -> int:
 class WorkerPorts:
     def __init__(
         self,
-        process: str,
+        process: str,  # this replica's OS process name (``tts#1``): owner of its slots
         topology: Topology,
         zmq_context: zmq.Context,
         process_addresses: dict[str, str],
@@ -61,6 +61,11 @@ class WorkerPorts:
             socket = self._peers[process] = self._push(self._addresses[process])
         return socket
 
+    def _peer_of(self, ctx: m.RequestContext, dst: str) -> zmq.Socket:
+        """The replica of ``dst``'s process that this request was assigned at submit."""
+        process = self.topology.processes[self.topology.process_of(dst)]
+        return self._peer(replica_name(process.name, ctx.replicas.get(process.name, 0), process.replicas))
+
     def pool(self, stage: str) -> SlotPool:
         pool = self.pools.get(stage)
         if pool is None:
@@ -76,7 +81,8 @@ class WorkerPorts:
         return codec.encode(data)
 
     def _signal(
-        self, src: str, dst: str, kind: EdgeKind, local: Callable[["Stage"], None], remote: Callable[[], Any]
+        self, ctx: m.RequestContext, src: str, dst: str, kind: EdgeKind,
+        local: Callable[["Stage"], None], remote: Callable[[], Any],
     ) -> None:
         """A payload-free message (stream done, skip) along an edge."""
         edge = self.topology.edge(src, dst, kind)
@@ -84,7 +90,7 @@ class WorkerPorts:
             # call_soon is FIFO: per-edge order holds and no stage re-enters another.
             self._loop.call_soon(local, self.local[dst])
         else:
-            self._peer(self.topology.process_of(dst)).send(m.encode(remote()))
+            self._peer_of(ctx, dst).send(m.encode(remote()))
 
     # --- Ports protocol ---------------------------------------------------------------
 
@@ -99,7 +105,7 @@ class WorkerPorts:
         self.profiler.record(
             EventKind.HOP_SENT, ctx.request_id, src, target=dst, transport=edge.transport.value, bytes=payload_bytes(payload)
         )
-        self._peer(self.topology.process_of(dst)).send(m.encode(m.DataReady(ctx, src, dst, payload, sent)))
+        self._peer_of(ctx, dst).send(m.encode(m.DataReady(ctx, src, dst, payload, sent)))
 
     def _receive_local(self, stage: "Stage", ctx: m.RequestContext, src: str, data: Any) -> None:
         self.profiler.record(EventKind.HOP_RECEIVED, ctx.request_id, stage.name, source=src, transport="inproc")
@@ -112,13 +118,13 @@ class WorkerPorts:
             self._loop.call_soon(self.local[dst].on_stream_chunk, ctx, src, seq, data)
             return
         payload = self._encode(src, edge.transport, data)
-        self._peer(self.topology.process_of(dst)).send(m.encode(m.StreamChunk(ctx, src, dst, seq, payload, now_ns())))
+        self._peer_of(ctx, dst).send(m.encode(m.StreamChunk(ctx, src, dst, seq, payload, now_ns())))
 
     def send_stream_done(self, ctx: m.RequestContext, src: str, dst: str) -> None:
-        self._signal(src, dst, EdgeKind.STREAM, lambda s: s.on_stream_done(ctx, src), lambda: m.StreamDone(ctx, src, dst))
+        self._signal(ctx, src, dst, EdgeKind.STREAM, lambda s: s.on_stream_done(ctx, src), lambda: m.StreamDone(ctx, src, dst))
 
     def send_skip(self, ctx: m.RequestContext, src: str, dst: str) -> None:
-        self._signal(src, dst, EdgeKind.DATA, lambda s: s.on_skip(ctx, src), lambda: m.Skip(ctx, src, dst))
+        self._signal(ctx, src, dst, EdgeKind.DATA, lambda s: s.on_skip(ctx, src), lambda: m.Skip(ctx, src, dst))
 
     def send_terminal(self, request_id: str, stage: str, final: bool, seq: int, data: Any) -> None:
         payload = self._encode(stage, Transport.SHM, data)

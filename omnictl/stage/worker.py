@@ -39,10 +39,11 @@ _REPORT_LINGER_MS = 2000  # how long a stage process that failed to start waits 
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    process: str
+    process: str  # the topology process whose stages this one runs
+    instance: str  # this OS process's name: the process's, or ``NAME#i`` for a replica
     topology: Topology
     model_path: str | None
-    process_addresses: dict[str, str]  # process name -> its PULL address
+    process_addresses: dict[str, str]  # OS process (replica) name -> its PULL address
     coordinator_address: str
     broadcast_address: str
     profile_address: str | None
@@ -79,7 +80,7 @@ def _make_profiler(config: WorkerConfig) -> tuple[Profiler, Any]:
         return NullProfiler(), None
     from omnictl.profiling.recorder import Recorder
 
-    recorder = Recorder(config.process, config.profile_address)
+    recorder = Recorder(config.instance, config.profile_address)
     return recorder, recorder
 
 
@@ -97,14 +98,14 @@ class Worker:
         context = zmq.asyncio.Context()
         inbound = context.socket(zmq.PULL)
         inbound.setsockopt(zmq.LINGER, 0)
-        inbound.bind(config.process_addresses[config.process])
+        inbound.bind(config.process_addresses[config.instance])
         broadcast = context.socket(zmq.SUB)
         broadcast.setsockopt(zmq.LINGER, 0)
         broadcast.setsockopt(zmq.SUBSCRIBE, b"")
         broadcast.connect(config.broadcast_address)
         profiler, recorder = _make_profiler(config)
         self.ports = WorkerPorts(
-            config.process,
+            config.instance,
             config.topology,
             zmq.Context.shadow(context.underlying),
             config.process_addresses,
@@ -116,7 +117,7 @@ class Worker:
             # the coordinator would only see the process exit, not why
             self._close(inbound, broadcast, recorder, linger_ms=_REPORT_LINGER_MS)
             return
-        self.ports.send_control(m.Ready(config.process, os.getpid()))
+        self.ports.send_control(m.Ready(config.instance, os.getpid()))
         tasks = [
             asyncio.create_task(self._receive(inbound)),
             asyncio.create_task(self._listen(broadcast)),
@@ -138,10 +139,10 @@ class Worker:
                 stage = build_stage(spec, config.topology, config.model_path, self.ports, profiler)
                 await stage.start()
             except (ResolveError, StartupError) as exc:  # one line: which module / option, and why
-                self.ports.send_control(m.LaunchFailed(config.process, name, str(exc)))
+                self.ports.send_control(m.LaunchFailed(config.instance, name, str(exc)))
                 return False
             except BaseException:  # report any failure to build, with its traceback
-                self.ports.send_control(m.LaunchFailed(config.process, name, "its factory raised\n" + traceback.format_exc()))
+                self.ports.send_control(m.LaunchFailed(config.instance, name, "its factory raised\n" + traceback.format_exc()))
                 return False
             self.stages[name] = stage
             self.ports.local[name] = stage
@@ -168,7 +169,7 @@ class Worker:
             try:
                 message = m.inbound_decoder.decode(raw)
             except msgspec.DecodeError as exc:  # a peer speaking another protocol version
-                print(f"omnictl worker {self.config.process}: undecodable message: {exc}", file=sys.stderr)
+                print(f"omnictl worker {self.config.instance}: undecodable message: {exc}", file=sys.stderr)
                 continue
             try:
                 self._dispatch(message)
@@ -177,7 +178,7 @@ class Worker:
                 request_id = message.ctx.request_id if hasattr(message, "ctx") else None
                 if request_id is None:
                     raise
-                stage = getattr(message, "dst", self.config.process)
+                stage = getattr(message, "dst", self.config.instance)
                 self.ports.send_failure(
                     request_id, stage, f"stage {stage!r} could not take its input: {describe_error(exc)}", rejected=True
                 )
@@ -221,13 +222,13 @@ class Worker:
                     for stage in self.stages.values():
                         stage.on_abort(request_id)
             elif isinstance(message, m.Hello):
-                self.ports.send_control(m.HelloAck(self.config.process, message.seq))
+                self.ports.send_control(m.HelloAck(self.config.instance, message.seq))
             elif isinstance(message, m.StatsRequest):
                 stats = {
                     name: stage.stats(self.ports.pools[name].in_use if name in self.ports.pools else 0)
                     for name, stage in self.stages.items()
                 }
-                self.ports.send_control(m.StatsReply(self.config.process, message.seq, stats))
+                self.ports.send_control(m.StatsReply(self.config.instance, message.seq, stats))
 
 
 if __name__ == "__main__":

@@ -39,7 +39,9 @@ def derive_edges(stages: Mapping[str, StageSpec]) -> tuple[Edge, ...]:
     return tuple(edges)
 
 
-def derive_processes(stages: Mapping[str, StageSpec]) -> dict[str, ProcessSpec]:
+def derive_processes(stages: Mapping[str, StageSpec],
+                     replicas: Mapping[str, int] | None = None) -> dict[str, ProcessSpec]:
+    """``replicas``: the `processes` knobs, by process name (absent: one replica)."""
     members: dict[str, list[str]] = {}
     gpus: dict[str, list[int]] = {}
     for spec in stages.values():
@@ -48,7 +50,7 @@ def derive_processes(stages: Mapping[str, StageSpec]) -> dict[str, ProcessSpec]:
             if gpu not in gpus.setdefault(spec.process, []):
                 gpus[spec.process].append(gpu)
     return {
-        name: ProcessSpec(name, tuple(names), tuple(gpus.get(name, ())))
+        name: ProcessSpec(name, tuple(names), tuple(gpus.get(name, ())), (replicas or {}).get(name, 1))
         for name, names in members.items()
     }
 
@@ -58,6 +60,7 @@ def derive(
     path: Path | None,
     model_path: str | None,
     stages: Mapping[str, StageSpec],
+    replicas: Mapping[str, int] | None = None,
 ) -> Topology:
     edges = derive_edges(stages)
     targets = {e.dst for e in edges}
@@ -70,7 +73,7 @@ def derive(
         stages=dict(stages),
         entry=entries[0],
         terminals=terminals,
-        processes=derive_processes(stages),
+        processes=derive_processes(stages, replicas),
         edges=edges,
     )
 
@@ -78,8 +81,9 @@ def derive(
 def on_cpu(topology: Topology) -> Topology:
     """The same topology with every GPU placement dropped and transports derived again.
 
-    Processes stay as declared, so a two-GPU topology runs on a CPU-only machine
+    Processes (and their replicas) stay as declared, so a two-GPU topology runs on a CPU-only machine
     with the same process layout (its cross-process edges become ``shm``).
     """
     stages = {n: dataclasses.replace(s, gpu=(), tp_size=1) for n, s in topology.stages.items()}
-    return derive(topology.name, topology.path, topology.model_path, stages)
+    replicas = {name: p.replicas for name, p in topology.processes.items()}
+    return derive(topology.name, topology.path, topology.model_path, stages, replicas)

@@ -59,11 +59,22 @@ class StageSpec:
         return f"cuda:{self.gpu[0]}" if self.gpu else "cpu"
 
 
+def replica_name(process: str, index: int, replicas: int) -> str:
+    """The OS process name of one replica: ``tts#1``; an unreplicated process keeps its name."""
+    return f"{process}#{index}" if replicas > 1 else process
+
+
 @dataclass(frozen=True)
 class ProcessSpec:
     name: str
     stages: tuple[str, ...]
     gpus: tuple[int, ...]
+    replicas: int = 1  # copies, each its own OS process (`processes: {NAME: {replicas: N}}`)
+
+    @property
+    def instances(self) -> tuple[str, ...]:
+        """The OS process name of every replica, in replica order."""
+        return tuple(replica_name(self.name, i, self.replicas) for i in range(self.replicas))
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,10 @@ class Topology:
 
     def process_of(self, stage: str) -> str:
         return self.stages[stage].process
+
+    def instances(self) -> tuple[str, ...]:
+        """Every OS process the topology runs: each replica of each process."""
+        return tuple(name for p in self.processes.values() for name in p.instances)
 
     def tensor_parallel(self) -> tuple[StageSpec, ...]:
         """Stages placed on more than one GPU (``tp_size`` > 1), in file order."""

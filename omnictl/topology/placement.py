@@ -1,8 +1,11 @@
-"""Placement rules: tensor-parallel sizes and which stages may share a process."""
+"""Placement rules: tensor-parallel sizes, which stages may share a process, and the
+`processes` knobs."""
 
 from __future__ import annotations
 
-from omnictl.topology.raw import RawStage, Reporter
+import difflib
+
+from omnictl.topology.raw import RawProcess, RawStage, Reporter
 
 
 def check_tp_size(stage: RawStage, report: Reporter) -> None:
@@ -58,3 +61,19 @@ def check_processes(by_name: dict[str, RawStage], report: Reporter) -> None:
                            hint="the GPU stages of one process share one GPU; move this stage "
                            "to another `process` or to GPU " + str(home))
                 break
+
+
+def check_declared_processes(processes: dict[str, RawProcess], stages: list[RawStage],
+                             report: Reporter) -> None:
+    """``unknown-process``: every key of `processes` is a process some stage runs in."""
+    used = list(dict.fromkeys(s.process_name for s in stages if "process" not in s.malformed))
+    if any("process" in s.malformed for s in stages):
+        return  # a malformed `process` may be the one this key names: the schema said why
+    for name, process in processes.items():
+        if name in used:
+            continue
+        close = difflib.get_close_matches(name, used, n=1)
+        hint = (f"did you mean {close[0]!r}? " if close else "") + "processes stages run in: " + \
+            ", ".join(used) + " (a stage without `process` runs in one named after it)"
+        report.add("unknown-process", f"`processes` names {name!r}, which no stage runs in",
+                   field="processes", at=process.path, key=True, hint=hint)

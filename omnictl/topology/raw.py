@@ -117,6 +117,32 @@ def _read_stage(index: int, entry: dict[Any, Any]) -> RawStage:
     return stage
 
 
+@dataclass
+class RawProcess:
+    """One entry of the top-level `processes` mapping; knobs of the wrong shape are left at
+    their defaults (the schema check reported them)."""
+
+    name: str
+    path: Path  # ("processes", name)
+    replicas: int = 1
+
+
+def read_processes(doc: Document) -> dict[str, RawProcess]:
+    """The `processes` entries whose key is a string, in file order."""
+    entries = doc.data.get("processes") if isinstance(doc.data, dict) else None
+    if not isinstance(entries, dict):
+        return {}
+    processes: dict[str, RawProcess] = {}
+    for name, knobs in entries.items():
+        if not isinstance(name, str):
+            continue
+        process = processes[name] = RawProcess(name, ("processes", name))
+        replicas = knobs.get("replicas") if isinstance(knobs, dict) else None
+        if _is_int(replicas) and replicas >= 1:
+            process.replicas = replicas
+    return processes
+
+
 def read_stages(doc: Document) -> list[RawStage]:
     """Every stage entry that is a mapping with a string name, in file order."""
     stages = doc.data.get("stages") if isinstance(doc.data, dict) else None

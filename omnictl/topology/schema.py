@@ -38,6 +38,8 @@ FIELD_EXPECTS: dict[str, str] = {
     "slot_bytes": "an integer number of bytes, at least 1",
     "slots": "an integer slot count, at least 1",
     "inline_bytes": "an integer number of bytes, at least 0",
+    "processes": "a mapping from process name to its knobs, like `tts: {replicas: 2}`",
+    "replicas": "an integer number of replicas, at least 1",
 }
 
 _TRANSPORT_HINT = (
@@ -73,8 +75,15 @@ def _stage_of(data: Any, path: Path) -> str | None:
     return None
 
 
+def _in_process(path: Path) -> bool:
+    """``path`` is inside one entry of the top-level `processes` mapping."""
+    return len(path) >= 2 and path[0] == "processes" and isinstance(path[1], str)
+
+
 def _field_of(path: Path) -> str | None:
     rest = path[2:] if len(path) >= 2 and path[0] == "stages" and isinstance(path[1], int) else path
+    if _in_process(path):
+        rest = path[2:] or path[:1]  # a knob, or the process entry itself
     for part in rest:
         if isinstance(part, str):
             return part
@@ -86,6 +95,8 @@ def _where(stage: str | None, path: Path) -> str:
         return f"stage {stage!r}: "
     if len(path) >= 2 and path[0] == "stages" and isinstance(path[1], int):
         return f"stages[{path[1]}]: "
+    if _in_process(path):
+        return f"process {path[1]!r}: "
     return ""
 
 
@@ -102,7 +113,8 @@ def _unknown_fields(doc: Document, error: ValidationError, path: Path) -> list[I
             hint = f"did you mean `{close[0]}`? " if close else ""
             hint += "known fields: " + ", ".join(known)
         where = _where(stage, path)
-        owner = f" in `{path[-1]}`" if path and isinstance(path[-1], str) else ""
+        entry = path and isinstance(path[-1], str) and not (_in_process(path) and len(path) == 2)
+        owner = f" in `{path[-1]}`" if entry else ""
         issues.append(Issue("schema", f"{where}unknown field `{extra}`{owner}", doc.file,
                             line, column, stage=stage, field=str(extra), hint=hint))
     return issues

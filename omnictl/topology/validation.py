@@ -14,8 +14,8 @@ from omnictl.topology.imports import check_imports as check_stage_imports
 from omnictl.topology.imports import import_path, topology_dir
 from omnictl.topology.issues import Issue
 from omnictl.topology.model import RelayKnobs, StageSpec, Topology
-from omnictl.topology.raw import RawStage, Reporter, read_stages
 from omnictl.topology.causes import order_by_cause
+from omnictl.topology.raw import RawStage, Reporter, read_processes, read_stages
 from omnictl.topology.schema import check_schema, load_schema
 from omnictl.topology.yamlnodes import Document, parse
 
@@ -47,7 +47,8 @@ def derived_json(topology: Topology) -> dict[str, Any]:
         "entry": topology.entry,
         "terminals": dict(topology.terminals),
         "processes": {
-            name: {"stages": list(p.stages), "gpus": list(p.gpus)}
+            name: {"stages": list(p.stages), "gpus": list(p.gpus), "replicas": p.replicas,
+                   "instances": list(p.instances)}
             for name, p in topology.processes.items()
         },
         "edges": [
@@ -102,6 +103,7 @@ def _graph_issues(doc: Document, stages: list[RawStage], check_imports: bool) ->
     shape.check_terminals(by_name, report, terminal_written)
     shape.check_cycles(by_name, report)
     placement.check_processes(by_name, report)
+    placement.check_declared_processes(read_processes(doc), stages, report)
     return report.issues
 
 
@@ -123,7 +125,8 @@ def validate_text(text: str, filename: str = "<string>", *,
         stage_specs = {s.name: _stage_spec(s, doc.position(s.path)[0]) for s in stages}
         path = None if filename.startswith("<") else Path(filename)
         name = data.get("name") or (path.stem if path else "topology")
-        report.topology = derive(name, path, data.get("model_path"), stage_specs)
+        replicas = {n: p.replicas for n, p in read_processes(doc).items()}
+        report.topology = derive(name, path, data.get("model_path"), stage_specs, replicas)
     return report
 
 

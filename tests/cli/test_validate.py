@@ -90,7 +90,8 @@ def test_json_for_several_files_is_a_list_with_derived_topologies(app: typer.Typ
     assert good["valid"] is True and good["errors"] == []
     assert good["derived"]["entry"] == "preprocessing"
     assert good["derived"]["processes"]["talker"] == {"stages": ["talker_ar", "code2wav"],
-                                                      "gpus": [1]}
+                                                      "gpus": [1], "replicas": 1,
+                                                      "instances": ["talker"]}
     assert {"from": "thinker", "to": "decode", "kind": "stream",
             "transport": "inproc"} in good["derived"]["edges"]
     assert bad["valid"] is False
@@ -133,8 +134,8 @@ def test_summary_renders_processes_and_edges_in_a_fixed_width_console() -> None:
     text = console.export_text()
     assert "entry preprocessing  terminals decode (text), code2wav (audio)" in text
     rows = [" ".join(line.split()) for line in text.splitlines()]
-    assert "frontend preprocessing, image_encoder, audio_encoder, mm_aggregate 0" in rows
-    assert "talker talker_ar, code2wav 1" in rows
+    assert "frontend preprocessing, image_encoder, audio_encoder, mm_aggregate 0 1" in rows
+    assert "talker talker_ar, code2wav 1 1" in rows
     assert "mm_aggregate -> thinker data cuda_ipc" in rows
     assert "thinker -> talker_ar data+stream relay" in rows
 

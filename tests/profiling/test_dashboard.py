@@ -266,3 +266,17 @@ def test_live_stats_come_from_the_pipelines_loop_and_never_block_it() -> None:
     waited, on_loop, from_thread = asyncio.run(main())
     assert on_loop == {} and waited < 0.5
     assert from_thread == {"thinker": {"queued": 4}}
+
+
+def test_a_replicated_process_shows_its_replicas_and_a_degraded_stage() -> None:
+    import dataclasses
+
+    processes = dict(TOPOLOGY.processes)
+    processes["talker"] = dataclasses.replace(processes["talker"], replicas=2)
+    topology = dataclasses.replace(TOPOLOGY, processes=processes)
+    now = time.time_ns()
+    live = {"code2wav": {"status": "degraded", "process": "talker", "requests": 1}}
+    text = _render(render_dashboard(Aggregator().snapshot(now), topology, live), width=160)
+    rows = _table(text, "stages")[1]
+    assert rows["code2wav (degraded)"][:2] == ["code2wav (degraded)", "talker#0,talker#1"]
+    assert rows["thinker"][1] == "thinker"

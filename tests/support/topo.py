@@ -11,8 +11,12 @@ REPO = Path(__file__).resolve().parents[2]
 S = "tests.support.stages"
 
 
-def write(path: Path, stages: list[dict[str, Any]], name: str = "test") -> Path:
-    path.write_text(yaml.safe_dump({"name": name, "stages": stages}, sort_keys=False))
+def write(path: Path, stages: list[dict[str, Any]], name: str = "test",
+          processes: dict[str, dict[str, Any]] | None = None) -> Path:
+    document: dict[str, Any] = {"name": name, "stages": stages}
+    if processes is not None:
+        document["processes"] = processes
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path
 
 

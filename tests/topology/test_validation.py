@@ -125,7 +125,8 @@ def test_report_json_shape() -> None:
     assert good["derived"]["entry"] == "ingest"
     assert good["derived"]["terminals"] == {"audio_head": "audio", "video_head": "video"}
     assert good["derived"]["processes"]["heads"] == {"stages": ["audio_head", "video_head"],
-                                                     "gpus": []}
+                                                     "gpus": [], "replicas": 1,
+                                                     "instances": ["heads"]}
     assert {"from": "backbone", "to": "video_head", "kind": "data",
             "transport": "shm"} in good["derived"]["edges"]
     bad = validate_text("stages: 3\n", "b.yaml").to_json()

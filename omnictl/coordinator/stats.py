@@ -1,0 +1,49 @@
+"""``Pipeline.stats()``: the stats replies of every replica, per stage."""
+
+from __future__ import annotations
+
+from typing import Any, Container, Iterable, Mapping
+
+import msgspec
+
+from omnictl import messages as m
+from omnictl.topology.model import Topology
+
+
+def stage_stats(topology: Topology, replies: Mapping[str, m.StatsReply],
+                down: Container[str]) -> dict[str, dict[str, Any]]:
+    """Per stage: status, its process, and the state counters summed over the replicas that
+    answered; for a replicated process, ``replicas`` has the same per OS process (``tts#0``, ...). Status: ``up``,
+    ``down`` (every replica), ``degraded`` (some replica down) or ``unknown`` (no answer)."""
+    result: dict[str, dict[str, Any]] = {}
+    for process, spec in topology.processes.items():
+        for stage in spec.stages:
+            per_replica = {name: _replica(name, replies.get(name), stage, down) for name in spec.instances}
+            entry = result[stage] = {"status": _combined([r["status"] for r in per_replica.values()]),
+                                     "process": process, **_summed(per_replica.values())}
+            if spec.replicas > 1:
+                entry["replicas"] = per_replica
+    return result
+
+
+def _replica(instance: str, reply: m.StatsReply | None, stage: str, down: Container[str]) -> dict[str, Any]:
+    status = "down" if instance in down else ("up" if reply else "unknown")
+    fields = msgspec.structs.asdict(reply.stages[stage]) if reply else {}
+    return {"status": status, **fields}
+
+
+def _combined(statuses: list[str]) -> str:
+    if all(s == "down" for s in statuses):
+        return "down"
+    if "down" in statuses:
+        return "degraded"
+    return "up" if all(s == "up" for s in statuses) else "unknown"
+
+
+def _summed(replicas: Iterable[dict[str, Any]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for fields in replicas:
+        for key, value in fields.items():
+            if key != "status":
+                total[key] = total.get(key, 0) + value
+    return total

@@ -1,0 +1,78 @@
+"""Stages that say which OS process handled each message: for replica placement tests.
+
+Every message a stage here gets is stamped with ``os.getpid()``, so a test can check that
+all parts and chunks of one request reached one replica.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Iterator
+
+from omnictl.schedulers.base import IncomingKind, OutgoingKind, OutgoingMessage, Scheduler, SchedulerLoad
+
+
+def tokens(count: int = 4, delay: float = 0.0) -> Callable[[dict[str, Any]], Iterator[dict[str, Any]]]:
+    """Streams ``count`` chunks, then returns the request's data."""
+
+    def run(data: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        for i in range(count):
+            if delay:
+                time.sleep(delay)
+            yield {"token": i}
+        return {"tag": data["tag"], "pid": {"source": os.getpid()}}
+
+    return run
+
+
+class PidCollector(Scheduler):
+    """Consumes the chunks streamed to it, recording the pid that received each one; on the
+    upstream's data, returns the chunks and their pids beside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chunks: dict[str, list[tuple[int, int]]] = {}
+
+    async def run(self) -> None:
+        while True:
+            message = await self.inbox.get()
+            if message.kind is IncomingKind.STREAM_CHUNK:
+                self.chunks.setdefault(message.request_id, []).append((message.data["token"], os.getpid()))
+            elif message.kind is IncomingKind.NEW_REQUEST:
+                got = self.chunks.pop(message.request_id, [])
+                result = {**message.data, "streamed": [t for t, _ in got], "chunk_pids": [p for _, p in got],
+                          "collect_pid": os.getpid()}
+                self.emit(OutgoingMessage(OutgoingKind.RESULT, message.request_id, result))
+
+    def abort(self, request_id: str) -> None:
+        self.chunks.pop(request_id, None)
+
+    def load(self) -> SchedulerLoad:
+        return SchedulerLoad(stream_buffers=len(self.chunks))
+
+
+def pid_collector() -> PidCollector:
+    return PidCollector()
+
+
+def side() -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def run(data: dict[str, Any]) -> dict[str, Any]:
+        return {"tag": data["tag"], "side_pid": os.getpid()}
+
+    return run
+
+
+def merge_with_pid(inputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The fan-in: runs where the parts met, so its pid is the replica that got them all."""
+    return {**inputs["collect"], "side_pid": inputs["side"]["side_pid"], "join_pid": os.getpid()}
+
+
+def pid_after(seconds: float) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Holds each request for ``seconds`` (GIL released), then stamps its pid."""
+
+    def run(data: dict[str, Any]) -> dict[str, Any]:
+        time.sleep(seconds)
+        return {**data, "work_pid": os.getpid()}
+
+    return run
