@@ -36,6 +36,7 @@ from omnictl.transports.shm import SegmentReader, SlotPool
 # A reused request id is refused for as long as it is remembered; a client may reuse one long
 # after it finished, so the coordinator remembers more than a stage (DEFAULT_RECENT_IDS): ~17 MB for uuid-hex ids.
 _RECENT_IDS = 100_000
+_LAUNCH_REPORT_GRACE_S = 0.5  # how long a dead process's launch report may still arrive
 
 
 class Coordinator:
@@ -343,7 +344,11 @@ class Coordinator:
         self.down[instance] = why
         handle = self.launcher.handles[instance]
         if not handle.ready.done():
-            handle.ready.set_exception(LaunchError(process.stages[0], why))
+            # A stage that failed to build sends why (LaunchFailed) just before it exits, and
+            # its exit can be seen first: give that report a moment to win over "died".
+            asyncio.get_running_loop().call_later(
+                _LAUNCH_REPORT_GRACE_S, _fail_launch, handle.ready, LaunchError(process.stages[0], why)
+            )
         failed = self.placement.holders(instance)
         for request_id in failed:
             record = self.requests.get(request_id)
@@ -398,3 +403,8 @@ class Coordinator:
         finally:
             del self._stats_waiters[seq]
         return stage_stats(self.topology, replies, self.down)
+
+
+def _fail_launch(ready: "asyncio.Future[None]", error: LaunchError) -> None:
+    if not ready.done():
+        ready.set_exception(error)
