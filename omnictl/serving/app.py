@@ -8,16 +8,17 @@ import secrets
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from omnictl.serving import chat, speech, transcriptions
+from omnictl.serving import chat, playground, speech, transcriptions
 from omnictl.serving.admission import Admitted, Submission, admit
 from omnictl.serving.auth import authorized
 from omnictl.serving.capabilities import capabilities
 from omnictl.serving.errors import error_response, unauthorized
 from omnictl.serving.metrics import CONTENT_TYPE
 from omnictl.serving.protocol import parse_chat_body
+from omnictl.serving.realtime.route import realtime_endpoint
 from omnictl.serving.state import PipelineLike, ServingState
 
 __all__ = ["PipelineLike", "RequestIdMiddleware", "ServingState", "create_app", "new_request_id"]
@@ -107,9 +108,11 @@ def create_app(state: ServingState) -> Starlette:
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE)
 
     routes: list[BaseRoute] = [
+        Route("/", playground.page, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/audio/speech", speech.endpoint(state), methods=["POST"]),
         Route("/v1/audio/transcriptions", transcriptions.endpoint(state), methods=["POST"]),
+        WebSocketRoute("/v1/realtime", realtime_endpoint(state)),
         Route("/v1/requests/{request_id}/abort", abort_request, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
