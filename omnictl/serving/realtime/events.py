@@ -18,6 +18,8 @@ from typing import Any, Literal, Union
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from omnictl.exceptions import RealtimeEventError
+
 # --- shared pieces --------------------------------------------------------------------------
 
 
@@ -141,16 +143,7 @@ ClientEvent = Union[
 CLIENT_EVENT_TYPES = tuple(cls.__struct_config__.tag for cls in ClientEvent.__args__)  # type: ignore[attr-defined]
 
 
-class EventError(Exception):
-    """A client event this server cannot take; becomes an ``error`` event (the session goes on).
-
-    Not an :class:`~omnictl.exceptions.OmnictlError`: it never leaves the session, which
-    answers it on the socket."""
-
-    def __init__(self, message: str, code: str, param: str | None = None, event_id: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.message, self.code, self.param, self.event_id, self.kind = message, code, param, event_id, kind
+EventError = RealtimeEventError  # the name used across this package
 
 
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
