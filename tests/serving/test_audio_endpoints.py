@@ -4,7 +4,6 @@ against a real `omnictl serve` of the embedded voice assistant (real Whisper, re
 from __future__ import annotations
 
 import base64
-import io
 import json
 from typing import Any
 

@@ -13,6 +13,7 @@ pipeline request everywhere; from that moment no delta of this response is sent,
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -27,6 +28,7 @@ from omnictl.serving.realtime.turns import Conversation, Turn
 from omnictl.serving.state import PipelineLike, ServingState
 
 Send = Callable[[ev.ServerEvent], None]
+log = logging.getLogger("omnictl.serving.realtime")
 
 
 @dataclass
@@ -119,6 +121,8 @@ class ResponseRun:
                 break
             if event.kind is RequestEventKind.ERROR:
                 tracked.finish("failed")
+                log.warning("realtime response %s (request %s) failed in stage %r: %s", self.id, tracked.request.id,
+                            event.stage, event.error)
                 return "failed", f"stage {event.stage!r}: {event.error}"
             data: Any = event.data
             if isinstance(data, TextResult):

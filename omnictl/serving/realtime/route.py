@@ -103,7 +103,8 @@ async def _receive(websocket: WebSocket, session: RealtimeSession, limit: int) -
             return
         if message["type"] == "websocket.disconnect":
             return
-        raw = message.get("text") if message.get("text") is not None else message.get("bytes") or b""
+        text: str | None = message.get("text")
+        raw: str | bytes = text if text is not None else message.get("bytes") or b""
         try:
             if len(raw) > limit:
                 raise ev.EventError(f"the message is {len(raw)} bytes; this server takes events up to {limit} bytes "

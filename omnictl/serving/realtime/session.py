@@ -14,8 +14,9 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import logging
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Sequence
 
 import msgspec
 import numpy as np
@@ -32,6 +33,8 @@ from omnictl.serving.realtime.responses import ResponseRun
 from omnictl.serving.realtime.turns import Conversation, Turn
 from omnictl.serving.realtime.vad import SileroModel, SileroVad, SpeechStarted, TurnDetector, VadSettings
 from omnictl.serving.state import PipelineLike, ServingState
+
+log = logging.getLogger("omnictl.serving.realtime")
 
 MIN_COMMIT_MS = 100  # a commit of less audio than this is refused, as OpenAI refuses it
 DEFAULT_VOICE = "alloy"  # an OpenAI name: the topology's default voice
@@ -100,7 +103,7 @@ class RealtimeSession:
             s.max_output_tokens = self._max_tokens(config.max_output_tokens, "session.max_output_tokens", event.event_id)
         self.send(ev.SessionUpdated(session=self.session_object()))
 
-    def _modalities(self, wanted: list[str], param: str, event_id: str | None) -> list[str]:
+    def _modalities(self, wanted: Sequence[str], param: str, event_id: str | None) -> list[str]:
         produces = set(self.pipeline.topology.terminals.values())
         missing = [m for m in wanted if m not in produces]
         if not wanted or missing:
@@ -168,10 +171,13 @@ class RealtimeSession:
         self.send(ev.SpeechStoppedEvent(audio_end_ms=audio_end_ms, item_id=item_id))
         self._commit(item_id, None)
         assert self.settings.vad is not None
-        if self.settings.vad.create_response:
-            if self.response is not None:  # cancelled by this speech's start: let it finish its events
-                await asyncio.shield(self.response[1])
-            self._start_response(ev.ResponseConfig(), None)
+        if not self.settings.vad.create_response:
+            return
+        if self.response is not None:
+            if self.response[0].cancel_reason is None:
+                return  # still answering (interrupt_response off): the next response hears this turn
+            await asyncio.shield(self.response[1])  # cancelled by this speech's start: it is sending its last events
+        self._start_response(ev.ResponseConfig(), None)
 
     async def commit(self, event: ev.InputAudioBufferCommit) -> None:
         self._commit(ev.new_id("item"), event.event_id)
@@ -248,6 +254,8 @@ class RealtimeSession:
                     heard = event.data
                 elif event.kind in (RequestEventKind.ERROR, RequestEventKind.ABORTED):
                     tracked.finish("failed" if event.kind is RequestEventKind.ERROR else "aborted")
+                    log.warning("realtime session %s: transcribing item %s (request %s) failed: %s", self.id, turn.id,
+                                submitted.id, event.error)
                     self.send(ev.error_event(ev.EventError(f"transcribing item {turn.id} failed: {event.error}",
                                                            "transcription_failed", kind="server_error")))
                     return
