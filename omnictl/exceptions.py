@@ -15,7 +15,9 @@ The tree separates "your input was wrong" from "this request failed" from
     │   └── ModelPathError       no --model-path given, or it is not a checkpoint (also a
     │                            FileNotFoundError)
     ├── InvalidRequest           the request's input is malformed (names the field / part)
-    │   └── PayloadTooLarge      a body or input audio part exceeds the server's limits (413)
+    │   ├── PayloadTooLarge      a body or input audio part exceeds the server's limits (413)
+    │   └── RealtimeEventError   a /v1/realtime client event is refused (an `error` event; the
+    │                            session goes on)
     ├── RequestError             one request did not produce a result; the pipeline is fine
     │   ├── RequestFailed        a stage raised, a route_fn broke its contract, a deadline passed
     │   └── RequestAborted       the request was aborted (by the client or by `Pipeline.abort`)
@@ -120,6 +122,17 @@ class InvalidRequest(OmnictlError):
 
 class PayloadTooLarge(InvalidRequest):
     """A body or an input audio part exceeds the server's limits (HTTP 413)."""
+
+
+class RealtimeEventError(InvalidRequest):
+    """A ``/v1/realtime`` client event the session cannot take. It never leaves the
+    session: it is answered with an ``error`` event naming ``code``, ``field`` (the
+    protocol's ``param``) and the client's ``event_id``, and the session goes on."""
+
+    def __init__(self, message: str, code: str, param: str | None = None, event_id: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message, field=param)
+        self.message, self.code, self.param, self.event_id, self.kind = message, code, param, event_id, kind
 
 
 class RequestError(OmnictlError):

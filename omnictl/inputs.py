@@ -141,6 +141,7 @@ class ChatRequest(WireStruct, frozen=True, kw_only=True):
     messages: tuple[ChatMessage, ...]
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     voice: str | None = None
+    language: str | None = None  # of the spoken parts (ISO-639-1); None: the recognizer's default
 
     def __post_init__(self) -> None:
         _set(self, "messages", tuple(self.messages))
@@ -166,6 +167,24 @@ class ChatRequest(WireStruct, frozen=True, kw_only=True):
         return params
 
 
+class SpeechRequest(WireStruct, frozen=True, kw_only=True):
+    """Text to speak as it is (``/v1/audio/speech``): no recognition, no language model.
+
+    A topology serves it when its entry stage routes it straight to an audio terminal."""
+
+    text: str
+    voice: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.text, str) or not self.text.strip():
+            raise _fail("input", "must be non-empty text to speak")
+        if self.voice is not None and (not isinstance(self.voice, str) or not self.voice):
+            raise _fail("voice", f"must be a voice name (a non-empty string), got {self.voice!r}")
+
+    def params(self) -> dict[str, Any]:
+        return {} if self.voice is None else {"voice": self.voice}
+
+
 def as_chat_request(inputs: Any) -> ChatRequest:
     """What an entry stage calls on its input: a :class:`ChatRequest` as is (the HTTP
     server already parsed it), a ``{"messages", ...}`` mapping parsed (Python callers)."""
@@ -179,7 +198,7 @@ def as_chat_request(inputs: Any) -> ChatRequest:
 def request_params(inputs: Any) -> dict[str, Any]:
     """The parameters every stage sees for a request with these ``inputs``: its
     ``sampling`` and ``voice``. A mapping's are passed as given (stages validate them)."""
-    if isinstance(inputs, ChatRequest):
+    if isinstance(inputs, (ChatRequest, SpeechRequest)):
         return inputs.params()
     if isinstance(inputs, dict):
         return {key: inputs[key] for key in PARAM_KEYS if key in inputs}
@@ -212,17 +231,21 @@ def parse_request(inputs: Mapping[str, Any], *, max_audio_bytes: int | None = No
     raises :class:`PayloadTooLarge` before it is decoded.
     """
     _expect(inputs, Mapping, "inputs", "an object")
-    _no_unknown_keys(inputs, {"messages", "sampling", "voice"}, "inputs")
+    _no_unknown_keys(inputs, {"messages", "sampling", "voice", "language"}, "inputs")
     messages = _expect(inputs.get("messages"), list, "messages", "a list of chat messages")
     if not messages:
         raise _fail("messages", "must contain at least one message")
     voice = inputs.get("voice")
     if voice is not None and (not isinstance(voice, str) or not voice):
         raise _fail("voice", f"must be a voice name (a non-empty string), got {voice!r}")
+    language = inputs.get("language")
+    if language is not None and (not isinstance(language, str) or not 2 <= len(language) <= 8 or not language.isalpha()):
+        raise _fail("language", f"must be a language code such as 'en', got {language!r}")
     return ChatRequest(
         messages=tuple(_parse_message(message, f"messages[{i}]", max_audio_bytes) for i, message in enumerate(messages)),
         sampling=parse_sampling(inputs.get("sampling") or {}),
         voice=voice,
+        language=language,
     )
 
 

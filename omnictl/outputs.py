@@ -1,9 +1,10 @@
 """What a terminal stage streams and returns, by modality: the one output contract.
 
 A terminal of modality ``text`` streams :class:`TextDelta` and returns :class:`TextResult`;
-one of modality ``audio`` streams :class:`AudioChunk` and returns :class:`AudioResult`.
+one of modality ``audio`` streams :class:`AudioChunk` and returns :class:`AudioResult`;
+one of modality ``transcript`` (speech recognition only) returns a :class:`Transcript`.
 Any other modality is free-form: its data reaches the caller as the stage sent it.
-The Stage checks every output of a ``text``/``audio`` terminal with :func:`check_output`
+The Stage checks every output of a ``text``/``audio``/``transcript`` terminal with :func:`check_output`
 and fails that request (naming the stage, the modality and what was wrong) on a
 mismatch, so a broken model is reported where it broke, not in the HTTP layer.
 
@@ -28,6 +29,7 @@ from omnictl.wire import WireStruct
 
 TEXT = "text"
 AUDIO = "audio"
+TRANSCRIPT = "transcript"
 
 
 class FinishReason(str, enum.Enum):
@@ -142,8 +144,28 @@ class TokenResult(TextResult):
     hidden: Any = None
 
 
-TerminalOutput = Union[TextDelta, TextResult, AudioChunk, AudioResult]
-_EXPECTED: dict[str, tuple[type, type]] = {TEXT: (TextDelta, TextResult), AUDIO: (AudioChunk, AudioResult)}
+class Transcript(WireStruct):
+    """A ``transcript`` terminal's result: what speech recognition heard in the request's
+    (last) spoken part, its language, and how many seconds of audio it heard."""
+
+    text: str
+    language: str | None = None
+    duration: float = 0.0
+
+    def __post_init__(self) -> None:
+        cls = type(self)
+        _require(isinstance(self.text, str), cls, f"text must be a str, got {type(self.text).__name__}")
+        _require(self.language is None or isinstance(self.language, str), cls, f"language must be a str or None, got {self.language!r}")
+        _require(isinstance(self.duration, (int, float)) and self.duration >= 0, cls, f"duration must be seconds >= 0, got {self.duration!r}")
+        self.duration = float(self.duration)
+
+
+TerminalOutput = Union[TextDelta, TextResult, AudioChunk, AudioResult, Transcript]
+_EXPECTED: dict[str, tuple[type, type]] = {
+    TEXT: (TextDelta, TextResult),
+    AUDIO: (AudioChunk, AudioResult),
+    TRANSCRIPT: (Transcript, Transcript),  # nothing streams; a chunk, if any, is a partial transcript
+}
 
 
 def check_output(modality: str, final: bool, data: Any) -> str | None:

@@ -2,66 +2,29 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import secrets
-import time
-from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from omnictl.exceptions import InvalidRequest, PayloadTooLarge, PipelineDead
-from omnictl.serving import chat
+from omnictl.serving import chat, playground, speech, transcriptions
+from omnictl.serving.admission import Admitted, Submission, admit
 from omnictl.serving.auth import authorized
-from omnictl.serving.metrics import CONTENT_TYPE, ServerMetrics
-from omnictl.serving.protocol import Limits, parse_chat_body
-from omnictl.serving.sse import error_body
+from omnictl.serving.capabilities import capabilities
+from omnictl.serving.errors import error_response, unauthorized
+from omnictl.serving.metrics import CONTENT_TYPE
+from omnictl.serving.protocol import parse_chat_body
+from omnictl.serving.realtime.route import realtime_endpoint
+from omnictl.serving.state import PipelineLike, ServingState
+
+__all__ = ["PipelineLike", "RequestIdMiddleware", "ServingState", "create_app", "new_request_id"]
 
 REQUEST_ID_HEADER = "X-Request-Id"
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-
-
-class PipelineLike(Protocol):
-    """What the server needs from :class:`omnictl.Pipeline`."""
-
-    @property
-    def topology(self) -> Any: ...
-
-    @property
-    def healthy(self) -> bool: ...
-
-    def health(self) -> tuple[str, dict[str, str]]: ...
-
-    run_dir: Any
-
-    async def submit(self, inputs: Any, modalities: list[str] | None = None, request_id: str | None = None) -> Any: ...
-
-    async def abort(self, request_id: str) -> Any: ...
-
-    async def stats(self) -> dict[str, dict[str, Any]]: ...
-
-    def in_flight(self) -> int: ...
-
-    def process_ids(self) -> dict[str, int]: ...
-
-
-@dataclass
-class ServingState:
-    """Shared between the launcher (which sets ``pipeline`` once ready) and the routes."""
-
-    model_name: str  # the topology's `name`: the model id clients ask for
-    pipeline: PipelineLike | None = None
-    aliases: tuple[str, ...] = ()  # other model ids accepted (`--served-model-name`)
-    limits: Limits = field(default_factory=Limits)
-    api_key: str | None = None
-    metrics: ServerMetrics = field(default_factory=ServerMetrics)
-    active: dict[str, chat.Tracked] = field(default_factory=dict)
-    created: int = field(default_factory=lambda: int(time.time()))
 
 
 def new_request_id() -> str:
@@ -92,94 +55,43 @@ class RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
-def _error(status: int, message: str, kind: str, code: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, kind, code, param), status_code=status)
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit}", field="body")
-    body = bytearray()
-    async for piece in request.stream():
-        body += piece
-        if len(body) > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes", field="body")
-    return bytes(body)
-
-
-def _invalid(exc: InvalidRequest) -> JSONResponse:
-    status = 413 if isinstance(exc, PayloadTooLarge) else 400
-    code = "payload_too_large" if status == 413 else "invalid_request"
-    return _error(status, str(exc), "invalid_request_error", code, exc.field)
-
-
 def create_app(state: ServingState) -> Starlette:
-    def pipeline_or_none() -> PipelineLike | None:
-        return state.pipeline
+    async def parse_chat(request: Request, raw: bytes, pipe: PipelineLike) -> Submission[bool]:
+        # JSON, envelope and messages; input audio is decoded here, once (off the loop when large)
+        parsed = await parse_chat_body(raw, pipe.topology.terminals, state.limits)
+        return Submission(parsed.inputs, parsed.modalities, parsed.model, parsed.stream, parsed.audio_format)
 
     async def chat_completions(request: Request) -> Response | chat.EventStreamResponse:
-        request_id: str = request.state.request_id
-        if request.state.bad_request_id:
-            return _error(400, "X-Request-Id must be 1-128 characters of A-Z a-z 0-9 . _ : -", "invalid_request_error", "invalid_request", "X-Request-Id")
-        if not authorized(request.headers, state.api_key):
-            state.metrics.outcome("rejected")
-            return _error(401, "missing or wrong API key (send 'Authorization: Bearer <key>')", "authentication_error", "invalid_api_key")
-        try:
-            raw = await _read_body(request, state.limits.max_body_bytes)
-            pipe = pipeline_or_none()
-            if pipe is None:
-                return _error(503, "the pipeline is still starting; retry shortly", "server_error", "starting")
-            # JSON, envelope and messages; input audio is decoded here, once (off the loop when large)
-            parsed = await parse_chat_body(raw, pipe.topology.terminals, state.limits)
-            served = (state.model_name, *state.aliases)
-            if parsed.model and parsed.model not in served:
-                state.metrics.outcome("rejected")
-                return _error(404, f"the model {parsed.model!r} does not exist; this server serves "
-                              f"{', '.join(repr(m) for m in served)}", "invalid_request_error", "model_not_found", "model")
-            parsed = dataclasses.replace(parsed, model=parsed.model or state.model_name)
-            try:
-                submitted = await pipe.submit(parsed.inputs, parsed.modalities, request_id=request_id)
-            except InvalidRequest as exc:
-                if exc.field != "request_id":
-                    raise
-                # The coordinator refuses an id it has seen: stages drop late messages of
-                # finished ids, and ids key the trace store.
-                state.metrics.outcome("rejected")
-                return _error(409, f"request id {request_id!r} was already used", "invalid_request_error",
-                              "duplicate_request_id", "X-Request-Id")
-        except InvalidRequest as exc:
-            state.metrics.outcome("rejected")
-            return _invalid(exc)
-        except PipelineDead as exc:
-            state.metrics.outcome("rejected")
-            return _error(503, f"the pipeline is down: {exc}", "server_error", "pipeline_dead")
-        state.metrics.in_flight.inc()
-        tracked = chat.Tracked(submitted, parsed, state.metrics, state.active)
-        state.active[submitted.id] = tracked
-        if parsed.stream:
-            return chat.stream_response(tracked, pipe.abort)
-        return await chat.complete(tracked, request, pipe.abort)
+        admitted = await admit(state, request, parse_chat)
+        if not isinstance(admitted, Admitted):
+            return admitted
+        if admitted.submission.extra:  # stream
+            return chat.stream_response(admitted.tracked, admitted.pipeline.abort)
+        return await chat.complete(admitted.tracked, request, admitted.pipeline.abort)
 
     async def abort_request(request: Request) -> Response:
         if not authorized(request.headers, state.api_key):
-            return _error(401, "missing or wrong API key", "authentication_error", "invalid_api_key")
+            return unauthorized()
         target = request.path_params["request_id"]
-        pipe = pipeline_or_none()
+        pipe = state.pipeline
         if pipe is None or target not in state.active:
-            return _error(404, f"no request {target!r} is in flight", "invalid_request_error", "not_found")
+            return error_response(404, f"no request {target!r} is in flight", "invalid_request_error", "not_found")
         await pipe.abort(target)
         return JSONResponse({"id": target, "status": "aborting"})
 
     async def models(request: Request) -> Response:
         if not authorized(request.headers, state.api_key):
-            return _error(401, "missing or wrong API key", "authentication_error", "invalid_api_key")
-        models = [{"id": name, "object": "model", "created": state.created, "owned_by": "omnictl"}
-                  for name in (state.model_name, *state.aliases)]
+            return unauthorized()
+        models: list[dict[str, object]] = []
+        for name in (state.model_name, *state.aliases):
+            model: dict[str, object] = {"id": name, "object": "model", "created": state.created, "owned_by": "omnictl"}
+            if state.pipeline is not None:  # which endpoints this model answers (an omnictl extra)
+                model["endpoints"] = capabilities(state.pipeline.topology).endpoints()
+            models.append(model)
         return JSONResponse({"object": "list", "data": models})
 
     async def health(request: Request) -> Response:
-        pipe = pipeline_or_none()
+        pipe = state.pipeline
         if pipe is None:
             return JSONResponse({"status": "starting"}, status_code=503)
         stages = await pipe.stats()
@@ -202,8 +114,12 @@ def create_app(state: ServingState) -> Starlette:
     async def metrics(request: Request) -> Response:
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE)
 
-    routes = [
+    routes: list[BaseRoute] = [
+        Route("/", playground.page, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/audio/speech", speech.endpoint(state), methods=["POST"]),
+        Route("/v1/audio/transcriptions", transcriptions.endpoint(state), methods=["POST"]),
+        WebSocketRoute("/v1/realtime", realtime_endpoint(state)),
         Route("/v1/requests/{request_id}/abort", abort_request, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
@@ -212,4 +128,3 @@ def create_app(state: ServingState) -> Starlette:
     app = Starlette(routes=routes)
     app.add_middleware(RequestIdMiddleware)
     return app
-

@@ -21,11 +21,12 @@ from omnictl.coordinator.request import RequestEventKind
 from omnictl.outputs import AudioChunk, TextDelta, TextResult
 from omnictl.serving.eventstream import EventStreamResponse
 
-__all__ = ["EventStreamResponse", "Tracked", "complete", "end_in_flight", "stream_response"]
+__all__ = ["EventStreamResponse", "Tracked", "complete", "end_in_flight", "results", "stream_response"]
 from omnictl.serving.metrics import ServerMetrics
-from omnictl.serving.protocol import ChatRequest
 from omnictl.serving.responses import ChunkTranslator, build_completion
 from omnictl.serving.sse import DONE, error_body, sse_error, sse_event
+
+__all__ = ["EventStreamResponse", "Tracked", "complete", "results", "stream_response"]
 
 Abort = Callable[[str], Awaitable[Any]]
 
@@ -48,9 +49,10 @@ class Tracked:
     """One admitted request: its timings and its single outcome."""
 
     request: PipelineRequest
-    chat: ChatRequest
     metrics: ServerMetrics
     active: dict[str, "Tracked"]
+    model: str = ""
+    audio_format: str = "wav"
     started: float = field(default_factory=time.perf_counter)
     first_text: float | None = None
     first_audio: float | None = None
@@ -152,8 +154,9 @@ async def _client_left(request: Request) -> None:
         pass
 
 
-async def complete(tracked: Tracked, request: Request, abort: Abort) -> Response:
-    """The non-streamed response; a client that leaves while waiting aborts the request."""
+async def results(tracked: Tracked, request: Request, abort: Abort) -> dict[str, object] | Response:
+    """Every terminal's result, or the error response that ends the request (the request
+    is finished then); a client that leaves while waiting aborts the request."""
     work = asyncio.create_task(_collect(tracked))
     watch = asyncio.create_task(_client_left(request))
     await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -172,13 +175,21 @@ async def complete(tracked: Tracked, request: Request, abort: Abort) -> Response
         status, message, code = outcome
         tracked.finish("failed" if code == "stage_failed" else "aborted")
         return JSONResponse(error_body(message, "server_error", code), status_code=status)
-    body = build_completion(tracked.request.id, tracked.chat.model, outcome, tracked.chat.audio_format)
+    return outcome
+
+
+async def complete(tracked: Tracked, request: Request, abort: Abort) -> Response:
+    """The non-streamed response."""
+    outcome = await results(tracked, request, abort)
+    if isinstance(outcome, Response):
+        return outcome
+    body = build_completion(tracked.request.id, tracked.model, outcome, tracked.audio_format)
     tracked.finish("completed")
     return JSONResponse(body)
 
 
 def stream_response(tracked: Tracked, abort: Abort) -> EventStreamResponse:
-    translator = ChunkTranslator(tracked.request.id, tracked.chat.model, tracked.chat.audio_format)
+    translator = ChunkTranslator(tracked.request.id, tracked.model, tracked.audio_format)
 
     async def on_disconnect() -> None:
         if tracked.outcome is None:

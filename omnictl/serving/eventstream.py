@@ -1,4 +1,5 @@
-"""An ASGI response for server-sent events that notices a client leaving at once.
+"""An ASGI streaming response (server-sent events, or a raw audio stream) that notices a
+client leaving at once.
 
 Starlette's StreamingResponse on ASGI spec 2.4 only finds out that the client left
 when a write fails; a request waiting for its first token would hold pipeline
@@ -16,17 +17,17 @@ from starlette.types import Receive, Scope, Send
 
 
 class EventStreamResponse:
-    media_type = "text/event-stream"
-
     def __init__(
         self,
         chunks: AsyncIterator[bytes],
         on_disconnect: Callable[[], Awaitable[None]],
         headers: Mapping[str, str] | None = None,
+        media_type: str = "text/event-stream; charset=utf-8",
     ) -> None:
         self.chunks = chunks
         self.on_disconnect = on_disconnect
         self.headers = dict(headers or {})
+        self.media_type = media_type
 
     async def _pump(self, send: Send) -> None:
         async for chunk in self.chunks:
@@ -39,7 +40,7 @@ class EventStreamResponse:
             pass
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+        raw_headers = [(b"content-type", self.media_type.encode("latin-1")), (b"cache-control", b"no-cache")]
         raw_headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]
         await send({"type": "http.response.start", "status": 200, "headers": raw_headers})
         pump = asyncio.create_task(self._pump(send))

@@ -36,6 +36,8 @@ INLINE_PARSE_BYTES = 256 * 1024
 class Limits:
     max_body_bytes: int = 32 * 1024 * 1024
     max_audio_bytes: int = 16 * 1024 * 1024  # decoded size of one input_audio part
+    max_realtime_message_bytes: int = 1024 * 1024  # one /v1/realtime client event (~20 s of audio in one append)
+    max_realtime_buffer_bytes: int = 120 * 2 * 24_000  # a realtime session's input audio buffer: 120 s of pcm16
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ def ready_message(url: str, model: str, terminals: Mapping[str, str], stages: in
     return Group(
         Text.assemble(("omnictl serve", "bold green"), f": {model} ({stages} stages in {processes} processes; produces {produces})"),
         Text.assemble("  listening on ", (url, "bold cyan"), "  (OpenAI API at /v1, health at /health, metrics at /metrics)"),
+        Text.assemble("  playground at ", (url + "/", "bold cyan"), "  (talk to it in a browser, over /v1/realtime)"),
         Text("  try it:", style="bold"),
         Text("  " + example_curl(url, model, terminals, api_key)),
         Text.assemble("  load-test it: ", (f"omnictl bench --url {url}", "bold")),

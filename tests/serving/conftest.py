@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -15,3 +15,20 @@ def server() -> Iterator[ServerProcess]:
     code = stop_server(running)  # Ctrl-C must shut everything down cleanly
     assert code == 0, running.text()
     assert "omnictl serve: stopped" in running.text()
+
+
+@pytest.fixture(scope="session")
+def voice_server() -> Iterator[ServerProcess]:
+    """`omnictl serve` on the embedded voice assistant (real models), with an API key."""
+    running = start_server("--api-key", API_KEY, ready_timeout=300)
+    yield running
+    code = stop_server(running)
+    assert code == 0, running.text()
+
+
+@pytest.fixture(scope="session")
+def whisper() -> Any:
+    """The Whisper model the voice assistant uses, in the test process: it judges spoken answers."""
+    from omnictl.models.voice_assistant.asr import SpeechRecognizer
+
+    return SpeechRecognizer()

@@ -69,6 +69,12 @@ class SpeechRecognizer:
         self.model = WhisperModel(str(model_dir or whisper_base_dir()), device="cpu", compute_type="int8", cpu_threads=cpu_threads)
 
     def transcribe(self, samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> str:
+        return self.recognize(samples, sample_rate)[0]
+
+    def recognize(self, samples: np.ndarray, sample_rate: int = SAMPLE_RATE, language: str | None = None) -> tuple[str, str]:
+        """What is said, and in which language (``language``: this request's, else the default)."""
         audio = resample(np.asarray(samples, dtype=np.float32), sample_rate, SAMPLE_RATE)
-        segments, _ = self.model.transcribe(audio, language=self.language, beam_size=self.beam_size, vad_filter=False)
-        return "".join(segment.text for segment in segments).strip()
+        segments, info = self.model.transcribe(
+            audio, language=language or self.language, beam_size=self.beam_size, vad_filter=False
+        )
+        return "".join(segment.text for segment in segments).strip(), str(info.language)

@@ -3,7 +3,9 @@
 ``topologies/voice-assistant.yaml`` wires them::
 
     preprocessing --route_input--> asr --> thinker     (a spoken question)
-                  \\------------------------> thinker     (a typed one)
+                  |                   \\--> transcript  (what was heard; /v1/audio/transcriptions)
+                  |------------------------> thinker     (a typed one)
+                  \\------------------------> tts         (text to speak as is; /v1/audio/speech)
     thinker --stream + result--> decode (text), tts (audio)
 
 preprocessing receives the request (an :class:`omnictl.inputs.ChatRequest` from the HTTP
@@ -22,22 +24,31 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from omnictl.exceptions import InvalidRequest
-from omnictl.inputs import AudioPart, ChatRequest, ImagePart, TextPart, as_chat_request, decode_audio
+from omnictl.inputs import AudioPart, ChatRequest, ImagePart, SpeechRequest, TextPart, as_chat_request, decode_audio
 from omnictl.models.voice_assistant.asr import SAMPLE_RATE, SpeechRecognizer
 from omnictl.models.voice_assistant.speech_scheduler import SentenceSpeechScheduler
 from omnictl.models.voice_assistant.text_terminal import TextTerminalScheduler
 from omnictl.models.voice_assistant.tts import DEFAULT_VOICE, VOICES
+from omnictl.outputs import TextResult, Transcript
 from omnictl.schedulers.base import Scheduler
 
 Data = dict[str, Any]
 
 
-def prepare_question(inputs: ChatRequest | Mapping[str, Any]) -> Data:
+def _check_voice(voice: str | None) -> None:
+    if voice is not None and voice not in VOICES:
+        raise InvalidRequest(f"voice: {voice!r} is not installed; choose one of {', '.join(sorted(VOICES))}", field="voice")
+
+
+def prepare_question(inputs: ChatRequest | SpeechRequest | Mapping[str, Any]) -> Data:
     """Keep the request's text, resample its (already decoded) spoken parts to 16 kHz, drop
-    everything else. Takes the typed request (HTTP) or the dict (Python API)."""
+    everything else. Takes the typed request (HTTP) or the dict (Python API). A
+    :class:`SpeechRequest` becomes ``{"speak": TextResult}``: text for the TTS alone."""
+    if isinstance(inputs, SpeechRequest):
+        _check_voice(inputs.voice)
+        return {"speak": TextResult(text=inputs.text)}
     request = as_chat_request(inputs)
-    if request.voice is not None and request.voice not in VOICES:
-        raise InvalidRequest(f"voice: {request.voice!r} is not installed; choose one of {', '.join(sorted(VOICES))}", field="voice")
+    _check_voice(request.voice)
     messages: list[Data] = []
     audio: dict[str, np.ndarray] = {}
     for i, message in enumerate(request.messages):
@@ -54,7 +65,7 @@ def prepare_question(inputs: ChatRequest | Mapping[str, Any]) -> Data:
         messages.append({"role": message.role, "content": content if audio else _joined(content)})
     if not audio:
         return {"messages": messages}
-    return {"messages": messages, "audio": audio}
+    return {"messages": messages, "audio": audio, "language": request.language}
 
 
 def _joined(content: list[Data]) -> str:
@@ -66,7 +77,10 @@ def preprocessing() -> Callable[[ChatRequest | Mapping[str, Any]], Data]:
 
 
 def route_input(data: Data) -> str:
-    """A question with spoken parts goes to ``asr``; a typed one straight to the ``thinker``."""
+    """Text to speak goes straight to ``tts``; a question with spoken parts to ``asr``; a
+    typed one straight to the ``thinker``."""
+    if "speak" in data:
+        return "tts"
     return "asr" if data.get("audio") else "thinker"
 
 
@@ -74,20 +88,22 @@ def transcribe_question(recognizer: SpeechRecognizer, data: Data) -> Data:
     """Each spoken part becomes the text Whisper heard in it; the audio is dropped here."""
     audio: Mapping[str, np.ndarray] = data["audio"]
     messages = []
-    heard = ""
+    heard, language, seconds = "", data.get("language"), 0.0
     for message in data["messages"]:
         content = message["content"]
         if isinstance(content, list):
             parts = []
             for part in content:
                 if part["type"] == "audio":
-                    heard = recognizer.transcribe(np.asarray(audio[part["key"]]), SAMPLE_RATE)
+                    samples = np.asarray(audio[part["key"]])
+                    heard, language = recognizer.recognize(samples, SAMPLE_RATE, data.get("language"))
+                    seconds = samples.size / SAMPLE_RATE
                     parts.append({"type": "text", "text": heard})
                 else:
                     parts.append(part)
             content = _joined(parts)
         messages.append({"role": message["role"], "content": content})
-    return {"messages": messages, "transcript": heard}
+    return {"messages": messages, "transcript": Transcript(text=heard, language=language, duration=seconds)}
 
 
 def asr(beam_size: int = 1, language: str | None = "en") -> Callable[[Data], Data]:
@@ -97,6 +113,27 @@ def asr(beam_size: int = 1, language: str | None = "en") -> Callable[[Data], Dat
         return transcribe_question(recognizer, data)
 
     return run
+
+
+def transcript() -> Callable[[Data], Transcript]:
+    """The ``transcript`` terminal: what ``asr`` heard in the request's last spoken part."""
+
+    def heard(data: Data) -> Transcript:
+        result: Transcript = data["transcript"]
+        return result
+
+    return heard
+
+
+def merge_answer(inputs: Mapping[str, Any]) -> TextResult:
+    """What ``tts`` speaks: the thinker's answer, or the text a speech request brought."""
+    if "thinker" in inputs:
+        answer: TextResult = inputs["thinker"]
+        return answer
+    if "preprocessing" in inputs:
+        spoken: TextResult = inputs["preprocessing"]["speak"]
+        return spoken
+    raise ValueError(f"merge_answer: expected input from 'thinker' or 'preprocessing', got {sorted(inputs)}")
 
 
 def merge_question(inputs: Mapping[str, Data]) -> Data:

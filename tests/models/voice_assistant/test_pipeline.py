@@ -18,7 +18,7 @@ from omnictl.inputs import ChatRequest, parse_request
 from omnictl.models.voice_assistant.asr import SpeechRecognizer, whisper_base_dir
 from omnictl.models.voice_assistant.llm import smollm2_checkpoint
 from omnictl.models.voice_assistant.samples import sample_request
-from omnictl.outputs import AudioChunk, AudioResult, FinishReason, TextDelta, TextResult
+from omnictl.outputs import AudioChunk, AudioResult, FinishReason, TextDelta, TextResult, Transcript
 from omnictl.pipeline import Pipeline
 from tests.support.loop import LoopThread
 
@@ -49,7 +49,8 @@ async def ask(pipe: Any, inputs: ChatRequest | dict[str, Any], modalities: list[
 def test_a_spoken_question_gets_a_written_and_a_spoken_answer(pipeline: tuple[LoopThread, Any]) -> None:
     loop, pipe = pipeline
     events, result = loop.run(ask(pipe, sample_request("capital_of_france", sampling={"max_tokens": 40})), timeout=300)
-    assert set(result) == {"decode", "tts"}
+    assert set(result) == {"transcript", "decode", "tts"}
+    assert isinstance(result["transcript"], Transcript) and "France" in result["transcript"].text
     text = result["decode"]
     assert isinstance(text, TextResult)
     assert "Paris" in text.text

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from omnictl.exceptions import InvalidRequest
-from omnictl.inputs import parse_request
+from omnictl.inputs import SpeechRequest, parse_request
 from omnictl.models.voice_assistant import stages
 from omnictl.models.voice_assistant.samples import sample_question, sample_request
+from omnictl.outputs import TextResult, Transcript
 
 
 def test_a_typed_question_goes_straight_to_the_thinker_as_plain_chat() -> None:
@@ -42,10 +43,10 @@ def test_the_typed_request_from_the_server_prepares_like_the_dict(monkeypatch: p
 
 
 class HeardEverything:
-    """Stands in for Whisper in this unit: says what it was given, by length."""
+    """Stands in for Whisper in this unit: says what it was given, by length, and in which language."""
 
-    def transcribe(self, samples: np.ndarray, sample_rate: int) -> str:
-        return f"{samples.size / sample_rate:.1f} seconds"
+    def recognize(self, samples: np.ndarray, sample_rate: int, language: str | None = None) -> tuple[str, str]:
+        return f"{samples.size / sample_rate:.1f} seconds", language or "en"
 
 
 def test_transcripts_replace_spoken_parts_and_the_audio_is_dropped() -> None:
@@ -59,9 +60,36 @@ def test_transcripts_replace_spoken_parts_and_the_audio_is_dropped() -> None:
         }
     )
     out = stages.transcribe_question(HeardEverything(), data)  # type: ignore[arg-type]
-    assert out == {"messages": [{"role": "user", "content": "Listen: 1.0 seconds"}, {"role": "assistant", "content": "OK."}], "transcript": "1.0 seconds"}
+    assert out == {"messages": [{"role": "user", "content": "Listen: 1.0 seconds"}, {"role": "assistant", "content": "OK."}],
+                   "transcript": Transcript(text="1.0 seconds", language="en", duration=1.0)}
     merged = stages.merge_question({"asr": out})
     assert merged == {"messages": out["messages"]}  # exactly one prompt key for the LLM runner
+    assert stages.transcript()(out) == out["transcript"]  # the transcript terminal returns what asr heard
+
+
+def test_the_requested_language_reaches_the_recognizer() -> None:
+    request = {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": np.zeros(8000, np.float32)}}]}],
+               "language": "fr"}
+    out = stages.transcribe_question(HeardEverything(), stages.prepare_question(request))  # type: ignore[arg-type]
+    assert out["transcript"] == Transcript(text="0.5 seconds", language="fr", duration=0.5)
+    with pytest.raises(InvalidRequest) as caught:
+        parse_request({**request, "language": "french!"})
+    assert caught.value.field == "language"
+
+
+def test_text_to_speak_goes_straight_to_tts() -> None:
+    data = stages.prepare_question(SpeechRequest(text="Say this.", voice="joe"))
+    assert data == {"speak": TextResult(text="Say this.")}
+    assert stages.route_input(data) == "tts"
+    assert stages.merge_answer({"preprocessing": data}) == TextResult(text="Say this.")
+    answer = TextResult(text="Paris.", prompt_tokens=3, completion_tokens=2)
+    assert stages.merge_answer({"thinker": answer}) is answer
+    with pytest.raises(InvalidRequest) as caught:
+        stages.prepare_question(SpeechRequest(text="hi", voice="nobody"))
+    assert caught.value.field == "voice"
+    with pytest.raises(InvalidRequest) as caught:
+        SpeechRequest(text="  ")
+    assert caught.value.field == "input"
 
 
 def test_images_and_unknown_voices_are_refused_naming_the_part() -> None:

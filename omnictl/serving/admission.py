@@ -1,0 +1,103 @@
+"""Admitting one HTTP request into the pipeline: id, key, body limit, parse, submit.
+
+Every endpoint that runs the pipeline once per HTTP request (chat completions, speech,
+transcriptions) goes through :func:`admit`, so they share one set of checks, error
+responses and metrics: a request is either refused with a JSON error, or becomes a
+:class:`~omnictl.serving.chat.Tracked` request in the active table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Generic, TypeVar
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from omnictl.exceptions import InvalidRequest, PayloadTooLarge, PipelineDead
+from omnictl.serving.auth import authorized
+from omnictl.serving.capabilities import capabilities, cannot_serve
+from omnictl.serving.chat import Tracked
+from omnictl.serving.errors import error_response, invalid_response, unauthorized
+from omnictl.serving.state import PipelineLike, ServingState
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Submission(Generic[T]):
+    """What a parser makes of a body: the pipeline's inputs, the modalities to run,
+    and whatever else its endpoint needs to answer (``extra``)."""
+
+    inputs: Any
+    modalities: list[str]
+    model: str
+    extra: T
+    audio_format: str = "wav"
+
+
+Parser = Callable[[Request, bytes, PipelineLike], Awaitable[Submission[T]]]
+
+
+@dataclass(frozen=True)
+class Admitted(Generic[T]):
+    tracked: Tracked
+    submission: Submission[T]
+    pipeline: PipelineLike
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit}", field="body")
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > limit:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes", field="body")
+    return bytes(body)
+
+
+async def admit(state: ServingState, request: Request, parse: Parser[T], endpoint: str | None = None) -> Admitted[T] | Response:
+    """Check, parse and submit; a refusal is a Response. ``endpoint``: the capability it needs."""
+    request_id: str = request.state.request_id
+    if request.state.bad_request_id:
+        return error_response(400, "X-Request-Id must be 1-128 characters of A-Z a-z 0-9 . _ : -", "invalid_request_error",
+                              "invalid_request", "X-Request-Id")
+    if not authorized(request.headers, state.api_key):
+        state.metrics.outcome("rejected")
+        return unauthorized()
+    try:
+        raw = await read_body(request, state.limits.max_body_bytes)
+        pipe = state.pipeline
+        if pipe is None:
+            return error_response(503, "the pipeline is still starting; retry shortly", "server_error", "starting")
+        if endpoint is not None and endpoint not in capabilities(pipe.topology).endpoints():
+            state.metrics.outcome("rejected")
+            return error_response(404, cannot_serve(pipe.topology, endpoint), "invalid_request_error", "unsupported_endpoint")
+        submission = await parse(request, raw, pipe)
+        served = (state.model_name, *state.aliases)
+        if submission.model and submission.model not in served:
+            state.metrics.outcome("rejected")
+            return error_response(404, f"the model {submission.model!r} does not exist; this server serves "
+                                  f"{', '.join(repr(m) for m in served)}", "invalid_request_error", "model_not_found", "model")
+        try:
+            submitted = await pipe.submit(submission.inputs, submission.modalities, request_id=request_id)
+        except InvalidRequest as exc:
+            if exc.field != "request_id":
+                raise
+            # The coordinator refuses an id it has seen: stages drop late messages of
+            # finished ids, and ids key the trace store.
+            state.metrics.outcome("rejected")
+            return error_response(409, f"request id {request_id!r} was already used", "invalid_request_error",
+                                  "duplicate_request_id", "X-Request-Id")
+    except InvalidRequest as exc:
+        state.metrics.outcome("rejected")
+        return invalid_response(exc)
+    except PipelineDead as exc:
+        state.metrics.outcome("rejected")
+        return error_response(503, f"the pipeline is down: {exc}", "server_error", "pipeline_dead")
+    state.metrics.in_flight.inc()
+    tracked = Tracked(submitted, state.metrics, state.active, submission.model or state.model_name, submission.audio_format)
+    state.active[submitted.id] = tracked
+    return Admitted(tracked, submission, pipe)

@@ -1,0 +1,53 @@
+"""Which endpoints a topology can serve, derived from its shape (nothing is declared twice).
+
+* chat completions and ``/v1/realtime``: a ``text`` or an ``audio`` terminal.
+* ``/v1/audio/speech``: an entry stage with a ``route_fn`` that can send data straight to
+  an ``audio`` terminal; it routes an :class:`omnictl.inputs.SpeechRequest` there (no
+  recognition, no LLM). An entry that fans out to every branch (no ``route_fn``) does
+  not choose, so it is not taken to understand speech requests.
+* ``/v1/audio/transcriptions``: a ``transcript`` terminal (an
+  :class:`omnictl.outputs.Transcript`); a request for that modality alone is pruned to
+  the stages that lead to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omnictl.outputs import AUDIO, TEXT, TRANSCRIPT
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    chat: bool
+    speech: bool
+    transcription: bool
+
+    @property
+    def realtime(self) -> bool:
+        return self.chat
+
+    def endpoints(self) -> list[str]:
+        served = [("/v1/chat/completions", self.chat), ("/v1/realtime", self.realtime),
+                  ("/v1/audio/speech", self.speech), ("/v1/audio/transcriptions", self.transcription)]
+        return [path for path, ok in served if ok]
+
+
+def capabilities(topology: Any) -> Capabilities:
+    modalities = set(topology.terminals.values())
+    entry = topology.stages[topology.entry]
+    speech = entry.route_fn is not None and any(
+        topology.terminals.get(target) == AUDIO for target in entry.next
+    )
+    return Capabilities(chat=bool({TEXT, AUDIO} & modalities), speech=speech, transcription=TRANSCRIPT in modalities)
+
+
+def cannot_serve(topology: Any, endpoint: str) -> str:
+    """Why this topology cannot serve ``endpoint`` (for a 404)."""
+    why = {
+        "/v1/audio/speech": "its entry stage does not route straight to an audio terminal (text to speech without an LLM)",
+        "/v1/audio/transcriptions": "it has no terminal of modality 'transcript'",
+        "/v1/realtime": "it has no text or audio terminal",
+    }[endpoint]
+    return f"topology {topology.name!r} does not serve {endpoint}: {why}"

@@ -1,0 +1,355 @@
+"""The OpenAI Realtime protocol's events (GA names), as typed msgspec structs.
+
+Names and fields follow the types the official ``openai`` package ships in
+``openai.types.realtime`` (``tests/serving/realtime`` checks each server event against
+them). Client events are decoded in two steps, so a broken one is reported with the
+``event_id`` and ``type`` it carried: JSON into a plain object, then that object into its
+struct by ``type`` (:func:`decode_client_event`); a field of the wrong shape is named
+by its path, e.g. ``session.audio.input.turn_detection.threshold``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from typing import Any, Literal, Union
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from omnictl.exceptions import RealtimeEventError
+
+# --- shared pieces --------------------------------------------------------------------------
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(10)}"
+
+
+class AudioFormat(msgspec.Struct, omit_defaults=True):
+    type: str = "audio/pcm"
+    rate: int = 24_000
+
+
+class ServerVad(msgspec.Struct):
+    type: Literal["server_vad"] = "server_vad"
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    create_response: bool = True
+    interrupt_response: bool = True
+    idle_timeout_ms: int | None = None
+
+
+class Content(msgspec.Struct, omit_defaults=True):
+    """One content part of a conversation item."""
+
+    type: str
+    text: str | None = None
+    audio: str | None = None  # base64 pcm16, input only
+    transcript: str | None = None
+
+
+class Item(msgspec.Struct):
+    """A conversation item (only messages: this server has no tools)."""
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system"] = "user"
+    content: list[Content] = []
+    id: str | None = None
+    object: str = "realtime.item"
+    status: str = "completed"
+
+
+# --- client events --------------------------------------------------------------------------
+
+
+class AudioInputConfig(msgspec.Struct):
+    format: AudioFormat | UnsetType = UNSET
+    turn_detection: ServerVad | None | UnsetType = UNSET
+    transcription: dict[str, Any] | None | UnsetType = UNSET
+    noise_reduction: dict[str, Any] | None | UnsetType = UNSET
+
+
+class AudioOutputConfig(msgspec.Struct):
+    format: AudioFormat | UnsetType = UNSET
+    voice: str | UnsetType = UNSET
+    speed: float | UnsetType = UNSET
+
+
+class AudioConfig(msgspec.Struct):
+    input: AudioInputConfig | UnsetType = UNSET
+    output: AudioOutputConfig | UnsetType = UNSET
+
+
+class SessionConfig(msgspec.Struct):
+    """What ``session.update`` may set; fields left out keep their value."""
+
+    type: str = "realtime"
+    instructions: str | UnsetType = UNSET
+    output_modalities: list[Literal["text", "audio"]] | UnsetType = UNSET
+    audio: AudioConfig | UnsetType = UNSET
+    max_output_tokens: int | Literal["inf"] | UnsetType = UNSET
+    model: str | UnsetType = UNSET
+
+
+class ResponseConfig(msgspec.Struct):
+    """What ``response.create`` may set for this one response."""
+
+    instructions: str | UnsetType = UNSET
+    output_modalities: list[Literal["text", "audio"]] | UnsetType = UNSET
+    max_output_tokens: int | Literal["inf"] | UnsetType = UNSET
+    conversation: str | UnsetType = UNSET
+
+
+class _ClientEvent(msgspec.Struct, tag_field="type"):
+    event_id: str | None = None
+
+
+class SessionUpdate(_ClientEvent, tag="session.update"):
+    session: SessionConfig = msgspec.field(default_factory=SessionConfig)
+
+
+class InputAudioBufferAppend(_ClientEvent, tag="input_audio_buffer.append"):
+    audio: str = ""
+
+
+class InputAudioBufferCommit(_ClientEvent, tag="input_audio_buffer.commit"):
+    pass
+
+
+class InputAudioBufferClear(_ClientEvent, tag="input_audio_buffer.clear"):
+    pass
+
+
+class ConversationItemCreate(_ClientEvent, tag="conversation.item.create"):
+    item: Item = msgspec.field(default_factory=Item)
+    previous_item_id: str | None = None
+
+
+class ResponseCreate(_ClientEvent, tag="response.create"):
+    response: ResponseConfig = msgspec.field(default_factory=ResponseConfig)
+
+
+class ResponseCancel(_ClientEvent, tag="response.cancel"):
+    response_id: str | None = None
+
+
+ClientEvent = Union[
+    SessionUpdate, InputAudioBufferAppend, InputAudioBufferCommit, InputAudioBufferClear,
+    ConversationItemCreate, ResponseCreate, ResponseCancel,
+]
+CLIENT_EVENT_TYPES = tuple(cls.__struct_config__.tag for cls in ClientEvent.__args__)  # type: ignore[attr-defined]
+
+
+EventError = RealtimeEventError  # the name used across this package
+
+
+_PATH = re.compile(r"at `\$\.?([^`]*)`")
+
+
+def decode_client_event(raw: str | bytes) -> ClientEvent:
+    """One client message as its typed event; :class:`EventError` says what is wrong with it."""
+    try:
+        obj = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise EventError(f"the message is not valid JSON: {exc}", "invalid_json") from exc
+    if not isinstance(obj, dict):
+        raise EventError(f"an event must be a JSON object, got {type(obj).__name__}", "invalid_event")
+    event_id = obj.get("event_id") if isinstance(obj.get("event_id"), str) else None
+    kind = obj.get("type")
+    if kind not in CLIENT_EVENT_TYPES:
+        raise EventError(f"unknown event type {kind!r}; this server takes {', '.join(CLIENT_EVENT_TYPES)}",
+                         "invalid_event_type", "type", event_id)
+    try:
+        event: ClientEvent = msgspec.convert(obj, ClientEvent)
+    except msgspec.ValidationError as exc:
+        match = _PATH.search(str(exc))
+        param = match.group(1) if match else None
+        raise EventError(f"{kind}: {exc}", "invalid_value", param, event_id) from exc
+    return event
+
+
+# --- server events --------------------------------------------------------------------------
+
+
+class SessionObject(msgspec.Struct):
+    """The session as ``session.created`` / ``session.updated`` report it."""
+
+    id: str
+    model: str
+    instructions: str
+    output_modalities: list[str]
+    audio: dict[str, Any]
+    max_output_tokens: int | Literal["inf"]
+    type: str = "realtime"
+    object: str = "realtime.session"
+
+
+class Usage(msgspec.Struct):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+
+
+class StatusDetails(msgspec.Struct, omit_defaults=True):
+    type: str
+    reason: str | None = None
+    error: dict[str, Any] | None = None
+
+
+class Response(msgspec.Struct):
+    id: str
+    status: Literal["in_progress", "completed", "cancelled", "failed", "incomplete"]
+    output_modalities: list[str]
+    output: list[Item] = []
+    status_details: StatusDetails | None = None
+    usage: Usage | None = None
+    conversation_id: str | None = None
+    max_output_tokens: int | Literal["inf"] = "inf"
+    object: str = "realtime.response"
+
+
+class ErrorDetail(msgspec.Struct):
+    type: str
+    code: str | None
+    message: str
+    param: str | None
+    event_id: str | None
+
+
+class DurationUsage(msgspec.Struct):
+    seconds: float
+    type: str = "duration"
+
+
+
+class _ServerEvent(msgspec.Struct, tag_field="type", kw_only=True):
+    event_id: str = msgspec.field(default_factory=lambda: new_id("event"))
+
+
+class SessionCreated(_ServerEvent, tag="session.created"):
+    session: SessionObject
+
+
+class SessionUpdated(_ServerEvent, tag="session.updated"):
+    session: SessionObject
+
+
+class SpeechStartedEvent(_ServerEvent, tag="input_audio_buffer.speech_started"):
+    audio_start_ms: int
+    item_id: str
+
+
+class SpeechStoppedEvent(_ServerEvent, tag="input_audio_buffer.speech_stopped"):
+    audio_end_ms: int
+    item_id: str
+
+
+class Committed(_ServerEvent, tag="input_audio_buffer.committed"):
+    item_id: str
+    previous_item_id: str | None = None
+
+
+class Cleared(_ServerEvent, tag="input_audio_buffer.cleared"):
+    pass
+
+
+class ItemAdded(_ServerEvent, tag="conversation.item.added"):
+    item: Item
+    previous_item_id: str | None = None
+
+
+class ItemDone(_ServerEvent, tag="conversation.item.done"):
+    item: Item
+    previous_item_id: str | None = None
+
+
+class TranscriptionCompleted(_ServerEvent, tag="conversation.item.input_audio_transcription.completed"):
+    item_id: str
+    content_index: int
+    transcript: str
+    usage: DurationUsage
+
+
+class ResponseCreated(_ServerEvent, tag="response.created"):
+    response: Response
+
+
+class ResponseDone(_ServerEvent, tag="response.done"):
+    response: Response
+
+
+class OutputItemAdded(_ServerEvent, tag="response.output_item.added"):
+    response_id: str
+    output_index: int
+    item: Item
+
+
+class OutputItemDone(_ServerEvent, tag="response.output_item.done"):
+    response_id: str
+    output_index: int
+    item: Item
+
+
+class _Part(_ServerEvent, kw_only=True):
+    response_id: str
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+
+
+class ContentPartAdded(_Part, tag="response.content_part.added"):
+    part: Content
+
+
+class ContentPartDone(_Part, tag="response.content_part.done"):
+    part: Content
+
+
+class TextDelta(_Part, tag="response.output_text.delta"):
+    delta: str
+
+
+class TextDone(_Part, tag="response.output_text.done"):
+    text: str
+
+
+class AudioDelta(_Part, tag="response.output_audio.delta"):
+    delta: str  # base64 pcm16, 24 kHz mono
+
+
+class AudioDone(_Part, tag="response.output_audio.done"):
+    pass
+
+
+class AudioTranscriptDelta(_Part, tag="response.output_audio_transcript.delta"):
+    delta: str
+
+
+class AudioTranscriptDone(_Part, tag="response.output_audio_transcript.done"):
+    transcript: str
+
+
+class ErrorEvent(_ServerEvent, tag="error"):
+    error: ErrorDetail
+
+
+ServerEvent = Union[
+    SessionCreated, SessionUpdated, SpeechStartedEvent, SpeechStoppedEvent, Committed, Cleared, ItemAdded, ItemDone,
+    TranscriptionCompleted, ResponseCreated, ResponseDone, OutputItemAdded, OutputItemDone, ContentPartAdded,
+    ContentPartDone, TextDelta, TextDone, AudioDelta, AudioDone, AudioTranscriptDelta, AudioTranscriptDone, ErrorEvent,
+]
+SERVER_EVENT_TYPES = tuple(cls.__struct_config__.tag for cls in ServerEvent.__args__)  # type: ignore[attr-defined]
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode(event: ServerEvent) -> str:
+    return _encoder.encode(event).decode()
+
+
+def error_event(error: EventError) -> ErrorEvent:
+    return ErrorEvent(error=ErrorDetail(type=error.kind, code=error.code, message=error.message, param=error.param,
+                                        event_id=error.event_id))

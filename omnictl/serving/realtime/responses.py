@@ -1,0 +1,187 @@
+"""One response: the conversation through the pipeline, streamed back as response events.
+
+A response is one pipeline request. Its text terminal's deltas become
+``response.output_text.delta`` (when the session asked for text), its audio terminal's
+chunks ``response.output_audio.delta`` (24 kHz pcm16) with the words they say as
+``response.output_audio_transcript.delta``. Text is always requested from the pipeline
+when the topology has it: it costs nothing next to speech, gives the usage counts, and
+is what the conversation remembers of an answer. :meth:`ResponseRun.cancel` aborts the
+pipeline request everywhere; from that moment no delta of this response is sent, and
+``response.done`` says ``cancelled``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from omnictl.coordinator.request import RequestEventKind
+from omnictl.exceptions import InvalidRequest, PipelineDead
+from omnictl.inputs import ChatRequest
+from omnictl.outputs import AUDIO, TEXT, AudioChunk, AudioResult, TextDelta as PipelineTextDelta, TextResult
+from omnictl.serving.audio import AudioStreamEncoder, b64
+from omnictl.serving.chat import Tracked
+from omnictl.serving.realtime import events as ev
+from omnictl.serving.realtime.turns import Conversation, Turn
+from omnictl.serving.state import PipelineLike, ServingState
+
+Send = Callable[[ev.ServerEvent], None]
+log = logging.getLogger("omnictl.serving.realtime")
+
+
+@dataclass
+class ResponseRun:
+    id: str
+    modalities: list[str]  # what the client asked for: text and/or audio
+    send: Send
+    state: ServingState
+    pipeline: PipelineLike
+    cancel_reason: str | None = None
+    request_id: str | None = None
+    tracked: Tracked | None = None
+    turn: Turn | None = None
+    usage: ev.Usage = field(default_factory=ev.Usage)
+    _finished: bool = False
+    _cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def _pipeline_modalities(self) -> list[str]:
+        produces = set(self.pipeline.topology.terminals.values())
+        wanted = {TEXT} | ({AUDIO} if AUDIO in self.modalities else set())
+        return sorted(wanted & produces) or sorted({TEXT, AUDIO} & produces)
+
+    def response(self, status: str, details: ev.StatusDetails | None = None) -> ev.Response:
+        output = [self.turn.item()] if self.turn is not None else []
+        return ev.Response(id=self.id, status=status, output_modalities=self.modalities, output=output,  # type: ignore[arg-type]
+                           status_details=details, usage=self.usage if status != "in_progress" else None)
+
+    async def cancel(self, reason: str) -> None:
+        """Stop this response now: no delta after this call; the pipeline drops the request."""
+        if self.cancel_reason is not None or self._finished:
+            return
+        self.cancel_reason = reason
+        self._cancelled.set()
+        if self.request_id is not None:
+            await self.pipeline.abort(self.request_id)
+
+    async def run(self, conversation: Conversation, build: Callable[[], ChatRequest]) -> None:
+        """Send ``response.created``, wait for transcripts, stream the answer, send ``response.done``."""
+        self.send(ev.ResponseCreated(response=self.response("in_progress")))
+        try:
+            await self._unless_cancelled(conversation.transcripts())
+            if self.cancel_reason is not None:
+                return self._done("cancelled")
+            await self._submit(build())
+            if self.cancel_reason is not None:  # cancelled while submitting
+                await self.pipeline.abort(self.request_id or "")
+                return self._done("cancelled")
+            self.turn = conversation.text("assistant", "")
+            self.turn.complete, self.turn.spoken = False, AUDIO in self.modalities
+            self.send(ev.ItemAdded(item=self.turn.item(), previous_item_id=None))
+            self.send(ev.OutputItemAdded(response_id=self.id, output_index=0, item=self.turn.item()))
+            self.send(ev.ContentPartAdded(response_id=self.id, item_id=self.turn.id, part=self._part()))
+            outcome, error = await self._stream()
+            self._done(outcome, error)
+        except (InvalidRequest, PipelineDead) as exc:
+            self._done("failed", f"the pipeline refused the response: {exc}")
+        finally:
+            if self.tracked is not None and self.tracked.outcome is None:  # the task itself was cancelled
+                await self.pipeline.abort(self.tracked.request.id)
+                self.tracked.finish("aborted")
+
+    async def _unless_cancelled(self, work: Any) -> None:
+        """Wait for ``work`` (a coroutine), or stop waiting when the response is cancelled."""
+        waiting = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(self._cancelled.wait())
+        await asyncio.wait({waiting, stop}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (waiting, stop):
+            task.cancel()
+        await asyncio.gather(waiting, stop, return_exceptions=True)
+
+    async def _submit(self, request: ChatRequest) -> None:
+        self.request_id = ev.new_id("resp_req")
+        submitted = await self.pipeline.submit(request, self._pipeline_modalities(), request_id=self.request_id)
+        self.state.metrics.in_flight.inc()
+        self.tracked = Tracked(submitted, self.state.metrics, self.state.active, self.state.model_name, "pcm16")
+        self.state.active[submitted.id] = self.tracked
+
+    def _part(self) -> ev.Content:
+        return ev.Content(type="output_audio", transcript="") if AUDIO in self.modalities else ev.Content(type="output_text", text="")
+
+    async def _stream(self) -> tuple[str, str | None]:
+        assert self.tracked is not None and self.turn is not None
+        tracked, turn = self.tracked, self.turn
+        encoder = AudioStreamEncoder("pcm16")
+        streamed_audio = aborted = False
+        transcript: list[str] = []
+        async for event in tracked.request.events():
+            if self.cancel_reason is not None or event.kind is RequestEventKind.ABORTED:
+                aborted = True  # nothing more of this response goes out
+                break
+            if event.kind is RequestEventKind.ERROR:
+                tracked.finish("failed")
+                log.warning("realtime response %s (request %s) failed in stage %r: %s", self.id, tracked.request.id,
+                            event.stage, event.error)
+                return "failed", f"stage {event.stage!r}: {event.error}"
+            data: Any = event.data
+            if isinstance(data, TextResult):
+                self.usage = ev.Usage(data.prompt_tokens, data.completion_tokens, data.prompt_tokens + data.completion_tokens)
+                rest = data.text[len(turn.text or ""):] if data.text.startswith(turn.text or "") else ""
+                if rest:
+                    self._text(rest)
+                turn.text = data.text
+            elif isinstance(data, PipelineTextDelta):
+                self._text(data.text)
+            elif isinstance(data, AudioChunk) and AUDIO in self.modalities:
+                if isinstance(data, AudioResult) and streamed_audio:
+                    continue
+                streamed_audio = streamed_audio or event.kind is RequestEventKind.STREAM
+                tracked.saw(data)
+                self.send(ev.AudioDelta(response_id=self.id, item_id=turn.id,
+                                        delta=b64(encoder.encode(data.samples, data.sample_rate))))
+                words = data.transcript if not transcript else " " + data.transcript
+                transcript.append(words)
+                self.send(ev.AudioTranscriptDelta(response_id=self.id, item_id=turn.id, delta=words))
+        if aborted or self.cancel_reason is not None:
+            tracked.finish("aborted")
+            return "cancelled", None
+        tracked.finish("completed")
+        if AUDIO in self.modalities:
+            turn.text = turn.text or "".join(transcript)
+        return "completed", None
+
+    def _text(self, delta: str) -> None:
+        assert self.turn is not None and self.tracked is not None
+        self.turn.text = (self.turn.text or "") + delta
+        if delta:
+            self.tracked.saw_text()
+        if TEXT in self.modalities and delta:
+            self.send(ev.TextDelta(response_id=self.id, item_id=self.turn.id, delta=delta))
+
+    def _done(self, outcome: str, error: str | None = None) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        turn = self.turn
+        if turn is not None:
+            turn.complete = True
+            spoken = "".join(turn.text or "")
+            if TEXT in self.modalities:
+                self.send(ev.TextDone(response_id=self.id, item_id=turn.id, text=turn.text or ""))
+            if AUDIO in self.modalities:
+                self.send(ev.AudioDone(response_id=self.id, item_id=turn.id))
+                self.send(ev.AudioTranscriptDone(response_id=self.id, item_id=turn.id, transcript=spoken))
+            part = ev.Content(type="output_audio", transcript=spoken) if AUDIO in self.modalities else ev.Content(type="output_text", text=spoken)
+            self.send(ev.ContentPartDone(response_id=self.id, item_id=turn.id, part=part))
+            item = turn.item()
+            if outcome != "completed":
+                item.status = "incomplete"
+            self.send(ev.OutputItemDone(response_id=self.id, output_index=0, item=item))
+            self.send(ev.ItemDone(item=item))
+        details = None
+        if outcome == "cancelled":
+            details = ev.StatusDetails(type="cancelled", reason=self.cancel_reason or "client_cancelled")
+        elif outcome == "failed":
+            details = ev.StatusDetails(type="failed", error={"type": "server_error", "code": "stage_failed", "message": error or ""})
+        self.send(ev.ResponseDone(response=self.response(outcome, details)))

@@ -1,0 +1,341 @@
+"""One realtime session: its settings, input audio buffer, turn detection, conversation,
+and the handler of each client event.
+
+Handlers run one at a time, in the order the events arrived; what takes long (a
+transcription, a response) runs in a task, so the session keeps listening, which is
+what lets speech interrupt an answer (barge-in). Each handler either does what its
+event asks or raises :class:`~omnictl.serving.realtime.events.EventError`, which the
+route answers with an ``error`` event; the session goes on either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Sequence
+
+import msgspec
+import numpy as np
+
+from omnictl.coordinator.request import RequestEventKind
+from omnictl.exceptions import InvalidRequest, PipelineDead
+from omnictl.inputs import PCM16_RATE, AudioPart, ChatMessage, ChatRequest, SamplingParams
+from omnictl.outputs import TRANSCRIPT, Transcript
+from omnictl.serving.capabilities import capabilities
+from omnictl.serving.chat import Tracked
+from omnictl.serving.protocol import OPENAI_VOICES
+from omnictl.serving.realtime import events as ev
+from omnictl.serving.realtime.responses import ResponseRun
+from omnictl.serving.realtime.turns import Conversation, Turn
+from omnictl.serving.realtime.vad import SileroModel, SileroVad, SpeechStarted, TurnDetector, VadSettings
+from omnictl.serving.state import PipelineLike, ServingState
+
+log = logging.getLogger("omnictl.serving.realtime")
+
+MIN_COMMIT_MS = 100  # a commit of less audio than this is refused, as OpenAI refuses it
+DEFAULT_VOICE = "alloy"  # an OpenAI name: the topology's default voice
+
+
+@dataclass
+class Settings:
+    instructions: str = ""
+    output_modalities: list[str] = field(default_factory=lambda: ["audio"])
+    vad: ev.ServerVad | None = field(default_factory=ev.ServerVad)  # None: the client commits turns
+    voice: str = DEFAULT_VOICE
+    max_output_tokens: int | str = "inf"
+
+    def sampling(self, override: int | str | None = None) -> SamplingParams:
+        limit = self.max_output_tokens if override is None else override
+        return SamplingParams(max_tokens=limit if isinstance(limit, int) else None)
+
+
+class RealtimeSession:
+    def __init__(self, state: ServingState, pipeline: PipelineLike, send: Callable[[ev.ServerEvent], None], model: str,
+                 silero: Callable[[], SileroModel]) -> None:
+        self.state, self.pipeline, self.send, self.model = state, pipeline, send, model
+        self.id = ev.new_id("sess")
+        self.settings = Settings()
+        self.conversation = Conversation()
+        self.buffer = bytearray()  # pcm16 24 kHz, since the last commit or clear
+        self.audio_ms = 0.0  # audio appended over the whole session
+        self._silero = silero
+        self._vad: SileroVad | None = None
+        self._turns: TurnDetector | None = None
+        self._speech_item: str | None = None
+        self.response: tuple[ResponseRun, asyncio.Task[None]] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.can_transcribe = capabilities(pipeline.topology).transcription
+        self._reset_vad()
+
+    # --- session ---------------------------------------------------------------------------
+
+    def session_object(self) -> ev.SessionObject:
+        s = self.settings
+        audio_format = {"type": "audio/pcm", "rate": PCM16_RATE}
+        turn_detection = None if s.vad is None else msgspec.to_builtins(s.vad)
+        audio = {"input": {"format": audio_format, "turn_detection": turn_detection, "transcription": None, "noise_reduction": None},
+                 "output": {"format": audio_format, "voice": s.voice, "speed": 1.0}}
+        return ev.SessionObject(id=self.id, model=self.model, instructions=s.instructions,
+                                output_modalities=s.output_modalities, audio=audio, max_output_tokens=s.max_output_tokens)  # type: ignore[arg-type]
+
+    def _reset_vad(self) -> None:
+        vad = self.settings.vad
+        self._vad = None if vad is None else SileroVad(self._silero(), PCM16_RATE)
+        self._turns = None if vad is None else TurnDetector(VadSettings(vad.threshold, vad.prefix_padding_ms, vad.silence_duration_ms))
+        self._speech_item = None
+
+    async def session_update(self, event: ev.SessionUpdate) -> None:
+        config, s = event.session, self.settings
+        if config.type not in ("realtime",):
+            raise ev.EventError(f"session.type {config.type!r} is not supported; this server runs 'realtime' sessions",
+                                "unsupported_session_type", "session.type", event.event_id)
+        if config.output_modalities is not msgspec.UNSET:
+            s.output_modalities = self._modalities(config.output_modalities, "session.output_modalities", event.event_id)
+        if config.audio is not msgspec.UNSET:
+            self._audio(config.audio, event.event_id)
+        if config.instructions is not msgspec.UNSET:
+            s.instructions = config.instructions
+        if config.max_output_tokens is not msgspec.UNSET:
+            s.max_output_tokens = self._max_tokens(config.max_output_tokens, "session.max_output_tokens", event.event_id)
+        self.send(ev.SessionUpdated(session=self.session_object()))
+
+    def _modalities(self, wanted: Sequence[str], param: str, event_id: str | None) -> list[str]:
+        produces = set(self.pipeline.topology.terminals.values())
+        missing = [m for m in wanted if m not in produces]
+        if not wanted or missing:
+            raise ev.EventError(f"{param}: this topology produces {', '.join(sorted(produces))}; cannot give {wanted!r}",
+                                "invalid_value", param, event_id)
+        return list(dict.fromkeys(wanted))
+
+    @staticmethod
+    def _max_tokens(value: int | str, param: str, event_id: str | None) -> int | str:
+        if value != "inf" and (not isinstance(value, int) or value < 1):
+            raise ev.EventError(f"{param} must be a positive integer or 'inf', got {value!r}", "invalid_value", param, event_id)
+        return value
+
+    def _audio(self, audio: ev.AudioConfig, event_id: str | None) -> None:
+        for side, config in (("input", audio.input), ("output", audio.output)):
+            if config is msgspec.UNSET or config.format is msgspec.UNSET:
+                continue
+            fmt = config.format
+            if fmt.type != "audio/pcm" or fmt.rate != PCM16_RATE:
+                raise ev.EventError(f"session.audio.{side}.format: only audio/pcm at {PCM16_RATE} Hz is supported, got "
+                                    f"{fmt.type} at {fmt.rate} Hz", "unsupported_audio_format",
+                                    f"session.audio.{side}.format.type", event_id)
+        if audio.output is not msgspec.UNSET and audio.output.voice is not msgspec.UNSET:
+            self.settings.voice = audio.output.voice
+        if audio.input is not msgspec.UNSET and audio.input.turn_detection is not msgspec.UNSET:
+            self.settings.vad = audio.input.turn_detection
+            self._reset_vad()
+
+    # --- input audio -----------------------------------------------------------------------
+
+    async def append(self, event: ev.InputAudioBufferAppend) -> None:
+        try:
+            raw = base64.b64decode(event.audio, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ev.EventError(f"input_audio_buffer.append: 'audio' is not valid base64 ({exc})", "invalid_base64",
+                                "audio", event.event_id) from exc
+        if len(raw) % 2:
+            raise ev.EventError(f"input_audio_buffer.append: pcm16 audio must hold whole 16-bit samples, got {len(raw)} bytes",
+                                "invalid_audio", "audio", event.event_id)
+        limit = self.state.limits.max_realtime_buffer_bytes
+        if len(self.buffer) + len(raw) > limit:
+            raise ev.EventError(f"the input audio buffer is limited to {limit} bytes ({limit / 2 / PCM16_RATE:.0f} s of audio); "
+                                "commit or clear it", "input_audio_buffer_too_large", "audio", event.event_id)
+        self.buffer += raw
+        self.audio_ms += len(raw) / 2 / PCM16_RATE * 1000
+        if self._vad is not None and self._turns is not None:
+            samples = np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
+            for turn in self._turns.feed(self._vad.feed(samples)):
+                await (self._speech_started(turn.audio_start_ms) if isinstance(turn, SpeechStarted)
+                       else self._speech_stopped(turn.audio_end_ms))
+            if not self._turns.speaking:  # keep only what prefix padding may need
+                assert self.settings.vad is not None
+                keep = int((self.settings.vad.prefix_padding_ms + 100) * PCM16_RATE / 1000) * 2
+                del self.buffer[: max(0, len(self.buffer) - keep)]
+
+    async def _speech_started(self, audio_start_ms: int) -> None:
+        self._speech_item = ev.new_id("item")
+        self.send(ev.SpeechStartedEvent(audio_start_ms=audio_start_ms, item_id=self._speech_item))
+        assert self.settings.vad is not None
+        if self.settings.vad.interrupt_response and self.response is not None:
+            await self.response[0].cancel("turn_detected")  # barge-in
+
+    async def _speech_stopped(self, audio_end_ms: int) -> None:
+        item_id = self._speech_item or ev.new_id("item")
+        self.send(ev.SpeechStoppedEvent(audio_end_ms=audio_end_ms, item_id=item_id))
+        self._commit(item_id, None)
+        assert self.settings.vad is not None
+        if not self.settings.vad.create_response:
+            return
+        if self.response is not None:
+            if self.response[0].cancel_reason is None:
+                return  # still answering (interrupt_response off): the next response hears this turn
+            await asyncio.shield(self.response[1])  # cancelled by this speech's start: it is sending its last events
+        self._start_response(ev.ResponseConfig(), None)
+
+    async def commit(self, event: ev.InputAudioBufferCommit) -> None:
+        self._commit(ev.new_id("item"), event.event_id)
+
+    def _commit(self, item_id: str, event_id: str | None) -> None:
+        ms = len(self.buffer) / 2 / PCM16_RATE * 1000
+        if ms < MIN_COMMIT_MS:
+            raise ev.EventError(f"input_audio_buffer.commit: the buffer holds {ms:.0f} ms of audio; at least {MIN_COMMIT_MS} ms "
+                                "is needed", "input_audio_buffer_commit_empty", None, event_id)
+        samples = np.frombuffer(bytes(self.buffer), "<i2").astype(np.float32) / 32768.0
+        self.buffer.clear()
+        previous = self.conversation.last_id()
+        turn = self.conversation.user_audio(samples, item_id)
+        self.send(ev.Committed(item_id=item_id, previous_item_id=previous))
+        self.send(ev.ItemAdded(item=turn.item(), previous_item_id=previous))
+        self._transcribe(turn)
+
+    async def clear(self, event: ev.InputAudioBufferClear) -> None:
+        self.buffer.clear()
+        self._reset_vad()
+        self.send(ev.Cleared())
+
+    # --- conversation ----------------------------------------------------------------------
+
+    async def item_create(self, event: ev.ConversationItemCreate) -> None:
+        item, where = event.item, "item.content"
+        allowed = {"user": ("input_text", "input_audio"), "system": ("input_text",), "assistant": ("output_text", "output_audio")}[item.role]
+        if len(item.content) != 1:
+            raise ev.EventError(f"{where} must hold exactly one part, got {len(item.content)}", "invalid_value", where, event.event_id)
+        part = item.content[0]
+        if part.type not in allowed:
+            raise ev.EventError(f"{where}[0].type: a {item.role} item takes {', '.join(allowed)}, got {part.type!r}",
+                                "invalid_value", f"{where}[0].type", event.event_id)
+        previous = self.conversation.last_id()
+        if part.type == "input_audio":
+            try:
+                raw = base64.b64decode(part.audio or "", validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise ev.EventError(f"{where}[0].audio is not valid base64 ({exc})", "invalid_base64", f"{where}[0].audio",
+                                    event.event_id) from exc
+            if len(raw) < 2 or len(raw) % 2 or len(raw) > self.state.limits.max_realtime_buffer_bytes:
+                raise ev.EventError(f"{where}[0].audio must be pcm16 at 24 kHz, up to {self.state.limits.max_realtime_buffer_bytes} "
+                                    f"bytes, got {len(raw)} bytes", "invalid_audio", f"{where}[0].audio", event.event_id)
+            turn = self.conversation.user_audio(np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0, item.id)
+            self.send(ev.ItemAdded(item=turn.item(), previous_item_id=previous))
+            self._transcribe(turn)
+            return
+        text = part.text if part.text is not None else part.transcript
+        turn = self.conversation.text(item.role, text or "", item.id)
+        turn.spoken = part.type == "output_audio"
+        self.send(ev.ItemAdded(item=turn.item(), previous_item_id=previous))
+        self.send(ev.ItemDone(item=turn.item(), previous_item_id=previous))
+
+    def _transcribe(self, turn: Turn) -> None:
+        """What the user said, by the topology's own speech recognition, as soon as it is committed."""
+        if not self.can_transcribe:
+            turn.transcribed.set()  # it goes to the pipeline as audio
+            return
+        self._spawn(self._transcription(turn))
+
+    async def _transcription(self, turn: Turn) -> None:
+        assert turn.audio is not None
+        request = ChatRequest(messages=(ChatMessage(role="user", parts=(AudioPart(samples=turn.audio, sample_rate=PCM16_RATE,
+                                                                                   field=f"item {turn.id}"),)),))
+        tracked: Tracked | None = None
+        try:
+            submitted = await self.pipeline.submit(request, [TRANSCRIPT], request_id=ev.new_id("transcribe"))
+            self.state.metrics.in_flight.inc()
+            tracked = Tracked(submitted, self.state.metrics, self.state.active, self.model)
+            self.state.active[submitted.id] = tracked
+            heard: Transcript | None = None
+            async for event in submitted.events():
+                if event.kind is RequestEventKind.RESULT and isinstance(event.data, Transcript):
+                    heard = event.data
+                elif event.kind in (RequestEventKind.ERROR, RequestEventKind.ABORTED):
+                    tracked.finish("failed" if event.kind is RequestEventKind.ERROR else "aborted")
+                    log.warning("realtime session %s: transcribing item %s (request %s) failed: %s", self.id, turn.id,
+                                submitted.id, event.error)
+                    self.send(ev.error_event(ev.EventError(f"transcribing item {turn.id} failed: {event.error}",
+                                                           "transcription_failed", kind="server_error")))
+                    return
+            tracked.finish("completed")
+            if heard is not None:
+                turn.text = heard.text
+                self.send(ev.TranscriptionCompleted(item_id=turn.id, content_index=0, transcript=heard.text,
+                                                    usage=ev.DurationUsage(seconds=round(heard.duration, 3))))
+            self.send(ev.ItemDone(item=turn.item()))
+        except (InvalidRequest, PipelineDead) as exc:
+            self.send(ev.error_event(ev.EventError(f"transcribing item {turn.id} failed: {exc}", "transcription_failed",
+                                                   kind="server_error")))
+        finally:
+            if tracked is not None and tracked.outcome is None:  # the session closed meanwhile
+                await self.pipeline.abort(tracked.request.id)
+                tracked.finish("aborted")
+            turn.transcribed.set()  # a failed transcription leaves the audio for the response to hear
+
+    # --- responses -------------------------------------------------------------------------
+
+    async def response_create(self, event: ev.ResponseCreate) -> None:
+        if self.response is not None:
+            raise ev.EventError(f"response {self.response[0].id} is still in progress; cancel it or wait for response.done",
+                                "conversation_already_has_active_response", None, event.event_id)
+        self._start_response(event.response, event.event_id)
+
+    def _start_response(self, config: ev.ResponseConfig, event_id: str | None) -> None:
+        s = self.settings
+        modalities = s.output_modalities
+        if config.output_modalities is not msgspec.UNSET:
+            modalities = self._modalities(config.output_modalities, "response.output_modalities", event_id)
+        limit = None
+        if config.max_output_tokens is not msgspec.UNSET:
+            limit = self._max_tokens(config.max_output_tokens, "response.max_output_tokens", event_id)
+        instructions = s.instructions if config.instructions is msgspec.UNSET else config.instructions
+        voice = None if s.voice in OPENAI_VOICES else s.voice
+        sampling = s.sampling(limit)
+        run = ResponseRun(ev.new_id("resp"), modalities, self.send, self.state, self.pipeline)
+
+        async def respond() -> None:
+            try:
+                await run.run(self.conversation, lambda: self.conversation.request(instructions, sampling, voice))
+            finally:
+                if self.response is not None and self.response[0] is run:
+                    self.response = None
+
+        self.response = (run, self._spawn(respond()))
+
+    async def response_cancel(self, event: ev.ResponseCancel) -> None:
+        if self.response is None or (event.response_id and event.response_id != self.response[0].id):
+            raise ev.EventError("there is no response in progress to cancel" if self.response is None else
+                                f"response {event.response_id} is not in progress", "response_cancel_not_active",
+                                "response_id" if event.response_id else None, event.event_id)
+        run, task = self.response
+        await run.cancel("client_cancelled")
+        await asyncio.shield(task)
+
+    # --- plumbing --------------------------------------------------------------------------
+
+    def _spawn(self, work: Awaitable[None]) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def handle(self, event: ev.ClientEvent) -> None:
+        handlers = {
+            ev.SessionUpdate: self.session_update, ev.InputAudioBufferAppend: self.append,
+            ev.InputAudioBufferCommit: self.commit, ev.InputAudioBufferClear: self.clear,
+            ev.ConversationItemCreate: self.item_create, ev.ResponseCreate: self.response_create,
+            ev.ResponseCancel: self.response_cancel,
+        }
+        await handlers[type(event)](event)  # type: ignore[operator]
+
+    async def close(self) -> None:
+        """The socket closed: cancel the response, abort every pipeline request of this session."""
+        if self.response is not None:
+            await self.response[0].cancel("client_cancelled")
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,0 +1,129 @@
+"""Server VAD: Silero VAD (the ONNX model faster-whisper ships) run frame by frame.
+
+:class:`SileroVad` gives the speech probability of each 32 ms frame of 16 kHz audio,
+carrying the model's recurrent state between calls, so audio can be fed as it arrives.
+:class:`TurnDetector` turns those probabilities into the Realtime protocol's turns:
+speech starts at the first frame at or above ``threshold``; it stops once frames stay
+below ``threshold - 0.15`` (Silero's own hysteresis) for ``silence_duration_ms``.
+Times are milliseconds of audio since the session's first appended sample.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from omnictl.exceptions import LaunchError
+from omnictl.inputs import resample
+
+VAD_RATE = 16_000
+FRAME = 512  # samples per frame at 16 kHz: what the model is trained on (32 ms)
+_CONTEXT = 64  # samples of the previous frame the model sees before each frame
+_HYSTERESIS = 0.15
+
+
+def silero_model_path() -> Path:
+    """The Silero VAD ONNX file inside the installed faster-whisper package."""
+    spec = importlib.util.find_spec("faster_whisper")
+    if spec is None or spec.origin is None:
+        raise LaunchError("realtime", "server VAD needs faster-whisper (pip install faster-whisper): it ships the Silero VAD model")
+    assets = Path(spec.origin).parent / "assets"
+    found = sorted(assets.glob("silero_vad*.onnx"))
+    if not found:
+        raise LaunchError("realtime", f"no Silero VAD model (silero_vad*.onnx) in {assets}")
+    return found[-1]
+
+
+class SileroModel:
+    """One ONNX session, shared by every session's detector (each keeps its own state)."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.inter_op_num_threads = 1
+        options.intra_op_num_threads = 1  # a frame costs ~0.2 ms; threads would cost more than they save
+        options.log_severity_level = 4
+        self.session = onnxruntime.InferenceSession(str(path or silero_model_path()), providers=["CPUExecutionProvider"],
+                                                    sess_options=options)
+
+    def run(self, frame: np.ndarray, context: np.ndarray, h: np.ndarray, c: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        window = np.concatenate([context, frame])[None, :].astype(np.float32, copy=False)
+        probs, h, c = self.session.run(None, {"input": window, "h": h, "c": c})
+        return float(np.asarray(probs).reshape(-1)[0]), h, c
+
+
+@dataclass
+class SileroVad:
+    """Speech probability per frame of a stream of audio at any rate."""
+
+    model: SileroModel
+    rate: int
+    _pending: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    _context: np.ndarray = field(default_factory=lambda: np.zeros(_CONTEXT, np.float32))
+    _h: np.ndarray = field(default_factory=lambda: np.zeros((1, 1, 128), np.float32))
+    _c: np.ndarray = field(default_factory=lambda: np.zeros((1, 1, 128), np.float32))
+
+    def feed(self, samples: np.ndarray) -> list[float]:
+        """The probabilities of the frames ``samples`` completes (each FRAME / 16 kHz long)."""
+        audio = resample(samples, self.rate, VAD_RATE) if self.rate != VAD_RATE else samples
+        self._pending = np.concatenate([self._pending, audio.astype(np.float32, copy=False)])
+        probabilities = []
+        while self._pending.size >= FRAME:
+            frame, self._pending = self._pending[:FRAME], self._pending[FRAME:]
+            probability, self._h, self._c = self.model.run(frame, self._context, self._h, self._c)
+            self._context = frame[-_CONTEXT:]
+            probabilities.append(probability)
+        return probabilities
+
+
+@dataclass(frozen=True)
+class VadSettings:
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+
+
+@dataclass(frozen=True)
+class SpeechStarted:
+    audio_start_ms: int
+
+
+@dataclass(frozen=True)
+class SpeechStopped:
+    audio_end_ms: int
+
+
+@dataclass
+class TurnDetector:
+    """Speech started / stopped events from a stream of frame probabilities."""
+
+    settings: VadSettings
+    frame_ms: float = FRAME * 1000 / VAD_RATE
+    frames: int = 0  # frames seen so far
+    speaking: bool = False
+    _quiet_frames: int = 0
+    _start_frame: int = 0
+
+    def feed(self, probabilities: list[float]) -> list[SpeechStarted | SpeechStopped]:
+        events: list[SpeechStarted | SpeechStopped] = []
+        quiet_needed = max(1, round(self.settings.silence_duration_ms / self.frame_ms))
+        for probability in probabilities:
+            self.frames += 1
+            if not self.speaking:
+                if probability >= self.settings.threshold:
+                    self.speaking, self._quiet_frames, self._start_frame = True, 0, self.frames - 1
+                    events.append(SpeechStarted(int(self._start_frame * self.frame_ms)))
+                continue
+            if probability < self.settings.threshold - _HYSTERESIS:
+                self._quiet_frames += 1
+                if self._quiet_frames >= quiet_needed:
+                    self.speaking = False
+                    end = self.frames - self._quiet_frames  # where the silence began
+                    events.append(SpeechStopped(int(end * self.frame_ms)))
+            else:
+                self._quiet_frames = 0
+        return events

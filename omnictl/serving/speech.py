@@ -1,0 +1,147 @@
+"""``POST /v1/audio/speech`` (OpenAI TTS): text straight to the audio terminal.
+
+The body is ``{"model", "input", "voice", "response_format", "stream_format"}``. The
+pipeline gets an :class:`omnictl.inputs.SpeechRequest`, which the entry stage routes
+straight to its audio terminal (see :mod:`omnictl.serving.capabilities`): no speech
+recognition, no language model. ``response_format`` ``wav`` is one whole file (its header
+knows the length), ``pcm`` raw 24 kHz 16-bit mono streamed as it is spoken;
+``stream_format: sse`` streams ``speech.audio.delta`` events instead.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import Response
+
+from omnictl.coordinator.request import RequestEventKind
+from omnictl.exceptions import InvalidRequest
+from omnictl.inputs import SpeechRequest
+from omnictl.outputs import AUDIO, AudioChunk, AudioResult
+from omnictl.serving import chat
+from omnictl.serving.admission import Admitted, Submission, admit
+from omnictl.serving.audio import AudioStreamEncoder, b64, encode_whole
+from omnictl.serving.eventstream import EventStreamResponse
+from omnictl.serving.protocol import OPENAI_VOICES
+from omnictl.serving.sse import sse_error, sse_event
+from omnictl.serving.state import PipelineLike, ServingState
+
+ENDPOINT = "/v1/audio/speech"
+MAX_INPUT_CHARS = 4096  # OpenAI's limit too
+FORMATS = {"wav": ("wav", "audio/wav"), "pcm": ("pcm16", "audio/pcm")}  # response_format -> (encoder, media type)
+_KEYS = {"model", "input", "voice", "response_format", "stream_format", "speed", "instructions"}
+
+
+def _fail(field: str, problem: str) -> InvalidRequest:
+    return InvalidRequest(f"'{field}' {problem}", field=field)
+
+
+def parse_speech(body: Any) -> tuple[SpeechRequest, str, bool, str]:
+    """(request, response_format, sse, model) from a decoded body; InvalidRequest names the field."""
+    if not isinstance(body, dict):
+        raise _fail("body", "must be a JSON object")
+    for key in body:
+        if key not in _KEYS:
+            raise _fail(key, f"is not a field of this endpoint (expected one of {', '.join(sorted(_KEYS))})")
+    text = body.get("input")
+    if not isinstance(text, str) or not text.strip():
+        raise _fail("input", "must be non-empty text")
+    if len(text) > MAX_INPUT_CHARS:
+        raise _fail("input", f"is {len(text)} characters; the limit is {MAX_INPUT_CHARS}")
+    voice = body.get("voice")
+    if voice is not None and not isinstance(voice, str):
+        raise _fail("voice", f"must be a voice name, got {type(voice).__name__}")
+    fmt = body.get("response_format") or "wav"  # OpenAI defaults to mp3, which this server does not encode
+    if fmt not in FORMATS:
+        raise _fail("response_format", f"{fmt!r} is not supported; this server produces {', '.join(FORMATS)}")
+    stream_format = body.get("stream_format") or "audio"
+    if stream_format not in ("audio", "sse"):
+        raise _fail("stream_format", f"must be 'audio' or 'sse', got {stream_format!r}")
+    if body.get("speed") not in (None, 1, 1.0):
+        raise _fail("speed", f"{body['speed']!r} is not supported; this server speaks at speed 1.0")
+    if body.get("instructions"):
+        raise _fail("instructions", "are not supported: the voice cannot be steered by instructions")
+    model = body.get("model") or ""
+    if not isinstance(model, str):
+        raise _fail("model", "must be a string")
+    chosen = None if voice is None or voice in OPENAI_VOICES else voice
+    return SpeechRequest(text=text, voice=chosen), fmt, stream_format == "sse", model
+
+
+async def _parse(request: Request, raw: bytes, pipe: PipelineLike) -> Submission[tuple[str, bool]]:
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"body is not valid JSON: {exc}", field="body") from exc
+    speech, fmt, sse, model = parse_speech(body)
+    return Submission(speech, [AUDIO], model, (fmt, sse), FORMATS[fmt][0])
+
+
+async def _sse(tracked: chat.Tracked) -> AsyncIterator[bytes]:
+    encoder = AudioStreamEncoder(tracked.audio_format)
+    streamed = False
+    async for event in tracked.request.events():
+        if event.kind is RequestEventKind.ERROR:
+            tracked.finish("failed")
+            yield sse_error(f"stage {event.stage!r}: {event.error}", "server_error", "stage_failed")
+            return
+        if event.kind is RequestEventKind.ABORTED:
+            tracked.finish("aborted")
+            yield sse_error("the request was aborted", "server_error", "aborted")
+            return
+        data = event.data
+        if not isinstance(data, AudioChunk) or (isinstance(data, AudioResult) and streamed):
+            continue
+        streamed = streamed or event.kind is RequestEventKind.STREAM
+        tracked.saw(data)
+        yield sse_event({"type": "speech.audio.delta", "audio": b64(encoder.encode(data.samples, data.sample_rate))})
+    tracked.finish("completed")
+    yield sse_event({"type": "speech.audio.done", "seconds": round(encoder.seconds, 3)})
+
+
+async def _pcm(tracked: chat.Tracked) -> AsyncIterator[bytes]:
+    encoder = AudioStreamEncoder("pcm16")
+    streamed = False
+    async for event in tracked.request.events():
+        if event.kind in (RequestEventKind.ERROR, RequestEventKind.ABORTED):
+            # the status line is sent: ending the body early is all a raw stream can say
+            tracked.finish("failed" if event.kind is RequestEventKind.ERROR else "aborted")
+            return
+        data = event.data
+        if not isinstance(data, AudioChunk) or (isinstance(data, AudioResult) and streamed):
+            continue
+        streamed = streamed or event.kind is RequestEventKind.STREAM
+        tracked.saw(data)
+        yield encoder.encode(data.samples, data.sample_rate)
+    tracked.finish("completed")
+
+
+def endpoint(state: ServingState) -> Callable[[Request], Awaitable[Response | EventStreamResponse]]:
+    async def speech(request: Request) -> Response | EventStreamResponse:
+        admitted = await admit(state, request, _parse, ENDPOINT)
+        if not isinstance(admitted, Admitted):
+            return admitted
+        tracked, (fmt, sse) = admitted.tracked, admitted.submission.extra
+        abort = admitted.pipeline.abort
+
+        async def on_disconnect() -> None:
+            if tracked.outcome is None:
+                await abort(tracked.request.id)
+                tracked.finish("aborted")
+
+        if sse:
+            return EventStreamResponse(_sse(tracked), on_disconnect)
+        if fmt == "pcm":
+            return EventStreamResponse(_pcm(tracked), on_disconnect, media_type=FORMATS[fmt][1])
+        outcome = await chat.results(tracked, request, abort)
+        if isinstance(outcome, Response):
+            return outcome
+        audio = next((data for data in outcome.values() if isinstance(data, AudioResult)), None)
+        samples, rate = (audio.samples, audio.sample_rate) if audio else (np.zeros(0, np.float32), 24_000)
+        tracked.finish("completed")
+        return Response(encode_whole(samples, rate, "wav"), media_type=FORMATS[fmt][1])
+
+    return speech

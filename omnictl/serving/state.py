@@ -1,0 +1,51 @@
+"""What every route shares: the pipeline (once it is ready), limits, key, metrics, the active table."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from omnictl.serving.metrics import ServerMetrics
+from omnictl.serving.protocol import Limits
+
+if TYPE_CHECKING:
+    from omnictl.serving.chat import Tracked
+
+
+class PipelineLike(Protocol):
+    """What the server needs from :class:`omnictl.Pipeline`."""
+
+    @property
+    def topology(self) -> Any: ...
+
+    @property
+    def healthy(self) -> bool: ...
+
+    run_dir: Any
+
+    async def submit(self, inputs: Any, modalities: list[str] | None = None, request_id: str | None = None) -> Any: ...
+
+    async def abort(self, request_id: str) -> Any: ...
+
+    async def stats(self) -> dict[str, dict[str, Any]]: ...
+
+    def in_flight(self) -> int: ...
+
+    def health(self) -> tuple[str, dict[str, str]]: ...
+
+    def process_ids(self) -> dict[str, int]: ...
+
+
+@dataclass
+class ServingState:
+    """Shared between the launcher (which sets ``pipeline`` once ready) and the routes."""
+
+    model_name: str  # the topology's `name`: the model id clients ask for
+    aliases: tuple[str, ...] = ()  # other model ids accepted (`--served-model-name`)
+    pipeline: PipelineLike | None = None
+    limits: Limits = field(default_factory=Limits)
+    api_key: str | None = None
+    metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    active: dict[str, "Tracked"] = field(default_factory=dict)
+    created: int = field(default_factory=lambda: int(time.time()))

@@ -1,0 +1,66 @@
+"""The protocol's event structs against the types the official `openai` package ships."""
+
+from __future__ import annotations
+
+import typing
+
+import msgspec
+import pydantic
+import pytest
+from openai.types.realtime import RealtimeClientEventParam, RealtimeServerEvent
+
+from omnictl.serving.realtime import events as ev
+
+SERVER = pydantic.TypeAdapter(RealtimeServerEvent)
+ITEM = ev.Item(id="item_1", role="assistant", content=[ev.Content(type="output_audio", transcript="Paris.")])
+RESPONSE = ev.Response(id="resp_1", status="completed", output_modalities=["audio"], output=[ITEM],
+                       usage=ev.Usage(10, 5, 15))
+PART = {"response_id": "resp_1", "item_id": "item_1"}
+SESSION = ev.SessionObject(id="sess_1", model="m", instructions="", output_modalities=["audio"], max_output_tokens="inf",
+                           audio={"input": {"format": {"type": "audio/pcm", "rate": 24000},
+                                            "turn_detection": msgspec.to_builtins(ev.ServerVad())},
+                                  "output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "alloy"}})
+EXAMPLES: list[ev.ServerEvent] = [
+    ev.SessionCreated(session=SESSION), ev.SessionUpdated(session=SESSION),
+    ev.SpeechStartedEvent(audio_start_ms=10, item_id="item_1"), ev.SpeechStoppedEvent(audio_end_ms=900, item_id="item_1"),
+    ev.Committed(item_id="item_1"), ev.Cleared(), ev.ItemAdded(item=ITEM), ev.ItemDone(item=ITEM),
+    ev.TranscriptionCompleted(item_id="item_1", content_index=0, transcript="hi", usage=ev.DurationUsage(1.5)),
+    ev.ResponseCreated(response=RESPONSE), ev.ResponseDone(response=RESPONSE),
+    ev.OutputItemAdded(response_id="resp_1", output_index=0, item=ITEM), ev.OutputItemDone(response_id="resp_1", output_index=0, item=ITEM),
+    ev.ContentPartAdded(**PART, part=ev.Content(type="audio", transcript="")),
+    ev.ContentPartDone(**PART, part=ev.Content(type="audio", transcript="Paris.")),
+    ev.TextDelta(**PART, delta="Pa"), ev.TextDone(**PART, text="Paris."), ev.AudioDelta(**PART, delta="AAAA"),
+    ev.AudioDone(**PART), ev.AudioTranscriptDelta(**PART, delta="Paris."), ev.AudioTranscriptDone(**PART, transcript="Paris."),
+    ev.ErrorEvent(error=ev.ErrorDetail(type="invalid_request_error", code="x", message="m", param=None, event_id="e")),
+]
+
+
+def test_every_server_event_has_an_example() -> None:
+    assert sorted(type(e).__struct_config__.tag for e in EXAMPLES) == sorted(ev.SERVER_EVENT_TYPES)
+
+
+@pytest.mark.parametrize("event", EXAMPLES, ids=lambda e: type(e).__struct_config__.tag)
+def test_server_events_validate_as_the_openai_types(event: ev.ServerEvent) -> None:
+    parsed = SERVER.validate_json(ev.encode(event))  # strict: every required field, the right types
+    assert parsed.type == type(event).__struct_config__.tag
+    assert set(msgspec.to_builtins(event)) <= set(type(parsed).model_fields)  # no field openai does not know
+
+
+def test_client_event_names_are_the_openai_ones() -> None:
+    known = set()
+    for member in typing.get_args(RealtimeClientEventParam):
+        known |= set(typing.get_args(typing.get_type_hints(member)["type"]))
+    assert set(ev.CLIENT_EVENT_TYPES) <= known
+
+
+def test_what_the_openai_client_sends_decodes() -> None:
+    update = ev.decode_client_event('{"type": "session.update", "session": {"type": "realtime", "output_modalities": ["audio"], '
+                                    '"audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000}, "turn_detection": '
+                                    '{"type": "server_vad", "threshold": 0.6, "prefix_padding_ms": 200, "silence_duration_ms": 300}}, '
+                                    '"output": {"voice": "marin"}}, "tools": [], "tracing": "auto"}}')
+    assert isinstance(update, ev.SessionUpdate)
+    vad = update.session.audio.input.turn_detection  # type: ignore[union-attr]
+    assert isinstance(vad, ev.ServerVad) and (vad.threshold, vad.prefix_padding_ms, vad.silence_duration_ms) == (0.6, 200, 300)
+    item = ev.decode_client_event('{"type": "conversation.item.create", "item": {"type": "message", "role": "user", '
+                                  '"content": [{"type": "input_text", "text": "hi"}]}}')
+    assert isinstance(item, ev.ConversationItemCreate) and item.item.content[0].text == "hi"
