@@ -44,11 +44,17 @@ for pkg in "${packages[@]}"; do
         for f in *; do [[ $f == omnictl || $f == tests ]] || echo "    $f"; done
         echo "pytest_add_cli_args_test_selection ="
         printf '    %s\n' "${fast_tests[@]}"
-        # pytest-timeout would fight mutmut's own timeout; the cache is noise.
+        # pytest-timeout would fight mutmut's own timeout; the cache is noise. The two
+        # tests that launch a real pipeline are end-to-end: a mutant that breaks the
+        # stage processes would only make them wait for their deadline.
         echo "pytest_add_cli_args ="
         echo "    -p no:cacheprovider"
         echo "    -p no:timeout"
         echo "    -q"
+        echo "    -k"
+        echo "    not launch"
+        # A mutant that loops is called a timeout (a kill) after 5x the tests' own time.
+        echo "timeout_multiplier = 5.0"
     } >"$scratch/setup.cfg"
     echo "== omnictl/$pkg (scratch copy: $scratch)"
     start=$SECONDS
