@@ -32,6 +32,7 @@ summary=()
 for pkg in "${packages[@]}"; do
     [[ -d omnictl/$pkg ]] || { echo "no package omnictl/$pkg" >&2; exit 2; }
     scratch=$(mktemp -d "${TMPDIR:-/tmp}/omnictl-mutation-$pkg.XXXXXX")
+    scratch_started=$(mktemp "${TMPDIR:-/tmp}/omnictl-mutation-started.XXXXXX")  # a timestamp
     git ls-files -z --cached --others --exclude-standard \
         | while IFS= read -r -d '' f; do [[ -e $f ]] && printf '%s\0' "$f"; done \
         | tar --null -T - -cf - | tar -xf - -C "$scratch"
@@ -53,8 +54,12 @@ for pkg in "${packages[@]}"; do
         echo "    -q"
         echo "    -k"
         echo "    not launch"
-        # A mutant that loops is called a timeout (a kill) after 5x the tests' own time.
-        echo "timeout_multiplier = 5.0"
+        # A mutant that hangs is a "timeout" (mutmut counts it as killed) after
+        # 3 x (the tests' own time + 10 s). The 10 s matter on a shared machine: with
+        # mutmut's default of 1 s, tests merely slowed by other load were called
+        # timeouts, and the kill rate counted mutants that nothing caught.
+        echo "timeout_multiplier = 3.0"
+        echo "timeout_constant = 10.0"
     } >"$scratch/setup.cfg"
     echo "== omnictl/$pkg (scratch copy: $scratch)"
     start=$SECONDS
@@ -72,6 +77,14 @@ for pkg in "${packages[@]}"; do
     echo "$line"
     summary+=("$line")
     rm -rf "$scratch"
+    # A mutant killed mid-test (a timeout) cannot unlink its shared-memory segments:
+    # remove the ones this run left whose owner process is gone.
+    for seg in /dev/shm/omx*_*; do
+        [[ -e $seg && $seg -nt $scratch_started ]] || continue
+        owner=${seg#/dev/shm/omx}; owner=${owner%%_*}
+        kill -0 "$owner" 2>/dev/null || rm -f "$seg"
+    done
+    rm -f "$scratch_started"
 done
 echo
 echo "== kill rate per package (killed + timeout) / all mutants"
