@@ -71,10 +71,8 @@ for pkg in "${packages[@]}"; do
     (cd "$scratch" && "$python" -m mutmut results --all true) >"$out/$pkg.results" 2>&1 || true
     # Every mutant that the tests ran against and did not catch, with its diff, to judge
     # one by one ("no tests" mutants are in $pkg.results: no fast test reaches them).
-    (cd "$scratch" && "$python" -m mutmut results | while read -r name status; do
-        [[ $status == survived ]] && "$python" -m mutmut show "${name%:}"
-    done) >"$out/$pkg.survivors" 2>&1 || true
-    line=$("$python" scripts/mutation_summary.py "$pkg" "$out/$pkg.results" $((SECONDS - start)))
+    (cd "$scratch" && "$python" "$repo/scripts/mutation_summary.py" survivors) >"$out/$pkg.survivors" 2>&1 || true
+    line=$("$python" scripts/mutation_summary.py summary "$pkg" "$out/$pkg.results" $((SECONDS - start)))
     echo "$line"
     summary+=("$line")
     rm -rf "$scratch"

@@ -1,4 +1,9 @@
-"""One summary line from `mutmut results --all true` output (used by scripts/mutation.sh)."""
+"""Helpers of scripts/mutation.sh.
+
+``summary PACKAGE RESULTS SECONDS``: one line from the output of ``mutmut results --all true``.
+``survivors``: run in mutmut's working directory, every surviving mutant with its diff
+(one process for all of them: ``mutmut show`` per mutant takes seconds each).
+"""
 
 from __future__ import annotations
 
@@ -23,5 +28,24 @@ def summarize(package: str, results: Path, seconds: int) -> str:
     return f"omnictl/{package}: {killed}/{total} killed ({rate:.1f}%) in {seconds}s [{detail}]"
 
 
+def print_survivors() -> None:
+    # mutmut's own modules (3.x): the same calls `mutmut results` and `mutmut show` make.
+    from mutmut.__main__ import SourceFileMutationData, status_by_exit_code, walk_mutatable_files
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+
+    for path in walk_mutatable_files():
+        data = SourceFileMutationData(path=path)
+        data.load()
+        for name, code in data.exit_code_by_key.items():
+            if status_by_exit_code[code] == "survived":
+                print(f"# {name}: survived")
+                print(get_diff_for_mutant(name, path=path))
+
+
 if __name__ == "__main__":
-    print(summarize(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])))
+    if sys.argv[1:2] == ["survivors"]:
+        print_survivors()
+    elif sys.argv[1:2] == ["summary"] and len(sys.argv) == 5:
+        print(summarize(sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])))
+    else:
+        sys.exit(__doc__)
