@@ -21,14 +21,14 @@ from omnictl.topology.model import EdgeKind, Transport
 from omnictl.transports.codec import decode
 from omnictl.transports.shm import SegmentReader
 
-# a -> b in the same process (inproc); a -> c in another one (a data and a stream edge).
+# a -> b in the same process (inproc); a -> c in another one; data and stream edges to both.
 TOPOLOGY = loads("""
 stages:
   - name: a
     factory: m.a
     process: one
     next: [b, c]
-    stream_to: [c]
+    stream_to: [b, c]
   - name: b
     factory: m.b
     process: one
@@ -153,6 +153,34 @@ def test_signals_to_a_co_located_stage_keep_their_order(short_tmp: Path) -> None
         w.ports.send_data(CTX, "a", "b", 1)
         await until(lambda: len(w.b.calls) == 2)
         assert w.b.calls == [("skip", "r", "a"), ("input", "r", "a", 1)]
+
+    wired(short_tmp, body)
+
+
+def test_a_stream_to_a_co_located_stage_is_handed_over_chunk_by_chunk_then_done(short_tmp: Path) -> None:
+    chunk = {"t": [1]}
+
+    async def body(w: Wired) -> None:
+        w.ports.send_stream(CTX, "a", "b", 0, chunk)
+        w.ports.send_stream(CTX, "a", "b", 1, {"t": [2]})
+        w.ports.send_stream_done(CTX, "a", "b")
+        await until(lambda: len(w.b.calls) == 3)
+        assert w.b.calls == [("chunk", "r", "a", 0, chunk), ("chunk", "r", "a", 1, {"t": [2]}), ("stream_done", "r", "a")]
+        assert w.b.calls[0][4] is chunk
+        assert [meta for _, _, _, meta in w.profiler.events] == [
+            {"target": "b", "seq": 0, "transport": "inproc"}, {"target": "b", "seq": 1, "transport": "inproc"}]
+
+    wired(short_tmp, body)
+
+
+def test_a_small_payload_rides_inline_and_its_bytes_are_counted_exactly(short_tmp: Path) -> None:
+    async def body(w: Wired) -> None:
+        w.ports.send_data(CTX, "a", "c", {"ids": np.arange(4, dtype=np.int64)})
+        message = w.at_two()
+        inline = len(message.payload.inline)  # the 32 bytes, padded to the tensor alignment
+        assert message.payload.shm is None and 32 <= inline < 1024
+        assert payload_bytes(message.payload) == len(message.payload.skeleton) + inline
+        assert w.profiler.events[0][3]["bytes"] == payload_bytes(message.payload)
 
     wired(short_tmp, body)
 

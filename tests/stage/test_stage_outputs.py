@@ -123,6 +123,7 @@ THINKER = StageSpec(name="thinker", factory="x.y", next=("decode", "talker"), st
 
 def test_chunks_stream_to_active_targets_in_order_then_the_result_ends_the_streams_and_routes() -> None:
     stage, ports, profiler = make_stage(THINKER)
+    assert (stage.scheduler.stage_name, stage.scheduler.profiler) == ("thinker", profiler)  # its errors name the stage
 
     async def body() -> None:
         admit(stage, "r", ("thinker", "decode"))  # text only: the talker was pruned
