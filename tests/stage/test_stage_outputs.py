@@ -69,14 +69,21 @@ class Ports:
 class Idle(SimpleScheduler):
     """Takes nothing from its inbox: what comes out is what the test puts on the outbox."""
 
+    def __init__(self) -> None:
+        super().__init__(lambda data: data)
+        self.aborted: list[str] = []
+
     async def run(self) -> None:
         await asyncio.Event().wait()
+
+    def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
 
 
 def make_stage(spec: StageSpec, route_fn: Callable[[Any], Any] | None = None,
                projections: dict[str, Callable[[Any], Any]] | None = None) -> tuple[Stage, Ports, Profiler]:
     ports, profiler = Ports(), Profiler()
-    stage = Stage(spec, Idle(lambda data: data), FanIn((), None), Router(spec, route_fn, projections or {}),
+    stage = Stage(spec, Idle(), FanIn((), None), Router(spec, route_fn, projections or {}),
                   ports, profiler)  # type: ignore[arg-type]
     return stage, ports, profiler
 
@@ -142,19 +149,19 @@ def test_chunks_stream_to_active_targets_in_order_then_the_result_ends_the_strea
 
 
 def test_a_fan_out_gives_each_target_its_own_containers_and_projections_their_part() -> None:
-    spec = StageSpec(name="thinker", factory="x.y", next=("decode", "talker", "log"))
+    spec = StageSpec(name="thinker", factory="x.y", next=("decode", "talker"))
     stage, ports, _ = make_stage(spec, projections={"talker": lambda d: {"ids": d["ids"]}})
     data = {"ids": [1, 2], "hidden": "big"}
 
     async def body() -> None:
-        admit(stage, "r", ("thinker", "decode", "talker", "log"))
+        admit(stage, "r", ("thinker", "decode", "talker"))
         await emitted(stage, result("r", data))
 
     run(stage, body)
     sent = {call[3]: call[4] for call in ports.calls}
-    assert list(sent) == ["decode", "talker", "log"]
-    assert sent == {"decode": data, "talker": {"ids": [1, 2]}, "log": data}
-    assert sent["decode"] is not data and sent["decode"]["ids"] is not data["ids"] and sent["log"] is not sent["decode"]
+    assert list(sent) == ["decode", "talker"]
+    assert sent == {"decode": data, "talker": {"ids": [1, 2]}}
+    assert sent["decode"] is not data and sent["decode"]["ids"] is not data["ids"]
     assert sent["talker"]["ids"] is not data["ids"]  # the projection got a copy too
 
 
@@ -221,6 +228,27 @@ def test_a_terminal_reports_each_chunk_and_then_its_result_with_the_chunk_count(
     assert stage.stats(0).requests == 0
 
 
+def test_a_terminal_that_never_streamed_reports_its_result_as_seq_0() -> None:
+    spec = StageSpec(name="decode", factory="x.y", terminal=True, modality="text")
+    stage, ports, _ = make_stage(spec)
+
+    async def body() -> None:
+        admit(stage, "r", ("decode",))
+        await emitted(stage, result("r", TextResult(text="whole")))
+
+    run(stage, body)
+    assert ports.calls == [("terminal", "r", "decode", True, 0, TextResult(text="whole"))]
+
+
+def test_a_terminal_all_of_whose_upstreams_are_skipped_says_so_and_skips_on() -> None:
+    spec = StageSpec(name="tts", factory="x.y", terminal=True, modality="audio", next=("log",))
+    stage, ports, profiler = make_stage(spec)
+    stage.on_skip(RequestContext("r", {}, ("llm", "tts", "log")), "llm")
+    assert ports.calls == [("terminal_skipped", "r", "tts"), ("skip", "r", "tts", "log")]
+    assert isinstance(stage.scheduler, Idle) and stage.scheduler.aborted == ["r"]
+    assert stage.stats(0).requests == 0 and profiler.events == []
+
+
 def test_a_terminal_that_also_streams_on_sends_both() -> None:
     spec = StageSpec(name="decode", factory="x.y", terminal=True, modality="text", stream_to=("tts",))
     stage, ports, _ = make_stage(spec)
@@ -248,6 +276,7 @@ def test_a_scheduler_error_fails_the_request_naming_the_stage() -> None:
     run(stage, body)
     assert ports.calls == [("failure", "r", "thinker", "stage 'thinker' failed: ValueError: bad token")]
     assert stage.stats(0).requests == 0
+    assert isinstance(stage.scheduler, Idle) and stage.scheduler.aborted == ["r"]  # whatever it still holds
 
 
 def test_an_output_that_cannot_be_sent_fails_its_request_and_the_stage_goes_on() -> None:
@@ -274,6 +303,7 @@ def test_outputs_of_a_request_the_stage_no_longer_holds_are_dropped() -> None:
     async def body() -> None:
         admit(stage, "r", ("thinker", "decode"))
         stage.on_abort("r")
+        stage.on_abort("never-seen")  # an abort broadcast for a request this stage never held
         await emitted(stage, stream("r", {"t": 1}), result("r", {}), OutgoingMessage(OutgoingKind.ERROR, "r", error="x"))
 
     run(stage, body)
@@ -303,7 +333,7 @@ def test_inputs_are_recorded_with_their_source_and_a_fan_in_wait_is_bracketed() 
     ports, profiler = Ports(), Profiler()
     stage = Stage(join, SimpleScheduler(lambda data: data), FanIn(("left", "right"), lambda inputs: sorted(inputs)),
                   Router(join, None, {}), ports, profiler)  # type: ignore[arg-type]
-    ctx = RequestContext("r", {}, ("left", "right", "join", "out"))
+    ctx = RequestContext("r", {"voice": "v"}, ("left", "right", "join", "out"))
     stage.on_input(ctx, "left", {})
     stage.on_stream_chunk(ctx, "left", 4, {})
     stage.on_input(ctx, "right", {})
@@ -316,8 +346,16 @@ def test_inputs_are_recorded_with_their_source_and_a_fan_in_wait_is_bracketed() 
         (EventKind.QUEUE_ENTER, "r", "join", {}),
     ]
     queued = [stage.scheduler.inbox.get_nowait() for _ in range(stage.scheduler.inbox.qsize())]
-    assert [(m.kind.value, m.request_id, m.data, m.source) for m in queued] == [
-        ("stream_chunk", "r", {}, "left"), ("new_request", "r", ["left", "right"], "right")]
+    assert [(m.kind.value, m.request_id, m.data, m.source, m.params) for m in queued] == [
+        ("stream_chunk", "r", {}, "left", {"voice": "v"}), ("new_request", "r", ["left", "right"], "right", {"voice": "v"})]
+
+
+def test_a_single_upstream_input_goes_straight_to_the_queue_with_no_fan_in_wait() -> None:
+    stage, _, profiler = make_stage(StageSpec(name="a", factory="x.y", next=("b",)))
+    stage.on_input(RequestContext("r", {"voice": "v"}, ("up", "a", "b")), "up", {"x": 1})
+    assert profiler.kinds() == [EventKind.INPUT_RECEIVED, EventKind.QUEUE_ENTER]
+    [queued] = [stage.scheduler.inbox.get_nowait() for _ in range(stage.scheduler.inbox.qsize())]
+    assert (queued.data, queued.source, queued.params) == ({"x": 1}, "up", {"voice": "v"})
 
 
 def test_a_merge_fn_that_raises_fails_only_that_request() -> None:
