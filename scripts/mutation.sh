@@ -28,6 +28,10 @@ packages=("$@")
 # Everything in them together runs in about ten seconds.
 fast_tests=(tests/stage tests/topology tests/transports tests/coordinator tests/test_recent.py)
 
+# One thread per test process: the runs are parallel already (MUTATION_CHILDREN), and a
+# thread pool started before a fork is what deadlocks after it.
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+
 summary=()
 for pkg in "${packages[@]}"; do
     [[ -d omnictl/$pkg ]] || { echo "no package omnictl/$pkg" >&2; exit 2; }
@@ -60,6 +64,10 @@ for pkg in "${packages[@]}"; do
         # timeouts, and the kill rate counted mutants that nothing caught.
         echo "timeout_multiplier = 3.0"
         echo "timeout_constant = 10.0"
+        # Mutants run in processes forked from a server that has only collected the
+        # tests: forked from mutmut's main process, which ran torch code, a forked
+        # child could deadlock in torch's thread pool and pass for a "timeout".
+        echo "process_isolation = forkserver"
     } >"$scratch/setup.cfg"
     echo "== omnictl/$pkg (scratch copy: $scratch)"
     start=$SECONDS
