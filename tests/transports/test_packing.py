@@ -59,3 +59,14 @@ def test_copy_containers_shares_leaves_but_not_containers() -> None:
     copy["x"][1]["y"] = 2
     assert data == {"x": [leaf, {"y": 1}]}
     assert copy["x"][0] is leaf
+
+
+def test_copy_containers_copies_what_tuples_hold() -> None:
+    leaf = torch.ones(2)
+    data = {"pair": ([1], leaf, ("deep", {"k": 1}))}
+    copy = copy_containers(data)
+    assert copy == data and type(copy["pair"]) is tuple and type(copy["pair"][2]) is tuple
+    assert copy["pair"][1] is leaf
+    copy["pair"][0].append(2)
+    copy["pair"][2][1]["k"] = 2
+    assert data == {"pair": ([1], leaf, ("deep", {"k": 1}))}
