@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from omnictl.outputs import AudioChunk, AudioResult, TextDelta, TextResult
-from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind, OutgoingMessage
+from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingMessage
 from omnictl.schedulers.streaming import StreamingScheduler, Window, merge_outputs
 from tests.schedulers.harness import Outcome, pump, wait_for_condition
 
@@ -75,7 +75,7 @@ class Counted(StreamingScheduler):
             put(message)
             self.landed += 1
 
-        self.outbox.put_nowait = landing  # type: ignore[method-assign]
+        self.outbox.put_nowait = landing  # type: ignore[method-assign,assignment]
 
 
 async def settle(scheduler: Counted) -> None:
