@@ -4,7 +4,11 @@
 #
 #   scripts/mutation.sh                      # stage coordinator topology transports
 #   scripts/mutation.sh stage topology       # some of them
+#   scripts/mutation.sh topology:shape,derive  # only those modules of a package
 #   MUTATION_CHILDREN=4 scripts/mutation.sh  # more parallel workers (default 2)
+#
+# On 2 shared cores a package takes 2-10 minutes; all of topology (2200 mutants) takes
+# over half an hour, so name its modules to spend less.
 #
 # Each package runs in its own scratch copy of the working tree (tracked and
 # untracked, not ignored files), so the checkout is never mutated and a stale
@@ -33,9 +37,20 @@ fast_tests=(tests/stage tests/topology tests/transports tests/coordinator tests/
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 summary=()
-for pkg in "${packages[@]}"; do
+for arg in "${packages[@]}"; do
+    pkg=${arg%%:*}
     [[ -d omnictl/$pkg ]] || { echo "no package omnictl/$pkg" >&2; exit 2; }
-    scratch=$(mktemp -d "${TMPDIR:-/tmp}/omnictl-mutation-$pkg.XXXXXX")
+    only=("omnictl/$pkg/*")
+    if [[ $arg == *:* ]]; then
+        IFS=, read -r -a modules <<<"${arg#*:}"
+        only=()
+        for module in "${modules[@]}"; do
+            [[ -f omnictl/$pkg/$module.py ]] || { echo "no module omnictl/$pkg/$module.py" >&2; exit 2; }
+            only+=("omnictl/$pkg/$module.py")
+        done
+    fi
+    name=${arg//[:,]/-}  # output files: topology-shape-derive.log for topology:shape,derive
+    scratch=$(mktemp -d "${TMPDIR:-/tmp}/omnictl-mutation-$name.XXXXXX")
     scratch_started=$(mktemp "${TMPDIR:-/tmp}/omnictl-mutation-started.XXXXXX")  # a timestamp
     git ls-files -z --cached --others --exclude-standard \
         | while IFS= read -r -d '' f; do [[ -e $f ]] && printf '%s\0' "$f"; done \
@@ -43,7 +58,8 @@ for pkg in "${packages[@]}"; do
     {
         echo "[mutmut]"
         echo "source_paths = omnictl"
-        echo "only_mutate = omnictl/$pkg/*"
+        echo "only_mutate ="
+        printf '    %s\n' "${only[@]}"
         # Tests read the example topologies and the README from the tree.
         echo "also_copy ="
         for f in *; do [[ $f == omnictl || $f == tests ]] || echo "    $f"; done
@@ -72,18 +88,18 @@ for pkg in "${packages[@]}"; do
         # child could deadlock in torch's thread pool and pass for a "timeout".
         echo "process_isolation = forkserver"
     } >"$scratch/setup.cfg"
-    echo "== omnictl/$pkg (scratch copy: $scratch)"
+    echo "== omnictl/$arg (scratch copy: $scratch)"
     start=$SECONDS
-    (cd "$scratch" && "$python" -m mutmut run --max-children "$children") >"$out/$pkg.log" 2>&1 || {
-        echo "mutmut failed on omnictl/$pkg; see $out/$pkg.log" >&2
-        tail -20 "$out/$pkg.log" >&2
+    (cd "$scratch" && "$python" -m mutmut run --max-children "$children") >"$out/$name.log" 2>&1 || {
+        echo "mutmut failed on omnictl/$pkg; see $out/$name.log" >&2
+        tail -20 "$out/$name.log" >&2
         exit 1
     }
-    (cd "$scratch" && "$python" -m mutmut results --all true) >"$out/$pkg.results" 2>&1 || true
+    (cd "$scratch" && "$python" -m mutmut results --all true) >"$out/$name.results" 2>&1 || true
     # Every mutant that the tests ran against and did not catch, with its diff, to judge
-    # one by one ("no tests" mutants are in $pkg.results: no fast test reaches them).
-    (cd "$scratch" && "$python" "$repo/scripts/mutation_summary.py" survivors) >"$out/$pkg.survivors" 2>&1 || true
-    line=$("$python" scripts/mutation_summary.py summary "$pkg" "$out/$pkg.results" $((SECONDS - start)))
+    # one by one ("no tests" mutants are in $name.results: no fast test reaches them).
+    (cd "$scratch" && "$python" "$repo/scripts/mutation_summary.py" survivors) >"$out/$name.survivors" 2>&1 || true
+    line=$("$python" scripts/mutation_summary.py summary "$arg" "$out/$name.results" $((SECONDS - start)))
     echo "$line"
     summary+=("$line")
     rm -rf "$scratch"
