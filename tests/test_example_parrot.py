@@ -11,10 +11,14 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import pytest
 
 import omnictl
 from omnictl.outputs import AudioResult, FinishReason, TextDelta, TextResult
 from tests.serving.harness import start_server, stop_server
+
+# Longer than the suite's default deadline: the parrot example served over HTTP, up to ~15 s measured on a loaded 2-core machine.
+pytestmark = pytest.mark.timeout(120)
 
 TOPOLOGY = Path(__file__).resolve().parents[1] / "examples" / "parrot" / "topology.yaml"
 

@@ -15,6 +15,9 @@ import pytest
 
 from tests.serving.harness import FAST_TOPOLOGY, REPO, start_server, stop_server
 
+# Longer than the suite's default deadline: `omnictl serve` started for real, up to ~7 s measured on a loaded 2-core machine.
+pytestmark = pytest.mark.timeout(120)
+
 SKIP_SLOW = os.environ.get("OMNICTL_SKIP_SLOW") == "1"
 
 
@@ -81,6 +84,7 @@ def test_a_missing_topology_is_a_clear_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the real quick start, about a minute; its own deadlines allow a cold first start
 @pytest.mark.skipif(SKIP_SLOW, reason="OMNICTL_SKIP_SLOW=1: skips the real voice-assistant quick start")
 def test_default_serve_answers_the_printed_curl_with_speech_and_bench_measures_it(tmp_path: Path) -> None:
     """The README quick start: `omnictl serve`, the curl it prints, then `omnictl bench` against it."""

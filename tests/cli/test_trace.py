@@ -98,9 +98,17 @@ def test_last_and_slowest(run_dir: Path) -> None:
     assert rows[0]["duration_s"] > rows[1]["duration_s"]
 
 
-def test_exactly_one_of_id_last_slowest(run_dir: Path) -> None:
-    assert _run("--run-dir", str(run_dir)).exit_code == 2
-    assert _run("req-1", "--last", "3", "--run-dir", str(run_dir)).exit_code == 2
+@pytest.mark.parametrize("args", [(), ("req-1", "--last", "3"), ("--last", "3", "--slowest", "2")])
+def test_exactly_one_of_id_last_slowest(run_dir: Path, args: tuple[str, ...]) -> None:
+    result = _run(*args, "--run-dir", str(run_dir))
+    assert result.exit_code == 2
+    assert "Invalid value: give exactly one of REQUEST_ID, --last N, --slowest N" in result.output
+
+
+def test_a_count_below_one_is_a_usage_error_naming_the_option(run_dir: Path) -> None:
+    result = _run("--last", "0", "--run-dir", str(run_dir))
+    assert result.exit_code == 2
+    assert "Invalid value for '--last'" in result.output
 
 
 def test_latest_run_is_the_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

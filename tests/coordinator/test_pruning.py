@@ -6,7 +6,7 @@ import pytest
 
 from omnictl.coordinator.pruning import active_stages, select_terminals
 from omnictl.exceptions import InvalidRequest
-from omnictl.topology import load
+from omnictl.topology import load, loads
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,4 +32,36 @@ def test_text_only_prunes_the_talker_and_vocoder(qwen) -> None:
 def test_unknown_modality_names_what_is_available(qwen) -> None:
     with pytest.raises(InvalidRequest, match=r"produces \['audio', 'text'\]") as error:
         select_terminals(qwen, ["video"])
+    assert error.value.field == "modalities"
+
+
+# a streams to c, which nothing routes data to: c runs only because of that stream.
+STREAM_ONLY = """
+stages:
+  - name: a
+    factory: m.a
+    next: [b]
+    stream_to: [c]
+  - name: b
+    factory: m.b
+    terminal: true
+    modality: text
+  - name: c
+    factory: m.c
+    terminal: true
+    modality: audio
+"""
+
+
+def test_a_stage_reached_only_through_stream_to_runs_when_its_modality_is_asked_for() -> None:
+    topology = loads(STREAM_ONLY, "t.yaml")
+    assert select_terminals(topology, ["audio"]) == ("c",)
+    assert active_stages(topology, ["c"]) == ("a", "c")
+    assert active_stages(topology, ["b"]) == ("a", "b")
+    assert active_stages(topology, ["b", "c"]) == ("a", "b", "c")
+
+
+def test_an_empty_modalities_list_is_rejected_not_pruned_to_nothing(qwen) -> None:
+    with pytest.raises(InvalidRequest, match=r"modalities \[\]: this topology produces \['audio', 'text'\]") as error:
+        select_terminals(qwen, [])
     assert error.value.field == "modalities"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 
+import pytest
+
 from rich.console import Console
 
 from omnictl.profiling.events import Event, EventKind
@@ -124,3 +126,14 @@ def test_a_named_compute_phase_is_painted_and_listed() -> None:
     assert "phases (#): synthesis at tts 70.00 ms" in text
     spans = [s for s in build_trace("req-1", events).spans if s.kind == "compute"]
     assert [(s.name, s.duration_ns) for s in spans] == [("synthesis", 30 * MS), ("synthesis", 40 * MS)]
+
+
+@pytest.mark.parametrize("width", [60, 80, 120])
+def test_rows_are_exactly_the_width_before_any_terminal_wraps_or_crops_them(width: int) -> None:
+    # Checked on the Text itself: a console would crop or wrap an over-wide line to fit.
+    lines = render_waterfall(build_trace("req-1", synthetic_request("req-1", TOPOLOGY, start_ns=1000 * MS)),
+                             width=width).plain.splitlines()
+    rows = [line for line in lines if line[NAME_WIDTH:NAME_WIDTH + 2] == " |"]
+    assert len(rows) == 1 + len(TOPOLOGY.stages)  # the request, then one per stage
+    assert {len(row) for row in rows} == {width}, rows
+    assert max(len(line) for line in lines) <= width

@@ -33,7 +33,11 @@ def test_hundred_concurrent_requests_aborted_mid_flight_leave_no_state(loop: Loo
         async def flood() -> list[Any]:
             blob = np.ones(64 * 1024, dtype=np.float32)  # over the inline threshold: shm slots
             requests = [await pipe.submit({"text": f"r{i}", "blob": blob}) for i in range(100)]
-            await asyncio.sleep(0.2)  # let some of them get into the stages
+            # Abort once some of them are past the entry stage: state downstream to clear.
+            deadline = asyncio.get_running_loop().time() + 10
+            while not any(entry["requests"] for name, entry in (await pipe.stats()).items() if name != "a"):
+                assert asyncio.get_running_loop().time() < deadline, "no request got past the entry stage"
+                await asyncio.sleep(0.01)
             for request in requests:
                 await pipe.abort(request.id)
             outcomes = []

@@ -12,6 +12,9 @@ from tests.support import topo
 from tests.support.loop import LoopThread, launch
 from tests.support.wait import until
 
+# Longer than the suite's default deadline: stage processes killed and restarted, up to ~16 s measured on a loaded 2-core machine.
+pytestmark = pytest.mark.timeout(120)
+
 E = "omnictl.models.examples"
 S = "tests.support.stages"
 

@@ -13,6 +13,10 @@ from tests.support import topo
 from tests.support.stages import seen
 
 
+# Longer than the suite's default deadline: eight stages in several processes, up to ~8 s measured on a loaded 2-core machine.
+pytestmark = pytest.mark.timeout(120)
+
+
 def test_eight_stage_pipeline_streams_text_and_audio_and_merges_terminals(tmp_path: Path) -> None:
     log = tmp_path / "seen.log"
     path = topo.qwen_shaped(tmp_path, log)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from typing import Any
 
 import numpy as np
 import pytest
 
 from omnictl.outputs import AudioChunk, AudioResult, TextDelta, TextResult
-from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind
+from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingMessage
 from omnictl.schedulers.streaming import StreamingScheduler, Window, merge_outputs
 from tests.schedulers.harness import Outcome, pump, wait_for_condition
 
@@ -51,10 +52,36 @@ class ToyVocoder:
         return {"audio": audio, "sample_rate": 24000}
 
 
-async def settle(scheduler: StreamingScheduler) -> None:
-    """Wait until every message was taken in and every callback ran, then let emissions land."""
-    await wait_for_condition(lambda: scheduler.inbox.empty() and scheduler.load().queued == 0)
-    await asyncio.sleep(0)  # outputs emitted by the last callback are queued on the loop just before this
+class Counted(StreamingScheduler):
+    """Counts what its callbacks emit (from the worker thread) and what has landed in the
+    outbox (on the loop), so that a test can wait for the one to catch up with the other."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.emitted = 0
+        self.landed = 0
+        self._count_lock = threading.Lock()
+
+    def emit(self, message: OutgoingMessage) -> None:
+        with self._count_lock:
+            self.emitted += 1
+        super().emit(message)
+
+    async def start(self) -> None:
+        await super().start()
+        put = self.outbox.put_nowait
+
+        def landing(message: OutgoingMessage) -> None:
+            put(message)
+            self.landed += 1
+
+        self.outbox.put_nowait = landing  # type: ignore[method-assign,assignment]
+
+
+async def settle(scheduler: Counted) -> None:
+    """Wait until every message was taken in, every callback ran and all they emitted landed."""
+    await wait_for_condition(lambda: scheduler.inbox.empty() and scheduler.load().queued == 0
+                             and scheduler.landed == scheduler.emitted)
 
 
 def test_vocoder_windows_carry_left_context_and_match_the_whole_sequence() -> None:
@@ -63,7 +90,7 @@ def test_vocoder_windows_carry_left_context_and_match_the_whole_sequence() -> No
     vocoder = ToyVocoder()
 
     async def scenario() -> tuple[dict[str, Outcome], list[int]]:
-        scheduler = StreamingScheduler(vocoder, left_context=2, chunk_size=3, units="codes")
+        scheduler = Counted(vocoder, left_context=2, chunk_size=3, units="codes")
         await scheduler.start()
         outcomes: dict[str, Outcome] = {}
         emitted_after_each_chunk = []
@@ -133,7 +160,7 @@ def test_text_is_spoken_sentence_by_sentence_while_it_streams_in() -> None:
     deltas = ["Hello wor", "ld. How are", " you? I am", " fine. Thanks. And", " you"]
 
     async def scenario() -> tuple[Outcome, list[int]]:
-        scheduler = StreamingScheduler(speak, split=first_sentence, units="text", finish_on="request")
+        scheduler = Counted(speak, split=first_sentence, units="text", finish_on="request")
         await scheduler.start()
         outcomes: dict[str, Outcome] = {}
         seen = []
@@ -168,7 +195,7 @@ def test_finish_on_stream_done_ignores_the_later_result_and_request_mode_takes_a
         return {"text": window.new.upper()}
 
     async def scenario() -> dict[str, Outcome]:
-        stream_mode = StreamingScheduler(upper, units="text", chunk_size=100)
+        stream_mode = Counted(upper, units="text", chunk_size=100)
         request_mode = StreamingScheduler(upper, units="text", chunk_size=100, finish_on="request")
         outcomes: dict[str, Outcome] = {}
         for scheduler in (stream_mode, request_mode):
@@ -200,7 +227,7 @@ def test_abort_drops_the_buffer_and_a_failing_callback_fails_only_its_request() 
         return {"text": window.new}
 
     async def scenario() -> tuple[dict[str, Outcome], list[int]]:
-        scheduler = StreamingScheduler(picky, units="text", chunk_size=4)
+        scheduler = Counted(picky, units="text", chunk_size=4)
         scheduler.stage_name = "tts"
         await scheduler.start()
         outcomes: dict[str, Outcome] = {}

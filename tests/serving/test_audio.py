@@ -44,3 +44,11 @@ def test_streamed_wav_has_one_header_and_counts_seconds() -> None:
 def test_resample_keeps_duration() -> None:
     out = resample(sine(1.0, 16000), 16000, 24000)
     assert out.size == 24000 and out.dtype == np.float32
+
+
+def test_streamed_pcm16_is_resampled_to_24k_with_no_header() -> None:
+    encoder = AudioStreamEncoder("pcm16")
+    chunks = [encoder.encode(np.full(4000, 0.5, np.float32), 16000) for _ in range(2)]
+    assert [len(chunk) for chunk in chunks] == [2 * 6000, 2 * 6000]  # 0.25 s each at 24 kHz
+    assert all(set(np.frombuffer(chunk, "<i2")) == {16384} for chunk in chunks)  # no RIFF bytes
+    assert encoder.seconds == 0.5  # counted at the stage's rate, not the wire's

@@ -68,8 +68,12 @@ def test_an_audio_format_it_cannot_produce_is_400(server: ServerProcess) -> None
 
 
 def test_oversized_body_is_413(server: ServerProcess) -> None:
-    response = post(server, ask("word " * 60_000))  # ~300 KB against a 0.25 MB limit
+    body = json.dumps(ask("word " * 60_000)).encode()  # ~300 KB against a 0.25 MB limit
+    response = post(server, None, raw=body)
     assert response.status_code == 413
+    error = error_of(response)
+    assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", "payload_too_large", "body")
+    assert error["message"] == f"request body is {len(body)} bytes; the limit is {int(0.25 * 1024 * 1024)}"
 
 
 def test_oversized_audio_is_413(server: ServerProcess) -> None:
@@ -77,7 +81,9 @@ def test_oversized_audio_is_413(server: ServerProcess) -> None:
     content = [{"type": "input_audio", "input_audio": {"data": data, "format": "pcm16"}}]
     response = post(server, {"messages": [{"role": "user", "content": content}]})
     assert response.status_code == 413
-    assert error_of(response)["param"] == "messages[0].content[0].input_audio.data"
+    error = error_of(response)
+    assert (error["code"], error["param"]) == ("payload_too_large", "messages[0].content[0].input_audio.data")
+    assert error["message"].startswith("messages[0].content[0].input_audio.data: decodes to more than ")
 
 
 @pytest.mark.parametrize("headers", [{"Authorization": ""}, {"Authorization": "Bearer wrong"}])

@@ -60,3 +60,12 @@ def test_non_streamed_completion() -> None:
 def test_sse_framing() -> None:
     assert sse_event({"a": "é\n"}) == b'data: {"a":"\xc3\xa9\\n"}\n\n'
     assert DONE == b"data: [DONE]\n\n"
+
+
+def test_streamed_pcm16_audio_deltas_are_24k_raw_samples() -> None:
+    t = ChunkTranslator("chatcmpl-4", "m", "pcm16")
+    deltas = [delta(t.on_stream("tts", AudioChunk(samples=TONE, sample_rate=16000, transcript="x"))[0])["audio"]
+              for _ in range(2)]
+    samples = [np.frombuffer(base64.b64decode(d["data"]), "<i2") for d in deltas]
+    assert [s.size for s in samples] == [2400, 2400]  # 1600 samples at 16 kHz = 0.1 s = 2400 at 24 kHz
+    assert all(set(s) == {8192} for s in samples)  # 0.25 full scale, no header in front

@@ -19,11 +19,19 @@ def test_dynamic_routing_reports_the_candidates_left_out() -> None:
     assert router.targets({"to": ["audio", "video"]}, ("r", "audio", "video")) == (["audio", "video"], [])
 
 
-@pytest.mark.parametrize("value", [None, [], "", "subtitles", ["audio", "subtitles"], 3])
-def test_contract_violations_name_the_stage_and_the_value(value: object) -> None:
+@pytest.mark.parametrize(("value", "why"), [
+    (None, "it must return one or more of ['audio', 'video']"),
+    ([], "it must return one or more of ['audio', 'video']"),
+    ("", "[''] not declared in its `next` ['audio', 'video']"),
+    (3, "it must return one or more of ['audio', 'video']"),
+    ("subtitles", "['subtitles'] not declared in its `next` ['audio', 'video']"),
+    (["audio", "subtitles"], "['subtitles'] not declared in its `next` ['audio', 'video']"),
+])
+def test_contract_violations_name_the_stage_and_the_value(value: object, why: str) -> None:
     router = Router(SPEC, lambda data: value, {})
-    with pytest.raises(RouteContractError, match=r"route_fn of stage 'r' returned"):
+    with pytest.raises(RouteContractError) as error:
         router.targets({}, ("r", "audio", "video"))
+    assert str(error.value) == f"route_fn of stage 'r' returned {value!r}{';' if 'must' in why else ':'} {why}"
 
 
 def test_projection_and_fan_out_isolation() -> None:

@@ -85,3 +85,68 @@ def test_a_stage_whose_upstreams_are_all_skipped_skips_downstream() -> None:
 
     asyncio.run(go())
     assert sent.skips == [("r2", "out")] and sent.data == []
+
+
+# --- abort and skip purge what the stage holds for one request, and only that --------
+# The stage is never started: nothing takes from the scheduler's inbox, so what the
+# stage queued is still there to look at, and no event-loop ordering is involved.
+
+STREAMED = ("thinker", "talker", "voc", "out")  # voc: data from thinker, a stream from talker
+
+
+def streamed_stage(sent: Sent) -> Stage:
+    spec = StageSpec(name="voc", factory="x.y", next=("out",))
+    return Stage(spec, SimpleScheduler(lambda data: data), FanIn(("thinker",), None), Router(spec, None, {}),
+                 sent, Recorder())  # type: ignore[arg-type]
+
+
+def queue_two_streams(stage: Stage) -> None:
+    for seq in (0, 1):
+        for rid in ("r1", "r2"):
+            stage.on_stream_chunk(RequestContext(rid, {}, STREAMED), "talker", seq, {rid: seq})
+
+
+def inbox(stage: Stage) -> list[tuple[str, Any]]:
+    """Empties the (never started) scheduler's inbox: (request id, data) in queue order."""
+    queue = stage.scheduler.inbox
+    return [(m.request_id, m.data) for m in (queue.get_nowait() for _ in range(queue.qsize()))]
+
+
+def test_abort_leaves_only_the_other_requests_messages_and_state() -> None:
+    stage = streamed_stage(Sent())
+    queue_two_streams(stage)
+    assert (stage.stats(0).requests, stage.stats(0).queued, stage.stats(0).stream_buffers) == (2, 4, 2)
+    stage.on_abort("r1")
+    stats = stage.stats(0)
+    assert (stats.requests, stats.queued, stats.stream_buffers, stats.fanin_buffers) == (1, 2, 1, 0)
+    # A message for r1 still in flight when it was aborted is dropped, not started again.
+    stage.on_stream_chunk(RequestContext("r1", {}, STREAMED), "talker", 2, {"r1": 2})
+    stage.on_input(RequestContext("r1", {}, STREAMED), "thinker", {"late": True})
+    assert inbox(stage) == [("r2", {"r2": 0}), ("r2", {"r2": 1})]
+
+
+def test_abort_drops_a_half_gathered_fan_in() -> None:
+    stage = join_stage(Recorder(), Sent())
+    for rid in ("r1", "r2"):
+        stage.on_input(RequestContext(rid, {}, ("left", "right", "join", "out")), "left", {"x": rid})
+    assert (stage.stats(0).requests, stage.stats(0).fanin_buffers) == (2, 2)
+    stage.on_abort("r1")
+    assert (stage.stats(0).requests, stage.stats(0).fanin_buffers, stage.stats(0).queued) == (1, 1, 0)
+    # r1's other half arriving late does not complete (or restart) it.
+    stage.on_input(RequestContext("r1", {}, ("left", "right", "join", "out")), "right", {"x": "r1"})
+    assert stage.stats(0).queued == 0
+    stage.on_input(RequestContext("r2", {}, ("left", "right", "join", "out")), "right", {"x": "r2"})
+    assert inbox(stage) == [("r2", {"from": ["left", "right"]})]
+
+
+def test_a_skip_purges_the_stream_it_was_fed_and_skips_downstream() -> None:
+    # The route_fn upstream of voc left it out for r1 after talker had already streamed to it.
+    sent = Sent()
+    stage = streamed_stage(sent)
+    queue_two_streams(stage)
+    stage.on_skip(RequestContext("r1", {}, STREAMED), "thinker")
+    assert sent.skips == [("r1", "out")]
+    stats = stage.stats(0)
+    assert (stats.requests, stats.queued, stats.stream_buffers) == (1, 2, 1)
+    stage.on_stream_chunk(RequestContext("r1", {}, STREAMED), "talker", 2, {"r1": 2})
+    assert inbox(stage) == [("r2", {"r2": 0}), ("r2", {"r2": 1})]

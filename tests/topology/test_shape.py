@@ -105,3 +105,37 @@ def test_no_terminal_is_not_repeated_when_the_terminal_stage_is_malformed(lint) 
     # The terminal stage's name is not a string: the schema reports that, nothing more.
     text = CHAIN.replace("name: c", "name: 7")
     assert {i.rule for i in lint(text)} == {"schema", "unknown-stage"}
+
+
+LONG_LOOP = """
+stages:
+  - name: a
+    factory: m.a
+    next: [b]
+  - name: b
+    factory: m.b
+    next: [c]
+  - name: c
+    factory: m.c
+    next: [d, a]
+  - name: d
+    factory: m.d
+    terminal: true
+"""
+
+
+def test_a_three_stage_cycle_is_reported_once_from_its_first_stage(lint) -> None:
+    # Tarjan must carry c's low-link back through b to a: otherwise the loop is
+    # cut short ("b -> b") and blamed on the wrong stage and line.
+    issues = lint(LONG_LOOP, "cycle")
+    assert where(issues) == [(4, "a")]
+    assert issues[0].message == "the `next` graph has a cycle: a -> b -> c -> a"
+
+
+def test_a_cycle_with_a_side_branch_names_every_stage_on_it(lint) -> None:
+    # b -> x -> c is a second way round inside the same component: one issue, x listed.
+    text = LONG_LOOP.replace("next: [c]", "next: [c, x]") + (
+        "  - name: x\n    factory: m.x\n    next: [c]\n")
+    issues = lint(text, "cycle")
+    assert where(issues) == [(4, "a")]
+    assert issues[0].message == "the `next` graph has a cycle: a -> b -> c -> a (also on it: x)"

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from omnictl import Pipeline
 from omnictl.cli.validate import register
 from omnictl.exceptions import LaunchError, OmnictlError
-from omnictl.topology import load
+from omnictl.coordinator.launcher import refuse_unsupported
+from omnictl.topology import load, loads
 
 TP = """\
 stages:
@@ -65,3 +66,13 @@ def test_validate_accepts_it_with_a_warning(tp_file: Path) -> None:
     assert result.exit_code == 0, result.output
     assert f"{tp_file}:5: warning: stage 'big' has tp_size 2: tensor parallelism is not " \
            "implemented by this runtime yet" in " ".join(result.output.split())
+
+
+def test_a_topology_from_text_is_refused_with_the_whole_message_and_no_file_prefix() -> None:
+    topology = loads(TP.replace("gpu: [0, 1]", "gpu: [1, 2]"))  # no file: no "path:line: " in front
+    with pytest.raises(LaunchError) as caught:
+        refuse_unsupported(topology)
+    assert str(caught.value) == (
+        "stage 'big' failed to start: tensor parallelism is not implemented by this runtime yet: "
+        "the stage asks for tp_size=2 on GPUs [1, 2], and would run on GPU 1 alone. Place it on one "
+        "GPU (`gpu: N`), or launch with device='cpu' (--device cpu).")

@@ -3,11 +3,14 @@ modules that subclass it (that was an import cycle)."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
 from omnictl.topology.model import RelayKnobs, Transport
-from omnictl.transports.codec import PayloadCodec, codec_for, decode
+from omnictl.transports import codec as codec_module
+from omnictl.transports.codec import PayloadCodec, codec_for, decode, register_codec
 from omnictl.transports.shm import SegmentReader, SlotPool
 
 
@@ -32,10 +35,31 @@ def test_shm_and_relay_edges_use_the_host_shared_memory_codec(transport: Transpo
     pool.release(payload.shm)
 
 
-def test_cuda_ipc_is_registered_by_its_own_module_on_first_use(pool) -> None:
-    from omnictl.transports.cuda_ipc import CudaIpcCodec
+def test_cuda_ipc_is_registered_by_its_own_module_on_first_use(pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # As in a fresh stage process: the module is not imported yet, so nothing registered it.
+    monkeypatch.delitem(sys.modules, "omnictl.transports.cuda_ipc", raising=False)
+    monkeypatch.delitem(codec_module._CODECS, Transport.CUDA_IPC, raising=False)
+    codec = codec_for(Transport.CUDA_IPC, pool, KNOBS)
+    assert type(codec) is sys.modules["omnictl.transports.cuda_ipc"].CudaIpcCodec
+    assert (codec.pool, codec.knobs) == (pool, KNOBS)
+    assert codec_module._CODECS[Transport.CUDA_IPC] is type(codec)
 
-    assert type(codec_for(Transport.CUDA_IPC, pool, KNOBS)) is CudaIpcCodec
+
+def test_a_module_that_registers_nothing_is_named(pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(codec_module._CODECS, Transport.CUDA_IPC, raising=False)
+    monkeypatch.setitem(codec_module._CODEC_MODULES, Transport.CUDA_IPC, "json")
+    with pytest.raises(LookupError, match=r"^importing json registered no codec for cuda_ipc edges$"):
+        codec_for(Transport.CUDA_IPC, pool, KNOBS)
+
+
+def test_register_codec_replaces_the_codec_of_a_transport(pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    class Custom(PayloadCodec):
+        pass
+
+    monkeypatch.setitem(codec_module._CODECS, Transport.RELAY, codec_module._CODECS[Transport.RELAY])
+    register_codec(Transport.RELAY, Custom)
+    assert type(codec_for(Transport.RELAY, pool, KNOBS)) is Custom
+    assert type(codec_for(Transport.SHM, pool, KNOBS)) is PayloadCodec
 
 
 def test_inproc_edges_have_no_codec(pool) -> None:

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
 
+from omnictl.outputs import AudioChunk, TextResult
 from omnictl.transports.packing import copy_containers, pack, unpack
 
 
@@ -59,3 +62,64 @@ def test_copy_containers_shares_leaves_but_not_containers() -> None:
     copy["x"][1]["y"] = 2
     assert data == {"x": [leaf, {"y": 1}]}
     assert copy["x"][0] is leaf
+
+
+def test_copy_containers_copies_what_tuples_hold() -> None:
+    leaf = torch.ones(2)
+    data = {"pair": ([1], leaf, ("deep", {"k": 1}))}
+    copy = copy_containers(data)
+    assert copy == data and type(copy["pair"]) is tuple and type(copy["pair"][2]) is tuple
+    assert copy["pair"][1] is leaf
+    copy["pair"][0].append(2)
+    copy["pair"][2][1]["k"] = 2
+    assert data == {"pair": ([1], leaf, ("deep", {"k": 1}))}
+
+
+class _OnDevice:
+    """Stands in for a CUDA tensor: only its ``is_cuda`` flag matters to pack()."""
+
+    is_cuda = True
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _OnDevice) and other.name == self.name
+
+
+def test_device_leaves_go_through_device_leaf_and_host_ones_do_not() -> None:
+    handed: list[object] = []
+
+    def device_leaf(obj: object) -> bytes:
+        handed.append(obj)
+        return pickle.dumps(("ipc-handle", obj.name))  # type: ignore[attr-defined]
+
+    gpu, cpu = _OnDevice("g"), torch.arange(3)
+    packed = pack({"gpu": gpu, "cpu": cpu}, device_leaf=device_leaf)
+    assert handed == [gpu]
+    out = unpack(packed.skeleton, packed.layout, packed.to_bytes())
+    assert out["gpu"] == ("ipc-handle", "g") and torch.equal(out["cpu"], cpu)
+    assert [entry.index for entry in packed.layout] == [0]
+    # Without a device_leaf, the same object is pickled whole (host memory).
+    packed = pack({"gpu": gpu})
+    assert unpack(packed.skeleton, packed.layout, packed.to_bytes()) == {"gpu": gpu}
+
+
+def test_typed_outputs_keep_their_type_and_their_arrays_share_the_tensor_layout() -> None:
+    chunk = AudioChunk(samples=np.linspace(-1, 1, 300, dtype=np.float32), sample_rate=16000, transcript="hi")
+    data = {"results": [TextResult(text="a", prompt_tokens=2), chunk], "ids": torch.arange(5)}
+    out, packed = roundtrip(data)
+    text, audio = out["results"]
+    assert text == TextResult(text="a", prompt_tokens=2)
+    assert type(audio) is AudioChunk and (audio.sample_rate, audio.transcript) == (16000, "hi")
+    np.testing.assert_array_equal(audio.samples, chunk.samples)
+    assert torch.equal(out["ids"], torch.arange(5))
+    assert [entry.index for entry in packed.layout] == [0, 1]  # one buffer for both arrays
+    assert packed.nbytes >= chunk.samples.nbytes + 5 * 8
+
+
+def test_many_tensors_are_each_found_again_by_index() -> None:
+    data = [torch.full((2,), i) for i in range(300)]  # indices past one byte
+    out, packed = roundtrip(data)
+    assert [int(t[0]) for t in out] == list(range(300))
+    assert [entry.index for entry in packed.layout] == list(range(300))

@@ -51,3 +51,18 @@ def test_slots_are_reused_after_release_and_oversized_payloads_get_their_own_seg
     reader.close()
     codec.pool.close()
     assert segments() <= before
+
+
+def test_refs_name_their_owner_and_stage_and_large_segments_round_up_to_a_power_of_two() -> None:
+    pool = SlotPool("proc", "stg", 1 << 16, 2)
+    try:
+        small, view = pool.acquire(1 << 16)  # exactly one slot: still a slot
+        view.release()
+        assert (small.owner, small.stage, small.nbytes) == ("proc", "stg", 1 << 16) and small.slot >= 0
+        big, view = pool.acquire((1 << 17) + 1)
+        view.release()
+        assert (big.owner, big.stage, big.slot, big.offset, big.nbytes) == ("proc", "stg", -1, 0, (1 << 17) + 1)
+        assert os.stat(f"/dev/shm/{big.segment}").st_size == 1 << 18
+        assert big.segment != small.segment and pool.in_use == 2
+    finally:
+        pool.close()

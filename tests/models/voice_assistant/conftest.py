@@ -53,10 +53,14 @@ def run(coro: Any, timeout: float = 300.0) -> Any:
 
 
 async def drained(scheduler: Scheduler, timeout: float = 10.0) -> None:
-    """Wait until the scheduler has taken everything from its inbox (polled, with a deadline)."""
+    """Wait until the scheduler has taken and handled everything (polled, with a deadline).
+
+    These schedulers handle a message in the same step that takes it from the inbox, so
+    an empty inbox means every message was handled; ``queued`` is the work that handling
+    left for later (sentences to speak)."""
     deadline = time.monotonic() + timeout
-    while not scheduler.inbox.empty():
+    while not (scheduler.inbox.empty() and scheduler.load().queued == 0):
         if time.monotonic() > deadline:
-            raise AssertionError(f"scheduler left {scheduler.inbox.qsize()} message(s) in its inbox")
+            raise AssertionError(f"scheduler left {scheduler.inbox.qsize()} message(s) in its inbox, "
+                                 f"{scheduler.load().queued} queued")
         await asyncio.sleep(0.01)
-    await asyncio.sleep(0)  # the message just taken is handled before run() awaits again

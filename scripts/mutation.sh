@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Mutation testing of the core packages against the fast unit tests (mutmut 3).
+# Not run in CI: it takes minutes per package. Run by hand:
+#
+#   scripts/mutation.sh                      # stage coordinator topology transports
+#   scripts/mutation.sh stage topology       # some of them
+#   scripts/mutation.sh topology:shape,derive  # only those modules of a package
+#   MUTATION_CHILDREN=4 scripts/mutation.sh  # more parallel workers (default 2)
+#
+# On 2 shared cores a package takes 2-10 minutes; all of topology (2200 mutants) takes
+# over half an hour, so name its modules to spend less.
+#
+# Each package runs in its own scratch copy of the working tree (tracked and
+# untracked, not ignored files), so the checkout is never mutated and a stale
+# mutant can never be committed. mutmut mutates only omnictl/<package>/*.py and,
+# for each mutant, runs only the fast unit tests that reach the mutated
+# function. A per-package summary line is printed at the end, and the surviving
+# mutants are listed with their diffs in $MUTATION_OUT/<package>.survivors
+# (default: /tmp/omnictl-mutation).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+python=${PYTHON:-$repo/.venv/bin/python}
+[[ -x $python ]] || python=$(command -v python3)
+children=${MUTATION_CHILDREN:-2}
+out=${MUTATION_OUT:-${TMPDIR:-/tmp}/omnictl-mutation}
+mkdir -p "$out"
+packages=("$@")
+[[ ${#packages[@]} -gt 0 ]] || packages=(stage coordinator topology transports)
+
+# The fast unit tests: no model, no HTTP server, no end-to-end pipeline.
+# Everything in them together runs in about ten seconds.
+fast_tests=(tests/stage tests/topology tests/transports tests/coordinator tests/test_recent.py)
+
+# One thread per test process: the runs are parallel already (MUTATION_CHILDREN), and a
+# thread pool started before a fork is what deadlocks after it.
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+
+summary=()
+for arg in "${packages[@]}"; do
+    pkg=${arg%%:*}
+    [[ -d omnictl/$pkg ]] || { echo "no package omnictl/$pkg" >&2; exit 2; }
+    only=("omnictl/$pkg/*")
+    if [[ $arg == *:* ]]; then
+        IFS=, read -r -a modules <<<"${arg#*:}"
+        only=()
+        for module in "${modules[@]}"; do
+            [[ -f omnictl/$pkg/$module.py ]] || { echo "no module omnictl/$pkg/$module.py" >&2; exit 2; }
+            only+=("omnictl/$pkg/$module.py")
+        done
+    fi
+    name=${arg//[:,]/-}  # output files: topology-shape-derive.log for topology:shape,derive
+    scratch=$(mktemp -d "${TMPDIR:-/tmp}/omnictl-mutation-$name.XXXXXX")
+    scratch_started=$(mktemp "${TMPDIR:-/tmp}/omnictl-mutation-started.XXXXXX")  # a timestamp
+    git ls-files -z --cached --others --exclude-standard \
+        | while IFS= read -r -d '' f; do [[ -e $f ]] && printf '%s\0' "$f"; done \
+        | tar --null -T - -cf - | tar -xf - -C "$scratch"
+    {
+        echo "[mutmut]"
+        echo "source_paths = omnictl"
+        echo "only_mutate ="
+        printf '    %s\n' "${only[@]}"
+        # Tests read the example topologies and the README from the tree.
+        echo "also_copy ="
+        for f in *; do [[ $f == omnictl || $f == tests ]] || echo "    $f"; done
+        echo "pytest_add_cli_args_test_selection ="
+        printf '    %s\n' "${fast_tests[@]}"
+        # pytest-timeout would fight mutmut's own timeout; the cache is noise. The two
+        # tests that start a real pipeline are end-to-end: a mutant that breaks the
+        # stage processes would only make them wait for their deadline. The CLI run
+        # from the example's folder cannot work here: mutated code in that process
+        # looks for mutmut's configuration in its working directory.
+        echo "pytest_add_cli_args ="
+        echo "    -p no:cacheprovider"
+        echo "    -p no:timeout"
+        echo "    -q"
+        echo "    --deselect=tests/topology/test_imports.py::test_a_launched_pipeline_imports_user_code_beside_its_topology"
+        echo "    --deselect=tests/topology/test_imports.py::test_a_launch_whose_factory_is_missing_says_which_module_from_where_and_why"
+        echo "    --deselect=tests/topology/test_imports.py::test_validate_check_imports_accepts_the_three_stage_example[from-its-folder]"
+        # A mutant that hangs is a "timeout" (mutmut counts it as killed) after
+        # 3 x (the tests' own time + 10 s). The 10 s matter on a shared machine: with
+        # mutmut's default of 1 s, tests merely slowed by other load were called
+        # timeouts, and the kill rate counted mutants that nothing caught.
+        echo "timeout_multiplier = 3.0"
+        echo "timeout_constant = 10.0"
+        # Mutants run in processes forked from a server that has only collected the
+        # tests: forked from mutmut's main process, which ran torch code, a forked
+        # child could deadlock in torch's thread pool and pass for a "timeout".
+        echo "process_isolation = forkserver"
+    } >"$scratch/setup.cfg"
+    echo "== omnictl/$arg (scratch copy: $scratch)"
+    start=$SECONDS
+    (cd "$scratch" && "$python" -m mutmut run --max-children "$children") >"$out/$name.log" 2>&1 || {
+        echo "mutmut failed on omnictl/$pkg; see $out/$name.log" >&2
+        tail -20 "$out/$name.log" >&2
+        exit 1
+    }
+    (cd "$scratch" && "$python" -m mutmut results --all true) >"$out/$name.results" 2>&1 || true
+    # Every mutant that the tests ran against and did not catch, with its diff, to judge
+    # one by one ("no tests" mutants are in $name.results: no fast test reaches them).
+    (cd "$scratch" && "$python" "$repo/scripts/mutation_summary.py" survivors) >"$out/$name.survivors" 2>&1 || true
+    line=$("$python" scripts/mutation_summary.py summary "$arg" "$out/$name.results" $((SECONDS - start)))
+    echo "$line"
+    summary+=("$line")
+    rm -rf "$scratch"
+    # A mutant killed mid-test (a timeout) cannot unlink its shared-memory segments:
+    # remove the ones this run left whose owner process is gone.
+    for seg in /dev/shm/omx*_*; do
+        [[ -e $seg && $seg -nt $scratch_started ]] || continue
+        owner=${seg#/dev/shm/omx}; owner=${owner%%_*}
+        kill -0 "$owner" 2>/dev/null || rm -f "$seg"
+    done
+    rm -f "$scratch_started"
+done
+echo
+echo "== kill rate per package (killed + timeout) / all mutants"
+printf '%s\n' "${summary[@]}"
