@@ -154,7 +154,9 @@ def _holds_nothing(stats: dict[str, dict[str, Any]]) -> bool:
 def test_aborting_a_hundred_requests_spread_over_replicas_leaves_no_state(loop: LoopThread, tmp_path: Path) -> None:
     stages = [
         {"name": "a", "factory": f"{E}.identity", "next": ["b", "c"], "process": "one"},
-        {"name": "b", "factory": f"{E}.sleep", "factory_args": {"seconds": 0.02}, "next": ["d"], "process": "two"},
+        # 0.2 s a request: 100 requests hold 3 replicas for ~7 s, so however slowly a loaded
+        # machine submits them, most are still in flight when the aborts go out
+        {"name": "b", "factory": f"{E}.sleep", "factory_args": {"seconds": 0.2}, "next": ["d"], "process": "two"},
         {"name": "c", "factory": f"{E}.identity", "next": ["d"], "process": "one"},
         {"name": "d", "factory": f"{E}.identity", "wait_for": ["b", "c"], "merge_fn": f"{E}.merge_dicts",
          "terminal": True, "modality": "merged", "process": "two"},
