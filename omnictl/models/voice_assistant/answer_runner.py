@@ -27,7 +27,7 @@ _SENTENCE_END = re.compile(r"(?:(?<=[^\W\d_])[.!?]|[!?])[\"'”’)\]]*(?=\s|$)|
 
 def sentences_ended(text: str) -> int:
     """How many sentences ``text`` (an answer so far) has completed."""
-    return len(_SENTENCE_END.findall(text.strip()))
+    return len(_SENTENCE_END.findall(text.lstrip()))
 
 
 def with_system_prompt(messages: Any, system_prompt: str | None) -> Any:

@@ -105,11 +105,11 @@ class SpeechMaker:
 
     def __init__(self, cache: Path) -> None:
         self.cache = cache
-        self._piper = None
+        self._piper: Any = None  # PiperSpeaker, loaded on first use
 
     def speak(self, text: str, voice: Voice) -> np.ndarray:
         """float32 mono at 16 kHz, with 0.2 s of silence either side as a microphone would record."""
-            path = self.cache / _slug(voice.name) / f"{_slug(text)}.wav"
+        path = self.cache / _slug(voice.name) / f"{_slug(text)}.wav"
         if path.is_file():
             return read_wav(path.read_bytes(), field=str(path))[0]
         if voice.engine == "espeak-ng":
@@ -149,11 +149,16 @@ _SENTENCE_END = re.compile(r"(?<=[^\W\d_])[.!?](?:\s|$)|[!?](?:\s|$)|\n")
 
 def first_sentence(answer: str) -> str:
     match = _SENTENCE_END.search(answer.strip())
-    return answer.strip()[: match.end()] if match else answer.strip()
+    return answer.strip()[: match.end()].strip() if match else answer.strip()
+
+
+# British and American spellings are the same words to a listener (Whisper writes American).
+_SPELLINGS = {"colour": "color", "favourite": "favorite", "centre": "center", "metre": "meter"}
 
 
 def normalize(text: str) -> str:
-    return " ".join(re.sub(r"[^a-z0-9]+", " ", text.lower()).split())
+    words = re.sub(r"[^a-z0-9]+", " ", text.lower()).split()
+    return " ".join(_SPELLINGS.get(word, word) for word in words)
 
 
 def is_correct(answer: str, question: Question) -> bool:

@@ -20,7 +20,6 @@ from omnictl.models.voice_assistant.asr import whisper_base_dir
 from omnictl.models.voice_assistant.llm import smollm2_checkpoint
 from omnictl.models.voice_assistant.quality import QUESTIONS, VOICES, SpeechMaker, ask, is_correct, spoken_request, typed_request
 from omnictl.pipeline import Pipeline
-from tests.support.loop import LoopThread
 
 ASKED = QUESTIONS[:10]
 VOICE = VOICES[0]  # espeak-ng en-us, 175 wpm, pitch 50
@@ -34,7 +33,6 @@ def answers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, list
     whisper_base_dir()
     speech = SpeechMaker(tmp_path_factory.mktemp("audio"))
     clips = [speech.speak(question.text, VOICE) for question in ASKED]
-    loop = LoopThread()
 
     async def ask_all() -> dict[str, list[str]]:
         launch = Pipeline.launch(data_path("voice-assistant.yaml"), device="cpu", run_dir=tmp_path_factory.mktemp("run"))
@@ -43,10 +41,7 @@ def answers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, list
             spoken = [(await ask(pipe, spoken_request(clip)))[0] for clip in clips]
         return {"typed": typed, "spoken": spoken}
 
-    try:
-        yield loop.run(asyncio.wait_for(ask_all(), 300), timeout=320)
-    finally:
-        loop.close()
+    yield asyncio.run(asyncio.wait_for(ask_all(), 300))
 
 
 def _right(texts: list[str]) -> int:
