@@ -185,6 +185,17 @@ def print_table(rows: list[Row], settings: dict[str, dict[str, Any]], console: C
     console.print(f"settings: asr={settings.get('asr', {})} thinker={settings.get('thinker', {})}")
 
 
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """The table as Markdown (for the README), from ``--json``'s ``rows``."""
+    lines = ["| asked as | accuracy | ASR WER | answer words | first audio p50 |", "|---|---|---|---|---|"]
+    for row in rows:
+        wer = "—" if row["wer"] is None else f"{row['wer']:.1%}"
+        first = row["first_audio_p50_s"]
+        audio = "—" if first != first else f"{first:.2f} s"
+        lines.append(f"| {row['mode']} | {row['correct']}/{row['asked']} ({row['accuracy']:.0%}) | {wer} | {row['mean_words']:.1f} | {audio} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--questions", type=int, default=len(QUESTIONS), help="ask the first N questions (default: all)")
@@ -196,7 +207,11 @@ def main() -> int:
     parser.add_argument("--audio-dir", type=Path, help="cache spoken clips here (default: a temporary folder for this run)")
     parser.add_argument("--misses", action="store_true", help="list every wrong answer")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--markdown", type=Path, metavar="JSON", help="print the table of an earlier --json run as Markdown, and exit")
     args = parser.parse_args()
+    if args.markdown:
+        print(markdown_table(json.loads(args.markdown.read_text())["rows"]))
+        return 0
 
     console = Console(stderr=True)
     questions = list(QUESTIONS[: args.questions])

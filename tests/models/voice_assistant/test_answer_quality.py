@@ -10,8 +10,7 @@ costs at most ``SPOKEN_MARGIN`` of the typed right answers, and every answer is 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 
@@ -20,6 +19,8 @@ from omnictl.models.voice_assistant.asr import whisper_base_dir
 from omnictl.models.voice_assistant.llm import smollm2_checkpoint
 from omnictl.models.voice_assistant.quality import QUESTIONS, VOICES, SpeechMaker, ask, is_correct, spoken_request, typed_request
 from omnictl.pipeline import Pipeline
+
+pytestmark = pytest.mark.slow  # real models end to end; runs by default
 
 ASKED = QUESTIONS[:10]
 VOICE = VOICES[0]  # espeak-ng en-us, 175 wpm, pitch 50
