@@ -43,7 +43,7 @@ def answers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, list
             spoken = [(await ask(pipe, spoken_request(clip)))[0] for clip in clips]
         return {"typed": typed, "spoken": spoken}
 
-    yield asyncio.run(asyncio.wait_for(ask_all(), 900)  # generous: a loaded CI machine is slow, not wrong)
+    yield asyncio.run(asyncio.wait_for(ask_all(), 900))  # generous: a loaded machine is slow, not wrong
 
 
 def _right(texts: list[str]) -> int:
