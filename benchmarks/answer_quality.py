@@ -183,6 +183,13 @@ def print_table(rows: list[Row], settings: dict[str, dict[str, Any]], console: C
         )
     console.print(table)
     console.print(f"settings: asr={settings.get('asr', {})} thinker={settings.get('thinker', {})}")
+    typed = next((row for row in rows if row.mode == TYPED), None)
+    spoken = next((row for row in rows if row.mode == "spoken (all voices)"), None)
+    if typed is not None and typed.asked:
+        console.print(f"goal typed >= 80%: {typed.accuracy:.0%} — {'met' if typed.accuracy >= 0.8 else 'not met'}")
+        if spoken is not None and spoken.asked and typed.accuracy > 0:
+            ratio = spoken.accuracy / typed.accuracy
+            console.print(f"goal spoken >= 90% of typed: {ratio:.0%} — {'met' if ratio >= 0.9 else 'not met'}")
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
