@@ -4,6 +4,11 @@
 # requirement resolved from scratch would pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# espeak-ng speaks the questions of the answer-quality evaluation (tests and benchmarks/answer_quality.py).
+if ! command -v espeak-ng >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq espeak-ng >/dev/null
+  else sudo apt-get update -qq && sudo apt-get install -y -qq espeak-ng >/dev/null; fi
+fi
 python3 -m venv .venv
 .venv/bin/pip install --quiet --upgrade pip
 .venv/bin/pip install --quiet torch==2.13.0

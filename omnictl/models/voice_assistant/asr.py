@@ -12,6 +12,7 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -59,13 +60,36 @@ def whisper_base_dir(root: Path | None = None) -> Path:
 
 
 class SpeechRecognizer:
-    """Whisper base on the CPU; :meth:`transcribe` takes float32 mono at any rate."""
+    """Whisper base on the CPU; :meth:`transcribe` takes float32 mono at any rate.
 
-    def __init__(self, model_dir: Path | None = None, language: str | None = "en", beam_size: int = 1, cpu_threads: int = 0) -> None:
+    Decoding settings (faster-whisper's): ``beam_size``; ``temperatures``, the fallback
+    ladder tried when a decode looks like a hallucination (one value: no fallback);
+    ``vad_filter`` trims silence with Silero VAD first; ``initial_prompt`` primes the
+    decoder with text in the style to expect. The defaults are the ones chosen by
+    ``benchmarks/answer_quality.py`` (see the README).
+    """
+
+    def __init__(
+        self,
+        model_dir: Path | None = None,
+        language: str | None = "en",
+        beam_size: int = 1,
+        temperatures: float | Sequence[float] = 0.0,
+        vad_filter: bool = False,
+        initial_prompt: str | None = None,
+        without_timestamps: bool = True,
+        cpu_threads: int = 0,
+    ) -> None:
         from faster_whisper import WhisperModel  # type: ignore[import-untyped]
 
+        if beam_size < 1:
+            raise ValueError(f"beam_size: must be >= 1, got {beam_size}")
         self.language = language
         self.beam_size = beam_size
+        self.temperatures = (float(temperatures),) if isinstance(temperatures, (int, float)) else tuple(float(t) for t in temperatures)
+        self.vad_filter = vad_filter
+        self.initial_prompt = initial_prompt or None
+        self.without_timestamps = without_timestamps
         self.model = WhisperModel(str(model_dir or whisper_base_dir()), device="cpu", compute_type="int8", cpu_threads=cpu_threads)
 
     def transcribe(self, samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> str:
@@ -75,6 +99,13 @@ class SpeechRecognizer:
         """What is said, and in which language (``language``: this request's, else the default)."""
         audio = resample(np.asarray(samples, dtype=np.float32), sample_rate, SAMPLE_RATE)
         segments, info = self.model.transcribe(
-            audio, language=language or self.language, beam_size=self.beam_size, vad_filter=False
+            audio,
+            language=language or self.language,
+            beam_size=self.beam_size,
+            temperature=list(self.temperatures),
+            vad_filter=self.vad_filter,
+            initial_prompt=self.initial_prompt,
+            without_timestamps=self.without_timestamps,
+            condition_on_previous_text=False,  # one short question: nothing earlier to condition on
         )
         return "".join(segment.text for segment in segments).strip(), str(info.language)

@@ -106,8 +106,23 @@ def transcribe_question(recognizer: SpeechRecognizer, data: Data) -> Data:
     return {"messages": messages, "transcript": Transcript(text=heard, language=language, duration=seconds)}
 
 
-def asr(beam_size: int = 1, language: str | None = "en") -> Callable[[Data], Data]:
-    recognizer = SpeechRecognizer(language=language, beam_size=beam_size)
+def asr(
+    beam_size: int = 1,
+    language: str | None = "en",
+    temperatures: float | list[float] = 0.0,
+    vad_filter: bool = False,
+    initial_prompt: str | None = None,
+    without_timestamps: bool = True,
+) -> Callable[[Data], Data]:
+    """Whisper base; every decoding setting is a ``factory_args`` key (see :class:`SpeechRecognizer`)."""
+    recognizer = SpeechRecognizer(
+        language=language,
+        beam_size=beam_size,
+        temperatures=temperatures,
+        vad_filter=vad_filter,
+        initial_prompt=initial_prompt,
+        without_timestamps=without_timestamps,
+    )
 
     def run(data: Data) -> Data:
         return transcribe_question(recognizer, data)
@@ -149,19 +164,33 @@ def thinker(
     device: str = "cpu",
     max_tokens: int = 128,
     temperature: float = 0.0,
+    system_prompt: str | None = None,
+    repetition_penalty: float = 1.0,
+    no_repeat_ngram: int = 0,
+    max_sentences: int | None = None,
     stream_every: int = 1,
     max_batch: int = 16,
 ) -> Scheduler:
     """SmolLM2-135M-Instruct (converted from the packaged GGUF on first use) in the autoregressive scheduler.
 
     ``max_tokens`` and ``temperature`` are defaults; a request's ``sampling`` overrides them.
+    ``system_prompt`` (used when the conversation has none), ``repetition_penalty``,
+    ``no_repeat_ngram`` and ``max_sentences`` shape the spoken answer: see
+    :class:`~omnictl.models.voice_assistant.answer_runner.SpokenAnswerRunner`.
     """
-    from omnictl.models.hf_causal_lm import HFCausalLMRunner
+    from omnictl.models.voice_assistant.answer_runner import SpokenAnswerRunner
     from omnictl.models.voice_assistant.llm import smollm2_checkpoint
     from omnictl.schedulers.autoregressive import AutoregressiveScheduler
 
     path = Path(model_path) if model_path else smollm2_checkpoint()
-    runner = HFCausalLMRunner.from_pretrained(path, device=device)
+    runner = SpokenAnswerRunner.from_pretrained(
+        path,
+        device=device,
+        system_prompt=system_prompt,
+        repetition_penalty=repetition_penalty,
+        no_repeat_ngram=no_repeat_ngram,
+        max_sentences=max_sentences,
+    )
     return AutoregressiveScheduler(
         runner,
         stream_every=stream_every,
