@@ -8,6 +8,7 @@ import io
 import json
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from omnictl.pipeline import Pipeline
@@ -18,6 +19,10 @@ from omnictl.profiling.store import TraceStore, read_run_info
 from omnictl.profiling.trace_render import render_waterfall
 from omnictl.topology.model import EdgeKind
 from tests.support import topo
+
+# Longer than the suite's default deadline: eight stages in several processes, up to ~12 s
+# measured on a loaded 2-core machine.
+pytestmark = pytest.mark.timeout(120)
 
 
 def test_a_request_through_eight_stages_is_traced(tmp_path: Path) -> None:

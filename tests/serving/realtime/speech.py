@@ -56,12 +56,17 @@ def samples_of(deltas: list[str]) -> np.ndarray:
     return np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0
 
 
-def collect_until_done(connection: Any, timeout_events: int = 5000) -> list[Any]:
-    """Every server event up to and including the next ``response.done``."""
+def collect_until_done(connection: Any, timeout_events: int = 5000, also: tuple[str, ...] = ()) -> list[Any]:
+    """Every server event up to and including the next ``response.done``, and on until each
+    event type in ``also`` has come too (a transcription may finish after a short answer)."""
     events = []
+    waiting = set(also)
+    done = False
     for _ in range(timeout_events):
         event = connection.recv()
         events.append(event)
-        if event.type == "response.done":
+        waiting.discard(event.type)
+        done = done or event.type == "response.done"
+        if done and not waiting:
             return events
     raise AssertionError(f"no response.done in {timeout_events} events: {[e.type for e in events][-20:]}")

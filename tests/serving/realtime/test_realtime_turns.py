@@ -40,7 +40,7 @@ def test_a_spoken_question_committed_by_hand_is_heard_and_answered_in_text_and_s
         manual.input_audio_buffer.append(audio=audio)
     manual.input_audio_buffer.commit()
     manual.response.create()
-    events = collect_until_done(manual)
+    events = collect_until_done(manual, also=("conversation.item.input_audio_transcription.completed",))
     types = [e.type for e in events]
     committed = next(e for e in events if e.type == "input_audio_buffer.committed")
     heard = next(e for e in events if e.type == "conversation.item.input_audio_transcription.completed")
@@ -56,7 +56,7 @@ def test_a_spoken_question_committed_by_hand_is_heard_and_answered_in_text_and_s
     # the audio says the text's answer: most of what Whisper hears in it is words of the text
     heard_in_answer = words(whisper.transcribe(samples_of(audio), 24_000))
     assert len(heard_in_answer & words(text)) >= 0.6 * len(heard_in_answer), (heard_in_answer, text)
-    done = events[-1].response
+    done = next(e for e in events if e.type == "response.done").response
     assert done.status == "completed" and done.usage.output_tokens > 0 and done.usage.input_tokens > 0
     assert done.output[0].role == "assistant" and done.output[0].content[0].transcript == spoken
     order = ["input_audio_buffer.committed", "conversation.item.added", "response.created", "response.output_item.added",
@@ -65,6 +65,7 @@ def test_a_spoken_question_committed_by_hand_is_heard_and_answered_in_text_and_s
     firsts = [types.index(t) for t in order]
     assert firsts == sorted(firsts), types
     assert types.index("response.output_audio.done") > max(i for i, t in enumerate(types) if t == "response.output_audio.delta")
+    assert types.index("response.done") > max(i for i, t in enumerate(types) if t == "response.output_audio.delta")
 
 
 def test_each_response_hears_the_whole_conversation(manual: Any) -> None:
@@ -78,9 +79,9 @@ def test_each_response_hears_the_whole_conversation(manual: Any) -> None:
         manual.input_audio_buffer.append(audio=audio)
     manual.input_audio_buffer.commit()
     manual.response.create(response={"output_modalities": ["text"]})
-    events = collect_until_done(manual)
+    events = collect_until_done(manual, also=("conversation.item.input_audio_transcription.completed",))
     assert not any(e.type == "response.output_audio.delta" for e in events)
-    second = events[-1].response
+    second = next(e for e in events if e.type == "response.done").response
     assert "Paris" in second.output[0].content[0].text
     # the prompt held the first question and its answer besides the new question
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens + 5
@@ -99,7 +100,7 @@ def test_server_vad_answers_when_the_speaker_stops(client: openai.OpenAI, whispe
         assert connection.recv().type == "session.updated"
         for audio in chunks(silence(500) + sample("spider_legs") + silence(1000)):
             connection.input_audio_buffer.append(audio=audio)  # and never a commit
-        events = collect_until_done(connection)
+        events = collect_until_done(connection, also=("conversation.item.input_audio_transcription.completed",))
     types = [e.type for e in events]
     started = next(e for e in events if e.type == "input_audio_buffer.speech_started")
     stopped = next(e for e in events if e.type == "input_audio_buffer.speech_stopped")
@@ -107,7 +108,7 @@ def test_server_vad_answers_when_the_speaker_stops(client: openai.OpenAI, whispe
     assert types.index("input_audio_buffer.speech_stopped") < types.index("input_audio_buffer.committed") < types.index("response.created")
     heard = next(e for e in events if e.type == "conversation.item.input_audio_transcription.completed")
     assert "spider" in heard.transcript.lower()
-    assert events[-1].response.status == "completed"
+    assert next(e for e in events if e.type == "response.done").response.status == "completed"
     assert not any(e.type == "response.output_text.delta" for e in events)  # audio only, as asked
     audio = [e.delta for e in events if e.type == "response.output_audio.delta"]
     assert audio and whisper.transcribe(samples_of(audio), 24_000).strip()
