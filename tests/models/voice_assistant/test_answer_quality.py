@@ -21,7 +21,9 @@ from omnictl.models.voice_assistant.llm import smollm2_checkpoint
 from omnictl.models.voice_assistant.quality import QUESTIONS, VOICES, SpeechMaker, ask, is_correct, spoken_request, typed_request
 from omnictl.pipeline import Pipeline
 
-pytestmark = pytest.mark.slow  # real models end to end; runs by default
+# real models end to end; runs by default. 20 asks through the real pipeline: about a minute on
+# an idle 2-core machine, several on a loaded one
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 ASKED = QUESTIONS[:10]
 VOICE = VOICES[3]  # Piper joe
