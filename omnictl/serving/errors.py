@@ -8,6 +8,11 @@ from omnictl.exceptions import InvalidRequest, PayloadTooLarge
 from omnictl.serving.sse import error_body
 
 
+def field_error(field: str, problem: str) -> InvalidRequest:
+    """A bad request naming the body field at fault, in the envelope's wording: 'field' problem."""
+    return InvalidRequest(f"'{field}' {problem}", field=field)
+
+
 def error_response(status: int, message: str, kind: str, code: str, param: str | None = None) -> JSONResponse:
     return JSONResponse(error_body(message, kind, code, param), status_code=status)
 

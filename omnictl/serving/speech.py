@@ -24,6 +24,7 @@ from omnictl.outputs import AUDIO, AudioChunk, AudioResult
 from omnictl.serving import chat
 from omnictl.serving.admission import Admitted, Submission, admit
 from omnictl.serving.audio import AudioStreamEncoder, b64, encode_whole
+from omnictl.serving.errors import field_error
 from omnictl.serving.eventstream import EventStreamResponse
 from omnictl.serving.protocol import OPENAI_VOICES
 from omnictl.serving.sse import sse_error, sse_event
@@ -35,38 +36,34 @@ FORMATS = {"wav": ("wav", "audio/wav"), "pcm": ("pcm16", "audio/pcm")}  # respon
 _KEYS = {"model", "input", "voice", "response_format", "stream_format", "speed", "instructions"}
 
 
-def _fail(field: str, problem: str) -> InvalidRequest:
-    return InvalidRequest(f"'{field}' {problem}", field=field)
-
-
 def parse_speech(body: Any) -> tuple[SpeechRequest, str, bool, str]:
     """(request, response_format, sse, model) from a decoded body; InvalidRequest names the field."""
     if not isinstance(body, dict):
-        raise _fail("body", "must be a JSON object")
+        raise field_error("body", "must be a JSON object")
     for key in body:
         if key not in _KEYS:
-            raise _fail(key, f"is not a field of this endpoint (expected one of {', '.join(sorted(_KEYS))})")
+            raise field_error(key, f"is not a field of this endpoint (expected one of {', '.join(sorted(_KEYS))})")
     text = body.get("input")
     if not isinstance(text, str) or not text.strip():
-        raise _fail("input", "must be non-empty text")
+        raise field_error("input", "must be non-empty text")
     if len(text) > MAX_INPUT_CHARS:
-        raise _fail("input", f"is {len(text)} characters; the limit is {MAX_INPUT_CHARS}")
+        raise field_error("input", f"is {len(text)} characters; the limit is {MAX_INPUT_CHARS}")
     voice = body.get("voice")
     if voice is not None and not isinstance(voice, str):
-        raise _fail("voice", f"must be a voice name, got {type(voice).__name__}")
+        raise field_error("voice", f"must be a voice name, got {type(voice).__name__}")
     fmt = body.get("response_format") or "wav"  # OpenAI defaults to mp3, which this server does not encode
     if fmt not in FORMATS:
-        raise _fail("response_format", f"{fmt!r} is not supported; this server produces {', '.join(FORMATS)}")
+        raise field_error("response_format", f"{fmt!r} is not supported; this server produces {', '.join(FORMATS)}")
     stream_format = body.get("stream_format") or "audio"
     if stream_format not in ("audio", "sse"):
-        raise _fail("stream_format", f"must be 'audio' or 'sse', got {stream_format!r}")
+        raise field_error("stream_format", f"must be 'audio' or 'sse', got {stream_format!r}")
     if body.get("speed") not in (None, 1, 1.0):
-        raise _fail("speed", f"{body['speed']!r} is not supported; this server speaks at speed 1.0")
+        raise field_error("speed", f"{body['speed']!r} is not supported; this server speaks at speed 1.0")
     if body.get("instructions"):
-        raise _fail("instructions", "are not supported: the voice cannot be steered by instructions")
+        raise field_error("instructions", "are not supported: the voice cannot be steered by instructions")
     model = body.get("model") or ""
     if not isinstance(model, str):
-        raise _fail("model", "must be a string")
+        raise field_error("model", "must be a string")
     chosen = None if voice is None or voice in OPENAI_VOICES else voice
     return SpeechRequest(text=text, voice=chosen), fmt, stream_format == "sse", model
 
@@ -80,43 +77,44 @@ async def _parse(request: Request, raw: bytes, pipe: PipelineLike) -> Submission
     return Submission(speech, [AUDIO], model, (fmt, sse), FORMATS[fmt][0])
 
 
-async def _sse(tracked: chat.Tracked) -> AsyncIterator[bytes]:
-    encoder = AudioStreamEncoder(tracked.audio_format)
+async def _audio(tracked: chat.Tracked) -> AsyncIterator[AudioChunk | chat.PipelineEvent]:
+    """The request's audio in order (its result only when nothing streamed before it), or
+    the error / aborted event that ends the request (the request is finished then)."""
     streamed = False
     async for event in tracked.request.events():
-        if event.kind is RequestEventKind.ERROR:
-            tracked.finish("failed")
-            yield sse_error(f"stage {event.stage!r}: {event.error}", "server_error", "stage_failed")
-            return
-        if event.kind is RequestEventKind.ABORTED:
-            tracked.finish("aborted")
-            yield sse_error("the request was aborted", "server_error", "aborted")
+        if event.kind in (RequestEventKind.ERROR, RequestEventKind.ABORTED):
+            tracked.finish("failed" if event.kind is RequestEventKind.ERROR else "aborted")
+            yield event
             return
         data = event.data
         if not isinstance(data, AudioChunk) or (isinstance(data, AudioResult) and streamed):
             continue
         streamed = streamed or event.kind is RequestEventKind.STREAM
         tracked.saw(data)
-        yield sse_event({"type": "speech.audio.delta", "audio": b64(encoder.encode(data.samples, data.sample_rate))})
+        yield data
     tracked.finish("completed")
+
+
+async def _sse(tracked: chat.Tracked) -> AsyncIterator[bytes]:
+    encoder = AudioStreamEncoder(tracked.audio_format)
+    async for item in _audio(tracked):
+        if isinstance(item, AudioChunk):
+            yield sse_event({"type": "speech.audio.delta", "audio": b64(encoder.encode(item.samples, item.sample_rate))})
+        elif item.kind is RequestEventKind.ERROR:
+            yield sse_error(f"stage {item.stage!r}: {item.error}", "server_error", "stage_failed")
+            return
+        else:
+            yield sse_error("the request was aborted", "server_error", "aborted")
+            return
     yield sse_event({"type": "speech.audio.done", "seconds": round(encoder.seconds, 3)})
 
 
 async def _pcm(tracked: chat.Tracked) -> AsyncIterator[bytes]:
     encoder = AudioStreamEncoder("pcm16")
-    streamed = False
-    async for event in tracked.request.events():
-        if event.kind in (RequestEventKind.ERROR, RequestEventKind.ABORTED):
-            # the status line is sent: ending the body early is all a raw stream can say
-            tracked.finish("failed" if event.kind is RequestEventKind.ERROR else "aborted")
-            return
-        data = event.data
-        if not isinstance(data, AudioChunk) or (isinstance(data, AudioResult) and streamed):
-            continue
-        streamed = streamed or event.kind is RequestEventKind.STREAM
-        tracked.saw(data)
-        yield encoder.encode(data.samples, data.sample_rate)
-    tracked.finish("completed")
+    async for item in _audio(tracked):
+        if not isinstance(item, AudioChunk):
+            return  # the status line is sent: ending the body early is all a raw stream can say
+        yield encoder.encode(item.samples, item.sample_rate)
 
 
 def endpoint(state: ServingState) -> Callable[[Request], Awaitable[Response | EventStreamResponse]]:

@@ -22,15 +22,12 @@ from omnictl.inputs import parse_request, read_wav
 from omnictl.outputs import TRANSCRIPT, Transcript
 from omnictl.serving import chat
 from omnictl.serving.admission import Admitted, Submission, admit
+from omnictl.serving.errors import field_error
 from omnictl.serving.state import PipelineLike, ServingState
 
 ENDPOINT = "/v1/audio/transcriptions"
 FORMATS = ("json", "text", "verbose_json")
 _FIELDS = {"file", "model", "language", "response_format", "temperature", "stream"}
-
-
-def _fail(field: str, problem: str) -> InvalidRequest:
-    return InvalidRequest(f"'{field}' {problem}", field=field)
 
 
 async def _form(request: Request, raw: bytes) -> Any:
@@ -45,17 +42,17 @@ async def _form(request: Request, raw: bytes) -> Any:
         return {"type": "http.request", "body": raw, "more_body": False}
 
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
-        raise _fail("body", "must be multipart/form-data with a 'file' field")
+        raise field_error("body", "must be multipart/form-data with a 'file' field")
     try:
         return await Request(request.scope, replay).form(max_files=1, max_fields=16)
     except (MultiPartException, ValueError) as exc:
-        raise _fail("body", f"is not a readable multipart form ({exc})") from exc
+        raise field_error("body", f"is not a readable multipart form ({exc})") from exc
 
 
 def _field(form: Any, name: str) -> str | None:
     value = form.get(name)
     if value is not None and not isinstance(value, str):
-        raise _fail(name, "must be a plain form field")
+        raise field_error(name, "must be a plain form field")
     return value
 
 
@@ -64,22 +61,22 @@ async def parse_transcription(request: Request, raw: bytes, max_audio_bytes: int
     form = await _form(request, raw)
     for key in form.keys():
         if key not in _FIELDS:
-            raise _fail(key, f"is not supported (this endpoint reads {', '.join(sorted(_FIELDS))})")
+            raise field_error(key, f"is not supported (this endpoint reads {', '.join(sorted(_FIELDS))})")
     upload = form.get("file")
     if not isinstance(upload, UploadFile):
-        raise _fail("file", "is missing: send the audio as a file field")
+        raise field_error("file", "is missing: send the audio as a file field")
     data = await upload.read()
     if len(data) > max_audio_bytes:
         raise PayloadTooLarge(f"'file' is {len(data)} bytes; the limit is {max_audio_bytes}", field="file")
     samples, rate = read_wav(data, "file")  # InvalidRequest naming 'file' for anything but WAV
     fmt = _field(form, "response_format") or "json"
     if fmt not in FORMATS:
-        raise _fail("response_format", f"{fmt!r} is not supported; choose one of {', '.join(FORMATS)}")
+        raise field_error("response_format", f"{fmt!r} is not supported; choose one of {', '.join(FORMATS)}")
     if (_field(form, "stream") or "false").lower() != "false":
-        raise _fail("stream", "is not supported: the transcript comes whole")
+        raise field_error("stream", "is not supported: the transcript comes whole")
     temperature = _field(form, "temperature")
     if temperature not in (None, "0", "0.0"):
-        raise _fail("temperature", "is not supported: recognition is greedy (0)")
+        raise field_error("temperature", "is not supported: recognition is greedy (0)")
     language = _field(form, "language") or None
     audio = {"type": "input_audio", "input_audio": {"data": samples, "sample_rate": rate}}
     request_inputs: dict[str, Any] = {"messages": [{"role": "user", "content": [audio]}]}
@@ -89,7 +86,7 @@ async def parse_transcription(request: Request, raw: bytes, max_audio_bytes: int
         inputs = parse_request(request_inputs)
     except InvalidRequest as exc:  # name the form's field, not the internal message's
         field = "language" if exc.field == "language" else "file"
-        raise _fail(field, str(exc).split(": ", 1)[-1]) from exc
+        raise field_error(field, str(exc).split(": ", 1)[-1]) from exc
     return inputs, fmt, _field(form, "model") or ""
 
 
