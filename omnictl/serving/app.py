@@ -125,6 +125,13 @@ def create_app(state: ServingState) -> Starlette:
         if not authorized(request.headers, state.api_key):
             state.metrics.outcome("rejected")
             return _error(401, "missing or wrong API key (send 'Authorization: Bearer <key>')", "authentication_error", "invalid_api_key")
+        media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media_type != "application/json":
+            # A web page may POST text/plain cross-origin without a preflight; refusing it
+            # keeps a key-less server on localhost out of any browser tab's reach.
+            state.metrics.outcome("rejected")
+            return _error(415, f"Content-Type must be application/json, got {media_type or 'none'!r}",
+                          "invalid_request_error", "unsupported_media_type", "Content-Type")
         try:
             raw = await _read_body(request, state.limits.max_body_bytes)
             pipe = pipeline_or_none()

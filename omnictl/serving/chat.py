@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
@@ -28,6 +29,7 @@ from omnictl.serving.responses import ChunkTranslator, build_completion
 from omnictl.serving.sse import DONE, error_body, sse_error, sse_event
 
 Abort = Callable[[str], Awaitable[Any]]
+log = logging.getLogger(__name__)
 
 
 class PipelineEvent(Protocol):
@@ -185,4 +187,13 @@ def stream_response(tracked: Tracked, abort: Abort) -> EventStreamResponse:
             await abort(tracked.request.id)
             tracked.finish("aborted")
 
-    return EventStreamResponse(stream_chunks(tracked, translator), on_disconnect)
+    async def on_failure(exc: BaseException) -> bytes:
+        # Logged once, here, with the request id; the request ends and leaves the tables.
+        log.error("request %s: producing its stream failed", tracked.request.id, exc_info=exc)
+        if tracked.outcome is None:
+            await abort(tracked.request.id)
+            tracked.finish("failed")
+        return sse_error(f"the server failed to send the response: {type(exc).__name__}", "server_error",
+                         "internal_error") + DONE
+
+    return EventStreamResponse(stream_chunks(tracked, translator), on_disconnect, on_failure=on_failure)
