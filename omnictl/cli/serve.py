@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -34,9 +35,12 @@ def serve_command(
     from omnictl.serving.protocol import Limits
     from omnictl.serving import Listening, ServeOptions, serve
     from omnictl.serving.ready import ready_message
+    from omnictl.serving.server import is_loopback
 
     console = Console()
     errors = Console(stderr=True)
+    if api_key is None and "OMNICTL_API_KEY" in os.environ:
+        api_key = os.environ["OMNICTL_API_KEY"]  # Click drops an empty variable: it is refused below, not ignored
     options = ServeOptions(
         topology=topology, host=host, port=port, model_path=model_path, api_key=api_key, device=device,
         run_dir=str(run_dir) if run_dir else None, request_timeout=request_timeout, max_restarts=max_restarts,
@@ -64,8 +68,9 @@ def serve_command(
             )
             dashboards.append(dashboard.start())
 
-    if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
-        errors.print(f"[yellow]warning:[/] serving on {host} without --api-key: anyone who can reach it can use it")
+    if not is_loopback(host) and api_key is None:
+        errors.print(f"[bold red]WARNING:[/] serving on {host} without --api-key: anyone who can reach "
+                     "this address can use the server and every model it runs")
     console.print(f"omnictl serve: launching {topology or 'the embedded voice assistant'} (loading models)...")
     try:
         serve(options, on_ready)

@@ -207,6 +207,10 @@ def create_app(state: ServingState) -> Starlette:
         return JSONResponse(body, status_code=503 if body["status"] == "down" else 200)
 
     async def metrics(request: Request) -> Response:
+        # Behind the key like every route but /health: it tells traffic, models and failures
+        # (Prometheus scrapes with `authorization: {credentials: KEY}`).
+        if not authorized(request.headers, state.api_key):
+            return _error(401, "missing or wrong API key", "authentication_error", "invalid_api_key")
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE)
 
     routes = [

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import ipaddress
 import signal
 import socket
 import threading
@@ -21,7 +22,7 @@ from typing import Any, Awaitable, Callable, Iterator
 import uvicorn
 
 from omnictl.data import DEFAULT_TOPOLOGY, data_path
-from omnictl.exceptions import LaunchError, ListenError
+from omnictl.exceptions import LaunchError, ListenError, StartupError
 from omnictl.serving.app import ServingState, create_app
 from omnictl.serving.chat import end_in_flight
 from omnictl.serving.protocol import Limits
@@ -50,6 +51,16 @@ def default_topology() -> Path:
     if path.is_file():
         return path
     raise LaunchError("default", f"the embedded topology {DEFAULT_TOPOLOGY} is missing from this installation ({path})")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only listens where this machine alone can reach it."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -100,6 +111,9 @@ async def run_server(
     """Serve until stopped (Ctrl-C, SIGTERM, or ``Listening.stop``)."""
     from omnictl.pipeline import Pipeline  # the runtime: heavy, so imported only when serving
 
+    if options.api_key is not None and not options.api_key.strip():
+        # An empty key once meant "no authentication" without a word.
+        raise StartupError("the API key is empty", hint="pass a non-empty --api-key (or OMNICTL_API_KEY), or none at all")
     topology = Path(options.topology) if options.topology is not None else default_topology()
     sock = bind(options.host, options.port)
     port = sock.getsockname()[1]
