@@ -6,6 +6,8 @@ The tree separates "your input was wrong" from "this request failed" from
     OmnictlError
     ├── TopologyError            the topology file is invalid (carries every problem found)
     ├── TopologyReadError        the topology file cannot be read at all (missing, not UTF-8...)
+    ├── YamlTooLarge             a YAML document expands past the value cap (an alias bomb);
+    │                            the loader reports it as one yaml-syntax issue
     ├── ResolveError             a dotted path the topology names cannot be imported, or is not
     │                            callable (also an ImportError: says which module, from where, why)
     ├── LaunchError              a stage process could not start (names the stage, shows its
@@ -60,6 +62,10 @@ class TopologyReadError(OmnictlError):
         self.path = path
         self.reason = reason
         super().__init__(f"{path}: cannot read topology file: {reason}")
+
+
+class YamlTooLarge(OmnictlError):
+    """A YAML document expands (aliases repeated) to more values than a topology can have."""
 
 
 class ResolveError(OmnictlError, ImportError):
@@ -125,9 +131,10 @@ class PayloadTooLarge(InvalidRequest):
 class RequestError(OmnictlError):
     """One request ended without a result. The pipeline keeps serving others."""
 
-    def __init__(self, request_id: str, message: str, stage: str | None = None) -> None:
+    def __init__(self, request_id: str, message: str, stage: str | None = None, field: str | None = None) -> None:
         self.request_id = request_id
         self.stage = stage
+        self.field = field  # set when a stage found the request's input bad: this field
         super().__init__(message)
 
 

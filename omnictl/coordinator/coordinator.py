@@ -237,10 +237,11 @@ class Coordinator:
             self.profiler.record(kind, record.request_id, error.stage if error else None, **meta)
         record.finish(state, error)
 
-    def _fail(self, request_id: str, stage: str | None, message: str, rejected: bool = False) -> None:
+    def _fail(self, request_id: str, stage: str | None, message: str, rejected: bool = False,
+              field: str | None = None) -> None:
         record = self.requests.get(request_id)
         if record is not None:
-            self._finish(record, RequestState.FAILED, RequestFailed(request_id, message, stage), rejected)
+            self._finish(record, RequestState.FAILED, RequestFailed(request_id, message, stage, field), rejected)
 
     async def _enforce_deadlines(self) -> None:
         loop = asyncio.get_running_loop()
@@ -266,7 +267,7 @@ class Coordinator:
         if isinstance(message, m.TerminalOutput):
             self._terminal_output(message)
         elif isinstance(message, m.StageFailed):
-            self._fail(message.request_id, message.stage, message.error, message.rejected)
+            self._fail(message.request_id, message.stage, message.error, message.rejected, message.field)
         elif isinstance(message, m.TerminalSkipped):
             record = self.requests.get(message.request_id)
             if record is not None:

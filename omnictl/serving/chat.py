@@ -37,6 +37,7 @@ class PipelineEvent(Protocol):
     stage: str | None
     data: Any
     error: Any
+    field: str | None
 
 
 class PipelineRequest(Protocol):
@@ -100,8 +101,12 @@ async def stream_chunks(tracked: Tracked, translator: ChunkTranslator) -> AsyncI
     yield sse_event(translator.first())
     async for event in tracked.request.events():
         if event.kind is RequestEventKind.ERROR:
-            tracked.finish("failed")
-            yield sse_error(_error_of(event), "server_error", "stage_failed")
+            if event.field is not None:  # a stage found the input bad: the client's mistake, named
+                tracked.finish("rejected")
+                yield sse_event(error_body(_error_of(event), "invalid_request_error", "invalid_request", event.field))
+            else:
+                tracked.finish("failed")
+                yield sse_error(_error_of(event), "server_error", "stage_failed")
             break
         if event.kind is RequestEventKind.ABORTED:
             tracked.finish("aborted")
@@ -125,16 +130,21 @@ async def stream_chunks(tracked: Tracked, translator: ChunkTranslator) -> AsyncI
     yield DONE
 
 
-async def _collect(tracked: Tracked) -> dict[str, object] | tuple[int, str, str]:
-    """Every terminal's result, or (status, message, code) when the request did not complete."""
+_Refusal = tuple[int, str, str, str | None]  # status, message, code, field
+
+
+async def _collect(tracked: Tracked) -> dict[str, object] | _Refusal:
+    """Every terminal's result, or (status, message, code, field) when it did not complete."""
     results: dict[str, object] = {}
     async for event in tracked.request.events():
         if event.kind is RequestEventKind.ERROR:
-            return 500, _error_of(event), "stage_failed"
+            if event.field is not None:  # a stage found the input bad: a 400 naming the field
+                return 400, _error_of(event), "invalid_request", event.field
+            return 500, _error_of(event), "stage_failed", None
         if event.kind is RequestEventKind.ABORTED:
             if tracked.ended_by_server:
-                return 503, tracked.ended_by_server, "server_shutdown"
-            return 409, "the request was aborted", "aborted"
+                return 503, tracked.ended_by_server, "server_shutdown", None
+            return 409, "the request was aborted", "aborted", None
         tracked.saw(event.data)
         if event.kind is RequestEventKind.RESULT and event.stage:
             results[event.stage] = event.data
@@ -171,9 +181,10 @@ async def complete(tracked: Tracked, request: Request, abort: Abort) -> Response
         await watch
     outcome = work.result()
     if isinstance(outcome, tuple):
-        status, message, code = outcome
-        tracked.finish("failed" if code == "stage_failed" else "aborted")
-        return JSONResponse(error_body(message, "server_error", code), status_code=status)
+        status, message, code, field = outcome
+        tracked.finish({"stage_failed": "failed", "invalid_request": "rejected"}.get(code, "aborted"))
+        kind = "invalid_request_error" if status == 400 else "server_error"
+        return JSONResponse(error_body(message, kind, code, field), status_code=status)
     body = build_completion(tracked.request.id, tracked.chat.model, outcome, tracked.chat.audio_format)
     tracked.finish("completed")
     return JSONResponse(body)

@@ -13,6 +13,7 @@ from typing import Any, Union
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from omnictl.exceptions import YamlTooLarge
 from omnictl.topology.issues import Issue
 
 # A path into the document: mapping keys and sequence indices, as jsonschema reports them.
@@ -26,10 +27,6 @@ _MAP_TAG = "tag:yaml.org,2002:map"
 # Values built, aliases expanded. A 633-byte "billion laughs" of nested aliases once made
 # `validate` use gigabytes; a real topology builds a few hundred values.
 MAX_VALUES = 100_000
-
-
-class _TooLarge(Exception):
-    """Raised inside the builder to stop at once; reported as one yaml-syntax issue."""
 
 
 @dataclass
@@ -75,7 +72,7 @@ class _Builder:
     def build(self, node: Node, path: Path) -> Any:
         self.built += 1
         if self.built > MAX_VALUES:
-            raise _TooLarge
+            raise YamlTooLarge(f"more than {MAX_VALUES} values")  # stops the build at once
         self.doc.values.setdefault(path, _position(node))
         if id(node) in self.in_progress:
             self.issue("yaml-syntax", node, "an alias refers to a node that contains it")
@@ -192,7 +189,7 @@ def parse(text: str, file: str) -> Document:
     except RecursionError:
         document.data = None
         document.issues.append(Issue("yaml-syntax", "the document is nested too deeply", file, 1, 1))
-    except _TooLarge:
+    except YamlTooLarge:
         document.data = None
         document.issues.append(Issue(
             "yaml-syntax", f"the document expands to more than {MAX_VALUES} values", file, 1, 1,

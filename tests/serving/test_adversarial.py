@@ -100,3 +100,22 @@ def test_a_wav_header_claiming_1_hz_is_400_at_once(server: ServerProcess) -> Non
     assert time.monotonic() - started < 5
     error = error_of(response)
     assert error["param"] == "messages[0].content[0].input_audio.data" and "sample rate" in error["message"]
+
+
+PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_input_a_stage_cannot_take_is_400_naming_the_field_not_a_stage_failure(server: ServerProcess, stream: bool) -> None:
+    part = {"type": "image_url", "image_url": {"url": PNG}}
+    body = {"model": "fast", "stream": stream, "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, part]}]}
+    response = post(server, body)
+    field = "messages[0].content[1].image_url.url"
+    if not stream:
+        assert response.status_code == 400, response.text
+        assert error_of(response)["param"] == field and error_of(response)["code"] == "invalid_request"
+        return
+    events = [line for line in response.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    error = json.loads(events[-2][len("data: "):])["error"]
+    assert error["param"] == field and error["type"] == "invalid_request_error"
