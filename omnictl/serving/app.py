@@ -23,6 +23,7 @@ from omnictl.serving.protocol import Limits, parse_chat_body
 from omnictl.serving.sse import error_body
 
 REQUEST_ID_HEADER = "X-Request-Id"
+HEALTH_STATS_TIMEOUT_S = 2.0  # a live stage process answers in milliseconds
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
@@ -43,7 +44,7 @@ class PipelineLike(Protocol):
 
     async def abort(self, request_id: str) -> Any: ...
 
-    async def stats(self) -> dict[str, dict[str, Any]]: ...
+    async def stats(self, timeout: float = 5.0) -> dict[str, dict[str, Any]]: ...
 
     def in_flight(self) -> int: ...
 
@@ -62,6 +63,18 @@ class ServingState:
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     active: dict[str, chat.Tracked] = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
+
+
+def unresponsive_processes(stages: dict[str, dict[str, Any]]) -> list[str]:
+    """OS processes (``tts#1`` for a replica) whose stages did not answer the stats request."""
+    names: set[str] = set()
+    for info in stages.values():
+        replicas = info.get("replicas")
+        if replicas:
+            names.update(name for name, replica in replicas.items() if replica.get("status") == "unknown")
+        elif info.get("status") == "unknown":
+            names.add(info["process"])
+    return sorted(names)
 
 
 def new_request_id() -> str:
@@ -189,14 +202,20 @@ def create_app(state: ServingState) -> Starlette:
         pipe = pipeline_or_none()
         if pipe is None:
             return JSONResponse({"status": "starting"}, status_code=503)
-        stages = await pipe.stats()
+        stages = await pipe.stats(HEALTH_STATS_TIMEOUT_S)
         status, replicas_down = pipe.health()
+        # Liveness: a process that is up but does not answer (frozen by SIGSTOP, its IO loop
+        # stuck) is not serving; requests pinned to it hang. Once 200, now 503 naming it.
+        unresponsive = unresponsive_processes(stages)
+        if unresponsive and status != "down":
+            status = "unresponsive"
         body = {
             # ok; degraded (200): some replica is down, every process still has one up;
             # down (503): some process has no replica up
             "status": status,
             "down": sorted(name for name, info in stages.items() if info.get("status") == "down"),
             "replicas_down": replicas_down,  # OS process (``tts#1``) -> why
+            "unresponsive": unresponsive,  # OS processes up but not answering within the timeout
             "processes": pipe.process_ids(),  # OS process -> pid
             "in_flight": len(state.active),  # requests this server is answering
             "pipeline_in_flight": pipe.in_flight(),  # requests the coordinator still tracks
@@ -204,7 +223,7 @@ def create_app(state: ServingState) -> Starlette:
             # where the profiler writes traces: `omnictl trace` and a local bench read it
             "run_dir": str(pipe.run_dir) if pipe.run_dir is not None else None,
         }
-        return JSONResponse(body, status_code=503 if body["status"] == "down" else 200)
+        return JSONResponse(body, status_code=503 if body["status"] in ("down", "unresponsive") else 200)
 
     async def metrics(request: Request) -> Response:
         # Behind the key like every route but /health: it tells traffic, models and failures
