@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import tempfile
 from pathlib import Path
 from typing import Any, Generator, Sequence
 
+from omnictl.coordinator import socketdir
 from omnictl.coordinator.coordinator import Coordinator
 from omnictl.coordinator.launcher import refuse_unsupported
 from omnictl.coordinator.request import RequestHandle
@@ -81,7 +81,7 @@ class Pipeline:
         run_dir: Path | None = options["run_dir"]
         profiler = None
         profile_address = None
-        socket_dir = Path(tempfile.mkdtemp(prefix="omnictl-"))
+        socket_dir = socketdir.create()  # owner-only; sweeps those of killed servers
         if options["profile"]:
             from omnictl.profiling.collector import Collector
             from omnictl.profiling.rundir import default_run_dir, write_run_info

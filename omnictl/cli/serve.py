@@ -20,6 +20,7 @@ def serve_command(
     run_dir: Annotated[Optional[Path], typer.Option("--run-dir", metavar="DIR", help="Where the profiler writes this run's traces.")] = None,
     max_body_mb: Annotated[float, typer.Option("--max-body-mb", metavar="MB", help="Largest request body accepted (413 above).")] = 32.0,
     max_audio_mb: Annotated[float, typer.Option("--max-audio-mb", metavar="MB", help="Largest decoded input audio part (413 above).")] = 16.0,
+    body_timeout: Annotated[float, typer.Option("--body-timeout", metavar="SECONDS", help="Seconds a client may take to send its request body (408 after).")] = 30.0,
     request_timeout: Annotated[float, typer.Option("--request-timeout", metavar="SECONDS", help="Seconds before a request fails.")] = 300.0,
     served_model_name: Annotated[Optional[list[str]], typer.Option(
         "--served-model-name", metavar="NAME",
@@ -44,7 +45,7 @@ def serve_command(
     options = ServeOptions(
         topology=topology, host=host, port=port, model_path=model_path, api_key=api_key, device=device,
         run_dir=str(run_dir) if run_dir else None, request_timeout=request_timeout, max_restarts=max_restarts,
-        limits=Limits(int(max_body_mb * 1024 * 1024), int(max_audio_mb * 1024 * 1024)),
+        limits=Limits(int(max_body_mb * 1024 * 1024), int(max_audio_mb * 1024 * 1024), body_timeout_s=body_timeout),
         served_model_names=tuple(served_model_name or ()),
     )
     dashboards: list[object] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
 import secrets
@@ -121,6 +122,14 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
+async def _read_body_in_time(request: Request, limits: Limits) -> bytes | None:
+    """The body, or None when it did not arrive within ``limits.body_timeout_s``."""
+    try:
+        return await asyncio.wait_for(_read_body(request, limits.max_body_bytes), limits.body_timeout_s)
+    except asyncio.TimeoutError:
+        return None
+
+
 def _invalid(exc: InvalidRequest) -> JSONResponse:
     status = 413 if isinstance(exc, PayloadTooLarge) else 400
     code = "payload_too_large" if status == 413 else "invalid_request"
@@ -146,7 +155,11 @@ def create_app(state: ServingState) -> Starlette:
             return _error(415, f"Content-Type must be application/json, got {media_type or 'none'!r}",
                           "invalid_request_error", "unsupported_media_type", "Content-Type")
         try:
-            raw = await _read_body(request, state.limits.max_body_bytes)
+            raw = await _read_body_in_time(request, state.limits)
+            if raw is None:
+                state.metrics.outcome("rejected")
+                return _error(408, f"the request body did not arrive within {state.limits.body_timeout_s:g} s",
+                              "invalid_request_error", "request_timeout", "body")
             pipe = pipeline_or_none()
             if pipe is None:
                 return _error(503, "the pipeline is still starting; retry shortly", "server_error", "starting")
@@ -171,6 +184,7 @@ def create_app(state: ServingState) -> Starlette:
         except InvalidRequest as exc:
             state.metrics.outcome("rejected")
             return _invalid(exc)
+
         except PipelineDead as exc:
             state.metrics.outcome("rejected")
             return _error(503, f"the pipeline is down: {exc}", "server_error", "pipeline_dead")

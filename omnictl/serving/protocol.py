@@ -40,6 +40,9 @@ class Limits:
     # this bounds the work a few header bytes can ask for (a WAV "at 1 Hz" once meant
     # ~80 s of resampling in the entry stage).
     max_audio_seconds: float = 600.0
+    # A client that declares a body and then sends it slower than this (or never: a
+    # half-open connection) is answered 408 instead of holding its connection forever.
+    body_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)

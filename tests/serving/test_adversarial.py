@@ -119,3 +119,17 @@ def test_an_input_a_stage_cannot_take_is_400_naming_the_field_not_a_stage_failur
     assert events[-1] == "data: [DONE]"
     error = json.loads(events[-2][len("data: "):])["error"]
     assert error["param"] == field and error["type"] == "invalid_request_error"
+
+
+def test_a_body_that_never_arrives_is_408_not_an_open_connection_forever(server: ServerProcess) -> None:
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(server.url)
+    with socket.create_connection((url.hostname, url.port), timeout=20) as conn:
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Authorization: {AUTH['Authorization']}\r\nContent-Length: 100\r\n\r\n".encode() + b'{"mod')
+        started = time.monotonic()
+        reply = conn.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+    assert time.monotonic() - started < 10
