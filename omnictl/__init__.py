@@ -15,6 +15,7 @@ from omnictl.exceptions import (
     RequestError,
     RequestFailed,
     TopologyError,
+    UnsupportedPayload,
 )
 
 __version__ = "0.1.0"
@@ -48,5 +49,6 @@ __all__ = [
     "RequestError",
     "RequestFailed",
     "TopologyError",
+    "UnsupportedPayload",
     "__version__",
 ]

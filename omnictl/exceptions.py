@@ -24,6 +24,8 @@ The tree separates "your input was wrong" from "this request failed" from
     ├── RouteContractError       a route_fn returned targets outside its `next` (inside a stage;
     │                            the request then fails with RequestFailed)
     ├── UnknownWireType          a payload names a struct type the receiving process cannot rebuild
+    ├── UnsupportedPayload       a payload holds an object the typed encoding cannot carry (names
+    │                            its path and type); `allow_pickle: true` lets it through
     ├── PipelineDead             a stage is down and no restart policy brings it back:
     │                            the pipeline refuses new work
     ├── TraceError               a profiling trace or run directory cannot be found or read
@@ -152,6 +154,15 @@ class RouteContractError(OmnictlError):
 
 class UnknownWireType(OmnictlError):
     """A payload names a struct type that the receiving process cannot rebuild."""
+
+
+class UnsupportedPayload(OmnictlError):
+    """A payload between processes holds an object outside the typed encoding."""
+
+    def __init__(self, message: str, *, path: str, type_name: str) -> None:
+        self.path = path
+        self.type_name = type_name
+        super().__init__(message)
 
 
 class PipelineDead(OmnictlError):

@@ -76,7 +76,7 @@ class Coordinator:
         self._broadcast.bind(f"ipc://{self.socket_dir}/broadcast")
         self._pushes: dict[str, zmq.asyncio.Socket] = {}
         self._pool = SlotPool(m.COORDINATOR, m.COORDINATOR, RelayKnobs().slot_bytes, 4)
-        self._codec = PayloadCodec(self._pool, RelayKnobs())
+        self._codec = PayloadCodec(self._pool, RelayKnobs(), topology.allow_pickle)
         self._reader = SegmentReader()
         self._stats_seq = itertools.count()
         self._stats_waiters: dict[int, tuple[asyncio.Future[None], dict[str, m.StatsReply]]] = {}
@@ -296,7 +296,7 @@ class Coordinator:
 
     def _terminal_output(self, message: m.TerminalOutput) -> None:
         try:
-            data = decode(message.payload, self._reader)
+            data = decode(message.payload, self._reader, self.topology.allow_pickle)
         except Exception as exc:  # e.g. an object that pickles but does not unpickle: this request fails
             self._fail(message.request_id, message.stage,
                        f"the output of stage {message.stage!r} could not be decoded: {describe_error(exc)}")

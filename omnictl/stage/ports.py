@@ -77,7 +77,8 @@ class WorkerPorts:
         codec = self._codecs.get((stage, transport))
         if codec is None:
             knobs: RelayKnobs = self.topology.stages[stage].relay
-            codec = self._codecs[(stage, transport)] = codec_for(transport, self.pool(stage), knobs)
+            codec = self._codecs[(stage, transport)] = codec_for(transport, self.pool(stage), knobs,
+                                                                   self.topology.allow_pickle)
         return codec.encode(data)
 
     def _signal(

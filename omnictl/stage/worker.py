@@ -185,7 +185,7 @@ class Worker:
 
     def _unpack(self, payload: m.EncodedPayload) -> Any:
         try:
-            return decode(payload, self.reader)
+            return decode(payload, self.reader, self.config.topology.allow_pickle)
         finally:
             if payload.shm is not None:
                 self.ports.release(payload.shm)

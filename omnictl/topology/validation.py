@@ -126,7 +126,8 @@ def validate_text(text: str, filename: str = "<string>", *,
         path = None if filename.startswith("<") else Path(filename)
         name = data.get("name") or (path.stem if path else "topology")
         replicas = {n: p.replicas for n, p in read_processes(doc).items()}
-        report.topology = derive(name, path, data.get("model_path"), stage_specs, replicas)
+        report.topology = derive(name, path, data.get("model_path"), stage_specs, replicas,
+                                 allow_pickle=data.get("allow_pickle") is True)
     return report
 
 
