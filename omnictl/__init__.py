@@ -7,9 +7,11 @@ Heavy dependencies (torch, transformers) are imported lazily so that the CLI sta
 from __future__ import annotations
 
 from omnictl.exceptions import (
+    AdmissionTimeout,
     InvalidRequest,
     LaunchError,
     OmnictlError,
+    Overloaded,
     PipelineDead,
     RequestAborted,
     RequestError,
@@ -41,9 +43,11 @@ __all__ = [
     "RequestHandle",
     "RequestState",
     "run",
+    "AdmissionTimeout",
     "InvalidRequest",
     "LaunchError",
     "OmnictlError",
+    "Overloaded",
     "PipelineDead",
     "RequestAborted",
     "RequestError",

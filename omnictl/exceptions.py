@@ -26,6 +26,8 @@ The tree separates "your input was wrong" from "this request failed" from
     ├── UnknownWireType          a payload names a struct type the receiving process cannot rebuild
     ├── UnsupportedPayload       a payload holds an object the typed encoding cannot carry (names
     │                            its path and type); `allow_pickle: true` lets it through
+    ├── Overloaded               admission control refused a request: over --max-in-flight
+    │   └── AdmissionTimeout     it waited --max-queue-wait seconds without a slot freeing
     ├── PipelineDead             a stage is down and no restart policy brings it back:
     │                            the pipeline refuses new work
     ├── TraceError               a profiling trace or run directory cannot be found or read
@@ -163,6 +165,18 @@ class UnsupportedPayload(OmnictlError):
         self.path = path
         self.type_name = type_name
         super().__init__(message)
+
+
+class Overloaded(OmnictlError):
+    """Too many requests in flight; ``retry_after`` is how many seconds to wait (HTTP 429)."""
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
+class AdmissionTimeout(Overloaded):
+    """A request waited for admission longer than allowed (HTTP 503)."""
 
 
 class PipelineDead(OmnictlError):

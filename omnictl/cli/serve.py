@@ -25,6 +25,12 @@ def serve_command(
     served_model_name: Annotated[Optional[list[str]], typer.Option(
         "--served-model-name", metavar="NAME",
         help="Also accept requests naming this model (repeatable); the topology's `name` is always served.")] = None,
+    max_in_flight: Annotated[int, typer.Option(
+        "--max-in-flight", min=0, metavar="N",
+        help="Admission control: requests in flight at once; over it a request gets 429 with Retry-After (0: no limit).")] = 64,
+    max_queue_wait: Annotated[float, typer.Option(
+        "--max-queue-wait", min=0.0, metavar="SECONDS",
+        help="Let a request over the limit wait this long for a slot (503 after); 0: refuse at once.")] = 0.0,
     max_restarts: Annotated[int, typer.Option(
         "--max-restarts", min=0, metavar="N",
         help="Restart a stage process (each replica on its own) up to N times after it dies; 0: it stays down.")] = 0,
@@ -47,6 +53,7 @@ def serve_command(
         run_dir=str(run_dir) if run_dir else None, request_timeout=request_timeout, max_restarts=max_restarts,
         limits=Limits(int(max_body_mb * 1024 * 1024), int(max_audio_mb * 1024 * 1024), body_timeout_s=body_timeout),
         served_model_names=tuple(served_model_name or ()),
+        max_in_flight=max_in_flight or None, max_queue_wait=max_queue_wait,
     )
     dashboards: list[object] = []
 

@@ -96,3 +96,7 @@ class RequestHandle:
     async def abort(self) -> None:
         await self._abort(self.id)
 
+    def on_done(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the request has ended (completed, failed or aborted)."""
+        self._record.outcome.add_done_callback(lambda _: callback())
+

@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from omnictl.exceptions import InvalidRequest, PayloadTooLarge, PipelineDead
+from omnictl.exceptions import AdmissionTimeout, InvalidRequest, Overloaded, PayloadTooLarge, PipelineDead
 from omnictl.serving import chat
 from omnictl.serving.auth import authorized
 from omnictl.serving.metrics import CONTENT_TYPE, ServerMetrics
@@ -50,6 +50,8 @@ class PipelineLike(Protocol):
     def in_flight(self) -> int: ...
 
     def process_ids(self) -> dict[str, int]: ...
+
+    admission: Any  # omnictl.admission.Admission
 
 
 @dataclass
@@ -188,6 +190,14 @@ def create_app(state: ServingState) -> Starlette:
         except PipelineDead as exc:
             state.metrics.outcome("rejected")
             return _error(503, f"the pipeline is down: {exc}", "server_error", "pipeline_dead")
+        except Overloaded as exc:  # admission control: refused at once (429) or after waiting (503)
+            waited = isinstance(exc, AdmissionTimeout)
+            state.metrics.outcome("rejected")
+            state.metrics.overloaded.labels("queue_timeout" if waited else "over_limit").inc()
+            response = _error(503 if waited else 429, str(exc), "server_error" if waited else "rate_limit_error",
+                              "queue_timeout" if waited else "overloaded")
+            response.headers["Retry-After"] = str(exc.retry_after)
+            return response
         state.metrics.in_flight.inc()
         tracked = chat.Tracked(submitted, parsed, state.metrics, state.active)
         state.active[submitted.id] = tracked
@@ -244,6 +254,9 @@ def create_app(state: ServingState) -> Starlette:
         # (Prometheus scrapes with `authorization: {credentials: KEY}`).
         if not authorized(request.headers, state.api_key):
             return _error(401, "missing or wrong API key", "authentication_error", "invalid_api_key")
+        pipe = pipeline_or_none()
+        if pipe is not None:
+            state.metrics.queue_depth.set(pipe.admission.queued)
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE)
 
     routes = [

@@ -21,6 +21,7 @@ from typing import Any, Awaitable, Callable, Iterator
 
 import uvicorn
 
+from omnictl.admission import DEFAULT_MAX_IN_FLIGHT
 from omnictl.data import DEFAULT_TOPOLOGY, data_path
 from omnictl.exceptions import LaunchError, ListenError, StartupError
 from omnictl.serving.app import ServingState, create_app
@@ -43,6 +44,8 @@ class ServeOptions:
     max_restarts: int = 0  # per replica: how often a dead stage process is started again
     limits: Limits = field(default_factory=Limits)
     served_model_names: tuple[str, ...] = ()  # model ids accepted besides the topology's name
+    max_in_flight: int | None = DEFAULT_MAX_IN_FLIGHT  # admission control; None: no limit (429 over it)
+    max_queue_wait: float = 0.0  # seconds a request may wait for a slot (503 after)
 
 
 def default_topology() -> Path:
@@ -142,6 +145,7 @@ async def run_server(
         launch = Pipeline.launch(
             topology, model_path=options.model_path, device=options.device, run_dir=options.run_dir,
             profile=True, request_timeout=options.request_timeout, max_restarts=options.max_restarts,
+            max_in_flight=options.max_in_flight, max_queue_wait=options.max_queue_wait,
         )
         entering = asyncio.create_task(launch.__aenter__(), name="pipeline-launch")
         waiting = asyncio.create_task(stopping.wait())
