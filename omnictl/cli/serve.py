@@ -25,6 +25,8 @@ def serve_command(
     served_model_name: Annotated[Optional[list[str]], typer.Option(
         "--served-model-name", metavar="NAME",
         help="Also accept requests naming this model (repeatable); the topology's `name` is always served.")] = None,
+    log_level: Annotated[str, typer.Option("--log-level", metavar="LEVEL", help="debug, info, warning or error.")] = "info",
+    log_format: Annotated[str, typer.Option("--log-format", metavar="FORMAT", help="Log lines as 'text' or 'json' (one object a line).")] = "text",
     max_in_flight: Annotated[int, typer.Option(
         "--max-in-flight", min=0, metavar="N",
         help="Admission control: requests in flight at once; over it a request gets 429 with Retry-After (0: no limit).")] = 64,
@@ -44,8 +46,15 @@ def serve_command(
     from omnictl.serving.ready import ready_message
     from omnictl.serving.server import is_loopback
 
+    from omnictl.logs import FORMATS, configure
+
     console = Console()
     errors = Console(stderr=True)
+    if log_format not in FORMATS or log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        errors.print(f"error: --log-format must be text or json and --log-level debug, info, warning or error "
+                     f"(got {log_format!r}, {log_level!r})")
+        raise typer.Exit(2)
+    configure(log_level, log_format)  # type: ignore[arg-type]  # checked just above
     if api_key is None and "OMNICTL_API_KEY" in os.environ:
         api_key = os.environ["OMNICTL_API_KEY"]  # Click drops an empty variable: it is refused below, not ignored
     options = ServeOptions(

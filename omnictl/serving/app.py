@@ -17,6 +17,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from omnictl.exceptions import AdmissionTimeout, InvalidRequest, Overloaded, PayloadTooLarge, PipelineDead
+from omnictl.logs import request_scope
 from omnictl.serving import chat
 from omnictl.serving.auth import authorized
 from omnictl.serving.metrics import CONTENT_TYPE, ServerMetrics
@@ -144,6 +145,10 @@ def create_app(state: ServingState) -> Starlette:
 
     async def chat_completions(request: Request) -> Response | chat.EventStreamResponse:
         request_id: str = request.state.request_id
+        with request_scope(request_id):  # every record logged for this request carries its id
+            return await _chat_completions(request, request_id)
+
+    async def _chat_completions(request: Request, request_id: str) -> Response | chat.EventStreamResponse:
         if request.state.bad_request_id:
             return _error(400, "X-Request-Id must be 1-128 characters of A-Z a-z 0-9 . _ : -", "invalid_request_error", "invalid_request", "X-Request-Id")
         if not authorized(request.headers, state.api_key):

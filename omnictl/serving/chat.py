@@ -78,10 +78,13 @@ class Tracked:
         elif isinstance(data, AudioChunk):
             self.saw_audio()
 
-    def finish(self, outcome: str) -> None:
+    def finish(self, outcome: str, why: str | None = None, logged: bool = False) -> None:
         if self.outcome is not None:
             return
         self.outcome = outcome
+        if outcome == "failed" and not logged:  # logged once, here: the request id, and where and why
+            log.warning("request %s failed: %s", self.request.id, why or "(no reason given)",
+                        extra={"request_id": self.request.id})
         self.metrics.outcome(outcome)
         self.metrics.in_flight.dec()
         if outcome == "completed":
@@ -105,7 +108,7 @@ async def stream_chunks(tracked: Tracked, translator: ChunkTranslator) -> AsyncI
                 tracked.finish("rejected")
                 yield sse_event(error_body(_error_of(event), "invalid_request_error", "invalid_request", event.field))
             else:
-                tracked.finish("failed")
+                tracked.finish("failed", _error_of(event))
                 yield sse_error(_error_of(event), "server_error", "stage_failed")
             break
         if event.kind is RequestEventKind.ABORTED:
@@ -182,7 +185,7 @@ async def complete(tracked: Tracked, request: Request, abort: Abort) -> Response
     outcome = work.result()
     if isinstance(outcome, tuple):
         status, message, code, field = outcome
-        tracked.finish({"stage_failed": "failed", "invalid_request": "rejected"}.get(code, "aborted"))
+        tracked.finish({"stage_failed": "failed", "invalid_request": "rejected"}.get(code, "aborted"), message)
         kind = "invalid_request_error" if status == 400 else "server_error"
         return JSONResponse(error_body(message, kind, code, field), status_code=status)
     body = build_completion(tracked.request.id, tracked.chat.model, outcome, tracked.chat.audio_format)
@@ -200,10 +203,11 @@ def stream_response(tracked: Tracked, abort: Abort) -> EventStreamResponse:
 
     async def on_failure(exc: BaseException) -> bytes:
         # Logged once, here, with the request id; the request ends and leaves the tables.
-        log.error("request %s: producing its stream failed", tracked.request.id, exc_info=exc)
+        log.error("request %s failed: producing its stream raised", tracked.request.id, exc_info=exc,
+                  extra={"request_id": tracked.request.id})
         if tracked.outcome is None:
             await abort(tracked.request.id)
-            tracked.finish("failed")
+            tracked.finish("failed", logged=True)
         return sse_error(f"the server failed to send the response: {type(exc).__name__}", "server_error",
                          "internal_error") + DONE
 
