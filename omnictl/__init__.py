@@ -7,14 +7,17 @@ Heavy dependencies (torch, transformers) are imported lazily so that the CLI sta
 from __future__ import annotations
 
 from omnictl.exceptions import (
+    AdmissionTimeout,
     InvalidRequest,
     LaunchError,
     OmnictlError,
+    Overloaded,
     PipelineDead,
     RequestAborted,
     RequestError,
     RequestFailed,
     TopologyError,
+    UnsupportedPayload,
 )
 
 __version__ = "0.1.0"
@@ -40,13 +43,16 @@ __all__ = [
     "RequestHandle",
     "RequestState",
     "run",
+    "AdmissionTimeout",
     "InvalidRequest",
     "LaunchError",
     "OmnictlError",
+    "Overloaded",
     "PipelineDead",
     "RequestAborted",
     "RequestError",
     "RequestFailed",
     "TopologyError",
+    "UnsupportedPayload",
     "__version__",
 ]

@@ -6,6 +6,8 @@ The tree separates "your input was wrong" from "this request failed" from
     OmnictlError
     ├── TopologyError            the topology file is invalid (carries every problem found)
     ├── TopologyReadError        the topology file cannot be read at all (missing, not UTF-8...)
+    ├── YamlTooLarge             a YAML document expands past the value cap (an alias bomb);
+    │                            the loader reports it as one yaml-syntax issue
     ├── ResolveError             a dotted path the topology names cannot be imported, or is not
     │                            callable (also an ImportError: says which module, from where, why)
     ├── LaunchError              a stage process could not start (names the stage, shows its
@@ -24,6 +26,10 @@ The tree separates "your input was wrong" from "this request failed" from
     ├── RouteContractError       a route_fn returned targets outside its `next` (inside a stage;
     │                            the request then fails with RequestFailed)
     ├── UnknownWireType          a payload names a struct type the receiving process cannot rebuild
+    ├── UnsupportedPayload       a payload holds an object the typed encoding cannot carry (names
+    │                            its path and type); `allow_pickle: true` lets it through
+    ├── Overloaded               admission control refused a request: over --max-in-flight
+    │   └── AdmissionTimeout     it waited --max-queue-wait seconds without a slot freeing
     ├── PipelineDead             a stage is down and no restart policy brings it back:
     │                            the pipeline refuses new work
     ├── TraceError               a profiling trace or run directory cannot be found or read
@@ -62,6 +68,10 @@ class TopologyReadError(OmnictlError):
         self.path = path
         self.reason = reason
         super().__init__(f"{path}: cannot read topology file: {reason}")
+
+
+class YamlTooLarge(OmnictlError):
+    """A YAML document expands (aliases repeated) to more values than a topology can have."""
 
 
 class ResolveError(OmnictlError, ImportError):
@@ -138,9 +148,10 @@ class RealtimeEventError(InvalidRequest):
 class RequestError(OmnictlError):
     """One request ended without a result. The pipeline keeps serving others."""
 
-    def __init__(self, request_id: str, message: str, stage: str | None = None) -> None:
+    def __init__(self, request_id: str, message: str, stage: str | None = None, field: str | None = None) -> None:
         self.request_id = request_id
         self.stage = stage
+        self.field = field  # set when a stage found the request's input bad: this field
         super().__init__(message)
 
 
@@ -158,6 +169,27 @@ class RouteContractError(OmnictlError):
 
 class UnknownWireType(OmnictlError):
     """A payload names a struct type that the receiving process cannot rebuild."""
+
+
+class UnsupportedPayload(OmnictlError):
+    """A payload between processes holds an object outside the typed encoding."""
+
+    def __init__(self, message: str, *, path: str, type_name: str) -> None:
+        self.path = path
+        self.type_name = type_name
+        super().__init__(message)
+
+
+class Overloaded(OmnictlError):
+    """Too many requests in flight; ``retry_after`` is how many seconds to wait (HTTP 429)."""
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
+class AdmissionTimeout(Overloaded):
+    """A request waited for admission longer than allowed (HTTP 503)."""
 
 
 class PipelineDead(OmnictlError):

@@ -2,7 +2,7 @@
 
 ``{"messages": [...], "sampling": {...}, "voice": ...}``: OpenAI-style chat messages
 whose content parts are ``text``, ``input_audio`` (base64 WAV / pcm16, or a numpy
-array) and ``image_url`` (a data URL or a local path). :func:`parse_request` turns it
+array) and ``image_url`` (a data URL; a local path only when the caller allows it). :func:`parse_request` turns it
 into a :class:`ChatRequest` or raises :class:`InvalidRequest` whose ``field`` names the
 bad part, e.g. ``messages[0].content[1].input_audio.data``. Audio is decoded while
 parsing (a broken WAV is a bad request, not a stage crash), and only there; images are
@@ -22,6 +22,7 @@ import binascii
 import io
 import math
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Union
 
@@ -38,6 +39,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 AUDIO_FORMATS = ("wav", "pcm16")
 PCM16_RATE = 24_000  # the OpenAI convention for raw pcm16
 ARRAY_RATE = 16_000  # numpy arrays without a sample_rate are taken as 16 kHz
+MIN_RATE, MAX_RATE = 1000, 384_000  # input audio sample rates accepted (Hz)
 PARAM_KEYS = ("sampling", "voice")  # what every stage sees of a request (RequestContext.params)
 _MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}
 _SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
@@ -191,7 +193,7 @@ def as_chat_request(inputs: Any) -> ChatRequest:
     if isinstance(inputs, ChatRequest):
         return inputs
     if isinstance(inputs, Mapping):
-        return parse_request(inputs)
+        return parse_request(inputs, local_images=True)  # a Python caller on this host may name its files
     raise _fail("inputs", f"must be a ChatRequest or a mapping with 'messages', got {_kind(inputs)}")
 
 
@@ -224,12 +226,26 @@ def _no_unknown_keys(obj: Mapping[str, Any], allowed: set[str] | tuple[str, ...]
             raise _fail(f"{field}.{key}", f"unknown field (expected one of {', '.join(sorted(allowed))})")
 
 
-def parse_request(inputs: Mapping[str, Any], *, max_audio_bytes: int | None = None) -> ChatRequest:
+@dataclass(frozen=True)
+class _Bounds:
+    audio_bytes: int | None
+    audio_seconds: float | None
+    local_images: bool
+
+
+def parse_request(
+    inputs: Mapping[str, Any], *, max_audio_bytes: int | None = None, max_audio_seconds: float | None = None,
+    local_images: bool = False,
+) -> ChatRequest:
     """Check ``inputs`` and decode its audio; raises :class:`InvalidRequest` naming the bad part.
 
     ``max_audio_bytes`` caps the decoded size of one base64 audio part: a bigger one
-    raises :class:`PayloadTooLarge` before it is decoded.
+    raises :class:`PayloadTooLarge` before it is decoded; ``max_audio_seconds`` caps one
+    part's duration (:class:`PayloadTooLarge` too). ``local_images`` lets ``image_url``
+    name a file on this host: only for trusted Python callers, never for a request off
+    the network (it would answer whether any file exists, and read any image the server can).
     """
+    bounds = _Bounds(max_audio_bytes, max_audio_seconds, local_images)
     _expect(inputs, Mapping, "inputs", "an object")
     _no_unknown_keys(inputs, {"messages", "sampling", "voice", "language"}, "inputs")
     messages = _expect(inputs.get("messages"), list, "messages", "a list of chat messages")
@@ -242,14 +258,14 @@ def parse_request(inputs: Mapping[str, Any], *, max_audio_bytes: int | None = No
     if language is not None and (not isinstance(language, str) or not 2 <= len(language) <= 8 or not language.isalpha()):
         raise _fail("language", f"must be a language code such as 'en', got {language!r}")
     return ChatRequest(
-        messages=tuple(_parse_message(message, f"messages[{i}]", max_audio_bytes) for i, message in enumerate(messages)),
+        messages=tuple(_parse_message(message, f"messages[{i}]", bounds) for i, message in enumerate(messages)),
         sampling=parse_sampling(inputs.get("sampling") or {}),
         voice=voice,
         language=language,
     )
 
 
-def _parse_message(message: Any, field: str, max_audio_bytes: int | None) -> ChatMessage:
+def _parse_message(message: Any, field: str, bounds: _Bounds) -> ChatMessage:
     _expect(message, Mapping, field, "an object with 'role' and 'content'")
     _no_unknown_keys(message, _MESSAGE_KEYS, field)
     role = message.get("role")
@@ -261,11 +277,11 @@ def _parse_message(message: Any, field: str, max_audio_bytes: int | None) -> Cha
     if isinstance(content, str):
         return ChatMessage(role=role, parts=(TextPart(text=content),))
     _expect(content, list, f"{field}.content", "a string or a list of content parts")
-    parts = tuple(_parse_part(part, f"{field}.content[{j}]", max_audio_bytes) for j, part in enumerate(content))
+    parts = tuple(_parse_part(part, f"{field}.content[{j}]", bounds) for j, part in enumerate(content))
     return ChatMessage(role=role, parts=parts)
 
 
-def _parse_part(part: Any, field: str, max_audio_bytes: int | None) -> Part:
+def _parse_part(part: Any, field: str, bounds: _Bounds) -> Part:
     _expect(part, Mapping, field, "an object with a 'type'")
     kind = part.get("type")
     if kind == "text":
@@ -274,12 +290,18 @@ def _parse_part(part: Any, field: str, max_audio_bytes: int | None) -> Part:
     if kind == "input_audio":
         _no_unknown_keys(part, {"type", "input_audio"}, field)
         audio = _expect(part.get("input_audio"), Mapping, f"{field}.input_audio", "an object")
-        return _parse_audio(audio, f"{field}.input_audio", max_audio_bytes)
+        part_ = _parse_audio(audio, f"{field}.input_audio", bounds.audio_bytes)
+        seconds = part_.samples.size / part_.sample_rate
+        if bounds.audio_seconds is not None and seconds > bounds.audio_seconds:
+            raise PayloadTooLarge(f"{field}.input_audio.data: {seconds:.0f} s of audio; the limit is "
+                                  f"{bounds.audio_seconds:g} s", field=f"{field}.input_audio.data")
+        return part_
     if kind == "image_url":
         _no_unknown_keys(part, {"type", "image_url"}, field)
         image = _expect(part.get("image_url"), Mapping, f"{field}.image_url", "an object with a 'url'")
         _no_unknown_keys(image, {"url", "detail"}, f"{field}.image_url")
-        return _parse_image(_expect(image.get("url"), str, f"{field}.image_url.url", "a string"), f"{field}.image_url.url")
+        url = _expect(image.get("url"), str, f"{field}.image_url.url", "a string")
+        return _parse_image(url, f"{field}.image_url.url", bounds.local_images)
     raise _fail(f"{field}.type", f"must be text, input_audio or image_url, got {kind!r}")
 
 
@@ -287,8 +309,8 @@ def _parse_audio(audio: Mapping[str, Any], field: str, max_audio_bytes: int | No
     _no_unknown_keys(audio, {"data", "format", "sample_rate"}, field)
     data = audio.get("data")
     rate = audio.get("sample_rate")
-    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int) or not 1000 <= rate <= 384_000):
-        raise _fail(f"{field}.sample_rate", f"must be an integer between 1000 and 384000 (Hz), got {rate!r}")
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int) or not MIN_RATE <= rate <= MAX_RATE):
+        raise _fail(f"{field}.sample_rate", f"must be an integer between {MIN_RATE} and {MAX_RATE} (Hz), got {rate!r}")
     if isinstance(data, np.ndarray):
         return AudioPart(samples=_array_samples(data, f"{field}.data"), sample_rate=rate or ARRAY_RATE, field=field)
     fmt = audio.get("format", "wav")
@@ -358,8 +380,11 @@ def read_wav(raw: bytes, field: str = "audio") -> tuple[np.ndarray, int]:
 
 
 def _wav_samples(body: bytes, tag: int, channels: int, rate: int, bits: int, field: str) -> np.ndarray:
-    if channels < 1 or rate < 1:
-        raise _fail(field, f"WAV header is broken ({channels} channels at {rate} Hz)")
+    if channels < 1:
+        raise _fail(field, f"WAV header is broken ({channels} channels)")
+    # As for pcm16's `sample_rate`: a header claiming 1 Hz would make a few KB resample for minutes.
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise _fail(field, f"WAV sample rate must be between {MIN_RATE} and {MAX_RATE} Hz, got {rate}")
     if tag == 1 and bits in (8, 16, 32):
         ints = np.frombuffer(body[: len(body) - len(body) % (bits // 8)], dtype=_PCM_DTYPES[bits]).astype(np.float32)
         samples = (ints - 128.0) / 128.0 if bits == 8 else ints / float(2 ** (bits - 1))
@@ -377,7 +402,7 @@ def _wav_samples(body: bytes, tag: int, channels: int, rate: int, bits: int, fie
     return mono
 
 
-def _parse_image(url: str, field: str) -> ImagePart:
+def _parse_image(url: str, field: str, local: bool) -> ImagePart:
     if url.startswith("data:"):
         header, sep, payload = url.partition(",")
         if not sep or not header.endswith(";base64") or not header[5:].startswith("image/"):
@@ -390,7 +415,9 @@ def _parse_image(url: str, field: str) -> ImagePart:
             raise _fail(field, "the data is not a PNG, JPEG, GIF, BMP or WebP image")
         return ImagePart(field=field, data=data)
     if url.startswith(("http://", "https://")):
-        raise _fail(field, "remote image URLs are not fetched; send a data URL or a local path")
+        raise _fail(field, "remote image URLs are not fetched; send a data URL")
+    if not local:  # says nothing about the path: whether it exists is none of the caller's business
+        raise _fail(field, "only data URLs are accepted ('data:image/<type>;base64,<data>')")
     path = Path(url.removeprefix("file://")).expanduser()
     if not path.is_file():
         raise _fail(field, f"no image file at {str(path)!r}")

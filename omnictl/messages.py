@@ -154,6 +154,7 @@ class StageFailed(msgspec.Struct, tag="stage_failed", array_like=True):
     stage: str
     error: str
     rejected: bool = False  # the stage could not take its input (vs. failed while working)
+    field: str | None = None  # the request's field at fault: the input was bad (a 400, not a 500)
 
 
 class StageStats(msgspec.Struct):

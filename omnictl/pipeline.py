@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import tempfile
 from pathlib import Path
 from typing import Any, Generator, Sequence
 
+from omnictl.admission import Admission
+from omnictl.coordinator import socketdir
 from omnictl.coordinator.coordinator import Coordinator
 from omnictl.coordinator.launcher import refuse_unsupported
 from omnictl.coordinator.request import RequestHandle
@@ -36,6 +37,7 @@ class Pipeline:
         self._collector = collector
         self._recorder = recorder
         self.run_dir = run_dir
+        self.admission = Admission(max_in_flight=None)  # launch() sets the limit it was given
 
     @classmethod
     def launch(
@@ -49,6 +51,8 @@ class Pipeline:
         request_timeout: float = 300.0,
         ready_timeout: float = 120.0,
         max_restarts: int = 0,
+        max_in_flight: int | None = None,
+        max_queue_wait: float = 0.0,
     ) -> "_Launch":
         """Spawn the stage processes; use as ``async with`` (or ``await`` it and close yourself).
 
@@ -61,7 +65,10 @@ class Pipeline:
         otherwise it stays down: requests go to the process's other replicas, and once a
         process has none left the pipeline refuses new work. ``profile`` records every request
         stage by stage into ``run_dir`` (a fresh directory under the user state dir by default).
+        ``max_in_flight`` (None: no limit) and ``max_queue_wait`` are admission control (see
+        :mod:`omnictl.admission`): ``submit`` raises :class:`Overloaded` over the limit.
         """
+        admission = Admission(max_in_flight, max_queue_wait)  # checks the values before any process starts
         return _Launch(
             cls,
             _load(topology, device),
@@ -72,6 +79,7 @@ class Pipeline:
                 request_timeout=request_timeout,
                 ready_timeout=ready_timeout,
                 max_restarts=max_restarts,
+                admission=admission,
             ),
         )
 
@@ -81,7 +89,7 @@ class Pipeline:
         run_dir: Path | None = options["run_dir"]
         profiler = None
         profile_address = None
-        socket_dir = Path(tempfile.mkdtemp(prefix="omnictl-"))
+        socket_dir = socketdir.create()  # owner-only; sweeps those of killed servers
         if options["profile"]:
             from omnictl.profiling.collector import Collector
             from omnictl.profiling.rundir import default_run_dir, write_run_info
@@ -102,6 +110,7 @@ class Pipeline:
             socket_dir=socket_dir,
         )
         pipeline = cls(coordinator, collector, profiler, run_dir)
+        pipeline.admission = options["admission"]
         try:
             await coordinator.start()
         except BaseException:
@@ -139,9 +148,18 @@ class Pipeline:
         ``inputs`` reach the entry stage as given: any data tree, or a chat request (an
         :class:`omnictl.inputs.ChatRequest` or its ``{"messages", "sampling", "voice"}`` dict).
         Its ``sampling`` and ``voice`` are also what every stage sees as the request's params.
+        Raises :class:`Overloaded` (or :class:`AdmissionTimeout` after waiting) when admission
+        control refuses it; the slot it takes is freed when the request ends, however it ends.
         """
         params = request_params(inputs)
-        return await self._coordinator.submit(inputs, modalities, request_id, params=params)
+        ticket = await self.admission.admit()
+        try:
+            handle = await self._coordinator.submit(inputs, modalities, request_id, params=params)
+        except BaseException:
+            ticket.release()
+            raise
+        handle.on_done(ticket.release)
+        return handle
 
     async def abort(self, request_id: str) -> None:
         await self._coordinator.abort(request_id)

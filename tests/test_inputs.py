@@ -204,7 +204,8 @@ def test_image_parts_from_data_url_and_path(tmp_path: Path) -> None:
     path = tmp_path / "pixel.png"
     path.write_bytes(PNG_1PX)
     url = "data:image/png;base64," + base64.b64encode(PNG_1PX).decode()
-    parsed = parse_request(request({"type": "image_url", "image_url": {"url": url}}, {"type": "image_url", "image_url": {"url": str(path)}}))
+    parsed = parse_request(request({"type": "image_url", "image_url": {"url": url}}, {"type": "image_url", "image_url": {"url": str(path)}}),
+                           local_images=True)
     from_url, from_path = parsed.messages[0].parts[1:]
     assert isinstance(from_url, ImagePart) and from_url.data == PNG_1PX
     assert isinstance(from_path, ImagePart) and from_path.path == str(path)
@@ -308,3 +309,31 @@ def test_one_definition_of_formats_and_roles() -> None:
 
     assert protocol.AUDIO_FORMATS is omnictl.inputs.AUDIO_FORMATS
     assert not hasattr(protocol, "_ROLES") and not hasattr(protocol, "ROLES")
+
+
+def test_a_wav_header_outside_the_sample_rate_bounds_is_refused() -> None:
+    lying = wav_bytes(tone(seconds=0.01))
+    lying = lying[:24] + struct.pack("<I", 1) + lying[28:]  # the fmt chunk's sample rate: 1 Hz
+    inputs = request(audio_part(base64.b64encode(lying).decode()))
+    with pytest.raises(InvalidRequest, match="sample rate must be between 1000 and 384000"):
+        parse_request(inputs)
+
+
+def test_audio_longer_than_the_duration_limit_is_413() -> None:
+    inputs = request(audio_part(base64.b64encode(wav_bytes(tone(seconds=2.0))).decode()))
+    with pytest.raises(PayloadTooLarge, match="the limit is 1 s") as caught:
+        parse_request(inputs, max_audio_seconds=1.0)
+    assert caught.value.field == "messages[0].content[1].input_audio.data"
+    assert parse_request(inputs, max_audio_seconds=2.5).messages[0].audio()[0].samples.size == 2 * RATE
+
+
+def test_a_local_image_path_is_refused_unless_the_caller_allows_it(tmp_path: Path) -> None:
+    path = tmp_path / "pixel.png"
+    path.write_bytes(PNG_1PX)
+    messages = []
+    for url in (str(path), str(tmp_path / "missing.png")):
+        with pytest.raises(InvalidRequest) as caught:
+            parse_request(request({"type": "image_url", "image_url": {"url": url}}))
+        messages.append(str(caught.value))
+    assert messages[0] == messages[1] and str(tmp_path) not in messages[0]
+    assert as_chat_request(request({"type": "image_url", "image_url": {"url": str(path)}})).messages[0].parts[1].path == str(path)

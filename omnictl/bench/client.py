@@ -50,6 +50,7 @@ async def send_request(
             if response.status_code != 200:
                 body = (await response.aread()).decode(errors="replace")
                 record.error = f"HTTP {response.status_code}: {body[:300]}"
+                record.overloaded = response.status_code == 429
                 return record
             async for line in response.aiter_lines():
                 if not line.startswith("data: "):

@@ -44,6 +44,7 @@ def build_result(
     from omnictl import __version__
 
     completed = sum(r.ok for r in records)
+    overloaded = sum(r.overloaded for r in records)
     return {
         "omnictl_bench": FORMAT_VERSION,
         "omnictl_version": __version__,
@@ -53,7 +54,9 @@ def build_result(
         "summary": {
             "sent": len(records),
             "completed": completed,
-            "failed": len(records) - completed,
+            "failed": len(records) - completed - overloaded,
+            "overloaded": overloaded,  # 429s: admission control shed them; counted apart from failures
+            "goodput": completed / duration if duration > 0 else 0.0,  # completed requests per second
             "duration_s": duration,
             **throughput(records, duration),
         },
@@ -87,6 +90,8 @@ def render(result: dict[str, Any]) -> Group:
     head.add_column(justify="right")
     head.add_row("target", str(result["config"].get("target", "")))
     head.add_row("completed / failed", f"{summary['completed']} / {summary['failed']}")
+    head.add_row("refused (429, overloaded)", str(summary.get("overloaded", 0)))
+    head.add_row("goodput (completed/s)", f"{summary.get('goodput', 0.0):.2f}")
     head.add_row("duration", f"{summary['duration_s']:.2f} s")
     for key, label in THROUGHPUT.items():
         head.add_row(label, f"{summary[key]:.2f}")

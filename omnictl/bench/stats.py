@@ -18,6 +18,7 @@ class RequestRecord:
     request_id: str | None = None
     ok: bool = False
     error: str | None = None
+    overloaded: bool = False  # refused by admission control (429): load shed, not a failure
     sent_at: float = 0.0  # seconds since the measured run began
     ttft: float | None = None  # first text delta
     ttfa: float | None = None  # first audio delta

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -19,10 +20,19 @@ def serve_command(
     run_dir: Annotated[Optional[Path], typer.Option("--run-dir", metavar="DIR", help="Where the profiler writes this run's traces.")] = None,
     max_body_mb: Annotated[float, typer.Option("--max-body-mb", metavar="MB", help="Largest request body accepted (413 above).")] = 32.0,
     max_audio_mb: Annotated[float, typer.Option("--max-audio-mb", metavar="MB", help="Largest decoded input audio part (413 above).")] = 16.0,
+    body_timeout: Annotated[float, typer.Option("--body-timeout", metavar="SECONDS", help="Seconds a client may take to send its request body (408 after).")] = 30.0,
     request_timeout: Annotated[float, typer.Option("--request-timeout", metavar="SECONDS", help="Seconds before a request fails.")] = 300.0,
     served_model_name: Annotated[Optional[list[str]], typer.Option(
         "--served-model-name", metavar="NAME",
         help="Also accept requests naming this model (repeatable); the topology's `name` is always served.")] = None,
+    log_level: Annotated[str, typer.Option("--log-level", metavar="LEVEL", help="debug, info, warning or error.")] = "info",
+    log_format: Annotated[str, typer.Option("--log-format", metavar="FORMAT", help="Log lines as 'text' or 'json' (one object a line).")] = "text",
+    max_in_flight: Annotated[int, typer.Option(
+        "--max-in-flight", min=0, metavar="N",
+        help="Admission control: requests in flight at once; over it a request gets 429 with Retry-After (0: no limit).")] = 64,
+    max_queue_wait: Annotated[float, typer.Option(
+        "--max-queue-wait", min=0.0, metavar="SECONDS",
+        help="Let a request over the limit wait this long for a slot (503 after); 0: refuse at once.")] = 0.0,
     max_restarts: Annotated[int, typer.Option(
         "--max-restarts", min=0, metavar="N",
         help="Restart a stage process (each replica on its own) up to N times after it dies; 0: it stays down.")] = 0,
@@ -34,14 +44,25 @@ def serve_command(
     from omnictl.serving.protocol import Limits
     from omnictl.serving import Listening, ServeOptions, serve
     from omnictl.serving.ready import ready_message
+    from omnictl.serving.server import is_loopback
+
+    from omnictl.logs import FORMATS, configure
 
     console = Console()
     errors = Console(stderr=True)
+    if log_format not in FORMATS or log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        errors.print(f"error: --log-format must be text or json and --log-level debug, info, warning or error "
+                     f"(got {log_format!r}, {log_level!r})")
+        raise typer.Exit(2)
+    configure(log_level, log_format)  # type: ignore[arg-type]  # checked just above
+    if api_key is None and "OMNICTL_API_KEY" in os.environ:
+        api_key = os.environ["OMNICTL_API_KEY"]  # Click drops an empty variable: it is refused below, not ignored
     options = ServeOptions(
         topology=topology, host=host, port=port, model_path=model_path, api_key=api_key, device=device,
         run_dir=str(run_dir) if run_dir else None, request_timeout=request_timeout, max_restarts=max_restarts,
-        limits=Limits(int(max_body_mb * 1024 * 1024), int(max_audio_mb * 1024 * 1024)),
+        limits=Limits(int(max_body_mb * 1024 * 1024), int(max_audio_mb * 1024 * 1024), body_timeout_s=body_timeout),
         served_model_names=tuple(served_model_name or ()),
+        max_in_flight=max_in_flight or None, max_queue_wait=max_queue_wait,
     )
     dashboards: list[object] = []
 
@@ -64,8 +85,9 @@ def serve_command(
             )
             dashboards.append(dashboard.start())
 
-    if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
-        errors.print(f"[yellow]warning:[/] serving on {host} without --api-key: anyone who can reach it can use it")
+    if not is_loopback(host) and api_key is None:
+        errors.print(f"[bold red]WARNING:[/] serving on {host} without --api-key: anyone who can reach "
+                     "this address can use the server and every model it runs")
     console.print(f"omnictl serve: launching {topology or 'the embedded voice assistant'} (loading models)...")
     try:
         serve(options, on_ready)

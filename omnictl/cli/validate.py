@@ -98,6 +98,16 @@ def tensor_parallel_warnings(file: str, topology: Topology) -> list[str]:
             for spec in topology.tensor_parallel()]
 
 
+def trust_warnings(file: str, topology: Topology) -> list[str]:
+    """Valid, but a stage calls into the standard library (``os.system``, ``builtins.eval``)."""
+    from omnictl.topology.trust import unexpected_callables
+
+    return [f"{file}:{line}: warning: stage {stage!r}: `{field}` is {dotted!r}, a standard-library "
+            "callable rather than one defined in your code or omnictl; the runtime will call it with "
+            "the topology's arguments: serve only topologies you trust"
+            for line, stage, field, dotted in unexpected_callables(topology)]
+
+
 def render_text(outcomes: list[Outcome], console: Console) -> None:
     for outcome in outcomes:
         if isinstance(outcome, TopologyReadError):
@@ -109,7 +119,7 @@ def render_text(outcomes: list[Outcome], console: Console) -> None:
                                         f" ({topology.name}: {len(topology.stages)} stages, "
                                         f"{len(topology.processes)} processes{_os_processes(topology)})"))
             console.print(summary(topology))
-            for warning in tensor_parallel_warnings(outcome.file, topology):
+            for warning in tensor_parallel_warnings(outcome.file, topology) + trust_warnings(outcome.file, topology):
                 console.print(warning, markup=False, highlight=False, style="yellow")
         else:
             for issue in outcome.issues:

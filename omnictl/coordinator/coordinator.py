@@ -77,7 +77,7 @@ class Coordinator:
         self._broadcast.bind(f"ipc://{self.socket_dir}/broadcast")
         self._pushes: dict[str, zmq.asyncio.Socket] = {}
         self._pool = SlotPool(m.COORDINATOR, m.COORDINATOR, RelayKnobs().slot_bytes, 4)
-        self._codec = PayloadCodec(self._pool, RelayKnobs())
+        self._codec = PayloadCodec(self._pool, RelayKnobs(), topology.allow_pickle)
         self._reader = SegmentReader()
         self._stats_seq = itertools.count()
         self._stats_waiters: dict[int, tuple[asyncio.Future[None], dict[str, m.StatsReply]]] = {}
@@ -238,10 +238,11 @@ class Coordinator:
             self.profiler.record(kind, record.request_id, error.stage if error else None, **meta)
         record.finish(state, error)
 
-    def _fail(self, request_id: str, stage: str | None, message: str, rejected: bool = False) -> None:
+    def _fail(self, request_id: str, stage: str | None, message: str, rejected: bool = False,
+              field: str | None = None) -> None:
         record = self.requests.get(request_id)
         if record is not None:
-            self._finish(record, RequestState.FAILED, RequestFailed(request_id, message, stage), rejected)
+            self._finish(record, RequestState.FAILED, RequestFailed(request_id, message, stage, field), rejected)
 
     async def _enforce_deadlines(self) -> None:
         loop = asyncio.get_running_loop()
@@ -267,7 +268,7 @@ class Coordinator:
         if isinstance(message, m.TerminalOutput):
             self._terminal_output(message)
         elif isinstance(message, m.StageFailed):
-            self._fail(message.request_id, message.stage, message.error, message.rejected)
+            self._fail(message.request_id, message.stage, message.error, message.rejected, message.field)
         elif isinstance(message, m.TerminalSkipped):
             record = self.requests.get(message.request_id)
             if record is not None:
@@ -296,7 +297,7 @@ class Coordinator:
 
     def _terminal_output(self, message: m.TerminalOutput) -> None:
         try:
-            data = decode(message.payload, self._reader)
+            data = decode(message.payload, self._reader, self.topology.allow_pickle)
         except Exception as exc:  # e.g. an object that pickles but does not unpickle: this request fails
             self._fail(message.request_id, message.stage,
                        f"the output of stage {message.stage!r} could not be decoded: {describe_error(exc)}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from omnictl.exceptions import LaunchError
-from omnictl.stage.worker import WorkerConfig
+from omnictl.stage.startup import WorkerConfig, encode_config
 from omnictl.topology.imports import topology_dir, worker_sys_path
 from omnictl.topology.model import Topology
 
@@ -105,7 +104,7 @@ class Launcher:
             env=self._environment(),
         )
         assert process.stdin is not None
-        process.stdin.write(pickle.dumps(config))
+        process.stdin.write(encode_config(config))
         process.stdin.close()
         restarts = self.handles[name].restarts + 1 if name in self.handles else 0
         handle = self.handles[name] = ProcessHandle(name, process, os.pidfd_open(process.pid), restarts)

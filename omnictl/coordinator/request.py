@@ -36,6 +36,7 @@ class RequestEvent:
     stage: str | None
     data: Any = None
     error: str | None = None
+    field: str | None = None  # ERROR: the request's field a stage found bad (the client's mistake)
 
 
 @dataclass
@@ -61,7 +62,7 @@ class RequestRecord:
             self.outcome.set_result(dict(self.results))
         else:
             kind = RequestEventKind.ABORTED if isinstance(error, RequestAborted) else RequestEventKind.ERROR
-            self.events.put_nowait(RequestEvent(kind, error.stage, error=str(error)))
+            self.events.put_nowait(RequestEvent(kind, error.stage, error=str(error), field=error.field))
             self.outcome.set_exception(error)
             self.outcome.exception()  # mark retrieved: not awaiting the result is fine
         self.events.put_nowait(None)
@@ -94,4 +95,8 @@ class RequestHandle:
 
     async def abort(self) -> None:
         await self._abort(self.id)
+
+    def on_done(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the request has ended (completed, failed or aborted)."""
+        self._record.outcome.add_done_callback(lambda _: callback())
 

@@ -161,6 +161,7 @@ class HFCausalLMRunner:
         if key == "inputs_embeds":
             embeds = torch.as_tensor(inputs[key]).to(self.device, self.model.dtype)
             embeds = embeds[None] if embeds.dim() == 2 else embeds
+            self._check_context(int(embeds.shape[1]), key)
             return {"inputs_embeds": embeds, "attention_mask": self._ones(embeds.shape[1])}
         if key == "input_ids":
             ids = torch.as_tensor(inputs[key], dtype=torch.long).reshape(1, -1).to(self.device)
@@ -168,7 +169,24 @@ class HFCausalLMRunner:
             ids = self._tokenize(key, inputs[key])
         if ids.shape[1] == 0:
             raise InvalidRequest(f"model input: {key} is empty", field=key)
+        self._check_context(int(ids.shape[1]), key)
         return {"input_ids": ids, "attention_mask": self._ones(ids.shape[1])}
+
+    @property
+    def context_length(self) -> int | None:
+        """The most positions the model attends to (its config's ``max_position_embeddings``)."""
+        limit = self.model.config.to_dict().get("max_position_embeddings")
+        return int(limit) if isinstance(limit, int) and limit > 0 else None
+
+    def _check_context(self, length: int, key: str) -> None:
+        # Refused before the forward pass: a prompt past the model's context (a 100,000
+        # character one was 16.7k tokens against 8,192) once kept the thinker in one
+        # prefill for minutes, for everyone, and could not be aborted meanwhile.
+        limit = self.context_length
+        if limit is not None and length >= limit:
+            raise InvalidRequest(
+                f"the prompt is {length} tokens; this model's context length is {limit} "
+                "(prompt and answer together): shorten the messages", field=key)
 
     def first_decode_position(self, model_inputs: Mapping[str, torch.Tensor]) -> int:
         """Position id of the first generated token (the prompt's length for plain rope)."""

@@ -238,7 +238,7 @@ class AutoregressiveScheduler(Scheduler):
         try:
             params = SamplingParams.from_mapping(self.request_sampling(message.params), defaults=self._sampling_defaults)
         except InvalidRequest as exc:
-            self._refuse(message.request_id, str(exc))
+            self._refuse(message.request_id, str(exc), exc.field)
             return False
         if not isinstance(inputs, Mapping):
             self._refuse(message.request_id, f"expected a dict as input, got {type(inputs).__name__}")
@@ -249,15 +249,15 @@ class AutoregressiveScheduler(Scheduler):
         self._send(_NewRequest(ArRequest(message.request_id, inputs, params)))
         return True
 
-    def _refuse(self, request_id: str, reason: str) -> None:
+    def _refuse(self, request_id: str, reason: str, field: str | None = None) -> None:
         """Fail a request that never started; in stream mode its next chunks are then ignored."""
         if self.start_on is StartOn.STREAM:
             with self._wake:
                 self._finished.add(request_id)
-        self._fail_now(request_id, reason)
+        self._fail_now(request_id, reason, field)
 
-    def _fail_now(self, request_id: str, reason: str) -> None:
-        self.emit(OutgoingMessage(OutgoingKind.ERROR, request_id, error=f"stage {self.stage_name}: {reason}"))
+    def _fail_now(self, request_id: str, reason: str, field: str | None = None) -> None:
+        self.emit(OutgoingMessage(OutgoingKind.ERROR, request_id, error=f"stage {self.stage_name}: {reason}", field=field))
 
     def _send(self, command: _Command) -> None:
         with self._wake:
@@ -409,9 +409,10 @@ class AutoregressiveScheduler(Scheduler):
         try:
             return call()
         except Exception as exc:  # noqa: BLE001 - a model error fails its requests, not the stage
+            field = exc.field if isinstance(exc, InvalidRequest) else None  # the input's fault: a 400
             for rid in request_ids:
                 self._drop(rid)
-                self._fail_now(rid, f"{what} failed: {type(exc).__name__}: {exc}")
+                self._fail_now(rid, f"{what} failed: {type(exc).__name__}: {exc}", field)
             return None
 
     def _drop(self, rid: str) -> None:

@@ -45,6 +45,9 @@ class OutgoingMessage:
     request_id: str
     data: Any = None
     error: str | None = None
+    # The request's field at fault when the input itself was bad (an InvalidRequest's
+    # ``field``): the client gets a 400 naming it instead of a 500.
+    field: str | None = None
 
 
 @dataclass(slots=True)

@@ -15,6 +15,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+from omnictl.exceptions import InvalidRequest
 from omnictl.profiling.events import EventKind
 from omnictl.schedulers.base import (
     IncomingKind,
@@ -68,7 +69,8 @@ class SimpleScheduler(Scheduler):
                 result = await loop.run_in_executor(self._executor, self.fn, message.data)
         except Exception as exc:  # the function's failure is this request's failure only
             if rid not in self._aborted:
-                self.emit(OutgoingMessage(OutgoingKind.ERROR, rid, error=describe_error(exc)))
+                field = exc.field if isinstance(exc, InvalidRequest) else None
+                self.emit(OutgoingMessage(OutgoingKind.ERROR, rid, error=describe_error(exc), field=field))
         else:
             if rid not in self._aborted:
                 self.profile(EventKind.BUILD_END, rid)

@@ -36,6 +36,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
+from omnictl.exceptions import InvalidRequest
 from omnictl.outputs import AudioChunk, AudioResult, TextDelta, TextResult
 from omnictl.profiling.events import EventKind
 from omnictl.recent import RecentIds
@@ -245,7 +246,9 @@ class StreamingScheduler(Scheduler):
             return call()
         except Exception as exc:  # noqa: BLE001 - a failing callback fails its request, not the stage
             stream.failed = True
-            self.emit(OutgoingMessage(OutgoingKind.ERROR, rid, error=f"stage {self.stage_name}: {what} failed: {type(exc).__name__}: {exc}"))
+            field = exc.field if isinstance(exc, InvalidRequest) else None
+            self.emit(OutgoingMessage(OutgoingKind.ERROR, rid, error=f"stage {self.stage_name}: {what} failed: {type(exc).__name__}: {exc}",
+                                      field=field))
             return None
 
 

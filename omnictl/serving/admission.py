@@ -1,4 +1,4 @@
-"""Admitting one HTTP request into the pipeline: id, key, body limit, parse, submit.
+"""Admitting one HTTP request into the pipeline: id, key, media type, body, parse, submit.
 
 Every endpoint that runs the pipeline once per HTTP request (chat completions, speech,
 transcriptions) goes through :func:`admit`, so they share one set of checks, error
@@ -8,17 +8,19 @@ responses and metrics: a request is either refused with a JSON error, or becomes
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Generic, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from omnictl.exceptions import InvalidRequest, PayloadTooLarge, PipelineDead
+from omnictl.exceptions import AdmissionTimeout, InvalidRequest, Overloaded, PayloadTooLarge, PipelineDead
 from omnictl.serving.auth import authorized
 from omnictl.serving.capabilities import capabilities, cannot_serve
 from omnictl.serving.chat import Tracked
 from omnictl.serving.errors import error_response, invalid_response, unauthorized
+from omnictl.serving.protocol import Limits
 from omnictl.serving.state import PipelineLike, ServingState
 
 T = TypeVar("T")
@@ -58,8 +60,29 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
-async def admit(state: ServingState, request: Request, parse: Parser[T], endpoint: str | None = None) -> Admitted[T] | Response:
-    """Check, parse and submit; a refusal is a Response. ``endpoint``: the capability it needs."""
+async def read_body_in_time(request: Request, limits: Limits) -> bytes | None:
+    """The body, or None when it did not arrive within ``limits.body_timeout_s``."""
+    try:
+        return await asyncio.wait_for(read_body(request, limits.max_body_bytes), limits.body_timeout_s)
+    except asyncio.TimeoutError:
+        return None
+
+
+def overloaded(state: ServingState, exc: Overloaded) -> Response:
+    """Admission control's refusal: 429 at once over the limit, 503 after waiting too long."""
+    waited = isinstance(exc, AdmissionTimeout)
+    state.metrics.outcome("rejected")
+    state.metrics.overloaded.labels("queue_timeout" if waited else "over_limit").inc()
+    response = error_response(503 if waited else 429, str(exc), "server_error" if waited else "rate_limit_error",
+                              "queue_timeout" if waited else "overloaded")
+    response.headers["Retry-After"] = str(exc.retry_after)
+    return response
+
+
+async def admit(state: ServingState, request: Request, parse: Parser[T], endpoint: str | None = None,
+                media_type: str = "application/json") -> Admitted[T] | Response:
+    """Check, parse and submit; a refusal is a Response. ``endpoint``: the capability it
+    needs; ``media_type``: the Content-Type its body must have."""
     request_id: str = request.state.request_id
     if request.state.bad_request_id:
         return error_response(400, "X-Request-Id must be 1-128 characters of A-Z a-z 0-9 . _ : -", "invalid_request_error",
@@ -67,8 +90,19 @@ async def admit(state: ServingState, request: Request, parse: Parser[T], endpoin
     if not authorized(request.headers, state.api_key):
         state.metrics.outcome("rejected")
         return unauthorized()
+    sent_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if sent_type != media_type:
+        # A web page may POST text/plain cross-origin without a preflight; refusing it
+        # keeps a key-less server on localhost out of any browser tab's reach.
+        state.metrics.outcome("rejected")
+        return error_response(415, f"Content-Type must be {media_type}, got {sent_type or 'none'!r}",
+                              "invalid_request_error", "unsupported_media_type", "Content-Type")
     try:
-        raw = await read_body(request, state.limits.max_body_bytes)
+        raw = await read_body_in_time(request, state.limits)
+        if raw is None:
+            state.metrics.outcome("rejected")
+            return error_response(408, f"the request body did not arrive within {state.limits.body_timeout_s:g} s",
+                                  "invalid_request_error", "request_timeout", "body")
         pipe = state.pipeline
         if pipe is None:
             return error_response(503, "the pipeline is still starting; retry shortly", "server_error", "starting")
@@ -97,6 +131,8 @@ async def admit(state: ServingState, request: Request, parse: Parser[T], endpoin
     except PipelineDead as exc:
         state.metrics.outcome("rejected")
         return error_response(503, f"the pipeline is down: {exc}", "server_error", "pipeline_dead")
+    except Overloaded as exc:
+        return overloaded(state, exc)
     state.metrics.in_flight.inc()
     tracked = Tracked(submitted, state.metrics, state.active, submission.model or state.model_name, submission.audio_format)
     state.active[submitted.id] = tracked

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -11,6 +12,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from omnictl.logs import request_scope
 from omnictl.serving import chat, playground, speech, transcriptions
 from omnictl.serving.admission import Admitted, Submission, admit
 from omnictl.serving.auth import authorized
@@ -24,7 +26,20 @@ from omnictl.serving.state import PipelineLike, ServingState
 __all__ = ["PipelineLike", "RequestIdMiddleware", "ServingState", "create_app", "new_request_id"]
 
 REQUEST_ID_HEADER = "X-Request-Id"
+HEALTH_STATS_TIMEOUT_S = 2.0  # a live stage process answers in milliseconds
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def unresponsive_processes(stages: dict[str, dict[str, Any]]) -> list[str]:
+    """OS processes (``tts#1`` for a replica) whose stages did not answer the stats request."""
+    names: set[str] = set()
+    for info in stages.values():
+        replicas = info.get("replicas")
+        if replicas:
+            names.update(name for name, replica in replicas.items() if replica.get("status") == "unknown")
+        elif info.get("status") == "unknown":
+            names.add(info["process"])
+    return sorted(names)
 
 
 def new_request_id() -> str:
@@ -52,7 +67,8 @@ class RequestIdMiddleware:
                 message["headers"] = headers + [(b"x-request-id", request_id.encode("latin-1"))]
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        with request_scope(request_id):  # every record logged while serving it carries its id
+            await self.app(scope, receive, send_with_id)
 
 
 def create_app(state: ServingState) -> Starlette:
@@ -94,14 +110,20 @@ def create_app(state: ServingState) -> Starlette:
         pipe = state.pipeline
         if pipe is None:
             return JSONResponse({"status": "starting"}, status_code=503)
-        stages = await pipe.stats()
+        stages = await pipe.stats(HEALTH_STATS_TIMEOUT_S)
         status, replicas_down = pipe.health()
+        # Liveness: a process that is up but does not answer (frozen by SIGSTOP, its IO loop
+        # stuck) is not serving; requests pinned to it hang. Once 200, now 503 naming it.
+        unresponsive = unresponsive_processes(stages)
+        if unresponsive and status != "down":
+            status = "unresponsive"
         body = {
             # ok; degraded (200): some replica is down, every process still has one up;
             # down (503): some process has no replica up
             "status": status,
             "down": sorted(name for name, info in stages.items() if info.get("status") == "down"),
             "replicas_down": replicas_down,  # OS process (``tts#1``) -> why
+            "unresponsive": unresponsive,  # OS processes up but not answering within the timeout
             "processes": pipe.process_ids(),  # OS process -> pid
             "in_flight": len(state.active),  # requests this server is answering
             "pipeline_in_flight": pipe.in_flight(),  # requests the coordinator still tracks
@@ -109,9 +131,16 @@ def create_app(state: ServingState) -> Starlette:
             # where the profiler writes traces: `omnictl trace` and a local bench read it
             "run_dir": str(pipe.run_dir) if pipe.run_dir is not None else None,
         }
-        return JSONResponse(body, status_code=503 if body["status"] == "down" else 200)
+        return JSONResponse(body, status_code=503 if body["status"] in ("down", "unresponsive") else 200)
 
     async def metrics(request: Request) -> Response:
+        # Behind the key like every route but /health: it tells traffic, models and failures
+        # (Prometheus scrapes with `authorization: {credentials: KEY}`).
+        if not authorized(request.headers, state.api_key):
+            return unauthorized()
+        pipe = state.pipeline
+        if pipe is not None:
+            state.metrics.queue_depth.set(pipe.admission.queued)
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE)
 
     routes: list[BaseRoute] = [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
@@ -29,6 +30,7 @@ from omnictl.serving.sse import DONE, error_body, sse_error, sse_event
 __all__ = ["EventStreamResponse", "Tracked", "complete", "results", "stream_response"]
 
 Abort = Callable[[str], Awaitable[Any]]
+log = logging.getLogger(__name__)
 
 
 class PipelineEvent(Protocol):
@@ -36,6 +38,7 @@ class PipelineEvent(Protocol):
     stage: str | None
     data: Any
     error: Any
+    field: str | None
 
 
 class PipelineRequest(Protocol):
@@ -77,10 +80,13 @@ class Tracked:
         elif isinstance(data, AudioChunk):
             self.saw_audio()
 
-    def finish(self, outcome: str) -> None:
+    def finish(self, outcome: str, why: str | None = None, logged: bool = False) -> None:
         if self.outcome is not None:
             return
         self.outcome = outcome
+        if outcome == "failed" and not logged:  # logged once, here: the request id, and where and why
+            log.warning("request %s failed: %s", self.request.id, why or "(no reason given)",
+                        extra={"request_id": self.request.id})
         self.metrics.outcome(outcome)
         self.metrics.in_flight.dec()
         if outcome == "completed":
@@ -100,8 +106,12 @@ async def stream_chunks(tracked: Tracked, translator: ChunkTranslator) -> AsyncI
     yield sse_event(translator.first())
     async for event in tracked.request.events():
         if event.kind is RequestEventKind.ERROR:
-            tracked.finish("failed")
-            yield sse_error(_error_of(event), "server_error", "stage_failed")
+            if event.field is not None:  # a stage found the input bad: the client's mistake, named
+                tracked.finish("rejected")
+                yield sse_event(error_body(_error_of(event), "invalid_request_error", "invalid_request", event.field))
+            else:
+                tracked.finish("failed", _error_of(event))
+                yield sse_error(_error_of(event), "server_error", "stage_failed")
             break
         if event.kind is RequestEventKind.ABORTED:
             tracked.finish("aborted")
@@ -125,16 +135,21 @@ async def stream_chunks(tracked: Tracked, translator: ChunkTranslator) -> AsyncI
     yield DONE
 
 
-async def _collect(tracked: Tracked) -> dict[str, object] | tuple[int, str, str]:
-    """Every terminal's result, or (status, message, code) when the request did not complete."""
+_Refusal = tuple[int, str, str, str | None]  # status, message, code, field
+
+
+async def _collect(tracked: Tracked) -> dict[str, object] | _Refusal:
+    """Every terminal's result, or (status, message, code, field) when it did not complete."""
     results: dict[str, object] = {}
     async for event in tracked.request.events():
         if event.kind is RequestEventKind.ERROR:
-            return 500, _error_of(event), "stage_failed"
+            if event.field is not None:  # a stage found the input bad: a 400 naming the field
+                return 400, _error_of(event), "invalid_request", event.field
+            return 500, _error_of(event), "stage_failed", None
         if event.kind is RequestEventKind.ABORTED:
             if tracked.ended_by_server:
-                return 503, tracked.ended_by_server, "server_shutdown"
-            return 409, "the request was aborted", "aborted"
+                return 503, tracked.ended_by_server, "server_shutdown", None
+            return 409, "the request was aborted", "aborted", None
         tracked.saw(event.data)
         if event.kind is RequestEventKind.RESULT and event.stage:
             results[event.stage] = event.data
@@ -172,9 +187,10 @@ async def results(tracked: Tracked, request: Request, abort: Abort) -> dict[str,
         await watch
     outcome = work.result()
     if isinstance(outcome, tuple):
-        status, message, code = outcome
-        tracked.finish("failed" if code == "stage_failed" else "aborted")
-        return JSONResponse(error_body(message, "server_error", code), status_code=status)
+        status, message, code, field = outcome
+        tracked.finish({"stage_failed": "failed", "invalid_request": "rejected"}.get(code, "aborted"), message)
+        kind = "invalid_request_error" if status == 400 else "server_error"
+        return JSONResponse(error_body(message, kind, code, field), status_code=status)
     return outcome
 
 
@@ -196,4 +212,14 @@ def stream_response(tracked: Tracked, abort: Abort) -> EventStreamResponse:
             await abort(tracked.request.id)
             tracked.finish("aborted")
 
-    return EventStreamResponse(stream_chunks(tracked, translator), on_disconnect)
+    async def on_failure(exc: BaseException) -> bytes:
+        # Logged once, here, with the request id; the request ends and leaves the tables.
+        log.error("request %s failed: producing its stream raised", tracked.request.id, exc_info=exc,
+                  extra={"request_id": tracked.request.id})
+        if tracked.outcome is None:
+            await abort(tracked.request.id)
+            tracked.finish("failed", logged=True)
+        return sse_error(f"the server failed to send the response: {type(exc).__name__}", "server_error",
+                         "internal_error") + DONE
+
+    return EventStreamResponse(stream_chunks(tracked, translator), on_disconnect, on_failure=on_failure)

@@ -23,9 +23,14 @@ class EventStreamResponse:
         on_disconnect: Callable[[], Awaitable[None]],
         headers: Mapping[str, str] | None = None,
         media_type: str = "text/event-stream; charset=utf-8",
+        on_failure: Callable[[BaseException], Awaitable[bytes]] | None = None,
     ) -> None:
         self.chunks = chunks
         self.on_disconnect = on_disconnect
+        # Called when producing a chunk raised: it ends the request (freeing it) and returns
+        # the closing bytes for the client (an error event and [DONE]), instead of a 200
+        # with a cut body and a request that is never removed.
+        self.on_failure = on_failure
         self.headers = dict(headers or {})
         self.media_type = media_type
 
@@ -47,10 +52,19 @@ class EventStreamResponse:
         watch = asyncio.create_task(self._watch(receive))
         await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
         client_left = not pump.done() or isinstance(pump.exception(), OSError)
+        failed = None if client_left or not pump.done() else pump.exception()
         for task in (pump, watch):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, OSError):
-                await task
+                if task is not pump or failed is None:
+                    await task
+        if failed is not None:
+            closing = await self.on_failure(failed) if self.on_failure is not None else b""
+            with contextlib.suppress(OSError):
+                await send({"type": "http.response.body", "body": closing, "more_body": False})
+            if self.on_failure is None:
+                raise failed
+            return
         if client_left:
             with contextlib.suppress(RuntimeError):  # generator already closed by cancellation
                 await self.chunks.aclose()  # type: ignore[attr-defined]

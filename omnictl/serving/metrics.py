@@ -32,6 +32,15 @@ class ServerMetrics:
         for outcome in OUTCOMES:  # export zeros so dashboards see every series from the start
             self.requests.labels(outcome)
         self.in_flight = Gauge("omnictl_requests_in_flight", "Requests admitted and not finished", registry=self.registry)
+        self.overloaded = Counter(
+            "omnictl_admission_rejections", "Requests refused by admission control, by reason",
+            ["reason"], registry=self.registry,
+        )
+        for reason in ("over_limit", "queue_timeout"):
+            self.overloaded.labels(reason)
+        # Requests waiting for admission now; set by the server to its admission's count.
+        self.queue_depth = Gauge("omnictl_admission_queue_depth", "Requests waiting for a slot",
+                                 registry=self.registry)
         self.first_text = Histogram(
             "omnictl_time_to_first_text_seconds", "Admission to first text delta",
             buckets=LATENCY_BUCKETS, registry=self.registry,

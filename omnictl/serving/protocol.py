@@ -10,13 +10,13 @@ request it returns is what the pipeline's entry stage receives.
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from omnictl.exceptions import InvalidRequest
 from omnictl.inputs import AUDIO_FORMATS, parse_request
 from omnictl.inputs import ChatRequest as PipelineRequest  # ChatRequest, here, is the HTTP envelope
+from omnictl.serving.jsonbody import decode_json
 
 # OpenAI's own voice names. Clients such as the `openai` package insist on one of them,
 # so they mean "this topology's default voice" rather than failing at the speech stage.
@@ -38,6 +38,13 @@ class Limits:
     max_audio_bytes: int = 16 * 1024 * 1024  # decoded size of one input_audio part
     max_realtime_message_bytes: int = 1024 * 1024  # one /v1/realtime client event (~20 s of audio in one append)
     max_realtime_buffer_bytes: int = 120 * 2 * 24_000  # a realtime session's input audio buffer: 120 s of pcm16
+    # Duration of one input_audio part. With the sample rate bounded too (1 kHz - 384 kHz),
+    # this bounds the work a few header bytes can ask for (a WAV "at 1 Hz" once meant
+    # ~80 s of resampling in the entry stage).
+    max_audio_seconds: float = 600.0
+    # A client that declares a body and then sends it slower than this (or never: a
+    # half-open connection) is answered 408 instead of holding its connection forever.
+    body_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -153,24 +160,21 @@ def parse_chat_request(body: Any, produces: Mapping[str, str], limits: Limits = 
     _expect(body, dict, "body", "a JSON object")
     model = body.get("model") or ""
     _expect(model, str, "model", "a string")
-    if body.get("n") not in (None, 1):
-        raise InvalidRequest(f"'n' must be 1 (one choice per request), got {body['n']!r}", field="n")
-    stream = body.get("stream", False) or False
-    _expect(stream, bool, "stream", "true or false")
+    n = body.get("n")
+    if n is not None and (type(n) is not int or n != 1):  # `true` and `1.0` equal 1 in Python
+        raise InvalidRequest(f"'n' must be 1 (one choice per request), got {n!r}", field="n")
+    stream = body.get("stream")
+    stream = False if stream is None else _expect(stream, bool, "stream", "true or false")
     modalities = _modalities(body, produces)
     audio_format, voice = _audio_output(body)
     sampling = parse_sampling(body)
     request = {"messages": body.get("messages"), "sampling": sampling, "voice": voice}
-    inputs = parse_request(request, max_audio_bytes=limits.max_audio_bytes)
+    inputs = parse_request(request, max_audio_bytes=limits.max_audio_bytes, max_audio_seconds=limits.max_audio_seconds)
     return ChatRequest(model=model, modalities=modalities, audio_format=audio_format, stream=stream, inputs=inputs)
 
 
 def _parse_raw(raw: bytes, produces: Mapping[str, str], limits: Limits) -> ChatRequest:
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"body is not valid JSON: {exc}", field="body") from exc
-    return parse_chat_request(body, produces, limits)
+    return parse_chat_request(decode_json(raw), produces, limits)
 
 
 async def parse_chat_body(raw: bytes, produces: Mapping[str, str], limits: Limits = Limits()) -> ChatRequest:

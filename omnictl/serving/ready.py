@@ -31,7 +31,9 @@ def example_body(model: str, modalities: list[str]) -> dict[str, object]:
 def example_curl(url: str, model: str, terminals: Mapping[str, str], api_key: str | None) -> str:
     """A shell command that asks a question and, with audio, saves the spoken answer as answer.wav."""
     modalities = [m for m in ("text", "audio") if m in terminals.values()] or sorted(set(terminals.values()))
-    auth = f" -H {shlex.quote('Authorization: Bearer ' + api_key)}" if api_key else ""
+    # The key itself is never printed (terminals and logs are read by others): the command
+    # reads it from the environment.
+    auth = ' -H "Authorization: Bearer $OMNICTL_API_KEY"' if api_key else ""
     body = shlex.quote(json.dumps(example_body(model, modalities), separators=(",", ":")))
     return (
         f"curl -s {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d {body}"

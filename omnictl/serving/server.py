@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import ipaddress
 import signal
 import socket
 import threading
@@ -20,8 +21,9 @@ from typing import Any, Awaitable, Callable, Iterator
 
 import uvicorn
 
+from omnictl.admission import DEFAULT_MAX_IN_FLIGHT
 from omnictl.data import DEFAULT_TOPOLOGY, data_path
-from omnictl.exceptions import LaunchError, ListenError
+from omnictl.exceptions import LaunchError, ListenError, StartupError
 from omnictl.serving.app import ServingState, create_app
 from omnictl.serving.chat import end_in_flight
 from omnictl.serving.protocol import Limits
@@ -42,6 +44,8 @@ class ServeOptions:
     max_restarts: int = 0  # per replica: how often a dead stage process is started again
     limits: Limits = field(default_factory=Limits)
     served_model_names: tuple[str, ...] = ()  # model ids accepted besides the topology's name
+    max_in_flight: int | None = DEFAULT_MAX_IN_FLIGHT  # admission control; None: no limit (429 over it)
+    max_queue_wait: float = 0.0  # seconds a request may wait for a slot (503 after)
 
 
 def default_topology() -> Path:
@@ -50,6 +54,16 @@ def default_topology() -> Path:
     if path.is_file():
         return path
     raise LaunchError("default", f"the embedded topology {DEFAULT_TOPOLOGY} is missing from this installation ({path})")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only listens where this machine alone can reach it."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -100,6 +114,9 @@ async def run_server(
     """Serve until stopped (Ctrl-C, SIGTERM, or ``Listening.stop``)."""
     from omnictl.pipeline import Pipeline  # the runtime: heavy, so imported only when serving
 
+    if options.api_key is not None and not options.api_key.strip():
+        # An empty key once meant "no authentication" without a word.
+        raise StartupError("the API key is empty", hint="pass a non-empty --api-key (or OMNICTL_API_KEY), or none at all")
     topology = Path(options.topology) if options.topology is not None else default_topology()
     sock = bind(options.host, options.port)
     port = sock.getsockname()[1]
@@ -128,6 +145,7 @@ async def run_server(
         launch = Pipeline.launch(
             topology, model_path=options.model_path, device=options.device, run_dir=options.run_dir,
             profile=True, request_timeout=options.request_timeout, max_restarts=options.max_restarts,
+            max_in_flight=options.max_in_flight, max_queue_wait=options.max_queue_wait,
         )
         entering = asyncio.create_task(launch.__aenter__(), name="pipeline-launch")
         waiting = asyncio.create_task(stopping.wait())

@@ -96,7 +96,7 @@ def endpoint(state: ServingState) -> Callable[[Request], Awaitable[Response]]:
         return Submission(inputs, [TRANSCRIPT], model, fmt)
 
     async def transcriptions(request: Request) -> Response:
-        admitted = await admit(state, request, parse, ENDPOINT)
+        admitted = await admit(state, request, parse, ENDPOINT, media_type="multipart/form-data")
         if not isinstance(admitted, Admitted):
             return admitted
         tracked = admitted.tracked

@@ -77,7 +77,8 @@ class WorkerPorts:
         codec = self._codecs.get((stage, transport))
         if codec is None:
             knobs: RelayKnobs = self.topology.stages[stage].relay
-            codec = self._codecs[(stage, transport)] = codec_for(transport, self.pool(stage), knobs)
+            codec = self._codecs[(stage, transport)] = codec_for(transport, self.pool(stage), knobs,
+                                                                   self.topology.allow_pickle)
         return codec.encode(data)
 
     def _signal(
@@ -133,8 +134,8 @@ class WorkerPorts:
     def send_terminal_skipped(self, request_id: str, stage: str) -> None:
         self._coordinator.send(m.encode(m.TerminalSkipped(request_id, stage)))
 
-    def send_failure(self, request_id: str, stage: str, error: str, rejected: bool = False) -> None:
-        self._coordinator.send(m.encode(m.StageFailed(request_id, stage, error, rejected)))
+    def send_failure(self, request_id: str, stage: str, error: str, rejected: bool = False, field: str | None = None) -> None:
+        self._coordinator.send(m.encode(m.StageFailed(request_id, stage, error, rejected, field)))
 
     def send_control(self, message: m.ToCoordinator) -> None:  # type: ignore[valid-type]
         self._coordinator.send(m.encode(message))

@@ -30,7 +30,7 @@ class Ports(Protocol):
     def send_skip(self, ctx: RequestContext, src: str, dst: str) -> None: ...
     def send_terminal(self, request_id: str, stage: str, final: bool, seq: int, data: Any) -> None: ...
     def send_terminal_skipped(self, request_id: str, stage: str) -> None: ...
-    def send_failure(self, request_id: str, stage: str, error: str, rejected: bool = False) -> None: ...
+    def send_failure(self, request_id: str, stage: str, error: str, rejected: bool = False, field: str | None = None) -> None: ...
 
 
 class Stage:
@@ -150,7 +150,7 @@ class Stage:
                 elif message.kind is OutgoingKind.RESULT:
                     self._route(ctx, message.data)
                 else:
-                    self._fail(ctx.request_id, f"stage {self.name!r} failed: {message.error}")
+                    self._fail(ctx.request_id, f"stage {self.name!r} failed: {message.error}", message.field)
             except Exception as exc:  # e.g. an output leaf that cannot be serialized: this request fails
                 self._fail(ctx.request_id, f"stage {self.name!r} could not send its output: {describe_error(exc)}")
 
@@ -212,8 +212,8 @@ class Stage:
                 self.ports.send_skip(ctx, self.name, target)
         self._forget(ctx.request_id)
 
-    def _fail(self, request_id: str, error: str) -> None:
-        self.ports.send_failure(request_id, self.name, error)
+    def _fail(self, request_id: str, error: str, field: str | None = None) -> None:
+        self.ports.send_failure(request_id, self.name, error, field=field)
         self._abort_in_scheduler(request_id)
         self._forget(request_id)
 

@@ -10,12 +10,10 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
-import pickle
 import signal
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -29,26 +27,12 @@ from omnictl.schedulers.simple import describe_error
 from omnictl.stage.build import build_stage
 from omnictl.stage.ports import WorkerPorts
 from omnictl.stage.stage import Stage
-from omnictl.topology.model import Topology
+from omnictl.stage.startup import WorkerConfig, decode_config
 from omnictl.transports.codec import decode
 from omnictl.transports.shm import SegmentReader
 
 _PR_SET_PDEATHSIG = 1
 _REPORT_LINGER_MS = 2000  # how long a stage process that failed to start waits for its report to go out
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    process: str  # the topology process whose stages this one runs
-    instance: str  # this OS process's name: the process's, or ``NAME#i`` for a replica
-    topology: Topology
-    model_path: str | None
-    process_addresses: dict[str, str]  # OS process (replica) name -> its PULL address
-    coordinator_address: str
-    broadcast_address: str
-    profile_address: str | None
-    parent_pid: int
-    sys_path: tuple[str, ...]  # the parent's import path: user factories import the same here
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -62,8 +46,8 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def main() -> None:
-    """Process entry point: the launcher writes the pickled WorkerConfig to stdin."""
-    config: WorkerConfig = pickle.load(sys.stdin.buffer)
+    """Process entry point: the launcher writes the WorkerConfig (msgpack, typed) to stdin."""
+    config = decode_config(sys.stdin.buffer.read())
     sys.path[:] = [*dict.fromkeys([*config.sys_path, *sys.path])]
     _die_with_parent(config.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the coordinator's to handle
@@ -185,7 +169,7 @@ class Worker:
 
     def _unpack(self, payload: m.EncodedPayload) -> Any:
         try:
-            return decode(payload, self.reader)
+            return decode(payload, self.reader, self.config.topology.allow_pickle)
         finally:
             if payload.shm is not None:
                 self.ports.release(payload.shm)

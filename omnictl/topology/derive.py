@@ -61,6 +61,7 @@ def derive(
     model_path: str | None,
     stages: Mapping[str, StageSpec],
     replicas: Mapping[str, int] | None = None,
+    allow_pickle: bool = False,
 ) -> Topology:
     edges = derive_edges(stages)
     targets = {e.dst for e in edges}
@@ -75,6 +76,7 @@ def derive(
         terminals=terminals,
         processes=derive_processes(stages, replicas),
         edges=edges,
+        allow_pickle=allow_pickle,
     )
 
 
@@ -86,4 +88,4 @@ def on_cpu(topology: Topology) -> Topology:
     """
     stages = {n: dataclasses.replace(s, gpu=(), tp_size=1) for n, s in topology.stages.items()}
     replicas = {name: p.replicas for name, p in topology.processes.items()}
-    return derive(topology.name, topology.path, topology.model_path, stages, replicas)
+    return derive(topology.name, topology.path, topology.model_path, stages, replicas, topology.allow_pickle)

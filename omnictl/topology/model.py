@@ -95,6 +95,8 @@ class Topology:
     terminals: Mapping[str, str]  # terminal stage -> modality
     processes: Mapping[str, ProcessSpec]
     edges: tuple[Edge, ...]
+    # Payloads between processes may carry any Python object, pickled (trusted hosts only).
+    allow_pickle: bool = False
 
     def upstreams(self, stage: str) -> tuple[str, ...]:
         """Stages whose data edges (``next``) lead to ``stage``, in file order."""

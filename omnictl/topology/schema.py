@@ -20,6 +20,7 @@ from omnictl.topology.yamlnodes import Document, Path
 FIELD_EXPECTS: dict[str, str] = {
     "name": "a name made of letters, digits, '_' and '-' (starting with a letter or '_')",
     "model_path": "a non-empty string",
+    "allow_pickle": "true or false",
     "stages": "a list of stages, each a mapping with at least `name` and `factory`",
     "factory": "a dotted path to a callable, like package.module.function",
     "factory_args": "a mapping of keyword arguments for the factory",

@@ -126,13 +126,22 @@ def validate_text(text: str, filename: str = "<string>", *,
         path = None if filename.startswith("<") else Path(filename)
         name = data.get("name") or (path.stem if path else "topology")
         replicas = {n: p.replicas for n, p in read_processes(doc).items()}
-        report.topology = derive(name, path, data.get("model_path"), stage_specs, replicas)
+        report.topology = derive(name, path, data.get("model_path"), stage_specs, replicas,
+                                 allow_pickle=data.get("allow_pickle") is True)
     return report
+
+
+MAX_TOPOLOGY_BYTES = 1024 * 1024  # the largest shipped topology is ~5 KB
 
 
 def read_text(path: str | Path) -> str:
     try:
-        return Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as file:
+            raw = file.read(MAX_TOPOLOGY_BYTES + 1)
+        if len(raw) > MAX_TOPOLOGY_BYTES:
+            raise TopologyReadError(str(path), f"the file is larger than {MAX_TOPOLOGY_BYTES // 1024} KiB; "
+                                    "a topology is a few KB")
+        return raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise TopologyReadError(str(path), str(error)) from error
 

@@ -13,6 +13,7 @@ from typing import Any, Union
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from omnictl.exceptions import YamlTooLarge
 from omnictl.topology.issues import Issue
 
 # A path into the document: mapping keys and sequence indices, as jsonschema reports them.
@@ -23,6 +24,9 @@ Position = tuple[int, int]  # 1-based line, column
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _SEQ_TAG = "tag:yaml.org,2002:seq"
 _MAP_TAG = "tag:yaml.org,2002:map"
+# Values built, aliases expanded. A 633-byte "billion laughs" of nested aliases once made
+# `validate` use gigabytes; a real topology builds a few hundred values.
+MAX_VALUES = 100_000
 
 
 @dataclass
@@ -59,12 +63,16 @@ class _Builder:
         self.loader = loader
         self.doc = document
         self.in_progress: set[int] = set()  # node ids on the current path: catches `&a [*a]`
+        self.built = 0
 
     def issue(self, rule: str, node: Node, message: str, hint: str | None = None) -> None:
         line, column = _position(node)
         self.doc.issues.append(Issue(rule, message, self.doc.file, line, column, hint=hint))
 
     def build(self, node: Node, path: Path) -> Any:
+        self.built += 1
+        if self.built > MAX_VALUES:
+            raise YamlTooLarge(f"more than {MAX_VALUES} values")  # stops the build at once
         self.doc.values.setdefault(path, _position(node))
         if id(node) in self.in_progress:
             self.issue("yaml-syntax", node, "an alias refers to a node that contains it")
@@ -119,13 +127,30 @@ class _Builder:
             result[key] = self.build(value_node, path + (key,))
         # `<<: *base` fills in keys the mapping does not set itself, as YAML 1.1 defines.
         for source in merged:
-            for key_node, value_node in source.value:
+            for key_node, value_node in self.merged_pairs(source, set()):
                 if isinstance(key_node, ScalarNode):
                     key = self.scalar(key_node)
                     if isinstance(key, (str, int, float, bool)) and key not in result:
                         self.doc.keys[path + (key,)] = _position(key_node)
                         result[key] = self.build(value_node, path + (key,))
         return result
+
+    def merged_pairs(self, source: MappingNode, seen: set[int]) -> list[tuple[Node, Node]]:
+        """A merged mapping's own pairs first, then those of the mappings it merges itself
+        (``<<`` inside a merged mapping), as PyYAML's own loader flattens them."""
+        if id(source) in seen:
+            self.issue("yaml-syntax", source, "a merge key `<<` refers to a mapping that merges it")
+            return []
+        seen.add(id(source))
+        own: list[tuple[Node, Node]] = []
+        inherited: list[tuple[Node, Node]] = []
+        for key_node, value_node in source.value:
+            if key_node.tag == _MERGE_TAG:
+                for nested in self.merge_sources(value_node):
+                    inherited.extend(self.merged_pairs(nested, seen))
+            else:
+                own.append((key_node, value_node))
+        return own + inherited
 
     def merge_sources(self, node: Node) -> list[MappingNode]:
         nodes = node.value if isinstance(node, SequenceNode) else [node]
@@ -164,6 +189,12 @@ def parse(text: str, file: str) -> Document:
     except RecursionError:
         document.data = None
         document.issues.append(Issue("yaml-syntax", "the document is nested too deeply", file, 1, 1))
+    except YamlTooLarge:
+        document.data = None
+        document.issues.append(Issue(
+            "yaml-syntax", f"the document expands to more than {MAX_VALUES} values", file, 1, 1,
+            hint="aliases (`*name`) repeat what they point to; a topology is far smaller than this",
+        ))
     finally:
         if loader is not None:
             loader.dispose()

@@ -30,12 +30,13 @@ class PayloadCodec:
     """Shared-memory codec (``shm``, ``relay``): tiny payloads inline, the rest in a
     reusable slot. GPU tensors are staged through host memory."""
 
-    def __init__(self, pool: SlotPool, knobs: RelayKnobs) -> None:
+    def __init__(self, pool: SlotPool, knobs: RelayKnobs, allow_pickle: bool = False) -> None:
         self.knobs = knobs
         self.pool = pool  # the sending stage's, shared by all its cross-process edges
+        self.allow_pickle = allow_pickle  # the topology's `allow_pickle`
 
     def encode(self, data: Any) -> EncodedPayload:
-        packed = pack(data, device_leaf=self._device_leaf())
+        packed = pack(data, device_leaf=self._device_leaf(), allow_pickle=self.allow_pickle)
         if packed.nbytes <= self.knobs.inline_bytes:
             return EncodedPayload(packed.skeleton, packed.layout, packed.to_bytes())
         ref, view = self.pool.acquire(packed.nbytes)
@@ -48,13 +49,13 @@ class PayloadCodec:
         return None
 
 
-def decode(payload: EncodedPayload, reader: SegmentReader) -> Any:
+def decode(payload: EncodedPayload, reader: SegmentReader, allow_pickle: bool = False) -> Any:
     """Rebuild the data; the caller sends ``SlotRelease(payload.shm)`` afterwards."""
     if payload.shm is None:
-        return unpack(payload.skeleton, payload.layout, payload.inline)
+        return unpack(payload.skeleton, payload.layout, payload.inline, allow_pickle)
     view = reader.read(payload.shm)
     try:
-        return unpack(payload.skeleton, payload.layout, view)
+        return unpack(payload.skeleton, payload.layout, view, allow_pickle)
     finally:
         view.release()
 
@@ -74,7 +75,7 @@ def register_codec(transport: Transport, codec: type[PayloadCodec]) -> None:
     _CODECS[transport] = codec
 
 
-def codec_for(transport: Transport, pool: SlotPool, knobs: RelayKnobs) -> PayloadCodec:
+def codec_for(transport: Transport, pool: SlotPool, knobs: RelayKnobs, allow_pickle: bool = False) -> PayloadCodec:
     """A codec for a sending stage's edges of ``transport``."""
     codec = _CODECS.get(transport)
     if codec is None:
@@ -85,7 +86,7 @@ def codec_for(transport: Transport, pool: SlotPool, knobs: RelayKnobs) -> Payloa
         codec = _CODECS.get(transport)
         if codec is None:
             raise LookupError(f"importing {module} registered no codec for {transport.value} edges")
-    return codec(pool, knobs)
+    return codec(pool, knobs, allow_pickle)
 
 
 register_codec(Transport.SHM, PayloadCodec)

@@ -3,7 +3,10 @@
 Tensor and numpy leaves are replaced in the skeleton by a marker holding their index in
 the layout table; their bytes are laid out back to back in one buffer. Everything else
 is msgpack; a :class:`~omnictl.wire.WireStruct` keeps its type (written as its class name and
-fields); a pickle fallback remains for objects msgpack cannot express.
+fields). Nothing else travels: any other object fails its request with an error naming
+the field path and the Python type, unless the topology opts in with ``allow_pickle: true``
+(trusted hosts only: unpickling runs code). GPU tensors on a ``cuda_ipc`` edge travel as
+torch's own CUDA IPC handles (``device_leaf``), between processes on one GPU.
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ from typing import Any, Callable
 import msgspec
 import numpy as np
 
+from omnictl.exceptions import UnsupportedPayload
 from omnictl.messages import TensorLayout
 from omnictl.wire import WireStruct, rebuild, wire_fields
 
 _TENSOR_EXT = 1
 _PICKLE_EXT = 2
 _STRUCT_EXT = 3
+_DEVICE_EXT = 4  # a CUDA IPC handle (torch's reduction), only from a cuda_ipc codec
 _ALIGN = 64  # keep every tensor cache-line aligned inside the buffer
 
 
@@ -70,9 +75,11 @@ class PackedTree:
         return bytes(out)
 
 
-def pack(data: Any, device_leaf: Callable[[Any], bytes] | None = None) -> PackedTree:
+def pack(data: Any, device_leaf: Callable[[Any], bytes] | None = None, allow_pickle: bool = False) -> PackedTree:
     """``device_leaf``, when given, serializes tensors that live on a GPU (CUDA IPC
-    handles) instead of copying their bytes to the host."""
+    handles) instead of copying their bytes to the host. An object outside the typed
+    encoding raises :class:`UnsupportedPayload` naming its path and type, unless
+    ``allow_pickle``."""
     layout: list[TensorLayout] = []
     views: list[memoryview] = []
     offset = 0
@@ -80,7 +87,7 @@ def pack(data: Any, device_leaf: Callable[[Any], bytes] | None = None) -> Packed
     def enc_hook(obj: Any) -> Any:
         nonlocal offset
         if device_leaf is not None and getattr(obj, "is_cuda", False):
-            return msgspec.msgpack.Ext(_PICKLE_EXT, device_leaf(obj))
+            return msgspec.msgpack.Ext(_DEVICE_EXT, device_leaf(obj))
         if is_tensor(obj):
             kind, dtype, shape, view = _as_bytes_view(obj)
             index = len(layout)
@@ -92,12 +99,42 @@ def pack(data: Any, device_leaf: Callable[[Any], bytes] | None = None) -> Packed
             # its own encoder: msgspec encoders are not re-entrant; its tensors share this layout
             fields = [_mark_structs(value) for value in wire_fields(obj.struct)]
             return msgspec.msgpack.Ext(_STRUCT_EXT, msgspec.msgpack.Encoder(enc_hook=enc_hook).encode(fields))
-        return msgspec.msgpack.Ext(_PICKLE_EXT, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+        if isinstance(obj, np.generic):  # a numpy scalar is a number
+            return obj.item()
+        if allow_pickle:
+            return msgspec.msgpack.Ext(_PICKLE_EXT, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+        path = _path_to(data, obj, "") or "(unknown path)"
+        kind = type(obj)
+        raise UnsupportedPayload(
+            f"{path}: a {kind.__module__}.{kind.__qualname__} cannot travel between processes; send "
+            "tensors, arrays, bytes, str, numbers, bools, None, lists, dicts or typed outputs "
+            "(or set `allow_pickle: true` in the topology, for trusted hosts only)",
+            path=path, type_name=f"{kind.__module__}.{kind.__qualname__}",
+        )
 
     # msgspec encodes tuples and sets natively as arrays: they come back as lists.
     encoder = msgspec.msgpack.Encoder(enc_hook=enc_hook)
     skeleton = encoder.encode(_mark_structs(data))
     return PackedTree(skeleton, tuple(layout), views, offset)
+
+
+def _path_to(data: Any, target: Any, path: str) -> str | None:
+    """Where ``target`` sits in ``data`` (``["audio"][2].samples``), found by identity."""
+    if data is target:
+        return path or "(the payload itself)"
+    if isinstance(data, dict):
+        items: Any = ((f"{path}[{key!r}]", value) for key, value in data.items())
+    elif isinstance(data, (list, tuple, set, frozenset)):
+        items = ((f"{path}[{i}]", value) for i, value in enumerate(data))
+    elif isinstance(data, WireStruct):
+        items = ((f"{path}.{name}", getattr(data, name)) for name in data.__struct_fields__)
+    else:
+        return None
+    for where, value in items:
+        found = _path_to(value, target, where)
+        if found is not None:
+            return found
+    return None
 
 
 class _Typed:
@@ -123,8 +160,10 @@ def _mark_structs(data: Any) -> Any:
     return data
 
 
-def unpack(skeleton: bytes, layout: tuple[TensorLayout, ...], buffer: memoryview | bytes) -> Any:
-    """Rebuild the data tree; tensors are copied out of ``buffer`` (so it can be reused)."""
+def unpack(skeleton: bytes, layout: tuple[TensorLayout, ...], buffer: memoryview | bytes,
+           allow_pickle: bool = False) -> Any:
+    """Rebuild the data tree; tensors are copied out of ``buffer`` (so it can be reused).
+    A pickled leaf is refused unless ``allow_pickle`` (the topology's opt-in)."""
     leaves = [_rebuild(entry, buffer) for entry in layout]
 
     def ext_hook(code: int, raw: memoryview) -> Any:
@@ -132,7 +171,12 @@ def unpack(skeleton: bytes, layout: tuple[TensorLayout, ...], buffer: memoryview
             return leaves[int.from_bytes(raw, "little")]
         if code == _STRUCT_EXT:
             return rebuild(msgspec.msgpack.decode(raw, ext_hook=ext_hook))
+        if code == _DEVICE_EXT:
+            return pickle.loads(raw)  # torch's CUDA IPC handle: sent by a cuda_ipc codec only
         if code == _PICKLE_EXT:
+            if not allow_pickle:
+                raise UnsupportedPayload("a payload holds a pickled object and this topology does not set "
+                                         "`allow_pickle: true`", path="(payload)", type_name="pickle")
             return pickle.loads(raw)
         raise ValueError(f"unknown payload extension code {code}")
 

@@ -49,3 +49,14 @@ def test_json_round_trip_and_bad_files(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("[1, 2")
     with pytest.raises(ValueError, match="not a readable bench result"):
         load_result(tmp_path / "bad.json")
+
+
+def test_429s_are_counted_apart_from_failures_and_goodput_is_completed_per_second() -> None:
+    records = [RequestRecord(index=i, ok=True, e2e=0.1) for i in range(3)]
+    records += [RequestRecord(index=3 + i, error="HTTP 429: busy", overloaded=True) for i in range(5)]
+    records.append(RequestRecord(index=8, error="HTTP 500: boom"))
+    summary = build_result({"target": "t"}, records, 1.5, None)["summary"]
+    assert (summary["sent"], summary["completed"], summary["failed"], summary["overloaded"]) == (9, 3, 1, 5)
+    assert summary["goodput"] == pytest.approx(2.0)
+    text = text_of(render(build_result({"target": "t"}, records, 1.5, None)))
+    assert "refused (429, overloaded)" in text and "goodput" in text

@@ -54,7 +54,7 @@ def test_each_stages_parts_add_up_to_its_time(result: dict[str, Any]) -> None:
 def test_counts_add_up(result: dict[str, Any]) -> None:
     summary = result["summary"]
     assert summary["sent"] == 12 == len(result["requests"])
-    assert summary["completed"] + summary["failed"] == summary["sent"]
+    assert summary["completed"] + summary["failed"] + summary["overloaded"] == summary["sent"]
     assert summary["completed"] == sum(r["ok"] for r in result["requests"]) == 12
     assert result["latency"]["e2e"]["count"] == summary["completed"]
     assert sorted(r["index"] for r in result["requests"]) == list(range(12))

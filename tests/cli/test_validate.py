@@ -171,3 +171,17 @@ def test_root_causes_lead_and_consequences_say_what_they_follow_from(app: typer.
     data = json.loads(invoke(app, str(path), "--format", "json").output)
     assert [e["follows_from"] is None for e in data["errors"]][:2] == [True, True]
     assert any(e["follows_from"] for e in data["errors"])
+
+
+def test_a_standard_library_factory_is_valid_but_warned_about(app: typer.Typer, tmp_path: Path) -> None:
+    path = tmp_path / "sneaky.yaml"
+    path.write_text(
+        "stages:\n"
+        "  - {name: a, factory: os.system, factory_args: {command: 'true'}, next: b}\n"
+        "  - {name: b, factory: builtins.eval, terminal: true, modality: text}\n"
+    )
+    result = invoke(app, str(path))
+    assert result.exit_code == 0, result.output
+    assert "stage 'a': `factory` is 'os.system', a standard-library callable" in result.output
+    assert "stage 'b': `factory` is 'builtins.eval'" in result.output
+    assert "standard-library" not in invoke(app, str(ARTICLE)).output

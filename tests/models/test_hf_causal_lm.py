@@ -204,3 +204,16 @@ def test_a_request_sitting_out_a_step_keeps_its_cache(model: Any) -> None:
         for rid, out in zip(batch, runner.decode(list(batch), [tokens[rid][-1] for rid in batch])):
             tokens[rid].append(int(out.logits.argmax()))
     assert tokens["a"] == alone_a and tokens["b"] == alone_b
+
+
+def test_a_prompt_past_the_context_length_is_refused_before_the_forward_pass(model: Any, tokenizer: Any) -> None:
+    runner = HFCausalLMRunner(model, tokenizer)
+    limit = runner.context_length
+    assert isinstance(limit, int) and limit > 2
+    with pytest.raises(InvalidRequest, match=f"context length is {limit}") as caught:
+        runner.prefill("long", {"input_ids": [1] * limit})
+    assert caught.value.field == "input_ids"
+    with pytest.raises(InvalidRequest, match=f"context length is {limit}"):
+        runner.prefill("long", {"inputs_embeds": torch.zeros(limit + 5, model.config.hidden_size)})
+    assert runner.kv_slots() == 0
+    assert runner.prefill("fits", {"input_ids": [1] * (limit - 1)}).prompt_tokens == limit - 1

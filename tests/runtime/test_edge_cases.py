@@ -23,6 +23,28 @@ async def _result(pipe: Any, data: dict[str, Any], **kwargs: Any) -> dict[str, A
     return await (await pipe.submit(data, **kwargs)).result()
 
 
+def test_a_user_object_in_an_output_fails_its_request_naming_stage_path_and_type(loop: LoopThread, tmp_path: Path) -> None:
+    stages = [{"name": "a", "factory": f"{S}.returns_user_object", "next": ["b"], "process": "one"},
+              {"name": "b", "factory": f"{E}.identity", "terminal": True, "process": "two"}]
+    pipe = launch(loop, topo.write(tmp_path / "typed.yaml", stages), profile=False)
+    try:
+        with pytest.raises(omnictl.RequestFailed) as caught:
+            loop.run(_result(pipe, {"value": 7}))
+        message = str(caught.value)
+        assert "stage 'a' could not send its output" in message
+        assert "['out'][1]['thing']" in message and "tests.support.stages.UserThing" in message
+        assert loop.run(pipe.stats())["a"]["requests"] == 0
+    finally:
+        loop.run(pipe.close())
+    pipe = launch(loop, topo.write(tmp_path / "trusted.yaml", stages, allow_pickle=True), profile=False)
+    try:
+        from tests.support.stages import UserThing
+
+        assert loop.run(_result(pipe, {"value": 7}))["b"] == {"out": [1, {"thing": UserThing(7)}]}
+    finally:
+        loop.run(pipe.close())
+
+
 def test_outputs_that_cannot_cross_a_process_fail_their_request_only(loop: LoopThread, tmp_path: Path) -> None:
     path = topo.write(
         tmp_path / "bad-output.yaml",
@@ -30,6 +52,7 @@ def test_outputs_that_cannot_cross_a_process_fail_their_request_only(loop: LoopT
             {"name": "a", "factory": f"{S}.returns_unpicklable", "next": ["b"], "process": "one"},
             {"name": "b", "factory": f"{S}.returns_picky", "terminal": True, "process": "two"},
         ],
+        allow_pickle=True,
     )
     pipe = launch(loop, path, profile=False)
     try:
@@ -47,7 +70,7 @@ def test_outputs_that_cannot_cross_a_process_fail_their_request_only(loop: LoopT
 def test_inputs_that_cannot_be_sent_leave_no_request_behind(loop: LoopThread, tmp_path: Path) -> None:
     pipe = launch(loop, topo.write(tmp_path / "one.yaml", [{"name": "a", "factory": f"{E}.identity", "terminal": True}]), profile=False)
     try:
-        with pytest.raises(AttributeError):
+        with pytest.raises(omnictl.UnsupportedPayload, match=r"\['fn'\]: a builtins.function"):
             loop.run(pipe.submit({"fn": lambda: None}, request_id="r1"))
         assert pipe.in_flight() == 0
         assert loop.run(_result(pipe, {"x": 1}, request_id="r1")) == {"a": {"x": 1}}
@@ -104,6 +127,7 @@ def test_a_stage_that_cannot_take_its_input_counts_as_rejected_there(loop: LoopT
             {"name": "a", "factory": f"{S}.returns_picky", "next": ["b"], "process": "one"},
             {"name": "b", "factory": f"{E}.identity", "terminal": True, "process": "two"},
         ],
+        allow_pickle=True,  # an object that pickles but does not unpickle
     )
     pipe = launch(loop, path, run_dir=tmp_path / "run")
     try:

@@ -14,7 +14,8 @@ from typing import Any, Callable, Generator
 
 import numpy as np
 
-from omnictl.inputs import AudioPart, ChatRequest, TextPart, as_chat_request
+from omnictl.exceptions import InvalidRequest
+from omnictl.inputs import AudioPart, ChatRequest, ImagePart, TextPart, as_chat_request
 from omnictl.outputs import AudioChunk, AudioResult, TextDelta, TextResult
 
 RATE = 16_000
@@ -38,6 +39,9 @@ def _question(request: ChatRequest) -> str:
 def prep() -> Callable[[Any], dict[str, Any]]:
     def run(data: Any) -> dict[str, Any]:
         request = as_chat_request(data)
+        for part in request.messages[-1].parts:
+            if isinstance(part, ImagePart):  # as the voice assistant: the input is the client's mistake
+                raise InvalidRequest(f"{part.field}: this topology does not take images", field=part.field)
         question = _question(request)
         if "explode" in question:
             raise RuntimeError("prep exploded on purpose")

@@ -121,18 +121,18 @@ def test_models_health_and_metrics(server: ServerProcess, client: openai.OpenAI)
     assert health.headers["x-request-id"]
 
     def completed() -> float:
-        text = httpx.get(server.url + "/metrics", timeout=10).text
+        text = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).text
         line = next(l for l in text.splitlines() if l.startswith('omnictl_requests_total{outcome="completed"}'))
         return float(line.split()[-1])
 
     before = completed()
     client.chat.completions.create(model="fast", messages=[{"role": "user", "content": "count me"}])
     assert completed() == before + 1
-    metrics = httpx.get(server.url + "/metrics", timeout=10).text
+    metrics = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).text
     for name in ("omnictl_time_to_first_text_seconds_bucket", "omnictl_request_latency_seconds_count",
                  "omnictl_requests_in_flight", "omnictl_time_to_first_audio_seconds_count"):
         assert name in metrics
     # per-stage and per-edge latency come from the profiler, which ships events asynchronously
     wait_until(lambda: 'omnictl_stage_latency_seconds{quantile="0.5",stage="answer"}'
-               in httpx.get(server.url + "/metrics", timeout=10).text)
-    assert 'omnictl_edge_latency_seconds_count{dst="answer"' in httpx.get(server.url + "/metrics", timeout=10).text
+               in httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).text)
+    assert 'omnictl_edge_latency_seconds_count{dst="answer"' in httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).text

@@ -117,7 +117,7 @@ def _idle(server: ServerProcess) -> bool:
 
 
 def _metric(server: ServerProcess, line_start: str) -> float:
-    text = httpx.get(server.url + "/metrics", timeout=10).text
+    text = httpx.get(server.url + "/metrics", headers=AUTH, timeout=10).text
     return float(next(line for line in text.splitlines() if line.startswith(line_start)).split()[-1])
 
 

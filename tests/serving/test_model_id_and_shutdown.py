@@ -57,3 +57,35 @@ def test_ctrl_c_ends_an_open_stream_with_an_error_event_and_done() -> None:
     assert events[-1] == "data: [DONE]", events[-3:]
     error = json.loads(events[-2][len("data: "):])["error"]
     assert error["code"] == "server_shutdown" and "shutting down" in error["message"]
+
+
+def test_sigterm_with_several_streams_ends_each_properly_and_logs_no_traceback() -> None:
+    server = start_server(str(FAST_TOPOLOGY))
+    body = {"model": "fast", "stream": True, "messages": [{"role": "user", "content": "answer slowly"}]}
+    endings: list[list[str]] = []
+    started = threading.Barrier(5)
+
+    def one() -> None:
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            for line in lines:
+                if line.startswith("data: ") and '"content"' in line:
+                    break
+            started.wait(30)
+            endings.append([line for line in lines if line.startswith("data: ")])
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        started.wait(30)
+        server.process.send_signal(signal.SIGTERM)
+        for thread in threads:
+            thread.join(30)
+    finally:
+        assert server.process.wait(STOP_TIMEOUT_S) == 0, server.text()
+    assert len(endings) == 4
+    for events in endings:
+        assert events[-1] == "data: [DONE]", events[-3:]
+        assert json.loads(events[-2][len("data: "):])["error"]["code"] == "server_shutdown"
+    assert "Traceback" not in server.text(), server.text()

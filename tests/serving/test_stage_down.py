@@ -45,3 +45,23 @@ def test_a_dead_stage_makes_health_503_and_requests_fail_fast() -> None:
                             error["message"]), error["message"]
     finally:
         assert stop_server(server) == 0
+
+
+def test_a_frozen_stage_process_makes_health_503_naming_it_until_it_resumes() -> None:
+    server = start_server(str(FAST_TOPOLOGY))
+    children = subprocess.run(["pgrep", "-P", str(server.process.pid), "-f", "omnictl.stage.worker"],
+                              capture_output=True, text=True).stdout.split()
+    frozen = int(children[0])
+    try:
+        assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+        os.kill(frozen, signal.SIGSTOP)
+        response = httpx.get(server.url + "/health", timeout=10)
+        assert response.status_code == 503
+        body = response.json()
+        assert body["status"] == "unresponsive" and len(body["unresponsive"]) == 1
+        assert body["processes"][body["unresponsive"][0]] == frozen
+        os.kill(frozen, signal.SIGCONT)
+        wait_until(lambda: httpx.get(server.url + "/health", timeout=10).status_code == 200)
+    finally:
+        os.kill(frozen, signal.SIGCONT)
+        assert stop_server(server) == 0

@@ -36,7 +36,7 @@ class TerminalPorts:
         self.outputs.append((request_id, final, data))
         self._ended()
 
-    def send_failure(self, request_id: str, stage: str, error: str) -> None:
+    def send_failure(self, request_id: str, stage: str, error: str, field: str | None = None) -> None:
         self.failures.append((request_id, error))
         self._ended()
 

@@ -37,7 +37,7 @@ class Sent:
     def send_skip(self, ctx: RequestContext, src: str, dst: str) -> None:
         self.skips.append((ctx.request_id, dst))
 
-    def send_failure(self, request_id: str, stage: str, error: str) -> None:
+    def send_failure(self, request_id: str, stage: str, error: str, field: str | None = None) -> None:
         self.failures.append((request_id, error))
         self.done.set()
 

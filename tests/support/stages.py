@@ -174,6 +174,23 @@ def returns_picky() -> Callable[[dict[str, Any]], dict[str, Any]]:
     return run
 
 
+class UserThing:
+    """An object of a user class: outside the typed wire encoding."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UserThing) and other.value == self.value
+
+
+def returns_user_object() -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def run(data: dict[str, Any]) -> dict[str, Any]:
+        return {"out": [1, {"thing": UserThing(data["value"])}]}
+
+    return run
+
+
 def returns_unpicklable() -> Callable[[dict[str, Any]], dict[str, Any]]:
     def run(data: dict[str, Any]) -> dict[str, Any]:
         if data.get("lambda"):

@@ -12,8 +12,8 @@ S = "tests.support.stages"
 
 
 def write(path: Path, stages: list[dict[str, Any]], name: str = "test",
-          processes: dict[str, dict[str, Any]] | None = None) -> Path:
-    document: dict[str, Any] = {"name": name, "stages": stages}
+          processes: dict[str, dict[str, Any]] | None = None, **top: Any) -> Path:
+    document: dict[str, Any] = {"name": name, **top, "stages": stages}
     if processes is not None:
         document["processes"] = processes
     path.write_text(yaml.safe_dump(document, sort_keys=False))

@@ -93,3 +93,44 @@ def test_several_documents_are_a_syntax_error() -> None:
 def test_empty_text_has_no_data_and_no_issue() -> None:
     d = parse("# only a comment\n", "t.yaml")
     assert d.data is None and d.issues == []
+
+
+def test_an_alias_bomb_stops_at_the_value_cap_quickly() -> None:
+    import time
+
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, 9):
+        lines.append(f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]")
+    text = "\n".join(lines) + "\n"
+    assert len(text) < 700
+    started = time.monotonic()
+    d = parse(text, "bomb.yaml")
+    assert time.monotonic() - started < 5
+    assert d.data is None
+    assert [i.rule for i in d.issues] == ["yaml-syntax"] and "more than 100000 values" in d.issues[0].message
+
+
+def test_a_topology_file_too_large_is_refused_before_parsing(tmp_path) -> None:
+    import pytest
+
+    from omnictl.exceptions import TopologyReadError
+    from omnictl.topology.validation import MAX_TOPOLOGY_BYTES, read_text
+
+    path = tmp_path / "big.yaml"
+    path.write_text("#" * (MAX_TOPOLOGY_BYTES + 1))
+    with pytest.raises(TopologyReadError, match="larger than 1024 KiB"):
+        read_text(path)
+
+
+def test_nested_merge_keys_are_flattened_as_pyyaml_does() -> None:
+    import yaml
+
+    text = """
+        base: &base {factory: m.f, gpu: 0}
+        mid: &mid {<<: *base, process: p, gpu: 1}
+        stage: {<<: *mid, name: s}
+        """
+    d = doc(text)
+    assert d.issues == []
+    assert d.data["stage"] == {"name": "s", "process": "p", "gpu": 1, "factory": "m.f"}
+    assert d.data["stage"] == yaml.safe_load(textwrap.dedent(text))["stage"]

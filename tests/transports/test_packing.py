@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from omnictl.outputs import AudioChunk, TextResult
+from omnictl.exceptions import UnsupportedPayload
 from omnictl.transports.packing import copy_containers, pack, unpack
 
 
@@ -49,9 +50,17 @@ def test_unpacked_tensors_do_not_alias_the_buffer() -> None:
     assert torch.equal(out["t"], torch.ones(4))
 
 
-def test_arbitrary_objects_fall_back_to_pickle() -> None:
-    out, _ = roundtrip({"c": complex(1, 2), "r": range(3)})
-    assert out == {"c": complex(1, 2), "r": range(3)}
+def test_other_objects_are_refused_naming_path_and_type_unless_pickle_is_allowed() -> None:
+    data = {"ok": [1, "two", None, np.float32(0.5)], "c": [complex(1, 2)]}
+    with pytest.raises(UnsupportedPayload) as caught:
+        pack(data)
+    assert caught.value.path == "['c'][0]" and caught.value.type_name == "builtins.complex"
+    assert "['c'][0]: a builtins.complex cannot travel" in str(caught.value)
+    packed = pack(data, allow_pickle=True)
+    with pytest.raises(UnsupportedPayload, match="allow_pickle"):
+        unpack(packed.skeleton, packed.layout, packed.to_bytes())  # a receiver that did not opt in
+    out = unpack(packed.skeleton, packed.layout, packed.to_bytes(), allow_pickle=True)
+    assert out == {"ok": [1, "two", None, 0.5], "c": [complex(1, 2)]}
 
 
 def test_copy_containers_shares_leaves_but_not_containers() -> None:
@@ -100,9 +109,9 @@ def test_device_leaves_go_through_device_leaf_and_host_ones_do_not() -> None:
     out = unpack(packed.skeleton, packed.layout, packed.to_bytes())
     assert out["gpu"] == ("ipc-handle", "g") and torch.equal(out["cpu"], cpu)
     assert [entry.index for entry in packed.layout] == [0]
-    # Without a device_leaf, the same object is pickled whole (host memory).
-    packed = pack({"gpu": gpu})
-    assert unpack(packed.skeleton, packed.layout, packed.to_bytes()) == {"gpu": gpu}
+    # Without a device_leaf, the same object is pickled whole (host memory), when allowed.
+    packed = pack({"gpu": gpu}, allow_pickle=True)
+    assert unpack(packed.skeleton, packed.layout, packed.to_bytes(), allow_pickle=True) == {"gpu": gpu}
 
 
 def test_typed_outputs_keep_their_type_and_their_arrays_share_the_tensor_layout() -> None:

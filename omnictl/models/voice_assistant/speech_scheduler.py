@@ -99,7 +99,8 @@ class SentenceSpeechScheduler(TextStreamFollower):
         if speech is None:
             voice = state.params.get("voice") or self.default_voice
             if voice not in VOICES:
-                self.fail(request_id, f"voice {voice!r} is not installed; this stage speaks with: {', '.join(sorted(VOICES))}")
+                self.fail(request_id, f"voice {voice!r} is not installed; this stage speaks with: {', '.join(sorted(VOICES))}",
+                          field="audio.voice")
                 return None
             speech = self._speech[request_id] = _Speech(voice, SentenceSplitter(self._max_sentence_chars))
         return speech

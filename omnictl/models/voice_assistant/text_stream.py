@@ -79,9 +79,9 @@ class TextStreamFollower(Scheduler):
         self.requests.pop(request_id, None)
         self._finished.add(request_id)
 
-    def fail(self, request_id: str, reason: str) -> None:
+    def fail(self, request_id: str, reason: str, field: str | None = None) -> None:
         self.forget(request_id)
-        self.emit(OutgoingMessage(OutgoingKind.ERROR, request_id, error=f"stage {self.stage_name}: {reason}"))
+        self.emit(OutgoingMessage(OutgoingKind.ERROR, request_id, error=f"stage {self.stage_name}: {reason}", field=field))
 
     @abstractmethod
     def on_text(self, request_id: str, state: FollowedText, delta: str) -> None:

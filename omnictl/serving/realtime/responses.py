@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from omnictl.coordinator.request import RequestEventKind
-from omnictl.exceptions import InvalidRequest, PipelineDead
+from omnictl.exceptions import InvalidRequest, Overloaded, PipelineDead
 from omnictl.inputs import ChatRequest
 from omnictl.outputs import AUDIO, TEXT, AudioChunk, AudioResult, TextDelta as PipelineTextDelta, TextResult
 from omnictl.serving.audio import AudioStreamEncoder, b64
@@ -83,6 +83,10 @@ class ResponseRun:
             self.send(ev.ContentPartAdded(response_id=self.id, item_id=self.turn.id, part=self._part()))
             outcome, error = await self._stream()
             self._done(outcome, error)
+        except Overloaded as exc:  # admission control: the client hears why and when to retry
+            self.send(ev.error_event(ev.EventError(f"{exc} (retry after {exc.retry_after} s)", "overloaded",
+                                                   kind="rate_limit_error")))
+            self._done("failed", f"the server is overloaded: {exc}")
         except (InvalidRequest, PipelineDead) as exc:
             self._done("failed", f"the pipeline refused the response: {exc}")
         finally:

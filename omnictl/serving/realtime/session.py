@@ -22,7 +22,7 @@ import msgspec
 import numpy as np
 
 from omnictl.coordinator.request import RequestEventKind
-from omnictl.exceptions import InvalidRequest, PipelineDead
+from omnictl.exceptions import InvalidRequest, Overloaded, PipelineDead
 from omnictl.inputs import PCM16_RATE, AudioPart, ChatMessage, ChatRequest, SamplingParams
 from omnictl.outputs import TRANSCRIPT, Transcript
 from omnictl.serving.capabilities import capabilities
@@ -265,7 +265,7 @@ class RealtimeSession:
                 self.send(ev.TranscriptionCompleted(item_id=turn.id, content_index=0, transcript=heard.text,
                                                     usage=ev.DurationUsage(seconds=round(heard.duration, 3))))
             self.send(ev.ItemDone(item=turn.item()))
-        except (InvalidRequest, PipelineDead) as exc:
+        except (InvalidRequest, Overloaded, PipelineDead) as exc:
             self.send(ev.error_event(ev.EventError(f"transcribing item {turn.id} failed: {exc}", "transcription_failed",
                                                    kind="server_error")))
         finally:

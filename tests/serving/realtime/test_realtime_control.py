@@ -27,7 +27,7 @@ def _idle(server: ServerProcess) -> bool:
 
 
 def _in_flight_metric(server: ServerProcess) -> float:
-    text = httpx.get(server.url + "/metrics", timeout=10).text
+    text = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).text
     return float(next(line for line in text.splitlines() if line.startswith("omnictl_requests_in_flight ")).split()[-1])
 
 

@@ -1,0 +1,106 @@
+"""Admission control: how many requests run at once, and what happens to the rest.
+
+One :class:`Admission` guards a pipeline. Under the limit a request is admitted at once.
+Over it, a request waits for a slot up to ``max_queue_wait`` seconds (at most as many
+waiting as ``max_in_flight``); with no room to wait it is refused at once with
+:class:`Overloaded` (HTTP 429 with ``Retry-After``), and one that waited too long gets
+:class:`AdmissionTimeout` (HTTP 503). Refusing early is what keeps the admitted requests'
+latency flat and memory bounded at many times the pipeline's capacity: work that would
+only queue inside the stages never enters.
+
+Every entry point calls the same object: the HTTP routes, ``Pipeline.submit`` (Python
+callers get the typed exceptions), and any future endpoint (a realtime session turns
+:class:`Overloaded` into an ``error`` event). A slot is held from :meth:`Admission.admit`
+until :meth:`Ticket.release`, which is idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+from dataclasses import dataclass, field
+
+from omnictl.exceptions import AdmissionTimeout, Overloaded
+
+__all__ = ["Admission", "AdmissionTimeout", "Overloaded", "Ticket", "DEFAULT_MAX_IN_FLIGHT"]
+
+# Enough to keep a CPU pipeline's batches full, few enough that a burst at 5x capacity
+# is refused at the door rather than queued in the stages (see benchmarks/overload.py).
+DEFAULT_MAX_IN_FLIGHT = 64
+
+
+@dataclass
+class Ticket:
+    """One admitted request's slot."""
+
+    _admission: "Admission"
+    released: bool = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self._admission._release()
+
+
+@dataclass
+class Admission:
+    max_in_flight: int | None = DEFAULT_MAX_IN_FLIGHT  # None: no limit
+    max_queue_wait: float = 0.0  # seconds a request may wait for a slot; 0: refuse at once
+    in_flight: int = 0
+    refused: int = 0  # Overloaded at once
+    timed_out: int = 0  # AdmissionTimeout after waiting
+    _waiters: "collections.deque[asyncio.Future[None]]" = field(default_factory=collections.deque)
+
+    def __post_init__(self) -> None:
+        if self.max_in_flight is not None and self.max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be at least 1 (or None: no limit), got {self.max_in_flight}")
+        if self.max_queue_wait < 0:
+            raise ValueError(f"max_queue_wait must be 0 or more seconds, got {self.max_queue_wait}")
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a slot now."""
+        return len(self._waiters)
+
+    def retry_after(self) -> int:
+        """Whole seconds a refused client should wait (the ``Retry-After`` header)."""
+        return max(1, math.ceil(self.max_queue_wait))
+
+    async def admit(self) -> Ticket:
+        """A slot, at once or after waiting; raises Overloaded / AdmissionTimeout."""
+        limit = self.max_in_flight
+        if limit is None or (self.in_flight < limit and not self._waiters):
+            self.in_flight += 1
+            return Ticket(self)
+        if self.max_queue_wait <= 0 or len(self._waiters) >= limit:
+            self.refused += 1
+            raise Overloaded(f"the server is at its limit of {limit} requests in flight; retry later",
+                             retry_after=self.retry_after())
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), self.max_queue_wait)
+        except asyncio.TimeoutError:
+            if waiter.done():  # handed a slot just as the wait ended: keep it
+                return Ticket(self)
+            self._waiters.remove(waiter)
+            waiter.cancel()
+            self.timed_out += 1
+            raise AdmissionTimeout(f"no slot freed within {self.max_queue_wait:g} s of waiting; retry later",
+                                   retry_after=self.retry_after()) from None
+        except asyncio.CancelledError:  # the caller left while waiting
+            if waiter.done() and not waiter.cancelled():
+                self._release()  # the slot it was handed goes to the next one
+            else:
+                self._waiters.remove(waiter)
+            raise
+        return Ticket(self)  # the slot was handed over: in_flight already counts it
+
+    def _release(self) -> None:
+        while self._waiters:  # hand the slot straight to the longest waiter
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.in_flight -= 1

@@ -1,0 +1,130 @@
+"""Admission control: the library (asyncio), the Python API, and over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+import omnictl
+from omnictl.admission import Admission
+from tests.serving.harness import FAST_TOPOLOGY, start_server, stop_server, wait_until
+from tests.support import topo
+from tests.support.loop import LoopThread, launch
+
+
+def test_over_the_limit_is_refused_at_once_and_a_release_admits_again() -> None:
+    async def scenario() -> None:
+        admission = Admission(max_in_flight=2)
+        first, second = await admission.admit(), await admission.admit()
+        started = time.monotonic()
+        with pytest.raises(omnictl.Overloaded) as caught:
+            await admission.admit()
+        assert time.monotonic() - started < 0.05 and caught.value.retry_after >= 1
+        first.release()
+        first.release()  # idempotent: frees one slot, once
+        third = await admission.admit()
+        assert admission.in_flight == 2 and admission.refused == 1
+        second.release(), third.release()
+        assert admission.in_flight == 0
+
+    asyncio.run(scenario())
+
+
+def test_waiters_get_freed_slots_in_order_or_time_out() -> None:
+    async def scenario() -> None:
+        admission = Admission(max_in_flight=1, max_queue_wait=0.3)
+        held = await admission.admit()
+        waiting = asyncio.create_task(admission.admit())
+        await asyncio.sleep(0.05)
+        assert admission.queued == 1
+        held.release()
+        handed = await waiting
+        assert admission.in_flight == 1 and admission.queued == 0
+        started = time.monotonic()
+        with pytest.raises(omnictl.AdmissionTimeout):
+            await admission.admit()
+        assert 0.25 < time.monotonic() - started < 1.0 and admission.queued == 0
+        leaving = asyncio.create_task(admission.admit())
+        await asyncio.sleep(0.05)
+        leaving.cancel()  # the client left while waiting: no slot is lost
+        await asyncio.gather(leaving, return_exceptions=True)
+        handed.release()
+        assert admission.in_flight == 0 and admission.queued == 0
+
+    asyncio.run(scenario())
+
+
+def test_the_python_api_raises_overloaded_and_frees_the_slot_when_a_request_ends(loop: LoopThread, tmp_path: Path) -> None:
+    path = topo.write(tmp_path / "slow.yaml", [{"name": "a", "factory": "omnictl.models.examples.sleep",
+                                                "factory_args": {"seconds": 0.5}, "terminal": True}])
+    pipe = launch(loop, path, profile=False, max_in_flight=1)
+    try:
+        first = loop.run(pipe.submit({"x": 1}))
+        with pytest.raises(omnictl.Overloaded):
+            loop.run(pipe.submit({"x": 2}))
+        loop.run(first.result())
+        assert loop.run(loop_result(pipe, {"x": 3})) == {"a": {"x": 3}}
+        assert pipe.admission.in_flight == 0
+    finally:
+        loop.run(pipe.close())
+
+
+async def loop_result(pipe: omnictl.Pipeline, data: dict[str, int]) -> dict[str, object]:
+    return await (await pipe.submit(data)).result()
+
+
+SLOW = {"model": "fast", "stream": True, "messages": [{"role": "user", "content": "answer slowly"}]}
+QUICK = {"model": "fast", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _hold_a_stream(url: str, started: threading.Event, lines: list[str]) -> None:
+    with httpx.stream("POST", url + "/v1/chat/completions", json=SLOW, timeout=60) as response:
+        for line in response.iter_lines():
+            started.set()
+            if line:
+                lines.append(line)
+
+
+def test_http_over_the_limit_is_429_with_retry_after_while_the_admitted_one_completes() -> None:
+    server = start_server(str(FAST_TOPOLOGY), "--max-in-flight", "1")
+    try:
+        started, lines = threading.Event(), []
+        holder = threading.Thread(target=_hold_a_stream, args=(server.url, started, lines))
+        holder.start()
+        assert started.wait(30)
+        begun = time.monotonic()
+        refused = httpx.post(server.url + "/v1/chat/completions", json=QUICK, timeout=30)
+        assert refused.status_code == 429 and time.monotonic() - begun < 1.0
+        assert int(refused.headers["retry-after"]) >= 1
+        assert refused.json()["error"]["code"] == "overloaded"
+        holder.join(60)
+        assert lines[-1] == "data: [DONE]" and "error" not in json.loads(lines[-2][6:])  # the admitted one completed
+        assert httpx.post(server.url + "/v1/chat/completions", json=QUICK, timeout=30).status_code == 200
+        metrics = httpx.get(server.url + "/metrics", timeout=10).text
+        assert 'omnictl_admission_rejections_total{reason="over_limit"} 1.0' in metrics
+        assert "omnictl_admission_queue_depth 0.0" in metrics
+    finally:
+        assert stop_server(server) == 0
+
+
+def test_http_a_request_that_waits_too_long_for_admission_is_503() -> None:
+    server = start_server(str(FAST_TOPOLOGY), "--max-in-flight", "1", "--max-queue-wait", "0.5")
+    try:
+        started, lines = threading.Event(), []
+        holder = threading.Thread(target=_hold_a_stream, args=(server.url, started, lines))
+        holder.start()
+        assert started.wait(30)
+        begun = time.monotonic()
+        waited = httpx.post(server.url + "/v1/chat/completions", json=QUICK, timeout=30)
+        assert waited.status_code == 503 and 0.4 < time.monotonic() - begun < 5
+        assert waited.json()["error"]["code"] == "queue_timeout" and waited.headers["retry-after"]
+        holder.join(60)
+        wait_until(lambda: httpx.post(server.url + "/v1/chat/completions", json=QUICK, timeout=30).status_code == 200)
+    finally:
+        assert stop_server(server) == 0
