@@ -212,14 +212,22 @@ def stream_response(tracked: Tracked, abort: Abort) -> EventStreamResponse:
             await abort(tracked.request.id)
             tracked.finish("aborted")
 
+    closing = sse_error("the server failed to send the response", "server_error", "internal_error") + DONE
+    return EventStreamResponse(stream_chunks(tracked, translator), on_disconnect,
+                               on_failure=on_stream_failure(tracked, abort, closing))
+
+
+def on_stream_failure(tracked: Tracked, abort: Abort, closing: bytes) -> Callable[[BaseException], Awaitable[bytes]]:
+    """What a streamed response does when producing its body raised: log it once, with the
+    request id, end the request everywhere (it leaves the tables), and close the body with
+    ``closing`` (an error event where the format has one)."""
+
     async def on_failure(exc: BaseException) -> bytes:
-        # Logged once, here, with the request id; the request ends and leaves the tables.
-        log.error("request %s failed: producing its stream raised", tracked.request.id, exc_info=exc,
-                  extra={"request_id": tracked.request.id})
+        log.error("request %s failed: producing its stream raised %s", tracked.request.id, type(exc).__name__,
+                  exc_info=exc, extra={"request_id": tracked.request.id})
         if tracked.outcome is None:
             await abort(tracked.request.id)
             tracked.finish("failed", logged=True)
-        return sse_error(f"the server failed to send the response: {type(exc).__name__}", "server_error",
-                         "internal_error") + DONE
+        return closing
 
-    return EventStreamResponse(stream_chunks(tracked, translator), on_disconnect, on_failure=on_failure)
+    return on_failure

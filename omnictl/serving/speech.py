@@ -10,7 +10,6 @@ knows the length), ``pcm`` raw 24 kHz 16-bit mono streamed as it is spoken;
 
 from __future__ import annotations
 
-import json
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import numpy as np
@@ -18,7 +17,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from omnictl.coordinator.request import RequestEventKind
-from omnictl.exceptions import InvalidRequest
 from omnictl.inputs import SpeechRequest
 from omnictl.outputs import AUDIO, AudioChunk, AudioResult
 from omnictl.serving import chat
@@ -27,7 +25,8 @@ from omnictl.serving.audio import AudioStreamEncoder, b64, encode_whole
 from omnictl.serving.errors import field_error
 from omnictl.serving.eventstream import EventStreamResponse
 from omnictl.serving.protocol import OPENAI_VOICES
-from omnictl.serving.sse import sse_error, sse_event
+from omnictl.serving.jsonbody import decode_json
+from omnictl.serving.sse import error_body, sse_error, sse_event
 from omnictl.serving.state import PipelineLike, ServingState
 
 ENDPOINT = "/v1/audio/speech"
@@ -69,11 +68,7 @@ def parse_speech(body: Any) -> tuple[SpeechRequest, str, bool, str]:
 
 
 async def _parse(request: Request, raw: bytes, pipe: PipelineLike) -> Submission[tuple[str, bool]]:
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"body is not valid JSON: {exc}", field="body") from exc
-    speech, fmt, sse, model = parse_speech(body)
+    speech, fmt, sse, model = parse_speech(decode_json(raw))
     return Submission(speech, [AUDIO], model, (fmt, sse), FORMATS[fmt][0])
 
 
@@ -82,8 +77,12 @@ async def _audio(tracked: chat.Tracked) -> AsyncIterator[AudioChunk | chat.Pipel
     the error / aborted event that ends the request (the request is finished then)."""
     streamed = False
     async for event in tracked.request.events():
-        if event.kind in (RequestEventKind.ERROR, RequestEventKind.ABORTED):
-            tracked.finish("failed" if event.kind is RequestEventKind.ERROR else "aborted")
+        if event.kind is RequestEventKind.ERROR:
+            tracked.finish("rejected" if event.field is not None else "failed", f"stage {event.stage!r}: {event.error}")
+            yield event
+            return
+        if event.kind is RequestEventKind.ABORTED:
+            tracked.finish("aborted")
             yield event
             return
         data = event.data
@@ -100,6 +99,10 @@ async def _sse(tracked: chat.Tracked) -> AsyncIterator[bytes]:
     async for item in _audio(tracked):
         if isinstance(item, AudioChunk):
             yield sse_event({"type": "speech.audio.delta", "audio": b64(encoder.encode(item.samples, item.sample_rate))})
+        elif item.kind is RequestEventKind.ERROR and item.field is not None:  # the stage found the input bad
+            yield sse_event(error_body(f"stage {item.stage!r}: {item.error}", "invalid_request_error", "invalid_request",
+                                       item.field))
+            return
         elif item.kind is RequestEventKind.ERROR:
             yield sse_error(f"stage {item.stage!r}: {item.error}", "server_error", "stage_failed")
             return
@@ -131,9 +134,12 @@ def endpoint(state: ServingState) -> Callable[[Request], Awaitable[Response | Ev
                 tracked.finish("aborted")
 
         if sse:
-            return EventStreamResponse(_sse(tracked), on_disconnect)
-        if fmt == "pcm":
-            return EventStreamResponse(_pcm(tracked), on_disconnect, media_type=FORMATS[fmt][1])
+            closing = sse_error("the server failed to send the audio", "server_error", "internal_error")
+            return EventStreamResponse(_sse(tracked), on_disconnect,
+                                       on_failure=chat.on_stream_failure(tracked, abort, closing))
+        if fmt == "pcm":  # a raw stream can only end early
+            return EventStreamResponse(_pcm(tracked), on_disconnect, media_type=FORMATS[fmt][1],
+                                       on_failure=chat.on_stream_failure(tracked, abort, b""))
         outcome = await chat.results(tracked, request, abort)
         if isinstance(outcome, Response):
             return outcome

@@ -23,6 +23,7 @@ from omnictl.outputs import TRANSCRIPT, Transcript
 from omnictl.serving import chat
 from omnictl.serving.admission import Admitted, Submission, admit
 from omnictl.serving.errors import field_error
+from omnictl.serving.protocol import Limits
 from omnictl.serving.state import PipelineLike, ServingState
 
 ENDPOINT = "/v1/audio/transcriptions"
@@ -56,7 +57,7 @@ def _field(form: Any, name: str) -> str | None:
     return value
 
 
-async def parse_transcription(request: Request, raw: bytes, max_audio_bytes: int) -> tuple[Any, str, str]:
+async def parse_transcription(request: Request, raw: bytes, limits: Limits) -> tuple[Any, str, str]:
     """(the pipeline's inputs, response_format, model) of a multipart body."""
     form = await _form(request, raw)
     for key in form.keys():
@@ -66,8 +67,8 @@ async def parse_transcription(request: Request, raw: bytes, max_audio_bytes: int
     if not isinstance(upload, UploadFile):
         raise field_error("file", "is missing: send the audio as a file field")
     data = await upload.read()
-    if len(data) > max_audio_bytes:
-        raise PayloadTooLarge(f"'file' is {len(data)} bytes; the limit is {max_audio_bytes}", field="file")
+    if len(data) > limits.max_audio_bytes:
+        raise PayloadTooLarge(f"'file' is {len(data)} bytes; the limit is {limits.max_audio_bytes}", field="file")
     samples, rate = read_wav(data, "file")  # InvalidRequest naming 'file' for anything but WAV
     fmt = _field(form, "response_format") or "json"
     if fmt not in FORMATS:
@@ -83,7 +84,7 @@ async def parse_transcription(request: Request, raw: bytes, max_audio_bytes: int
     if language is not None:
         request_inputs["language"] = language
     try:
-        inputs = parse_request(request_inputs)
+        inputs = parse_request(request_inputs, max_audio_seconds=limits.max_audio_seconds)
     except InvalidRequest as exc:  # name the form's field, not the internal message's
         field = "language" if exc.field == "language" else "file"
         raise field_error(field, str(exc).split(": ", 1)[-1]) from exc
@@ -92,7 +93,7 @@ async def parse_transcription(request: Request, raw: bytes, max_audio_bytes: int
 
 def endpoint(state: ServingState) -> Callable[[Request], Awaitable[Response]]:
     async def parse(request: Request, raw: bytes, pipe: PipelineLike) -> Submission[str]:
-        inputs, fmt, model = await parse_transcription(request, raw, state.limits.max_audio_bytes)
+        inputs, fmt, model = await parse_transcription(request, raw, state.limits)
         return Submission(inputs, [TRANSCRIPT], model, fmt)
 
     async def transcriptions(request: Request) -> Response:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import struct
 from typing import Any
 
 import httpx
@@ -120,3 +121,27 @@ def test_a_topology_that_cannot_serve_them_says_so(server: ServerProcess) -> Non
         fast.audio.transcriptions.create(model="fast", file=("q.wav", sample_path("sky_colour").read_bytes()))
     assert "no terminal of modality 'transcript'" in error.value.body["message"]
     assert fast.models.list().data[0].model_extra["endpoints"] == ["/v1/chat/completions", "/v1/realtime"]
+
+
+def _wav(samples: int, rate: int) -> bytes:
+    data = b"\0\0" * samples  # 16-bit mono silence
+    fmt = struct.pack("<HHIIHH", 1, 1, rate, rate * 2, 2, 16)
+    return b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt \
+        + b"data" + struct.pack("<I", len(data)) + data
+
+
+def test_the_audio_endpoints_refuse_what_chat_refuses(voice_server: ServerProcess) -> None:
+    """The hardened checks live in the shared admission, not in chat completions alone."""
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    speech = voice_server.url + "/v1/audio/speech"
+    plain = httpx.post(speech, content=b'{"input": "hi"}', headers={**auth, "Content-Type": "text/plain"}, timeout=30)
+    assert plain.status_code == 415 and plain.json()["error"]["param"] == "Content-Type"
+    for body, field in ((b'{"input": "hi \\ud800"}', "input"), (b'{"x": ' + b"[" * 5000 + b"]" * 5000 + b"}", "body")):
+        response = httpx.post(speech, content=body, headers={**auth, "Content-Type": "application/json"}, timeout=30)
+        assert response.status_code == 400 and response.json()["error"]["param"] == field, response.text
+    transcriptions = voice_server.url + "/v1/audio/transcriptions"
+    # A header claiming 1 Hz, and 700 s of audio (over the 600 s limit): both refused, naming the file.
+    for wav in (_wav(6_000, 1), _wav(700 * 8_000, 8_000)):
+        response = httpx.post(transcriptions, files={"file": ("q.wav", wav)}, data={"model": "voice-assistant"},
+                              headers=auth, timeout=30)
+        assert response.status_code in (400, 413) and response.json()["error"]["param"] == "file", response.text
