@@ -62,8 +62,9 @@ class Ports:
     def send_terminal_skipped(self, request_id: str, stage: str) -> None:
         self.calls.append(("terminal_skipped", request_id, stage))
 
-    def send_failure(self, request_id: str, stage: str, error: str) -> None:
-        self.calls.append(("failure", request_id, stage, error))
+    def send_failure(self, request_id: str, stage: str, error: str, rejected: bool = False,
+                     field: str | None = None) -> None:
+        self.calls.append(("failure", request_id, stage, error) + ((field,) if field is not None else ()))
 
 
 class Idle(SimpleScheduler):
