@@ -16,19 +16,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from omnictl.pids import alive
+
 PREFIX = "omnictl-"
 _NAME = re.compile(rf"^{PREFIX}(\d+)-")
 log = logging.getLogger(__name__)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
 
 
 def sweep_stale(root: Path | None = None) -> list[Path]:
@@ -41,7 +33,7 @@ def sweep_stale(root: Path | None = None) -> list[Path]:
             owned = entry.is_dir() and not entry.is_symlink() and entry.stat().st_uid == os.getuid()
         except FileNotFoundError:
             continue
-        if match and owned and not _alive(int(match.group(1))):
+        if match and owned and not alive(int(match.group(1))):
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
     if removed:

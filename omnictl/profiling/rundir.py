@@ -16,6 +16,7 @@ import msgspec
 import platformdirs
 
 from omnictl.exceptions import TraceError  # re-exported here (and by the store) for callers
+from omnictl.pids import alive
 from omnictl.topology.model import Topology
 
 RUN_INFO_FILE = "run.json"
@@ -65,7 +66,7 @@ def default_run_dir(keep: int = 10) -> Path:
     mark_latest(run_dir)
     runs = default_runs()
     for old in runs[keep:]:
-        if old != run_dir and not _alive(_run_pid(old)):
+        if old != run_dir and not alive(_run_pid(old)):
             shutil.rmtree(old, ignore_errors=True)
     return run_dir
 
@@ -82,16 +83,6 @@ def default_runs() -> list[Path]:
 
 def _run_pid(run_dir: Path) -> int:
     return int(run_dir.name.rsplit("-", 1)[1])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
 
 
 def mark_latest(run_dir: Path) -> None:
