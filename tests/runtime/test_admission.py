@@ -9,11 +9,13 @@ import time
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 import omnictl
 from omnictl.admission import Admission
 from tests.serving.harness import FAST_TOPOLOGY, start_server, stop_server, wait_until
+from tests.serving.realtime.speech import collect_until_done
 from tests.support import topo
 from tests.support.loop import LoopThread, launch
 
@@ -126,5 +128,31 @@ def test_http_a_request_that_waits_too_long_for_admission_is_503() -> None:
         assert waited.json()["error"]["code"] == "queue_timeout" and waited.headers["retry-after"]
         holder.join(60)
         wait_until(lambda: httpx.post(server.url + "/v1/chat/completions", json=QUICK, timeout=30).status_code == 200)
+    finally:
+        assert stop_server(server) == 0
+
+
+def test_realtime_over_the_limit_gets_an_overloaded_error_event_and_the_session_goes_on() -> None:
+    server = start_server(str(FAST_TOPOLOGY), "--max-in-flight", "1")
+    try:
+        started, lines = threading.Event(), []
+        holder = threading.Thread(target=_hold_a_stream, args=(server.url, started, lines))
+        holder.start()
+        assert started.wait(30)
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        with client.realtime.connect(model="fast") as connection:
+            assert connection.recv().type == "session.created"
+            connection.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+            assert connection.recv().type == "session.updated"
+            item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+            connection.conversation.item.create(item=item)
+            connection.response.create()
+            events = collect_until_done(connection)
+            errors = [e.error for e in events if e.type == "error"]
+            assert [e.code for e in errors] == ["overloaded"] and errors[0].type == "rate_limit_error"
+            assert events[-1].response.status == "failed"
+            holder.join(60)
+            connection.response.create()  # the slot is free again: the same session is answered
+            assert collect_until_done(connection)[-1].response.status == "completed"
     finally:
         assert stop_server(server) == 0
