@@ -1,0 +1,42 @@
+"""Where traces go: ``--otlp-endpoint`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``, checked before start-up.
+
+Like the standard variable, the value is the collector's base URL (``http://host:4318``),
+and traces are posted to ``/v1/traces`` under it; a URL that already ends in ``/v1/traces``
+is used as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+from urllib.parse import urlsplit
+
+from omnictl.exceptions import StartupError
+
+ENV_VAR = "OTEL_EXPORTER_OTLP_ENDPOINT"
+TRACES_PATH = "/v1/traces"
+
+
+def traces_url(endpoint: str) -> str:
+    """The OTLP/HTTP traces URL for ``endpoint``; :class:`StartupError` when it is no http(s) URL."""
+    try:
+        parts = urlsplit(endpoint.strip())
+        parts.port  # noqa: B018  (a port that is not a number raises ValueError here)
+    except ValueError as exc:
+        raise StartupError(f"the OTLP endpoint {endpoint!r} is not a URL: {exc}",
+                           hint="pass --otlp-endpoint http://HOST:4318") from exc
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise StartupError(f"the OTLP endpoint {endpoint!r} is not an http(s) URL with a host",
+                           hint="pass --otlp-endpoint http://HOST:4318 (OTLP/HTTP; gRPC is not supported)")
+    path = parts.path.rstrip("/")
+    if not path.endswith(TRACES_PATH):
+        path += TRACES_PATH
+    return parts._replace(path=path).geturl()
+
+
+def resolve_endpoint(flag: str | None, environ: Mapping[str, str]) -> str | None:
+    """The traces URL from the flag, else from ``OTEL_EXPORTER_OTLP_ENDPOINT``; None: tracing off.
+
+    An empty value means unset, as it does for the OpenTelemetry SDK.
+    """
+    value = flag if flag else environ.get(ENV_VAR, "")
+    return traces_url(value) if value.strip() else None
