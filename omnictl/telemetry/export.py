@@ -24,7 +24,6 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from omnictl import __version__
 from omnictl.profiling.events import Event
 from omnictl.profiling.spans import build_trace
 from omnictl.telemetry.pending import Finished, PendingTraces
@@ -104,7 +103,7 @@ class WarnOnceExporter(SpanExporter):
 
 def resource(model: str) -> Resource:
     """``service.name`` omnictl (unless ``OTEL_SERVICE_NAME`` says otherwise) and the served model."""
-    attributes = {"omnictl.model": model, "service.version": __version__}
+    attributes = {"omnictl.model": model}
     if not os.environ.get("OTEL_SERVICE_NAME"):
         attributes["service.name"] = "omnictl"
     return Resource.create(attributes)
@@ -124,7 +123,7 @@ class OtlpSink:
         self._provider = TracerProvider(resource=resource(model))
         self._processor = BatchSpanProcessor(self.exporter, schedule_delay_millis=SCHEDULE_DELAY_MS)
         self._provider.add_span_processor(self._processor)
-        self._tracer = self._provider.get_tracer("omnictl", __version__)
+        self._tracer = self._provider.get_tracer("omnictl")
 
     def add(self, events: Iterable[Event]) -> None:
         self.pending.add(events)
