@@ -89,13 +89,18 @@ class OtlpReceiver:
             self.posts += 1
 
     def of_request(self, request_id: str) -> list[ReceivedSpan]:
-        """Every span of the trace whose root carries ``request_id``."""
+        """The span whose ``omnictl.request_id`` is ``request_id`` and every span under it
+        (other requests of the same caller share its trace id, not its root)."""
         with self._lock:
             spans = list(self.spans)
-        roots = [s for s in spans if s.attributes.get("omnictl.request_id") == request_id]
-        if not roots:
-            return []
-        return [s for s in spans if s.trace_id == roots[0].trace_id]
+        tree = [s for s in spans if s.attributes.get("omnictl.request_id") == request_id]
+        ids = {s.span_id for s in tree}
+        while True:
+            children = [s for s in spans if s.parent_span_id in ids and s.span_id not in ids]
+            if not children:
+                return tree
+            tree += children
+            ids.update(s.span_id for s in children)
 
     def wait_for(self, predicate: Callable[[], Any], timeout: float = 20.0) -> Any:
         deadline = time.monotonic() + timeout
