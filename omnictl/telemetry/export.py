@@ -40,15 +40,19 @@ SHUTDOWN_S = 1.5
 _EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter", "opentelemetry.exporter.otlp.common.http")
 
 
-class _LastMessage(logging.Filter):
-    """Keeps the exporter's per-batch failure records off the log; remembers the latest."""
+class _Reasons(logging.Filter):
+    """Keeps the exporter's per-batch failure records off the log; remembers the first one
+    since :meth:`clear` (the cause: its last one only says the retries ran out)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.last = ""
+        self.first = ""
+
+    def clear(self) -> None:
+        self.first = ""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        self.last = record.getMessage()
+        self.first = self.first or record.getMessage()
         return False
 
 
@@ -63,7 +67,7 @@ class WarnOnceExporter(SpanExporter):
         self._stop_at: float | None = None  # monotonic; batches after it are dropped unsent
         self._shut = False
         self._shut_lock = threading.Lock()  # the processor and the shutdown timer may both call shutdown
-        self._reason = _LastMessage()
+        self._reason = _Reasons()
         for name in _EXPORTER_LOGGERS:
             logging.getLogger(name).addFilter(self._reason)
 
@@ -75,6 +79,7 @@ class WarnOnceExporter(SpanExporter):
         if self._stop_at is not None and (self.failing or time.monotonic() >= self._stop_at):
             self.failures += 1
             return SpanExportResult.FAILURE  # shutting down: no new attempt at a failing or late export
+        self._reason.clear()
         result = self.inner.export(spans)
         if result is SpanExportResult.SUCCESS:
             if self.failing:
@@ -85,7 +90,7 @@ class WarnOnceExporter(SpanExporter):
         if not self.failing:
             self.failing = True
             logger.warning("OpenTelemetry: cannot export traces to %s (%s); spans are dropped until it answers "
-                           "(not logged again meanwhile)", self.endpoint, self._reason.last or "export failed")
+                           "(not logged again meanwhile)", self.endpoint, self._reason.first or "export failed")
         return result
 
     def shutdown(self) -> None:
@@ -115,9 +120,9 @@ class OtlpSink:
     def __init__(self, endpoint: str, model: str, exporter: SpanExporter | None = None,
                  pending: PendingTraces | None = None) -> None:
         self.endpoint = endpoint
-        self.exporter = WarnOnceExporter(exporter or OTLPSpanExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_S),
-                                         endpoint)
-        self.pending = pending or PendingTraces()
+        inner = exporter if exporter is not None else OTLPSpanExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_S)
+        self.exporter = WarnOnceExporter(inner, endpoint)
+        self.pending = pending if pending is not None else PendingTraces()  # (an empty one is falsy)
         self.exported = 0  # requests whose spans were handed to the processor
         # A provider of our own, not the global one: a program embedding omnictl keeps its own.
         self._provider = TracerProvider(resource=resource(model))
