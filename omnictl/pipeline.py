@@ -82,9 +82,10 @@ class Pipeline:
             if not profile:
                 raise StartupError("otlp_endpoint needs profile=True", hint="traces are built from the profiler's events")
             traces_to = traces_url(otlp_endpoint)
+        loaded = _load(topology, device)
         return _Launch(
             cls,
-            _load(topology, device),
+            loaded,
             dict(
                 model_path=model_path,
                 run_dir=Path(run_dir) if run_dir is not None else None,
@@ -111,8 +112,12 @@ class Pipeline:
             run_dir = run_dir or default_run_dir()
             write_run_info(run_dir, topology)
             profile_address = f"ipc://{socket_dir}/profile"
-            collector = Collector(run_dir, profile_address, otlp_endpoint=options["otlp_endpoint"],
-                                  model=topology.name).start()
+            otlp = None
+            if options["otlp_endpoint"] is not None:
+                from omnictl.telemetry.endpoint import OtlpTarget
+
+                otlp = OtlpTarget(options["otlp_endpoint"], topology.name, dict(topology.terminals))
+            collector = Collector(run_dir, profile_address, otlp=otlp).start()
             profiler = collector.local_recorder()
         coordinator = Coordinator(
             topology,

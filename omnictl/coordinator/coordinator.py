@@ -205,8 +205,7 @@ class Coordinator:
         loop = asyncio.get_running_loop()
         record = RequestRecord(rid, set(terminals), active, loop.time() + self.request_timeout)
         self.requests[rid] = record
-        self.profiler.record(EventKind.ADMITTED, rid, None, terminals=",".join(terminals),
-                             modalities=",".join(context_params["modalities"]), **(trace_parent or {}))
+        self.profiler.record(EventKind.ADMITTED, rid, None, terminals=",".join(terminals), **(trace_parent or {}))
         record.state = RequestState.RUNNING
         process = self.topology.processes[self.topology.process_of(entry)]
         instance = process.instances[replicas.get(process.name, 0)]

@@ -29,6 +29,7 @@ from omnictl.profiling.receiver import Receiver
 from omnictl.profiling.recorder import Recorder
 from omnictl.profiling.stats import SnapshotSource
 from omnictl.profiling.store import TraceStore
+from omnictl.telemetry.endpoint import OtlpTarget
 
 if TYPE_CHECKING:
     from omnictl.telemetry.export import OtlpSink
@@ -47,8 +48,7 @@ class Collector:
         segment_bytes: int = 16 * 1024 * 1024,
         max_segments: int = 8,
         control_address: str | None = None,
-        otlp_endpoint: str | None = None,
-        model: str = "",
+        otlp: OtlpTarget | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.address = address
@@ -61,8 +61,7 @@ class Collector:
                 raise ValueError(f"give a control_address for a collector process on {address!r} (derived only for ipc://)")
             control_address = f"{address}.control"
         self.control_address = control_address
-        self.otlp_endpoint = otlp_endpoint  # export finished requests as traces there (omnictl.telemetry)
-        self._model = model
+        self.otlp = otlp  # export finished requests as traces there (omnictl.telemetry)
         self.store = TraceStore(self.run_dir, segment_bytes, max_segments)  # for reading the trace
         self._aggregator = Aggregator(window_s)  # fed here in thread mode
         self.aggregator: SnapshotSource = self._aggregator
@@ -82,12 +81,12 @@ class Collector:
             assert self.control_address is not None
             config = CollectorConfig(
                 str(self.run_dir), self.address, self.control_address, self.window_s,
-                self._segment_bytes, self._max_segments, os.getpid(), self.otlp_endpoint, self._model,
+                self._segment_bytes, self._max_segments, os.getpid(), self.otlp,
             )
             self._process = CollectorProcess(config)
             self.aggregator = RemoteAggregator(self._process, self.window_s)
             return self
-        self._sink = open_sink(self.otlp_endpoint, self._model)
+        self._sink = open_sink(self.otlp)
         self._receiver = Receiver(self.address, self.store, self._aggregator,
                                   self._sink.add if self._sink is not None else None)
         self._thread = threading.Thread(target=self._receive_loop, name="omnictl-collector", daemon=True)

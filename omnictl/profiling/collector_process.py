@@ -26,6 +26,7 @@ import zmq
 from omnictl.profiling.aggregate import Aggregator, ProfileSnapshot
 from omnictl.profiling.receiver import Receiver
 from omnictl.profiling.store import TraceStore
+from omnictl.telemetry.endpoint import OtlpTarget
 
 if TYPE_CHECKING:
     from omnictl.telemetry.export import OtlpSink
@@ -43,8 +44,7 @@ class CollectorConfig(msgspec.Struct, frozen=True):
     segment_bytes: int
     max_segments: int
     parent_pid: int
-    otlp_endpoint: str | None = None  # OTLP/HTTP traces URL: export finished requests (omnictl.telemetry)
-    model: str = ""  # the served model, for the exported traces' resource
+    otlp: OtlpTarget | None = None  # export finished requests as traces there (omnictl.telemetry)
 
 
 class ControlRequest(msgspec.Struct, frozen=True):
@@ -70,7 +70,7 @@ def serve(config: CollectorConfig) -> None:
     """Receive events and answer control requests until told to stop or orphaned."""
     aggregator = Aggregator(window_s=config.window_s)
     store = TraceStore(Path(config.run_dir), config.segment_bytes, config.max_segments)
-    sink = open_sink(config.otlp_endpoint, config.model)
+    sink = open_sink(config.otlp)
     receiver = Receiver(config.address, store, aggregator, sink.add if sink is not None else None)
     context = zmq.Context()
     control = context.socket(zmq.REP)
@@ -110,13 +110,13 @@ def serve(config: CollectorConfig) -> None:
             sink.close()  # after the reply: flushing to a slow endpoint must not delay the stop's answer
 
 
-def open_sink(otlp_endpoint: str | None, model: str) -> "OtlpSink | None":
+def open_sink(otlp: OtlpTarget | None) -> "OtlpSink | None":
     """The OTLP export when an endpoint is set; None (and no opentelemetry import) otherwise."""
-    if otlp_endpoint is None:
+    if otlp is None:
         return None
     from omnictl.telemetry.export import OtlpSink
 
-    return OtlpSink(otlp_endpoint, model)
+    return OtlpSink(otlp)
 
 
 class CollectorProcess:
@@ -215,7 +215,7 @@ def main() -> None:
     # the last batches are drained and stored first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     config = msgspec.json.decode(sys.stdin.buffer.readline(), type=CollectorConfig)
-    if config.otlp_endpoint is not None:
+    if config.otlp is not None:
         _log_like_the_server()
     try:
         serve(config)

@@ -10,10 +10,22 @@ from __future__ import annotations
 from typing import Mapping
 from urllib.parse import urlsplit
 
+import msgspec
+
 from omnictl.exceptions import StartupError
 
 ENV_VAR = "OTEL_EXPORTER_OTLP_ENDPOINT"
 TRACES_PATH = "/v1/traces"
+
+
+class OtlpTarget(msgspec.Struct, frozen=True):
+    """What the profiling collector needs to export traces (it travels to its process as JSON):
+    the traces URL, the served model, and each terminal's modality (so that no request
+    carries anything for tracing but its caller's span)."""
+
+    url: str
+    model: str = ""
+    modalities: dict[str, str] = {}  # terminal stage -> modality
 
 
 def traces_url(endpoint: str) -> str:

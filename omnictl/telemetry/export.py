@@ -26,6 +26,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 from omnictl.profiling.events import Event
 from omnictl.profiling.spans import build_trace
+from omnictl.telemetry.endpoint import OtlpTarget
 from omnictl.telemetry.pending import Finished, PendingTraces
 from omnictl.telemetry.spans import emit_trace
 
@@ -117,15 +118,15 @@ def resource(model: str) -> Resource:
 class OtlpSink:
     """Turns finished requests' events into exported traces. Not thread-safe: one caller."""
 
-    def __init__(self, endpoint: str, model: str, exporter: SpanExporter | None = None,
+    def __init__(self, target: OtlpTarget, exporter: SpanExporter | None = None,
                  pending: PendingTraces | None = None) -> None:
-        self.endpoint = endpoint
-        inner = exporter if exporter is not None else OTLPSpanExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_S)
-        self.exporter = WarnOnceExporter(inner, endpoint)
+        self.target = target
+        inner = exporter if exporter is not None else OTLPSpanExporter(endpoint=target.url, timeout=EXPORT_TIMEOUT_S)
+        self.exporter = WarnOnceExporter(inner, target.url)
         self.pending = pending if pending is not None else PendingTraces()  # (an empty one is falsy)
         self.exported = 0  # requests whose spans were handed to the processor
         # A provider of our own, not the global one: a program embedding omnictl keeps its own.
-        self._provider = TracerProvider(resource=resource(model))
+        self._provider = TracerProvider(resource=resource(target.model))
         self._processor = BatchSpanProcessor(self.exporter, schedule_delay_millis=SCHEDULE_DELAY_MS)
         self._provider.add_span_processor(self._processor)
         self._tracer = self._provider.get_tracer("omnictl")
@@ -153,5 +154,6 @@ class OtlpSink:
             cut_short.cancel()
 
     def _emit(self, finished: Finished) -> None:
-        emit_trace(self._tracer, build_trace(finished.request_id, finished.events), finished.truncated)
+        emit_trace(self._tracer, build_trace(finished.request_id, finished.events), self.target.modalities,
+                   finished.truncated)
         self.exported += 1

@@ -17,6 +17,8 @@ the root, or on their stage's span for a stage's own first emit.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags, Tracer
@@ -32,13 +34,14 @@ _STAGE_MARKS = {EventKind.FIRST_EMIT.value}  # a stage's own mark; the rest are 
 _RENAMED = {"src": "source", "dst": "target", "dst_process": "target_process"}
 
 
-def emit_trace(tracer: Tracer, request: RequestTrace, truncated: int = 0) -> None:
-    """Create and end every span of ``request`` on ``tracer`` (its processor exports them)."""
+def emit_trace(tracer: Tracer, request: RequestTrace, modalities: Mapping[str, str], truncated: int = 0) -> None:
+    """Create and end every span of ``request`` on ``tracer`` (its processor exports them).
+    ``modalities``: each terminal stage's modality (the request records which terminals it expects)."""
     admitted = next((e for e in request.events if e.kind is EventKind.ADMITTED), None)
     admitted_meta = admitted.meta if admitted is not None else {}
     root = tracer.start_span(
         ROOT_NAME, context=_caller(admitted_meta), kind=SpanKind.SERVER,
-        attributes=_root_attributes(request, admitted_meta, truncated), start_time=request.request.start_ns,
+        attributes=_root_attributes(request, admitted_meta, modalities, truncated), start_time=request.request.start_ns,
     )
     failure = _first(request.events, EventKind.FAILED)
     if failure is not None:
@@ -78,16 +81,18 @@ def _caller(admitted: dict[str, MetaValue]) -> Context:
     return trace.set_span_in_context(NonRecordingSpan(caller), Context())
 
 
-def _root_attributes(request: RequestTrace, admitted: dict[str, MetaValue], truncated: int) -> dict[str, object]:
+def _root_attributes(request: RequestTrace, admitted: dict[str, MetaValue], modalities: Mapping[str, str],
+                     truncated: int) -> dict[str, object]:
     attributes: dict[str, object] = {
         "omnictl.request_id": request.request_id,
         "omnictl.outcome": request.status,
         "omnictl.stages": request.stages,
     }
-    for key in ("modalities", "terminals"):
-        value = admitted.get(key)
-        if isinstance(value, str):
-            attributes[f"omnictl.{key}"] = [item for item in value.split(",") if item]
+    terminals = admitted.get("terminals")
+    if isinstance(terminals, str):
+        expected = [name for name in terminals.split(",") if name]
+        attributes["omnictl.terminals"] = expected
+        attributes["omnictl.modalities"] = sorted({modalities[t] for t in expected if t in modalities})
     failure = _first(request.events, EventKind.FAILED)
     if failure is not None:
         attributes["omnictl.error"] = str(failure.meta.get("error", ""))

@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from omnictl.profiling.collector import Collector
 from omnictl.profiling.events import EventKind
 from omnictl.profiling.synthetic import synthetic_request
+from omnictl.telemetry.endpoint import OtlpTarget
 from omnictl.telemetry.export import OtlpSink, WarnOnceExporter
 from omnictl.telemetry.pending import PendingTraces
 from tests.support.otlp import OtlpReceiver
@@ -49,7 +50,7 @@ def closed_port() -> int:
 
 
 def test_close_exports_every_ended_request_at_once(receiver: OtlpReceiver) -> None:
-    sink = OtlpSink(receiver.url + "/v1/traces", "m", pending=PendingTraces(grace_s=60.0))
+    sink = OtlpSink(OtlpTarget(receiver.url + "/v1/traces", "m"), pending=PendingTraces(grace_s=60.0))
     for rid in ("r1", "r2"):
         sink.add(synthetic_request(rid))
     sink.tick()  # within the grace period: nothing yet
@@ -64,7 +65,7 @@ def test_close_exports_every_ended_request_at_once(receiver: OtlpReceiver) -> No
 
 def test_an_unreachable_endpoint_is_one_warning_and_a_bounded_shutdown(records: list[logging.LogRecord]) -> None:
     dead = f"http://127.0.0.1:{closed_port()}/v1/traces"
-    sink = OtlpSink(dead, "m", pending=PendingTraces(grace_s=0.0))
+    sink = OtlpSink(OtlpTarget(dead, "m"), pending=PendingTraces(grace_s=0.0))
     for batch in range(2):
         sink.add(synthetic_request(f"r{batch}"))
         sink.tick()
@@ -102,10 +103,10 @@ def test_each_outage_is_one_warning_and_its_end_one_line(records: list[logging.L
 
 def test_the_collector_feeds_the_sink_as_events_arrive(tmp_path: Path, receiver: OtlpReceiver) -> None:
     collector = Collector(tmp_path / "run", f"ipc://{tmp_path}/profile", separate_process=False,
-                          otlp_endpoint=receiver.url + "/v1/traces", model="m").start()
+                          otlp=OtlpTarget(receiver.url + "/v1/traces", "m", {"stage-a": "text"})).start()
     recorder = collector.local_recorder("coordinator")
     try:
-        recorder.record(EventKind.ADMITTED, "req", None, modalities="text")
+        recorder.record(EventKind.ADMITTED, "req", None, terminals="stage-a")
         recorder.record(EventKind.QUEUE_ENTER, "req", "stage-a")
         recorder.record(EventKind.STAGE_DONE, "req", "stage-a")
         recorder.record(EventKind.COMPLETED, "req", None)
@@ -114,3 +115,5 @@ def test_the_collector_feeds_the_sink_as_events_arrive(tmp_path: Path, receiver:
         recorder.close()
         collector.close()
     assert {s.name for s in spans} == {"omnictl.request", "stage stage-a", "queue"}
+    root = next(s for s in spans if s.name == "omnictl.request")
+    assert root.attributes["omnictl.modalities"] == ["text"] and root.resource["omnictl.model"] == "m"

@@ -19,6 +19,7 @@ from omnictl.telemetry.traceparent import parse_traceparent
 RID = "9434fe23f99249c8a542498a1d49b250"
 T0 = 1_796_000_000_000_000_000
 CALLER = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+MODALITIES = {"answer": "text", "speak": "audio", "decode": "text", "code2wav": "audio"}
 K = EventKind
 
 
@@ -26,7 +27,7 @@ def recorded(admitted_meta: dict[str, Any] | None = None) -> list[Event]:
     """A request through the fast test topology (prep → answer, speak), as a real run recorded it
     (offsets in ns from admission)."""
     rows = [
-        (K.ADMITTED, None, "coordinator", 0, admitted_meta or {"terminals": "answer,speak", "modalities": "audio,text"}),
+        (K.ADMITTED, None, "coordinator", 0, admitted_meta or {"terminals": "answer,speak"}),
         (K.INPUT_RECEIVED, "prep", "prep", 3326066, {"source": None}),
         (K.QUEUE_ENTER, "prep", "prep", 3355069, {}),
         (K.BUILD_START, "prep", "prep", 3558661, {}),
@@ -61,7 +62,7 @@ def exported(events: list[Event], request_id: str = RID, truncated: int = 0) -> 
     memory = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(memory))
-    emit_trace(provider.get_tracer("test"), build_trace(request_id, events), truncated)
+    emit_trace(provider.get_tracer("test"), build_trace(request_id, events), MODALITIES, truncated)
     provider.shutdown()
     return list(memory.get_finished_spans())
 
@@ -77,7 +78,7 @@ def parent_of(span: ReadableSpan) -> int | None:
 
 
 def test_the_recorded_timeline_becomes_a_tree_under_the_callers_span() -> None:
-    meta = {"terminals": "answer,speak", "modalities": "audio,text", **parse_traceparent(CALLER)}  # type: ignore[dict-item]
+    meta = {"terminals": "answer,speak", **parse_traceparent(CALLER)}  # type: ignore[dict-item]
     spans = exported(recorded(meta))
     root = by_name(spans, ROOT_NAME)
     assert root.context.trace_id == 0x4bf92f3577b34da6a3ce929d0e0e4736
