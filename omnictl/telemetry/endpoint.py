@@ -38,7 +38,7 @@ def traces_url(endpoint: str) -> str:
                            hint="pass --otlp-endpoint http://HOST:4318") from exc
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise StartupError(f"the OTLP endpoint {endpoint!r} is not an http(s) URL with a host",
-                           hint="pass --otlp-endpoint http://HOST:4318 (OTLP/HTTP; gRPC is not supported)")
+                           hint="pass --otlp-endpoint http://HOST:4318: OTLP over HTTP; gRPC is not supported")
     path = parts.path.rstrip("/")
     if not path.endswith(TRACES_PATH):
         path += TRACES_PATH
