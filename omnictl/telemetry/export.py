@@ -1,11 +1,12 @@
 """The OTLP/HTTP export: the profiling collector's hook when ``--otlp-endpoint`` is set.
 
 The collector hands every batch of events to :meth:`OtlpSink.add` and calls
-:meth:`OtlpSink.tick` between batches; a request's spans are built once its events are
-complete (see :mod:`omnictl.telemetry.pending`) and exported by the SDK's
-``BatchSpanProcessor`` on a thread of its own, so a slow or unreachable collector never
-holds up the collector's loop (its queue is bounded: spans beyond it are dropped).
-:meth:`OtlpSink.close` exports what has ended and flushes, within a bounded time.
+:meth:`OtlpSink.tick` between batches; once a request's events are complete (see
+:mod:`omnictl.telemetry.pending`) a builder thread makes its spans, and the SDK's
+``BatchSpanProcessor`` exports them from a thread of its own: neither building nor a slow
+or unreachable collector holds up the collector's loop. Both queues are bounded; what
+does not fit is dropped. :meth:`OtlpSink.close` exports what has ended and flushes, within
+a bounded time.
 
 An endpoint that cannot be reached is logged once (and once more when it answers again),
 not once per batch: the exporter's own per-batch records are kept for that one warning.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 from typing import Iterable, Sequence
@@ -32,13 +34,40 @@ from omnictl.telemetry.spans import emit_trace
 
 logger = logging.getLogger(__name__)
 
-EXPORT_TIMEOUT_S = 3.0  # one batch to the collector, retries included
-SCHEDULE_DELAY_MS = 1000  # how often the processor sends a batch
-# Flushing at shutdown: batches not sent by then are dropped, and a retry still waiting is
-# cut short; with one POST's timeout, well inside the collector process's 5 s stop deadline.
+EXPORT_TIMEOUT_S = 2.0  # one batch to the collector, retries included
+SCHEDULE_DELAY_MS = 1000  # how often the processor sends a batch (sooner when a batch is full)
+EXPORT_BATCH_SPANS = 1024  # spans per POST
+MAX_QUEUED_SPANS = 16_384  # spans waiting for export (a few MB): more are dropped
+MAX_BACKLOG = 1000  # finished requests waiting for their spans to be built: more are dropped
+# At shutdown: building what has ended, then flushing (batches not sent by then are dropped,
+# and a retry still waiting is cut short); with one POST's timeout, inside the collector
+# process's 5 s stop deadline.
+BUILD_S = 1.0
 SHUTDOWN_S = 1.5
-# The exporter logs every failed batch (and every retry) on these loggers.
+# The exporter logs every failed batch (and every retry) on these loggers...
 _EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter", "opentelemetry.exporter.otlp.common.http")
+# ...and the batch processor each span it drops while its queue is full (the endpoint is down).
+_PROCESSOR_LOGGER = "opentelemetry.sdk._shared_internal"
+
+
+class _QueueFull(logging.Filter):
+    """Keeps the batch processor's per-span "queue full" records off the log; counts them and
+    warns once when the endpoint answers (so the export itself is too slow): while it does
+    not, its own warning says why spans are dropped."""
+
+    def __init__(self, exporter: "WarnOnceExporter") -> None:
+        super().__init__()
+        self.exporter = exporter
+        self.count = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "full" in record.getMessage():
+            self.count += 1
+            if self.count == 1 and not self.exporter.failing:
+                logger.warning("OpenTelemetry: spans come faster than %s takes them: the export queue (%d spans) "
+                               "is full and spans are dropped (not logged again)", self.exporter.endpoint,
+                               MAX_QUEUED_SPANS)
+        return False
 
 
 class _Reasons(logging.Filter):
@@ -69,8 +98,10 @@ class WarnOnceExporter(SpanExporter):
         self._shut = False
         self._shut_lock = threading.Lock()  # the processor and the shutdown timer may both call shutdown
         self._reason = _Reasons()
+        self.queue_full = _QueueFull(self)  # the processor's: kept apart, so they never pass for the cause
         for name in _EXPORTER_LOGGERS:
             logging.getLogger(name).addFilter(self._reason)
+        logging.getLogger(_PROCESSOR_LOGGER).addFilter(self.queue_full)
 
     def stop_at(self, deadline: float) -> None:
         """Shutting down: from ``deadline`` on, batches are dropped instead of sent."""
@@ -100,8 +131,12 @@ class WarnOnceExporter(SpanExporter):
                 return
             self._shut = True
         self.inner.shutdown()  # also cuts short a retry's wait
+
+    def stop_filtering(self) -> None:
+        """Once the processor's thread is done: the exporter's loggers are left as they were."""
         for name in _EXPORTER_LOGGERS:
             logging.getLogger(name).removeFilter(self._reason)
+        logging.getLogger(_PROCESSOR_LOGGER).removeFilter(self.queue_full)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.inner.force_flush(timeout_millis)
@@ -116,34 +151,53 @@ def resource(model: str) -> Resource:
 
 
 class OtlpSink:
-    """Turns finished requests' events into exported traces. Not thread-safe: one caller."""
+    """Turns finished requests' events into exported traces.
+
+    ``add`` and ``tick`` come from the collector's loop and cost it little: a finished
+    request is handed to a builder thread through a bounded backlog, so building spans
+    (about a millisecond of Python per request) never holds up receiving events; when
+    requests finish faster than their spans can be built, the newest are dropped, counted
+    in ``dropped`` and warned about once.
+    """
 
     def __init__(self, target: OtlpTarget, exporter: SpanExporter | None = None,
-                 pending: PendingTraces | None = None) -> None:
+                 pending: PendingTraces | None = None, backlog: int = MAX_BACKLOG) -> None:
         self.target = target
         inner = exporter if exporter is not None else OTLPSpanExporter(endpoint=target.url, timeout=EXPORT_TIMEOUT_S)
         self.exporter = WarnOnceExporter(inner, target.url)
         self.pending = pending if pending is not None else PendingTraces()  # (an empty one is falsy)
         self.exported = 0  # requests whose spans were handed to the processor
+        self.dropped = 0  # finished requests not exported: the backlog was full
         # A provider of our own, not the global one: a program embedding omnictl keeps its own.
         self._provider = TracerProvider(resource=resource(target.model))
-        self._processor = BatchSpanProcessor(self.exporter, schedule_delay_millis=SCHEDULE_DELAY_MS)
+        self._processor = BatchSpanProcessor(self.exporter, max_queue_size=MAX_QUEUED_SPANS,
+                                             max_export_batch_size=EXPORT_BATCH_SPANS, schedule_delay_millis=SCHEDULE_DELAY_MS)
         self._provider.add_span_processor(self._processor)
         self._tracer = self._provider.get_tracer("omnictl")
+        self._backlog: queue.Queue[Finished | None] = queue.Queue(maxsize=backlog)
+        self._give_up = threading.Event()  # shutting down and out of time: drop what is left
+        self._builder = threading.Thread(target=self._build_loop, name="omnictl-otlp-builder", daemon=True)
+        self._builder.start()
 
     def add(self, events: Iterable[Event]) -> None:
         self.pending.add(events)
 
     def tick(self) -> None:
-        """Build and queue the traces of the requests whose events are complete."""
+        """Hand the requests whose events are complete to the builder."""
         for finished in self.pending.take_due():
-            self._emit(finished)
+            self._hand_over(finished)
 
     def close(self) -> None:
-        """Queue every request that has ended, flush, stop: within about SHUTDOWN_S plus one
-        export's timeout, however the collector answers."""
+        """Build what has ended, flush, stop: within BUILD_S + SHUTDOWN_S + one export's
+        timeout, however the collector answers."""
         for finished in self.pending.take_ended():
-            self._emit(finished)
+            self._hand_over(finished)
+        try:
+            self._backlog.put(None, timeout=BUILD_S)  # the builder's stop, after what is queued
+        except queue.Full:
+            pass  # the builder is far behind: what it has not built when BUILD_S is over is dropped
+        self._builder.join(BUILD_S)
+        self._give_up.set()
         self.exporter.stop_at(time.monotonic() + SHUTDOWN_S)
         cut_short = threading.Timer(SHUTDOWN_S, self.exporter.shutdown)  # a retry waiting past the deadline
         cut_short.daemon = True
@@ -152,8 +206,27 @@ class OtlpSink:
             self._processor.shutdown()  # exports what is queued, then shuts the exporter down
         finally:
             cut_short.cancel()
+            self.exporter.stop_filtering()
+        self.dropped += self._backlog.qsize()  # never built: the builder was still busy at the deadline
+        if self.dropped or self.exporter.failures or self.exporter.queue_full.count:
+            logger.info("OpenTelemetry: %d requests exported; not exported: %d requests' traces (building fell "
+                        "behind), %d batches of spans (the endpoint failed), %d spans (the export queue was full)",
+                        self.exported, self.dropped, self.exporter.failures, self.exporter.queue_full.count)
 
-    def _emit(self, finished: Finished) -> None:
-        emit_trace(self._tracer, build_trace(finished.request_id, finished.events), self.target.modalities,
-                   finished.truncated)
-        self.exported += 1
+    def _hand_over(self, finished: Finished) -> None:
+        try:
+            self._backlog.put_nowait(finished)
+        except queue.Full:
+            self.dropped += 1
+            if self.dropped == 1:
+                logger.warning("OpenTelemetry: requests finish faster than their spans can be built; traces are "
+                               "dropped (backlog of %d requests full; not logged again)", self._backlog.maxsize)
+
+    def _build_loop(self) -> None:
+        while (finished := self._backlog.get()) is not None:
+            if self._give_up.is_set():
+                self.dropped += 1  # shutting down, out of time
+                continue
+            emit_trace(self._tracer, build_trace(finished.request_id, finished.events), self.target.modalities,
+                       finished.truncated)
+            self.exported += 1

@@ -19,6 +19,7 @@ from omnictl.profiling.synthetic import synthetic_request
 from omnictl.telemetry.endpoint import OtlpTarget
 from omnictl.telemetry.export import OtlpSink, WarnOnceExporter
 from omnictl.telemetry.pending import PendingTraces
+from tests.serving.harness import wait_until
 from tests.support.otlp import OtlpReceiver
 
 
@@ -69,6 +70,7 @@ def test_an_unreachable_endpoint_is_one_warning_and_a_bounded_shutdown(records: 
     for batch in range(2):
         sink.add(synthetic_request(f"r{batch}"))
         sink.tick()
+        wait_until(lambda: sink.exported == batch + 1, timeout=10)  # built
         sink._processor.force_flush()  # one export attempt per batch, now
     assert sink.exporter.failures == 2
     started = time.monotonic()
