@@ -14,6 +14,11 @@ coordinator's process, every stage process and the profiling collector's (where 
 are built), and for ``on`` how many of the requests' traces the receiver got. Interleaved
 rounds, median of each.
 
+Then what one trace costs the collector's process, measured on requests the ``on`` rounds
+recorded: building the spans (``build_trace`` + the SDK's spans) and encoding them for
+OTLP, in CPU µs per request; one core turns that into at most 1e6 / µs traces per second.
+Past that rate, the bounded backlog drops traces (counted, one warning) and serving goes on.
+
 Run: ``python benchmarks/otel_overhead.py [--requests 400] [--concurrency 8] [--rounds 3]``
 """
 
@@ -107,9 +112,40 @@ async def pipeline_round(topology: Path, run_dir: Path, endpoint: str | None, re
         return requests / elapsed, cpu / requests * 1000
 
 
+def trace_cost(run_dir: Path, count: int = 300) -> tuple[float, float, float]:
+    """CPU µs per request to build its spans and to encode them, and spans per request, over
+    ``count`` requests recorded in ``run_dir``."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from omnictl.profiling.spans import build_trace
+    from omnictl.profiling.store import TraceStore
+    from omnictl.telemetry.spans import emit_trace
+
+    store = TraceStore(run_dir)
+    events: dict[str, list[Any]] = {}
+    for event in store.iter_events():
+        events.setdefault(event.request_id, []).append(event)
+    finished = [rid for rid, evs in events.items() if rid and any(e.kind.value == "completed" for e in evs)][:count]
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("bench")
+    started = time.thread_time_ns()
+    for rid in finished:
+        emit_trace(tracer, build_trace(rid, events[rid]), {"c": "text"})
+    built = time.thread_time_ns()
+    spans = memory.get_finished_spans()
+    encode_spans(spans).SerializePartialToString()
+    encoded = time.thread_time_ns()
+    return (built - started) / len(finished) / 1000, (encoded - built) / len(finished) / 1000, len(spans) / len(finished)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=400, help="measured requests per round")
+    parser.add_argument("--requests", type=int, default=1000, help="measured requests per round")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the three ways")
     args = parser.parse_args()
@@ -125,6 +161,7 @@ def main() -> None:
     rates: dict[str, list[float]] = {way: [] for way in WAYS}
     cpu: dict[str, list[float]] = {way: [] for way in WAYS}
     exported: list[float] = []
+    costs: tuple[float, float, float] | None = None
     try:
         with tempfile.TemporaryDirectory(prefix="omnictl-bench-") as tmp:
             topology = Path(tmp) / "noop.yaml"
@@ -146,6 +183,7 @@ def main() -> None:
                         exported.append(got / (args.requests + _WARMUP))
                         line += f"  {got}/{args.requests + _WARMUP} traces received"
                     print(line, flush=True)
+            costs = trace_cost(Path(tmp) / "run-0-on")
     finally:
         receiver.kill()
     off_rate, off_cpu = statistics.median(rates["off"]), statistics.median(cpu["off"])
@@ -156,6 +194,10 @@ def main() -> None:
         rate, cpu_ms = statistics.median(rates[way]), statistics.median(cpu[way])
         received = f"{min(exported):.0%} (worst round)" if way == "on" else "-"
         print(f"  {way:<12}{rate:>9.1f}{rate / off_rate:>9.1%}{cpu_ms:>12.3f}{(cpu_ms - off_cpu) / off_cpu:>+9.1%}  {received}")
+    if costs is not None:
+        build_us, encode_us, spans = costs
+        print(f"one trace ({spans:.1f} spans, recorded by the 'on' rounds): build {build_us:.0f} µs + encode {encode_us:.0f} µs "
+              f"CPU = {build_us + encode_us:.0f} µs: one core exports at most {1e6 / (build_us + encode_us):,.0f} traces/s")
 
 
 def closed_port() -> int:
