@@ -130,12 +130,10 @@ def trace_cost(run_dir: Path, count: int = 300) -> tuple[float, float, float]:
         events.setdefault(event.request_id, []).append(event)
     finished = [rid for rid, evs in events.items() if rid and any(e.kind.value == "completed" for e in evs)][:count]
     memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    tracer = provider.get_tracer("bench")
+    provider, processor = TracerProvider(), SimpleSpanProcessor(memory)
     started = time.thread_time_ns()
     for rid in finished:
-        emit_trace(tracer, build_trace(rid, events[rid]), {"c": "text"})
+        emit_trace(provider, processor, build_trace(rid, events[rid]), {"c": "text"})
     built = time.thread_time_ns()
     spans = memory.get_finished_spans()
     encode_spans(spans).SerializePartialToString()

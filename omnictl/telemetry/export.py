@@ -51,19 +51,20 @@ _PROCESSOR_LOGGER = "opentelemetry.sdk._shared_internal"
 
 
 class _QueueFull(logging.Filter):
-    """Keeps the batch processor's per-span "queue full" records off the log; counts them and
-    warns once when the endpoint answers (so the export itself is too slow): while it does
-    not, its own warning says why spans are dropped."""
+    """Keeps the batch processor's "queue full" records off the log, and warns once when the
+    endpoint answers (so the export itself is too slow): while it does not, its own warning
+    says why spans are dropped. (The SDK logs only some of the drops; they are counted in
+    :attr:`OtlpSink.summary`.)"""
 
     def __init__(self, exporter: "WarnOnceExporter") -> None:
         super().__init__()
         self.exporter = exporter
-        self.count = 0
+        self.warned = False
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if "full" in record.getMessage():
-            self.count += 1
-            if self.count == 1 and not self.exporter.failing:
+        if "full" in record.getMessage() and not self.warned:
+            self.warned = True
+            if not self.exporter.failing:
                 logger.warning("OpenTelemetry: spans come faster than %s takes them: the export queue (%d spans) "
                                "is full and spans are dropped (not logged again)", self.exporter.endpoint,
                                MAX_QUEUED_SPANS)
@@ -94,6 +95,7 @@ class WarnOnceExporter(SpanExporter):
         self.endpoint = endpoint
         self.failing = False
         self.failures = 0  # batches that could not be exported
+        self.offered = 0  # spans the processor handed over (the rest were dropped from its queue)
         self._stop_at: float | None = None  # monotonic; batches after it are dropped unsent
         self._shut = False
         self._shut_lock = threading.Lock()  # the processor and the shutdown timer may both call shutdown
@@ -108,6 +110,7 @@ class WarnOnceExporter(SpanExporter):
         self._stop_at = deadline
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.offered += len(spans)
         if self._stop_at is not None and (self.failing or time.monotonic() >= self._stop_at):
             self.failures += 1
             return SpanExportResult.FAILURE  # shutting down: no new attempt at a failing or late export
@@ -155,9 +158,9 @@ class OtlpSink:
 
     ``add`` and ``tick`` come from the collector's loop and cost it little: a finished
     request is handed to a builder thread through a bounded backlog, so building spans
-    (about a millisecond of Python per request) never holds up receiving events; when
+    never holds up receiving events; when
     requests finish faster than their spans can be built, the newest are dropped, counted
-    in ``dropped`` and warned about once.
+    (:meth:`summary`) and warned about once.
     """
 
     def __init__(self, target: OtlpTarget, exporter: SpanExporter | None = None,
@@ -166,14 +169,17 @@ class OtlpSink:
         inner = exporter if exporter is not None else OTLPSpanExporter(endpoint=target.url, timeout=EXPORT_TIMEOUT_S)
         self.exporter = WarnOnceExporter(inner, target.url)
         self.pending = pending if pending is not None else PendingTraces()  # (an empty one is falsy)
-        self.exported = 0  # requests whose spans were handed to the processor
-        self.dropped = 0  # finished requests not exported: the backlog was full
+        # Each counter has one writer: handed and dropped the collector's loop, built and
+        # spans the builder thread.
+        self.handed = 0  # finished requests queued for the builder
+        self.dropped = 0  # finished requests not queued: the backlog was full
+        self.built = 0  # requests whose spans were made and handed to the processor
+        self.spans = 0  # spans made
         # A provider of our own, not the global one: a program embedding omnictl keeps its own.
         self._provider = TracerProvider(resource=resource(target.model))
         self._processor = BatchSpanProcessor(self.exporter, max_queue_size=MAX_QUEUED_SPANS,
                                              max_export_batch_size=EXPORT_BATCH_SPANS, schedule_delay_millis=SCHEDULE_DELAY_MS)
         self._provider.add_span_processor(self._processor)
-        self._tracer = self._provider.get_tracer("omnictl")
         self._backlog: queue.Queue[Finished | None] = queue.Queue(maxsize=backlog)
         self._give_up = threading.Event()  # shutting down and out of time: drop what is left
         self._builder = threading.Thread(target=self._build_loop, name="omnictl-otlp-builder", daemon=True)
@@ -207,15 +213,24 @@ class OtlpSink:
         finally:
             cut_short.cancel()
             self.exporter.stop_filtering()
-        self.dropped += self._backlog.qsize()  # never built: the builder was still busy at the deadline
-        if self.dropped or self.exporter.failures or self.exporter.queue_full.count:
-            logger.info("OpenTelemetry: %d requests exported; not exported: %d requests' traces (building fell "
-                        "behind), %d batches of spans (the endpoint failed), %d spans (the export queue was full)",
-                        self.exported, self.dropped, self.exporter.failures, self.exporter.queue_full.count)
+        if self.summary()["requests_not_built"] or self.exporter.failures or self.summary()["spans_not_sent"]:
+            logger.info("OpenTelemetry: %(requests_built)d requests' traces built, %(requests_not_built)d not "
+                        "(building fell behind); %(batches_failed)d batches of spans failed to export, "
+                        "%(spans_not_sent)d spans never sent (the export queue was full)", self.summary())
+
+    def summary(self) -> dict[str, int]:
+        """What was exported and what was not (final once :meth:`close` returned)."""
+        return {
+            "requests_built": self.built,
+            "requests_not_built": self.dropped + self.handed - self.built,
+            "batches_failed": self.exporter.failures,
+            "spans_not_sent": self.spans - self.exporter.offered,
+        }
 
     def _hand_over(self, finished: Finished) -> None:
         try:
             self._backlog.put_nowait(finished)
+            self.handed += 1
         except queue.Full:
             self.dropped += 1
             if self.dropped == 1:
@@ -223,10 +238,7 @@ class OtlpSink:
                                "dropped (backlog of %d requests full; not logged again)", self._backlog.maxsize)
 
     def _build_loop(self) -> None:
-        while (finished := self._backlog.get()) is not None:
-            if self._give_up.is_set():
-                self.dropped += 1  # shutting down, out of time
-                continue
-            emit_trace(self._tracer, build_trace(finished.request_id, finished.events), self.target.modalities,
-                       finished.truncated)
-            self.exported += 1
+        while (finished := self._backlog.get()) is not None and not self._give_up.is_set():
+            self.spans += emit_trace(self._provider, self._processor, build_trace(finished.request_id, finished.events),
+                                     self.target.modalities, finished.truncated)
+            self.built += 1

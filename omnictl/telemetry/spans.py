@@ -13,72 +13,97 @@ shows the same timeline as ``omnictl trace``::
 
 Marks (first text, first audio, a terminal's completion, the failure) are span events: on
 the root, or on their stage's span for a stage's own first emit.
+
+The spans are the SDK's finished ``ReadableSpan``s, handed to a span processor (the batch
+processor, in the export): a tracer's live spans would cost about 15 times as much each
+(contexts, locks, attribute checks) and buy nothing for spans whose times are all known.
+Whether a request is sampled is the provider's sampler's call, once per request (by
+default: the caller's sampled flag, else always; ``OTEL_TRACES_SAMPLER`` changes it).
 """
 
 from __future__ import annotations
 
+import random
 from typing import Mapping
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags, Tracer
+from opentelemetry.sdk.trace import Event as SpanEvent
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from omnictl.profiling.events import Event, EventKind, MetaValue
 from omnictl.profiling.spans import RequestTrace, Span
 from omnictl.telemetry.traceparent import PARENT_SPAN_ID, TRACE_FLAGS, TRACE_ID
 
 ROOT_NAME = "omnictl.request"
+SCOPE = InstrumentationScope("omnictl")
 _HOP_KINDS = ("hop", "stream")
 _STAGE_MARKS = {EventKind.FIRST_EMIT.value}  # a stage's own mark; the rest are the request's
 # Span meta keys renamed for attributes (everything is prefixed ``omnictl.``).
 _RENAMED = {"src": "source", "dst": "target", "dst_process": "target_process"}
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_UNSET = Status(StatusCode.UNSET)
 
 
-def emit_trace(tracer: Tracer, request: RequestTrace, modalities: Mapping[str, str], truncated: int = 0) -> None:
-    """Create and end every span of ``request`` on ``tracer`` (its processor exports them).
+def emit_trace(provider: TracerProvider, processor: SpanProcessor, request: RequestTrace,
+               modalities: Mapping[str, str], truncated: int = 0) -> int:
+    """Hand every span of ``request`` to ``processor`` (with ``provider``'s resource, and
+    only when its sampler samples the request); returns how many.
     ``modalities``: each terminal stage's modality (the request records which terminals it expects)."""
     admitted = next((e for e in request.events if e.kind is EventKind.ADMITTED), None)
     admitted_meta = admitted.meta if admitted is not None else {}
-    root = tracer.start_span(
-        ROOT_NAME, context=_caller(admitted_meta), kind=SpanKind.SERVER,
-        attributes=_root_attributes(request, admitted_meta, modalities, truncated), start_time=request.request.start_ns,
-    )
+    caller = _caller(admitted_meta)
+    trace_id = caller.trace_id if caller is not None else random.getrandbits(128)
+    root_attributes = _root_attributes(request, admitted_meta, modalities, truncated)
+    decision = provider.sampler.should_sample(
+        trace.set_span_in_context(NonRecordingSpan(caller), Context()) if caller is not None else Context(),
+        trace_id, ROOT_NAME, SpanKind.SERVER, root_attributes)
+    if not decision.decision.is_sampled():
+        return 0
+    resource = provider.resource
     failure = _first(request.events, EventKind.FAILED)
-    if failure is not None:
-        root.set_status(Status(StatusCode.ERROR, str(failure.meta.get("error", "failed"))))
-    root_context = trace.set_span_in_context(root, Context())
-    stage_spans: dict[str, trace.Span] = {}
+    error = Status(StatusCode.ERROR, str(failure.meta.get("error", "failed"))) if failure is not None else _UNSET
+
+    def context() -> SpanContext:
+        return SpanContext(trace_id, random.getrandbits(64), is_remote=False, trace_flags=_SAMPLED)
+
+    root = context()
+    stage_contexts = {span.name: context() for span in request.of_kind("stage")}
+    events: dict[int, list[SpanEvent]] = {c.span_id: [] for c in (root, *stage_contexts.values())}  # by span id
+    for mark in request.of_kind("mark"):
+        owner = stage_contexts.get(mark.stage or "", root) if mark.name in _STAGE_MARKS else root
+        events[owner.span_id].append(SpanEvent(mark.name, _attributes(mark), mark.start_ns))
+    spans = [ReadableSpan(ROOT_NAME, root, caller, resource, root_attributes, events[root.span_id], kind=SpanKind.SERVER,
+                          status=error, start_time=request.request.start_ns, end_time=request.request.end_ns,
+                          instrumentation_scope=SCOPE)]
     for span in request.of_kind("stage"):
-        stage_span = tracer.start_span(f"stage {span.name}", context=root_context,
-                                       attributes=_attributes(span), start_time=span.start_ns)
-        if failure is not None and failure.stage == span.stage:
-            stage_span.set_status(Status(StatusCode.ERROR, str(failure.meta.get("error", "failed"))))
-        stage_spans[span.name] = stage_span
+        own = stage_contexts[span.name]
+        status = error if failure is not None and failure.stage == span.stage else _UNSET
+        spans.append(ReadableSpan(f"stage {span.name}", own, root, resource, _attributes(span), events[own.span_id],
+                                  status=status, start_time=span.start_ns, end_time=span.end_ns,
+                                  instrumentation_scope=SCOPE))
     for span in request.spans:
         if span.kind in ("stage", "mark"):
             continue
-        parent = stage_spans.get(span.stage or "", root)
         name = f"{span.kind} {span.name}" if span.kind in _HOP_KINDS else span.name
-        child = tracer.start_span(name, context=trace.set_span_in_context(parent, Context()),
-                                  attributes=_attributes(span), start_time=span.start_ns)
-        child.end(end_time=span.end_ns)
-    for mark in request.of_kind("mark"):
-        owner = stage_spans.get(mark.stage or "", root) if mark.name in _STAGE_MARKS else root
-        owner.add_event(mark.name, attributes=_attributes(mark), timestamp=mark.start_ns)
-    for span in request.of_kind("stage"):
-        stage_spans[span.name].end(end_time=span.end_ns)
-    root.end(end_time=request.request.end_ns)
+        spans.append(ReadableSpan(name, context(), stage_contexts.get(span.stage or "", root), resource,
+                                  _attributes(span), start_time=span.start_ns, end_time=span.end_ns,
+                                  instrumentation_scope=SCOPE))
+    for finished in spans:
+        processor.on_end(finished)
+    return len(spans)
 
 
-def _caller(admitted: dict[str, MetaValue]) -> Context:
-    """The caller's span (from its traceparent) as the parent context; else a new trace."""
+def _caller(admitted: dict[str, MetaValue]) -> SpanContext | None:
+    """The caller's span (from its traceparent), or None."""
     trace_id, span_id = admitted.get(TRACE_ID), admitted.get(PARENT_SPAN_ID)
     if not isinstance(trace_id, str) or not isinstance(span_id, str):
-        return Context()
+        return None
     flags = admitted.get(TRACE_FLAGS)
-    caller = SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True,
-                         trace_flags=TraceFlags(flags if isinstance(flags, int) else TraceFlags.DEFAULT))
-    return trace.set_span_in_context(NonRecordingSpan(caller), Context())
+    return SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True,
+                       trace_flags=TraceFlags(flags if isinstance(flags, int) else TraceFlags.DEFAULT))
 
 
 def _root_attributes(request: RequestTrace, admitted: dict[str, MetaValue], modalities: Mapping[str, str],

@@ -55,11 +55,12 @@ def test_close_exports_every_ended_request_at_once(receiver: OtlpReceiver) -> No
     for rid in ("r1", "r2"):
         sink.add(synthetic_request(rid))
     sink.tick()  # within the grace period: nothing yet
-    assert sink.exported == 0
+    assert sink.built == 0
     started = time.monotonic()
     sink.close()  # shutting down: no grace, and the processor flushes
     assert time.monotonic() - started < 2.0
     assert receiver.of_request("r1") and receiver.of_request("r2")
+    assert sink.summary() == {"requests_built": 2, "requests_not_built": 0, "batches_failed": 0, "spans_not_sent": 0}
     root = next(s for s in receiver.of_request("r1") if s.name == "omnictl.request")
     assert root.resource["omnictl.model"] == "m" and root.resource["service.name"] == "omnictl"
 
@@ -70,9 +71,10 @@ def test_an_unreachable_endpoint_is_one_warning_and_a_bounded_shutdown(records: 
     for batch in range(2):
         sink.add(synthetic_request(f"r{batch}"))
         sink.tick()
-        wait_until(lambda: sink.exported == batch + 1, timeout=10)  # built
+        wait_until(lambda: sink.built == batch + 1, timeout=10)
         sink._processor.force_flush()  # one export attempt per batch, now
     assert sink.exporter.failures == 2
+    assert sink.summary() == {"requests_built": 2, "requests_not_built": 0, "batches_failed": 2, "spans_not_sent": 0}
     started = time.monotonic()
     sink.close()
     assert time.monotonic() - started < 4.0

@@ -169,7 +169,7 @@ def test_an_unreachable_endpoint_is_one_warning_and_serving_goes_on() -> None:
     with mock.patch.dict(os.environ, {"OTEL_EXPORTER_OTLP_ENDPOINT": dead}):  # the variable alone turns it on
         running = start_server(TOPOLOGY, "--api-key", API_KEY)
     try:
-        assert f"goes to {dead}/v1/traces" in running.text()
+        wait_until(lambda: f"goes to {dead}/v1/traces" in running.text())  # printed just after "listening on"
         for round_ in range(2):  # two batches at least: one second apart
             for index in range(5):
                 response = httpx.post(running.url + "/v1/chat/completions", headers=HEADERS,

@@ -60,11 +60,11 @@ def recorded(admitted_meta: dict[str, Any] | None = None) -> list[Event]:
 
 def exported(events: list[Event], request_id: str = RID, truncated: int = 0) -> list[ReadableSpan]:
     memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    emit_trace(provider.get_tracer("test"), build_trace(request_id, events), MODALITIES, truncated)
-    provider.shutdown()
-    return list(memory.get_finished_spans())
+    made = emit_trace(TracerProvider(), SimpleSpanProcessor(memory), build_trace(request_id, events), MODALITIES,
+                      truncated)
+    spans = list(memory.get_finished_spans())
+    assert made == len(spans) or not spans  # (a caller that does not sample gets none recorded)
+    return spans
 
 
 def by_name(spans: list[ReadableSpan], name: str, stage: str | None = None) -> ReadableSpan:
