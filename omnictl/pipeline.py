@@ -77,11 +77,12 @@ class Pipeline:
         admission = Admission(max_in_flight, max_queue_wait)  # checks the values before any process starts
         traces_to = None
         if otlp_endpoint is not None:
-            from omnictl.telemetry.endpoint import traces_url
+            from omnictl.telemetry.endpoint import check_installed, traces_url
 
             if not profile:
                 raise StartupError("otlp_endpoint needs profile=True", hint="traces are built from the profiler's events")
             traces_to = traces_url(otlp_endpoint)
+            check_installed()
         loaded = _load(topology, device)
         return _Launch(
             cls,

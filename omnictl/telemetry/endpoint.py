@@ -7,6 +7,7 @@ is used as it is.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Mapping
 from urllib.parse import urlsplit
 
@@ -15,6 +16,8 @@ import msgspec
 from omnictl.exceptions import StartupError
 
 ENV_VAR = "OTEL_EXPORTER_OTLP_ENDPOINT"
+# What the export imports (the `otel` extra), checked before anything starts.
+_PACKAGES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
 TRACES_PATH = "/v1/traces"
 
 
@@ -52,3 +55,19 @@ def resolve_endpoint(flag: str | None, environ: Mapping[str, str]) -> str | None
     """
     value = flag if flag else environ.get(ENV_VAR, "")
     return traces_url(value) if value.strip() else None
+
+
+def check_installed() -> None:
+    """:class:`StartupError` naming the extra when the OpenTelemetry packages are missing
+    (found without importing them)."""
+    missing = [name for name in _PACKAGES if _find(name) is None]
+    if missing:
+        raise StartupError(f"exporting traces needs {', '.join(missing)}, which is not installed",
+                           hint="pip install 'omnictl[otel]'")
+
+
+def _find(module: str) -> object | None:
+    try:
+        return importlib.util.find_spec(module)
+    except ModuleNotFoundError:  # a parent package is missing
+        return None

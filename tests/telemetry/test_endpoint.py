@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from omnictl.exceptions import StartupError
-from omnictl.telemetry.endpoint import resolve_endpoint, traces_url
+from omnictl.telemetry import endpoint
+from omnictl.telemetry.endpoint import check_installed, resolve_endpoint, traces_url
 
 
 @pytest.mark.parametrize("endpoint, url", [
@@ -31,3 +32,10 @@ def test_the_flag_wins_over_the_variable_and_empty_means_off() -> None:
     assert resolve_endpoint(None, env) == "http://from-env:4318/v1/traces"
     assert resolve_endpoint(None, {}) is None
     assert resolve_endpoint(None, {"OTEL_EXPORTER_OTLP_ENDPOINT": " "}) is None
+
+
+def test_missing_packages_are_named_with_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    check_installed()  # installed here (the otel extra)
+    monkeypatch.setattr(endpoint, "_PACKAGES", ("opentelemetry.sdk", "opentelemetry_not_there.exporter"))
+    with pytest.raises(StartupError, match=r"opentelemetry_not_there.exporter, which is not installed.*omnictl\[otel\]"):
+        check_installed()
