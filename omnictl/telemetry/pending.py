@@ -6,7 +6,8 @@ flushes every 50 ms). So a request is handed out ``grace_s`` after its end arriv
 whatever came in meanwhile; what arrives later still is dropped (its id is remembered).
 
 Bounded whatever the traffic: at most ``max_requests`` requests held (the oldest is given
-up beyond that) and ``max_events`` events each (the rest counted in ``truncated``).
+up beyond that), ``max_events`` events each and ``max_total_events`` in all (the rest are
+counted in the request's ``truncated``; its trace says so).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ _ENDS = frozenset({EventKind.COMPLETED, EventKind.FAILED, EventKind.ABORTED})
 GRACE_S = 1.0
 MAX_REQUESTS = 10_000
 MAX_EVENTS = 10_000
+MAX_TOTAL_EVENTS = 200_000  # a few hundred bytes each: tens of MB at most
 
 
 @dataclass
@@ -40,10 +42,13 @@ class Finished:
 
 
 class PendingTraces:
-    def __init__(self, grace_s: float = GRACE_S, max_requests: int = MAX_REQUESTS, max_events: int = MAX_EVENTS) -> None:
+    def __init__(self, grace_s: float = GRACE_S, max_requests: int = MAX_REQUESTS, max_events: int = MAX_EVENTS,
+                 max_total_events: int = MAX_TOTAL_EVENTS) -> None:
         self.grace_s = grace_s
         self.max_requests = max_requests
         self.max_events = max_events
+        self.max_total_events = max_total_events
+        self.total_events = 0  # held now, all requests together
         self.given_up = 0  # requests dropped unfinished because too many were held
         self._held: dict[str, _Held] = {}
         self._done = RecentIds()  # handed out: their late events are dropped
@@ -62,11 +67,14 @@ class PendingTraces:
             held = self._held.get(rid)
             if held is None:
                 if len(self._held) >= self.max_requests:
-                    self._held.pop(next(iter(self._held)))  # the oldest request held
+                    oldest = self._held.pop(next(iter(self._held)))
+                    self.total_events -= len(oldest.events)
                     self.given_up += 1
                 held = self._held[rid] = _Held()
-            if len(held.events) < self.max_events:
+            # The end is kept whatever the caps: it says how the request ended.
+            if event.kind in _ENDS or (len(held.events) < self.max_events and self.total_events < self.max_total_events):
                 held.events.append(event)
+                self.total_events += 1
             else:
                 held.truncated += 1
             if event.kind in _ENDS and held.due is None:
@@ -90,5 +98,6 @@ class PendingTraces:
 
     def _take(self, request_id: str) -> Finished:
         held = self._held.pop(request_id)
+        self.total_events -= len(held.events)
         self._done.add(request_id)
         return Finished(request_id, held.events, held.truncated)
