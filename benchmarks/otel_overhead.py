@@ -120,7 +120,6 @@ def trace_cost(run_dir: Path, count: int = 300) -> tuple[float, float, float]:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from omnictl.profiling.spans import build_trace
     from omnictl.profiling.store import TraceStore
     from omnictl.telemetry.spans import emit_trace
 
@@ -133,7 +132,7 @@ def trace_cost(run_dir: Path, count: int = 300) -> tuple[float, float, float]:
     provider, processor = TracerProvider(), SimpleSpanProcessor(memory)
     started = time.thread_time_ns()
     for rid in finished:
-        emit_trace(provider, processor, build_trace(rid, events[rid]), {"c": "text"})
+        emit_trace(provider, processor, rid, events[rid], {"c": "text"})
     built = time.thread_time_ns()
     spans = memory.get_finished_spans()
     encode_spans(spans).SerializePartialToString()

@@ -27,7 +27,6 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from omnictl.profiling.events import Event
-from omnictl.profiling.spans import build_trace
 from omnictl.telemetry.endpoint import OtlpTarget
 from omnictl.telemetry.pending import Finished, PendingTraces
 from omnictl.telemetry.spans import emit_trace
@@ -221,7 +220,7 @@ class OtlpSink:
     def summary(self) -> dict[str, int]:
         """What was exported and what was not (final once :meth:`close` returned)."""
         return {
-            "requests_built": self.built,
+            "requests_built": self.built,  # sampled out or not
             "requests_not_built": self.dropped + self.handed - self.built,
             "batches_failed": self.exporter.failures,
             "spans_not_sent": self.spans - self.exporter.offered,
@@ -239,6 +238,6 @@ class OtlpSink:
 
     def _build_loop(self) -> None:
         while (finished := self._backlog.get()) is not None and not self._give_up.is_set():
-            self.spans += emit_trace(self._provider, self._processor, build_trace(finished.request_id, finished.events),
+            self.spans += emit_trace(self._provider, self._processor, finished.request_id, finished.events,
                                      self.target.modalities, finished.truncated)
             self.built += 1

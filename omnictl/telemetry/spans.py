@@ -1,4 +1,4 @@
-"""One finished request's trace (:func:`omnictl.profiling.spans.build_trace`) as OpenTelemetry spans.
+"""One finished request's profile (its spans by :func:`omnictl.profiling.spans.build_trace`) as OpenTelemetry spans.
 
 The spans are made after the fact with the times the profiler recorded, so an OTLP viewer
 shows the same timeline as ``omnictl trace``::
@@ -17,14 +17,15 @@ the root, or on their stage's span for a stage's own first emit.
 The spans are the SDK's finished ``ReadableSpan``s, handed to a span processor (the batch
 processor, in the export): a tracer's live spans would cost about 15 times as much each
 (contexts, locks, attribute checks) and buy nothing for spans whose times are all known.
-Whether a request is sampled is the provider's sampler's call, once per request (by
-default: the caller's sampled flag, else always; ``OTEL_TRACES_SAMPLER`` changes it).
+Whether a request is sampled is the provider's sampler's call, once per request and before
+anything is built (by default: the caller's sampled flag, else always;
+``OTEL_TRACES_SAMPLER`` changes it).
 """
 
 from __future__ import annotations
 
 import random
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -34,7 +35,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from omnictl.profiling.events import Event, EventKind, MetaValue
-from omnictl.profiling.spans import RequestTrace, Span
+from omnictl.profiling.spans import RequestTrace, Span, build_trace
 from omnictl.telemetry.traceparent import PARENT_SPAN_ID, TRACE_FLAGS, TRACE_ID
 
 ROOT_NAME = "omnictl.request"
@@ -47,21 +48,23 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSET = Status(StatusCode.UNSET)
 
 
-def emit_trace(provider: TracerProvider, processor: SpanProcessor, request: RequestTrace,
+def emit_trace(provider: TracerProvider, processor: SpanProcessor, request_id: str, events: Sequence[Event],
                modalities: Mapping[str, str], truncated: int = 0) -> int:
-    """Hand every span of ``request`` to ``processor`` (with ``provider``'s resource, and
-    only when its sampler samples the request); returns how many.
-    ``modalities``: each terminal stage's modality (the request records which terminals it expects)."""
-    admitted = next((e for e in request.events if e.kind is EventKind.ADMITTED), None)
+    """Hand every span of the request (``events``: its profile) to ``processor`` with
+    ``provider``'s resource, when ``provider``'s sampler samples it (decided before any
+    span is built); returns how many. ``modalities``: each terminal stage's modality (the
+    request records which terminals it expects)."""
+    admitted = _first(events, EventKind.ADMITTED)
     admitted_meta = admitted.meta if admitted is not None else {}
     caller = _caller(admitted_meta)
     trace_id = caller.trace_id if caller is not None else random.getrandbits(128)
-    root_attributes = _root_attributes(request, admitted_meta, modalities, truncated)
     decision = provider.sampler.should_sample(
         trace.set_span_in_context(NonRecordingSpan(caller), Context()) if caller is not None else Context(),
-        trace_id, ROOT_NAME, SpanKind.SERVER, root_attributes)
+        trace_id, ROOT_NAME, SpanKind.SERVER)
     if not decision.decision.is_sampled():
         return 0
+    request = build_trace(request_id, events)
+    root_attributes = _root_attributes(request, admitted_meta, modalities, truncated)
     resource = provider.resource
     failure = _first(request.events, EventKind.FAILED)
     error = Status(StatusCode.ERROR, str(failure.meta.get("error", "failed"))) if failure is not None else _UNSET
@@ -138,5 +141,5 @@ def _attributes(span: Span) -> dict[str, object]:
     return attributes
 
 
-def _first(events: list[Event], kind: EventKind) -> Event | None:
+def _first(events: Sequence[Event], kind: EventKind) -> Event | None:
     return next((e for e in events if e.kind is kind), None)

@@ -60,8 +60,7 @@ def recorded(admitted_meta: dict[str, Any] | None = None) -> list[Event]:
 
 def exported(events: list[Event], request_id: str = RID, truncated: int = 0) -> list[ReadableSpan]:
     memory = InMemorySpanExporter()
-    made = emit_trace(TracerProvider(), SimpleSpanProcessor(memory), build_trace(request_id, events), MODALITIES,
-                      truncated)
+    made = emit_trace(TracerProvider(), SimpleSpanProcessor(memory), request_id, events, MODALITIES, truncated)
     spans = list(memory.get_finished_spans())
     assert made == len(spans) or not spans  # (a caller that does not sample gets none recorded)
     return spans
@@ -177,3 +176,12 @@ def test_a_caller_that_does_not_sample_gets_no_spans() -> None:
     """The SDK's default sampler follows the caller's sampled flag (W3C trace-flags)."""
     meta = {"terminals": "answer,speak", **parse_traceparent(CALLER[:-2] + "00")}  # type: ignore[dict-item]
     assert exported(recorded(meta)) == []
+
+
+def test_the_sampler_decides_before_anything_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OTEL_TRACES_SAMPLER is the SDK's: a request sampled out costs no span building (here
+    ``build_trace`` would raise, there being no events)."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    memory = InMemorySpanExporter()
+    assert emit_trace(TracerProvider(), SimpleSpanProcessor(memory), RID, [], MODALITIES) == 0
+    assert memory.get_finished_spans() == ()
