@@ -164,6 +164,19 @@ def test_a_failed_request_is_an_error_on_its_root_and_its_stage(server: ServerPr
     assert next(s for s in spans if s.name == "stage front").status_code == 2
 
 
+def test_stopping_the_server_flushes_what_has_ended(receiver: OtlpReceiver) -> None:
+    running = start_server(TOPOLOGY, "--api-key", API_KEY, "--otlp-endpoint", receiver.url)
+    try:
+        response = httpx.post(running.url + "/v1/chat/completions", headers=HEADERS,
+                              json={"messages": [{"role": "user", "content": "last words"}]}, timeout=30)
+        assert response.status_code == 200, response.text
+    finally:
+        code = stop_server(running)  # at once: within the second the trace would wait for late events
+    assert code == 0, running.text()
+    spans = receiver.of_request(response.headers["x-request-id"])  # no waiting: there when serve has exited
+    assert {s.name for s in spans} >= {"omnictl.request", "stage front", "stage answer"}
+
+
 def test_an_unreachable_endpoint_is_one_warning_and_serving_goes_on() -> None:
     dead = f"http://127.0.0.1:{closed_port()}"
     with mock.patch.dict(os.environ, {"OTEL_EXPORTER_OTLP_ENDPOINT": dead}):  # the variable alone turns it on
