@@ -33,6 +33,7 @@ from opentelemetry.sdk.trace import Event as SpanEvent
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.util.types import AttributeValue
 
 from omnictl.profiling.events import Event, EventKind, MetaValue
 from omnictl.profiling.spans import RequestTrace, Span, build_trace
@@ -74,17 +75,17 @@ def emit_trace(provider: TracerProvider, processor: SpanProcessor, request_id: s
 
     root = context()
     stage_contexts = {span.name: context() for span in request.of_kind("stage")}
-    events: dict[int, list[SpanEvent]] = {c.span_id: [] for c in (root, *stage_contexts.values())}  # by span id
+    marks: dict[int, list[SpanEvent]] = {c.span_id: [] for c in (root, *stage_contexts.values())}  # by span id
     for mark in request.of_kind("mark"):
         owner = stage_contexts.get(mark.stage or "", root) if mark.name in _STAGE_MARKS else root
-        events[owner.span_id].append(SpanEvent(mark.name, _attributes(mark), mark.start_ns))
-    spans = [ReadableSpan(ROOT_NAME, root, caller, resource, root_attributes, events[root.span_id], kind=SpanKind.SERVER,
+        marks[owner.span_id].append(SpanEvent(mark.name, _attributes(mark), mark.start_ns))
+    spans = [ReadableSpan(ROOT_NAME, root, caller, resource, root_attributes, marks[root.span_id], kind=SpanKind.SERVER,
                           status=error, start_time=request.request.start_ns, end_time=request.request.end_ns,
                           instrumentation_scope=SCOPE)]
     for span in request.of_kind("stage"):
         own = stage_contexts[span.name]
         status = error if failure is not None and failure.stage == span.stage else _UNSET
-        spans.append(ReadableSpan(f"stage {span.name}", own, root, resource, _attributes(span), events[own.span_id],
+        spans.append(ReadableSpan(f"stage {span.name}", own, root, resource, _attributes(span), marks[own.span_id],
                                   status=status, start_time=span.start_ns, end_time=span.end_ns,
                                   instrumentation_scope=SCOPE))
     for span in request.spans:
@@ -110,8 +111,8 @@ def _caller(admitted: dict[str, MetaValue]) -> SpanContext | None:
 
 
 def _root_attributes(request: RequestTrace, admitted: dict[str, MetaValue], modalities: Mapping[str, str],
-                     truncated: int) -> dict[str, object]:
-    attributes: dict[str, object] = {
+                     truncated: int) -> dict[str, AttributeValue]:
+    attributes: dict[str, AttributeValue] = {
         "omnictl.request_id": request.request_id,
         "omnictl.outcome": request.status,
         "omnictl.stages": request.stages,
@@ -131,8 +132,8 @@ def _root_attributes(request: RequestTrace, admitted: dict[str, MetaValue], moda
     return attributes
 
 
-def _attributes(span: Span) -> dict[str, object]:
-    attributes: dict[str, object] = {"omnictl.process": span.process}
+def _attributes(span: Span) -> dict[str, AttributeValue]:
+    attributes: dict[str, AttributeValue] = {"omnictl.process": span.process}
     if span.stage is not None:
         attributes["omnictl.stage"] = span.stage
     for key, value in span.meta.items():

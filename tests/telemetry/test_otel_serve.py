@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from typing import Any, Iterator
+from typing import Iterator
 from unittest import mock
 
 import httpx
