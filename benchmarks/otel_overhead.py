@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 _WARMUP = 20  # requests before measuring: first-request costs (imports, caches) excluded
+_CATCH_UP_S = 3.0  # after the measured requests, before closing the pipeline
 _SETTLE_S = 8.0  # how long to wait for the last traces after a round (grace 1 s + batch delay 1 s)
 WAYS = ("off", "on", "unreachable")
 
@@ -109,6 +110,9 @@ async def pipeline_round(topology: Path, run_dir: Path, endpoint: str | None, re
         cpu_before, started = cpu_seconds(pids), time.perf_counter()
         await asyncio.gather(*(worker(w, requests) for w in range(concurrency)))
         elapsed, cpu = time.perf_counter() - started, cpu_seconds(pids) - cpu_before
+        # A server goes on after a burst: give the export the time to catch up before shutting
+        # down (whose flush is bounded, and would drop what is left).
+        await asyncio.sleep(_CATCH_UP_S)
         return requests / elapsed, cpu / requests * 1000
 
 
