@@ -11,6 +11,7 @@ from omnictl.coordinator import socketdir
 from omnictl.coordinator.coordinator import Coordinator
 from omnictl.coordinator.launcher import refuse_unsupported
 from omnictl.coordinator.request import RequestHandle
+from omnictl.exceptions import StartupError
 from omnictl.inputs import request_params
 from omnictl.topology.derive import on_cpu
 from omnictl.topology.model import Topology
@@ -38,6 +39,7 @@ class Pipeline:
         self._recorder = recorder
         self.run_dir = run_dir
         self.admission = Admission(max_in_flight=None)  # launch() sets the limit it was given
+        self.otlp_endpoint: str | None = None  # where finished requests' traces go; None: off
 
     @classmethod
     def launch(
@@ -53,6 +55,7 @@ class Pipeline:
         max_restarts: int = 0,
         max_in_flight: int | None = None,
         max_queue_wait: float = 0.0,
+        otlp_endpoint: str | None = None,
     ) -> "_Launch":
         """Spawn the stage processes; use as ``async with`` (or ``await`` it and close yourself).
 
@@ -67,11 +70,23 @@ class Pipeline:
         stage by stage into ``run_dir`` (a fresh directory under the user state dir by default).
         ``max_in_flight`` (None: no limit) and ``max_queue_wait`` are admission control (see
         :mod:`omnictl.admission`): ``submit`` raises :class:`Overloaded` over the limit.
+        ``otlp_endpoint`` (an OTLP/HTTP collector's URL, e.g. ``http://127.0.0.1:4318``; None:
+        off) exports every finished request as an OpenTelemetry trace built from its profile
+        (needs ``profile``; see :mod:`omnictl.telemetry`).
         """
         admission = Admission(max_in_flight, max_queue_wait)  # checks the values before any process starts
+        traces_to = None
+        if otlp_endpoint is not None:
+            from omnictl.telemetry.endpoint import check_installed, traces_url
+
+            if not profile:
+                raise StartupError("otlp_endpoint needs profile=True", hint="traces are built from the profiler's events")
+            traces_to = traces_url(otlp_endpoint)
+            check_installed()
+        loaded = _load(topology, device)
         return _Launch(
             cls,
-            _load(topology, device),
+            loaded,
             dict(
                 model_path=model_path,
                 run_dir=Path(run_dir) if run_dir is not None else None,
@@ -80,6 +95,7 @@ class Pipeline:
                 ready_timeout=ready_timeout,
                 max_restarts=max_restarts,
                 admission=admission,
+                otlp_endpoint=traces_to,
             ),
         )
 
@@ -97,7 +113,12 @@ class Pipeline:
             run_dir = run_dir or default_run_dir()
             write_run_info(run_dir, topology)
             profile_address = f"ipc://{socket_dir}/profile"
-            collector = Collector(run_dir, profile_address).start()
+            otlp = None
+            if options["otlp_endpoint"] is not None:
+                from omnictl.telemetry.endpoint import OtlpTarget
+
+                otlp = OtlpTarget(options["otlp_endpoint"], topology.name, dict(topology.terminals))
+            collector = Collector(run_dir, profile_address, otlp=otlp).start()
             profiler = collector.local_recorder()
         coordinator = Coordinator(
             topology,
@@ -111,6 +132,7 @@ class Pipeline:
         )
         pipeline = cls(coordinator, collector, profiler, run_dir)
         pipeline.admission = options["admission"]
+        pipeline.otlp_endpoint = options["otlp_endpoint"]
         try:
             await coordinator.start()
         except BaseException:
@@ -142,6 +164,7 @@ class Pipeline:
         inputs: Any,
         modalities: Sequence[str] | None = None,
         request_id: str | None = None,
+        traceparent: str | None = None,
     ) -> RequestHandle:
         """Start a request. ``modalities`` selects terminals by modality (None: all).
 
@@ -150,11 +173,19 @@ class Pipeline:
         Its ``sampling`` and ``voice`` are also what every stage sees as the request's params.
         Raises :class:`Overloaded` (or :class:`AdmissionTimeout` after waiting) when admission
         control refuses it; the slot it takes is freed when the request ends, however it ends.
+        ``traceparent`` (a W3C header value) makes the request's exported trace a child of the
+        caller's span; ignored when the pipeline exports no traces, or when it is malformed.
         """
         params = request_params(inputs)
+        trace_parent = None
+        if traceparent is not None and self.otlp_endpoint is not None:
+            from omnictl.telemetry.traceparent import parse_traceparent
+
+            trace_parent = parse_traceparent(traceparent)
         ticket = await self.admission.admit()
         try:
-            handle = await self._coordinator.submit(inputs, modalities, request_id, params=params)
+            handle = await self._coordinator.submit(inputs, modalities, request_id, params=params,
+                                                    trace_parent=trace_parent)
         except BaseException:
             ticket.release()
             raise

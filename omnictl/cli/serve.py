@@ -36,6 +36,10 @@ def serve_command(
     max_restarts: Annotated[int, typer.Option(
         "--max-restarts", min=0, metavar="N",
         help="Restart a stage process (each replica on its own) up to N times after it dies; 0: it stays down.")] = 0,
+    otlp_endpoint: Annotated[Optional[str], typer.Option(
+        "--otlp-endpoint", metavar="URL",
+        help="Export every finished request as an OpenTelemetry trace to this OTLP/HTTP collector "
+             "(e.g. http://127.0.0.1:4318; default: $OTEL_EXPORTER_OTLP_ENDPOINT, else off).")] = None,
 ) -> None:
     """Serve a topology over an OpenAI-compatible HTTP API (chat completions with text and audio)."""
     from rich.console import Console
@@ -55,6 +59,13 @@ def serve_command(
                      f"(got {log_format!r}, {log_level!r})")
         raise typer.Exit(2)
     configure(log_level, log_format)  # type: ignore[arg-type]  # checked just above
+    from omnictl.telemetry.endpoint import resolve_endpoint
+
+    try:
+        traces_to = resolve_endpoint(otlp_endpoint, os.environ)  # the flag wins over the variable
+    except OmnictlError as exc:
+        errors.print(f"error: {exc}")
+        raise typer.Exit(2) from exc
     if api_key is None and "OMNICTL_API_KEY" in os.environ:
         api_key = os.environ["OMNICTL_API_KEY"]  # Click drops an empty variable: it is refused below, not ignored
     options = ServeOptions(
@@ -62,7 +73,7 @@ def serve_command(
         run_dir=str(run_dir) if run_dir else None, request_timeout=request_timeout, max_restarts=max_restarts,
         limits=Limits(int(max_body_mb * 1024 * 1024), int(max_audio_mb * 1024 * 1024), body_timeout_s=body_timeout),
         served_model_names=tuple(served_model_name or ()),
-        max_in_flight=max_in_flight or None, max_queue_wait=max_queue_wait,
+        max_in_flight=max_in_flight or None, max_queue_wait=max_queue_wait, otlp_endpoint=traces_to,
     )
     dashboards: list[object] = []
 
@@ -72,6 +83,8 @@ def serve_command(
         console.print(ready_message(listening.url, listening.state.model_name, topo.terminals,
                                     len(topo.stages), len(topo.instances()), api_key,
                                     str(pipe.run_dir) if pipe.run_dir is not None else None), soft_wrap=True)
+        if pipe.otlp_endpoint is not None:
+            console.print(f"OpenTelemetry: every finished request's trace goes to {pipe.otlp_endpoint}", soft_wrap=True)
         if pipe.profile is not None:
             import asyncio
 

@@ -26,7 +26,7 @@ from omnictl.coordinator.stats import stage_stats
 from omnictl.coordinator.pruning import active_stages, select_terminals
 from omnictl.coordinator.request import RequestEvent, RequestEventKind, RequestHandle, RequestRecord, RequestState
 from omnictl.exceptions import InvalidRequest, LaunchError, PipelineDead, RequestAborted, RequestFailed
-from omnictl.profiling.events import EventKind, NullProfiler, Profiler
+from omnictl.profiling.events import EventKind, MetaValue, NullProfiler, Profiler
 from omnictl.recent import RecentIds
 from omnictl.schedulers.simple import describe_error
 from omnictl.topology.model import RelayKnobs, Topology
@@ -176,9 +176,12 @@ class Coordinator:
         modalities: Sequence[str] | None = None,
         request_id: str | None = None,
         params: Mapping[str, Any] | None = None,
+        trace_parent: Mapping[str, MetaValue] | None = None,
     ) -> RequestHandle:
         """``params`` (msgpack-plain): what every stage sees of the request besides its data
-        (``sampling``, ``voice``); :meth:`Pipeline.submit` derives them from the inputs."""
+        (``sampling``, ``voice``); :meth:`Pipeline.submit` derives them from the inputs.
+        ``trace_parent``: the caller's span (see :mod:`omnictl.telemetry.traceparent`),
+        recorded with the admission for the OTLP export."""
         if self.dead_reason is not None:
             raise PipelineDead(self.dead_reason)
         terminals = select_terminals(self.topology, modalities)
@@ -202,7 +205,7 @@ class Coordinator:
         loop = asyncio.get_running_loop()
         record = RequestRecord(rid, set(terminals), active, loop.time() + self.request_timeout)
         self.requests[rid] = record
-        self.profiler.record(EventKind.ADMITTED, rid, None, terminals=",".join(terminals))
+        self.profiler.record(EventKind.ADMITTED, rid, None, terminals=",".join(terminals), **(trace_parent or {}))
         record.state = RequestState.RUNNING
         process = self.topology.processes[self.topology.process_of(entry)]
         instance = process.instances[replicas.get(process.name, 0)]

@@ -13,15 +13,26 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import zmq
 
 from omnictl.profiling.aggregate import Aggregator
-from omnictl.profiling.collector_process import CollectorConfig, CollectorProcess, ControlRequest, RemoteAggregator
+from omnictl.profiling.collector_process import (
+    CollectorConfig,
+    CollectorProcess,
+    ControlRequest,
+    RemoteAggregator,
+    open_sink,
+)
 from omnictl.profiling.receiver import Receiver
 from omnictl.profiling.recorder import Recorder
 from omnictl.profiling.stats import SnapshotSource
 from omnictl.profiling.store import TraceStore
+from omnictl.telemetry.endpoint import OtlpTarget
+
+if TYPE_CHECKING:
+    from omnictl.telemetry.export import OtlpSink
 
 _POLL_MS = 100  # how often the receiving thread checks whether it should stop
 _COUNTS_POLL_S = 0.01
@@ -37,6 +48,7 @@ class Collector:
         segment_bytes: int = 16 * 1024 * 1024,
         max_segments: int = 8,
         control_address: str | None = None,
+        otlp: OtlpTarget | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.address = address
@@ -49,10 +61,12 @@ class Collector:
                 raise ValueError(f"give a control_address for a collector process on {address!r} (derived only for ipc://)")
             control_address = f"{address}.control"
         self.control_address = control_address
+        self.otlp = otlp  # export finished requests as traces there (omnictl.telemetry)
         self.store = TraceStore(self.run_dir, segment_bytes, max_segments)  # for reading the trace
         self._aggregator = Aggregator(window_s)  # fed here in thread mode
         self.aggregator: SnapshotSource = self._aggregator
         self._process: CollectorProcess | None = None
+        self._sink: OtlpSink | None = None  # thread mode with an OTLP endpoint
         self._receiver: Receiver | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -67,12 +81,14 @@ class Collector:
             assert self.control_address is not None
             config = CollectorConfig(
                 str(self.run_dir), self.address, self.control_address, self.window_s,
-                self._segment_bytes, self._max_segments, os.getpid(),
+                self._segment_bytes, self._max_segments, os.getpid(), self.otlp,
             )
             self._process = CollectorProcess(config)
             self.aggregator = RemoteAggregator(self._process, self.window_s)
             return self
-        self._receiver = Receiver(self.address, self.store, self._aggregator)
+        self._sink = open_sink(self.otlp)
+        self._receiver = Receiver(self.address, self.store, self._aggregator,
+                                  self._sink.add if self._sink is not None else None)
         self._thread = threading.Thread(target=self._receive_loop, name="omnictl-collector", daemon=True)
         self._thread.start()
         return self
@@ -145,5 +161,9 @@ class Collector:
         while not self._stopping.is_set():
             if poller.poll(_POLL_MS):
                 receiver.take_ready()
+            if self._sink is not None:
+                self._sink.tick()
         receiver.drain(self._drain_s)
         receiver.close()
+        if self._sink is not None:
+            self._sink.close()

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import msgspec
 import zmq
@@ -26,6 +26,10 @@ import zmq
 from omnictl.profiling.aggregate import Aggregator, ProfileSnapshot
 from omnictl.profiling.receiver import Receiver
 from omnictl.profiling.store import TraceStore
+from omnictl.telemetry.endpoint import OtlpTarget
+
+if TYPE_CHECKING:
+    from omnictl.telemetry.export import OtlpSink
 
 _PARENT_CHECK_MS = 200
 _START_TIMEOUT_S = 60.0  # a cold interpreter on a busy machine takes seconds
@@ -40,6 +44,7 @@ class CollectorConfig(msgspec.Struct, frozen=True):
     segment_bytes: int
     max_segments: int
     parent_pid: int
+    otlp: OtlpTarget | None = None  # export finished requests as traces there (omnictl.telemetry)
 
 
 class ControlRequest(msgspec.Struct, frozen=True):
@@ -65,7 +70,8 @@ def serve(config: CollectorConfig) -> None:
     """Receive events and answer control requests until told to stop or orphaned."""
     aggregator = Aggregator(window_s=config.window_s)
     store = TraceStore(Path(config.run_dir), config.segment_bytes, config.max_segments)
-    receiver = Receiver(config.address, store, aggregator)
+    sink = open_sink(config.otlp)
+    receiver = Receiver(config.address, store, aggregator, sink.add if sink is not None else None)
     context = zmq.Context()
     control = context.socket(zmq.REP)
     control.setsockopt(zmq.LINGER, 1000)
@@ -85,6 +91,8 @@ def serve(config: CollectorConfig) -> None:
             ready = dict(poller.poll(_PARENT_CHECK_MS))
             if receiver.socket in ready:
                 receiver.take_ready()
+            if sink is not None:
+                sink.tick()
             if control in ready:
                 request = decoder.decode(control.recv())
                 if request.op == "stop":
@@ -98,6 +106,17 @@ def serve(config: CollectorConfig) -> None:
         receiver.close()
         control.close()
         context.term()
+        if sink is not None:
+            sink.close()  # after the reply: flushing to a slow endpoint must not delay the stop's answer
+
+
+def open_sink(otlp: OtlpTarget | None) -> "OtlpSink | None":
+    """The OTLP export when an endpoint is set; None (and no opentelemetry import) otherwise."""
+    if otlp is None:
+        return None
+    from omnictl.telemetry.export import OtlpSink
+
+    return OtlpSink(otlp)
 
 
 class CollectorProcess:
@@ -196,11 +215,22 @@ def main() -> None:
     # the last batches are drained and stored first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     config = msgspec.json.decode(sys.stdin.buffer.readline(), type=CollectorConfig)
+    if config.otlp is not None:
+        _log_like_the_server()
     try:
         serve(config)
     except OSError as error:
         print(f"error: {error}", flush=True)
         sys.exit(1)
+
+
+def _log_like_the_server() -> None:
+    """The OTLP export logs (an unreachable endpoint): in the server's level and format."""
+    from omnictl.logs import FORMATS, configure
+
+    fmt = os.environ.get("OMNICTL_LOG_FORMAT", "text")
+    configure(os.environ.get("OMNICTL_LOG_LEVEL", "INFO"), fmt if fmt in FORMATS else "text",  # type: ignore[arg-type]
+              process_name="collector")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ process of its own); whoever owns it polls ``socket`` and calls ``take_ready``.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import msgspec
 import zmq
 
@@ -18,10 +20,12 @@ _MAX_BATCHES_PER_CALL = 64
 
 
 class Receiver:
-    def __init__(self, address: str, store: TraceStore, aggregator: Aggregator) -> None:
+    def __init__(self, address: str, store: TraceStore, aggregator: Aggregator,
+                 on_events: Callable[[list[Event]], None] | None = None) -> None:
         self.address = address
         self.store = store
         self.aggregator = aggregator
+        self.on_events = on_events  # a third consumer of every batch (the OTLP export), if any
         self.received = 0  # events received so far
         self.malformed = 0  # messages that were not a msgpack list[Event]
         self._decoder = msgspec.msgpack.Decoder(list[Event])
@@ -50,6 +54,8 @@ class Receiver:
                 continue
             self.store.append(events, flush=False)
             self.aggregator.add(events)
+            if self.on_events is not None:
+                self.on_events(events)
             taken += len(events)
         if taken:
             self.store.flush()  # once per call: readable on disk without a write per batch

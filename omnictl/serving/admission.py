@@ -116,7 +116,8 @@ async def admit(state: ServingState, request: Request, parse: Parser[T], endpoin
             return error_response(404, f"the model {submission.model!r} does not exist; this server serves "
                                   f"{', '.join(repr(m) for m in served)}", "invalid_request_error", "model_not_found", "model")
         try:
-            submitted = await pipe.submit(submission.inputs, submission.modalities, request_id=request_id)
+            submitted = await pipe.submit(submission.inputs, submission.modalities, request_id=request_id,
+                                          traceparent=state.traceparent(request.headers))
         except InvalidRequest as exc:
             if exc.field != "request_id":
                 raise

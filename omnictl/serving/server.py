@@ -46,6 +46,7 @@ class ServeOptions:
     served_model_names: tuple[str, ...] = ()  # model ids accepted besides the topology's name
     max_in_flight: int | None = DEFAULT_MAX_IN_FLIGHT  # admission control; None: no limit (429 over it)
     max_queue_wait: float = 0.0  # seconds a request may wait for a slot (503 after)
+    otlp_endpoint: str | None = None  # export every finished request's trace there (OTLP/HTTP); None: off
 
 
 def default_topology() -> Path:
@@ -146,6 +147,7 @@ async def run_server(
             topology, model_path=options.model_path, device=options.device, run_dir=options.run_dir,
             profile=True, request_timeout=options.request_timeout, max_restarts=options.max_restarts,
             max_in_flight=options.max_in_flight, max_queue_wait=options.max_queue_wait,
+            otlp_endpoint=options.otlp_endpoint,
         )
         entering = asyncio.create_task(launch.__aenter__(), name="pipeline-launch")
         waiting = asyncio.create_task(stopping.wait())
@@ -160,6 +162,7 @@ async def run_server(
         try:
             state.model_name = pipe.topology.name  # the model id is the topology's `name`
             state.pipeline = pipe
+            state.tracing = pipe.otlp_endpoint is not None
             state.metrics.processes.pipeline = pipe
             if pipe.profile is not None:
                 state.metrics.profile.snapshot = pipe.profile.aggregator.snapshot

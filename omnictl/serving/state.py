@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from omnictl.serving.metrics import ServerMetrics
 from omnictl.serving.protocol import Limits
@@ -24,7 +24,8 @@ class PipelineLike(Protocol):
 
     run_dir: Any
 
-    async def submit(self, inputs: Any, modalities: list[str] | None = None, request_id: str | None = None) -> Any: ...
+    async def submit(self, inputs: Any, modalities: list[str] | None = None, request_id: str | None = None,
+                     traceparent: str | None = None) -> Any: ...
 
     async def abort(self, request_id: str) -> Any: ...
 
@@ -51,3 +52,8 @@ class ServingState:
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     active: dict[str, "Tracked"] = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
+    tracing: bool = False  # the pipeline exports traces: requests' `traceparent` headers are read
+
+    def traceparent(self, headers: Mapping[str, str]) -> str | None:
+        """The caller's W3C ``traceparent`` header, read only while traces are exported."""
+        return headers.get("traceparent") if self.tracing else None

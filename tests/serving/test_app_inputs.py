@@ -34,7 +34,8 @@ class RecordingPipeline:
         self.topology = SimpleNamespace(terminals={"answer": "text"})
         self.submitted: list[tuple[Any, list[str] | None, int]] = []
 
-    async def submit(self, inputs: Any, modalities: list[str] | None = None, request_id: str | None = None) -> Any:
+    async def submit(self, inputs: Any, modalities: list[str] | None = None, request_id: str | None = None,
+                     traceparent: str | None = None) -> Any:
         self.submitted.append((inputs, modalities, threading.get_ident()))
         raise PipelineDead("test pipeline: stops at submit")
 

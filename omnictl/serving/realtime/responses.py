@@ -38,6 +38,7 @@ class ResponseRun:
     send: Send
     state: ServingState
     pipeline: PipelineLike
+    traceparent: str | None = None  # the session's caller span (W3C), for the exported trace
     cancel_reason: str | None = None
     request_id: str | None = None
     tracked: Tracked | None = None
@@ -105,7 +106,8 @@ class ResponseRun:
 
     async def _submit(self, request: ChatRequest) -> None:
         self.request_id = ev.new_id("resp_req")
-        submitted = await self.pipeline.submit(request, self._pipeline_modalities(), request_id=self.request_id)
+        submitted = await self.pipeline.submit(request, self._pipeline_modalities(), request_id=self.request_id,
+                                               traceparent=self.traceparent)
         self.state.metrics.in_flight.inc()
         self.tracked = Tracked(submitted, self.state.metrics, self.state.active, self.state.model_name, "pcm16")
         self.state.active[submitted.id] = self.tracked

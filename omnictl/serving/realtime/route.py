@@ -76,7 +76,8 @@ def realtime_endpoint(state: ServingState) -> Callable[[WebSocket], Awaitable[No
         await websocket.accept(subprotocol=offered[0] if offered else None)
         outbox: asyncio.Queue[str | None] = asyncio.Queue()
         model = websocket.query_params.get("model") or state.model_name
-        session = RealtimeSession(state, pipe, lambda event: outbox.put_nowait(ev.encode(event)), model, silero)
+        session = RealtimeSession(state, pipe, lambda event: outbox.put_nowait(ev.encode(event)), model, silero,
+                                  traceparent=state.traceparent(websocket.headers))
         writer = asyncio.create_task(_write(websocket, outbox))
         session.send(ev.SessionCreated(session=session.session_object()))
         try:

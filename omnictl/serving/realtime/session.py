@@ -55,8 +55,9 @@ class Settings:
 
 class RealtimeSession:
     def __init__(self, state: ServingState, pipeline: PipelineLike, send: Callable[[ev.ServerEvent], None], model: str,
-                 silero: Callable[[], SileroModel]) -> None:
+                 silero: Callable[[], SileroModel], traceparent: str | None = None) -> None:
         self.state, self.pipeline, self.send, self.model = state, pipeline, send, model
+        self.traceparent = traceparent  # the handshake's: every request of the session is its child
         self.id = ev.new_id("sess")
         self.settings = Settings()
         self.conversation = Conversation()
@@ -244,7 +245,8 @@ class RealtimeSession:
                                                                                    field=f"item {turn.id}"),)),))
         tracked: Tracked | None = None
         try:
-            submitted = await self.pipeline.submit(request, [TRANSCRIPT], request_id=ev.new_id("transcribe"))
+            submitted = await self.pipeline.submit(request, [TRANSCRIPT], request_id=ev.new_id("transcribe"),
+                                                   traceparent=self.traceparent)
             self.state.metrics.in_flight.inc()
             tracked = Tracked(submitted, self.state.metrics, self.state.active, self.model)
             self.state.active[submitted.id] = tracked
@@ -293,7 +295,8 @@ class RealtimeSession:
         instructions = s.instructions if config.instructions is msgspec.UNSET else config.instructions
         voice = None if s.voice in OPENAI_VOICES else s.voice
         sampling = s.sampling(limit)
-        run = ResponseRun(ev.new_id("resp"), modalities, self.send, self.state, self.pipeline)
+        run = ResponseRun(ev.new_id("resp"), modalities, self.send, self.state, self.pipeline,
+                          traceparent=self.traceparent)
 
         async def respond() -> None:
             try:
