@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any, Generator, Sequence
 
+from omnictl import logs
 from omnictl.admission import Admission
 from omnictl.coordinator import socketdir
 from omnictl.coordinator.coordinator import Coordinator
@@ -38,6 +40,7 @@ class Pipeline:
         self._recorder = recorder
         self.run_dir = run_dir
         self.admission = Admission(max_in_flight=None)  # launch() sets the limit it was given
+        self._log_file: logging.Handler | None = None  # the server's records in <run_dir>/logs/server.log
 
     @classmethod
     def launch(
@@ -64,7 +67,9 @@ class Pipeline:
         ``max_restarts`` > 0 restarts a stage process (each replica on its own) that dies;
         otherwise it stays down: requests go to the process's other replicas, and once a
         process has none left the pipeline refuses new work. ``profile`` records every request
-        stage by stage into ``run_dir`` (a fresh directory under the user state dir by default).
+        stage by stage into ``run_dir`` (a fresh directory under the user state dir by default);
+        with a run directory, every process's log records also go to ``run_dir/logs/``
+        (``server.log``, and one file per stage process, ``NAME.log`` or ``NAME#i.log``).
         ``max_in_flight`` (None: no limit) and ``max_queue_wait`` are admission control (see
         :mod:`omnictl.admission`): ``submit`` raises :class:`Overloaded` over the limit.
         """
@@ -108,9 +113,12 @@ class Pipeline:
             ready_timeout=options["ready_timeout"],
             max_restarts=options["max_restarts"],
             socket_dir=socket_dir,
+            run_dir=run_dir,
         )
         pipeline = cls(coordinator, collector, profiler, run_dir)
         pipeline.admission = options["admission"]
+        if run_dir is not None:
+            pipeline._log_file = logs.attach_file(logs.log_file(run_dir, logs.SERVER_LOG))
         try:
             await coordinator.start()
         except BaseException:
@@ -188,6 +196,9 @@ class Pipeline:
             self._recorder.close()
         if self._collector is not None:
             self._collector.close()
+        if self._log_file is not None:
+            logs.detach(self._log_file)
+            self._log_file = None
 
 
 class _Launch:

@@ -51,6 +51,7 @@ class Coordinator:
         ready_timeout: float = 120.0,
         max_restarts: int = 0,
         socket_dir: Path | None = None,
+        run_dir: Path | None = None,
     ) -> None:
         self.topology = topology
         self.model_path = model_path if model_path is not None else topology.model_path
@@ -91,6 +92,7 @@ class Coordinator:
             f"ipc://{self.socket_dir}/broadcast",
             profile_address,
             self._process_exited,
+            run_dir,
         )
 
     # --- lifecycle --------------------------------------------------------------------

@@ -248,7 +248,7 @@ class StreamingScheduler(Scheduler):
             stream.failed = True
             field = exc.field if isinstance(exc, InvalidRequest) else None
             self.emit(OutgoingMessage(OutgoingKind.ERROR, rid, error=f"stage {self.stage_name}: {what} failed: {type(exc).__name__}: {exc}",
-                                      field=field))
+                                      field=field, exc=exc))
             return None
 
 
