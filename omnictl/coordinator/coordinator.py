@@ -345,6 +345,7 @@ class Coordinator:
         label = f"replica {instance!r}" if process.replicas > 1 else f"stage process {instance!r}"
         why = f"{label} (stages {', '.join(process.stages)}) died: {describe_exit(exitcode)}"
         self.down[instance] = why
+        self._reader.drop_dead()  # its segments are unlinked: unmap them here, or their memory stays
         handle = self.launcher.handles[instance]
         if not handle.ready.done():
             # A stage that failed to build sends why (LaunchFailed) just before it exits, and
