@@ -208,6 +208,8 @@ class Coordinator:
         record.state = RequestState.RUNNING
         process = self.topology.processes[self.topology.process_of(entry)]
         instance = process.instances[replicas.get(process.name, 0)]
+        if payload.shm is not None:
+            self._pool.sent(payload.shm, instance)  # taken back if that process dies before releasing it
         await self._push(instance).send(m.encode(m.Submit(ctx, entry, payload)))
         return RequestHandle(record, self.abort)
 
@@ -360,10 +362,22 @@ class Coordinator:
                 continue
             stage = next((s for s in process.stages if s in record.active), process.stages[0])
             self._fail(request_id, stage, f"stage {stage!r} failed: {why}")
+        self._take_back(instance)
         if handle.restarts < self.max_restarts:
             asyncio.get_running_loop().create_task(self._restart(instance, failed))
         else:
             self._lose(instance, why)
+
+    def _take_back(self, instance: str) -> None:
+        """What was sent to the dead ``instance`` and not read is lost with it: drop the
+        socket to it (its queue held only the failed requests' messages, which must not
+        reach the replacement and release reused slots) and take back the slots, here and,
+        after the aborts just sent, in every stage process."""
+        socket = self._pushes.pop(instance, None)
+        if socket is not None:
+            socket.close(linger=0)
+        self._pool.reclaim(instance)
+        self._broadcast.send(m.encode(m.ProcessLost(instance)))
 
     def _lose(self, instance: str, why: str) -> None:
         """No restart left for ``instance``: the pipeline is dead once a process has lost

@@ -210,6 +210,8 @@ class Worker:
                 for request_id in message.request_ids:
                     for stage in self.stages.values():
                         stage.on_abort(request_id)
+            elif isinstance(message, m.ProcessLost):
+                self.ports.lost(message.process)
             elif isinstance(message, m.Hello):
                 self.ports.send_control(m.HelloAck(self.config.instance, message.seq))
             elif isinstance(message, m.StatsRequest):

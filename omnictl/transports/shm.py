@@ -75,6 +75,9 @@ class SlotPool:
         self._free: list[int] = list(range(slots - 1, -1, -1))
         self._large: dict[str, shared_memory.SharedMemory] = {}  # in flight
         self._spare: list[shared_memory.SharedMemory] = []  # released, kept for reuse
+        # Refs sent to another OS process and not released yet, by (segment, slot): if that
+        # process dies, they never will be (see reclaim).
+        self._sent: dict[tuple[str, int], tuple[ShmRef, str]] = {}
 
     @property
     def in_use(self) -> int:
@@ -102,7 +105,22 @@ class SlotPool:
                 return self._spare.pop(i)
         return None
 
+    def sent(self, ref: ShmRef, process: str) -> None:
+        """``ref`` went to the OS process ``process``, which releases it once read."""
+        self._sent[(ref.segment, ref.slot)] = (ref, process)
+
+    def reclaim(self, process: str) -> int:
+        """``process`` died: release what was sent to it and not released (it was lost with
+        the process). The sender drops its socket to ``process`` first, so no message still
+        queued there reaches the replacement and releases a reused slot a second time.
+        Returns how many were taken back."""
+        lost = [ref for ref, to in self._sent.values() if to == process]
+        for ref in lost:
+            self.release(ref)
+        return len(lost)
+
     def release(self, ref: ShmRef) -> None:
+        self._sent.pop((ref.segment, ref.slot), None)
         if ref.slot < 0:
             segment = self._large.pop(ref.segment, None)
             if segment is not None:
@@ -121,6 +139,7 @@ class SlotPool:
             _unlink(segment)
         self._large.clear()
         self._spare.clear()
+        self._sent.clear()
         self._segment = None
 
 

@@ -56,3 +56,22 @@ def test_the_segments_of_a_killed_sender_are_unmapped_at_the_next_new_segment() 
             sender.wait()
         reader.close()
         own.close()
+
+
+def test_reclaim_takes_back_only_what_went_to_the_dead_process() -> None:
+    pool = SlotPool("me", "s", 1024, 2)
+    try:
+        refs = []
+        for size in (8, 8, 4096):  # two slots and a segment of its own
+            ref, view = pool.acquire(size)
+            view.release()
+            refs.append(ref)
+        pool.sent(refs[0], "x#0")
+        pool.sent(refs[1], "x#1")
+        pool.sent(refs[2], "x#0")
+        assert pool.in_use == 3
+        assert pool.reclaim("x#0") == 2 and pool.in_use == 1
+        pool.release(refs[1])  # released by its reader as usual: nothing left to take back
+        assert pool.in_use == 0 and pool.reclaim("x#1") == 0
+    finally:
+        pool.close()
