@@ -212,6 +212,7 @@ class Worker:
                         stage.on_abort(request_id)
             elif isinstance(message, m.ProcessLost):
                 self.ports.lost(message.process)
+                self.reader.drop_dead()  # unmap its segments: they were unlinked, their memory is held here
             elif isinstance(message, m.Hello):
                 self.ports.send_control(m.HelloAck(self.config.instance, message.seq))
             elif isinstance(message, m.StatsRequest):

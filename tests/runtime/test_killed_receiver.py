@@ -66,3 +66,19 @@ def test_slots_in_flight_to_a_killed_process_are_released(loop: LoopThread, tmp_
             except ProcessLookupError:
                 pass
         loop.run(pipe.close())
+
+
+def test_a_killed_senders_segments_are_unmapped_by_its_readers_without_more_traffic(loop: LoopThread, tmp_path: Path) -> None:
+    """Process ``two`` read from ``one``'s pool; ``one`` is killed and nothing else is sent:
+    ``two`` must not keep the dead pool mapped (its name is unlinked, its memory held)."""
+    pipe = launch(loop, two_processes(tmp_path), profile=False, max_restarts=1)
+    try:
+        assert loop.run(loop.run(pipe.submit({"blob": np.ones(BIG, dtype=np.float32)})).result())["b"]["blob"].size == BIG
+        sender, reader = pipe.process_ids()["one"], pipe.process_ids()["two"]
+        maps = Path(f"/proc/{reader}/maps")
+        assert f"/dev/shm/omx{sender}_" in maps.read_text()
+        os.kill(sender, signal.SIGKILL)
+        assert until(lambda: pipe.healthy and pipe.process_ids()["one"] != sender, timeout=60)
+        assert until(lambda: f"/dev/shm/omx{sender}_" not in maps.read_text(), timeout=10)
+    finally:
+        loop.run(pipe.close())
