@@ -43,6 +43,8 @@ from typing import Any
 import httpx
 import yaml
 
+from omnictl.transports import shm
+
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "chaos"
 _URL = re.compile(r"listening on (http://\S+)")
@@ -300,15 +302,15 @@ async def watch_loop(url: str, until: float, watch: Watch) -> None:
 
 async def kill_loop(url: str, started: float, until: float, every: float, watch: Watch, rng: random.Random,
                     kills: list[tuple[float, str, int]]) -> None:
-    """Every ``every`` seconds, SIGKILL one stage process that is up (a replica)."""
+    """Every ``every`` seconds, SIGKILL one stage process (a replica), chosen at random among
+    all of them: one still starting after its last kill included."""
     async with httpx.AsyncClient() as client:
-        while (now := time.monotonic()) + every < until:
+        while time.monotonic() + every < until:
             await asyncio.sleep(every)
             health = await get_health(client, url)
             watch.see(health)
-            down = health.get("replicas_down", {})
             candidates = sorted((name, pid) for name, pid in health["processes"].items()
-                                if name not in down and _parent(pid) == watch.server_pid)
+                                if _parent(pid) == watch.server_pid and _alive(pid))
             if not candidates:
                 continue
             name, pid = rng.choice(candidates)
@@ -441,6 +443,14 @@ async def settle(url: str, watch: Watch, timeout: float) -> dict[str, Any]:
             await asyncio.sleep(0.25)
 
 
+def idle_segment_bound(health: dict[str, Any]) -> int:
+    """The most segments the server's processes may own when idle: per sending pool (the
+    coordinator's, and one per stage in each replica) its slots' segment plus the spares it
+    keeps. The warm-up's count is below it when fewer payloads overflowed the slots then."""
+    pools = 1 + sum(len(entry.get("replicas", ())) or 1 for entry in health.get("stages", {}).values())
+    return pools * (1 + shm._SPARE_SEGMENTS)
+
+
 def find_leaks(baseline: Snapshot, after: Snapshot, health: dict[str, Any]) -> list[str]:
     leaks = []
     if health.get("status") != "ok":
@@ -454,8 +464,10 @@ def find_leaks(baseline: Snapshot, after: Snapshot, health: dict[str, Any]) -> l
     held = {name: n for name, n in after.mapped_dead.items() if n}
     if held:
         leaks.append(f"segments of dead processes still mapped: {held}")
-    if len(after.shm_live) > len(baseline.shm_live):
-        leaks.append(f"/dev/shm: {len(after.shm_live)} segments of live processes, baseline {len(baseline.shm_live)}")
+    bound = idle_segment_bound(health)
+    if len(after.shm_live) > max(len(baseline.shm_live), bound):
+        leaks.append(f"/dev/shm: {len(after.shm_live)} segments of live processes, baseline {len(baseline.shm_live)}, "
+                     f"idle bound {bound}")
     if after.fds["server"] > baseline.fds["server"]:
         leaks.append(f"server fds {after.fds['server']}, baseline {baseline.fds['server']}")
     stage_fds = sum(n for name, n in after.fds.items() if name != "server")
@@ -529,7 +541,7 @@ def render(report: SoakReport) -> str:
         f"  after: in-flight {report.health.get('in_flight')} (pipeline {report.health.get('pipeline_in_flight')}), "
         f"health {report.health.get('status')!r}, stage state held: {', '.join(stage_state(report.health)) or 'none'}",
         f"  /dev/shm segments (this server's): baseline {len(report.baseline.shm_live)}, after "
-        f"{len(report.after.shm_live)} (+{len(report.after.shm_dead)} of dead processes); mapped after their creator died: "
+        f"{len(report.after.shm_live)} (idle bound {idle_segment_bound(report.health)}) (+{len(report.after.shm_dead)} of dead processes); mapped after their creator died: "
         f"{sum(report.after.mapped_dead.values())}; unlinked spares still mapped by a reader: "
         f"{report.baseline.mapped_unlinked} -> {report.after.mapped_unlinked}",
         f"  open fds (shared memory aside): server {report.baseline.fds['server']} -> {report.after.fds['server']}; stage processes "
