@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import shutil
 import tempfile
 import uuid
@@ -37,6 +38,7 @@ from omnictl.transports.shm import SegmentReader, SlotPool
 # after it finished, so the coordinator remembers more than a stage (DEFAULT_RECENT_IDS): ~17 MB for uuid-hex ids.
 _RECENT_IDS = 100_000
 _LAUNCH_REPORT_GRACE_S = 0.5  # how long a dead process's launch report may still arrive
+log = logging.getLogger(__name__)
 
 
 class Coordinator:
@@ -363,9 +365,15 @@ class Coordinator:
             stage = next((s for s in process.stages if s in record.active), process.stages[0])
             self._fail(request_id, stage, f"stage {stage!r} failed: {why}")
         self._take_back(instance)
+        # Logged once, here: the death, what it cost and what happens next (each request it
+        # failed is logged by whoever answers it).
         if handle.restarts < self.max_restarts:
+            log.error("%s; %d request(s) pinned to it failed; restarting it (restart %d of %d)", why, len(failed),
+                      handle.restarts + 1, self.max_restarts)
             asyncio.get_running_loop().create_task(self._restart(instance, failed))
         else:
+            log.error("%s; %d request(s) pinned to it failed; no restart left (max_restarts %d)", why, len(failed),
+                      self.max_restarts)
             self._lose(instance, why)
 
     def _take_back(self, instance: str) -> None:
@@ -395,6 +403,7 @@ class Coordinator:
         except (LaunchError, asyncio.TimeoutError) as exc:
             if handle.alive():  # hung rather than exited: no exit will trigger another try
                 handle.process.kill()
+            log.error("stage process %r could not be restarted: %s", instance, exc)
             if handle.restarts >= self.max_restarts:
                 self._lose(instance, f"stage process {instance!r} could not be restarted: {exc}")
             return  # otherwise its exit starts the next restart
@@ -403,6 +412,7 @@ class Coordinator:
             # for those requests still in flight must not build state there.
             self._broadcast.send(m.encode(m.Abort(tuple(failed))))
         self.down.pop(instance, None)
+        log.info("stage process %r is back (pid %d)", instance, handle.process.pid)
 
     # --- introspection ----------------------------------------------------------------
 

@@ -18,6 +18,9 @@ from omnictl.topology.imports import topology_dir, worker_sys_path
 from omnictl.topology.model import Topology
 
 
+_TRACKER_WARNING = "ignore::UserWarning:multiprocessing.resource_tracker"
+
+
 def describe_exit(code: int | None) -> str:
     if code is None:
         return "still running"
@@ -126,6 +129,11 @@ class Launcher:
         # Model loaders' progress bars (transformers' "Loading weights") would interleave
         # across processes; each worker logs one line per stage it loaded instead.
         env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        # When a stage process is killed, its resource tracker unlinks the shared memory it
+        # left (by design) and says so with a bare "leaked shared_memory objects" warning on
+        # the server's stderr, once per kill; the coordinator logs the death itself instead.
+        warnings = [w for w in [env.get("PYTHONWARNINGS", ""), _TRACKER_WARNING] if w]
+        env["PYTHONWARNINGS"] = ",".join(warnings)
         if "OMP_NUM_THREADS" not in env:
             cores = len(os.sched_getaffinity(0))
             env["OMP_NUM_THREADS"] = str(max(1, cores // len(self.process_of)))

@@ -23,3 +23,8 @@ def test_a_minute_of_sigkills_leaves_nothing_hung_and_nothing_leaked(tmp_path: P
     assert report.outcomes.completed > 0, summary
     # every request ended one way or the other
     assert report.outcomes.sent == report.outcomes.completed + report.outcomes.failed_total, summary
+    # The server's output: each death logged once, by the coordinator; no traceback, and
+    # no bare warning from a killed process's resource tracker as it cleans up.
+    output = report.server_output.read_text()
+    assert output.count("died: killed by SIGKILL") == len(report.kills), summary
+    assert "Traceback" not in output and "resource_tracker" not in output, output[-3000:]
