@@ -265,24 +265,36 @@ async def load_loop(url: str, until: float, outcomes: Outcomes, config: SoakConf
 
 class Watch:
     """Polls the server's /health: the stage processes' pids (every pid each had counts for
-    shared memory), restarts (a process back with a new pid) and the process tree."""
+    shared memory), restarts (a process back with a new pid) and the process tree.
+
+    Pids are remembered with their start time: pids are reused (32768 of them here, on a
+    machine shared with other programs), and a reused one is someone else's process."""
 
     def __init__(self, server_pid: int) -> None:
         self.server_pid = server_pid
         self.current: dict[str, int] = {}
-        self.ever: set[int] = {server_pid}
-        self.tree_ever: set[int] = set()
+        self.ever: dict[int, int | None] = {server_pid: _start_time(server_pid)}  # pid -> start time
+        self.tree_ever: dict[int, int | None] = {}
         self.restarts = 0
-        self.last: dict[str, Any] = {}
 
     def see(self, health: dict[str, Any]) -> None:
-        self.last = health
         for name, pid in health.get("processes", {}).items():
             if name in self.current and self.current[name] != pid:
                 self.restarts += 1
             self.current[name] = pid
-            self.ever.add(pid)
-        self.tree_ever |= descendants(self.server_pid)
+            self.ever.setdefault(pid, _start_time(pid))
+        for pid in descendants(self.server_pid):
+            self.tree_ever.setdefault(pid, _start_time(pid))
+
+    def ours(self) -> set[int]:
+        """Every pid the server and its stage processes had that is not someone else's now."""
+        return {pid for pid, start in self.ever.items() if _start_time(pid) in (None, start)}
+
+    def orphans(self) -> list[int]:
+        """Processes once under the server, alive and no longer under it (a killed process's helpers)."""
+        tree = descendants(self.server_pid)
+        return sorted(pid for pid, start in self.tree_ever.items()
+                      if pid not in tree and start is not None and _start_time(pid) == start and _alive(pid))
 
 
 async def get_health(client: httpx.AsyncClient, url: str) -> dict[str, Any]:
@@ -342,6 +354,15 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def _start_time(pid: int) -> int | None:
+    """Clock ticks after boot when ``pid`` started; None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[19])
+    except FileNotFoundError:
+        return None
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:
@@ -399,7 +420,7 @@ def _rss(pid: int) -> int:
 def snapshot(watch: Watch) -> Snapshot:
     processes = {"server": watch.server_pid, **watch.current}
     live = {pid for pid in processes.values() if _alive(pid)}
-    segments = shm_segments(watch.ever)
+    segments = shm_segments(watch.ours())
     unlinked = {name: _unlinked_mappings(pid) for name, pid in processes.items()}
     return Snapshot(
         processes=processes,
@@ -500,8 +521,7 @@ async def _soak(server: Server, config: SoakConfig, rng: random.Random) -> SoakR
     seconds = time.monotonic() - started
     health = await settle(server.url, watch, config.settle_s)
     after = snapshot(watch)
-    tree = descendants(watch.server_pid)
-    orphans = sorted(pid for pid in watch.tree_ever if pid not in tree and _alive(pid))
+    orphans = watch.orphans()
     leaks = find_leaks(baseline, after, health)
     if orphans:
         leaks.append(f"processes left outside the server's tree: {orphans}")
