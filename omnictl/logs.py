@@ -23,6 +23,7 @@ import logging.handlers
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import IO, Iterator, Literal
 
 LogFormat = Literal["text", "json"]
@@ -46,6 +47,7 @@ class LogSettings:
 
 
 _settings = LogSettings("WARNING", "text")  # Python's default (warnings and up) until configured
+_configured = False
 
 
 @contextlib.contextmanager
@@ -65,6 +67,13 @@ def current_request_id() -> str:
 def settings() -> LogSettings:
     """The level and format :func:`configure` was last given (stage processes get the same)."""
     return _settings
+
+
+def configured() -> bool:
+    """Whether :func:`configure` was called (``omnictl serve`` does): until then omnictl's
+    records reach stderr only through Python's last-resort handler, which a file handler on
+    the ``omnictl`` logger would silence, so a run's ``server.log`` is written only after it."""
+    return _configured
 
 
 def log_file(run_dir: Path, process_name: str) -> Path:
@@ -115,7 +124,7 @@ def _check(fmt: str) -> None:
 def configure(level: str | int = "INFO", fmt: LogFormat = "text", stream: IO[str] | None = None,
               process_name: str = "server") -> logging.Handler:
     """Send the ``omnictl`` loggers' records at ``level`` and above to ``stream`` (stderr)."""
-    global _settings
+    global _settings, _configured
     _check(fmt)
     logger = logging.getLogger("omnictl")
     for old in [h for h in logger.handlers if h.get_name() == _HANDLER_NAME]:
@@ -125,6 +134,7 @@ def configure(level: str | int = "INFO", fmt: LogFormat = "text", stream: IO[str
     logger.setLevel(level.upper() if isinstance(level, str) else level)
     logger.propagate = False
     _settings = LogSettings(logging.getLevelName(logger.level), fmt)
+    _configured = True
     return handler
 
 
@@ -168,3 +178,9 @@ def configure_stage_process(level: str, fmt: LogFormat, process_name: str, path:
     omnictl = logging.getLogger("omnictl")
     omnictl.setLevel(level)
     omnictl.propagate = True
+    logging.captureWarnings(True)  # Python warnings of the stage's code, tagged like the rest
+    sys.excepthook = _log_uncaught  # a crash's traceback too, in this process's log
+
+
+def _log_uncaught(kind: type[BaseException], error: BaseException, traceback: TracebackType | None) -> None:
+    logging.getLogger("omnictl.stage.worker").critical("the stage process crashed", exc_info=(kind, error, traceback))

@@ -68,8 +68,9 @@ class Pipeline:
         otherwise it stays down: requests go to the process's other replicas, and once a
         process has none left the pipeline refuses new work. ``profile`` records every request
         stage by stage into ``run_dir`` (a fresh directory under the user state dir by default);
-        with a run directory, every process's log records also go to ``run_dir/logs/``
-        (``server.log``, and one file per stage process, ``NAME.log`` or ``NAME#i.log``).
+        with a run directory, every stage process's log records also go to ``run_dir/logs/``
+        (``NAME.log`` or ``NAME#i.log``), and this process's to ``server.log`` once
+        :func:`omnictl.logs.configure` was called.
         ``max_in_flight`` (None: no limit) and ``max_queue_wait`` are admission control (see
         :mod:`omnictl.admission`): ``submit`` raises :class:`Overloaded` over the limit.
         """
@@ -117,7 +118,7 @@ class Pipeline:
         )
         pipeline = cls(coordinator, collector, profiler, run_dir)
         pipeline.admission = options["admission"]
-        if run_dir is not None:
+        if run_dir is not None and logs.configured():
             pipeline._log_file = logs.attach_file(logs.log_file(run_dir, logs.SERVER_LOG))
         try:
             await coordinator.start()
