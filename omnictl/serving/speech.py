@@ -83,7 +83,10 @@ async def _audio(tracked: chat.Tracked) -> AsyncIterator[AudioChunk | chat.Pipel
     streamed = False
     async for event in tracked.request.events():
         if event.kind in (RequestEventKind.ERROR, RequestEventKind.ABORTED):
-            tracked.finish("failed" if event.kind is RequestEventKind.ERROR else "aborted")
+            if event.kind is RequestEventKind.ERROR:
+                tracked.finish("failed", str(event.error))  # logged once there, with why
+            else:
+                tracked.finish("aborted")
             yield event
             return
         data = event.data
