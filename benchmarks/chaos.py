@@ -42,6 +42,7 @@ from benchmarks.chaos_leaks import Snapshot, Watch, find_leaks, idle_segment_bou
 from benchmarks.chaos_load import Outcomes, Server, SoakConfig, kill_loop, load_loop, start_server, watch_loop
 
 __all__ = ["SoakConfig", "SoakReport", "render", "run_soak"]
+_RECHECK_S = 5.0
 
 
 @dataclass
@@ -82,11 +83,18 @@ async def _soak(server: Server, config: SoakConfig, rng: random.Random) -> SoakR
     )
     seconds = time.monotonic() - started
     health = await settle(server.url, watch, config.settle_s)
-    after = snapshot(watch)
-    orphans = watch.orphans()
-    leaks = find_leaks(baseline, after, health)
-    if orphans:
-        leaks.append(f"processes left outside the server's tree: {orphans}")
+    # Closing happens after the fact (a client's connection, a killed process's helper
+    # finishing its clean-up): look again for a few seconds before calling anything a leak.
+    deadline = time.monotonic() + _RECHECK_S
+    while True:
+        after = snapshot(watch)
+        orphans = watch.orphans()
+        leaks = find_leaks(baseline, after, health)
+        if orphans:
+            leaks.append(f"processes left outside the server's tree: {orphans}")
+        if not leaks or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.5)
     return SoakReport(config, outcomes, kills, watch.restarts - restarts_before, baseline, after, health, leaks,
                       orphans, seconds, server.output)
 
