@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import pytest
@@ -32,8 +32,11 @@ def two_process_topology(tmp_path: Path) -> Path:
     )
 
 
-def shm_entries() -> set[str]:
-    return {name for name in os.listdir("/dev/shm") if name.startswith("omx")}
+def shm_entries(pids: Iterable[int]) -> set[str]:
+    """The segments these processes made (named ``omx<pid>_...``): /dev/shm is shared with
+    every other program on the machine, other omnictl runs included, so not all ``omx*``."""
+    prefixes = tuple(f"omx{pid}_" for pid in pids)
+    return {name for name in os.listdir("/dev/shm") if name.startswith(prefixes)}
 
 
 def open_fds(pids: list[int]) -> int:
@@ -68,11 +71,11 @@ def test_no_growth_of_shared_memory_or_descriptors_across_a_thousand_requests(lo
         # small (inline), slot-sized and oversized (dedicated segment) payloads
         for size in (16, 64 * 1024, 3 * 1024 * 1024):
             loop.run(burst(50, size))
-        shm_before, fds_before = len(shm_entries()), open_fds(pids)
+        shm_before, fds_before = len(shm_entries(pids)), open_fds(pids)
         loop.run(burst(1000, 64 * 1024), timeout=300)
         loop.run(burst(50, 3 * 1024 * 1024))
         # Large segments are kept as spares (a bounded number per pool): count, not names.
-        assert until(lambda: len(shm_entries()) <= shm_before, timeout=5), (shm_before, shm_entries())
+        assert until(lambda: len(shm_entries(pids)) <= shm_before, timeout=5), (shm_before, shm_entries(pids))
         # Slot releases travel back asynchronously; a segment in flight holds a descriptor.
         assert until(lambda: open_fds(pids) <= fds_before, timeout=5), (fds_before, open_fds(pids))
         stats = loop.run(pipe.stats())
@@ -82,7 +85,7 @@ def test_no_growth_of_shared_memory_or_descriptors_across_a_thousand_requests(lo
 
 
 def test_orderly_shutdown_leaves_no_process_socket_or_segment(loop: LoopThread, tmp_path: Path) -> None:
-    before = shm_entries()
+    before = shm_entries([os.getpid()])
     pipe = launch(loop, two_process_topology(tmp_path), profile=False)
     pids = list(pipe.process_ids().values())
     sockets = pipe.socket_dir
@@ -95,7 +98,7 @@ def test_orderly_shutdown_leaves_no_process_socket_or_segment(loop: LoopThread, 
     loop.run(pipe.close())
     assert not any(alive(pid) for pid in pids)
     assert not sockets.exists()
-    assert shm_entries() <= before
+    assert shm_entries([os.getpid(), *pids]) <= before
 
 
 def _script(tmp_path: Path, body: str) -> Path:
@@ -129,17 +132,15 @@ def _start(script: Path) -> tuple[subprocess.Popen[str], list[int], Path]:
 
 
 def test_children_exit_when_the_parent_is_killed(tmp_path: Path) -> None:
-    before = shm_entries()
     owner, pids, _ = _start(_script(tmp_path, "await asyncio.sleep(600)"))
     assert pids and all(alive(pid) for pid in pids)
     owner.send_signal(signal.SIGKILL)
     owner.wait()
     assert until(lambda: not any(alive(pid) for pid in pids), timeout=15)
-    assert until(lambda: shm_entries() <= before, timeout=10), shm_entries() - before
+    assert until(lambda: not shm_entries([owner.pid, *pids]), timeout=10), shm_entries([owner.pid, *pids])
 
 
 def test_sigint_shuts_down_cleanly(tmp_path: Path) -> None:
-    before = shm_entries()
     owner, pids, sockets = _start(_script(tmp_path, "await asyncio.sleep(600)"))
     owner.send_signal(signal.SIGINT)
     # Closing the pipeline must not raise on the way out: then the KeyboardInterrupt is
@@ -147,4 +148,4 @@ def test_sigint_shuts_down_cleanly(tmp_path: Path) -> None:
     assert owner.wait(timeout=30) == -signal.SIGINT
     assert not any(alive(pid) for pid in pids)
     assert not sockets.exists()
-    assert shm_entries() <= before
+    assert not shm_entries([owner.pid, *pids])
