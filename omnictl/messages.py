@@ -115,6 +115,13 @@ class StatsRequest(msgspec.Struct, tag="stats_request", array_like=True):
     seq: int
 
 
+class ProcessLost(msgspec.Struct, tag="process_lost", array_like=True):
+    """``process`` (an OS process, ``NAME#i`` for a replica) died: what was sent to it and
+    not yet read will never be released by it (its senders take those slots back)."""
+
+    process: str
+
+
 # --- control plane: stage process -> coordinator -------------------------------------
 
 
@@ -174,7 +181,7 @@ class StatsReply(msgspec.Struct, tag="stats_reply", array_like=True):
 
 
 StageInbound = Union[Submit, DataReady, StreamChunk, StreamDone, Skip, SlotRelease]
-Broadcast = Union[Abort, Hello, StatsRequest]
+Broadcast = Union[Abort, Hello, StatsRequest, ProcessLost]
 ToCoordinator = Union[Ready, LaunchFailed, HelloAck, TerminalOutput, TerminalSkipped, StageFailed, StatsReply, SlotRelease]
 
 _encoder = msgspec.msgpack.Encoder()

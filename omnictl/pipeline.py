@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any, Generator, Sequence
 
+from omnictl import logs
 from omnictl.admission import Admission
 from omnictl.coordinator import socketdir
 from omnictl.coordinator.coordinator import Coordinator
@@ -40,6 +42,7 @@ class Pipeline:
         self.run_dir = run_dir
         self.admission = Admission(max_in_flight=None)  # launch() sets the limit it was given
         self.otlp_endpoint: str | None = None  # where finished requests' traces go; None: off
+        self._log_file: logging.Handler | None = None  # the server's records in <run_dir>/logs/server.log
 
     @classmethod
     def launch(
@@ -67,7 +70,10 @@ class Pipeline:
         ``max_restarts`` > 0 restarts a stage process (each replica on its own) that dies;
         otherwise it stays down: requests go to the process's other replicas, and once a
         process has none left the pipeline refuses new work. ``profile`` records every request
-        stage by stage into ``run_dir`` (a fresh directory under the user state dir by default).
+        stage by stage into ``run_dir`` (a fresh directory under the user state dir by default);
+        with a run directory, every stage process's log records also go to ``run_dir/logs/``
+        (``NAME.log`` or ``NAME#i.log``), and this process's to ``server.log`` once
+        :func:`omnictl.logs.configure` was called.
         ``max_in_flight`` (None: no limit) and ``max_queue_wait`` are admission control (see
         :mod:`omnictl.admission`): ``submit`` raises :class:`Overloaded` over the limit.
         ``otlp_endpoint`` (an OTLP/HTTP collector's URL, e.g. ``http://127.0.0.1:4318``; None:
@@ -129,10 +135,13 @@ class Pipeline:
             ready_timeout=options["ready_timeout"],
             max_restarts=options["max_restarts"],
             socket_dir=socket_dir,
+            run_dir=run_dir,
         )
         pipeline = cls(coordinator, collector, profiler, run_dir)
         pipeline.admission = options["admission"]
         pipeline.otlp_endpoint = options["otlp_endpoint"]
+        if run_dir is not None and logs.configured():
+            pipeline._log_file = logs.attach_file(logs.log_file(run_dir, logs.SERVER_LOG))
         try:
             await coordinator.start()
         except BaseException:
@@ -219,6 +228,9 @@ class Pipeline:
             self._recorder.close()
         if self._collector is not None:
             self._collector.close()
+        if self._log_file is not None:
+            logs.detach(self._log_file)
+            self._log_file = None
 
 
 class _Launch:

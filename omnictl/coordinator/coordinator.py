@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import shutil
 import tempfile
 import uuid
@@ -37,6 +38,7 @@ from omnictl.transports.shm import SegmentReader, SlotPool
 # after it finished, so the coordinator remembers more than a stage (DEFAULT_RECENT_IDS): ~17 MB for uuid-hex ids.
 _RECENT_IDS = 100_000
 _LAUNCH_REPORT_GRACE_S = 0.5  # how long a dead process's launch report may still arrive
+log = logging.getLogger(__name__)
 
 
 class Coordinator:
@@ -51,6 +53,7 @@ class Coordinator:
         ready_timeout: float = 120.0,
         max_restarts: int = 0,
         socket_dir: Path | None = None,
+        run_dir: Path | None = None,
     ) -> None:
         self.topology = topology
         self.model_path = model_path if model_path is not None else topology.model_path
@@ -91,6 +94,7 @@ class Coordinator:
             f"ipc://{self.socket_dir}/broadcast",
             profile_address,
             self._process_exited,
+            run_dir,
         )
 
     # --- lifecycle --------------------------------------------------------------------
@@ -209,6 +213,8 @@ class Coordinator:
         record.state = RequestState.RUNNING
         process = self.topology.processes[self.topology.process_of(entry)]
         instance = process.instances[replicas.get(process.name, 0)]
+        if payload.shm is not None:
+            self._pool.sent(payload.shm, instance)  # taken back if that process dies before releasing it
         await self._push(instance).send(m.encode(m.Submit(ctx, entry, payload)))
         return RequestHandle(record, self.abort)
 
@@ -346,6 +352,7 @@ class Coordinator:
         label = f"replica {instance!r}" if process.replicas > 1 else f"stage process {instance!r}"
         why = f"{label} (stages {', '.join(process.stages)}) died: {describe_exit(exitcode)}"
         self.down[instance] = why
+        self._reader.drop_dead()  # its segments are unlinked: unmap them here, or their memory stays
         handle = self.launcher.handles[instance]
         if not handle.ready.done():
             # A stage that failed to build sends why (LaunchFailed) just before it exits, and
@@ -360,10 +367,28 @@ class Coordinator:
                 continue
             stage = next((s for s in process.stages if s in record.active), process.stages[0])
             self._fail(request_id, stage, f"stage {stage!r} failed: {why}")
+        self._take_back(instance)
+        # Logged once, here: the death, what it cost and what happens next (each request it
+        # failed is logged by whoever answers it).
         if handle.restarts < self.max_restarts:
+            log.error("%s; %d request(s) pinned to it failed; restarting it (restart %d of %d)", why, len(failed),
+                      handle.restarts + 1, self.max_restarts)
             asyncio.get_running_loop().create_task(self._restart(instance, failed))
         else:
+            log.error("%s; %d request(s) pinned to it failed; no restart left (max_restarts %d)", why, len(failed),
+                      self.max_restarts)
             self._lose(instance, why)
+
+    def _take_back(self, instance: str) -> None:
+        """What was sent to the dead ``instance`` and not read is lost with it: drop the
+        socket to it (its queue held only the failed requests' messages, which must not
+        reach the replacement and release reused slots) and take back the slots, here and,
+        after the aborts just sent, in every stage process."""
+        socket = self._pushes.pop(instance, None)
+        if socket is not None:
+            socket.close(linger=0)
+        self._pool.reclaim(instance)
+        self._broadcast.send(m.encode(m.ProcessLost(instance)))
 
     def _lose(self, instance: str, why: str) -> None:
         """No restart left for ``instance``: the pipeline is dead once a process has lost
@@ -381,6 +406,7 @@ class Coordinator:
         except (LaunchError, asyncio.TimeoutError) as exc:
             if handle.alive():  # hung rather than exited: no exit will trigger another try
                 handle.process.kill()
+            log.error("stage process %r could not be restarted: %s", instance, exc)
             if handle.restarts >= self.max_restarts:
                 self._lose(instance, f"stage process {instance!r} could not be restarted: {exc}")
             return  # otherwise its exit starts the next restart
@@ -389,6 +415,7 @@ class Coordinator:
             # for those requests still in flight must not build state there.
             self._broadcast.send(m.encode(m.Abort(tuple(failed))))
         self.down.pop(instance, None)
+        log.info("stage process %r is back (pid %d)", instance, handle.process.pid)
 
     # --- introspection ----------------------------------------------------------------
 

@@ -8,12 +8,17 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
+from omnictl import logs
 from omnictl.exceptions import LaunchError
 from omnictl.stage.startup import WorkerConfig, encode_config
 from omnictl.topology.imports import topology_dir, worker_sys_path
 from omnictl.topology.model import Topology
+
+
+_TRACKER_WARNING = "ignore::UserWarning:multiprocessing.resource_tracker"
 
 
 def describe_exit(code: int | None) -> str:
@@ -67,6 +72,7 @@ class Launcher:
         broadcast_address: str,
         profile_address: str | None,
         on_exit: Callable[[str, int | None], None],
+        run_dir: Path | None = None,
     ) -> None:
         self.topology = topology
         self.model_path = model_path
@@ -75,6 +81,7 @@ class Launcher:
         self.broadcast_address = broadcast_address
         self.profile_address = profile_address
         self.on_exit = on_exit
+        self.run_dir = run_dir  # each process logs to <run_dir>/logs/<name>.log too
         self.handles: dict[str, ProcessHandle] = {}  # by OS process (replica) name
         self.process_of = {name: p.name for p in topology.processes.values() for name in p.instances}
         self._stopping = False
@@ -83,6 +90,7 @@ class Launcher:
 
     def start(self, name: str) -> ProcessHandle:
         """Start (or restart) the OS process ``name``: a process, or one replica of it."""
+        log_settings = logs.settings()  # read now: a restart logs as the server does then
         config = WorkerConfig(
             process=self.process_of[name],
             instance=name,
@@ -95,6 +103,9 @@ class Launcher:
             parent_pid=os.getpid(),
             # The topology's directory first: user code imports as in `validate --check-imports`.
             sys_path=worker_sys_path(self._topology_dir, sys.path),
+            log_level=log_settings.level,
+            log_format=log_settings.format,
+            log_file=str(logs.log_file(self.run_dir, name)) if self.run_dir is not None else None,
         )
         # A fresh interpreter (not multiprocessing's spawn): the user's __main__ is never
         # re-imported, so scripts need no `if __name__ == "__main__"` guard.
@@ -116,8 +127,13 @@ class Launcher:
         cores spin against each other and make every forward pass several times slower."""
         env = dict(os.environ)
         # Model loaders' progress bars (transformers' "Loading weights") would interleave
-        # across processes; each worker prints one line per stage it loaded instead.
+        # across processes; each worker logs one line per stage it loaded instead.
         env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        # When a stage process is killed, its resource tracker unlinks the shared memory it
+        # left (by design) and says so with a bare "leaked shared_memory objects" warning on
+        # the server's stderr, once per kill; the coordinator logs the death itself instead.
+        warnings = [w for w in [env.get("PYTHONWARNINGS", ""), _TRACKER_WARNING] if w]
+        env["PYTHONWARNINGS"] = ",".join(warnings)
         if "OMP_NUM_THREADS" not in env:
             cores = len(os.sched_getaffinity(0))
             env["OMP_NUM_THREADS"] = str(max(1, cores // len(self.process_of)))

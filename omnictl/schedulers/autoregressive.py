@@ -256,8 +256,9 @@ class AutoregressiveScheduler(Scheduler):
                 self._finished.add(request_id)
         self._fail_now(request_id, reason, field)
 
-    def _fail_now(self, request_id: str, reason: str, field: str | None = None) -> None:
-        self.emit(OutgoingMessage(OutgoingKind.ERROR, request_id, error=f"stage {self.stage_name}: {reason}", field=field))
+    def _fail_now(self, request_id: str, reason: str, field: str | None = None, exc: BaseException | None = None) -> None:
+        self.emit(OutgoingMessage(OutgoingKind.ERROR, request_id, error=f"stage {self.stage_name}: {reason}", field=field,
+                                  exc=exc))
 
     def _send(self, command: _Command) -> None:
         with self._wake:
@@ -412,7 +413,7 @@ class AutoregressiveScheduler(Scheduler):
             field = exc.field if isinstance(exc, InvalidRequest) else None  # the input's fault: a 400
             for rid in request_ids:
                 self._drop(rid)
-                self._fail_now(rid, f"{what} failed: {type(exc).__name__}: {exc}", field)
+                self._fail_now(rid, f"{what} failed: {type(exc).__name__}: {exc}", field, exc)
             return None
 
     def _drop(self, rid: str) -> None:

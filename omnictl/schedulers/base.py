@@ -48,6 +48,8 @@ class OutgoingMessage:
     # The request's field at fault when the input itself was bad (an InvalidRequest's
     # ``field``): the client gets a 400 naming it instead of a 500.
     field: str | None = None
+    # The exception behind an ERROR, if any: the stage logs its traceback (once, in its process).
+    exc: BaseException | None = None
 
 
 @dataclass(slots=True)

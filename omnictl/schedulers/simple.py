@@ -10,12 +10,14 @@ Stream chunks sent *to* a simple stage are not consumed: use a StreamingSchedule
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from omnictl.exceptions import InvalidRequest
+from omnictl.logs import request_scope
 from omnictl.profiling.events import EventKind
 from omnictl.schedulers.base import (
     IncomingKind,
@@ -59,18 +61,22 @@ class SimpleScheduler(Scheduler):
         self._running.add(rid)
         self.profile(EventKind.BUILD_START, rid)
         try:
-            if self._is_async:
-                result = await self.fn(message.data)
-            elif self._is_generator:
+            # Records the stage's code logs while on this request carry its id (the worker
+            # thread runs in a copy of this context).
+            with request_scope(rid):
                 loop = asyncio.get_running_loop()
-                result = await loop.run_in_executor(self._executor, self._drain_generator, message)
-            else:
-                loop = asyncio.get_running_loop()
-                result = await loop.run_in_executor(self._executor, self.fn, message.data)
+                if self._is_async:
+                    result = await self.fn(message.data)
+                elif self._is_generator:
+                    call = contextvars.copy_context().run
+                    result = await loop.run_in_executor(self._executor, call, self._drain_generator, message)
+                else:
+                    call = contextvars.copy_context().run
+                    result = await loop.run_in_executor(self._executor, call, self.fn, message.data)
         except Exception as exc:  # the function's failure is this request's failure only
             if rid not in self._aborted:
                 field = exc.field if isinstance(exc, InvalidRequest) else None
-                self.emit(OutgoingMessage(OutgoingKind.ERROR, rid, error=describe_error(exc), field=field))
+                self.emit(OutgoingMessage(OutgoingKind.ERROR, rid, error=describe_error(exc), field=field, exc=exc))
         else:
             if rid not in self._aborted:
                 self.profile(EventKind.BUILD_END, rid)

@@ -37,6 +37,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 import numpy as np
 
 from omnictl.exceptions import InvalidRequest
+from omnictl.logs import request_scope
 from omnictl.outputs import AudioChunk, AudioResult, TextDelta, TextResult
 from omnictl.profiling.events import EventKind
 from omnictl.recent import RecentIds
@@ -243,12 +244,13 @@ class StreamingScheduler(Scheduler):
 
     def _call(self, rid: str, stream: _Stream, what: str, call: Callable[[], Any]) -> Any:
         try:
-            return call()
+            with request_scope(rid):  # what the callback logs carries the request's id
+                return call()
         except Exception as exc:  # noqa: BLE001 - a failing callback fails its request, not the stage
             stream.failed = True
             field = exc.field if isinstance(exc, InvalidRequest) else None
             self.emit(OutgoingMessage(OutgoingKind.ERROR, rid, error=f"stage {self.stage_name}: {what} failed: {type(exc).__name__}: {exc}",
-                                      field=field))
+                                      field=field, exc=exc))
             return None
 
 

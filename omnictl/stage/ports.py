@@ -61,10 +61,29 @@ class WorkerPorts:
             socket = self._peers[process] = self._push(self._addresses[process])
         return socket
 
-    def _peer_of(self, ctx: m.RequestContext, dst: str) -> zmq.Socket:
+    def _instance_of(self, ctx: m.RequestContext, dst: str) -> str:
         """The replica of ``dst``'s process that this request was assigned at submit."""
         process = self.topology.processes[self.topology.process_of(dst)]
-        return self._peer(replica_name(process.name, ctx.replicas.get(process.name, 0), process.replicas))
+        return replica_name(process.name, ctx.replicas.get(process.name, 0), process.replicas)
+
+    def _peer_of(self, ctx: m.RequestContext, dst: str) -> zmq.Socket:
+        return self._peer(self._instance_of(ctx, dst))
+
+    def _send_payload(self, ctx: m.RequestContext, src: str, dst: str, payload: m.EncodedPayload,
+                      message: m.StageInbound) -> None:  # type: ignore[valid-type]
+        instance = self._instance_of(ctx, dst)
+        if payload.shm is not None:
+            self.pool(src).sent(payload.shm, instance)  # taken back if that process dies before releasing it
+        self._peer(instance).send(m.encode(message))
+
+    def lost(self, process: str) -> None:
+        """The OS process ``process`` died: drop the socket to it (what is still queued
+        there was for requests that failed with it) and take back the slots sent to it."""
+        socket = self._peers.pop(process, None)
+        if socket is not None:
+            socket.close(linger=0)
+        for pool in self.pools.values():
+            pool.reclaim(process)
 
     def pool(self, stage: str) -> SlotPool:
         pool = self.pools.get(stage)
@@ -106,7 +125,7 @@ class WorkerPorts:
         self.profiler.record(
             EventKind.HOP_SENT, ctx.request_id, src, target=dst, transport=edge.transport.value, bytes=payload_bytes(payload)
         )
-        self._peer_of(ctx, dst).send(m.encode(m.DataReady(ctx, src, dst, payload, sent)))
+        self._send_payload(ctx, src, dst, payload, m.DataReady(ctx, src, dst, payload, sent))
 
     def _receive_local(self, stage: "Stage", ctx: m.RequestContext, src: str, data: Any) -> None:
         self.profiler.record(EventKind.HOP_RECEIVED, ctx.request_id, stage.name, source=src, transport="inproc")
@@ -119,7 +138,7 @@ class WorkerPorts:
             self._loop.call_soon(self.local[dst].on_stream_chunk, ctx, src, seq, data)
             return
         payload = self._encode(src, edge.transport, data)
-        self._peer_of(ctx, dst).send(m.encode(m.StreamChunk(ctx, src, dst, seq, payload, now_ns())))
+        self._send_payload(ctx, src, dst, payload, m.StreamChunk(ctx, src, dst, seq, payload, now_ns()))
 
     def send_stream_done(self, ctx: m.RequestContext, src: str, dst: str) -> None:
         self._signal(ctx, src, dst, EdgeKind.STREAM, lambda s: s.on_stream_done(ctx, src), lambda: m.StreamDone(ctx, src, dst))

@@ -8,6 +8,7 @@ FAN-IN, ROUTE and STREAM, plus abort. The Stage talks to the model side only thr
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, Callable, Protocol
 
 from omnictl.messages import RequestContext, StageStats
@@ -19,6 +20,8 @@ from omnictl.schedulers.simple import describe_error
 from omnictl.stage.fanin import FanIn, FanInResult
 from omnictl.stage.router import RouteContractError, Router
 from omnictl.topology.model import StageSpec
+
+log = logging.getLogger(__name__)
 
 
 class Ports(Protocol):
@@ -93,7 +96,7 @@ class Stage:
         try:
             outcome = step()
         except Exception as exc:  # merge_fn failed: this request only
-            self._fail(rid, f"merge_fn of stage {self.name!r} raised {describe_error(exc)}")
+            self._fail(rid, f"merge_fn of stage {self.name!r} raised {describe_error(exc)}", exc=exc)
             return
         if waiting and not self.fanin.waiting(rid):
             self.profiler.record(EventKind.FANIN_WAIT_END, rid, self.name)
@@ -150,9 +153,10 @@ class Stage:
                 elif message.kind is OutgoingKind.RESULT:
                     self._route(ctx, message.data)
                 else:
-                    self._fail(ctx.request_id, f"stage {self.name!r} failed: {message.error}", message.field)
+                    self._fail(ctx.request_id, f"stage {self.name!r} failed: {message.error}", message.field, message.exc)
             except Exception as exc:  # e.g. an output leaf that cannot be serialized: this request fails
-                self._fail(ctx.request_id, f"stage {self.name!r} could not send its output: {describe_error(exc)}")
+                self._fail(ctx.request_id, f"stage {self.name!r} could not send its output: {describe_error(exc)}",
+                           exc=exc)
 
     def _breaks_contract(self, ctx: RequestContext, final: bool, data: Any) -> bool:
         """A terminal's output that is not what its modality promises fails the request here,
@@ -194,7 +198,7 @@ class Stage:
             self._fail(rid, str(exc))
             return
         except Exception as exc:  # a route_fn or projection raised: this request fails
-            self._fail(rid, f"routing in stage {self.name!r} raised {describe_error(exc)}")
+            self._fail(rid, f"routing in stage {self.name!r} raised {describe_error(exc)}", exc=exc)
             return
         for target in left_out:
             self.ports.send_skip(ctx, self.name, target)
@@ -212,7 +216,13 @@ class Stage:
                 self.ports.send_skip(ctx, self.name, target)
         self._forget(ctx.request_id)
 
-    def _fail(self, request_id: str, error: str, field: str | None = None) -> None:
+    def _fail(self, request_id: str, error: str, field: str | None = None, exc: BaseException | None = None) -> None:
+        # Logged once, here, in this stage's process (tagged with it and the request id): the
+        # traceback stays where the failure happened; the server logs the request's end, without it.
+        if field is not None:  # the input was bad: the client's mistake (a 400), not this stage's
+            log.info("%s (field %s)", error, field, extra={"request_id": request_id})
+        else:
+            log.error("%s", error, exc_info=exc, extra={"request_id": request_id})
         self.ports.send_failure(request_id, self.name, error, field=field)
         self._abort_in_scheduler(request_id)
         self._forget(request_id)

@@ -28,6 +28,9 @@ class WorkerConfig:
     profile_address: str | None
     parent_pid: int
     sys_path: tuple[str, ...]  # the parent's import path: user factories import the same here
+    log_level: str = "WARNING"  # the server's (omnictl.logs.settings): records look the same from every process
+    log_format: str = "text"
+    log_file: str | None = None  # <run dir>/logs/<instance>.log; None: stderr only
 
 
 def _enc_hook(obj: Any) -> Any:

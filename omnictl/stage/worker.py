@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import logging
 import os
 import signal
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import zmq
 import zmq.asyncio
 
+from omnictl import logs
 from omnictl import messages as m
 from omnictl.exceptions import ResolveError, StartupError
 from omnictl.profiling.events import EventKind, NullProfiler, Profiler
@@ -33,6 +36,7 @@ from omnictl.transports.shm import SegmentReader
 
 _PR_SET_PDEATHSIG = 1
 _REPORT_LINGER_MS = 2000  # how long a stage process that failed to start waits for its report to go out
+log = logging.getLogger("omnictl.stage.worker")  # not __name__: it runs as __main__
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -48,6 +52,8 @@ def _die_with_parent(parent_pid: int) -> None:
 def main() -> None:
     """Process entry point: the launcher writes the WorkerConfig (msgpack, typed) to stdin."""
     config = decode_config(sys.stdin.buffer.read())
+    logs.configure_stage_process(config.log_level, config.log_format,  # type: ignore[arg-type]  # checked there
+                                 config.instance, Path(config.log_file) if config.log_file else None)
     sys.path[:] = [*dict.fromkeys([*config.sys_path, *sys.path])]
     _die_with_parent(config.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the coordinator's to handle
@@ -130,8 +136,7 @@ class Worker:
                 return False
             self.stages[name] = stage
             self.ports.local[name] = stage
-            print(f"omnictl: stage {name!r} loaded in {time.monotonic() - started:.1f} s (process {config.process})",
-                  file=sys.stderr, flush=True)
+            log.info("stage %r loaded in %.1f s (process %s)", name, time.monotonic() - started, config.process)
         return True
 
     def _close(self, inbound: zmq.asyncio.Socket, broadcast: zmq.asyncio.Socket, recorder: Any, linger_ms: int = 0) -> None:
@@ -153,7 +158,7 @@ class Worker:
             try:
                 message = m.inbound_decoder.decode(raw)
             except msgspec.DecodeError as exc:  # a peer speaking another protocol version
-                print(f"omnictl worker {self.config.instance}: undecodable message: {exc}", file=sys.stderr)
+                log.warning("undecodable message (a peer speaking another protocol version?): %s", exc)
                 continue
             try:
                 self._dispatch(message)
@@ -163,9 +168,9 @@ class Worker:
                 if request_id is None:
                     raise
                 stage = getattr(message, "dst", self.config.instance)
-                self.ports.send_failure(
-                    request_id, stage, f"stage {stage!r} could not take its input: {describe_error(exc)}", rejected=True
-                )
+                why = f"stage {stage!r} could not take its input: {describe_error(exc)}"
+                log.error("%s", why, exc_info=exc, extra={"request_id": request_id})
+                self.ports.send_failure(request_id, stage, why, rejected=True)
 
     def _unpack(self, payload: m.EncodedPayload) -> Any:
         try:
@@ -205,6 +210,9 @@ class Worker:
                 for request_id in message.request_ids:
                     for stage in self.stages.values():
                         stage.on_abort(request_id)
+            elif isinstance(message, m.ProcessLost):
+                self.ports.lost(message.process)
+                self.reader.drop_dead()  # unmap its segments: they were unlinked, their memory is held here
             elif isinstance(message, m.Hello):
                 self.ports.send_control(m.HelloAck(self.config.instance, message.seq))
             elif isinstance(message, m.StatsRequest):

@@ -25,6 +25,17 @@ def _segment_name() -> str:
     return f"omx{os.getpid()}_{uuid.uuid4().hex[:12]}"
 
 
+def _creator_alive(name: str) -> bool:
+    """Whether the process that created segment ``name`` (``omx<pid>_...``) still exists."""
+    try:
+        os.kill(int(name[3:].split("_", 1)[0]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):  # someone else's process (the pid was reused), or not our name
+        return True
+    return True
+
+
 class AttachedSegment:
     """A segment another process owns, mapped read/write.
 
@@ -64,6 +75,9 @@ class SlotPool:
         self._free: list[int] = list(range(slots - 1, -1, -1))
         self._large: dict[str, shared_memory.SharedMemory] = {}  # in flight
         self._spare: list[shared_memory.SharedMemory] = []  # released, kept for reuse
+        # Refs sent to another OS process and not released yet, by (segment, slot): if that
+        # process dies, they never will be (see reclaim).
+        self._sent: dict[tuple[str, int], tuple[ShmRef, str]] = {}
 
     @property
     def in_use(self) -> int:
@@ -91,7 +105,22 @@ class SlotPool:
                 return self._spare.pop(i)
         return None
 
+    def sent(self, ref: ShmRef, process: str) -> None:
+        """``ref`` went to the OS process ``process``, which releases it once read."""
+        self._sent[(ref.segment, ref.slot)] = (ref, process)
+
+    def reclaim(self, process: str) -> int:
+        """``process`` died: release what was sent to it and not released (it was lost with
+        the process). The sender drops its socket to ``process`` first, so no message still
+        queued there reaches the replacement and releases a reused slot a second time.
+        Returns how many were taken back."""
+        lost = [ref for ref, to in self._sent.values() if to == process]
+        for ref in lost:
+            self.release(ref)
+        return len(lost)
+
     def release(self, ref: ShmRef) -> None:
+        self._sent.pop((ref.segment, ref.slot), None)
         if ref.slot < 0:
             segment = self._large.pop(ref.segment, None)
             if segment is not None:
@@ -110,6 +139,7 @@ class SlotPool:
             _unlink(segment)
         self._large.clear()
         self._spare.clear()
+        self._sent.clear()
         self._segment = None
 
 
@@ -123,7 +153,12 @@ def _unlink(segment: shared_memory.SharedMemory) -> None:
 
 class SegmentReader:
     """The receiving side: keeps recently used segments mapped (bounded, so segments
-    their owner has unlinked are eventually unmapped too)."""
+    their owner has unlinked are eventually unmapped too).
+
+    A segment whose creator died (a stage process killed) is unmapped at the next new
+    segment read, or by :meth:`drop_dead`: its creator's resource tracker unlinked the name,
+    but a mapping here would keep its memory (up to a whole slot pool) for as long as it stays.
+    """
 
     def __init__(self, capacity: int = 16) -> None:
         self._capacity = capacity
@@ -133,6 +168,7 @@ class SegmentReader:
         """A view of the referenced bytes; release it once they are copied out."""
         segment = self._mapped.get(ref.segment)
         if segment is None:
+            self.drop_dead()
             segment = self._mapped[ref.segment] = AttachedSegment(ref.segment)
             if len(self._mapped) > self._capacity:
                 _, evicted = self._mapped.popitem(last=False)
@@ -140,6 +176,15 @@ class SegmentReader:
         else:
             self._mapped.move_to_end(ref.segment)
         return segment.buf[ref.offset : ref.offset + ref.nbytes]
+
+    def drop_dead(self) -> None:
+        """Unmap the segments of processes that no longer exist."""
+        for name in [name for name in self._mapped if not _creator_alive(name)]:
+            try:
+                self._mapped[name].close()
+            except BufferError:
+                continue  # a view into it is still being copied out: the next sweep unmaps it
+            del self._mapped[name]
 
     def close(self) -> None:
         for segment in self._mapped.values():

@@ -8,14 +8,15 @@ every later start loads in well under a second.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from rich.console import Console
-
 from omnictl.models.voice_assistant.cache import build_lock, cache_dir, package_data_dir
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -48,8 +49,9 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
-def smollm2_checkpoint(root: Path | None = None, console: Console | None = None) -> Path:
-    """The converted checkpoint's folder; converts on first use (with a progress message)."""
+def smollm2_checkpoint(root: Path | None = None) -> Path:
+    """The converted checkpoint's folder; converts on first use (logging what it does: this
+    runs in the thinker's stage process, whose records reach the server's output)."""
     source = gguf_path()
     fingerprint = {"gguf": str(source), "size": source.stat().st_size}
     target = (root or cache_dir()) / CHECKPOINT_NAME
@@ -57,18 +59,17 @@ def smollm2_checkpoint(root: Path | None = None, console: Console | None = None)
         marker = target / _MARKER
         if marker.is_file() and json.loads(marker.read_text()) == fingerprint:
             return target
-        console = console or Console(stderr=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{CHECKPOINT_NAME}-", dir=target.parent))
         try:
-            with console.status(f"Converting SmolLM2-135M-Instruct from GGUF into {target} (first run only, about 20 s)"):
-                convert_gguf(source, staging)
+            log.info("converting SmolLM2-135M-Instruct from GGUF into %s (first run only, about 20 s)", target)
+            convert_gguf(source, staging)
             (staging / _MARKER).write_text(json.dumps(fingerprint))  # last: marks a complete folder
             if target.exists():
                 shutil.rmtree(target)
             staging.rename(target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        console.print(f"[green]✓[/] SmolLM2-135M-Instruct ready in {target}")
+        log.info("SmolLM2-135M-Instruct ready in %s", target)
     return target
 
 

@@ -1,0 +1,168 @@
+"""Chaos soak: closed-loop load on a replicated server while stage processes are SIGKILLed.
+
+A real ``omnictl serve`` (the topology below: an entry process with two replicas and a
+two-terminal process with three, ``--max-restarts`` high) gets closed-loop chat completions (half
+streamed) from ``--concurrency`` clients for ``--seconds``, while every ``--kill-every``
+seconds a random stage process (a replica) is killed with SIGKILL. Every request ends as
+one of: completed (the right answer), failed with an error (a status or an error event),
+wrong (a 200 with another answer: a payload mixed up or overwritten), or hung (no outcome
+by its per-request deadline).
+
+Then, load and kills stopped and every process back, it checks that nothing is left:
+in-flight 0 (server and coordinator), zero state in every stage and replica (requests,
+buffers, queued, running, shared-memory slots: ``/health``'s ``stages``), ``/dev/shm``
+segments back to the baseline taken after a warm-up (counted by the names this server's
+processes create, ``omx<pid>_*``, over every pid it ever had: a killed process's segments
+count too), open fds of the server and its stage processes back to the baseline, no
+process left behind outside the tree (a killed process's helpers), and RSS growth per process.
+
+Goal: 0 hung, 0 wrong, 0 leaked, over 10 minutes. Run:
+``python benchmarks/chaos.py --seconds 600 [--kill-every 5] [--concurrency 8]``.
+``tests/runtime/test_chaos.py`` runs 60 seconds of it through :func:`run_soak`. The parts:
+``chaos_load.py`` (the server, the clients, the kills), ``chaos_leaks.py`` (the process
+tree and what the server holds), ``chaos_stages.py`` (the topology's stages).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script (python benchmarks/chaos.py): its modules import as benchmarks.*
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.chaos_leaks import Snapshot, Watch, find_leaks, idle_segment_bound, settle, snapshot, stage_state
+from benchmarks.chaos_load import Outcomes, Server, SoakConfig, kill_loop, load_loop, start_server, watch_loop
+
+__all__ = ["SoakConfig", "SoakReport", "render", "run_soak"]
+_RECHECK_S = 5.0
+
+
+@dataclass
+class SoakReport:
+    config: SoakConfig
+    outcomes: Outcomes
+    kills: list[tuple[float, str, int]]  # (seconds into the run, process, pid)
+    restarts: int  # processes seen back with a new pid
+    baseline: Snapshot
+    after: Snapshot
+    health: dict[str, Any]  # /health once settled (or when settling gave up)
+    leaks: list[str]  # every way the server did not come back to its baseline
+    orphans: list[int]  # pids that were under the server, are alive and no longer are
+    seconds: float  # the load's duration
+    server_output: Path
+
+    @property
+    def leaked(self) -> int:
+        return len(self.leaks)
+
+
+async def _soak(server: Server, config: SoakConfig, rng: random.Random) -> SoakReport:
+    watch = Watch(server.process.pid)
+    # Warm-up: every process has sent and received (pools and peer sockets exist) before the baseline.
+    warm = Outcomes()
+    await load_loop(server.url, time.monotonic() + config.warmup_s, warm, config, rng)
+    await settle(server.url, watch, config.settle_s)
+    baseline = snapshot(watch)
+    outcomes = Outcomes()
+    kills: list[tuple[float, str, int]] = []
+    restarts_before = watch.restarts
+    started = time.monotonic()
+    until = started + config.seconds
+    await asyncio.gather(
+        load_loop(server.url, until, outcomes, config, rng),
+        kill_loop(server.url, started, until, config.kill_every, watch, rng, kills),
+        watch_loop(server.url, until, watch),
+    )
+    seconds = time.monotonic() - started
+    health = await settle(server.url, watch, config.settle_s)
+    # Closing happens after the fact (a client's connection, a killed process's helper
+    # finishing its clean-up): look again for a few seconds before calling anything a leak.
+    deadline = time.monotonic() + _RECHECK_S
+    while True:
+        after = snapshot(watch)
+        orphans = watch.orphans()
+        leaks = find_leaks(baseline, after, health)
+        if orphans:
+            leaks.append(f"processes left outside the server's tree: {orphans}")
+        if not leaks or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.5)
+    return SoakReport(config, outcomes, kills, watch.restarts - restarts_before, baseline, after, health, leaks,
+                      orphans, seconds, server.output)
+
+
+def run_soak(config: SoakConfig) -> SoakReport:
+    """Start a server, soak it, stop it; the report says what happened and what leaked."""
+    rng = random.Random(config.seed)
+    work_dir = config.work_dir or Path(tempfile.mkdtemp(prefix="omnictl-chaos-"))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    server = start_server(config, work_dir)
+    try:
+        return asyncio.run(_soak(server, config, rng))
+    finally:
+        server.stop()
+
+
+def _mb(value: int) -> str:
+    return f"{value / 1e6:.0f} MB"
+
+
+def render(report: SoakReport) -> str:
+    o, c = report.outcomes, report.config
+    failed = ", ".join(f"{why}: {n}" for why, n in o.failed.most_common()) or "none"
+    lines = [
+        f"chaos soak: {report.seconds:.0f} s, concurrency {c.concurrency}, SIGKILL every {c.kill_every:g} s, "
+        f"{c.replicas} + {c.replicas + 1} replicas",
+        f"  sent {o.sent}   completed {o.completed}   failed {o.failed_total}   wrong {len(o.wrong)}   "
+        f"hung {len(o.hung)}",
+        f"  failed by reason: {failed}",
+        f"  kills {len(report.kills)}   restarts {report.restarts}",
+        f"  after: in-flight {report.health.get('in_flight')} (pipeline {report.health.get('pipeline_in_flight')}), "
+        f"health {report.health.get('status')!r}, stage state held: {', '.join(stage_state(report.health)) or 'none'}",
+        f"  /dev/shm segments (this server's): baseline {len(report.baseline.shm_live)}, after "
+        f"{len(report.after.shm_live)} (idle bound {idle_segment_bound(report.health)}) (+{len(report.after.shm_dead)} of dead processes); mapped after their creator died: "
+        f"{sum(report.after.mapped_dead.values())}; unlinked spares still mapped by a reader: "
+        f"{report.baseline.mapped_unlinked} -> {report.after.mapped_unlinked}",
+        f"  open fds (shared memory aside): server {report.baseline.fds['server']} -> {report.after.fds['server']}; stage processes "
+        f"{sum(v for k, v in report.baseline.fds.items() if k != 'server')} -> "
+        f"{sum(v for k, v in report.after.fds.items() if k != 'server')}",
+        "  RSS: " + ", ".join(
+            f"{name} {_mb(report.baseline.rss.get(name, 0))} -> {_mb(report.after.rss[name])}"
+            + ("" if report.baseline.processes.get(name) == report.after.processes[name] else " (restarted)")
+            for name in report.after.rss),
+        f"  leaked: {report.leaked}" + ("" if not report.leaks else " — " + "; ".join(report.leaks)),
+    ]
+    if o.hung:
+        lines.append(f"  hung requests (omnictl trace ID --run-dir {report.server_output.parent / 'run'}): "
+                     f"{', '.join(o.hung[:10])}")
+    if o.wrong:
+        lines.append(f"  wrong answers: {', '.join(o.wrong[:10])}")
+    lines.append(f"  server output: {report.server_output}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=600.0, help="how long the load and the kills go on")
+    parser.add_argument("--kill-every", type=float, default=5.0, help="seconds between two SIGKILLs")
+    parser.add_argument("--concurrency", type=int, default=8, help="closed-loop clients")
+    parser.add_argument("--replicas", type=int, default=2, help="replicas of the entry process (the other gets one more)")
+    parser.add_argument("--seed", type=int, default=None, help="for the choice of requests and victims")
+    parser.add_argument("--work-dir", type=Path, default=None, help="server output and run directory (default: a temporary one)")
+    args = parser.parse_args()
+    report = run_soak(SoakConfig(seconds=args.seconds, kill_every=args.kill_every, concurrency=args.concurrency,
+                                 replicas=args.replicas, seed=args.seed, work_dir=args.work_dir))
+    print(render(report))
+    sys.exit(0 if not (report.outcomes.hung or report.outcomes.wrong or report.leaks) else 1)
+
+
+if __name__ == "__main__":
+    main()
