@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import shutil
 import tempfile
 import uuid
@@ -29,8 +30,8 @@ from omnictl.exceptions import InvalidRequest, LaunchError, PipelineDead, Reques
 from omnictl.profiling.events import EventKind, NullProfiler, Profiler
 from omnictl.recent import RecentIds
 from omnictl.schedulers.simple import describe_error
-from omnictl.topology.model import RelayKnobs, Topology
-from omnictl.transports.codec import PayloadCodec, decode
+from omnictl.topology.model import RelayKnobs, Topology, Transport
+from omnictl.transports.codec import PayloadCodec, codec_for, decode
 from omnictl.transports.shm import SegmentReader, SlotPool
 
 # A reused request id is refused for as long as it is remembered; a client may reuse one long
@@ -50,7 +51,10 @@ class Coordinator:
         ready_timeout: float = 120.0,
         max_restarts: int = 0,
         socket_dir: Path | None = None,
+        data_host: str | None = None,
     ) -> None:
+        """``data_host``: the address tcp sockets bind and advertise (multi-node topologies);
+        default ``$OMNICTL_DATA_HOST``, else 127.0.0.1."""
         self.topology = topology
         self.model_path = model_path if model_path is not None else topology.model_path
         self.profiler = profiler or NullProfiler()
@@ -74,6 +78,11 @@ class Coordinator:
         self._broadcast = self._context.socket(zmq.PUB)
         self._broadcast.setsockopt(zmq.SNDHWM, 0)
         self._broadcast.bind(f"ipc://{self.socket_dir}/broadcast")
+        self.data_host = data_host or os.environ.get("OMNICTL_DATA_HOST") or "127.0.0.1"
+        tcp_coordinator: tuple[str, str] | None = None
+        if topology.multi_node():  # processes on labelled nodes reach the coordinator over tcp
+            tcp_coordinator = (self._bind_tcp(self._control), self._bind_tcp(self._broadcast))
+        self._tcp_addresses: dict[str, str] = {}  # OS process -> the tcp:// address it reported
         self._pushes: dict[str, zmq.asyncio.Socket] = {}
         self._pool = SlotPool(m.COORDINATOR, m.COORDINATOR, RelayKnobs().slot_bytes, 4)
         self._codec = PayloadCodec(self._pool, RelayKnobs())
@@ -90,7 +99,16 @@ class Coordinator:
             f"ipc://{self.socket_dir}/broadcast",
             profile_address,
             self._process_exited,
+            tcp_coordinator,
+            self.data_host,
         )
+        self._tcp_codec: PayloadCodec | None = None
+        if self.topology.node_of(self.topology.entry) is not None:  # inputs go to another node
+            self._tcp_codec = codec_for(Transport.TCP, self._pool, RelayKnobs())
+
+    def _bind_tcp(self, socket: zmq.asyncio.Socket) -> str:
+        socket.bind(f"tcp://{self.data_host}:*")
+        return socket.getsockopt(zmq.LAST_ENDPOINT).decode()
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -126,7 +144,7 @@ class Coordinator:
                 if not handle.alive():
                     why = f"process {process!r} exited: {describe_exit(handle.process.returncode)}"
                     raise LaunchError(self._first_stage(process), why)
-            self._broadcast.send(m.encode(m.Hello(seq)))
+            self._broadcast.send(m.encode(m.Hello(seq, self._tcp_addresses)))
             seq += 1
             await asyncio.sleep(0.01)
 
@@ -166,7 +184,8 @@ class Coordinator:
             socket = self._pushes[process] = self._context.socket(zmq.PUSH)
             socket.setsockopt(zmq.SNDHWM, 0)
             socket.setsockopt(zmq.LINGER, 0)
-            socket.connect(self._process_addresses[process])
+            node = self.launcher.node_of[process]
+            socket.connect(self._process_addresses[process] if node is None else self._tcp_addresses[process])
         return socket
 
     async def submit(
@@ -193,7 +212,8 @@ class Coordinator:
         except PipelineDead as exc:
             raise PipelineDead(f"{exc}: {'; '.join(self.down.values())}") from exc
         try:
-            payload = self._codec.encode(inputs)  # before registering: inputs that cannot be sent leave no trace
+            # before registering: inputs that cannot be sent leave no trace
+            payload, frames = (self._tcp_codec or self._codec).encode_frames(inputs)
         except BaseException:
             self.placement.release(rid)
             raise
@@ -205,7 +225,8 @@ class Coordinator:
         record.state = RequestState.RUNNING
         process = self.topology.processes[self.topology.process_of(entry)]
         instance = process.instances[replicas.get(process.name, 0)]
-        await self._push(instance).send(m.encode(m.Submit(ctx, entry, payload)))
+        submit = m.encode(m.Submit(ctx, entry, payload))
+        await self._push(instance).send_multipart([submit, *frames], copy=False)
         return RequestHandle(record, self.abort)
 
     async def abort(self, request_id: str) -> None:
@@ -259,13 +280,15 @@ class Coordinator:
 
     async def _receive(self) -> None:
         while True:
-            message = m.coordinator_decoder.decode(await self._control.recv())
-            self._handle(message)
+            parts = await self._control.recv_multipart(copy=False)
+            message = m.coordinator_decoder.decode(parts[0].buffer)
+            if isinstance(message, m.TerminalOutput):
+                self._terminal_output(message, [part.buffer for part in parts[1:]])
+            else:
+                self._handle(message)
 
     def _handle(self, message: m.ToCoordinator) -> None:  # type: ignore[valid-type]
-        if isinstance(message, m.TerminalOutput):
-            self._terminal_output(message)
-        elif isinstance(message, m.StageFailed):
+        if isinstance(message, m.StageFailed):
             self._fail(message.request_id, message.stage, message.error, message.rejected)
         elif isinstance(message, m.TerminalSkipped):
             record = self.requests.get(message.request_id)
@@ -275,6 +298,8 @@ class Coordinator:
         elif isinstance(message, m.SlotRelease):
             self._pool.release(message.ref)
         elif isinstance(message, m.Ready):
+            if message.tcp_address:
+                self._tcp_address(message.process, message.tcp_address)
             handle = self.launcher.handles.get(message.process)
             if handle is not None and not handle.ready.done():
                 handle.ready.set_result(None)
@@ -293,9 +318,16 @@ class Coordinator:
                 if live <= set(replies) and not done.done():
                     done.set_result(None)
 
-    def _terminal_output(self, message: m.TerminalOutput) -> None:
+    def _tcp_address(self, process: str, address: str) -> None:
+        """A (re)started process's tcp address: the next hello hands it to every peer."""
+        if self._tcp_addresses.get(process, address) != address and process in self._pushes:
+            self._pushes.pop(process).close(linger=0)
+        self._tcp_addresses[process] = address
+        self.launcher.tcp_ports[process] = int(address.rsplit(":", 1)[1])
+
+    def _terminal_output(self, message: m.TerminalOutput, frames: list[memoryview]) -> None:
         try:
-            data = decode(message.payload, self._reader)
+            data = decode(message.payload, self._reader, frames)
         except Exception as exc:  # e.g. an object that pickles but does not unpickle: this request fails
             self._fail(message.request_id, message.stage,
                        f"the output of stage {message.stage!r} could not be decoded: {describe_error(exc)}")

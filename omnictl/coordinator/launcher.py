@@ -68,6 +68,8 @@ class Launcher:
         broadcast_address: str,
         profile_address: str | None,
         on_exit: Callable[[str, int | None], None],
+        tcp_coordinator: tuple[str, str] | None = None,  # (control, broadcast) for labelled nodes
+        data_host: str = "127.0.0.1",
     ) -> None:
         self.topology = topology
         self.model_path = model_path
@@ -76,6 +78,10 @@ class Launcher:
         self.broadcast_address = broadcast_address
         self.profile_address = profile_address
         self.on_exit = on_exit
+        self.tcp_coordinator = tcp_coordinator
+        self.data_host = data_host
+        self.tcp_ports: dict[str, int] = {}  # OS process -> the port it reported (a restart asks for it again)
+        self.node_of = {name: p.node for p in topology.processes.values() for name in p.instances}
         self.handles: dict[str, ProcessHandle] = {}  # by OS process (replica) name
         self.process_of = {name: p.name for p in topology.processes.values() for name in p.instances}
         self._stopping = False
@@ -84,18 +90,28 @@ class Launcher:
 
     def start(self, name: str) -> ProcessHandle:
         """Start (or restart) the OS process ``name``: a process, or one replica of it."""
+        control, broadcast = self.coordinator_address, self.broadcast_address
+        node = self.node_of[name]
+        if node is not None:  # on another node than the coordinator's: reach it over tcp
+            if self.tcp_coordinator is None:
+                raise LaunchError(self.topology.processes[self.process_of[name]].stages[0],
+                                  f"process {name!r} is on node {node!r} but the coordinator takes no tcp")
+            control, broadcast = self.tcp_coordinator
         config = WorkerConfig(
             process=self.process_of[name],
             instance=name,
             topology=self.topology,
             model_path=self.model_path,
             process_addresses=self.process_addresses,
-            coordinator_address=self.coordinator_address,
-            broadcast_address=self.broadcast_address,
+            coordinator_address=control,
+            broadcast_address=broadcast,
             profile_address=self.profile_address,
             parent_pid=os.getpid(),
             # The topology's directory first: user code imports as in `validate --check-imports`.
             sys_path=worker_sys_path(self._topology_dir, sys.path),
+            node=node,
+            data_host=self.data_host,
+            tcp_port=self.tcp_ports.get(name, 0),
         )
         # A fresh interpreter (not multiprocessing's spawn): the user's __main__ is never
         # re-imported, so scripts need no `if __name__ == "__main__"` guard.

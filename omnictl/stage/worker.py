@@ -49,6 +49,9 @@ class WorkerConfig:
     profile_address: str | None
     parent_pid: int
     sys_path: tuple[str, ...]  # the parent's import path: user factories import the same here
+    node: str | None = None  # its process's `node` label
+    data_host: str = "127.0.0.1"  # where it takes tcp data (multi-node topologies)
+    tcp_port: int = 0  # 0: OS-chosen; a restart asks for its predecessor's, so peers reconnect as they are
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -99,6 +102,7 @@ class Worker:
         inbound = context.socket(zmq.PULL)
         inbound.setsockopt(zmq.LINGER, 0)
         inbound.bind(config.process_addresses[config.instance])
+        tcp_address = self._bind_tcp(inbound) if config.topology.multi_node() else ""
         broadcast = context.socket(zmq.SUB)
         broadcast.setsockopt(zmq.LINGER, 0)
         broadcast.setsockopt(zmq.SUBSCRIBE, b"")
@@ -111,13 +115,14 @@ class Worker:
             config.process_addresses,
             config.coordinator_address,
             profiler,
+            node=config.node,
         )
         if not await self._build(profiler):
             # the LaunchFailed report is queued: without a linger, closing would drop it and
             # the coordinator would only see the process exit, not why
             self._close(inbound, broadcast, recorder, linger_ms=_REPORT_LINGER_MS)
             return
-        self.ports.send_control(m.Ready(config.instance, os.getpid()))
+        self.ports.send_control(m.Ready(config.instance, os.getpid(), tcp_address))
         tasks = [
             asyncio.create_task(self._receive(inbound)),
             asyncio.create_task(self._listen(broadcast)),
@@ -129,6 +134,18 @@ class Worker:
         for stage in self.stages.values():
             await stage.stop()
         self._close(inbound, broadcast, recorder)
+
+    def _bind_tcp(self, inbound: zmq.asyncio.Socket) -> str:
+        """Take tcp data too, on ``data_host``; returns the address bound (the port OS-chosen
+        unless the predecessor's is asked for and still free)."""
+        host, port = self.config.data_host, self.config.tcp_port
+        try:
+            inbound.bind(f"tcp://{host}:{port or '*'}")
+        except zmq.ZMQError:
+            if not port:
+                raise
+            inbound.bind(f"tcp://{host}:*")  # taken meanwhile: the coordinator passes the new one on
+        return inbound.getsockopt(zmq.LAST_ENDPOINT).decode()
 
     async def _build(self, profiler: Profiler) -> bool:
         config = self.config
@@ -165,14 +182,15 @@ class Worker:
 
     async def _receive(self, socket: zmq.asyncio.Socket) -> None:
         while True:
-            raw = await socket.recv()
+            parts = await socket.recv_multipart(copy=False)
+            frames = [part.buffer for part in parts[1:]]  # tcp payloads' tensors, zero-copy
             try:
-                message = m.inbound_decoder.decode(raw)
+                message = m.inbound_decoder.decode(parts[0].buffer)
             except msgspec.DecodeError as exc:  # a peer speaking another protocol version
                 print(f"omnictl worker {self.config.instance}: undecodable message: {exc}", file=sys.stderr)
                 continue
             try:
-                self._dispatch(message)
+                self._dispatch(message, frames)
             except Exception as exc:
                 # One message that cannot be handled fails its request, not the process.
                 request_id = message.ctx.request_id if hasattr(message, "ctx") else None
@@ -183,22 +201,22 @@ class Worker:
                     request_id, stage, f"stage {stage!r} could not take its input: {describe_error(exc)}", rejected=True
                 )
 
-    def _unpack(self, payload: m.EncodedPayload) -> Any:
+    def _unpack(self, payload: m.EncodedPayload, frames: list[memoryview]) -> Any:
         try:
-            return decode(payload, self.reader)
+            return decode(payload, self.reader, frames)
         finally:
             if payload.shm is not None:
                 self.ports.release(payload.shm)
 
-    def _dispatch(self, message: m.StageInbound) -> None:  # type: ignore[valid-type]
+    def _dispatch(self, message: m.StageInbound, frames: list[memoryview]) -> None:  # type: ignore[valid-type]
         if isinstance(message, m.SlotRelease):
             self.ports.pool(message.ref.stage).release(message.ref)
             return
         stage = self.stages[message.dst]
         if isinstance(message, m.Submit):
-            stage.on_input(message.ctx, None, self._unpack(message.payload))
+            stage.on_input(message.ctx, None, self._unpack(message.payload, frames))
         elif isinstance(message, m.DataReady):
-            data = self._unpack(message.payload)
+            data = self._unpack(message.payload, frames)
             stage.profiler.record(
                 EventKind.HOP_RECEIVED,
                 message.ctx.request_id,
@@ -208,7 +226,7 @@ class Worker:
             )
             stage.on_input(message.ctx, message.src, data)
         elif isinstance(message, m.StreamChunk):
-            stage.on_stream_chunk(message.ctx, message.src, message.seq, self._unpack(message.payload))
+            stage.on_stream_chunk(message.ctx, message.src, message.seq, self._unpack(message.payload, frames))
         elif isinstance(message, m.StreamDone):
             stage.on_stream_done(message.ctx, message.src)
         elif isinstance(message, m.Skip):
@@ -222,6 +240,7 @@ class Worker:
                     for stage in self.stages.values():
                         stage.on_abort(request_id)
             elif isinstance(message, m.Hello):
+                self.ports.set_tcp_addresses(message.tcp_addresses)
                 self.ports.send_control(m.HelloAck(self.config.instance, message.seq))
             elif isinstance(message, m.StatsRequest):
                 stats = {
