@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 import zmq
 import zmq.asyncio
+from zmq.auth.thread import ThreadAuthenticator
 
 from omnictl import messages as m
 from omnictl.coordinator.launcher import Launcher, describe_exit
@@ -32,6 +33,7 @@ from omnictl.recent import RecentIds
 from omnictl.schedulers.simple import describe_error
 from omnictl.topology.model import RelayKnobs, Topology, Transport
 from omnictl.transports.codec import PayloadCodec, codec_for, decode
+from omnictl.transports.curve import CurveKeys, start_authenticator
 from omnictl.transports.shm import SegmentReader, SlotPool
 
 # A reused request id is refused for as long as it is remembered; a client may reuse one long
@@ -80,7 +82,11 @@ class Coordinator:
         self._broadcast.bind(f"ipc://{self.socket_dir}/broadcast")
         self.data_host = data_host or os.environ.get("OMNICTL_DATA_HOST") or "127.0.0.1"
         tcp_coordinator: tuple[str, str] | None = None
+        self.curve: CurveKeys | None = None
+        self._authenticator: ThreadAuthenticator | None = None
         if topology.multi_node():  # processes on labelled nodes reach the coordinator over tcp
+            self.curve = CurveKeys.generate()  # this launch's; workers get them with their config
+            self._authenticator = start_authenticator(zmq.Context.shadow(self._context.underlying), self.curve)
             tcp_coordinator = (self._bind_tcp(self._control), self._bind_tcp(self._broadcast))
         self._tcp_addresses: dict[str, str] = {}  # OS process -> the tcp:// address it reported
         self._pushes: dict[str, zmq.asyncio.Socket] = {}
@@ -101,12 +107,15 @@ class Coordinator:
             self._process_exited,
             tcp_coordinator,
             self.data_host,
+            self.curve,
         )
         self._tcp_codec: PayloadCodec | None = None
         if self.topology.node_of(self.topology.entry) is not None:  # inputs go to another node
             self._tcp_codec = codec_for(Transport.TCP, self._pool, RelayKnobs())
 
     def _bind_tcp(self, socket: zmq.asyncio.Socket) -> str:
+        assert self.curve is not None
+        self.curve.serve(socket)  # the ipc endpoint bound before keeps no security
         socket.bind(f"tcp://{self.data_host}:*")
         return socket.getsockopt(zmq.LAST_ENDPOINT).decode()
 
@@ -156,6 +165,8 @@ class Coordinator:
             task.cancel()
         for socket in [self._control, self._broadcast, *self._pushes.values()]:
             socket.close(linger=0)
+        if self._authenticator is not None:
+            self._authenticator.stop()
         self._context.term()
         self._reader.close()
         self._pool.close()
@@ -185,6 +196,8 @@ class Coordinator:
             socket.setsockopt(zmq.SNDHWM, 0)
             socket.setsockopt(zmq.LINGER, 0)
             node = self.launcher.node_of[process]
+            if node is not None and self.curve is not None:
+                self.curve.connect_as_client(socket)
             socket.connect(self._process_addresses[process] if node is None else self._tcp_addresses[process])
         return socket
 

@@ -13,6 +13,7 @@ from typing import Callable
 
 from omnictl.exceptions import LaunchError
 from omnictl.stage.worker import WorkerConfig
+from omnictl.transports.curve import CurveKeys
 from omnictl.topology.imports import topology_dir, worker_sys_path
 from omnictl.topology.model import Topology
 
@@ -70,6 +71,7 @@ class Launcher:
         on_exit: Callable[[str, int | None], None],
         tcp_coordinator: tuple[str, str] | None = None,  # (control, broadcast) for labelled nodes
         data_host: str = "127.0.0.1",
+        curve: CurveKeys | None = None,
     ) -> None:
         self.topology = topology
         self.model_path = model_path
@@ -80,6 +82,7 @@ class Launcher:
         self.on_exit = on_exit
         self.tcp_coordinator = tcp_coordinator
         self.data_host = data_host
+        self.curve = curve
         self.tcp_ports: dict[str, int] = {}  # OS process -> the port it reported (a restart asks for it again)
         self.node_of = {name: p.node for p in topology.processes.values() for name in p.instances}
         self.handles: dict[str, ProcessHandle] = {}  # by OS process (replica) name
@@ -112,6 +115,7 @@ class Launcher:
             node=node,
             data_host=self.data_host,
             tcp_port=self.tcp_ports.get(name, 0),
+            curve=self.curve,  # through the private stdin pipe, never a file
         )
         # A fresh interpreter (not multiprocessing's spawn): the user's __main__ is never
         # re-imported, so scripts need no `if __name__ == "__main__"` guard.

@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 import zmq
 import zmq.asyncio
+from zmq.auth.thread import ThreadAuthenticator
 
 from omnictl import messages as m
 from omnictl.exceptions import ResolveError, StartupError
@@ -31,6 +32,7 @@ from omnictl.stage.ports import WorkerPorts
 from omnictl.stage.stage import Stage
 from omnictl.topology.model import Topology
 from omnictl.transports.codec import decode
+from omnictl.transports.curve import CurveKeys, start_authenticator
 from omnictl.transports.shm import SegmentReader
 
 _PR_SET_PDEATHSIG = 1
@@ -52,6 +54,7 @@ class WorkerConfig:
     node: str | None = None  # its process's `node` label
     data_host: str = "127.0.0.1"  # where it takes tcp data (multi-node topologies)
     tcp_port: int = 0  # 0: OS-chosen; a restart asks for its predecessor's, so peers reconnect as they are
+    curve: CurveKeys | None = None  # the launch's keys: every tcp socket uses CurveZMQ
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -93,12 +96,15 @@ class Worker:
         self.stages: dict[str, Stage] = {}
         self.reader = SegmentReader()
         self._stop = asyncio.Event()
+        self._authenticator: ThreadAuthenticator | None = None
 
     async def run(self) -> None:
         config = self.config
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         context = zmq.asyncio.Context()
+        if config.curve is not None:  # before any tcp socket: every handshake goes through it
+            self._authenticator = start_authenticator(zmq.Context.shadow(context.underlying), config.curve)
         inbound = context.socket(zmq.PULL)
         inbound.setsockopt(zmq.LINGER, 0)
         inbound.bind(config.process_addresses[config.instance])
@@ -106,6 +112,8 @@ class Worker:
         broadcast = context.socket(zmq.SUB)
         broadcast.setsockopt(zmq.LINGER, 0)
         broadcast.setsockopt(zmq.SUBSCRIBE, b"")
+        if config.broadcast_address.startswith("tcp://") and config.curve is not None:
+            config.curve.connect_as_client(broadcast)
         broadcast.connect(config.broadcast_address)
         profiler, recorder = _make_profiler(config)
         self.ports = WorkerPorts(
@@ -116,6 +124,7 @@ class Worker:
             config.coordinator_address,
             profiler,
             node=config.node,
+            configure=config.curve.connect_as_client if config.curve is not None else None,
         )
         if not await self._build(profiler):
             # the LaunchFailed report is queued: without a linger, closing would drop it and
@@ -139,6 +148,8 @@ class Worker:
         """Take tcp data too, on ``data_host``; returns the address bound (the port OS-chosen
         unless the predecessor's is asked for and still free)."""
         host, port = self.config.data_host, self.config.tcp_port
+        if self.config.curve is not None:  # the ipc endpoint bound before keeps no security
+            self.config.curve.serve(inbound)
         try:
             inbound.bind(f"tcp://{host}:{port or '*'}")
         except zmq.ZMQError:
@@ -174,6 +185,8 @@ class Worker:
         broadcast.close(linger=0)
         if recorder is not None:
             recorder.close()
+        if self._authenticator is not None:
+            self._authenticator.stop()
 
     async def _watch_parent(self) -> None:
         while os.getppid() == self.config.parent_pid:

@@ -1,41 +1,53 @@
-"""Node labels under the local launcher: the edges between labels run over 127.0.0.1 TCP."""
+"""Node labels under the local launcher: edges between labels run over 127.0.0.1 TCP, with
+CurveZMQ keys made for the launch. One pipeline for the module (a launch costs seconds)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
+from typing import Any, Iterator
 
 import numpy as np
+import pytest
+import zmq
+from zmq.utils.monitor import recv_monitor_message
 
-import omnictl
-from omnictl.topology.model import Transport
+from omnictl import messages as m
+from omnictl.topology.model import RelayKnobs, Transport
+from omnictl.transports.shm import SlotPool
+from omnictl.transports.tcp import TcpCodec
 from tests.support import topo
+from tests.support.loop import LoopThread, launch
 from tests.support.stages import seen
 
 NODES = {"thinker": {"node": "box-a"}, "talker": {"node": "box-b"}}  # frontend: the coordinator's
 
 
-def test_qwen_shaped_topology_over_tcp_between_node_labels(tmp_path: Path) -> None:
-    log = tmp_path / "seen.log"
-    path = topo.qwen_shaped(tmp_path, log, NODES)
+@pytest.fixture(scope="module")
+def pipe(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
+    tmp = tmp_path_factory.mktemp("tcp")
+    log = tmp / "seen.log"
+    pipeline = launch(loop, topo.qwen_shaped(tmp, log, NODES), device="cpu", profile=False)
+    yield pipeline, log
+    loop.run(pipeline.close())
 
-    async def main() -> tuple[list[omnictl.RequestEvent], dict, dict[str, str], list[str]]:
-        async with omnictl.Pipeline.launch(path, device="cpu", profile=False) as pipe:
-            topology = pipe.topology
-            assert topology.edge("mm_aggregate", "thinker").transport is Transport.TCP
-            assert topology.edge("thinker", "talker_ar").transport is Transport.TCP
-            assert topology.edge("preprocessing", "image_encoder").transport is Transport.INPROC
-            request = await pipe.submit({"text": "hello", "tag": "r1"})
-            events = [event async for event in request.events()]
-            result = await request.result()
-            aborted = await pipe.submit({"text": "hello again", "tag": "r2"})
-            await aborted.abort()
-            follow = await (await pipe.submit({"text": "world", "tag": "r3"})).result()
-            addresses = dict(pipe._coordinator._tcp_addresses)
-            return events, result, addresses, [follow["decode"].text]
 
-    events, result, addresses, follow = asyncio.run(main())
-    # the labelled processes took tcp on 127.0.0.1 (OS-chosen ports); the frontend needs none
+async def _collect(pipeline: Any, inputs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    request = await pipeline.submit(inputs)
+    events = [event async for event in request.events()]
+    return events, await request.result()
+
+
+def test_qwen_shaped_topology_over_tcp_between_node_labels(loop: LoopThread, pipe) -> None:
+    pipeline, log = pipe
+    topology = pipeline.topology
+    assert topology.edge("mm_aggregate", "thinker").transport is Transport.TCP
+    assert topology.edge("thinker", "talker_ar").transport is Transport.TCP
+    assert topology.edge("preprocessing", "image_encoder").transport is Transport.INPROC
+    events, result = loop.run(_collect(pipeline, {"text": "hello", "tag": "r1"}))
+    # every process took tcp on 127.0.0.1 (OS-chosen ports)
+    addresses = pipeline._coordinator._tcp_addresses
     assert set(addresses) == {"frontend", "thinker", "talker"}
     assert all(a.startswith("tcp://127.0.0.1:") for a in addresses.values())
     assert result["decode"].text == "hello"
@@ -46,5 +58,75 @@ def test_qwen_shaped_topology_over_tcp_between_node_labels(tmp_path: Path) -> No
     assert [e.kind for e in text_events] == ["stream"] * 5 + ["result"]
     assert "".join(e.data.text for e in text_events[:-1]) == "hello"  # stream order over tcp
     assert [e.kind for e in events if e.stage == "code2wav"] == ["stream"] * 5 + ["result"]
-    assert follow == ["world"]  # an abort in between left nothing behind
+
+    async def abort_then_more() -> str:
+        aborted = await pipeline.submit({"text": "hello again", "tag": "r2"})
+        await aborted.abort()
+        return (await (await pipeline.submit({"text": "world", "tag": "r3"})).result())["decode"].text
+
+    assert loop.run(abort_then_more()) == "world"  # an abort in between left nothing behind
     assert {"preprocessing", "thinker", "talker_ar", "code2wav"} <= set(seen(log))
+
+
+def _handshakes(monitor: zmq.Socket, seconds: float) -> list[int]:
+    events: list[int] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if monitor.poll(50):
+            events.append(recv_monitor_message(monitor)["event"])
+    return events
+
+
+_FAILED = {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+           zmq.EVENT_HANDSHAKE_FAILED_AUTH}
+
+
+@pytest.mark.parametrize("keys", ["none", "server-key-but-own-client-key"])
+def test_a_peer_without_the_launch_keys_gets_nothing_in_and_nothing_out(loop: LoopThread, pipe, keys: str) -> None:
+    pipeline, log = pipe
+    coordinator = pipeline._coordinator
+    thinker = coordinator._tcp_addresses["thinker"]
+    broadcast = coordinator.launcher.tcp_coordinator[1]
+    context = zmq.Context()
+    rogue = context.socket(zmq.PUSH)
+    listener = context.socket(zmq.SUB)
+    listener.setsockopt(zmq.SUBSCRIBE, b"")
+    if keys != "none":  # knows the server's public key, but is not the launch's client
+        public, secret = zmq.curve_keypair()
+        for socket in (rogue, listener):
+            socket.setsockopt(zmq.CURVE_SERVERKEY, coordinator.curve.server_public)
+            socket.setsockopt(zmq.CURVE_PUBLICKEY, public)
+            socket.setsockopt(zmq.CURVE_SECRETKEY, secret)
+    insider = context.socket(zmq.SUB)  # the control: with the launch's keys, broadcasts do arrive
+    insider.setsockopt(zmq.SUBSCRIBE, b"")
+    coordinator.curve.connect_as_client(insider)
+    monitor = rogue.get_monitor_socket()
+    try:
+        in_flight = asyncio.run_coroutine_threadsafe(
+            _collect(pipeline, {"text": "steady", "tag": "inflight"}), loop.loop)
+        rogue.connect(thinker)
+        listener.connect(broadcast)
+        insider.connect(broadcast)
+        forged, frames = TcpCodec(SlotPool("rogue", "x", 1024, 1), RelayKnobs()).encode_frames(
+            {"tag": "forged", "ids": np.array([70, 71]), "emb": np.zeros((2, 3))})
+        ctx = m.RequestContext("forged", {}, tuple(pipeline.topology.stages))
+        message = m.encode(m.DataReady(ctx, "mm_aggregate", "thinker", forged, 0))
+        rogue.send_multipart([message, *frames], copy=False)  # queued: never delivered
+        events = _handshakes(monitor, 1.5)
+        assert zmq.EVENT_HANDSHAKE_SUCCEEDED not in events and _FAILED & set(events), events
+        _, result = in_flight.result(60)
+        assert result["decode"].text == "stead"  # unaffected (5 thinker steps)
+        loop.run(pipeline.stats())  # broadcasts a stats request
+        assert insider.poll(2000) != 0
+        assert listener.poll(300) == 0  # what was broadcast never reached it
+        assert "forged" not in seen(log)["thinker"]
+    finally:
+        rogue.disable_monitor()
+        for socket in (monitor, rogue, listener, insider):
+            socket.close(linger=0)
+        context.term()
+
+
+def test_the_launch_keys_never_show_their_secrets(pipe) -> None:
+    keys = pipe[0]._coordinator.curve
+    assert keys.server_secret.decode() not in repr(keys) and keys.client_secret.decode() not in repr(keys)
