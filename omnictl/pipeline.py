@@ -49,6 +49,9 @@ class Pipeline:
         request_timeout: float = 300.0,
         ready_timeout: float = 120.0,
         max_restarts: int = 0,
+        launcher: str = "local",
+        ray_address: str | None = None,
+        data_host: str | None = None,
     ) -> "_Launch":
         """Spawn the stage processes; use as ``async with`` (or ``await`` it and close yourself).
 
@@ -61,6 +64,10 @@ class Pipeline:
         otherwise it stays down: requests go to the process's other replicas, and once a
         process has none left the pipeline refuses new work. ``profile`` records every request
         stage by stage into ``run_dir`` (a fresh directory under the user state dir by default).
+        ``launcher="ray"`` runs each process replica as a Ray actor on a node whose
+        ``omnictl-node`` label is its process's `node` (unlabelled: this machine), joining the
+        cluster at ``ray_address`` (None: Ray's default: a running local cluster, or a new one).
+        ``data_host``: the address tcp sockets bind and advertise (default ``$OMNICTL_DATA_HOST``).
         """
         return _Launch(
             cls,
@@ -72,6 +79,9 @@ class Pipeline:
                 request_timeout=request_timeout,
                 ready_timeout=ready_timeout,
                 max_restarts=max_restarts,
+                launcher=launcher,
+                ray_address=ray_address,
+                data_host=data_host,
             ),
         )
 
@@ -100,6 +110,9 @@ class Pipeline:
             ready_timeout=options["ready_timeout"],
             max_restarts=options["max_restarts"],
             socket_dir=socket_dir,
+            launcher=options["launcher"],
+            ray_address=options["ray_address"],
+            data_host=options["data_host"],
         )
         pipeline = cls(coordinator, collector, profiler, run_dir)
         try:
@@ -154,7 +167,7 @@ class Pipeline:
 
     def process_ids(self) -> dict[str, int]:
         """OS pid of each stage process, by its name (``NAME#i`` for a replica)."""
-        return {name: h.process.pid for name, h in self._coordinator.launcher.handles.items()}
+        return {name: h.pid for name, h in self._coordinator.launcher.handles.items()}
 
     @property
     def socket_dir(self) -> Path:

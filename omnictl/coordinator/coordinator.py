@@ -22,7 +22,8 @@ import zmq.asyncio
 from zmq.auth.thread import ThreadAuthenticator
 
 from omnictl import messages as m
-from omnictl.coordinator.launcher import Launcher, describe_exit
+from omnictl.coordinator.launcher import Launcher
+from omnictl.coordinator.ray_launcher import RayHandle, RayLauncher
 from omnictl.coordinator.placement import ReplicaPlacement
 from omnictl.coordinator.stats import stage_stats
 from omnictl.coordinator.pruning import active_stages, select_terminals
@@ -54,9 +55,14 @@ class Coordinator:
         max_restarts: int = 0,
         socket_dir: Path | None = None,
         data_host: str | None = None,
+        launcher: str = "local",
+        ray_address: str | None = None,
     ) -> None:
-        """``data_host``: the address tcp sockets bind and advertise (multi-node topologies);
-        default ``$OMNICTL_DATA_HOST``, else 127.0.0.1."""
+        """``data_host``: the address tcp sockets bind and advertise (multi-node topologies, and
+        every socket under Ray); default ``$OMNICTL_DATA_HOST``, else 127.0.0.1 (the local
+        launcher) or each node's Ray address. ``launcher``: ``local`` (OS processes) or ``ray``."""
+        if launcher not in ("local", "ray"):
+            raise ValueError(f"launcher must be 'local' or 'ray', not {launcher!r}")
         self.topology = topology
         self.model_path = model_path if model_path is not None else topology.model_path
         self.profiler = profiler or NullProfiler()
@@ -80,11 +86,17 @@ class Coordinator:
         self._broadcast = self._context.socket(zmq.PUB)
         self._broadcast.setsockopt(zmq.SNDHWM, 0)
         self._broadcast.bind(f"ipc://{self.socket_dir}/broadcast")
-        self.data_host = data_host or os.environ.get("OMNICTL_DATA_HOST") or "127.0.0.1"
+        override = data_host or os.environ.get("OMNICTL_DATA_HOST")
+        self.data_host = override or "127.0.0.1"
+        if launcher == "ray" and override is None:
+            import ray
+
+            self.data_host = str(ray.util.get_node_ip_address())
+        self.remote = launcher == "ray"  # every process is reached over tcp
         tcp_coordinator: tuple[str, str] | None = None
         self.curve: CurveKeys | None = None
         self._authenticator: ThreadAuthenticator | None = None
-        if topology.multi_node():  # processes on labelled nodes reach the coordinator over tcp
+        if topology.multi_node() or self.remote:  # processes on labelled nodes reach the coordinator over tcp
             self.curve = CurveKeys.generate()  # this launch's; workers get them with their config
             self._authenticator = start_authenticator(zmq.Context.shadow(self._context.underlying), self.curve)
             tcp_coordinator = (self._bind_tcp(self._control), self._bind_tcp(self._broadcast))
@@ -97,18 +109,24 @@ class Coordinator:
         self._stats_waiters: dict[int, tuple[asyncio.Future[None], dict[str, m.StatsReply]]] = {}
         self._hello_acks: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
-        self.launcher = Launcher(
-            topology,
-            self.model_path,
-            self._process_addresses,
-            f"ipc://{self.socket_dir}/control",
-            f"ipc://{self.socket_dir}/broadcast",
-            profile_address,
-            self._process_exited,
-            tcp_coordinator,
-            self.data_host,
-            self.curve,
-        )
+        self.launcher: Launcher | RayLauncher
+        if self.remote:
+            assert tcp_coordinator is not None and self.curve is not None
+            self.launcher = RayLauncher(topology, self.model_path, tcp_coordinator, profile_address,
+                                        self._process_exited, self.curve, ray_address, override)
+        else:
+            self.launcher = Launcher(
+                topology,
+                self.model_path,
+                self._process_addresses,
+                f"ipc://{self.socket_dir}/control",
+                f"ipc://{self.socket_dir}/broadcast",
+                profile_address,
+                self._process_exited,
+                tcp_coordinator,
+                self.data_host,
+                self.curve,
+            )
         self._tcp_codec: PayloadCodec | None = None
         if self.topology.node_of(self.topology.entry) is not None:  # inputs go to another node
             self._tcp_codec = codec_for(Transport.TCP, self._pool, RelayKnobs())
@@ -151,7 +169,7 @@ class Coordinator:
             for process in processes:
                 handle = self.launcher.handles[process]
                 if not handle.alive():
-                    why = f"process {process!r} exited: {describe_exit(handle.process.returncode)}"
+                    why = f"process {process!r} exited: {handle.describe_exit()}"
                     raise LaunchError(self._first_stage(process), why)
             self._broadcast.send(m.encode(m.Hello(seq, self._tcp_addresses)))
             seq += 1
@@ -196,9 +214,10 @@ class Coordinator:
             socket.setsockopt(zmq.SNDHWM, 0)
             socket.setsockopt(zmq.LINGER, 0)
             node = self.launcher.node_of[process]
-            if node is not None and self.curve is not None:
+            tcp = node is not None or self.remote
+            if tcp and self.curve is not None:
                 self.curve.connect_as_client(socket)
-            socket.connect(self._process_addresses[process] if node is None else self._tcp_addresses[process])
+            socket.connect(self._tcp_addresses[process] if tcp else self._process_addresses[process])
         return socket
 
     async def submit(
@@ -315,6 +334,8 @@ class Coordinator:
                 self._tcp_address(message.process, message.tcp_address)
             handle = self.launcher.handles.get(message.process)
             if handle is not None and not handle.ready.done():
+                if isinstance(handle, RayHandle):
+                    handle.pid = message.pid
                 handle.ready.set_result(None)
         elif isinstance(message, m.LaunchFailed):
             handle = self.launcher.handles.get(message.process)
@@ -379,12 +400,13 @@ class Coordinator:
 
     # --- faults -----------------------------------------------------------------------
 
-    def _process_exited(self, instance: str, exitcode: int | None) -> None:
+    def _process_exited(self, instance: str, exit_description: str) -> None:
         """``instance`` (a process, or one replica of it) died: fail the requests pinned to
         it, restart it if the policy allows; the other replicas keep serving."""
         process = self.topology.processes[self.launcher.process_of[instance]]
         label = f"replica {instance!r}" if process.replicas > 1 else f"stage process {instance!r}"
-        why = f"{label} (stages {', '.join(process.stages)}) died: {describe_exit(exitcode)}"
+        where = f", node {process.node!r}" if process.node is not None else ""
+        why = f"{label} (stages {', '.join(process.stages)}{where}) died: {exit_description}"
         self.down[instance] = why
         handle = self.launcher.handles[instance]
         if not handle.ready.done():
@@ -416,7 +438,7 @@ class Coordinator:
             await asyncio.wait_for(self._handshake([instance]), self.ready_timeout)
         except (LaunchError, asyncio.TimeoutError) as exc:
             if handle.alive():  # hung rather than exited: no exit will trigger another try
-                handle.process.kill()
+                handle.kill()
             if handle.restarts >= self.max_restarts:
                 self._lose(instance, f"stage process {instance!r} could not be restarted: {exc}")
             return  # otherwise its exit starts the next restart

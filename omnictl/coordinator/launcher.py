@@ -58,6 +58,16 @@ class ProcessHandle:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def describe_exit(self) -> str:
+        return describe_exit(self.process.returncode)
+
+    def kill(self) -> None:
+        self.process.kill()
+
 
 class Launcher:
     def __init__(
@@ -68,7 +78,7 @@ class Launcher:
         coordinator_address: str,
         broadcast_address: str,
         profile_address: str | None,
-        on_exit: Callable[[str, int | None], None],
+        on_exit: Callable[[str, str], None],  # (OS process, how it exited)
         tcp_coordinator: tuple[str, str] | None = None,  # (control, broadcast) for labelled nodes
         data_host: str = "127.0.0.1",
         curve: CurveKeys | None = None,
@@ -148,7 +158,7 @@ class Launcher:
         self._forget(handle)
         handle.process.wait()
         if not self._stopping and self.handles.get(handle.name) is handle:
-            self.on_exit(handle.name, handle.process.returncode)
+            self.on_exit(handle.name, describe_exit(handle.process.returncode))
 
     def _forget(self, handle: ProcessHandle) -> None:
         if handle.pidfd >= 0:

@@ -42,6 +42,9 @@ class ServeOptions:
     max_restarts: int = 0  # per replica: how often a dead stage process is started again
     limits: Limits = field(default_factory=Limits)
     served_model_names: tuple[str, ...] = ()  # model ids accepted besides the topology's name
+    launcher: str = "local"  # or "ray" (see Pipeline.launch)
+    ray_address: str | None = None
+    data_host: str | None = None
 
 
 def default_topology() -> Path:
@@ -128,6 +131,7 @@ async def run_server(
         launch = Pipeline.launch(
             topology, model_path=options.model_path, device=options.device, run_dir=options.run_dir,
             profile=True, request_timeout=options.request_timeout, max_restarts=options.max_restarts,
+            launcher=options.launcher, ray_address=options.ray_address, data_host=options.data_host,
         )
         entering = asyncio.create_task(launch.__aenter__(), name="pipeline-launch")
         waiting = asyncio.create_task(stopping.wait())

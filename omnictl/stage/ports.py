@@ -77,7 +77,7 @@ class WorkerPorts:
     def _peer(self, process: str) -> zmq.Socket:
         socket = self._peers.get(process)
         if socket is None:
-            if self._node_of.get(process, self.node) == self.node:
+            if self._node_of.get(process, self.node) == self.node and process in self._addresses:
                 address = self._addresses[process]
             elif process in self.tcp_addresses:
                 address = self.tcp_addresses[process]

@@ -13,6 +13,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -52,9 +53,9 @@ class WorkerConfig:
     parent_pid: int
     sys_path: tuple[str, ...]  # the parent's import path: user factories import the same here
     node: str | None = None  # its process's `node` label
-    data_host: str = "127.0.0.1"  # where it takes tcp data (multi-node topologies)
+    data_host: str | None = "127.0.0.1"  # where it takes tcp data; None: $OMNICTL_DATA_HOST, else its Ray node's address
     tcp_port: int = 0  # 0: OS-chosen; a restart asks for its predecessor's, so peers reconnect as they are
-    curve: CurveKeys | None = None  # the launch's keys: every tcp socket uses CurveZMQ
+    curve: CurveKeys | None = None  # the launch's keys: given iff it takes tcp; every tcp socket uses CurveZMQ
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -65,6 +66,16 @@ def _die_with_parent(parent_pid: int) -> None:
         pass
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
+
+
+def _node_address() -> str:
+    """``$OMNICTL_DATA_HOST``, else the address Ray knows this node by."""
+    override = os.environ.get("OMNICTL_DATA_HOST")
+    if override:
+        return override
+    import ray
+
+    return str(ray.util.get_node_ip_address())
 
 
 def main() -> None:
@@ -101,14 +112,16 @@ class Worker:
     async def run(self) -> None:
         config = self.config
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, self._stop.set)
+        if threading.current_thread() is threading.main_thread():  # not so in a Ray actor: stop() there
+            loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         context = zmq.asyncio.Context()
         if config.curve is not None:  # before any tcp socket: every handshake goes through it
             self._authenticator = start_authenticator(zmq.Context.shadow(context.underlying), config.curve)
         inbound = context.socket(zmq.PULL)
         inbound.setsockopt(zmq.LINGER, 0)
-        inbound.bind(config.process_addresses[config.instance])
-        tcp_address = self._bind_tcp(inbound) if config.topology.multi_node() else ""
+        if config.instance in config.process_addresses:  # none under Ray: every address is tcp
+            inbound.bind(config.process_addresses[config.instance])
+        tcp_address = self._bind_tcp(inbound) if config.curve is not None else ""
         broadcast = context.socket(zmq.SUB)
         broadcast.setsockopt(zmq.LINGER, 0)
         broadcast.setsockopt(zmq.SUBSCRIBE, b"")
@@ -135,8 +148,9 @@ class Worker:
         tasks = [
             asyncio.create_task(self._receive(inbound)),
             asyncio.create_task(self._listen(broadcast)),
-            asyncio.create_task(self._watch_parent()),
         ]
+        if config.parent_pid:  # 0: a Ray actor, whose life Ray manages
+            tasks.append(asyncio.create_task(self._watch_parent()))
         await self._stop.wait()
         for task in tasks:
             task.cancel()
@@ -147,7 +161,7 @@ class Worker:
     def _bind_tcp(self, inbound: zmq.asyncio.Socket) -> str:
         """Take tcp data too, on ``data_host``; returns the address bound (the port OS-chosen
         unless the predecessor's is asked for and still free)."""
-        host, port = self.config.data_host, self.config.tcp_port
+        host, port = self.config.data_host or _node_address(), self.config.tcp_port
         if self.config.curve is not None:  # the ipc endpoint bound before keeps no security
             self.config.curve.serve(inbound)
         try:
@@ -157,6 +171,10 @@ class Worker:
                 raise
             inbound.bind(f"tcp://{host}:*")  # taken meanwhile: the coordinator passes the new one on
         return inbound.getsockopt(zmq.LAST_ENDPOINT).decode()
+
+    def stop(self) -> None:
+        """Shut down cleanly (what SIGTERM does for a worker that is an OS process of its own)."""
+        self._stop.set()
 
     async def _build(self, profiler: Profiler) -> bool:
         config = self.config

@@ -1,0 +1,152 @@
+"""The Ray launcher on a local multi-node Ray cluster (one cluster for the module).
+
+Ray probes public addresses when it starts; these tests keep every packet on 127.0.0.1 by
+running in a private network namespace with only loopback. Run plainly (``pytest``), this
+module has one test: it re-runs the module under ``unshare -n`` (needs root, as CI has) and
+passes iff every test passed there. Inside (``OMNICTL_RAY_NETNS=1``) the real tests run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+INSIDE = os.environ.get("OMNICTL_RAY_NETNS") == "1"
+
+if not INSIDE:
+
+    def test_ray_tests_in_a_loopback_only_network_namespace() -> None:
+        unshare = shutil.which("unshare")
+        assert unshare is not None and os.geteuid() == 0, \
+            "the Ray tests need `unshare -n` as root (a loopback-only network namespace)"
+        started = time.monotonic()
+        inner = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
+        result = subprocess.run([unshare, "-n", *inner], cwd=REPO, capture_output=True, text=True,
+                                env={**os.environ, "OMNICTL_RAY_NETNS": "1", "OMNICTL_DATA_HOST": "127.0.0.1",
+                                     "RAY_USAGE_STATS_ENABLED": "0"}, timeout=900)
+        summary = result.stdout.strip().splitlines()[-1:] or ["(no output)"]
+        print(f"Ray tests in the namespace: {summary[0]} ({time.monotonic() - started:.0f} s wall)")
+        assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-4000:]
+
+else:
+    import fcntl
+    import socket
+    import struct
+
+    def _loopback_up() -> None:
+        """A new network namespace has only `lo`, down: bring it up (what `ip link set lo up`
+        does, without needing iproute2)."""
+        get_flags, set_flags, up = 0x8913, 0x8914, 0x1  # SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            flags = struct.unpack("16sh", fcntl.ioctl(sock, get_flags, struct.pack("16sh", b"lo", 0)))[1]
+            fcntl.ioctl(sock, set_flags, struct.pack("16sh", b"lo", flags | up))
+
+    _loopback_up()
+
+    import numpy as np
+    import ray
+    from ray.cluster_utils import Cluster
+
+    import omnictl
+    from omnictl.exceptions import LaunchError, RequestFailed
+    from tests.support import topo
+    from tests.support.loop import LoopThread, launch
+    from tests.support.stages import seen
+
+    LABELS = ("box-a", "box-b", "box-c", "box-d")  # box-d: removed by the fault test
+    NODES = {"frontend": {"node": "box-a"}, "thinker": {"node": "box-b"}, "talker": {"node": "box-c"}}
+
+    @pytest.fixture(scope="module")
+    def cluster() -> Iterator[Any]:
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "node_ip_address": "127.0.0.1"})
+        nodes = {label: cluster.add_node(num_cpus=2, labels={"omnictl-node": label}, node_ip_address="127.0.0.1")
+                 for label in LABELS}
+        ray.init(address=cluster.address)
+        cluster.wait_for_nodes()
+        yield cluster, nodes
+        ray.shutdown()
+        cluster.shutdown()
+
+    @pytest.fixture(scope="module")
+    def loop() -> Iterator[LoopThread]:
+        thread = LoopThread()
+        yield thread
+        thread.close()
+
+    def test_qwen_shaped_topology_across_three_labelled_nodes(cluster: Any, loop: LoopThread, tmp_path: Path) -> None:
+        log = tmp_path / "seen.log"
+        pipe = launch(loop, topo.qwen_shaped(tmp_path, log, NODES), device="cpu", profile=False,
+                      launcher="ray", ready_timeout=240)
+        try:
+            nodes = {n["NodeID"]: n["Labels"].get("omnictl-node") for n in ray.nodes() if n["Alive"]}
+            launcher = pipe._coordinator.launcher
+            placed = {name: nodes[ray.get(h.actor.node_id.remote())] for name, h in launcher.handles.items()}
+            assert placed == {"frontend": "box-a", "thinker": "box-b", "talker": "box-c"}
+
+            async def run() -> tuple[list[Any], dict[str, Any], str]:
+                request = await pipe.submit({"text": "hello", "tag": "r1"})
+                events = [event async for event in request.events()]
+                aborted = await pipe.submit({"text": "abort me", "tag": "r2"})
+                await aborted.abort()
+                after = await (await pipe.submit({"text": "world", "tag": "r3"})).result()
+                return events, await request.result(), after["decode"].text
+
+            events, result, after = loop.run(run(), timeout=120)
+            assert result["decode"].text == "hello" and after == "world"
+            codes = [sum(range(4 * i, 4 * i + 4)) for i in range(5)]
+            expected = np.concatenate([np.full(8, c / 100.0, dtype=np.float32) for c in codes])
+            np.testing.assert_allclose(result["code2wav"].samples, expected)
+            text = [e for e in events if e.stage == "decode"]
+            assert [e.kind for e in text] == ["stream"] * 5 + ["result"]
+            assert "".join(e.data.text for e in text[:-1]) == "hello"
+            assert {"preprocessing", "image_encoder", "audio_encoder", "thinker", "talker_ar"} <= set(seen(log))
+            stats = loop.run(pipe.stats())
+            assert all(entry["status"] == "up" for entry in stats.values()), stats
+        finally:
+            loop.run(pipe.close())
+        assert all(not h.alive() for h in launcher.handles.values())
+
+    def test_a_label_no_node_carries_fails_the_launch_naming_process_and_label(cluster: Any, loop: LoopThread,
+                                                                               tmp_path: Path) -> None:
+        path = topo.write(tmp_path / "t.yaml", [{"name": "a", "factory": "omnictl.models.examples.identity",
+                                                 "terminal": True}], processes={"a": {"node": "gpu-rack"}})
+        started = time.monotonic()
+        with pytest.raises(LaunchError) as caught:
+            launch(loop, path, profile=False, launcher="ray")
+        assert time.monotonic() - started < 30  # at once, not after the ready timeout
+        message = str(caught.value)
+        assert "process 'a'" in message and "'gpu-rack'" in message
+        assert "box-a, box-b, box-c, box-d" in message
+
+    def test_removing_a_node_fails_the_requests_it_held_naming_stage_and_node(cluster: Any, loop: LoopThread,
+                                                                              tmp_path: Path) -> None:
+        ray_cluster, nodes = cluster
+        path = topo.write(tmp_path / "slow.yaml", [
+            {"name": "front", "factory": "omnictl.models.examples.identity", "next": "slow"},
+            {"name": "slow", "factory": "omnictl.models.examples.sleep", "factory_args": {"seconds": 30},
+             "terminal": True},
+        ], processes={"slow": {"node": "box-d"}})
+        pipe = launch(loop, path, profile=False, launcher="ray", ready_timeout=240)
+        try:
+            async def in_flight() -> Any:
+                return await pipe.submit({"text": "held"})
+
+            request = loop.run(in_flight())
+            time.sleep(1.0)  # reached the slow stage
+            ray_cluster.remove_node(nodes["box-d"])
+            with pytest.raises(RequestFailed) as caught:
+                loop.run(request.result(), timeout=120)
+            message = str(caught.value)
+            assert "'slow'" in message and "'box-d'" in message and "died" in message
+            assert pipe.health()[0] == "down"
+        finally:
+            loop.run(pipe.close())
