@@ -113,7 +113,10 @@ else:
             assert all(entry["status"] == "up" for entry in stats.values()), stats
         finally:
             loop.run(pipe.close())
-        assert all(not h.alive() for h in launcher.handles.values())
+        for handle in launcher.handles.values():  # shutdown leaves no actor behind
+            assert not handle.alive()
+            with pytest.raises(ray.exceptions.RayActorError):
+                ray.get(handle.actor.node_id.remote(), timeout=60)
 
     def test_a_label_no_node_carries_fails_the_launch_naming_process_and_label(cluster: Any, loop: LoopThread,
                                                                                tmp_path: Path) -> None:
@@ -126,6 +129,32 @@ else:
         message = str(caught.value)
         assert "process 'a'" in message and "'gpu-rack'" in message
         assert "box-a, box-b, box-c, box-d" in message
+
+    def test_a_killed_actor_is_relaunched_on_a_node_with_its_label(cluster: Any, loop: LoopThread,
+                                                                   tmp_path: Path) -> None:
+        path = topo.write(tmp_path / "restart.yaml", [
+            {"name": "front", "factory": "omnictl.models.examples.identity", "next": "work"},
+            {"name": "work", "factory": "omnictl.models.examples.identity", "terminal": True},
+        ], processes={"work": {"node": "box-c"}})
+        pipe = launch(loop, path, profile=False, launcher="ray", ready_timeout=240, max_restarts=1)
+        try:
+            launcher = pipe._coordinator.launcher
+            first = launcher.handles["work"]
+            first.kill()
+            deadline = time.monotonic() + 120
+            while (launcher.handles["work"] is first or pipe.health()[0] != "ok") and time.monotonic() < deadline:
+                time.sleep(0.2)
+            again = launcher.handles["work"]
+            assert again is not first and again.restarts == 1 and pipe.health()[0] == "ok"
+            labels = {n["NodeID"]: n["Labels"].get("omnictl-node") for n in ray.nodes() if n["Alive"]}
+            assert labels[ray.get(again.actor.node_id.remote())] == "box-c"
+
+            async def one() -> Any:
+                return await (await pipe.submit({"text": "after restart"})).result()
+
+            assert loop.run(one())["work"] == {"text": "after restart"}
+        finally:
+            loop.run(pipe.close())
 
     def test_removing_a_node_fails_the_requests_it_held_naming_stage_and_node(cluster: Any, loop: LoopThread,
                                                                               tmp_path: Path) -> None:
