@@ -118,6 +118,39 @@ else:
             with pytest.raises(ray.exceptions.RayActorError):
                 ray.get(handle.actor.node_id.remote(), timeout=60)
 
+    def test_the_voice_assistant_answers_a_spoken_question_across_two_nodes(cluster: Any, loop: LoopThread,
+                                                                            tmp_path: Path) -> None:
+        import yaml
+
+        from omnictl.models.voice_assistant.asr import SpeechRecognizer, whisper_base_dir
+        from omnictl.models.voice_assistant.llm import smollm2_checkpoint
+        from omnictl.models.voice_assistant.samples import sample_request
+        from omnictl.outputs import AudioResult, TextResult
+        from omnictl.topology.model import Transport
+
+        smollm2_checkpoint()  # build the caches here, not inside a stage's ready timeout
+        whisper_base_dir()
+        spec = yaml.safe_load((REPO / "topologies" / "voice-assistant.yaml").read_text())
+        spec["processes"] = {"frontend": {"node": "box-a"}, "llm": {"node": "box-a"}, "speech": {"node": "box-b"}}
+        path = tmp_path / "voice.yaml"
+        path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        pipe = launch(loop, path, device="cpu", profile=False, launcher="ray", ready_timeout=300)
+        try:
+            assert pipe.topology.edge("thinker", "tts").transport is Transport.TCP  # ASR + LLM on box-a, TTS on box-b
+
+            async def ask() -> dict[str, Any]:
+                request = await pipe.submit(sample_request("capital_of_france", sampling={"max_tokens": 40}))
+                return await request.result()
+
+            result = loop.run(ask(), timeout=300)
+        finally:
+            loop.run(pipe.close())
+        assert isinstance(result["decode"], TextResult) and "Paris" in result["decode"].text
+        speech = result["tts"]
+        assert isinstance(speech, AudioResult) and speech.samples.size > 0
+        heard = SpeechRecognizer().transcribe(speech.samples, speech.sample_rate)
+        assert "paris" in heard.lower(), heard
+
     def test_a_label_no_node_carries_fails_the_launch_naming_process_and_label(cluster: Any, loop: LoopThread,
                                                                                tmp_path: Path) -> None:
         path = topo.write(tmp_path / "t.yaml", [{"name": "a", "factory": "omnictl.models.examples.identity",
