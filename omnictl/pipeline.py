@@ -165,6 +165,11 @@ class Pipeline:
         slots, shared-memory slots in use)."""
         return await self._coordinator.stats(timeout)
 
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        """Per `node` label (``-``: this machine): ``status`` (up/degraded/down) and the OS
+        processes placed there."""
+        return self._coordinator.nodes()
+
     def process_ids(self) -> dict[str, int]:
         """OS pid of each stage process, by its name (``NAME#i`` for a replica)."""
         return {name: h.pid for name, h in self._coordinator.launcher.handles.items()}

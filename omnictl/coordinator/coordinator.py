@@ -25,7 +25,7 @@ from omnictl import messages as m
 from omnictl.coordinator.launcher import Launcher
 from omnictl.coordinator.ray_launcher import RayHandle, RayLauncher
 from omnictl.coordinator.placement import ReplicaPlacement
-from omnictl.coordinator.stats import stage_stats
+from omnictl.coordinator.stats import node_stats, stage_stats
 from omnictl.coordinator.pruning import active_stages, select_terminals
 from omnictl.coordinator.request import RequestEvent, RequestEventKind, RequestHandle, RequestRecord, RequestState
 from omnictl.exceptions import InvalidRequest, LaunchError, PipelineDead, RequestAborted, RequestFailed
@@ -449,6 +449,10 @@ class Coordinator:
         self.down.pop(instance, None)
 
     # --- introspection ----------------------------------------------------------------
+
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        """Per node label: its OS processes and whether they are up (see node_stats)."""
+        return node_stats(self.topology, self.down)
 
     async def stats(self, timeout: float = 5.0) -> dict[str, dict[str, Any]]:
         """Per stage: status and the state it holds, over its replicas (see stage_stats)."""

@@ -37,6 +37,8 @@ class PipelineLike(Protocol):
 
     def health(self) -> tuple[str, dict[str, str]]: ...
 
+    def nodes(self) -> dict[str, dict[str, Any]]: ...
+
     run_dir: Any
 
     async def submit(self, inputs: Any, modalities: list[str] | None = None, request_id: str | None = None) -> Any: ...
@@ -194,6 +196,7 @@ def create_app(state: ServingState) -> Starlette:
             "in_flight": len(state.active),  # requests this server is answering
             "pipeline_in_flight": pipe.in_flight(),  # requests the coordinator still tracks
             "stages": stages,  # per stage: status and the state it holds (queued, running, buffers)
+            "nodes": pipe.nodes(),  # per node label ("-": the coordinator's machine): status, processes
             # where the profiler writes traces: `omnictl trace` and a local bench read it
             "run_dir": str(pipe.run_dir) if pipe.run_dir is not None else None,
         }

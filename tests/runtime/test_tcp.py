@@ -68,6 +68,16 @@ def test_qwen_shaped_topology_over_tcp_between_node_labels(loop: LoopThread, pip
     assert {"preprocessing", "thinker", "talker_ar", "code2wav"} <= set(seen(log))
 
 
+def test_stats_and_nodes_report_per_node(loop: LoopThread, pipe) -> None:
+    pipeline, _ = pipe
+    stats = loop.run(pipeline.stats())
+    assert stats["thinker"]["node"] == "box-a" and stats["code2wav"]["node"] == "box-b"
+    assert stats["preprocessing"]["node"] == "-" and stats["thinker"]["status"] == "up"
+    assert pipeline.nodes() == {"-": {"processes": ["frontend"], "status": "up"},
+                                "box-a": {"processes": ["thinker"], "status": "up"},
+                                "box-b": {"processes": ["talker"], "status": "up"}}
+
+
 def _handshakes(monitor: zmq.Socket, seconds: float) -> list[int]:
     events: list[int] = []
     deadline = time.monotonic() + seconds
