@@ -28,7 +28,7 @@ NODES = {"thinker": {"node": "box-a"}, "talker": {"node": "box-b"}}  # frontend:
 def pipe(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
     tmp = tmp_path_factory.mktemp("tcp")
     log = tmp / "seen.log"
-    pipeline = launch(loop, topo.qwen_shaped(tmp, log, NODES), device="cpu", profile=False)
+    pipeline = launch(loop, topo.qwen_shaped(tmp, log, NODES), device="cpu", profile=True, run_dir=tmp / "run")
     yield pipeline, log
     loop.run(pipeline.close())
 
@@ -140,3 +140,35 @@ def test_a_peer_without_the_launch_keys_gets_nothing_in_and_nothing_out(loop: Lo
 def test_the_launch_keys_never_show_their_secrets(pipe) -> None:
     keys = pipe[0]._coordinator.curve
     assert keys.server_secret.decode() not in repr(keys) and keys.client_secret.decode() not in repr(keys)
+
+
+def test_the_trace_shows_tcp_hops_with_bytes_and_each_stages_node(loop: LoopThread, pipe) -> None:
+    import io
+
+    from rich.console import Console
+
+    from omnictl.profiling.rundir import read_run_info
+    from omnictl.profiling.spans import build_trace
+    from omnictl.profiling.trace_render import render_waterfall
+
+    pipeline, _ = pipe
+    rid = "traced-request"
+    loop.run(_collect_id(pipeline, {"text": "trace", "tag": "traced"}, rid))
+    time.sleep(0.5)  # recorders flush every 50 ms
+    trace = build_trace(rid, [e for e in pipeline.profile.store.iter_events() if e.request_id == rid])
+    hops = {(s.meta["src"], s.meta["dst"]): s for s in trace.of_kind("hop")}
+    tcp = hops[("mm_aggregate", "thinker")]
+    assert tcp.meta["transport"] == "tcp" and tcp.meta["bytes"] > 0 and tcp.end_ns > tcp.start_ns
+    info = read_run_info(pipeline.run_dir)
+    assert info is not None
+    nodes = {stage.name: stage.node for stage in info.stages}
+    assert nodes["thinker"] == "box-a" and nodes["preprocessing"] is None
+    console = Console(width=120, record=True, file=io.StringIO(), color_system=None)
+    console.print(render_waterfall(trace, width=120, nodes=nodes))
+    text = console.export_text()
+    assert "thinker on box-a" in text and "preprocessing on -" in text
+    assert any("mm_aggregate" in line and "tcp" in line for line in text.splitlines())
+
+
+async def _collect_id(pipeline: Any, inputs: dict[str, Any], request_id: str) -> dict[str, Any]:
+    return await (await pipeline.submit(inputs, request_id=request_id)).result()
