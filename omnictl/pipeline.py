@@ -7,7 +7,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Generator, Sequence
 
-from omnictl.coordinator.coordinator import Coordinator
+from omnictl.coordinator.coordinator import Coordinator, resolve_data_host
+from omnictl.transports.curve import CurveKeys
 from omnictl.coordinator.launcher import refuse_unsupported
 from omnictl.coordinator.request import RequestHandle
 from omnictl.inputs import request_params
@@ -92,6 +93,8 @@ class Pipeline:
         profiler = None
         profile_address = None
         socket_dir = Path(tempfile.mkdtemp(prefix="omnictl-"))
+        # the launch's CurveZMQ keys, when any socket is tcp (shared by coordinator and collector)
+        curve = CurveKeys.generate() if topology.multi_node() or options["launcher"] == "ray" else None
         if options["profile"]:
             from omnictl.profiling.collector import Collector
             from omnictl.profiling.rundir import default_run_dir, write_run_info
@@ -99,7 +102,11 @@ class Pipeline:
             run_dir = run_dir or default_run_dir()
             write_run_info(run_dir, topology)
             profile_address = f"ipc://{socket_dir}/profile"
-            collector = Collector(run_dir, profile_address).start()
+            if curve is not None:  # workers on other nodes ship their events over tcp, authenticated
+                tcp_host = resolve_data_host(options["data_host"], options["launcher"])
+                collector = Collector(run_dir, profile_address, tcp_host=tcp_host, curve=curve).start()
+            else:
+                collector = Collector(run_dir, profile_address).start()
             profiler = collector.local_recorder()
         coordinator = Coordinator(
             topology,
@@ -113,6 +120,8 @@ class Pipeline:
             launcher=options["launcher"],
             ray_address=options["ray_address"],
             data_host=options["data_host"],
+            curve=curve,
+            profile_tcp_address=collector.tcp_address if collector is not None else None,
         )
         pipeline = cls(coordinator, collector, profiler, run_dir)
         try:

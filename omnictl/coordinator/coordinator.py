@@ -42,6 +42,19 @@ from omnictl.transports.shm import SegmentReader, SlotPool
 _RECENT_IDS = 100_000
 
 
+def resolve_data_host(data_host: str | None, launcher: str) -> str:
+    """The address tcp sockets bind and advertise here: given, ``$OMNICTL_DATA_HOST``, this
+    node's Ray address (``ray``), or 127.0.0.1 (``local``)."""
+    override = data_host or os.environ.get("OMNICTL_DATA_HOST")
+    if override:
+        return override
+    if launcher == "ray":
+        import ray
+
+        return str(ray.util.get_node_ip_address())
+    return "127.0.0.1"
+
+
 class Coordinator:
     def __init__(
         self,
@@ -57,10 +70,14 @@ class Coordinator:
         data_host: str | None = None,
         launcher: str = "local",
         ray_address: str | None = None,
+        curve: CurveKeys | None = None,
+        profile_tcp_address: str | None = None,
     ) -> None:
         """``data_host``: the address tcp sockets bind and advertise (multi-node topologies, and
         every socket under Ray); default ``$OMNICTL_DATA_HOST``, else 127.0.0.1 (the local
-        launcher) or each node's Ray address. ``launcher``: ``local`` (OS processes) or ``ray``."""
+        launcher) or each node's Ray address. ``launcher``: ``local`` (OS processes) or ``ray``.
+        ``curve``: the launch's keys when the caller made them (the profiling collector shares
+        them); ``profile_tcp_address``: the collector's tcp address for workers on other nodes."""
         if launcher not in ("local", "ray"):
             raise ValueError(f"launcher must be 'local' or 'ray', not {launcher!r}")
         self.topology = topology
@@ -87,17 +104,13 @@ class Coordinator:
         self._broadcast.setsockopt(zmq.SNDHWM, 0)
         self._broadcast.bind(f"ipc://{self.socket_dir}/broadcast")
         override = data_host or os.environ.get("OMNICTL_DATA_HOST")
-        self.data_host = override or "127.0.0.1"
-        if launcher == "ray" and override is None:
-            import ray
-
-            self.data_host = str(ray.util.get_node_ip_address())
+        self.data_host = resolve_data_host(data_host, launcher)
         self.remote = launcher == "ray"  # every process is reached over tcp
         tcp_coordinator: tuple[str, str] | None = None
         self.curve: CurveKeys | None = None
         self._authenticator: ThreadAuthenticator | None = None
         if topology.multi_node() or self.remote:  # processes on labelled nodes reach the coordinator over tcp
-            self.curve = CurveKeys.generate()  # this launch's; workers get them with their config
+            self.curve = curve or CurveKeys.generate()  # this launch's; workers get them with their config
             self._authenticator = start_authenticator(zmq.Context.shadow(self._context.underlying), self.curve)
             tcp_coordinator = (self._bind_tcp(self._control), self._bind_tcp(self._broadcast))
         self._tcp_addresses: dict[str, str] = {}  # OS process -> the tcp:// address it reported
@@ -112,7 +125,7 @@ class Coordinator:
         self.launcher: Launcher | RayLauncher
         if self.remote:
             assert tcp_coordinator is not None and self.curve is not None
-            self.launcher = RayLauncher(topology, self.model_path, tcp_coordinator, profile_address,
+            self.launcher = RayLauncher(topology, self.model_path, tcp_coordinator, profile_tcp_address,
                                         self._process_exited, self.curve, ray_address, override)
         else:
             self.launcher = Launcher(
@@ -126,6 +139,7 @@ class Coordinator:
                 tcp_coordinator,
                 self.data_host,
                 self.curve,
+                profile_tcp_address,
             )
         self._tcp_codec: PayloadCodec | None = None
         if self.topology.node_of(self.topology.entry) is not None:  # inputs go to another node

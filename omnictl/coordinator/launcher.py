@@ -82,6 +82,7 @@ class Launcher:
         tcp_coordinator: tuple[str, str] | None = None,  # (control, broadcast) for labelled nodes
         data_host: str = "127.0.0.1",
         curve: CurveKeys | None = None,
+        profile_tcp_address: str | None = None,  # the collector, for processes on labelled nodes
     ) -> None:
         self.topology = topology
         self.model_path = model_path
@@ -93,6 +94,7 @@ class Launcher:
         self.tcp_coordinator = tcp_coordinator
         self.data_host = data_host
         self.curve = curve
+        self.profile_tcp_address = profile_tcp_address
         self.tcp_ports: dict[str, int] = {}  # OS process -> the port it reported (a restart asks for it again)
         self.node_of = {name: p.node for p in topology.processes.values() for name in p.instances}
         self.handles: dict[str, ProcessHandle] = {}  # by OS process (replica) name
@@ -104,12 +106,14 @@ class Launcher:
     def start(self, name: str) -> ProcessHandle:
         """Start (or restart) the OS process ``name``: a process, or one replica of it."""
         control, broadcast = self.coordinator_address, self.broadcast_address
+        profile = self.profile_address
         node = self.node_of[name]
         if node is not None:  # on another node than the coordinator's: reach it over tcp
             if self.tcp_coordinator is None:
                 raise LaunchError(self.topology.processes[self.process_of[name]].stages[0],
                                   f"process {name!r} is on node {node!r} but the coordinator takes no tcp")
             control, broadcast = self.tcp_coordinator
+            profile = self.profile_tcp_address or profile
         config = WorkerConfig(
             process=self.process_of[name],
             instance=name,
@@ -118,7 +122,7 @@ class Launcher:
             process_addresses=self.process_addresses,
             coordinator_address=control,
             broadcast_address=broadcast,
-            profile_address=self.profile_address,
+            profile_address=profile,
             parent_pid=os.getpid(),
             # The topology's directory first: user code imports as in `validate --check-imports`.
             sys_path=worker_sys_path(self._topology_dir, sys.path),

@@ -97,7 +97,7 @@ def _make_profiler(config: WorkerConfig) -> tuple[Profiler, Any]:
         return NullProfiler(), None
     from omnictl.profiling.recorder import Recorder
 
-    recorder = Recorder(config.instance, config.profile_address)
+    recorder = Recorder(config.instance, config.profile_address, curve=config.curve)
     return recorder, recorder
 
 

@@ -84,8 +84,8 @@ else:
 
     def test_qwen_shaped_topology_across_three_labelled_nodes(cluster: Any, loop: LoopThread, tmp_path: Path) -> None:
         log = tmp_path / "seen.log"
-        pipe = launch(loop, topo.qwen_shaped(tmp_path, log, NODES), device="cpu", profile=False,
-                      launcher="ray", ready_timeout=240)
+        pipe = launch(loop, topo.qwen_shaped(tmp_path, log, NODES), device="cpu", profile=True,
+                      run_dir=tmp_path / "run", launcher="ray", ready_timeout=240)
         try:
             nodes = {n["NodeID"]: n["Labels"].get("omnictl-node") for n in ray.nodes() if n["Alive"]}
             launcher = pipe._coordinator.launcher
@@ -111,6 +111,20 @@ else:
             assert {"preprocessing", "image_encoder", "audio_encoder", "thinker", "talker_ar"} <= set(seen(log))
             stats = loop.run(pipe.stats())
             assert all(entry["status"] == "up" for entry in stats.values()), stats
+            assert stats["thinker"]["node"] == "box-b" and pipe.nodes()["box-c"]["status"] == "up"
+            # every actor's profiling events reached the collector over tcp (CurveZMQ)
+            assert pipe.profile.tcp_address.startswith("tcp://127.0.0.1:")
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                rid = next(e.request_id for e in pipe.profile.store.iter_events() if e.request_id)
+                processes = {e.process for e in pipe.profile.store.iter_events() if e.request_id == rid}
+                if processes >= {"frontend", "thinker", "talker"}:
+                    break
+                time.sleep(0.2)
+            assert processes >= {"frontend", "thinker", "talker"}, processes
+            tcp_hops = [e for e in pipe.profile.store.iter_events()
+                        if e.kind.value == "hop_sent" and e.meta.get("transport") == "tcp"]
+            assert tcp_hops and all(e.meta["bytes"] > 0 for e in tcp_hops)
         finally:
             loop.run(pipe.close())
         for handle in launcher.handles.values():  # shutdown leaves no actor behind

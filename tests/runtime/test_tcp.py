@@ -155,7 +155,11 @@ def test_the_trace_shows_tcp_hops_with_bytes_and_each_stages_node(loop: LoopThre
     rid = "traced-request"
     loop.run(_collect_id(pipeline, {"text": "trace", "tag": "traced"}, rid))
     time.sleep(0.5)  # recorders flush every 50 ms
-    trace = build_trace(rid, [e for e in pipeline.profile.store.iter_events() if e.request_id == rid])
+    trace = build_trace(rid, trace_events(pipeline, rid))
+    # labelled processes ship their events to the collector over tcp (CurveZMQ), the others over ipc
+    assert pipeline.profile.tcp_address.startswith("tcp://127.0.0.1:")
+    assert pipeline._coordinator.launcher.profile_tcp_address == pipeline.profile.tcp_address
+    assert {e.process for e in trace_events(pipeline, rid)} >= {"thinker", "talker", "frontend"}
     hops = {(s.meta["src"], s.meta["dst"]): s for s in trace.of_kind("hop")}
     tcp = hops[("mm_aggregate", "thinker")]
     assert tcp.meta["transport"] == "tcp" and tcp.meta["bytes"] > 0 and tcp.end_ns > tcp.start_ns
@@ -172,3 +176,7 @@ def test_the_trace_shows_tcp_hops_with_bytes_and_each_stages_node(loop: LoopThre
 
 async def _collect_id(pipeline: Any, inputs: dict[str, Any], request_id: str) -> dict[str, Any]:
     return await (await pipeline.submit(inputs, request_id=request_id)).result()
+
+
+def trace_events(pipeline: Any, request_id: str) -> list[Any]:
+    return [e for e in pipeline.profile.store.iter_events() if e.request_id == request_id]
