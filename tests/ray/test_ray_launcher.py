@@ -82,6 +82,10 @@ else:
         yield thread
         thread.close()
 
+    def _holds_nothing(stats: dict[str, dict[str, Any]]) -> bool:
+        return all(not any(v for k, v in entry.items() if k not in ("status", "process", "replicas", "node"))
+                   for entry in stats.values())
+
     def test_qwen_shaped_topology_across_three_labelled_nodes(cluster: Any, loop: LoopThread, tmp_path: Path) -> None:
         log = tmp_path / "seen.log"
         pipe = launch(loop, topo.qwen_shaped(tmp_path, log, NODES), device="cpu", profile=True,
@@ -109,7 +113,11 @@ else:
             assert [e.kind for e in text] == ["stream"] * 5 + ["result"]
             assert "".join(e.data.text for e in text[:-1]) == "hello"
             assert {"preprocessing", "image_encoder", "audio_encoder", "thinker", "talker_ar"} <= set(seen(log))
-            stats = loop.run(pipe.stats())
+            # the abort left no state on any node: every counter of every stage back to zero
+            deadline = time.monotonic() + 15
+            while not _holds_nothing(stats := loop.run(pipe.stats())) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert _holds_nothing(stats), stats
             assert all(entry["status"] == "up" for entry in stats.values()), stats
             assert stats["thinker"]["node"] == "box-b" and pipe.nodes()["box-c"]["status"] == "up"
             # every actor's profiling events reached the collector over tcp (CurveZMQ)
