@@ -272,7 +272,10 @@ class Coordinator:
         process = self.topology.processes[self.topology.process_of(entry)]
         instance = process.instances[replicas.get(process.name, 0)]
         submit = m.encode(m.Submit(ctx, entry, payload))
-        await self._push(instance).send_multipart([submit, *frames], copy=False)
+        if frames:
+            await self._push(instance).send_multipart([submit, *frames], copy=False)
+        else:
+            await self._push(instance).send(submit)
         return RequestHandle(record, self.abort)
 
     async def abort(self, request_id: str) -> None:
@@ -326,10 +329,12 @@ class Coordinator:
 
     async def _receive(self) -> None:
         while True:
-            parts = await self._control.recv_multipart(copy=False)
-            message = m.coordinator_decoder.decode(parts[0].buffer)
+            message = m.coordinator_decoder.decode(await self._control.recv())
+            frames: list[memoryview] = []
+            while self._control.getsockopt(zmq.RCVMORE):  # a tcp terminal output's tensors: zero-copy
+                frames.append((await self._control.recv(copy=False)).buffer)
             if isinstance(message, m.TerminalOutput):
-                self._terminal_output(message, [part.buffer for part in parts[1:]])
+                self._terminal_output(message, frames)
             else:
                 self._handle(message)
 
