@@ -8,7 +8,8 @@ from typing import Any, Generator, Sequence
 
 from omnictl.admission import Admission
 from omnictl.coordinator import socketdir
-from omnictl.coordinator.coordinator import Coordinator
+from omnictl.coordinator.coordinator import Coordinator, resolve_data_host
+from omnictl.transports.curve import CurveKeys
 from omnictl.coordinator.launcher import refuse_unsupported
 from omnictl.coordinator.request import RequestHandle
 from omnictl.inputs import request_params
@@ -53,6 +54,9 @@ class Pipeline:
         max_restarts: int = 0,
         max_in_flight: int | None = None,
         max_queue_wait: float = 0.0,
+        launcher: str = "local",
+        ray_address: str | None = None,
+        data_host: str | None = None,
     ) -> "_Launch":
         """Spawn the stage processes; use as ``async with`` (or ``await`` it and close yourself).
 
@@ -67,6 +71,10 @@ class Pipeline:
         stage by stage into ``run_dir`` (a fresh directory under the user state dir by default).
         ``max_in_flight`` (None: no limit) and ``max_queue_wait`` are admission control (see
         :mod:`omnictl.admission`): ``submit`` raises :class:`Overloaded` over the limit.
+        ``launcher="ray"`` runs each process replica as a Ray actor on a node whose
+        ``omnictl-node`` label is its process's `node` (unlabelled: this machine), joining the
+        cluster at ``ray_address`` (None: Ray's default: a running local cluster, or a new one).
+        ``data_host``: the address tcp sockets bind and advertise (default ``$OMNICTL_DATA_HOST``).
         """
         admission = Admission(max_in_flight, max_queue_wait)  # checks the values before any process starts
         return _Launch(
@@ -80,6 +88,9 @@ class Pipeline:
                 ready_timeout=ready_timeout,
                 max_restarts=max_restarts,
                 admission=admission,
+                launcher=launcher,
+                ray_address=ray_address,
+                data_host=data_host,
             ),
         )
 
@@ -90,6 +101,8 @@ class Pipeline:
         profiler = None
         profile_address = None
         socket_dir = socketdir.create()  # owner-only; sweeps those of killed servers
+        # the launch's CurveZMQ keys, when any socket is tcp (shared by coordinator and collector)
+        curve = CurveKeys.generate() if topology.multi_node() or options["launcher"] == "ray" else None
         if options["profile"]:
             from omnictl.profiling.collector import Collector
             from omnictl.profiling.rundir import default_run_dir, write_run_info
@@ -97,7 +110,11 @@ class Pipeline:
             run_dir = run_dir or default_run_dir()
             write_run_info(run_dir, topology)
             profile_address = f"ipc://{socket_dir}/profile"
-            collector = Collector(run_dir, profile_address).start()
+            if curve is not None:  # workers on other nodes ship their events over tcp, authenticated
+                tcp_host = resolve_data_host(options["data_host"], options["launcher"])
+                collector = Collector(run_dir, profile_address, tcp_host=tcp_host, curve=curve).start()
+            else:
+                collector = Collector(run_dir, profile_address).start()
             profiler = collector.local_recorder()
         coordinator = Coordinator(
             topology,
@@ -108,6 +125,11 @@ class Pipeline:
             ready_timeout=options["ready_timeout"],
             max_restarts=options["max_restarts"],
             socket_dir=socket_dir,
+            launcher=options["launcher"],
+            ray_address=options["ray_address"],
+            data_host=options["data_host"],
+            curve=curve,
+            profile_tcp_address=collector.tcp_address if collector is not None else None,
         )
         pipeline = cls(coordinator, collector, profiler, run_dir)
         pipeline.admission = options["admission"]
@@ -170,9 +192,14 @@ class Pipeline:
         slots, shared-memory slots in use)."""
         return await self._coordinator.stats(timeout)
 
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        """Per `node` label (``-``: this machine): ``status`` (up/degraded/down) and the OS
+        processes placed there."""
+        return self._coordinator.nodes()
+
     def process_ids(self) -> dict[str, int]:
         """OS pid of each stage process, by its name (``NAME#i`` for a replica)."""
-        return {name: h.process.pid for name, h in self._coordinator.launcher.handles.items()}
+        return {name: h.pid for name, h in self._coordinator.launcher.handles.items()}
 
     @property
     def socket_dir(self) -> Path:

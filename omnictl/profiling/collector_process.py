@@ -26,6 +26,7 @@ import zmq
 from omnictl.profiling.aggregate import Aggregator, ProfileSnapshot
 from omnictl.profiling.receiver import Receiver
 from omnictl.profiling.store import TraceStore
+from omnictl.transports.curve import CurveKeys
 
 _PARENT_CHECK_MS = 200
 _START_TIMEOUT_S = 60.0  # a cold interpreter on a busy machine takes seconds
@@ -40,6 +41,8 @@ class CollectorConfig(msgspec.Struct, frozen=True):
     segment_bytes: int
     max_segments: int
     parent_pid: int
+    tcp_host: str | None = None  # also take events over tcp, CurveZMQ with these keys
+    curve: CurveKeys | None = None
 
 
 class ControlRequest(msgspec.Struct, frozen=True):
@@ -65,7 +68,7 @@ def serve(config: CollectorConfig) -> None:
     """Receive events and answer control requests until told to stop or orphaned."""
     aggregator = Aggregator(window_s=config.window_s)
     store = TraceStore(Path(config.run_dir), config.segment_bytes, config.max_segments)
-    receiver = Receiver(config.address, store, aggregator)
+    receiver = Receiver(config.address, store, aggregator, config.tcp_host, config.curve)
     context = zmq.Context()
     control = context.socket(zmq.REP)
     control.setsockopt(zmq.LINGER, 1000)
@@ -74,7 +77,7 @@ def serve(config: CollectorConfig) -> None:
     except zmq.ZMQError as error:
         receiver.close()
         raise OSError(f"profiling collector cannot bind {config.control_address}: {error}") from error
-    print("ready", flush=True)
+    print(f"ready {receiver.tcp_address or ''}".strip(), flush=True)  # and where it takes tcp
     poller = zmq.Poller()
     poller.register(receiver.socket, zmq.POLLIN)
     poller.register(control, zmq.POLLIN)
@@ -116,7 +119,10 @@ class CollectorProcess:
         self._process.stdin.write(msgspec.json.encode(config) + b"\n")
         self._process.stdin.close()
         line = _read_line(self._process.stdout, _START_TIMEOUT_S)
-        if line != "ready":
+        self.tcp_address: str | None = None
+        if line is not None and line.startswith("ready "):
+            self.tcp_address = line.removeprefix("ready ")
+        elif line != "ready":
             self._process.kill()
             self._process.wait()
             if line is None:

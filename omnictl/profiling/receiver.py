@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import msgspec
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
+
+from omnictl.transports.curve import CurveKeys, start_authenticator
 
 from omnictl.profiling.aggregate import Aggregator
 from omnictl.profiling.events import Event
@@ -18,8 +21,13 @@ _MAX_BATCHES_PER_CALL = 64
 
 
 class Receiver:
-    def __init__(self, address: str, store: TraceStore, aggregator: Aggregator) -> None:
+    def __init__(self, address: str, store: TraceStore, aggregator: Aggregator,
+                 tcp_host: str | None = None, curve: CurveKeys | None = None) -> None:
+        """``tcp_host`` and ``curve``: also take events over tcp (workers on other machines),
+        CurveZMQ-authenticated with the launch's keys; ``tcp_address`` is where."""
         self.address = address
+        self.tcp_address: str | None = None
+        self._authenticator: ThreadAuthenticator | None = None
         self.store = store
         self.aggregator = aggregator
         self.received = 0  # events received so far
@@ -34,6 +42,15 @@ class Receiver:
             self.socket.close()
             self._context.term()
             raise OSError(f"profiling collector cannot bind {address}: {error}") from error
+        if tcp_host is not None and curve is not None:
+            self._authenticator = start_authenticator(self._context, curve)
+            curve.serve(self.socket)  # the ipc endpoint bound before keeps no security
+            try:
+                self.socket.bind(f"tcp://{tcp_host}:*")
+            except zmq.ZMQError as error:
+                self.close()
+                raise OSError(f"profiling collector cannot bind tcp on {tcp_host}: {error}") from error
+            self.tcp_address = self.socket.getsockopt(zmq.LAST_ENDPOINT).decode()
 
     def take_ready(self) -> int:
         """Store and aggregate the batches waiting now; returns how many events that was."""
@@ -64,6 +81,8 @@ class Receiver:
             self.take_ready()
 
     def close(self) -> None:
+        if self._authenticator is not None:
+            self._authenticator.stop()
         self.socket.close()
         self._context.term()
         self.store.close()

@@ -1,0 +1,78 @@
+"""The tcp codec over a real ZeroMQ TCP socket pair on 127.0.0.1."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+import torch
+import zmq
+
+from omnictl import messages as m
+from omnictl.stage.ports import payload_bytes, send_message
+from omnictl.topology.model import RelayKnobs, Transport
+from omnictl.transports.codec import codec_for, decode
+from omnictl.transports.shm import SegmentReader, SlotPool
+from omnictl.transports.tcp import TcpCodec
+
+CTX = m.RequestContext("r1", {}, ("a", "b"))
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
+    context = zmq.Context()
+    pull = context.socket(zmq.PULL)
+    pull.bind("tcp://127.0.0.1:*")
+    push = context.socket(zmq.PUSH)
+    push.connect(pull.getsockopt(zmq.LAST_ENDPOINT).decode())
+    yield push, pull
+    push.close(linger=0)
+    pull.close(linger=0)
+    context.term()
+
+
+def _roundtrip(pair: tuple[zmq.Socket, zmq.Socket], data: Any) -> tuple[m.DataReady, Any, int]:
+    push, pull = pair
+    pool = SlotPool("p", "a", 1024, 1)
+    codec = codec_for(Transport.TCP, pool, RelayKnobs())
+    assert isinstance(codec, TcpCodec)
+    payload, frames = codec.encode_frames(data)
+    send_message(push, m.DataReady(CTX, "a", "b", payload, 0), frames)
+    parts = pull.recv_multipart(copy=False)
+    message = m.inbound_decoder.decode(parts[0].buffer)
+    assert isinstance(message, m.DataReady)
+    reader = SegmentReader()
+    try:
+        out = decode(message.payload, reader, frames=[part.buffer for part in parts[1:]])
+    finally:
+        reader.close()
+        pool.close()
+    return message, out, len(parts)
+
+
+def test_tensors_travel_as_frames_after_a_typed_header(pair) -> None:
+    array = np.arange(1 << 20, dtype=np.float32)  # 4 MiB
+    tensor = torch.arange(12, dtype=torch.int64).reshape(3, 4)
+    message, out, parts = _roundtrip(pair, {"x": array, "t": tensor, "meta": ["k", 3]})
+    assert parts == 3  # header + one frame per tensor
+    assert message.payload.frames and message.payload.inline == b"" and message.payload.shm is None
+    assert len(message.payload.skeleton) < 200  # the bytes are not in the header
+    assert payload_bytes(message.payload) >= array.nbytes + tensor.numel() * 8
+    np.testing.assert_array_equal(out["x"], array)
+    assert out["t"].dtype is torch.int64 and torch.equal(out["t"], tensor)
+    assert out["meta"] == ["k", 3]
+    assert not out["x"].flags.owndata  # a view of the received frame, not a copy
+    out["x"][0] = 7.0  # the frame is the receiver's own: writable
+
+
+def test_a_payload_without_tensors_is_one_frame(pair) -> None:
+    message, out, parts = _roundtrip(pair, {"text": "hi", "n": 1})
+    assert parts == 1 and not message.payload.frames
+    assert out == {"text": "hi", "n": 1}
+
+
+def test_a_frame_count_that_does_not_match_the_layout_is_refused() -> None:
+    payload, frames = TcpCodec(SlotPool("p", "a", 1024, 1), RelayKnobs()).encode_frames({"x": np.zeros(4)})
+    with pytest.raises(ValueError, match="1 tensor\\(s\\) but 0 frame"):
+        decode(payload, SegmentReader(), frames=[])
