@@ -31,7 +31,7 @@ from omnictl.stage.ports import WorkerPorts
 from omnictl.stage.stage import Stage
 from omnictl.stage.startup import WorkerConfig, decode_config
 from omnictl.transports.codec import decode
-from omnictl.transports.curve import CurveKeys, start_authenticator
+from omnictl.transports.curve import start_authenticator
 from omnictl.transports.shm import SegmentReader
 
 _PR_SET_PDEATHSIG = 1

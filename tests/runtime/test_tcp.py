@@ -3,22 +3,17 @@ CurveZMQ keys made for the launch. One pipeline for the module (a launch costs s
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 import pytest
-import zmq
-from zmq.utils.monitor import recv_monitor_message
 
-from omnictl import messages as m
-from omnictl.topology.model import RelayKnobs, Transport
-from omnictl.transports.shm import SlotPool
-from omnictl.transports.tcp import TcpCodec
+from omnictl.topology.model import Transport
 from tests.support import topo
 from tests.support.loop import LoopThread, launch
+from tests.support.rogue import assert_a_peer_without_the_keys_gets_nothing
 from tests.support.stages import seen
 
 NODES = {"thinker": {"node": "box-a"}, "talker": {"node": "box-b"}}  # frontend: the coordinator's
@@ -78,63 +73,10 @@ def test_stats_and_nodes_report_per_node(loop: LoopThread, pipe) -> None:
                                 "box-b": {"processes": ["talker"], "status": "up"}}
 
 
-def _handshakes(monitor: zmq.Socket, seconds: float) -> list[int]:
-    events: list[int] = []
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if monitor.poll(50):
-            events.append(recv_monitor_message(monitor)["event"])
-    return events
-
-
-_FAILED = {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
-           zmq.EVENT_HANDSHAKE_FAILED_AUTH}
-
-
 @pytest.mark.parametrize("keys", ["none", "server-key-but-own-client-key"])
 def test_a_peer_without_the_launch_keys_gets_nothing_in_and_nothing_out(loop: LoopThread, pipe, keys: str) -> None:
     pipeline, log = pipe
-    coordinator = pipeline._coordinator
-    thinker = coordinator._tcp_addresses["thinker"]
-    broadcast = coordinator.launcher.tcp_coordinator[1]
-    context = zmq.Context()
-    rogue = context.socket(zmq.PUSH)
-    listener = context.socket(zmq.SUB)
-    listener.setsockopt(zmq.SUBSCRIBE, b"")
-    if keys != "none":  # knows the server's public key, but is not the launch's client
-        public, secret = zmq.curve_keypair()
-        for socket in (rogue, listener):
-            socket.setsockopt(zmq.CURVE_SERVERKEY, coordinator.curve.server_public)
-            socket.setsockopt(zmq.CURVE_PUBLICKEY, public)
-            socket.setsockopt(zmq.CURVE_SECRETKEY, secret)
-    insider = context.socket(zmq.SUB)  # the control: with the launch's keys, broadcasts do arrive
-    insider.setsockopt(zmq.SUBSCRIBE, b"")
-    coordinator.curve.connect_as_client(insider)
-    monitor = rogue.get_monitor_socket()
-    try:
-        in_flight = asyncio.run_coroutine_threadsafe(
-            _collect(pipeline, {"text": "steady", "tag": "inflight"}), loop.loop)
-        rogue.connect(thinker)
-        listener.connect(broadcast)
-        insider.connect(broadcast)
-        forged, frames = TcpCodec(SlotPool("rogue", "x", 1024, 1), RelayKnobs()).encode_frames(
-            {"tag": "forged", "ids": np.array([70, 71]), "emb": np.zeros((2, 3))})
-        ctx = m.RequestContext("forged", {}, tuple(pipeline.topology.stages))
-        message = m.encode(m.DataReady(ctx, "mm_aggregate", "thinker", forged, 0))
-        rogue.send_multipart([message, *frames], copy=False)  # queued: never delivered
-        events = _handshakes(monitor, 1.5)
-        assert zmq.EVENT_HANDSHAKE_SUCCEEDED not in events and _FAILED & set(events), events
-        _, result = in_flight.result(60)
-        assert result["decode"].text == "stead"  # unaffected (5 thinker steps)
-        loop.run(pipeline.stats())  # broadcasts a stats request
-        assert insider.poll(2000) != 0
-        assert listener.poll(300) == 0  # what was broadcast never reached it
-        assert "forged" not in seen(log)["thinker"]
-    finally:
-        rogue.disable_monitor()
-        for socket in (monitor, rogue, listener, insider):
-            socket.close(linger=0)
-        context.term()
+    assert_a_peer_without_the_keys_gets_nothing(loop, pipeline, log, keys)
 
 
 def test_the_launch_keys_never_show_their_secrets(pipe) -> None:
