@@ -112,7 +112,8 @@ class RayLauncher:
         self.on_exit = on_exit
         self.curve = curve
         self.data_host = data_host
-        self.handles: dict[str, RayHandle] = {}
+        self.handles: dict[str, RayHandle] = {}  # the current actor of each process replica
+        self.started: list[RayHandle] = []  # every actor this launch started, relaunches included
         self.process_of = {name: p.name for p in topology.processes.values() for name in p.instances}
         self.node_of = {name: p.node for p in topology.processes.values() for name in p.instances}
         self.tcp_ports: dict[str, int] = {}
@@ -157,7 +158,9 @@ class RayLauncher:
         actor = self._actor_class.options(**options).remote()
         restarts = self.handles[name].restarts + 1 if name in self.handles else 0
         handle = self.handles[name] = RayHandle(name, actor, process.node, restarts)
-        handle.watcher = asyncio.get_running_loop().create_task(self._watch(handle, actor.run.remote(encode_config(config))))
+        self.started.append(handle)
+        run = actor.run.remote(encode_config(config))  # typed msgpack bytes: nothing to unpickle
+        handle.watcher = asyncio.get_running_loop().create_task(self._watch(handle, run))
         return handle
 
     async def _watch(self, handle: RayHandle, ref: Any) -> None:
@@ -179,7 +182,7 @@ class RayLauncher:
         self._stopping = True
         if not self._connected:
             return
-        handles = list(self.handles.values())
+        handles = list(self.started)  # a predecessor that hung instead of dying is killed too
         for handle in handles:
             if handle.alive():
                 handle.actor.stop.remote()
