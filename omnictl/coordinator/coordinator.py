@@ -35,6 +35,7 @@ from omnictl.schedulers.simple import describe_error
 from omnictl.topology.model import RelayKnobs, Topology, Transport
 from omnictl.transports.codec import PayloadCodec, codec_for, decode
 from omnictl.transports.curve import CurveKeys, start_authenticator
+from omnictl.transports.frames import receive
 from omnictl.transports.shm import SegmentReader, SlotPool
 
 # A reused request id is refused for as long as it is remembered; a client may reuse one long
@@ -331,10 +332,8 @@ class Coordinator:
 
     async def _receive(self) -> None:
         while True:
-            message = m.coordinator_decoder.decode(await self._control.recv())
-            frames: list[memoryview] = []
-            while self._control.getsockopt(zmq.RCVMORE):  # a tcp terminal output's tensors: zero-copy
-                frames.append((await self._control.recv(copy=False)).buffer)
+            header, frames = await receive(self._control)  # frames: a tcp terminal output's tensors
+            message = m.coordinator_decoder.decode(header)
             if isinstance(message, m.TerminalOutput):
                 self._terminal_output(message, frames)
             else:

@@ -32,6 +32,7 @@ from omnictl.stage.stage import Stage
 from omnictl.stage.startup import WorkerConfig, decode_config
 from omnictl.transports.codec import decode
 from omnictl.transports.curve import start_authenticator
+from omnictl.transports.frames import receive
 from omnictl.transports.shm import SegmentReader
 
 _PR_SET_PDEATHSIG = 1
@@ -193,10 +194,7 @@ class Worker:
 
     async def _receive(self, socket: zmq.asyncio.Socket) -> None:
         while True:
-            raw = await socket.recv()  # copied: small, and cheaper so than a zero-copy frame
-            frames: list[memoryview] = []
-            while socket.getsockopt(zmq.RCVMORE):  # a tcp payload's tensors: zero-copy
-                frames.append((await socket.recv(copy=False)).buffer)
+            raw, frames = await receive(socket)
             try:
                 message = m.inbound_decoder.decode(raw)
             except msgspec.DecodeError as exc:  # a peer speaking another protocol version
@@ -247,7 +245,7 @@ class Worker:
 
     async def _listen(self, socket: zmq.asyncio.Socket) -> None:
         while True:
-            message = m.broadcast_decoder.decode(await socket.recv())
+            message = m.broadcast_decoder.decode((await receive(socket))[0])
             if isinstance(message, m.Abort):
                 for request_id in message.request_ids:
                     for stage in self.stages.values():
