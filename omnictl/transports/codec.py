@@ -24,7 +24,6 @@ from typing import Any, Callable
 
 from omnictl.messages import EncodedPayload
 from omnictl.topology.model import RelayKnobs, Transport
-from omnictl.transports.frames import join
 from omnictl.transports.packing import pack, unpack, unpack_frames
 from omnictl.transports.shm import SegmentReader, SlotPool
 
@@ -62,8 +61,7 @@ def decode(payload: EncodedPayload, reader: SegmentReader, allow_pickle: bool = 
     """Rebuild the data; the caller sends ``SlotRelease(payload.shm)`` afterwards.
     ``frames``: the buffers that came after the message (``tcp``)."""
     if payload.frames:
-        buffers = join(payload.layout, frames or [])  # one per tensor
-        return unpack_frames(payload.skeleton, payload.layout, buffers, allow_pickle)
+        return unpack_frames(payload.skeleton, payload.layout, frames or [], allow_pickle)
     if payload.shm is None:
         return unpack(payload.skeleton, payload.layout, payload.inline, allow_pickle)
     view = reader.read(payload.shm)
