@@ -145,7 +145,7 @@ else:
             assert "".join(e.data.text for e in text[:-1]) == "hello"
             assert {"preprocessing", "image_encoder", "audio_encoder", "thinker", "talker_ar"} <= set(seen(log))
             # the abort left no state on any node: every counter of every stage back to zero
-            deadline = time.monotonic() + 15
+            deadline = time.monotonic() + 60  # generous: a loaded machine; done as soon as it holds
             while not _holds_nothing(stats := loop.run(pipe.stats())) and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert _holds_nothing(stats), stats
@@ -153,7 +153,7 @@ else:
             assert stats["thinker"]["node"] == "box-b" and pipe.nodes()["box-c"]["status"] == "up"
             # every actor's profiling events reached the collector over tcp (CurveZMQ)
             assert pipe.profile.tcp_address.startswith("tcp://127.0.0.1:")
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 rid = next(e.request_id for e in pipe.profile.store.iter_events() if e.request_id)
                 processes = {e.process for e in pipe.profile.store.iter_events() if e.request_id == rid}

@@ -3,7 +3,6 @@ CurveZMQ keys made for the launch. One pipeline for the module (a launch costs s
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -15,6 +14,7 @@ from tests.support import topo
 from tests.support.loop import LoopThread, launch
 from tests.support.rogue import assert_a_peer_without_the_keys_gets_nothing
 from tests.support.stages import seen
+from tests.support.wait import until
 
 NODES = {"thinker": {"node": "box-a"}, "talker": {"node": "box-b"}}  # frontend: the coordinator's
 
@@ -96,7 +96,12 @@ def test_the_trace_shows_tcp_hops_with_bytes_and_each_stages_node(loop: LoopThre
     pipeline, _ = pipe
     rid = "traced-request"
     loop.run(_collect_id(pipeline, {"text": "trace", "tag": "traced"}, rid))
-    time.sleep(0.5)  # recorders flush every 50 ms
+    def shipped() -> bool:  # recorders flush every 50 ms; a loaded machine may take longer
+        events = trace_events(pipeline, rid)
+        hop_received = any(e.kind.value == "hop_received" and e.stage == "thinker" for e in events)
+        return hop_received and {e.process for e in events} >= {"thinker", "talker", "frontend"}
+
+    assert until(shipped, timeout=30)
     trace = build_trace(rid, trace_events(pipeline, rid))
     # labelled processes ship their events to the collector over tcp (CurveZMQ), the others over ipc
     assert pipeline.profile.tcp_address.startswith("tcp://127.0.0.1:")
