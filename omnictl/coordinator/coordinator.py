@@ -151,7 +151,7 @@ class Coordinator:
         assert self.curve is not None
         self.curve.serve(socket)  # the ipc endpoint bound before keeps no security
         socket.bind(f"tcp://{self.data_host}:*")
-        return socket.getsockopt(zmq.LAST_ENDPOINT).decode()
+        return socket.getsockopt_string(zmq.LAST_ENDPOINT)
 
     # --- lifecycle --------------------------------------------------------------------
 

@@ -151,7 +151,7 @@ class Worker:
             if not port:
                 raise
             inbound.bind(f"tcp://{host}:*")  # taken meanwhile: the coordinator passes the new one on
-        return inbound.getsockopt(zmq.LAST_ENDPOINT).decode()
+        return inbound.getsockopt_string(zmq.LAST_ENDPOINT)
 
     def stop(self) -> None:
         """Shut down cleanly (what SIGTERM does for a worker that is an OS process of its own)."""
