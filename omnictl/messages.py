@@ -43,6 +43,7 @@ class EncodedPayload(msgspec.Struct, array_like=True):
     layout: tuple[TensorLayout, ...] = ()
     inline: bytes = b""  # tensor bytes when they are tiny
     shm: ShmRef | None = None
+    frames: bool = False  # tcp: tensor i is ZeroMQ frame i + 1 of the message (zero-copy)
 
 
 class RequestContext(msgspec.Struct, array_like=True, frozen=True):
@@ -109,6 +110,8 @@ class Abort(msgspec.Struct, tag="abort", array_like=True):
 
 class Hello(msgspec.Struct, tag="hello", array_like=True):
     seq: int
+    # OS process (replica) -> its tcp:// PULL address; a process acks once it holds them all
+    tcp_addresses: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class StatsRequest(msgspec.Struct, tag="stats_request", array_like=True):
@@ -128,6 +131,7 @@ class ProcessLost(msgspec.Struct, tag="process_lost", array_like=True):
 class Ready(msgspec.Struct, tag="ready", array_like=True):
     process: str
     pid: int
+    tcp_address: str = ""  # where it took tcp data (multi-node topologies), the port OS-chosen
 
 
 class LaunchFailed(msgspec.Struct, tag="launch_failed", array_like=True):

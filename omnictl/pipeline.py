@@ -10,7 +10,8 @@ from typing import Any, Generator, Sequence
 from omnictl import logs
 from omnictl.admission import Admission
 from omnictl.coordinator import socketdir
-from omnictl.coordinator.coordinator import Coordinator
+from omnictl.coordinator.coordinator import Coordinator, resolve_data_host
+from omnictl.transports.curve import CurveKeys
 from omnictl.coordinator.launcher import refuse_unsupported
 from omnictl.coordinator.request import RequestHandle
 from omnictl.exceptions import StartupError
@@ -59,6 +60,9 @@ class Pipeline:
         max_in_flight: int | None = None,
         max_queue_wait: float = 0.0,
         otlp_endpoint: str | None = None,
+        launcher: str = "local",
+        ray_address: str | None = None,
+        data_host: str | None = None,
     ) -> "_Launch":
         """Spawn the stage processes; use as ``async with`` (or ``await`` it and close yourself).
 
@@ -79,6 +83,10 @@ class Pipeline:
         ``otlp_endpoint`` (an OTLP/HTTP collector's URL, e.g. ``http://127.0.0.1:4318``; None:
         off) exports every finished request as an OpenTelemetry trace built from its profile
         (needs ``profile``; see :mod:`omnictl.telemetry`).
+        ``launcher="ray"`` runs each process replica as a Ray actor on a node whose
+        ``omnictl-node`` label is its process's `node` (unlabelled: this machine), joining the
+        cluster at ``ray_address`` (None: Ray's default: a running local cluster, or a new one).
+        ``data_host``: the address tcp sockets bind and advertise (default ``$OMNICTL_DATA_HOST``).
         """
         admission = Admission(max_in_flight, max_queue_wait)  # checks the values before any process starts
         traces_to = None
@@ -102,6 +110,9 @@ class Pipeline:
                 max_restarts=max_restarts,
                 admission=admission,
                 otlp_endpoint=traces_to,
+                launcher=launcher,
+                ray_address=ray_address,
+                data_host=data_host,
             ),
         )
 
@@ -112,6 +123,8 @@ class Pipeline:
         profiler = None
         profile_address = None
         socket_dir = socketdir.create()  # owner-only; sweeps those of killed servers
+        # the launch's CurveZMQ keys, when any socket is tcp (shared by coordinator and collector)
+        curve = CurveKeys.generate() if topology.multi_node() or options["launcher"] == "ray" else None
         if options["profile"]:
             from omnictl.profiling.collector import Collector
             from omnictl.profiling.rundir import default_run_dir, write_run_info
@@ -124,7 +137,11 @@ class Pipeline:
                 from omnictl.telemetry.endpoint import OtlpTarget
 
                 otlp = OtlpTarget(options["otlp_endpoint"], topology.name, dict(topology.terminals))
-            collector = Collector(run_dir, profile_address, otlp=otlp).start()
+            if curve is not None:  # workers on other nodes ship their events over tcp, authenticated
+                tcp_host = resolve_data_host(options["data_host"], options["launcher"])
+                collector = Collector(run_dir, profile_address, otlp=otlp, tcp_host=tcp_host, curve=curve).start()
+            else:
+                collector = Collector(run_dir, profile_address, otlp=otlp).start()
             profiler = collector.local_recorder()
         coordinator = Coordinator(
             topology,
@@ -136,6 +153,11 @@ class Pipeline:
             max_restarts=options["max_restarts"],
             socket_dir=socket_dir,
             run_dir=run_dir,
+            launcher=options["launcher"],
+            ray_address=options["ray_address"],
+            data_host=options["data_host"],
+            curve=curve,
+            profile_tcp_address=collector.tcp_address if collector is not None else None,
         )
         pipeline = cls(coordinator, collector, profiler, run_dir)
         pipeline.admission = options["admission"]
@@ -210,9 +232,14 @@ class Pipeline:
         slots, shared-memory slots in use)."""
         return await self._coordinator.stats(timeout)
 
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        """Per `node` label (``-``: this machine): ``status`` (up/degraded/down) and the OS
+        processes placed there."""
+        return self._coordinator.nodes()
+
     def process_ids(self) -> dict[str, int]:
         """OS pid of each stage process, by its name (``NAME#i`` for a replica)."""
-        return {name: h.process.pid for name, h in self._coordinator.launcher.handles.items()}
+        return {name: h.pid for name, h in self._coordinator.launcher.handles.items()}
 
     @property
     def socket_dir(self) -> Path:

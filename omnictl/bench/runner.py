@@ -42,6 +42,9 @@ class BenchConfig:
     audio_file: str | None = None
     request_timeout: float = 300.0
     seed: int = 0
+    launcher: str = "local"  # for the pipeline the bench launches
+    ray_address: str | None = None
+    data_host: str | None = None
 
     def check(self) -> None:
         if self.concurrency is not None and self.rate is not None:
@@ -249,6 +252,7 @@ def run_bench(
             options = ServeOptions(
                 topology=config.topology, port=0, model_path=config.model_path, device=config.device,
                 run_dir=config.run_dir, request_timeout=config.request_timeout, api_key=config.api_key,
+                launcher=config.launcher, ray_address=config.ray_address, data_host=config.data_host,
             )
             with console.status("launching the pipeline..."):
                 listening = stack.enter_context(BackgroundServer(options))

@@ -27,6 +27,14 @@ def bench_command(
     audio_file: Annotated[Optional[Path], typer.Option("--audio-file", metavar="WAV", help="WAV to send for --input audio.")] = None,
     request_timeout: Annotated[float, typer.Option("--request-timeout", metavar="SECONDS", help="Seconds before a request counts as failed.")] = 300.0,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar or dashboard.")] = False,
+    launcher: Annotated[str, typer.Option(
+        "--launcher", metavar="local|ray",
+        help="local: one OS process per stage process here; ray: Ray actors placed by `node` label.")] = "local",
+    ray_address: Annotated[Optional[str], typer.Option(
+        "--ray-address", metavar="ADDRESS", help="The Ray cluster to join with --launcher ray (default: Ray's own).")] = None,
+    data_host: Annotated[Optional[str], typer.Option(
+        "--data-host", envvar="OMNICTL_DATA_HOST", metavar="HOST",
+        help="Address the tcp data plane binds and advertises (default: each node's address; 127.0.0.1 locally).")] = None,
 ) -> None:
     """Measure TTFT, time to first audio, real-time factor (RTF, lower is better), latency percentiles and throughput under load."""
     import json
@@ -49,7 +57,7 @@ def bench_command(
             modalities=tuple(m.strip() for m in modalities.split(",") if m.strip()),
             max_tokens=max_tokens, api_key=api_key, model_path=model_path, device=device,
             run_dir=str(run_dir) if run_dir else None, audio_file=str(audio_file) if audio_file else None,
-            request_timeout=request_timeout,
+            request_timeout=request_timeout, launcher=launcher, ray_address=ray_address, data_host=data_host,
         )
         result = run_bench(config, console=errors, show_progress=not no_progress)
     except (OmnictlError, ValueError) as exc:  # BenchError, bad topology, launch failure, unreadable --compare

@@ -40,6 +40,14 @@ def serve_command(
         "--otlp-endpoint", metavar="URL",
         help="Export every finished request as an OpenTelemetry trace to this OTLP/HTTP collector "
              "(e.g. http://127.0.0.1:4318; default: $OTEL_EXPORTER_OTLP_ENDPOINT, else off).")] = None,
+    launcher: Annotated[str, typer.Option(
+        "--launcher", metavar="local|ray",
+        help="local: one OS process per stage process here; ray: Ray actors placed by `node` label.")] = "local",
+    ray_address: Annotated[Optional[str], typer.Option(
+        "--ray-address", metavar="ADDRESS", help="The Ray cluster to join with --launcher ray (default: Ray's own).")] = None,
+    data_host: Annotated[Optional[str], typer.Option(
+        "--data-host", envvar="OMNICTL_DATA_HOST", metavar="HOST",
+        help="Address the tcp data plane binds and advertises (default: each node's address; 127.0.0.1 locally).")] = None,
 ) -> None:
     """Serve a topology over an OpenAI-compatible HTTP API (chat completions with text and audio)."""
     from rich.console import Console
@@ -74,6 +82,7 @@ def serve_command(
         limits=Limits(int(max_body_mb * 1024 * 1024), int(max_audio_mb * 1024 * 1024), body_timeout_s=body_timeout),
         served_model_names=tuple(served_model_name or ()),
         max_in_flight=max_in_flight or None, max_queue_wait=max_queue_wait, otlp_endpoint=traces_to,
+        launcher=launcher, ray_address=ray_address, data_host=data_host,
     )
     dashboards: list[object] = []
 

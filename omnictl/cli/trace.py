@@ -76,6 +76,7 @@ def _show(
     directory: Path,
 ) -> None:
     from omnictl.profiling.chrome import to_chrome
+    from omnictl.profiling.rundir import read_run_info
     from omnictl.profiling.spans import build_trace
     from omnictl.profiling.trace_render import render_waterfall, trace_to_json
 
@@ -84,7 +85,9 @@ def _show(
         typer.echo(json.dumps(trace_to_json(trace_), indent=2, ensure_ascii=False))
     else:
         console.print(f"run {directory}", soft_wrap=True)
-        console.print(render_waterfall(trace_, width=min(console.width, 120)), soft_wrap=True)
+        info = read_run_info(directory)
+        nodes = {stage.name: stage.node for stage in info.stages} if info is not None else None
+        console.print(render_waterfall(trace_, width=min(console.width, 120), nodes=nodes), soft_wrap=True)
     if export_chrome is not None:
         export_chrome.write_text(json.dumps(to_chrome(trace_)), encoding="utf-8")
         typer.echo(f"Chrome trace written to {export_chrome} (open it in https://ui.perfetto.dev or chrome://tracing)", err=True)

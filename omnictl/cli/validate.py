@@ -61,16 +61,20 @@ def render_json(outcomes: list[Outcome]) -> str:
 
 
 def summary(topology: Topology) -> Group:
-    """Processes x stages x GPUs x replicas, then edges with their transports."""
+    """Processes x stages x GPUs x replicas (x node x cpus when labelled), then edges with their transports."""
     terminals = ", ".join(f"{name} ({modality})" for name, modality in topology.terminals.items())
     head = Text.assemble(("  entry ", "dim"), (topology.entry, "bold"),
                          ("  terminals ", "dim"), terminals)
     processes = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
-    for column in ("process", "stages", "gpus", "replicas"):
+    multi_node = topology.multi_node()
+    for column in ("process", "stages", "gpus", "replicas", *(("node", "cpus") if multi_node else ())):
         processes.add_column(column)
     for process in topology.processes.values():
         gpus = ", ".join(str(g) for g in process.gpus) or "cpu"
-        processes.add_row(process.name, ", ".join(process.stages), gpus, str(process.replicas))
+        row = [process.name, ", ".join(process.stages), gpus, str(process.replicas)]
+        if multi_node:  # "-": the coordinator's machine
+            row += [process.node or "-", f"{process.cpus:g}"]
+        processes.add_row(*row)
     edges = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
     for column in ("edge", "kind", "transport"):
         edges.add_column(column)

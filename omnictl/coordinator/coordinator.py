@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import shutil
 import tempfile
 import uuid
@@ -19,19 +20,23 @@ from typing import Any, Mapping, Sequence
 
 import zmq
 import zmq.asyncio
+from zmq.auth.thread import ThreadAuthenticator
 
 from omnictl import messages as m
-from omnictl.coordinator.launcher import Launcher, describe_exit
+from omnictl.coordinator.launcher import Launcher
+from omnictl.coordinator.ray_launcher import RayHandle, RayLauncher
 from omnictl.coordinator.placement import ReplicaPlacement
-from omnictl.coordinator.stats import stage_stats
+from omnictl.coordinator.stats import node_stats, stage_stats
 from omnictl.coordinator.pruning import active_stages, select_terminals
 from omnictl.coordinator.request import RequestEvent, RequestEventKind, RequestHandle, RequestRecord, RequestState
 from omnictl.exceptions import InvalidRequest, LaunchError, PipelineDead, RequestAborted, RequestFailed
 from omnictl.profiling.events import EventKind, MetaValue, NullProfiler, Profiler
 from omnictl.recent import RecentIds
 from omnictl.schedulers.simple import describe_error
-from omnictl.topology.model import RelayKnobs, Topology
-from omnictl.transports.codec import PayloadCodec, decode
+from omnictl.topology.model import RelayKnobs, Topology, Transport
+from omnictl.transports.codec import PayloadCodec, codec_for, decode
+from omnictl.transports.curve import CurveKeys, start_authenticator
+from omnictl.transports.frames import receive
 from omnictl.transports.shm import SegmentReader, SlotPool
 
 # A reused request id is refused for as long as it is remembered; a client may reuse one long
@@ -39,6 +44,19 @@ from omnictl.transports.shm import SegmentReader, SlotPool
 _RECENT_IDS = 100_000
 _LAUNCH_REPORT_GRACE_S = 0.5  # how long a dead process's launch report may still arrive
 log = logging.getLogger(__name__)
+
+
+def resolve_data_host(data_host: str | None, launcher: str) -> str:
+    """The address tcp sockets bind and advertise here: given, ``$OMNICTL_DATA_HOST``, this
+    node's Ray address (``ray``), or 127.0.0.1 (``local``)."""
+    override = data_host or os.environ.get("OMNICTL_DATA_HOST")
+    if override:
+        return override
+    if launcher == "ray":
+        import ray
+
+        return str(ray.util.get_node_ip_address())
+    return "127.0.0.1"
 
 
 class Coordinator:
@@ -54,7 +72,19 @@ class Coordinator:
         max_restarts: int = 0,
         socket_dir: Path | None = None,
         run_dir: Path | None = None,
+        data_host: str | None = None,
+        launcher: str = "local",
+        ray_address: str | None = None,
+        curve: CurveKeys | None = None,
+        profile_tcp_address: str | None = None,
     ) -> None:
+        """``data_host``: the address tcp sockets bind and advertise (multi-node topologies, and
+        every socket under Ray); default ``$OMNICTL_DATA_HOST``, else 127.0.0.1 (the local
+        launcher) or each node's Ray address. ``launcher``: ``local`` (OS processes) or ``ray``.
+        ``curve``: the launch's keys when the caller made them (the profiling collector shares
+        them); ``profile_tcp_address``: the collector's tcp address for workers on other nodes."""
+        if launcher not in ("local", "ray"):
+            raise ValueError(f"launcher must be 'local' or 'ray', not {launcher!r}")
         self.topology = topology
         self.model_path = model_path if model_path is not None else topology.model_path
         self.profiler = profiler or NullProfiler()
@@ -78,6 +108,17 @@ class Coordinator:
         self._broadcast = self._context.socket(zmq.PUB)
         self._broadcast.setsockopt(zmq.SNDHWM, 0)
         self._broadcast.bind(f"ipc://{self.socket_dir}/broadcast")
+        override = data_host or os.environ.get("OMNICTL_DATA_HOST")
+        self.data_host = resolve_data_host(data_host, launcher)
+        self.remote = launcher == "ray"  # every process is reached over tcp
+        tcp_coordinator: tuple[str, str] | None = None
+        self.curve: CurveKeys | None = None
+        self._authenticator: ThreadAuthenticator | None = None
+        if topology.multi_node() or self.remote:  # processes on labelled nodes reach the coordinator over tcp
+            self.curve = curve or CurveKeys.generate()  # this launch's; workers get them with their config
+            self._authenticator = start_authenticator(zmq.Context.shadow(self._context.underlying), self.curve)
+            tcp_coordinator = (self._bind_tcp(self._control), self._bind_tcp(self._broadcast))
+        self._tcp_addresses: dict[str, str] = {}  # OS process -> the tcp:// address it reported
         self._pushes: dict[str, zmq.asyncio.Socket] = {}
         self._pool = SlotPool(m.COORDINATOR, m.COORDINATOR, RelayKnobs().slot_bytes, 4)
         self._codec = PayloadCodec(self._pool, RelayKnobs(), topology.allow_pickle)
@@ -86,16 +127,35 @@ class Coordinator:
         self._stats_waiters: dict[int, tuple[asyncio.Future[None], dict[str, m.StatsReply]]] = {}
         self._hello_acks: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
-        self.launcher = Launcher(
-            topology,
-            self.model_path,
-            self._process_addresses,
-            f"ipc://{self.socket_dir}/control",
-            f"ipc://{self.socket_dir}/broadcast",
-            profile_address,
-            self._process_exited,
-            run_dir,
-        )
+        self.launcher: Launcher | RayLauncher
+        if self.remote:
+            assert tcp_coordinator is not None and self.curve is not None
+            self.launcher = RayLauncher(topology, self.model_path, tcp_coordinator, profile_tcp_address,
+                                        self._process_exited, self.curve, ray_address, override)
+        else:
+            self.launcher = Launcher(
+                topology,
+                self.model_path,
+                self._process_addresses,
+                f"ipc://{self.socket_dir}/control",
+                f"ipc://{self.socket_dir}/broadcast",
+                profile_address,
+                self._process_exited,
+                tcp_coordinator,
+                self.data_host,
+                self.curve,
+                profile_tcp_address,
+                run_dir,
+            )
+        self._tcp_codec: PayloadCodec | None = None
+        if self.topology.node_of(self.topology.entry) is not None:  # inputs go to another node
+            self._tcp_codec = codec_for(Transport.TCP, self._pool, RelayKnobs())
+
+    def _bind_tcp(self, socket: zmq.asyncio.Socket) -> str:
+        assert self.curve is not None
+        self.curve.serve(socket)  # the ipc endpoint bound before keeps no security
+        socket.bind(f"tcp://{self.data_host}:*")
+        return socket.getsockopt_string(zmq.LAST_ENDPOINT)
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -129,9 +189,9 @@ class Coordinator:
             for process in processes:
                 handle = self.launcher.handles[process]
                 if not handle.alive():
-                    why = f"process {process!r} exited: {describe_exit(handle.process.returncode)}"
+                    why = f"process {process!r} exited: {handle.describe_exit()}"
                     raise LaunchError(self._first_stage(process), why)
-            self._broadcast.send(m.encode(m.Hello(seq)))
+            self._broadcast.send(m.encode(m.Hello(seq, self._tcp_addresses)))
             seq += 1
             await asyncio.sleep(0.01)
 
@@ -143,6 +203,8 @@ class Coordinator:
             task.cancel()
         for socket in [self._control, self._broadcast, *self._pushes.values()]:
             socket.close(linger=0)
+        if self._authenticator is not None:
+            self._authenticator.stop()
         self._context.term()
         self._reader.close()
         self._pool.close()
@@ -171,7 +233,11 @@ class Coordinator:
             socket = self._pushes[process] = self._context.socket(zmq.PUSH)
             socket.setsockopt(zmq.SNDHWM, 0)
             socket.setsockopt(zmq.LINGER, 0)
-            socket.connect(self._process_addresses[process])
+            node = self.launcher.node_of[process]
+            tcp = node is not None or self.remote
+            if tcp and self.curve is not None:
+                self.curve.connect_as_client(socket)
+            socket.connect(self._tcp_addresses[process] if tcp else self._process_addresses[process])
         return socket
 
     async def submit(
@@ -201,7 +267,8 @@ class Coordinator:
         except PipelineDead as exc:
             raise PipelineDead(f"{exc}: {'; '.join(self.down.values())}") from exc
         try:
-            payload = self._codec.encode(inputs)  # before registering: inputs that cannot be sent leave no trace
+            # before registering: inputs that cannot be sent leave no trace
+            payload, frames = (self._tcp_codec or self._codec).encode_frames(inputs)
         except BaseException:
             self.placement.release(rid)
             raise
@@ -215,7 +282,11 @@ class Coordinator:
         instance = process.instances[replicas.get(process.name, 0)]
         if payload.shm is not None:
             self._pool.sent(payload.shm, instance)  # taken back if that process dies before releasing it
-        await self._push(instance).send(m.encode(m.Submit(ctx, entry, payload)))
+        submit = m.encode(m.Submit(ctx, entry, payload))
+        if frames:
+            await self._push(instance).send_multipart([submit, *frames], copy=False)
+        else:
+            await self._push(instance).send(submit)
         return RequestHandle(record, self.abort)
 
     async def abort(self, request_id: str) -> None:
@@ -270,13 +341,15 @@ class Coordinator:
 
     async def _receive(self) -> None:
         while True:
-            message = m.coordinator_decoder.decode(await self._control.recv())
-            self._handle(message)
+            header, frames = await receive(self._control)  # frames: a tcp terminal output's tensors
+            message = m.coordinator_decoder.decode(header)
+            if isinstance(message, m.TerminalOutput):
+                self._terminal_output(message, frames)
+            else:
+                self._handle(message)
 
     def _handle(self, message: m.ToCoordinator) -> None:  # type: ignore[valid-type]
-        if isinstance(message, m.TerminalOutput):
-            self._terminal_output(message)
-        elif isinstance(message, m.StageFailed):
+        if isinstance(message, m.StageFailed):
             self._fail(message.request_id, message.stage, message.error, message.rejected, message.field)
         elif isinstance(message, m.TerminalSkipped):
             record = self.requests.get(message.request_id)
@@ -286,8 +359,12 @@ class Coordinator:
         elif isinstance(message, m.SlotRelease):
             self._pool.release(message.ref)
         elif isinstance(message, m.Ready):
+            if message.tcp_address:
+                self._tcp_address(message.process, message.tcp_address)
             handle = self.launcher.handles.get(message.process)
             if handle is not None and not handle.ready.done():
+                if isinstance(handle, RayHandle):
+                    handle.pid = message.pid
                 handle.ready.set_result(None)
         elif isinstance(message, m.LaunchFailed):
             handle = self.launcher.handles.get(message.process)
@@ -304,9 +381,16 @@ class Coordinator:
                 if live <= set(replies) and not done.done():
                     done.set_result(None)
 
-    def _terminal_output(self, message: m.TerminalOutput) -> None:
+    def _tcp_address(self, process: str, address: str) -> None:
+        """A (re)started process's tcp address: the next hello hands it to every peer."""
+        if self._tcp_addresses.get(process, address) != address and process in self._pushes:
+            self._pushes.pop(process).close(linger=0)
+        self._tcp_addresses[process] = address
+        self.launcher.tcp_ports[process] = int(address.rsplit(":", 1)[1])
+
+    def _terminal_output(self, message: m.TerminalOutput, frames: list[memoryview]) -> None:
         try:
-            data = decode(message.payload, self._reader, self.topology.allow_pickle)
+            data = decode(message.payload, self._reader, self.topology.allow_pickle, frames=frames)
         except Exception as exc:  # e.g. an object that pickles but does not unpickle: this request fails
             self._fail(message.request_id, message.stage,
                        f"the output of stage {message.stage!r} could not be decoded: {describe_error(exc)}")
@@ -345,12 +429,13 @@ class Coordinator:
 
     # --- faults -----------------------------------------------------------------------
 
-    def _process_exited(self, instance: str, exitcode: int | None) -> None:
+    def _process_exited(self, instance: str, exit_description: str) -> None:
         """``instance`` (a process, or one replica of it) died: fail the requests pinned to
         it, restart it if the policy allows; the other replicas keep serving."""
         process = self.topology.processes[self.launcher.process_of[instance]]
         label = f"replica {instance!r}" if process.replicas > 1 else f"stage process {instance!r}"
-        why = f"{label} (stages {', '.join(process.stages)}) died: {describe_exit(exitcode)}"
+        where = f", node {process.node!r}" if process.node is not None else ""
+        why = f"{label} (stages {', '.join(process.stages)}{where}) died: {exit_description}"
         self.down[instance] = why
         self._reader.drop_dead()  # its segments are unlinked: unmap them here, or their memory stays
         handle = self.launcher.handles[instance]
@@ -405,7 +490,7 @@ class Coordinator:
             await asyncio.wait_for(self._handshake([instance]), self.ready_timeout)
         except (LaunchError, asyncio.TimeoutError) as exc:
             if handle.alive():  # hung rather than exited: no exit will trigger another try
-                handle.process.kill()
+                handle.kill()
             log.error("stage process %r could not be restarted: %s", instance, exc)
             if handle.restarts >= self.max_restarts:
                 self._lose(instance, f"stage process {instance!r} could not be restarted: {exc}")
@@ -415,9 +500,13 @@ class Coordinator:
             # for those requests still in flight must not build state there.
             self._broadcast.send(m.encode(m.Abort(tuple(failed))))
         self.down.pop(instance, None)
-        log.info("stage process %r is back (pid %d)", instance, handle.process.pid)
+        log.info("stage process %r is back", instance)
 
     # --- introspection ----------------------------------------------------------------
+
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        """Per node label: its OS processes and whether they are up (see node_stats)."""
+        return node_stats(self.topology, self.down)
 
     async def stats(self, timeout: float = 5.0) -> dict[str, dict[str, Any]]:
         """Per stage: status and the state it holds, over its replicas (see stage_stats)."""

@@ -14,6 +14,7 @@ from typing import Callable
 from omnictl import logs
 from omnictl.exceptions import LaunchError
 from omnictl.stage.startup import WorkerConfig, encode_config
+from omnictl.transports.curve import CurveKeys
 from omnictl.topology.imports import topology_dir, worker_sys_path
 from omnictl.topology.model import Topology
 
@@ -61,6 +62,16 @@ class ProcessHandle:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def describe_exit(self) -> str:
+        return describe_exit(self.process.returncode)
+
+    def kill(self) -> None:
+        self.process.kill()
+
 
 class Launcher:
     def __init__(
@@ -71,7 +82,11 @@ class Launcher:
         coordinator_address: str,
         broadcast_address: str,
         profile_address: str | None,
-        on_exit: Callable[[str, int | None], None],
+        on_exit: Callable[[str, str], None],  # (OS process, how it exited)
+        tcp_coordinator: tuple[str, str] | None = None,  # (control, broadcast) for labelled nodes
+        data_host: str = "127.0.0.1",
+        curve: CurveKeys | None = None,
+        profile_tcp_address: str | None = None,  # the collector, for processes on labelled nodes
         run_dir: Path | None = None,
     ) -> None:
         self.topology = topology
@@ -82,6 +97,12 @@ class Launcher:
         self.profile_address = profile_address
         self.on_exit = on_exit
         self.run_dir = run_dir  # each process logs to <run_dir>/logs/<name>.log too
+        self.tcp_coordinator = tcp_coordinator
+        self.data_host = data_host
+        self.curve = curve
+        self.profile_tcp_address = profile_tcp_address
+        self.tcp_ports: dict[str, int] = {}  # OS process -> the port it reported (a restart asks for it again)
+        self.node_of = {name: p.node for p in topology.processes.values() for name in p.instances}
         self.handles: dict[str, ProcessHandle] = {}  # by OS process (replica) name
         self.process_of = {name: p.name for p in topology.processes.values() for name in p.instances}
         self._stopping = False
@@ -91,21 +112,34 @@ class Launcher:
     def start(self, name: str) -> ProcessHandle:
         """Start (or restart) the OS process ``name``: a process, or one replica of it."""
         log_settings = logs.settings()  # read now: a restart logs as the server does then
+        control, broadcast = self.coordinator_address, self.broadcast_address
+        profile = self.profile_address
+        node = self.node_of[name]
+        if node is not None:  # on another node than the coordinator's: reach it over tcp
+            if self.tcp_coordinator is None:
+                raise LaunchError(self.topology.processes[self.process_of[name]].stages[0],
+                                  f"process {name!r} is on node {node!r} but the coordinator takes no tcp")
+            control, broadcast = self.tcp_coordinator
+            profile = self.profile_tcp_address or profile
         config = WorkerConfig(
             process=self.process_of[name],
             instance=name,
             topology=self.topology,
             model_path=self.model_path,
             process_addresses=self.process_addresses,
-            coordinator_address=self.coordinator_address,
-            broadcast_address=self.broadcast_address,
-            profile_address=self.profile_address,
+            coordinator_address=control,
+            broadcast_address=broadcast,
+            profile_address=profile,
             parent_pid=os.getpid(),
             # The topology's directory first: user code imports as in `validate --check-imports`.
             sys_path=worker_sys_path(self._topology_dir, sys.path),
             log_level=log_settings.level,
             log_format=log_settings.format,
             log_file=str(logs.log_file(self.run_dir, name)) if self.run_dir is not None else None,
+            node=node,
+            data_host=self.data_host,
+            tcp_port=self.tcp_ports.get(name, 0),
+            curve=self.curve,  # through the private stdin pipe, never a file
         )
         # A fresh interpreter (not multiprocessing's spawn): the user's __main__ is never
         # re-imported, so scripts need no `if __name__ == "__main__"` guard.
@@ -143,7 +177,7 @@ class Launcher:
         self._forget(handle)
         handle.process.wait()
         if not self._stopping and self.handles.get(handle.name) is handle:
-            self.on_exit(handle.name, handle.process.returncode)
+            self.on_exit(handle.name, describe_exit(handle.process.returncode))
 
     def _forget(self, handle: ProcessHandle) -> None:
         if handle.pidfd >= 0:

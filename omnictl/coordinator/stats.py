@@ -23,6 +23,20 @@ def stage_stats(topology: Topology, replies: Mapping[str, m.StatsReply],
                                      "process": process, **_summed(per_replica.values())}
             if spec.replicas > 1:
                 entry["replicas"] = per_replica
+            if topology.multi_node():  # where it runs: its `node` label ("-": the coordinator's machine)
+                entry["node"] = spec.node or "-"
+    return result
+
+
+def node_stats(topology: Topology, down: Container[str]) -> dict[str, dict[str, Any]]:
+    """Per node label (``-``: the coordinator's machine): ``up`` when every OS process placed
+    there is up, ``down`` when none is, else ``degraded``; with those processes."""
+    result: dict[str, dict[str, Any]] = {}
+    for spec in topology.processes.values():
+        entry = result.setdefault(spec.node or "-", {"processes": []})
+        entry["processes"].extend(spec.instances)
+    for entry in result.values():
+        entry["status"] = _combined(["down" if name in down else "up" for name in entry["processes"]])
     return result
 
 

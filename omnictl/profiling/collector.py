@@ -33,6 +33,7 @@ from omnictl.telemetry.endpoint import OtlpTarget
 
 if TYPE_CHECKING:
     from omnictl.telemetry.export import OtlpSink
+from omnictl.transports.curve import CurveKeys
 
 _POLL_MS = 100  # how often the receiving thread checks whether it should stop
 _COUNTS_POLL_S = 0.01
@@ -49,8 +50,15 @@ class Collector:
         max_segments: int = 8,
         control_address: str | None = None,
         otlp: OtlpTarget | None = None,
+        tcp_host: str | None = None,
+        curve: CurveKeys | None = None,
     ) -> None:
+        """``tcp_host`` and ``curve``: also take events over tcp from workers on other
+        machines, CurveZMQ-authenticated (``tcp_address`` once started)."""
         self.run_dir = Path(run_dir)
+        self.tcp_host = tcp_host
+        self.curve = curve
+        self.tcp_address: str | None = None
         self.address = address
         self.separate_process = separate_process
         self.window_s = window_s
@@ -81,14 +89,16 @@ class Collector:
             assert self.control_address is not None
             config = CollectorConfig(
                 str(self.run_dir), self.address, self.control_address, self.window_s,
-                self._segment_bytes, self._max_segments, os.getpid(), self.otlp,
+                self._segment_bytes, self._max_segments, os.getpid(), self.otlp, self.tcp_host, self.curve,
             )
             self._process = CollectorProcess(config)
+            self.tcp_address = self._process.tcp_address
             self.aggregator = RemoteAggregator(self._process, self.window_s)
             return self
         self._sink = open_sink(self.otlp)
         self._receiver = Receiver(self.address, self.store, self._aggregator,
-                                  self._sink.add if self._sink is not None else None)
+                                  self._sink.add if self._sink is not None else None, self.tcp_host, self.curve)
+        self.tcp_address = self._receiver.tcp_address
         self._thread = threading.Thread(target=self._receive_loop, name="omnictl-collector", daemon=True)
         self._thread.start()
         return self

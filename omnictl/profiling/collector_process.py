@@ -30,6 +30,7 @@ from omnictl.telemetry.endpoint import OtlpTarget
 
 if TYPE_CHECKING:
     from omnictl.telemetry.export import OtlpSink
+from omnictl.transports.curve import CurveKeys
 
 _PARENT_CHECK_MS = 200
 _START_TIMEOUT_S = 60.0  # a cold interpreter on a busy machine takes seconds
@@ -45,6 +46,8 @@ class CollectorConfig(msgspec.Struct, frozen=True):
     max_segments: int
     parent_pid: int
     otlp: OtlpTarget | None = None  # export finished requests as traces there (omnictl.telemetry)
+    tcp_host: str | None = None  # also take events over tcp, CurveZMQ with these keys
+    curve: CurveKeys | None = None
 
 
 class ControlRequest(msgspec.Struct, frozen=True):
@@ -71,7 +74,8 @@ def serve(config: CollectorConfig) -> None:
     aggregator = Aggregator(window_s=config.window_s)
     store = TraceStore(Path(config.run_dir), config.segment_bytes, config.max_segments)
     sink = open_sink(config.otlp)
-    receiver = Receiver(config.address, store, aggregator, sink.add if sink is not None else None)
+    receiver = Receiver(config.address, store, aggregator, sink.add if sink is not None else None,
+                        config.tcp_host, config.curve)
     context = zmq.Context()
     control = context.socket(zmq.REP)
     control.setsockopt(zmq.LINGER, 1000)
@@ -80,7 +84,7 @@ def serve(config: CollectorConfig) -> None:
     except zmq.ZMQError as error:
         receiver.close()
         raise OSError(f"profiling collector cannot bind {config.control_address}: {error}") from error
-    print("ready", flush=True)
+    print(f"ready {receiver.tcp_address or ''}".strip(), flush=True)  # and where it takes tcp
     poller = zmq.Poller()
     poller.register(receiver.socket, zmq.POLLIN)
     poller.register(control, zmq.POLLIN)
@@ -135,7 +139,10 @@ class CollectorProcess:
         self._process.stdin.write(msgspec.json.encode(config) + b"\n")
         self._process.stdin.close()
         line = _read_line(self._process.stdout, _START_TIMEOUT_S)
-        if line != "ready":
+        self.tcp_address: str | None = None
+        if line is not None and line.startswith("ready "):
+            self.tcp_address = line.removeprefix("ready ")
+        elif line != "ready":
             self._process.kill()
             self._process.wait()
             if line is None:

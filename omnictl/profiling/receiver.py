@@ -10,6 +10,9 @@ from typing import Callable
 
 import msgspec
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
+
+from omnictl.transports.curve import CurveKeys, start_authenticator
 
 from omnictl.profiling.aggregate import Aggregator
 from omnictl.profiling.events import Event
@@ -21,8 +24,14 @@ _MAX_BATCHES_PER_CALL = 64
 
 class Receiver:
     def __init__(self, address: str, store: TraceStore, aggregator: Aggregator,
-                 on_events: Callable[[list[Event]], None] | None = None) -> None:
+                 on_events: Callable[[list[Event]], None] | None = None,
+                 tcp_host: str | None = None, curve: CurveKeys | None = None) -> None:
+        """``on_events``: also handed every batch of events (the OpenTelemetry export).
+        ``tcp_host`` and ``curve``: also take events over tcp (workers on other machines),
+        CurveZMQ-authenticated with the launch's keys; ``tcp_address`` is where."""
         self.address = address
+        self.tcp_address: str | None = None
+        self._authenticator: ThreadAuthenticator | None = None
         self.store = store
         self.aggregator = aggregator
         self.on_events = on_events  # a third consumer of every batch (the OTLP export), if any
@@ -38,6 +47,15 @@ class Receiver:
             self.socket.close()
             self._context.term()
             raise OSError(f"profiling collector cannot bind {address}: {error}") from error
+        if tcp_host is not None and curve is not None:
+            self._authenticator = start_authenticator(self._context, curve)
+            curve.serve(self.socket)  # the ipc endpoint bound before keeps no security
+            try:
+                self.socket.bind(f"tcp://{tcp_host}:*")
+            except zmq.ZMQError as error:
+                self.close()
+                raise OSError(f"profiling collector cannot bind tcp on {tcp_host}: {error}") from error
+            self.tcp_address = self.socket.getsockopt(zmq.LAST_ENDPOINT).decode()
 
     def take_ready(self) -> int:
         """Store and aggregate the batches waiting now; returns how many events that was."""
@@ -70,6 +88,8 @@ class Receiver:
             self.take_ready()
 
     def close(self) -> None:
+        if self._authenticator is not None:
+            self._authenticator.stop()
         self.socket.close()
         self._context.term()
         self.store.close()

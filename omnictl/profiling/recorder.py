@@ -18,6 +18,8 @@ from collections import deque
 import msgspec
 import zmq
 
+from omnictl.transports.curve import CurveKeys
+
 from omnictl.profiling.events import Event, EventKind, MetaValue
 
 # Batches queued in ZeroMQ while the collector is slow or gone, before we drop.
@@ -33,6 +35,7 @@ class Recorder:
         address: str,
         capacity: int = 65536,
         flush_interval: float = 0.05,
+        curve: CurveKeys | None = None,  # the launch's keys, for a tcp:// collector
     ) -> None:
         if capacity < 1:
             raise ValueError(f"Recorder capacity must be at least 1, got {capacity}")
@@ -52,6 +55,8 @@ class Recorder:
         self._socket = self._context.socket(zmq.PUSH)
         self._socket.setsockopt(zmq.SNDHWM, _SEND_HWM)
         self._socket.setsockopt(zmq.LINGER, 0)
+        if address.startswith("tcp://") and curve is not None:
+            curve.connect_as_client(self._socket)
         self._socket.connect(address)
         self._thread = threading.Thread(target=self._ship_loop, name=f"omnictl-recorder-{process}", daemon=True)
         self._thread.start()

@@ -41,8 +41,9 @@ LEGEND = (
 )
 
 
-def render_waterfall(trace: RequestTrace, width: int = 80) -> Text:
-    """The request's waterfall, hops and marks; no line is wider than ``width``."""
+def render_waterfall(trace: RequestTrace, width: int = 80, nodes: dict[str, str | None] | None = None) -> Text:
+    """The request's waterfall, hops and marks; no line is wider than ``width``. ``nodes``
+    (stage -> `node` label, from the run's description): a line saying where each stage ran."""
     bar_width = max(10, width - NAME_WIDTH - TIME_WIDTH - 3)
     axis = _Axis(trace.request.start_ns, trace.request.end_ns, bar_width)
     out = Text(no_wrap=True, overflow="crop")
@@ -53,6 +54,9 @@ def render_waterfall(trace: RequestTrace, width: int = 80) -> Text:
     for stage in trace.stages:
         out.append_text(_stage_row(trace, stage, axis))
     out.append_text(_marks_line(trace, width))
+    if nodes and any(label is not None for label in nodes.values()):
+        placed = [f"{stage} on {nodes.get(stage) or '-'}" for stage in trace.stages]  # -: the coordinator's machine
+        out.append(_fit("nodes: " + "; ".join(placed), width) + "\n")
     out.append_text(_phases_line(trace, width))
     out.append_text(_hops_table(trace, width))
     for line in LEGEND:

@@ -128,6 +128,7 @@ def create_app(state: ServingState) -> Starlette:
             "in_flight": len(state.active),  # requests this server is answering
             "pipeline_in_flight": pipe.in_flight(),  # requests the coordinator still tracks
             "stages": stages,  # per stage: status and the state it holds (queued, running, buffers)
+            "nodes": pipe.nodes(),  # per node label ("-": the coordinator's machine): status, processes
             # where the profiler writes traces: `omnictl trace` and a local bench read it
             "run_dir": str(pipe.run_dir) if pipe.run_dir is not None else None,
         }

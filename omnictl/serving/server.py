@@ -47,6 +47,9 @@ class ServeOptions:
     max_in_flight: int | None = DEFAULT_MAX_IN_FLIGHT  # admission control; None: no limit (429 over it)
     max_queue_wait: float = 0.0  # seconds a request may wait for a slot (503 after)
     otlp_endpoint: str | None = None  # export every finished request's trace there (OTLP/HTTP); None: off
+    launcher: str = "local"  # or "ray" (see Pipeline.launch)
+    ray_address: str | None = None
+    data_host: str | None = None
 
 
 def default_topology() -> Path:
@@ -148,6 +151,7 @@ async def run_server(
             profile=True, request_timeout=options.request_timeout, max_restarts=options.max_restarts,
             max_in_flight=options.max_in_flight, max_queue_wait=options.max_queue_wait,
             otlp_endpoint=options.otlp_endpoint,
+            launcher=options.launcher, ray_address=options.ray_address, data_host=options.data_host,
         )
         entering = asyncio.create_task(launch.__aenter__(), name="pipeline-launch")
         waiting = asyncio.create_task(stopping.wait())

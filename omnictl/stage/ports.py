@@ -2,7 +2,9 @@
 
 ``inproc`` hands the object to the co-located stage (no serialization); cross-process
 edges encode with the sending stage's codec and PUSH a small message to the target
-process. Control messages go to the coordinator.
+process. Control messages go to the coordinator. A peer on the same node is reached over
+``ipc://``; one on another node (``tcp`` edges) over the ``tcp://`` address it reported, which
+the coordinator hands out in its hellos.
 """
 
 from __future__ import annotations
@@ -23,7 +25,16 @@ if TYPE_CHECKING:
 
 
 def payload_bytes(payload: m.EncodedPayload) -> int:
-    return len(payload.skeleton) + len(payload.inline) + (payload.shm.nbytes if payload.shm else 0)
+    framed = sum(entry.nbytes for entry in payload.layout) if payload.frames else 0
+    return len(payload.skeleton) + len(payload.inline) + (payload.shm.nbytes if payload.shm else 0) + framed
+
+
+def send_message(socket: zmq.Socket, message: Any, frames: list[memoryview]) -> None:
+    """One message: the typed header, then the payload's tensor frames handed over zero-copy."""
+    if frames:
+        socket.send_multipart([m.encode(message), *frames], copy=False)
+    else:
+        socket.send(m.encode(message))
 
 
 class WorkerPorts:
@@ -35,10 +46,16 @@ class WorkerPorts:
         process_addresses: dict[str, str],
         coordinator_address: str,
         profiler: Profiler,
+        node: str | None = None,  # this process's `node` label
+        configure: Callable[[zmq.Socket], None] | None = None,  # e.g. CurveZMQ keys on tcp sockets
     ) -> None:
         self.process = process
         self.topology = topology
         self.profiler = profiler
+        self.node = node
+        self._configure = configure
+        self.tcp_addresses: dict[str, str] = {}  # OS process -> tcp://, from the coordinator's hellos
+        self._node_of = {name: p.node for p in topology.processes.values() for name in p.instances}
         self.local: dict[str, "Stage"] = {}  # filled by the worker once stages are built
         self._context = zmq_context
         self._addresses = process_addresses
@@ -52,14 +69,30 @@ class WorkerPorts:
         socket = self._context.socket(zmq.PUSH)
         socket.setsockopt(zmq.SNDHWM, 0)  # never block the event loop; memory is the bound
         socket.setsockopt(zmq.LINGER, 0)
+        if address.startswith("tcp://") and self._configure is not None:
+            self._configure(socket)
         socket.connect(address)
         return socket
 
     def _peer(self, process: str) -> zmq.Socket:
         socket = self._peers.get(process)
         if socket is None:
-            socket = self._peers[process] = self._push(self._addresses[process])
+            if self._node_of.get(process, self.node) == self.node and process in self._addresses:
+                address = self._addresses[process]
+            elif process in self.tcp_addresses:
+                address = self.tcp_addresses[process]
+            else:
+                raise LookupError(f"no tcp address for process {process!r} on node "
+                                  f"{self._node_of.get(process)!r} yet (the coordinator sends them at start)")
+            socket = self._peers[process] = self._push(address)
         return socket
+
+    def set_tcp_addresses(self, addresses: dict[str, str]) -> None:
+        """The coordinator's address book; a restarted peer may have a new port: reconnect to it."""
+        for process, address in addresses.items():
+            if self.tcp_addresses.get(process, address) != address and process in self._peers:
+                self._peers.pop(process).close(linger=0)
+            self.tcp_addresses[process] = address
 
     def _instance_of(self, ctx: m.RequestContext, dst: str) -> str:
         """The replica of ``dst``'s process that this request was assigned at submit."""
@@ -70,11 +103,11 @@ class WorkerPorts:
         return self._peer(self._instance_of(ctx, dst))
 
     def _send_payload(self, ctx: m.RequestContext, src: str, dst: str, payload: m.EncodedPayload,
-                      message: m.StageInbound) -> None:  # type: ignore[valid-type]
+                      message: m.StageInbound, frames: list[memoryview]) -> None:  # type: ignore[valid-type]
         instance = self._instance_of(ctx, dst)
         if payload.shm is not None:
             self.pool(src).sent(payload.shm, instance)  # taken back if that process dies before releasing it
-        self._peer(instance).send(m.encode(message))
+        send_message(self._peer(instance), message, frames)
 
     def lost(self, process: str) -> None:
         """The OS process ``process`` died: drop the socket to it (what is still queued
@@ -92,13 +125,13 @@ class WorkerPorts:
             pool = self.pools[stage] = SlotPool(self.process, stage, knobs.slot_bytes, knobs.slots)
         return pool
 
-    def _encode(self, stage: str, transport: Transport, data: Any) -> m.EncodedPayload:
+    def _encode(self, stage: str, transport: Transport, data: Any) -> tuple[m.EncodedPayload, list[memoryview]]:
         codec = self._codecs.get((stage, transport))
         if codec is None:
             knobs: RelayKnobs = self.topology.stages[stage].relay
             codec = self._codecs[(stage, transport)] = codec_for(transport, self.pool(stage), knobs,
                                                                    self.topology.allow_pickle)
-        return codec.encode(data)
+        return codec.encode_frames(data)
 
     def _signal(
         self, ctx: m.RequestContext, src: str, dst: str, kind: EdgeKind,
@@ -121,11 +154,11 @@ class WorkerPorts:
             self.profiler.record(EventKind.HOP_SENT, ctx.request_id, src, target=dst, transport="inproc", bytes=0)
             self._loop.call_soon(self._receive_local, self.local[dst], ctx, src, data)
             return
-        payload = self._encode(src, edge.transport, data)
+        payload, frames = self._encode(src, edge.transport, data)
         self.profiler.record(
             EventKind.HOP_SENT, ctx.request_id, src, target=dst, transport=edge.transport.value, bytes=payload_bytes(payload)
         )
-        self._send_payload(ctx, src, dst, payload, m.DataReady(ctx, src, dst, payload, sent))
+        self._send_payload(ctx, src, dst, payload, m.DataReady(ctx, src, dst, payload, sent), frames)
 
     def _receive_local(self, stage: "Stage", ctx: m.RequestContext, src: str, data: Any) -> None:
         self.profiler.record(EventKind.HOP_RECEIVED, ctx.request_id, stage.name, source=src, transport="inproc")
@@ -137,8 +170,8 @@ class WorkerPorts:
         if edge.transport is Transport.INPROC:
             self._loop.call_soon(self.local[dst].on_stream_chunk, ctx, src, seq, data)
             return
-        payload = self._encode(src, edge.transport, data)
-        self._send_payload(ctx, src, dst, payload, m.StreamChunk(ctx, src, dst, seq, payload, now_ns()))
+        payload, frames = self._encode(src, edge.transport, data)
+        self._send_payload(ctx, src, dst, payload, m.StreamChunk(ctx, src, dst, seq, payload, now_ns()), frames)
 
     def send_stream_done(self, ctx: m.RequestContext, src: str, dst: str) -> None:
         self._signal(ctx, src, dst, EdgeKind.STREAM, lambda s: s.on_stream_done(ctx, src), lambda: m.StreamDone(ctx, src, dst))
@@ -147,8 +180,9 @@ class WorkerPorts:
         self._signal(ctx, src, dst, EdgeKind.DATA, lambda s: s.on_skip(ctx, src), lambda: m.Skip(ctx, src, dst))
 
     def send_terminal(self, request_id: str, stage: str, final: bool, seq: int, data: Any) -> None:
-        payload = self._encode(stage, Transport.SHM, data)
-        self._coordinator.send(m.encode(m.TerminalOutput(request_id, stage, final, seq, payload)))
+        # the coordinator runs on the unlabelled node: from any other, terminal outputs go over tcp
+        payload, frames = self._encode(stage, Transport.SHM if self.node is None else Transport.TCP, data)
+        send_message(self._coordinator, m.TerminalOutput(request_id, stage, final, seq, payload), frames)
 
     def send_terminal_skipped(self, request_id: str, stage: str) -> None:
         self._coordinator.send(m.encode(m.TerminalSkipped(request_id, stage)))

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from omnictl.topology.model import Topology
+from omnictl.transports.curve import CurveKeys
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,10 @@ class WorkerConfig:
     log_level: str = "WARNING"  # the server's (omnictl.logs.settings): records look the same from every process
     log_format: str = "text"
     log_file: str | None = None  # <run dir>/logs/<instance>.log; None: stderr only
+    node: str | None = None  # its process's `node` label
+    data_host: str | None = "127.0.0.1"  # where it takes tcp data; None: $OMNICTL_DATA_HOST, else its Ray node's address
+    tcp_port: int = 0  # 0: OS-chosen; a restart asks for its predecessor's, so peers reconnect as they are
+    curve: CurveKeys | None = None  # the launch's keys: given iff it takes tcp; every tcp socket uses CurveZMQ
 
 
 def _enc_hook(obj: Any) -> Any:

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 import msgspec
 import zmq
 import zmq.asyncio
+from zmq.auth.thread import ThreadAuthenticator
 
 from omnictl import logs
 from omnictl import messages as m
@@ -32,6 +34,8 @@ from omnictl.stage.ports import WorkerPorts
 from omnictl.stage.stage import Stage
 from omnictl.stage.startup import WorkerConfig, decode_config
 from omnictl.transports.codec import decode
+from omnictl.transports.curve import start_authenticator
+from omnictl.transports.frames import receive
 from omnictl.transports.shm import SegmentReader
 
 _PR_SET_PDEATHSIG = 1
@@ -47,6 +51,16 @@ def _die_with_parent(parent_pid: int) -> None:
         pass
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
+
+
+def _node_address() -> str:
+    """``$OMNICTL_DATA_HOST``, else the address Ray knows this node by."""
+    override = os.environ.get("OMNICTL_DATA_HOST")
+    if override:
+        return override
+    import ray
+
+    return str(ray.util.get_node_ip_address())
 
 
 def main() -> None:
@@ -70,7 +84,7 @@ def _make_profiler(config: WorkerConfig) -> tuple[Profiler, Any]:
         return NullProfiler(), None
     from omnictl.profiling.recorder import Recorder
 
-    recorder = Recorder(config.instance, config.profile_address)
+    recorder = Recorder(config.instance, config.profile_address, curve=config.curve)
     return recorder, recorder
 
 
@@ -80,18 +94,26 @@ class Worker:
         self.stages: dict[str, Stage] = {}
         self.reader = SegmentReader()
         self._stop = asyncio.Event()
+        self._authenticator: ThreadAuthenticator | None = None
 
     async def run(self) -> None:
         config = self.config
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, self._stop.set)
+        if threading.current_thread() is threading.main_thread():  # not so in a Ray actor: stop() there
+            loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         context = zmq.asyncio.Context()
+        if config.curve is not None:  # before any tcp socket: every handshake goes through it
+            self._authenticator = start_authenticator(zmq.Context.shadow(context.underlying), config.curve)
         inbound = context.socket(zmq.PULL)
         inbound.setsockopt(zmq.LINGER, 0)
-        inbound.bind(config.process_addresses[config.instance])
+        if config.instance in config.process_addresses:  # none under Ray: every address is tcp
+            inbound.bind(config.process_addresses[config.instance])
+        tcp_address = self._bind_tcp(inbound) if config.curve is not None else ""
         broadcast = context.socket(zmq.SUB)
         broadcast.setsockopt(zmq.LINGER, 0)
         broadcast.setsockopt(zmq.SUBSCRIBE, b"")
+        if config.broadcast_address.startswith("tcp://") and config.curve is not None:
+            config.curve.connect_as_client(broadcast)
         broadcast.connect(config.broadcast_address)
         profiler, recorder = _make_profiler(config)
         self.ports = WorkerPorts(
@@ -101,24 +123,45 @@ class Worker:
             config.process_addresses,
             config.coordinator_address,
             profiler,
+            node=config.node,
+            configure=config.curve.connect_as_client if config.curve is not None else None,
         )
         if not await self._build(profiler):
             # the LaunchFailed report is queued: without a linger, closing would drop it and
             # the coordinator would only see the process exit, not why
             self._close(inbound, broadcast, recorder, linger_ms=_REPORT_LINGER_MS)
             return
-        self.ports.send_control(m.Ready(config.instance, os.getpid()))
+        self.ports.send_control(m.Ready(config.instance, os.getpid(), tcp_address))
         tasks = [
             asyncio.create_task(self._receive(inbound)),
             asyncio.create_task(self._listen(broadcast)),
-            asyncio.create_task(self._watch_parent()),
         ]
+        if config.parent_pid:  # 0: a Ray actor, whose life Ray manages
+            tasks.append(asyncio.create_task(self._watch_parent()))
         await self._stop.wait()
         for task in tasks:
             task.cancel()
         for stage in self.stages.values():
             await stage.stop()
         self._close(inbound, broadcast, recorder)
+
+    def _bind_tcp(self, inbound: zmq.asyncio.Socket) -> str:
+        """Take tcp data too, on ``data_host``; returns the address bound (the port OS-chosen
+        unless the predecessor's is asked for and still free)."""
+        host, port = self.config.data_host or _node_address(), self.config.tcp_port
+        if self.config.curve is not None:  # the ipc endpoint bound before keeps no security
+            self.config.curve.serve(inbound)
+        try:
+            inbound.bind(f"tcp://{host}:{port or '*'}")
+        except zmq.ZMQError:
+            if not port:
+                raise
+            inbound.bind(f"tcp://{host}:*")  # taken meanwhile: the coordinator passes the new one on
+        return inbound.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def stop(self) -> None:
+        """Shut down cleanly (what SIGTERM does for a worker that is an OS process of its own)."""
+        self._stop.set()
 
     async def _build(self, profiler: Profiler) -> bool:
         config = self.config
@@ -146,6 +189,8 @@ class Worker:
         broadcast.close(linger=0)
         if recorder is not None:
             recorder.close()
+        if self._authenticator is not None:
+            self._authenticator.stop()
 
     async def _watch_parent(self) -> None:
         while os.getppid() == self.config.parent_pid:
@@ -154,14 +199,14 @@ class Worker:
 
     async def _receive(self, socket: zmq.asyncio.Socket) -> None:
         while True:
-            raw = await socket.recv()
+            raw, frames = await receive(socket)
             try:
                 message = m.inbound_decoder.decode(raw)
             except msgspec.DecodeError as exc:  # a peer speaking another protocol version
                 log.warning("undecodable message (a peer speaking another protocol version?): %s", exc)
                 continue
             try:
-                self._dispatch(message)
+                self._dispatch(message, frames)
             except Exception as exc:
                 # One message that cannot be handled fails its request, not the process.
                 request_id = message.ctx.request_id if hasattr(message, "ctx") else None
@@ -172,22 +217,22 @@ class Worker:
                 log.error("%s", why, exc_info=exc, extra={"request_id": request_id})
                 self.ports.send_failure(request_id, stage, why, rejected=True)
 
-    def _unpack(self, payload: m.EncodedPayload) -> Any:
+    def _unpack(self, payload: m.EncodedPayload, frames: list[memoryview]) -> Any:
         try:
-            return decode(payload, self.reader, self.config.topology.allow_pickle)
+            return decode(payload, self.reader, self.config.topology.allow_pickle, frames=frames)
         finally:
             if payload.shm is not None:
                 self.ports.release(payload.shm)
 
-    def _dispatch(self, message: m.StageInbound) -> None:  # type: ignore[valid-type]
+    def _dispatch(self, message: m.StageInbound, frames: list[memoryview]) -> None:  # type: ignore[valid-type]
         if isinstance(message, m.SlotRelease):
             self.ports.pool(message.ref.stage).release(message.ref)
             return
         stage = self.stages[message.dst]
         if isinstance(message, m.Submit):
-            stage.on_input(message.ctx, None, self._unpack(message.payload))
+            stage.on_input(message.ctx, None, self._unpack(message.payload, frames))
         elif isinstance(message, m.DataReady):
-            data = self._unpack(message.payload)
+            data = self._unpack(message.payload, frames)
             stage.profiler.record(
                 EventKind.HOP_RECEIVED,
                 message.ctx.request_id,
@@ -197,7 +242,7 @@ class Worker:
             )
             stage.on_input(message.ctx, message.src, data)
         elif isinstance(message, m.StreamChunk):
-            stage.on_stream_chunk(message.ctx, message.src, message.seq, self._unpack(message.payload))
+            stage.on_stream_chunk(message.ctx, message.src, message.seq, self._unpack(message.payload, frames))
         elif isinstance(message, m.StreamDone):
             stage.on_stream_done(message.ctx, message.src)
         elif isinstance(message, m.Skip):
@@ -205,7 +250,7 @@ class Worker:
 
     async def _listen(self, socket: zmq.asyncio.Socket) -> None:
         while True:
-            message = m.broadcast_decoder.decode(await socket.recv())
+            message = m.broadcast_decoder.decode((await receive(socket))[0])
             if isinstance(message, m.Abort):
                 for request_id in message.request_ids:
                     for stage in self.stages.values():
@@ -214,6 +259,7 @@ class Worker:
                 self.ports.lost(message.process)
                 self.reader.drop_dead()  # unmap its segments: they were unlinked, their memory is held here
             elif isinstance(message, m.Hello):
+                self.ports.set_tcp_addresses(message.tcp_addresses)
                 self.ports.send_control(m.HelloAck(self.config.instance, message.seq))
             elif isinstance(message, m.StatsRequest):
                 stats = {

@@ -12,6 +12,7 @@ from typing import Mapping
 from omnictl.topology.model import (
     Edge,
     EdgeKind,
+    ProcessKnobs,
     ProcessSpec,
     StageSpec,
     Topology,
@@ -19,10 +20,14 @@ from omnictl.topology.model import (
 )
 
 
-def transport_between(src: StageSpec, dst: StageSpec) -> Transport:
-    """The transport placement implies; never configured."""
+def transport_between(src: StageSpec, dst: StageSpec, src_node: str | None = None,
+                      dst_node: str | None = None) -> Transport:
+    """The transport placement implies; never configured. ``*_node``: the processes' `node`
+    labels (None: the coordinator's machine)."""
     if src.process == dst.process:
         return Transport.INPROC
+    if src_node != dst_node:
+        return Transport.TCP
     if not src.gpu or not dst.gpu:
         return Transport.SHM
     if src.gpu[0] == dst.gpu[0]:  # tensor-parallel groups talk through rank 0
@@ -30,18 +35,22 @@ def transport_between(src: StageSpec, dst: StageSpec) -> Transport:
     return Transport.RELAY
 
 
-def derive_edges(stages: Mapping[str, StageSpec]) -> tuple[Edge, ...]:
+def derive_edges(stages: Mapping[str, StageSpec],
+                 knobs: Mapping[str, ProcessKnobs] | None = None) -> tuple[Edge, ...]:
+    nodes = {name: k.node for name, k in (knobs or {}).items()}
     edges: list[Edge] = []
     for spec in stages.values():
         for kind, targets in ((EdgeKind.DATA, spec.next), (EdgeKind.STREAM, spec.stream_to)):
             for target in targets:
-                edges.append(Edge(spec.name, target, kind, transport_between(spec, stages[target])))
+                dst = stages[target]
+                transport = transport_between(spec, dst, nodes.get(spec.process), nodes.get(dst.process))
+                edges.append(Edge(spec.name, target, kind, transport))
     return tuple(edges)
 
 
 def derive_processes(stages: Mapping[str, StageSpec],
-                     replicas: Mapping[str, int] | None = None) -> dict[str, ProcessSpec]:
-    """``replicas``: the `processes` knobs, by process name (absent: one replica)."""
+                     knobs: Mapping[str, ProcessKnobs] | None = None) -> dict[str, ProcessSpec]:
+    """``knobs``: the `processes` entries, by process name (absent: defaults)."""
     members: dict[str, list[str]] = {}
     gpus: dict[str, list[int]] = {}
     for spec in stages.values():
@@ -49,10 +58,12 @@ def derive_processes(stages: Mapping[str, StageSpec],
         for gpu in spec.gpu:
             if gpu not in gpus.setdefault(spec.process, []):
                 gpus[spec.process].append(gpu)
-    return {
-        name: ProcessSpec(name, tuple(names), tuple(gpus.get(name, ())), (replicas or {}).get(name, 1))
-        for name, names in members.items()
-    }
+    declared = knobs or {}
+    specs: dict[str, ProcessSpec] = {}
+    for name, names in members.items():
+        k = declared.get(name, ProcessKnobs())
+        specs[name] = ProcessSpec(name, tuple(names), tuple(gpus.get(name, ())), k.replicas, k.node, k.cpus)
+    return specs
 
 
 def derive(
@@ -60,10 +71,10 @@ def derive(
     path: Path | None,
     model_path: str | None,
     stages: Mapping[str, StageSpec],
-    replicas: Mapping[str, int] | None = None,
+    knobs: Mapping[str, ProcessKnobs] | None = None,
     allow_pickle: bool = False,
 ) -> Topology:
-    edges = derive_edges(stages)
+    edges = derive_edges(stages, knobs)
     targets = {e.dst for e in edges}
     entries = [n for n in stages if n not in targets]
     terminals = {n: (s.modality or n) for n, s in stages.items() if s.terminal}
@@ -74,7 +85,7 @@ def derive(
         stages=dict(stages),
         entry=entries[0],
         terminals=terminals,
-        processes=derive_processes(stages, replicas),
+        processes=derive_processes(stages, knobs),
         edges=edges,
         allow_pickle=allow_pickle,
     )
@@ -83,9 +94,14 @@ def derive(
 def on_cpu(topology: Topology) -> Topology:
     """The same topology with every GPU placement dropped and transports derived again.
 
-    Processes (and their replicas) stay as declared, so a two-GPU topology runs on a CPU-only machine
+    Processes (their replicas and nodes) stay as declared, so a two-GPU topology runs on a CPU-only machine
     with the same process layout (its cross-process edges become ``shm``).
     """
     stages = {n: dataclasses.replace(s, gpu=(), tp_size=1) for n, s in topology.stages.items()}
-    replicas = {name: p.replicas for name, p in topology.processes.items()}
-    return derive(topology.name, topology.path, topology.model_path, stages, replicas, topology.allow_pickle)
+    return derive(topology.name, topology.path, topology.model_path, stages, knobs_of(topology),
+                  topology.allow_pickle)
+
+
+def knobs_of(topology: Topology) -> dict[str, ProcessKnobs]:
+    """The `processes` knobs the topology was derived with."""
+    return {name: ProcessKnobs(p.replicas, p.node, p.cpus) for name, p in topology.processes.items()}

@@ -18,6 +18,7 @@ class Transport(str, Enum):
     CUDA_IPC = "cuda_ipc"  # different processes, same GPU
     SHM = "shm"  # different processes, at least one side on CPU
     RELAY = "relay"  # different GPUs: staged through host shared memory, like shm
+    TCP = "tcp"  # processes on different nodes (`node` labels): ZeroMQ over TCP, zero-copy frames
 
 
 class EdgeKind(str, Enum):
@@ -65,11 +66,22 @@ def replica_name(process: str, index: int, replicas: int) -> str:
 
 
 @dataclass(frozen=True)
+class ProcessKnobs:
+    """One entry of the top-level `processes` mapping, as declared."""
+
+    replicas: int = 1
+    node: str | None = None
+    cpus: float = 1.0
+
+
+@dataclass(frozen=True)
 class ProcessSpec:
     name: str
     stages: tuple[str, ...]
     gpus: tuple[int, ...]
     replicas: int = 1  # copies, each its own OS process (`processes: {NAME: {replicas: N}}`)
+    node: str | None = None  # `node` label: same label, same machine; None: the coordinator's
+    cpus: float = 1.0  # CPUs a cluster launcher reserves for each replica
 
     @property
     def instances(self) -> tuple[str, ...]:
@@ -117,6 +129,18 @@ class Topology:
     def instances(self) -> tuple[str, ...]:
         """Every OS process the topology runs: each replica of each process."""
         return tuple(name for p in self.processes.values() for name in p.instances)
+
+    def node_of(self, stage: str) -> str | None:
+        """The `node` label of the process ``stage`` runs in (None: the coordinator's node)."""
+        return self.processes[self.stages[stage].process].node
+
+    def nodes(self) -> tuple[str | None, ...]:
+        """Every node label in use, in process order (None: the coordinator's node)."""
+        return tuple(dict.fromkeys(p.node for p in self.processes.values()))
+
+    def multi_node(self) -> bool:
+        """Some process runs on a node other than the coordinator's: addresses must be TCP."""
+        return any(p.node is not None for p in self.processes.values())
 
     def tensor_parallel(self) -> tuple[StageSpec, ...]:
         """Stages placed on more than one GPU (``tp_size`` > 1), in file order."""

@@ -125,6 +125,8 @@ class RawProcess:
     name: str
     path: Path  # ("processes", name)
     replicas: int = 1
+    node: str | None = None
+    cpus: float = 1.0
 
 
 def read_processes(doc: Document) -> dict[str, RawProcess]:
@@ -137,9 +139,15 @@ def read_processes(doc: Document) -> dict[str, RawProcess]:
         if not isinstance(name, str):
             continue
         process = processes[name] = RawProcess(name, ("processes", name))
-        replicas = knobs.get("replicas") if isinstance(knobs, dict) else None
+        if not isinstance(knobs, dict):
+            continue
+        replicas, node, cpus = knobs.get("replicas"), knobs.get("node"), knobs.get("cpus")
         if _is_int(replicas) and replicas >= 1:
             process.replicas = replicas
+        if isinstance(node, str):
+            process.node = node
+        if (_is_int(cpus) or isinstance(cpus, float)) and cpus > 0:
+            process.cpus = float(cpus)
     return processes
 
 

@@ -41,11 +41,13 @@ FIELD_EXPECTS: dict[str, str] = {
     "inline_bytes": "an integer number of bytes, at least 0",
     "processes": "a mapping from process name to its knobs, like `tts: {replicas: 2}`",
     "replicas": "an integer number of replicas, at least 1",
+    "node": "a node label made of letters, digits, '_' and '-'",
+    "cpus": "a number of CPUs greater than 0",
 }
 
 _TRANSPORT_HINT = (
     "transports are derived from placement, never configured (same process: inproc; "
-    "same GPU: cuda_ipc; CPU on either side: shm; different GPUs: relay); remove this key "
+    "same GPU: cuda_ipc; CPU on either side: shm; different GPUs: relay; different `node` labels: tcp); remove this key "
     "and set `process`/`gpu` instead"
 )
 

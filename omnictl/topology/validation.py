@@ -13,7 +13,7 @@ from omnictl.topology.derive import derive, on_cpu
 from omnictl.topology.imports import check_imports as check_stage_imports
 from omnictl.topology.imports import import_path, topology_dir
 from omnictl.topology.issues import Issue
-from omnictl.topology.model import RelayKnobs, StageSpec, Topology
+from omnictl.topology.model import ProcessKnobs, RelayKnobs, StageSpec, Topology
 from omnictl.topology.causes import order_by_cause
 from omnictl.topology.raw import RawStage, Reporter, read_processes, read_stages
 from omnictl.topology.schema import check_schema, load_schema
@@ -48,7 +48,7 @@ def derived_json(topology: Topology) -> dict[str, Any]:
         "terminals": dict(topology.terminals),
         "processes": {
             name: {"stages": list(p.stages), "gpus": list(p.gpus), "replicas": p.replicas,
-                   "instances": list(p.instances)}
+                   "instances": list(p.instances), "node": p.node, "cpus": p.cpus}
             for name, p in topology.processes.items()
         },
         "edges": [
@@ -125,8 +125,8 @@ def validate_text(text: str, filename: str = "<string>", *,
         stage_specs = {s.name: _stage_spec(s, doc.position(s.path)[0]) for s in stages}
         path = None if filename.startswith("<") else Path(filename)
         name = data.get("name") or (path.stem if path else "topology")
-        replicas = {n: p.replicas for n, p in read_processes(doc).items()}
-        report.topology = derive(name, path, data.get("model_path"), stage_specs, replicas,
+        knobs = {n: ProcessKnobs(p.replicas, p.node, p.cpus) for n, p in read_processes(doc).items()}
+        report.topology = derive(name, path, data.get("model_path"), stage_specs, knobs,
                                  allow_pickle=data.get("allow_pickle") is True)
     return report
 

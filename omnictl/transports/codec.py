@@ -13,6 +13,8 @@ use, so this base module never imports its subclasses (that was an import cycle)
   Device tensors are copied to host memory on the way and arrive on the CPU; the
   receiving stage moves them to its own device. No device-to-device path is built yet.
 - ``cuda_ipc`` (different processes, same GPU): :mod:`omnictl.transports.cuda_ipc`.
+- ``tcp`` (processes on different nodes): :mod:`omnictl.transports.tcp`; the tensors travel
+  as extra ZeroMQ frames of the message (see :meth:`PayloadCodec.encode_frames`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any, Callable
 
 from omnictl.messages import EncodedPayload
 from omnictl.topology.model import RelayKnobs, Transport
-from omnictl.transports.packing import pack, unpack
+from omnictl.transports.packing import pack, unpack, unpack_frames
 from omnictl.transports.shm import SegmentReader, SlotPool
 
 
@@ -44,13 +46,22 @@ class PayloadCodec:
         view.release()
         return EncodedPayload(packed.skeleton, packed.layout, shm=ref)
 
+    def encode_frames(self, data: Any) -> tuple[EncodedPayload, list[memoryview]]:
+        """The payload and the buffers to send after it as frames of the same message
+        (none but for ``tcp``)."""
+        return self.encode(data), []
+
     def _device_leaf(self) -> Callable[[Any], bytes] | None:
         """How GPU tensor leaves are serialized; None copies their bytes to the host."""
         return None
 
 
-def decode(payload: EncodedPayload, reader: SegmentReader, allow_pickle: bool = False) -> Any:
-    """Rebuild the data; the caller sends ``SlotRelease(payload.shm)`` afterwards."""
+def decode(payload: EncodedPayload, reader: SegmentReader, allow_pickle: bool = False, *,
+           frames: list[memoryview] | None = None) -> Any:
+    """Rebuild the data; the caller sends ``SlotRelease(payload.shm)`` afterwards.
+    ``frames``: the buffers that came after the message (``tcp``)."""
+    if payload.frames:
+        return unpack_frames(payload.skeleton, payload.layout, frames or [], allow_pickle)
     if payload.shm is None:
         return unpack(payload.skeleton, payload.layout, payload.inline, allow_pickle)
     view = reader.read(payload.shm)
@@ -67,6 +78,7 @@ _CODEC_MODULES: dict[Transport, str] = {
     Transport.SHM: __name__,
     Transport.RELAY: __name__,
     Transport.CUDA_IPC: "omnictl.transports.cuda_ipc",
+    Transport.TCP: "omnictl.transports.tcp",
 }
 
 

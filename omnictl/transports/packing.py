@@ -164,7 +164,32 @@ def unpack(skeleton: bytes, layout: tuple[TensorLayout, ...], buffer: memoryview
            allow_pickle: bool = False) -> Any:
     """Rebuild the data tree; tensors are copied out of ``buffer`` (so it can be reused).
     A pickled leaf is refused unless ``allow_pickle`` (the topology's opt-in)."""
-    leaves = [_rebuild(entry, buffer) for entry in layout]
+    return _decode_tree(skeleton, [_rebuild(entry, buffer) for entry in layout], allow_pickle)
+
+
+def unpack_frames(skeleton: bytes, layout: tuple[TensorLayout, ...], frames: list[memoryview],
+                  allow_pickle: bool = False) -> Any:
+    """Rebuild the data tree from one buffer per tensor (ZeroMQ frames, each owned by its
+    message alone): the tensors are views of the frames, not copies."""
+    if len(frames) != len(layout):
+        raise ValueError(f"the payload lists {len(layout)} tensor(s) but {len(frames)} frame(s) came with it")
+    return _decode_tree(skeleton, [_view(entry, frame) for entry, frame in zip(layout, frames)], allow_pickle)
+
+
+def _view(entry: TensorLayout, frame: memoryview) -> Any:
+    if len(frame) != entry.nbytes:
+        raise ValueError(f"tensor {entry.index} is {entry.nbytes} bytes but its frame has {len(frame)}")
+    if entry.kind == "numpy":
+        return np.frombuffer(frame, dtype=np.dtype(entry.dtype)).reshape(entry.shape)
+    import torch
+
+    dtype = getattr(torch, entry.dtype)
+    if entry.nbytes == 0:
+        return torch.empty(entry.shape, dtype=dtype)
+    return torch.frombuffer(frame, dtype=torch.uint8).view(dtype).reshape(entry.shape)
+
+
+def _decode_tree(skeleton: bytes, leaves: list[Any], allow_pickle: bool) -> Any:
 
     def ext_hook(code: int, raw: memoryview) -> Any:
         if code == _TENSOR_EXT:

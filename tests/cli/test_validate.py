@@ -91,7 +91,7 @@ def test_json_for_several_files_is_a_list_with_derived_topologies(app: typer.Typ
     assert good["derived"]["entry"] == "preprocessing"
     assert good["derived"]["processes"]["talker"] == {"stages": ["talker_ar", "code2wav"],
                                                       "gpus": [1], "replicas": 1,
-                                                      "instances": ["talker"]}
+                                                      "instances": ["talker"], "node": None, "cpus": 1.0}
     assert {"from": "thinker", "to": "decode", "kind": "stream",
             "transport": "inproc"} in good["derived"]["edges"]
     assert bad["valid"] is False
@@ -185,3 +185,17 @@ def test_a_standard_library_factory_is_valid_but_warned_about(app: typer.Typer, 
     assert "stage 'a': `factory` is 'os.system', a standard-library callable" in result.output
     assert "stage 'b': `factory` is 'builtins.eval'" in result.output
     assert "standard-library" not in invoke(app, str(ARTICLE)).output
+
+
+def test_summary_shows_node_labels_and_tcp_edges(tmp_path: Path) -> None:
+    path = tmp_path / "nodes.yaml"
+    path.write_text("stages:\n"
+                    "  - {name: a, factory: m.a, next: b}\n"
+                    "  - {name: b, factory: m.b, terminal: true}\n"
+                    "processes:\n  b: {node: gpu-box, cpus: 2}\n")
+    console = Console(width=100, record=True, file=io.StringIO())
+    console.print(summary(load(path)))
+    rows = [" ".join(line.split()) for line in console.export_text().splitlines()]
+    assert "process stages gpus replicas node cpus" in rows
+    assert "b b cpu 1 gpu-box 2" in rows and "a a cpu 1 - 1" in rows
+    assert "a -> b data tcp" in rows

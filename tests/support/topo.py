@@ -20,9 +20,10 @@ def write(path: Path, stages: list[dict[str, Any]], name: str = "test",
     return path
 
 
-def qwen_shaped(tmp_path: Path, log: Path) -> Path:
+def qwen_shaped(tmp_path: Path, log: Path, processes: dict[str, dict[str, Any]] | None = None) -> Path:
     """The shipped 8-stage Qwen3-Omni topology (3 processes, same edges, streams and
-    projection) with plain torch functions standing in for the models."""
+    projection) with plain torch functions standing in for the models. ``processes``: the
+    `processes` knobs (node labels, replicas)."""
     spec = yaml.safe_load((REPO / "topologies" / "qwen3-omni.yaml").read_text())
     factories = {
         "preprocessing": (f"{S}.preprocessing", {}),
@@ -42,4 +43,4 @@ def qwen_shaped(tmp_path: Path, log: Path) -> Path:
             stage["merge_fn"] = f"{S}.merge_embeddings"
         if "project" in stage:
             stage["project"] = {"decode": f"{S}.drop_hidden"}
-    return write(tmp_path / "qwen-shaped.yaml", spec["stages"], "qwen-shaped")
+    return write(tmp_path / "qwen-shaped.yaml", spec["stages"], "qwen-shaped", processes)

@@ -27,7 +27,7 @@ def test_replicas_derive_one_instance_name_per_replica() -> None:
     assert topology.processes["front"].instances == ("front",)  # one replica keeps its name
     assert topology.instances() == ("front", "llm", "tts#0", "tts#1")
     derived = json.loads(json.dumps(report.to_json()))["derived"]
-    assert derived["processes"]["tts"] == {"stages": ["tts"], "gpus": [], "replicas": 2,
+    assert derived["processes"]["tts"] == {"stages": ["tts"], "gpus": [], "replicas": 2, "node": None, "cpus": 1.0,
                                            "instances": ["tts#0", "tts#1"]}
     assert derived["processes"]["llm"]["replicas"] == 1
 
@@ -72,3 +72,54 @@ def test_validate_text_output_shows_replicas() -> None:
     assert "5 OS processes with replicas" in text
     row = next(line for line in text.splitlines() if line.startswith("tts "))
     assert row.split() == ["tts", "tts", "cpu", "3"]
+
+
+NODES = """
+stages:
+  - {name: asr, factory: m.a, process: front, next: llm}
+  - {name: llm, factory: m.b, next: [tts, text], gpu: 0}
+  - {name: text, factory: m.d, process: front, terminal: true}
+  - {name: tts, factory: m.c, gpu: 0, terminal: true, modality: audio}
+processes:
+  llm: {node: big, cpus: 4}
+  tts: {node: big, cpus: 0.5}
+"""
+
+
+def test_node_labels_derive_tcp_between_labels_and_keep_placement_within_one() -> None:
+    from omnictl.topology.model import Transport
+
+    report = validate_text(NODES.lstrip("\n"), "t.yaml")
+    assert report.valid, [i.format() for i in report.issues]
+    topology = report.topology
+    assert topology is not None
+    assert topology.processes["llm"].node == "big" and topology.processes["llm"].cpus == 4.0
+    assert topology.processes["tts"].cpus == 0.5
+    assert topology.processes["front"].node is None and topology.processes["front"].cpus == 1.0
+    assert topology.multi_node() and topology.nodes() == (None, "big")
+    assert topology.edge("asr", "llm").transport is Transport.TCP  # unlabelled -> big
+    assert topology.edge("llm", "text").transport is Transport.TCP  # big -> unlabelled
+    assert topology.edge("llm", "tts").transport is Transport.CUDA_IPC  # same label, same GPU
+    derived = report.to_json()["derived"]
+    assert derived["processes"]["llm"]["node"] == "big" and derived["processes"]["llm"]["cpus"] == 4.0
+    assert {"from": "asr", "to": "llm", "kind": "data", "transport": "tcp"} in derived["edges"]
+
+
+def test_on_cpu_keeps_node_labels() -> None:
+    from omnictl.topology.derive import on_cpu
+    from omnictl.topology.model import Transport
+
+    topology = validate_text(NODES.lstrip("\n"), "t.yaml").topology
+    assert topology is not None
+    cpu = on_cpu(topology)
+    assert cpu.processes["llm"].node == "big" and cpu.processes["llm"].cpus == 4.0
+    assert cpu.edge("llm", "tts").transport is Transport.SHM
+    assert cpu.edge("asr", "llm").transport is Transport.TCP
+
+
+@pytest.mark.parametrize(("knob", "value"), [("node", "3"), ("node", '"a b"'), ("cpus", "0"),
+                                             ("cpus", '"two"')])
+def test_bad_node_and_cpus_values_are_schema_errors(lint, knob: str, value: str) -> None:
+    issues = lint(BASE + f"  tts: {{{knob}: {value}}}\n")
+    assert [(i.rule, i.line, i.field) for i in issues] == [("schema", 6, knob)]
+    assert issues[0].message.startswith(f"process 'tts': `{knob}`")
