@@ -10,7 +10,8 @@ from omnictl.transports.shm import SegmentReader, SlotPool
 
 
 def segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("omx")}
+    """This process's segments (``omx<pid>_...``): /dev/shm is shared with the whole machine."""
+    return {n for n in os.listdir("/dev/shm") if n.startswith(f"omx{os.getpid()}_")}
 
 
 def make(slot_bytes: int = 1 << 16, slots: int = 2, inline: int = 256) -> PayloadCodec:
