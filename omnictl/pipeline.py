@@ -38,6 +38,7 @@ class Pipeline:
         self._recorder = recorder
         self.run_dir = run_dir
         self.admission = Admission(max_in_flight=None)  # launch() sets the limit it was given
+        coordinator.on_backpressure = self._backpressure
 
     @classmethod
     def launch(
@@ -160,6 +161,10 @@ class Pipeline:
             raise
         handle.on_done(ticket.release)
         return handle
+
+    def _backpressure(self, full: bool) -> None:
+        """Some stage's inbox filled up (or all have room again): admission holds (resumes)."""
+        self.admission.hold(full)
 
     async def abort(self, request_id: str) -> None:
         await self._coordinator.abort(request_id)

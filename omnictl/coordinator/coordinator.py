@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import zmq
 import zmq.asyncio
@@ -82,6 +82,10 @@ class Coordinator:
         self._stats_seq = itertools.count()
         self._stats_waiters: dict[int, tuple[asyncio.Future[None], dict[str, m.StatsReply]]] = {}
         self._hello_acks: set[str] = set()
+        # Backpressure: (OS process, stage) whose inbox is full. While any is, `on_backpressure(True)`
+        # tells admission to hold new requests (Pipeline wires it to Admission.hold).
+        self.full_inboxes: set[tuple[str, str]] = set()
+        self.on_backpressure: Callable[[bool], None] = lambda full: None
         self._tasks: list[asyncio.Task[None]] = []
         self.launcher = Launcher(
             topology,
@@ -286,6 +290,8 @@ class Coordinator:
                 handle.ready.set_exception(LaunchError(message.stage, message.error))
         elif isinstance(message, m.HelloAck):
             self._hello_acks.add(message.process)
+        elif isinstance(message, m.InboxState):
+            self._set_inbox(message.process, message.stage, message.full)
         elif isinstance(message, m.StatsReply):
             waiter = self._stats_waiters.get(message.seq)
             if waiter is not None:
@@ -334,6 +340,15 @@ class Coordinator:
         else:
             self._fail(record.request_id, None, "no terminal produced a result: every branch was skipped")
 
+    def _set_inbox(self, process: str, stage: str, full: bool) -> None:
+        was = bool(self.full_inboxes)
+        if full:
+            self.full_inboxes.add((process, stage))
+        else:
+            self.full_inboxes.discard((process, stage))
+        if bool(self.full_inboxes) != was:
+            self.on_backpressure(not was)
+
     # --- faults -----------------------------------------------------------------------
 
     def _process_exited(self, instance: str, exitcode: int | None) -> None:
@@ -343,6 +358,8 @@ class Coordinator:
         label = f"replica {instance!r}" if process.replicas > 1 else f"stage process {instance!r}"
         why = f"{label} (stages {', '.join(process.stages)}) died: {describe_exit(exitcode)}"
         self.down[instance] = why
+        for process_name, stage in [key for key in self.full_inboxes if key[0] == instance]:
+            self._set_inbox(process_name, stage, False)  # its queue died with it
         handle = self.launcher.handles[instance]
         if not handle.ready.done():
             # A stage that failed to build sends why (LaunchFailed) just before it exits, and

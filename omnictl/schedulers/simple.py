@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
@@ -58,6 +59,7 @@ class SimpleScheduler(Scheduler):
         rid = message.request_id
         self._running.add(rid)
         self.profile(EventKind.BUILD_START, rid)
+        self.busy_since = time.monotonic()
         try:
             if self._is_async:
                 result = await self.fn(message.data)
@@ -76,6 +78,7 @@ class SimpleScheduler(Scheduler):
                 self.profile(EventKind.BUILD_END, rid)
                 self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, data=result))
         finally:
+            self.busy_since = None
             self._running.discard(rid)
             self._aborted.discard(rid)
 

@@ -33,6 +33,8 @@ from omnictl.transports.shm import SegmentReader
 
 _PR_SET_PDEATHSIG = 1
 _REPORT_LINGER_MS = 2000  # how long a stage process that failed to start waits for its report to go out
+# How often a full inbox is checked for room again (a full one is seen at once, on arrival).
+_INBOX_POLL_S = 0.005
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -72,6 +74,7 @@ class Worker:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.stages: dict[str, Stage] = {}
+        self._full: set[str] = set()  # stages whose inbox is full, as last told to the coordinator
         self.reader = SegmentReader()
         self._stop = asyncio.Event()
 
@@ -106,6 +109,7 @@ class Worker:
             asyncio.create_task(self._receive(inbound)),
             asyncio.create_task(self._listen(broadcast)),
             asyncio.create_task(self._watch_parent()),
+            asyncio.create_task(self._watch_inboxes()),
         ]
         await self._stop.wait()
         for task in tasks:
@@ -157,6 +161,7 @@ class Worker:
                 continue
             try:
                 self._dispatch(message)
+                self._check_inboxes()
             except Exception as exc:
                 # One message that cannot be handled fails its request, not the process.
                 request_id = message.ctx.request_id if hasattr(message, "ctx") else None
@@ -166,6 +171,25 @@ class Worker:
                 self.ports.send_failure(
                     request_id, stage, f"stage {stage!r} could not take its input: {describe_error(exc)}", rejected=True
                 )
+
+    # Backpressure. A full inbox is not enforced by not reading the inbound socket: one
+    # socket carries both new requests and what running ones still need (stream chunks,
+    # a streamed request's final input, slot releases), so not reading it can deadlock a
+    # stage whose queued requests wait for its running ones. Instead the stage tells the
+    # coordinator, which admits no new request while any stage is full (Admission.hold):
+    # the queue stops growing at the door, and everything inside keeps flowing.
+    def _check_inboxes(self) -> None:
+        for name, stage in self.stages.items():
+            full = stage.inbox_full()
+            if full != (name in self._full):
+                (self._full.add if full else self._full.discard)(name)
+                self.ports.send_control(m.InboxState(self.config.instance, name, full))
+
+    async def _watch_inboxes(self) -> None:
+        """Sees a full inbox drain (the scheduler takes from it without the loop knowing)."""
+        while True:
+            await asyncio.sleep(_INBOX_POLL_S if self._full else _INBOX_POLL_S * 4)
+            self._check_inboxes()
 
     def _unpack(self, payload: m.EncodedPayload) -> Any:
         try:

@@ -35,10 +35,11 @@ FIELD_EXPECTS: dict[str, str] = {
     "process": "a process name made of letters, digits, '_' and '-'",
     "stream_to": "a stage name or a list of distinct stage names",
     "project": "a mapping from target stage name to the dotted path of a projection function",
-    "relay": "a mapping of transport knobs: slot_bytes, slots, inline_bytes",
+    "relay": "a mapping of transport knobs: slot_bytes, slots, inline_bytes, inbox",
     "slot_bytes": "an integer number of bytes, at least 1",
     "slots": "an integer slot count, at least 1",
     "inline_bytes": "an integer number of bytes, at least 0",
+    "inbox": "an integer number of queued requests, at least 1",
     "processes": "a mapping from process name to its knobs, like `tts: {replicas: 2}`",
     "replicas": "an integer number of replicas, at least 1",
 }
