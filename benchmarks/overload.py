@@ -13,8 +13,10 @@ its capacity open loop for ``--seconds``, three times, each run on a fresh serve
 - everything off: ``--max-in-flight 0`` and an inbox bound too large to matter.
 
 Reported side by side: sent, completed, refused (429), failed, goodput, the accepted
-requests' p50/p99 against the unloaded p99, and the RSS (server plus stage processes)
-at the start and its peak.
+requests' p50/p99 (at the client) against the unloaded p99, the server's own p99 from
+admission to result (``omnictl_request_latency_seconds``: the bucket bound holding it),
+how long a 429 took (time spent in the HTTP layer before admission, which grows when the
+server's CPU is short), and the RSS (server plus stage processes) at the start and its peak.
 
 Goal: with admission control the accepted p99 stays within 2x the unloaded p99 and RSS
 stays flat; without it, latency grows with the queue.
@@ -74,6 +76,8 @@ class Run:
     label: str
     latencies: list[float] = field(default_factory=list)
     refused: int = 0
+    refusal_latencies: list[float] = field(default_factory=list)  # time to a 429: the HTTP layer's queue
+    server_p99: float = float("nan")  # admission to result, from the server's histogram (a bucket bound)
     failed: int = 0
     sent: int = 0
     seconds: float = 0.0
@@ -108,6 +112,7 @@ async def _one(client: httpx.AsyncClient, url: str, target: Target, index: int, 
         run.latencies.append(time.perf_counter() - started)
     elif response.status_code == 429:
         run.refused += 1
+        run.refusal_latencies.append(time.perf_counter() - started)
     else:
         run.failed += 1
 
@@ -144,7 +149,16 @@ async def _offer(url: str, target: Target, rate: float, seconds: float, run: Run
             run.rss_peak = max(run.rss_peak, _rss(process))
             await asyncio.sleep(0.1)
         run.seconds = time.perf_counter() - start
+        run.server_p99 = _histogram_p99((await client.get(url + "/metrics")).text, "omnictl_request_latency_seconds")
     return run
+
+
+def _histogram_p99(metrics: str, name: str) -> float:
+    """The upper bound of the bucket holding the 99th percentile of a Prometheus histogram."""
+    buckets = [(float(bound), float(count)) for bound, count in
+               re.findall(rf'^{name}_bucket{{le="([^"]+)"}} (\S+)$', metrics, re.MULTILINE)]
+    total = buckets[-1][1] if buckets else 0.0
+    return next((bound for bound, count in buckets if count >= 0.99 * total), float("nan")) if total else float("nan")
 
 
 def _p(values: list[float], q: float) -> float:
@@ -212,14 +226,14 @@ def main() -> None:
                         f"{args.seconds:g} s; unloaded p50 {_p(base.latencies, 50) * 1000:.0f} ms, "
                         f"p99 {unloaded_p99 * 1000:.0f} ms")
     for column in ("run", "sent", "completed", "429", "failed", "goodput/s", "p50 ms", "p99 ms", "p99/unloaded",
-                   "RSS start MB", "RSS peak MB"):
+                   "server p99 ≤ ms", "429 p50 ms", "RSS start MB", "RSS peak MB"):
         table.add_column(column, justify="right")
     for run in runs:
         p99 = _p(run.latencies, 99)
         table.add_row(run.label, str(run.sent), str(len(run.latencies)), str(run.refused), str(run.failed),
                       f"{len(run.latencies) / run.seconds:.1f}", f"{_p(run.latencies, 50) * 1000:.0f}",
-                      f"{p99 * 1000:.0f}", f"{p99 / unloaded_p99:.1f}x",
-                      f"{run.rss_start / 2**20:.0f}", f"{run.rss_peak / 2**20:.0f}")
+                      f"{p99 * 1000:.0f}", f"{p99 / unloaded_p99:.1f}x", f"{run.server_p99 * 1000:.0f}",
+                      f"{_p(run.refusal_latencies, 50) * 1000:.0f}", f"{run.rss_start / 2**20:.0f}", f"{run.rss_peak / 2**20:.0f}")
     Console(width=180).print(table)
 
 
