@@ -7,7 +7,7 @@ SmolLM2-135M, batches them); its capacity is measured first (closed loop, ``--vo
 at once). Each is measured unloaded (closed loop, one request at a time), then offered 5x
 its capacity open loop for ``--seconds``, three times, each run on a fresh server:
 
-- ``--max-in-flight N`` (``--max-in-flight``, default 2): the documented operator setting,
+- ``--max-in-flight N`` (``--max-in-flight``, default 1): the documented operator setting,
   about as many requests as the pipeline serves at once without slowing each one;
 - the server's defaults (``--max-in-flight 64``, every stage's ``relay.inbox`` 32);
 - everything off: ``--max-in-flight 0`` and an inbox bound too large to matter.
@@ -187,7 +187,7 @@ def _unbounded_inboxes(topology: Path, out: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--max-in-flight", type=int, default=2, help="the operator setting measured first")
+    parser.add_argument("--max-in-flight", type=int, default=1, help="the operator setting measured first")
     parser.add_argument("--unloaded", type=int, default=40, help="requests measured one at a time first")
     parser.add_argument("--voice", action="store_true", help="the embedded voice assistant instead of a sleep stage")
     parser.add_argument("--voice-concurrency", type=int, default=4, help="closed-loop concurrency measuring its capacity")

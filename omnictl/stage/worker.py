@@ -181,9 +181,13 @@ class Worker:
     def _check_inboxes(self) -> None:
         for name, stage in self.stages.items():
             full = stage.inbox_full()
-            if full != (name in self._full):
-                (self._full.add if full else self._full.discard)(name)
-                self.ports.send_control(m.InboxState(self.config.instance, name, full))
+            if full == (name in self._full):
+                continue
+            if full:
+                self._full.add(name)
+            else:
+                self._full.discard(name)
+            self.ports.send_control(m.InboxState(self.config.instance, name, full))
 
     async def _watch_inboxes(self) -> None:
         """Sees a full inbox drain (the scheduler takes from it without the loop knowing)."""
