@@ -165,7 +165,6 @@ class StageStats(msgspec.Struct):
     stream_buffers: int = 0
     kv_slots: int = 0
     slots_in_use: int = 0  # shared-memory slots sent and not yet released
-    inbox_limit: int = 0  # the stage's `relay.inbox`: queued requests at which it signals full
     busy_s: float = 0.0  # how long the stage's current compute step (one model call) has run; 0: idle
 
 

@@ -240,6 +240,5 @@ class Stage:
             stream_buffers=len(self._streaming_in) + load.stream_buffers,
             kv_slots=load.kv_slots,
             slots_in_use=slots_in_use,
-            inbox_limit=self.spec.relay.inbox,
             busy_s=round(self.scheduler.busy_seconds(), 3),
         )
