@@ -165,10 +165,11 @@ def _p(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def _serve(topology: Path, serve_args: list[str], work: Callable[[str, subprocess.Popen[str]], T]) -> T:
+def _serve(target: Target, topology: Path, serve_args: list[str],
+           work: Callable[[str, subprocess.Popen[str]], T]) -> T:
     process, url = _start(topology, serve_args)
     try:
-        asyncio.run(_closed_loop(url, Target(topology, "warm-up", False), 1, 2))  # first-call costs stay out
+        asyncio.run(_closed_loop(url, target, 1, 2))  # first-call costs (lazy loads, allocations) stay out
         return work(url, process)
     finally:
         process.send_signal(signal.SIGINT)
@@ -209,7 +210,7 @@ def main() -> None:
             busy = asyncio.run(_closed_loop(url, target, args.voice_concurrency, 6 * args.voice_concurrency))
             return unloaded, len(busy.latencies) / busy.seconds
 
-        base, capacity = _serve(target.topology, ["--max-in-flight", "0"], baseline)
+        base, capacity = _serve(target, target.topology, ["--max-in-flight", "0"], baseline)
         rate = 5 * capacity
         runs = []
         for label, topology, serve_args in (
@@ -218,7 +219,7 @@ def main() -> None:
             ("off (--max-in-flight 0, no inbox bound)", _unbounded_inboxes(target.topology, Path(tmp) / "off.yaml"),
              ["--max-in-flight", "0"]),
         ):
-            runs.append(_serve(topology, serve_args, lambda url, process, label=label:
+            runs.append(_serve(target, topology, serve_args, lambda url, process, label=label:
                                asyncio.run(_offer(url, target, rate, args.seconds, Run(label), process))))
     unloaded_p99 = _p(base.latencies, 99)
     what = "voice assistant (text answers)" if args.voice else f"one {WORK_S * 1000:.0f} ms stage"
