@@ -68,7 +68,7 @@ async def _offer(pipe: Any, seconds: float, handles: list[Any], refused: list[in
             stats = await pipe.stats()
             peak["queued"] = max(peak["queued"], stats["consume"]["queued"])
             peak["rss"] = max(peak["rss"], slow.memory_info().rss)
-        await asyncio.sleep(0.002)
+        await asyncio.sleep(0.005)  # ~150 offered a second: 7x what the slow stage serves
 
 
 @pytest.mark.timeout(120)
@@ -80,10 +80,13 @@ def test_a_slow_last_stage_keeps_a_bounded_queue_while_load_keeps_coming(loop: L
         handles: list[Any] = []
         refused, peak = [0], {"queued": 0, "rss": rss_start}
         loop.run(_offer(pipe, 3.0, handles, refused, peak))
-        # ~60 served in 3 s; a thousand could have been admitted without the bound.
+        # ~60 served in 3 s; every one offered (~450) would have been admitted without the bound.
         assert refused[0] > len(handles) and len(handles) < 200, (refused, len(handles))
-        # A few may be admitted in the moment between the stage filling up and the coordinator hearing it.
-        assert peak["queued"] <= INBOX + 4, peak
+        print(f"admitted {len(handles)}, refused {refused[0]}, peak queued {peak['queued']}, "
+              f"RSS +{(peak['rss'] - rss_start) / 2**20:.1f} MB")
+        # A few may be admitted in the moment between the stage filling up and the coordinator
+        # hearing it (more on a loaded machine); unbounded, hundreds would queue.
+        assert peak["queued"] <= INBOX + 12, peak
         assert peak["rss"] - rss_start < 40 * 2**20, (peak["rss"] - rss_start) / 2**20
         for handle in handles:
             loop.run(handle.result())
