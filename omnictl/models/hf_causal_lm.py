@@ -354,10 +354,12 @@ def causal_lm(
     max_batch: int = 32,
     hidden_layer: int | None = None,
     default_sampling: Mapping[str, Any] | None = None,
+    prefill_chunk: int = 512,
 ) -> "AutoregressiveScheduler":
     """Stage factory: a local transformers causal-LM checkpoint in the autoregressive scheduler.
 
     ``hidden_layer`` set: stream chunks and the result also carry that layer's hidden states.
+    ``prefill_chunk``: prompt tokens prefilled per scheduler round (long prompts take several).
     """
     from omnictl.schedulers.autoregressive import AutoregressiveScheduler
 
@@ -368,4 +370,5 @@ def causal_lm(
         max_batch=max_batch,
         emit_hidden=hidden_layer is not None,
         default_sampling=default_sampling,
+        prefill_chunk=prefill_chunk,
     )

@@ -8,8 +8,9 @@ single batched decode step. Prefill is chunked when the runner can
 ``prefill_chunk`` prompt tokens (default 512), so a long prompt (thousands of tokens)
 takes many rounds, and between two of its chunks aborts are applied and the other
 requests take their decode step: it delays them by one chunk's compute, not by the
-whole prompt's, and its own abort takes effect within a chunk. A request joins the batch between two steps and
-leaves it when it finishes; its KV cache is released on finish and on abort.
+whole prompt's, and its own abort takes effect within a chunk. A request joins the
+batch between two steps and leaves it when it finishes; its KV cache is released on
+finish and on abort.
 
 Outputs, per request (types from :mod:`omnictl.outputs`, so an autoregressive stage can
 be a ``text`` terminal as it is):
@@ -123,8 +124,9 @@ class AutoregressiveScheduler(Scheduler):
         """
         default_sampling: sampling fields for requests that do not set them (validated
             here: a bad value fails construction, not every request).
-        prefill_chunk: prompt tokens prefilled per round (for runners that chunk); 512
-            keeps a round to tens of milliseconds for a 135M model on a CPU.
+        prefill_chunk: prompt tokens prefilled per round (for runners that chunk): the
+            most another request's next token, or an abort, waits behind a long prompt
+            is one such chunk's compute (a twelfth of a 6,000-token prompt at 512).
         """
         super().__init__()
         if stream_every < 1:
