@@ -60,7 +60,8 @@ class _Prefill:
     def part(self, end: int) -> dict[str, Any]:
         """Model inputs for positions ``done:end``, the mask covering the cache too."""
         key = "input_ids" if "input_ids" in self.model_inputs else "inputs_embeds"
-        return {key: self.model_inputs[key][:, self.done : end], "attention_mask": self.model_inputs["attention_mask"][:, :end]}
+        mask = self.model_inputs["attention_mask"][:, :end]
+        return {key: self.model_inputs[key][:, self.done : end], "attention_mask": mask}
 
 
 class HFCausalLMRunner:
@@ -137,7 +138,9 @@ class HFCausalLMRunner:
         )
 
     @torch.inference_mode()
-    def prefill_chunk(self, request_id: str, inputs: Mapping[str, Any], max_tokens: int) -> tuple[int, StepOutput | None]:
+    def prefill_chunk(
+        self, request_id: str, inputs: Mapping[str, Any], max_tokens: int
+    ) -> tuple[int, StepOutput | None]:
         """Prefill at most ``max_tokens`` more prompt positions: (positions done by this
         call, the first next-token scores once the prompt is complete, else None).
 

@@ -289,7 +289,8 @@ class AutoregressiveScheduler(Scheduler):
     def load(self) -> SchedulerLoad:
         with self._wake:
             queued = self._queued_count
-        return SchedulerLoad(queued=queued, running=len(self._running) + len(self._prefilling), kv_slots=self.runner.kv_slots())
+        running = len(self._running) + len(self._prefilling)
+        return SchedulerLoad(queued=queued, running=running, kv_slots=self.runner.kv_slots())
 
     # --- worker thread ---------------------------------------------------------------
 
