@@ -12,6 +12,17 @@ Every entry point calls the same object: the HTTP routes, ``Pipeline.submit`` (P
 callers get the typed exceptions), and any future endpoint (a realtime session turns
 :class:`Overloaded` into an ``error`` event). A slot is held from :meth:`Admission.admit`
 until :meth:`Ticket.release`, which is idempotent.
+
+Backpressure: while some stage's inbox is full (it holds ``relay.inbox`` queued requests,
+see :mod:`omnictl.stage.worker`), the coordinator calls :meth:`Admission.hold` and no new
+request is admitted, whatever the in-flight count: new ones wait (``max_queue_wait``) or
+are refused like requests over the limit. Requests already admitted keep flowing, so a
+slow stage drains and nothing deadlocks; the work it cannot take yet waits outside the
+pipeline, where it costs nothing, instead of in the stage's memory. This holds with the
+in-flight limit off too: with no limit and no ``max_queue_wait`` (the Python API's
+default, ``--max-in-flight 0``) a held request waits until the stages have room (its
+``submit`` slows down); with a limit it waits up to ``max_queue_wait`` or is refused
+(429) like a request over the limit.
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ class Admission:
     in_flight: int = 0
     refused: int = 0  # Overloaded at once
     timed_out: int = 0  # AdmissionTimeout after waiting
+    held: bool = False  # a stage's inbox is full: nothing new is admitted (see hold)
     _waiters: "collections.deque[asyncio.Future[None]]" = field(default_factory=collections.deque)
 
     def __post_init__(self) -> None:
@@ -70,17 +82,21 @@ class Admission:
     async def admit(self) -> Ticket:
         """A slot, at once or after waiting; raises Overloaded / AdmissionTimeout."""
         limit = self.max_in_flight
-        if limit is None or (self.in_flight < limit and not self._waiters):
+        if not self.held and (limit is None or (self.in_flight < limit and not self._waiters)):
             self.in_flight += 1
             return Ticket(self)
-        if self.max_queue_wait <= 0 or len(self._waiters) >= limit:
+        # With no limit (the Python API's default) a caller held by a full stage just waits:
+        # its `await submit` is the backpressure. With a limit, waiting is what it allows.
+        patient = limit is None and self.max_queue_wait <= 0
+        if not patient and (self.max_queue_wait <= 0 or (limit is not None and len(self._waiters) >= limit)):
             self.refused += 1
-            raise Overloaded(f"the server is at its limit of {limit} requests in flight; retry later",
-                             retry_after=self.retry_after())
+            why = ("a stage of the pipeline is full (backpressure)" if self.held
+                   else f"the server is at its limit of {limit} requests in flight")
+            raise Overloaded(f"{why}; retry later", retry_after=self.retry_after())
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), self.max_queue_wait)
+            await asyncio.wait_for(asyncio.shield(waiter), None if patient else self.max_queue_wait)
         except asyncio.TimeoutError:
             if waiter.done():  # handed a slot just as the wait ended: keep it
                 return Ticket(self)
@@ -97,8 +113,19 @@ class Admission:
             raise
         return Ticket(self)  # the slot was handed over: in_flight already counts it
 
+    def hold(self, held: bool) -> None:
+        """Stop (``True``) or resume admitting new requests: the coordinator's backpressure
+        signal, raised while some stage's inbox is full."""
+        self.held = held
+        limit = self.max_in_flight
+        while not held and self._waiters and (limit is None or self.in_flight < limit):
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self.in_flight += 1
+                waiter.set_result(None)
+
     def _release(self) -> None:
-        while self._waiters:  # hand the slot straight to the longest waiter
+        while self._waiters and not self.held:  # hand the slot straight to the longest waiter
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)

@@ -176,6 +176,16 @@ class StageStats(msgspec.Struct):
     stream_buffers: int = 0
     kv_slots: int = 0
     slots_in_use: int = 0  # shared-memory slots sent and not yet released
+    busy_s: float = 0.0  # how long the stage's current compute step (one model call) has run; 0: idle
+
+
+class InboxState(msgspec.Struct, tag="inbox", array_like=True):
+    """A stage's inbox reached its limit (``full``) or has room again; the coordinator
+    holds new requests at admission while any stage is full (backpressure)."""
+
+    process: str  # the OS process (``tts#1`` for a replica)
+    stage: str
+    full: bool
 
 
 class StatsReply(msgspec.Struct, tag="stats_reply", array_like=True):
@@ -186,7 +196,9 @@ class StatsReply(msgspec.Struct, tag="stats_reply", array_like=True):
 
 StageInbound = Union[Submit, DataReady, StreamChunk, StreamDone, Skip, SlotRelease]
 Broadcast = Union[Abort, Hello, StatsRequest, ProcessLost]
-ToCoordinator = Union[Ready, LaunchFailed, HelloAck, TerminalOutput, TerminalSkipped, StageFailed, StatsReply, SlotRelease]
+ToCoordinator = Union[
+    Ready, LaunchFailed, HelloAck, TerminalOutput, TerminalSkipped, StageFailed, StatsReply, SlotRelease, InboxState
+]
 
 _encoder = msgspec.msgpack.Encoder()
 inbound_decoder = msgspec.msgpack.Decoder(StageInbound)

@@ -44,6 +44,7 @@ class Pipeline:
         self.admission = Admission(max_in_flight=None)  # launch() sets the limit it was given
         self.otlp_endpoint: str | None = None  # where finished requests' traces go; None: off
         self._log_file: logging.Handler | None = None  # the server's records in <run_dir>/logs/server.log
+        coordinator.on_backpressure = self._backpressure
 
     @classmethod
     def launch(
@@ -222,6 +223,10 @@ class Pipeline:
             raise
         handle.on_done(ticket.release)
         return handle
+
+    def _backpressure(self, full: bool) -> None:
+        """Some stage's inbox filled up (or all have room again): admission holds (resumes)."""
+        self.admission.hold(full)
 
     async def abort(self, request_id: str) -> None:
         await self._coordinator.abort(request_id)

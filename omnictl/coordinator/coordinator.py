@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import zmq
 import zmq.asyncio
@@ -126,6 +126,10 @@ class Coordinator:
         self._stats_seq = itertools.count()
         self._stats_waiters: dict[int, tuple[asyncio.Future[None], dict[str, m.StatsReply]]] = {}
         self._hello_acks: set[str] = set()
+        # Backpressure: (OS process, stage) whose inbox is full. While any is, `on_backpressure(True)`
+        # tells admission to hold new requests (Pipeline wires it to Admission.hold).
+        self.full_inboxes: set[tuple[str, str]] = set()
+        self.on_backpressure: Callable[[bool], None] = lambda full: None
         self._tasks: list[asyncio.Task[None]] = []
         self.launcher: Launcher | RayLauncher
         if self.remote:
@@ -372,6 +376,8 @@ class Coordinator:
                 handle.ready.set_exception(LaunchError(message.stage, message.error))
         elif isinstance(message, m.HelloAck):
             self._hello_acks.add(message.process)
+        elif isinstance(message, m.InboxState):
+            self._set_inbox(message.process, message.stage, message.full)
         elif isinstance(message, m.StatsReply):
             waiter = self._stats_waiters.get(message.seq)
             if waiter is not None:
@@ -427,6 +433,15 @@ class Coordinator:
         else:
             self._fail(record.request_id, None, "no terminal produced a result: every branch was skipped")
 
+    def _set_inbox(self, process: str, stage: str, full: bool) -> None:
+        was = bool(self.full_inboxes)
+        if full:
+            self.full_inboxes.add((process, stage))
+        else:
+            self.full_inboxes.discard((process, stage))
+        if bool(self.full_inboxes) != was:
+            self.on_backpressure(not was)
+
     # --- faults -----------------------------------------------------------------------
 
     def _process_exited(self, instance: str, exit_description: str) -> None:
@@ -438,6 +453,8 @@ class Coordinator:
         why = f"{label} (stages {', '.join(process.stages)}{where}) died: {exit_description}"
         self.down[instance] = why
         self._reader.drop_dead()  # its segments are unlinked: unmap them here, or their memory stays
+        for process_name, stage in [key for key in self.full_inboxes if key[0] == instance]:
+            self._set_inbox(process_name, stage, False)  # its queue died with it
         handle = self.launcher.handles[instance]
         if not handle.ready.done():
             # A stage that failed to build sends why (LaunchFailed) just before it exits, and

@@ -54,10 +54,13 @@ def _combined(statuses: list[str]) -> str:
     return "up" if all(s == "up" for s in statuses) else "unknown"
 
 
-def _summed(replicas: Iterable[dict[str, Any]]) -> dict[str, int]:
-    total: dict[str, int] = {}
+def _summed(replicas: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Counters summed; ``busy_s`` (one step's duration) is the longest of the replicas'."""
+    total: dict[str, Any] = {}
     for fields in replicas:
         for key, value in fields.items():
-            if key != "status":
+            if key == "busy_s":
+                total[key] = max(total.get(key, 0.0), value)
+            elif key != "status":
                 total[key] = total.get(key, 0) + value
     return total

@@ -6,6 +6,13 @@ and position ids counted per request, so a request's tokens do not depend on wha
 shares its batch. The batch cache is kept between steps and only rebuilt when the set
 of decoding requests changes (a request joined, finished or was aborted).
 
+Long prompts prefill in chunks (:meth:`HFCausalLMRunner.prefill_chunk`, driven by the
+scheduler's ``prefill_chunk`` tokens per step): the request's KV cache is carried from
+one chunk to the next, and between chunks the scheduler applies aborts and runs the
+other requests' decode steps. Only plain prompts chunk (``input_ids`` or
+``inputs_embeds`` with an attention mask); a subclass whose prompt carries more (position
+ids, multimodal extras) prefills whole.
+
 Subclasses adapt other prompt forms or position schemes (multimodal rope) by
 overriding :meth:`prompt_inputs` and :meth:`decode_position_ids`.
 """
@@ -29,12 +36,32 @@ if TYPE_CHECKING:
     from omnictl.schedulers.autoregressive import AutoregressiveScheduler
 
 _PROMPT_KEYS = ("input_ids", "inputs_embeds", "prompt", "messages")
+_CHUNKABLE = {"input_ids", "inputs_embeds", "attention_mask"}  # model inputs that slice by position
 
 @dataclass(slots=True)
 class _Sequence:
     length: int  # cached positions
     next_position: int  # position id of the next input token
     own_cache: KV | None  # set while the request is outside the batch cache
+
+
+@dataclass(slots=True)
+class _Prefill:
+    """A prompt part-way through a chunked prefill."""
+
+    model_inputs: dict[str, Any]  # from prompt_inputs, whole
+    cache: DynamicCache  # the positions done so far
+    done: int = 0
+
+    @property
+    def length(self) -> int:
+        return int(self.model_inputs["attention_mask"].shape[-1])
+
+    def part(self, end: int) -> dict[str, Any]:
+        """Model inputs for positions ``done:end``, the mask covering the cache too."""
+        key = "input_ids" if "input_ids" in self.model_inputs else "inputs_embeds"
+        mask = self.model_inputs["attention_mask"][:, :end]
+        return {key: self.model_inputs[key][:, self.done : end], "attention_mask": mask}
 
 
 class HFCausalLMRunner:
@@ -66,6 +93,7 @@ class HFCausalLMRunner:
         self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
         self._stop_ids = self._collect_stop_ids(extra_stop_token_ids)
         self._sequences: dict[str, _Sequence] = {}
+        self._prefills: dict[str, _Prefill] = {}  # chunked prefills in progress
         self._batch: BatchCache | None = None
 
     @classmethod
@@ -82,14 +110,20 @@ class HFCausalLMRunner:
 
     @torch.inference_mode()
     def prefill(self, request_id: str, inputs: Mapping[str, Any]) -> StepOutput:
+        """The whole prompt, or what a chunked prefill (:meth:`prefill_chunk`) left of it."""
         if request_id in self._sequences:
             raise ValueError(f"request {request_id!r} already holds a KV cache in this runner")
-        model_inputs = self.prompt_inputs(inputs)
+        pending = self._prefills.pop(request_id, None)
+        if pending is None:
+            model_inputs = self.prompt_inputs(inputs)
+            cache, part = DynamicCache(), model_inputs
+        else:
+            model_inputs, cache = pending.model_inputs, pending.cache
+            part = pending.part(pending.length) if pending.done else model_inputs
         prompt_length = int(model_inputs["attention_mask"].shape[-1])
-        cache = DynamicCache()
         extra: dict[str, Any] = {"logits_to_keep": 1} if self._accepts_logits_to_keep else {}
         out = self.model(
-            **model_inputs,
+            **part,
             **{self._cache_kwarg: cache},
             use_cache=True,
             output_hidden_states=self.hidden_layer is not None,
@@ -102,6 +136,33 @@ class HFCausalLMRunner:
             hidden=self._hidden_row(out, 0),
             prompt_tokens=prompt_length,
         )
+
+    @torch.inference_mode()
+    def prefill_chunk(
+        self, request_id: str, inputs: Mapping[str, Any], max_tokens: int
+    ) -> tuple[int, StepOutput | None]:
+        """Prefill at most ``max_tokens`` more prompt positions: (positions done by this
+        call, the first next-token scores once the prompt is complete, else None).
+
+        The last part goes through :meth:`prefill`, so a subclass's ``prefill`` still
+        sees every request finish its prompt there. A prompt that cannot be sliced by
+        position prefills whole on the first call.
+        """
+        if max_tokens < 1:
+            raise ValueError(f"prefill_chunk: max_tokens must be >= 1, got {max_tokens}")
+        pending = self._prefills.get(request_id)
+        if pending is None:
+            if request_id in self._sequences:
+                raise ValueError(f"request {request_id!r} already holds a KV cache in this runner")
+            pending = self._prefills[request_id] = _Prefill(self.prompt_inputs(inputs), DynamicCache())
+        remaining = pending.length - pending.done
+        if remaining <= max_tokens or not set(pending.model_inputs) <= _CHUNKABLE:
+            return remaining, self.prefill(request_id, inputs)
+        end = pending.done + max_tokens
+        extra: dict[str, Any] = {"logits_to_keep": 1} if self._accepts_logits_to_keep else {}
+        self.model(**pending.part(end), **{self._cache_kwarg: pending.cache}, use_cache=True, **extra)
+        pending.done = end
+        return max_tokens, None
 
     @torch.inference_mode()
     def decode(self, request_ids: Sequence[str], token_ids: Sequence[int]) -> list[StepOutput]:
@@ -130,6 +191,7 @@ class HFCausalLMRunner:
         ]
 
     def release(self, request_id: str) -> None:
+        self._prefills.pop(request_id, None)
         if self._sequences.pop(request_id, None) is None:
             return
         batch = self._batch
@@ -145,7 +207,7 @@ class HFCausalLMRunner:
         return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
 
     def kv_slots(self) -> int:
-        return len(self._sequences)
+        return len(self._sequences) + len(self._prefills)
 
     # --- hooks for subclasses --------------------------------------------------------
 
@@ -295,10 +357,12 @@ def causal_lm(
     max_batch: int = 32,
     hidden_layer: int | None = None,
     default_sampling: Mapping[str, Any] | None = None,
+    prefill_chunk: int = 512,
 ) -> "AutoregressiveScheduler":
     """Stage factory: a local transformers causal-LM checkpoint in the autoregressive scheduler.
 
     ``hidden_layer`` set: stream chunks and the result also carry that layer's hidden states.
+    ``prefill_chunk``: prompt tokens prefilled per scheduler round (long prompts take several).
     """
     from omnictl.schedulers.autoregressive import AutoregressiveScheduler
 
@@ -309,4 +373,5 @@ def causal_lm(
         max_batch=max_batch,
         emit_hidden=hidden_layer is not None,
         default_sampling=default_sampling,
+        prefill_chunk=prefill_chunk,
     )

@@ -2,9 +2,15 @@
 
 All model compute runs in one worker thread so the event loop stays free for IO. The
 worker loops: apply what the loop sent (new requests, stream increments, aborts),
-prefill newly admitted requests one by one, then advance every running request by one
-token in a single batched decode step. A request joins the batch between two steps and
-leaves it when it finishes; its KV cache is released on finish and on abort.
+prefill newly admitted requests, then advance every running request by one token in a
+single batched decode step. Prefill is chunked when the runner can
+(:class:`~omnictl.schedulers.runner.ChunkedPrefillRunner`): each round prefills at most
+``prefill_chunk`` prompt tokens (default 512), so a long prompt (thousands of tokens)
+takes many rounds, and between two of its chunks aborts are applied and the other
+requests take their decode step: it delays them by one chunk's compute, not by the
+whole prompt's, and its own abort takes effect within a chunk. A request joins the
+batch between two steps and leaves it when it finishes; its KV cache is released on
+finish and on abort.
 
 Outputs, per request (types from :mod:`omnictl.outputs`, so an autoregressive stage can
 be a ``text`` terminal as it is):
@@ -67,7 +73,7 @@ from omnictl.schedulers.base import (
     Scheduler,
     SchedulerLoad,
 )
-from omnictl.schedulers.runner import AutoregressiveRunner, StreamFedRunner
+from omnictl.schedulers.runner import AutoregressiveRunner, ChunkedPrefillRunner, StreamFedRunner
 from omnictl.schedulers.sampling import SamplingParams
 
 __all__ = ["AutoregressiveScheduler", "StartOn", "StreamFedRunner"]
@@ -113,16 +119,24 @@ class AutoregressiveScheduler(Scheduler):
         max_batch: int = 32,
         start_on: StartOn | Literal["request", "stream"] = StartOn.REQUEST,
         default_sampling: Mapping[str, Any] | None = None,
+        prefill_chunk: int = 512,
     ) -> None:
         """
         default_sampling: sampling fields for requests that do not set them (validated
             here: a bad value fails construction, not every request).
+        prefill_chunk: prompt tokens prefilled per round (for runners that chunk): the
+            most another request's next token, or an abort, waits behind a long prompt
+            is one such chunk's compute (a twelfth of a 6,000-token prompt at 512).
         """
         super().__init__()
         if stream_every < 1:
             raise ValueError(f"stream_every must be >= 1, got {stream_every}")
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        self.prefill_chunk = prefill_chunk
+        self._chunked: ChunkedPrefillRunner | None = runner if isinstance(runner, ChunkedPrefillRunner) else None
         try:
             self.start_on = StartOn(start_on)
         except ValueError:
@@ -150,6 +164,7 @@ class AutoregressiveScheduler(Scheduler):
         # Owned by the worker thread.
         self._outgoing: list[OutgoingMessage] = []  # emitted during the current phase, handed over at once
         self._waiting: OrderedDict[str, ArRequest] = OrderedDict()
+        self._prefilling: OrderedDict[str, ArRequest] = OrderedDict()  # admitted, prompt part-way in
         self._running: OrderedDict[str, ArRequest] = OrderedDict()
         self._thread: threading.Thread | None = None
 
@@ -275,7 +290,8 @@ class AutoregressiveScheduler(Scheduler):
     def load(self) -> SchedulerLoad:
         with self._wake:
             queued = self._queued_count
-        return SchedulerLoad(queued=queued, running=len(self._running), kv_slots=self.runner.kv_slots())
+        running = len(self._running) + len(self._prefilling)
+        return SchedulerLoad(queued=queued, running=running, kv_slots=self.runner.kv_slots())
 
     # --- worker thread ---------------------------------------------------------------
 
@@ -312,7 +328,7 @@ class AutoregressiveScheduler(Scheduler):
 
     def _serve(self) -> None:
         while True:
-            idle = not self._admissible() and not self._decodable()
+            idle = not self._admissible() and not self._decodable() and not self._prefilling
             with self._wake:
                 while idle and not self._commands and not self._stopping:
                     self._wake.wait()
@@ -327,7 +343,7 @@ class AutoregressiveScheduler(Scheduler):
             if batch:
                 self._step(batch)
             self._flush()  # everything emitted this round (tokens, failures) leaves before the next wait
-        for rid in [*self._waiting, *self._running]:
+        for rid in [*self._waiting, *self._prefilling, *self._running]:
             self.runner.release(rid)
 
     def _apply(self, command: _Command) -> None:
@@ -347,7 +363,7 @@ class AutoregressiveScheduler(Scheduler):
         return self._fed_runner is None or self._fed_runner.ready(rid)
 
     def _admissible(self) -> list[str]:
-        room = self.max_batch - len(self._running)
+        room = self.max_batch - len(self._running) - len(self._prefilling)
         return [rid for rid in self._waiting if self._ready(rid)][: max(room, 0)]
 
     def _decodable(self) -> list[ArRequest]:
@@ -355,18 +371,34 @@ class AutoregressiveScheduler(Scheduler):
 
     def _admit(self) -> None:
         for rid in self._admissible():
-            request = self._waiting.pop(rid)
+            self._prefilling[rid] = self._waiting.pop(rid)
             self._count_dequeued()
             self.profile(EventKind.PREFILL_START, rid)
-            output = self._guarded([rid], "prefill", lambda: self.runner.prefill(rid, request.inputs))
-            if output is None:
+        budget = self.prefill_chunk  # prompt tokens this round, over every request prefilling
+        for rid, request in list(self._prefilling.items()):
+            if budget <= 0:
+                break  # the rest continue next round, after a decode step
+            step = self._guarded([rid], "prefill", partial(self._prefill_part, rid, request, budget))
+            if step is None:  # failed: dropped, its error emitted
                 self._flush()
                 continue
+            used, output = step
+            budget -= used
+            if output is None:
+                self._prefilling.move_to_end(rid)  # round robin: a long prompt does not starve a short one
+                continue
+            del self._prefilling[rid]
             self.profile(EventKind.PREFILL_END, rid, prompt_tokens=output.prompt_tokens)
             request.prompt_tokens = output.prompt_tokens or 0
             self._running[rid] = request
             self._guarded([rid], "sampling/streaming", partial(self._advance, request, output, 0.0))
             self._flush()  # each first token leaves as soon as it exists
+
+    def _prefill_part(self, rid: str, request: ArRequest, budget: int) -> tuple[int, Any]:
+        """(prompt tokens done, the first output once the prompt is in, else None)."""
+        if self._chunked is None:
+            return 0, self.runner.prefill(rid, request.inputs)  # whole, as before: no budget to spend
+        return self._chunked.prefill_chunk(rid, request.inputs, budget)
 
     def _step(self, batch: list[ArRequest]) -> None:
         ids = [request.request_id for request in batch]
@@ -408,7 +440,8 @@ class AutoregressiveScheduler(Scheduler):
     def _guarded(self, request_ids: list[str], what: str, call: Any) -> Any:
         """Run ``call``; if the model (or a hook) raises, those requests fail (with the cause) and leave."""
         try:
-            return call()
+            with self.busy():  # /health shows a step that runs long
+                return call()
         except Exception as exc:  # noqa: BLE001 - a model error fails its requests, not the stage
             field = exc.field if isinstance(exc, InvalidRequest) else None  # the input's fault: a 400
             for rid in request_ids:
@@ -420,6 +453,7 @@ class AutoregressiveScheduler(Scheduler):
         """Forget ``rid`` wherever it is, free its KV cache, then let the subclass free its own."""
         if self._waiting.pop(rid, None) is not None:
             self._count_dequeued()
+        self._prefilling.pop(rid, None)
         self._running.pop(rid, None)
         self.runner.release(rid)
         self._forget(rid)

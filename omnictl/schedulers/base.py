@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import time
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -73,6 +74,23 @@ class Scheduler(ABC):
         # The Stage attaches its process's recorder and its name before `start`.
         self.profiler: Profiler = NullProfiler()
         self.stage_name: str | None = None
+        # time.monotonic() when the model call now running started (None: none is): /health
+        # shows a stage stuck in one long step. Written by the compute thread, read by the loop.
+        self.busy_since: float | None = None
+
+    @contextmanager
+    def busy(self) -> Iterator[None]:
+        """Mark the block as one compute step (a model call) for :meth:`busy_seconds`."""
+        self.busy_since = time.monotonic()
+        try:
+            yield
+        finally:
+            self.busy_since = None
+
+    def busy_seconds(self) -> float:
+        """How long the compute step now running has run (0.0 when idle)."""
+        since = self.busy_since
+        return 0.0 if since is None else time.monotonic() - since
 
     def profile(self, kind: EventKind, request_id: str, **meta: MetaValue) -> None:
         """Record a profiling event for this stage (build, prefill, decode steps...)."""

@@ -57,3 +57,16 @@ class StreamFedRunner(Protocol):
     def ready(self, request_id: str) -> bool:
         """Whether the request may prefill (before its prefill) or take a decode step now."""
         ...
+
+
+@runtime_checkable
+class ChunkedPrefillRunner(Protocol):
+    """Optional runner method: prefill a long prompt a part at a time.
+
+    The scheduler calls it again and again (other requests' decode steps and aborts in
+    between) until it returns the first output; ``release`` drops a prefill part-way."""
+
+    def prefill_chunk(self, request_id: str, inputs: Mapping[str, Any], max_tokens: int) -> tuple[int, StepOutput | None]:
+        """Prefill at most ``max_tokens`` more prompt positions: (positions done, the
+        first next-token output once the whole prompt is in, else None)."""
+        ...

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
@@ -60,6 +61,7 @@ class SimpleScheduler(Scheduler):
         rid = message.request_id
         self._running.add(rid)
         self.profile(EventKind.BUILD_START, rid)
+        self.busy_since = time.monotonic()
         try:
             # Records the stage's code logs while on this request carry its id (the worker
             # thread runs in a copy of this context).
@@ -82,6 +84,7 @@ class SimpleScheduler(Scheduler):
                 self.profile(EventKind.BUILD_END, rid)
                 self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, data=result))
         finally:
+            self.busy_since = None
             self._running.discard(rid)
             self._aborted.discard(rid)
 

@@ -42,6 +42,17 @@ def unresponsive_processes(stages: dict[str, dict[str, Any]]) -> list[str]:
     return sorted(names)
 
 
+BUSY_STEP_S = 5.0  # a stage in one compute step this long is listed in /health's `busy`
+
+
+def busy_stages(stages: dict[str, dict[str, Any]], threshold: float = BUSY_STEP_S) -> dict[str, float]:
+    """Stages inside one compute step (one model call) for ``threshold`` seconds or more.
+
+    Such a stage still answers (its IO loop is free), so it is not `unresponsive`; but a
+    step that long (a huge prefill, a stuck model call) holds up every request there."""
+    return {name: info["busy_s"] for name, info in stages.items() if info.get("busy_s", 0.0) >= threshold}
+
+
 def new_request_id() -> str:
     return f"chatcmpl-{secrets.token_hex(12)}"
 
@@ -124,6 +135,7 @@ def create_app(state: ServingState) -> Starlette:
             "down": sorted(name for name, info in stages.items() if info.get("status") == "down"),
             "replicas_down": replicas_down,  # OS process (``tts#1``) -> why
             "unresponsive": unresponsive,  # OS processes up but not answering within the timeout
+            "busy": busy_stages(stages),  # stage -> seconds in its current compute step, when >= BUSY_STEP_S
             "processes": pipe.process_ids(),  # OS process -> pid
             "in_flight": len(state.active),  # requests this server is answering
             "pipeline_in_flight": pipe.in_flight(),  # requests the coordinator still tracks

@@ -236,6 +236,10 @@ class Stage:
 
     # --- introspection ----------------------------------------------------------------
 
+    def inbox_full(self) -> bool:
+        """Whether ``relay.inbox`` requests wait here for the scheduler (backpressure)."""
+        return self.scheduler.load().queued >= self.spec.relay.inbox
+
     def stats(self, slots_in_use: int) -> StageStats:
         load = self.scheduler.load()
         return StageStats(
@@ -246,4 +250,5 @@ class Stage:
             stream_buffers=len(self._streaming_in) + load.stream_buffers,
             kv_slots=load.kv_slots,
             slots_in_use=slots_in_use,
+            busy_s=round(self.scheduler.busy_seconds(), 3),
         )

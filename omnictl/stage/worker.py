@@ -41,6 +41,8 @@ from omnictl.transports.shm import SegmentReader
 _PR_SET_PDEATHSIG = 1
 _REPORT_LINGER_MS = 2000  # how long a stage process that failed to start waits for its report to go out
 log = logging.getLogger("omnictl.stage.worker")  # not __name__: it runs as __main__
+# How often a full inbox is checked for room again (a full one is seen at once, on arrival).
+_INBOX_POLL_S = 0.005
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -92,6 +94,7 @@ class Worker:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.stages: dict[str, Stage] = {}
+        self._full: set[str] = set()  # stages whose inbox is full, as last told to the coordinator
         self.reader = SegmentReader()
         self._stop = asyncio.Event()
         self._authenticator: ThreadAuthenticator | None = None
@@ -135,6 +138,7 @@ class Worker:
         tasks = [
             asyncio.create_task(self._receive(inbound)),
             asyncio.create_task(self._listen(broadcast)),
+            asyncio.create_task(self._watch_inboxes()),
         ]
         if config.parent_pid:  # 0: a Ray actor, whose life Ray manages
             tasks.append(asyncio.create_task(self._watch_parent()))
@@ -207,6 +211,7 @@ class Worker:
                 continue
             try:
                 self._dispatch(message, frames)
+                self._check_inboxes()
             except Exception as exc:
                 # One message that cannot be handled fails its request, not the process.
                 request_id = message.ctx.request_id if hasattr(message, "ctx") else None
@@ -216,6 +221,29 @@ class Worker:
                 why = f"stage {stage!r} could not take its input: {describe_error(exc)}"
                 log.error("%s", why, exc_info=exc, extra={"request_id": request_id})
                 self.ports.send_failure(request_id, stage, why, rejected=True)
+
+    # Backpressure. A full inbox is not enforced by not reading the inbound socket: one
+    # socket carries both new requests and what running ones still need (stream chunks,
+    # a streamed request's final input, slot releases), so not reading it can deadlock a
+    # stage whose queued requests wait for its running ones. Instead the stage tells the
+    # coordinator, which admits no new request while any stage is full (Admission.hold):
+    # the queue stops growing at the door, and everything inside keeps flowing.
+    def _check_inboxes(self) -> None:
+        for name, stage in self.stages.items():
+            full = stage.inbox_full()
+            if full == (name in self._full):
+                continue
+            if full:
+                self._full.add(name)
+            else:
+                self._full.discard(name)
+            self.ports.send_control(m.InboxState(self.config.instance, name, full))
+
+    async def _watch_inboxes(self) -> None:
+        """Sees a full inbox drain (the scheduler takes from it without the loop knowing)."""
+        while True:
+            await asyncio.sleep(_INBOX_POLL_S if self._full else _INBOX_POLL_S * 4)
+            self._check_inboxes()
 
     def _unpack(self, payload: m.EncodedPayload, frames: list[memoryview]) -> Any:
         try:

@@ -33,6 +33,10 @@ class RelayKnobs:
     slot_bytes: int = 8 * 1024 * 1024
     slots: int = 8
     inline_bytes: int = 16 * 1024
+    # Requests that may wait at this stage for its scheduler (its inbox). While that many
+    # wait, the coordinator admits no new request (they wait at admission or get 429),
+    # so a stage that falls behind slows admission instead of growing its memory.
+    inbox: int = 32
 
 
 @dataclass(frozen=True)

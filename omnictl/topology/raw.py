@@ -113,7 +113,7 @@ def _read_stage(index: int, entry: dict[Any, Any]) -> RawStage:
     relay = entry.get("relay")
     if isinstance(relay, dict):
         stage.relay = {k: v for k, v in relay.items()
-                       if k in ("slot_bytes", "slots", "inline_bytes") and _is_int(v)}
+                       if k in ("slot_bytes", "slots", "inline_bytes", "inbox") and _is_int(v)}
     return stage
 
 

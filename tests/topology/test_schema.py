@@ -63,6 +63,13 @@ def test_relay_knobs_are_accepted(lint) -> None:
     assert lint(text) == []
 
 
+def test_the_inbox_bound_is_a_relay_knob_of_at_least_one(lint) -> None:
+    assert lint(BASE.replace("    next: [b]", "    next: [b]\n    relay: {inbox: 4}")) == []
+    issues = lint(BASE.replace("    next: [b]", "    next: [b]\n    relay: {inbox: 0}"), "schema")
+    assert [(i.line, i.stage, i.field) for i in issues] == [(5, "a", "relay")]
+    assert "less than the minimum of 1" in issues[0].message
+
+
 def test_missing_factory_is_reported_at_the_stage(lint) -> None:
     issues = lint(BASE.replace("    factory: m.b\n", ""), "schema")
     assert [(i.line, i.stage, i.field) for i in issues] == [(5, "b", "factory")]
