@@ -97,6 +97,10 @@ async def admit(state: ServingState, request: Request, parse: Parser[T], endpoin
         state.metrics.outcome("rejected")
         return error_response(415, f"Content-Type must be {media_type}, got {sent_type or 'none'!r}",
                               "invalid_request_error", "unsupported_media_type", "Content-Type")
+    if state.pipeline is not None:
+        refused = state.pipeline.admission.refusal()  # before reading the body: a cheap 429
+        if refused is not None:
+            return overloaded(state, refused)
     try:
         raw = await read_body_in_time(request, state.limits)
         if raw is None:

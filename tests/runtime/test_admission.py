@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 import time
 from pathlib import Path
@@ -154,5 +155,25 @@ def test_realtime_over_the_limit_gets_an_overloaded_error_event_and_the_session_
             holder.join(60)
             connection.response.create()  # the slot is free again: the same session is answered
             assert collect_until_done(connection)[-1].response.status == "completed"
+    finally:
+        assert stop_server(server) == 0
+
+
+def test_http_over_the_limit_is_refused_before_its_body_is_read() -> None:
+    """A 429 costs no read of the body: a client that declares 1 MB and sends none of it
+    is refused at once (reading first, it would wait out the body timeout: 408 after 30 s)."""
+    server = start_server(str(FAST_TOPOLOGY), "--max-in-flight", "1")
+    try:
+        started, lines = threading.Event(), []
+        holder = threading.Thread(target=_hold_a_stream, args=(server.url, started, lines))
+        holder.start()
+        assert started.wait(30)
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000000\r\n\r\n")
+            status_line = conn.recv(4096).split(b"\r\n", 1)[0]
+        assert status_line == b"HTTP/1.1 429 Too Many Requests", status_line
+        holder.join(60)
     finally:
         assert stop_server(server) == 0
