@@ -88,6 +88,7 @@ def topology_with(overrides: list[str], out_dir: Path) -> tuple[Path, dict[str, 
         if not sep or not dot or stage not in stages:
             raise SystemExit(f"--set {item!r}: expected STAGE.KEY=VALUE with a stage of {', '.join(stages)}")
         stages[stage].setdefault("factory_args", {})[key] = yaml.safe_load(raw)
+    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "voice-assistant.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path, {name: dict(stage.get("factory_args") or {}) for name, stage in stages.items()}

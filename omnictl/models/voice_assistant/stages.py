@@ -187,6 +187,7 @@ def thinker(
     """
     from omnictl.models.voice_assistant.answer_runner import SpokenAnswerRunner
     from omnictl.models.voice_assistant.llm import load_smollm2, set_threads
+    from omnictl.schedulers.autoregressive import AutoregressiveScheduler
 
     set_threads(threads)
     model, tokenizer = load_smollm2(device, Path(model_path) if model_path else None)
