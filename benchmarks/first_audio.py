@@ -104,10 +104,11 @@ class Models:
     """The three models in this process, with the topology's settings (every core each)."""
 
     def __init__(self, settings: dict[str, dict[str, Any]]) -> None:
-        asr_args = {k: v for k, v in settings["asr"].items()}
-        self.recognizer = SpeechRecognizer(**asr_args)
+        # Every core for each model, whatever the topology gives its stage: the floor and
+        # the sequential script have the machine to themselves.
+        self.recognizer = SpeechRecognizer(**(settings["asr"] | {"cpu_threads": 0}))
         thinker = settings["thinker"]
-        set_threads(thinker.get("threads", 0) or 0)
+        set_threads(0)
         self.model, self.tokenizer = load_smollm2("cpu")
         self.runner = SpokenAnswerRunner(
             self.model, self.tokenizer, system_prompt=thinker.get("system_prompt"),
