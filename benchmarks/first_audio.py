@@ -110,31 +110,35 @@ class Models:
         thinker = settings["thinker"]
         set_threads(0)
         self.model, self.tokenizer = load_smollm2("cpu")
-        self.runner = SpokenAnswerRunner(
-            self.model, self.tokenizer, system_prompt=thinker.get("system_prompt"),
-            repetition_penalty=thinker.get("repetition_penalty", 1.0), no_repeat_ngram=thinker.get("no_repeat_ngram", 0),
-            max_sentences=None)
+        shaping = {"system_prompt": thinker.get("system_prompt"), "repetition_penalty": thinker.get("repetition_penalty", 1.0),
+                   "no_repeat_ngram": thinker.get("no_repeat_ngram", 0)}
+        # The pipeline's thinker for short answers (its sentence cap ends the answer with one
+        # more step that says end-of-answer), and one without a cap for longer answers.
+        self.capped = SpokenAnswerRunner(self.model, self.tokenizer, max_sentences=thinker.get("max_sentences"), **shaping)
+        self.runner = SpokenAnswerRunner(self.model, self.tokenizer, max_sentences=None, **shaping)
         self.thinker = thinker
         self.speaker = PiperSpeaker(settings["tts"].get("voice", "joe"))
         self.max_piece = int(settings["tts"].get("max_sentence_chars", 250))
 
-    def answer(self, question: str, length: str, sentences: int | None) -> str:
-        """The greedy answer, stopped after ``sentences`` sentences (None: at the end or the token cap)."""
-        output = self.runner.prefill("local", {"messages": messages_for(length, question, self.thinker)})
+    def answer(self, question: str, length: str, sentences: int | None = None) -> str:
+        """The greedy answer as the pipeline's thinker writes it (short: with its sentence
+        cap), or just its first ``sentences`` sentences (the floor: no step after them)."""
+        runner = self.capped if length == "short" and sentences is None else self.runner
+        output = runner.prefill("local", {"messages": messages_for(length, question, self.thinker)})
         tokens: list[int] = []
-        stop = self.runner.stop_token_ids()
+        stop = runner.stop_token_ids()
         try:
             for _ in range(LENGTHS[length][1]):
                 token = int(output.logits.argmax())
                 if token in stop:
                     break
                 tokens.append(token)
-                if sentences is not None and sentences_ended(self.runner.detokenize(tokens)) >= sentences:
+                if sentences is not None and sentences_ended(runner.detokenize(tokens)) >= sentences:
                     break
-                output = self.runner.decode(["local"], [token])[0]
+                output = runner.decode(["local"], [token])[0]
         finally:
-            self.runner.release("local")
-        return self.runner.detokenize(tokens)
+            runner.release("local")
+        return runner.detokenize(tokens)
 
     def floor(self, clip: np.ndarray, rate: int) -> Floor:
         started = time.perf_counter()
@@ -150,10 +154,10 @@ class Models:
         return Floor(asr, llm, time.perf_counter() - started)
 
     def sequential(self, clip: np.ndarray, rate: int, length: str) -> Timing:
-        """ASR, then the whole answer (the pipeline's sentence cap for short ones), then all of TTS."""
+        """ASR, then the whole answer, then all of TTS."""
         started = time.perf_counter()
         question = self.recognizer.transcribe(clip, rate)
-        answer = self.answer(question, length, self.thinker.get("max_sentences") if length == "short" else None)
+        answer = self.answer(question, length)
         self.speaker.synthesize(answer)
         total = time.perf_counter() - started
         return Timing(total, total, answer)
