@@ -51,7 +51,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "beam 5 · clip + 8 s · prompt": {
         "beam_size": 5, "window_padding_s": 8.0, "initial_prompt": "A short question asked out loud to a voice assistant."},
 }
-_COMMON = {"language": "en", "temperatures": 0.0, "without_timestamps": True, "vad_filter": False}
+_COMMON: dict[str, Any] = {"language": "en", "temperatures": 0.0, "without_timestamps": True, "vad_filter": False}
 
 
 @dataclass
@@ -183,8 +183,9 @@ def main() -> int:
         voice_table.add_row(name, *(f"{per_voice[name].get(voice.name, 0.0):.1%}" for voice in voices))
     out.print(voice_table)
     best = chosen(rows)
-    embedded = {key: topology_asr[key] for key in ("beam_size", "window_padding_s", "initial_prompt") if key in topology_asr}
-    best_args = {key: (SETTINGS[best.setting] | {"initial_prompt": None}).get(key) for key in ("beam_size", "window_padding_s", "initial_prompt")}
+    embedded: dict[str, Any] = {key: topology_asr[key] for key in ("beam_size", "window_padding_s", "initial_prompt") if key in topology_asr}
+    best_settings: dict[str, Any] = {"initial_prompt": None, "window_padding_s": None} | SETTINGS[best.setting]
+    best_args = {key: best_settings.get(key) for key in ("beam_size", "window_padding_s", "initial_prompt")}
     is_default = all(embedded.get(key) == value for key, value in best_args.items())
     out.print(f"chosen by accuracy, then WER, then time: {best.setting!r} ({best.accuracy:.0%}, WER {best.wer:.1%}, {best.asr_p50_s:.2f} s/clip)")
     out.print(f"embedded default asr settings {embedded}: {'the chosen setting' if is_default else 'NOT the chosen setting'}")

@@ -148,12 +148,12 @@ class _ShortWindow:
     called directly, as faster-whisper does for one 30 s segment without timestamps, but
     with the features padded only to ``frames``."""
 
-    def __init__(self, model: object, language: str, beam_size: int, temperature: float,
+    def __init__(self, model: Any, language: str, beam_size: int, temperature: float,
                  initial_prompt: str | None, without_timestamps: bool) -> None:
         from faster_whisper.tokenizer import Tokenizer  # type: ignore[import-untyped]
         from faster_whisper.transcribe import get_suppressed_tokens  # type: ignore[import-untyped]
 
-        self._model: Any = model
+        self._model = model
         self._tokenizer = Tokenizer(self._model.hf_tokenizer, True, task="transcribe", language=language)
         prompt: list[int] = []
         if initial_prompt:
