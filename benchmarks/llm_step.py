@@ -95,6 +95,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", default="", help="comma-separated thread counts (default: 1 and every core)")
     args = parser.parse_args()
     model, tokenizer = load_smollm2()
     runner = SpokenAnswerRunner(model, tokenizer)
@@ -102,7 +103,7 @@ def main() -> int:
     head = model.get_output_embeddings().weight.detach()
     hidden = torch.randn(1, head.shape[1])
     cores = len(os.sched_getaffinity(0))
-    thread_counts = sorted({1, cores})
+    thread_counts = sorted({int(t) for t in args.threads.split(",") if t.strip()} or {1, cores})
     rows: dict[tuple[str, int], list[float]] = {}
     for _ in range(args.rounds):
         for threads in thread_counts:
