@@ -36,6 +36,7 @@ from rich.table import Table
 from omnictl.data import data_path
 from omnictl.models.voice_assistant.asr import SpeechRecognizer
 from omnictl.models.voice_assistant.heldout import HELDOUT_QUESTIONS, HELDOUT_VOICES
+from omnictl.models.voice_assistant.llm import set_threads
 from omnictl.models.voice_assistant.quality import Question, SpeechMaker, is_correct, normalize, word_errors
 
 TOPOLOGY = data_path("voice-assistant.yaml")
@@ -120,6 +121,7 @@ def main() -> int:
     parser.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated names, from: {', '.join(SETTINGS)}")
     parser.add_argument("--audio-dir", type=Path, help="cache the spoken clips here (default: a temporary folder)")
     parser.add_argument("--misheard", action="store_true", help="list every transcript with word errors")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for the answers (0: every core)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
     args = parser.parse_args()
 
@@ -130,6 +132,9 @@ def main() -> int:
     unknown = [name for name in names if name not in SETTINGS]
     if unknown:
         raise SystemExit(f"--settings: unknown {unknown}; known: {', '.join(SETTINGS)}")
+    # One torch thread for the answers: on a shared machine two OpenMP threads per process
+    # made each token several times slower (README, "Time to first audio").
+    set_threads(args.threads)
     thinker_args, topology_asr = thinker_settings()
     recognizers = {name: SpeechRecognizer(**(_COMMON | SETTINGS[name])) for name in names}
     answerer = Answerer(thinker_args)
