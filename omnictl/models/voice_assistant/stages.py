@@ -113,6 +113,8 @@ def asr(
     vad_filter: bool = False,
     initial_prompt: str | None = None,
     without_timestamps: bool = True,
+    window_padding_s: float | None = None,
+    cpu_threads: int = 0,
 ) -> Callable[[Data], Data]:
     """Whisper base; every decoding setting is a ``factory_args`` key (see :class:`SpeechRecognizer`)."""
     recognizer = SpeechRecognizer(
@@ -122,6 +124,8 @@ def asr(
         vad_filter=vad_filter,
         initial_prompt=initial_prompt,
         without_timestamps=without_timestamps,
+        window_padding_s=window_padding_s,
+        cpu_threads=cpu_threads,
     )
 
     def run(data: Data) -> Data:
@@ -170,6 +174,7 @@ def thinker(
     max_sentences: int | None = None,
     stream_every: int = 1,
     max_batch: int = 16,
+    threads: int | None = None,
 ) -> Scheduler:
     """SmolLM2-135M-Instruct (converted from the packaged GGUF on first use) in the autoregressive scheduler.
 
@@ -177,15 +182,18 @@ def thinker(
     ``system_prompt`` (used when the conversation has none), ``repetition_penalty``,
     ``no_repeat_ngram`` and ``max_sentences`` shape the spoken answer: see
     :class:`~omnictl.models.voice_assistant.answer_runner.SpokenAnswerRunner`.
+    ``threads``: torch's intra-op threads in this process (0: every core it may run on;
+    null: what the launcher's ``OMP_NUM_THREADS`` split gave it).
     """
     from omnictl.models.voice_assistant.answer_runner import SpokenAnswerRunner
-    from omnictl.models.voice_assistant.llm import smollm2_checkpoint
+    from omnictl.models.voice_assistant.llm import load_smollm2, set_threads
     from omnictl.schedulers.autoregressive import AutoregressiveScheduler
 
-    path = Path(model_path) if model_path else smollm2_checkpoint()
-    runner = SpokenAnswerRunner.from_pretrained(
-        path,
-        device=device,
+    set_threads(threads)
+    model, tokenizer = load_smollm2(device, Path(model_path) if model_path else None)
+    runner = SpokenAnswerRunner(
+        model,
+        tokenizer,
         system_prompt=system_prompt,
         repetition_penalty=repetition_penalty,
         no_repeat_ngram=no_repeat_ngram,

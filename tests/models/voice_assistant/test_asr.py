@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from omnictl.models.voice_assistant.asr import SpeechRecognizer, whisper_base_dir
-from omnictl.models.voice_assistant.samples import sample_question
+from omnictl.models.voice_assistant.quality import word_errors
+from omnictl.models.voice_assistant.samples import sample_names, sample_question, sample_text
 
 
 @pytest.fixture(scope="module")
@@ -44,3 +47,39 @@ def test_a_folder_left_half_written_is_rebuilt(tmp_path: Path) -> None:
     assert whisper_base_dir(tmp_path) == folder
     part_sizes = sum(p.stat().st_size for p in whisper_base_dir().glob("model.bin"))
     assert (folder / "model.bin").stat().st_size == part_sizes
+
+
+@pytest.fixture(scope="module")
+def fitted() -> SpeechRecognizer:
+    return SpeechRecognizer(beam_size=1, window_padding_s=8.0)
+
+
+@pytest.mark.parametrize("name", sample_names())
+def test_a_window_fitted_to_the_clip_hears_each_sample(fitted: SpeechRecognizer, name: str) -> None:
+    # The encoder sees the clip plus 8 s, not 30 s; with too little silence after the
+    # speech Whisper repeats the question, which this would catch as extra words.
+    samples, rate = sample_question(name)
+    heard = fitted.transcribe(samples, rate)
+    errors, words = word_errors(sample_text(name), heard)
+    assert errors <= 1, f"{name}: heard {heard!r}"
+
+
+def test_a_clip_too_long_for_the_fitted_window_is_still_heard(fitted: SpeechRecognizer) -> None:
+    samples, rate = sample_question("capital_of_france")
+    gap = np.zeros(int(23 * rate), dtype=np.float32)  # 2 s of speech + 23 s + 8 s of padding > 30 s
+    assert "capital of france" in fitted.transcribe(np.concatenate([samples, gap]), rate).lower()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"window_padding_s": 30.0}, "window_padding_s: must be in [0, 30)"),
+        ({"window_padding_s": -1.0}, "window_padding_s: must be in [0, 30)"),
+        ({"window_padding_s": 8.0, "language": None}, "window_padding_s: needs a fixed language"),
+        ({"window_padding_s": 8.0, "temperatures": [0.0, 0.4]}, "window_padding_s: needs a fixed language and a single temperature"),
+        ({"cpu_threads": -1}, "cpu_threads: must be >= 0"),
+    ],
+)
+def test_bad_settings_are_refused_by_name(arguments: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SpeechRecognizer(**arguments)  # type: ignore[arg-type]

@@ -65,3 +65,21 @@ def test_smollm2_answers_the_paris_question_greedily_in_the_thinker_stage() -> N
             await scheduler.stop()
 
     run(main())
+
+
+def test_threads_zero_means_every_core_and_none_leaves_them() -> None:
+    import os
+
+    import torch
+
+    from omnictl.models.voice_assistant.llm import set_threads
+
+    before = torch.get_num_threads()
+    try:
+        assert set_threads(0) == len(os.sched_getaffinity(0))
+        assert set_threads(1) == 1
+        assert set_threads(None) == 1
+        with pytest.raises(ValueError, match="threads: must be >= 0"):
+            set_threads(-2)
+    finally:
+        torch.set_num_threads(before)
