@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from omnictl.cli import placement
+
 
 def bench_command(
     topology: Annotated[Optional[str], typer.Argument(metavar="TOPOLOGY", help="Topology to launch; default: the embedded voice assistant.")] = None,
@@ -27,14 +29,9 @@ def bench_command(
     audio_file: Annotated[Optional[Path], typer.Option("--audio-file", metavar="WAV", help="WAV to send for --input audio.")] = None,
     request_timeout: Annotated[float, typer.Option("--request-timeout", metavar="SECONDS", help="Seconds before a request counts as failed.")] = 300.0,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar or dashboard.")] = False,
-    launcher: Annotated[str, typer.Option(
-        "--launcher", metavar="local|ray",
-        help="local: one OS process per stage process here; ray: Ray actors placed by `node` label.")] = "local",
-    ray_address: Annotated[Optional[str], typer.Option(
-        "--ray-address", metavar="ADDRESS", help="The Ray cluster to join with --launcher ray (default: Ray's own).")] = None,
-    data_host: Annotated[Optional[str], typer.Option(
-        "--data-host", envvar="OMNICTL_DATA_HOST", metavar="HOST",
-        help="Address the tcp data plane binds and advertises (default: each node's address; 127.0.0.1 locally).")] = None,
+    launcher: placement.Launcher = "local",
+    ray_address: placement.RayAddress = None,
+    data_host: placement.DataHost = None,
 ) -> None:
     """Measure TTFT, time to first audio, real-time factor (RTF, lower is better), latency percentiles and throughput under load."""
     import json

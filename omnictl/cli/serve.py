@@ -8,6 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from omnictl.cli import placement
+
 
 def serve_command(
     topology: Annotated[Optional[Path], typer.Argument(metavar="TOPOLOGY", help="Topology YAML; default: the embedded CPU voice assistant.")] = None,
@@ -40,14 +42,9 @@ def serve_command(
         "--otlp-endpoint", metavar="URL",
         help="Export every finished request as an OpenTelemetry trace to this OTLP/HTTP collector "
              "(e.g. http://127.0.0.1:4318; default: $OTEL_EXPORTER_OTLP_ENDPOINT, else off).")] = None,
-    launcher: Annotated[str, typer.Option(
-        "--launcher", metavar="local|ray",
-        help="local: one OS process per stage process here; ray: Ray actors placed by `node` label.")] = "local",
-    ray_address: Annotated[Optional[str], typer.Option(
-        "--ray-address", metavar="ADDRESS", help="The Ray cluster to join with --launcher ray (default: Ray's own).")] = None,
-    data_host: Annotated[Optional[str], typer.Option(
-        "--data-host", envvar="OMNICTL_DATA_HOST", metavar="HOST",
-        help="Address the tcp data plane binds and advertises (default: each node's address; 127.0.0.1 locally).")] = None,
+    launcher: placement.Launcher = "local",
+    ray_address: placement.RayAddress = None,
+    data_host: placement.DataHost = None,
 ) -> None:
     """Serve a topology over an OpenAI-compatible HTTP API (chat completions with text and audio)."""
     from rich.console import Console
