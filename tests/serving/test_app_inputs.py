@@ -13,6 +13,7 @@ import pytest
 from starlette.testclient import TestClient
 
 import omnictl.inputs
+from omnictl.admission import Admission
 from omnictl.exceptions import PipelineDead
 from omnictl.inputs import AudioPart, ChatRequest
 from omnictl.models.voice_assistant.stages import prepare_question
@@ -32,6 +33,7 @@ class RecordingPipeline:
 
     def __init__(self) -> None:
         self.topology = SimpleNamespace(terminals={"answer": "text"})
+        self.admission = Admission(max_in_flight=None)  # the server asks it before reading a body
         self.submitted: list[tuple[Any, list[str] | None, int]] = []
 
     async def submit(self, inputs: Any, modalities: list[str] | None = None, request_id: str | None = None,
