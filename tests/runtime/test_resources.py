@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -106,9 +107,11 @@ def _script(tmp_path: Path, body: str) -> Path:
     script.write_text(
         textwrap.dedent(
             f"""
-            import asyncio, os, sys
+            import asyncio, faulthandler, os, signal, sys
             import numpy as np
             import omnictl
+
+            faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks when it hangs
 
             async def main():
                 async with omnictl.Pipeline.launch({str(two_process_topology(tmp_path))!r}, profile=False) as pipe:
@@ -125,7 +128,8 @@ def _script(tmp_path: Path, body: str) -> Path:
 
 def _start(script: Path) -> tuple[subprocess.Popen[str], list[int], Path]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=env)
     assert owner.stdout is not None
     *pids, sockets = owner.stdout.readline().split()
     return owner, [int(p) for p in pids], Path(sockets)
@@ -146,7 +150,14 @@ def test_sigint_shuts_down_cleanly(tmp_path: Path) -> None:
     owner.send_signal(signal.SIGINT)
     # Closing the pipeline must not raise on the way out: then the KeyboardInterrupt is
     # what ends the owner, and Python exits as killed by SIGINT (a traceback would be 1).
-    assert owner.wait(timeout=30) == -signal.SIGINT
+    try:
+        code = owner.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        owner.send_signal(signal.SIGUSR1)  # every thread's stack, to say where it hangs
+        time.sleep(1)
+        owner.kill()
+        raise AssertionError(f"the owner did not exit within 30 s of SIGINT:\n{owner.communicate()[1]}") from None
+    assert code == -signal.SIGINT
     assert not any(alive(pid) for pid in pids)
     assert not sockets.exists()
     assert not shm_entries([owner.pid, *pids])
