@@ -112,6 +112,9 @@ def _script(tmp_path: Path, body: str) -> Path:
             import omnictl
 
             faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks when it hangs
+            # A shell starts background jobs with SIGINT ignored, and Python keeps an ignored
+            # SIGINT ignored: under `.ci/run &` the owner would never see the test's Ctrl-C.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
             async def main():
                 async with omnictl.Pipeline.launch({str(two_process_topology(tmp_path))!r}, profile=False) as pipe:
