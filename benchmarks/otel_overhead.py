@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import socket
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -38,24 +39,15 @@ from multiprocessing.sharedctypes import Synchronized
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as a script: its sibling modules import as benchmarks.*
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.profiling_overhead import NOOP_TOPOLOGY  # the no-op pipeline the profiler is measured on
+
 _WARMUP = 20  # requests before measuring: first-request costs (imports, caches) excluded
 _CATCH_UP_S = 3.0  # after the measured requests, before closing the pipeline
 _SETTLE_S = 8.0  # how long to wait for the last traces after a round (grace 1 s + batch delay 1 s)
 WAYS = ("off", "on", "unreachable")
-
-NOOP_TOPOLOGY = """\
-name: noop
-stages:
-  - name: a
-    factory: omnictl.models.examples.identity
-    next: [b]
-  - name: b
-    factory: omnictl.models.examples.identity
-    next: [c]
-  - name: c
-    factory: omnictl.models.examples.identity
-    terminal: true
-"""
 
 
 def receive(port: "Synchronized[int]", roots: "Synchronized[int]") -> None:
