@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 import openai
@@ -94,53 +97,56 @@ def _hold_a_stream(url: str, started: threading.Event, lines: list[str]) -> None
                 lines.append(line)
 
 
-def test_http_over_the_limit_is_429_with_retry_after_while_the_admitted_one_completes() -> None:
-    server = start_server(str(FAST_TOPOLOGY), "--max-in-flight", "1")
+@dataclass
+class Held:
+    """A server whose one in-flight slot a slow stream holds (``holder``)."""
+
+    url: str
+    lines: list[str]
+    holder: threading.Thread
+
+
+@contextlib.contextmanager
+def one_slot_held(*serve_args: str) -> Iterator[Held]:
+    server = start_server(str(FAST_TOPOLOGY), "--max-in-flight", "1", *serve_args)
     try:
         started, lines = threading.Event(), []
         holder = threading.Thread(target=_hold_a_stream, args=(server.url, started, lines))
         holder.start()
         assert started.wait(30)
+        yield Held(server.url, lines, holder)
+    finally:
+        assert stop_server(server) == 0
+
+
+def test_http_over_the_limit_is_429_with_retry_after_while_the_admitted_one_completes() -> None:
+    with one_slot_held() as held:
         begun = time.monotonic()
-        refused = httpx.post(server.url + "/v1/chat/completions", json=QUICK, timeout=30)
+        refused = httpx.post(held.url + "/v1/chat/completions", json=QUICK, timeout=30)
         assert refused.status_code == 429 and time.monotonic() - begun < 1.0
         assert int(refused.headers["retry-after"]) >= 1
         assert refused.json()["error"]["code"] == "overloaded"
-        holder.join(60)
-        assert lines[-1] == "data: [DONE]" and "error" not in json.loads(lines[-2][6:])  # the admitted one completed
-        assert httpx.post(server.url + "/v1/chat/completions", json=QUICK, timeout=30).status_code == 200
-        metrics = httpx.get(server.url + "/metrics", timeout=10).text
+        held.holder.join(60)
+        assert held.lines[-1] == "data: [DONE]" and "error" not in json.loads(held.lines[-2][6:])  # the admitted one completed
+        assert httpx.post(held.url + "/v1/chat/completions", json=QUICK, timeout=30).status_code == 200
+        metrics = httpx.get(held.url + "/metrics", timeout=10).text
         assert 'omnictl_admission_rejections_total{reason="over_limit"} 1.0' in metrics
         assert "omnictl_admission_queue_depth 0.0" in metrics
-    finally:
-        assert stop_server(server) == 0
 
 
 def test_http_a_request_that_waits_too_long_for_admission_is_503() -> None:
-    server = start_server(str(FAST_TOPOLOGY), "--max-in-flight", "1", "--max-queue-wait", "0.5")
-    try:
-        started, lines = threading.Event(), []
-        holder = threading.Thread(target=_hold_a_stream, args=(server.url, started, lines))
-        holder.start()
-        assert started.wait(30)
+    with one_slot_held("--max-queue-wait", "0.5") as held:
         begun = time.monotonic()
-        waited = httpx.post(server.url + "/v1/chat/completions", json=QUICK, timeout=30)
+        waited = httpx.post(held.url + "/v1/chat/completions", json=QUICK, timeout=30)
         assert waited.status_code == 503 and 0.4 < time.monotonic() - begun < 5
         assert waited.json()["error"]["code"] == "queue_timeout" and waited.headers["retry-after"]
-        holder.join(60)
-        wait_until(lambda: httpx.post(server.url + "/v1/chat/completions", json=QUICK, timeout=30).status_code == 200)
-    finally:
-        assert stop_server(server) == 0
+        held.holder.join(60)
+        wait_until(lambda: httpx.post(held.url + "/v1/chat/completions", json=QUICK, timeout=30).status_code == 200)
 
 
 def test_realtime_over_the_limit_gets_an_overloaded_error_event_and_the_session_goes_on() -> None:
-    server = start_server(str(FAST_TOPOLOGY), "--max-in-flight", "1")
-    try:
-        started, lines = threading.Event(), []
-        holder = threading.Thread(target=_hold_a_stream, args=(server.url, started, lines))
-        holder.start()
-        assert started.wait(30)
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    with one_slot_held() as held:
+        client = openai.OpenAI(base_url=held.url + "/v1", api_key="unused", max_retries=0)
         with client.realtime.connect(model="fast") as connection:
             assert connection.recv().type == "session.created"
             connection.session.update(session={"type": "realtime", "output_modalities": ["text"]})
@@ -152,28 +158,19 @@ def test_realtime_over_the_limit_gets_an_overloaded_error_event_and_the_session_
             errors = [e.error for e in events if e.type == "error"]
             assert [e.code for e in errors] == ["overloaded"] and errors[0].type == "rate_limit_error"
             assert events[-1].response.status == "failed"
-            holder.join(60)
+            held.holder.join(60)
             connection.response.create()  # the slot is free again: the same session is answered
             assert collect_until_done(connection)[-1].response.status == "completed"
-    finally:
-        assert stop_server(server) == 0
 
 
 def test_http_over_the_limit_is_refused_before_its_body_is_read() -> None:
     """A 429 costs no read of the body: a client that declares 1 MB and sends none of it
     is refused at once (reading first, it would wait out the body timeout: 408 after 30 s)."""
-    server = start_server(str(FAST_TOPOLOGY), "--max-in-flight", "1")
-    try:
-        started, lines = threading.Event(), []
-        holder = threading.Thread(target=_hold_a_stream, args=(server.url, started, lines))
-        holder.start()
-        assert started.wait(30)
-        host, port = server.url.removeprefix("http://").split(":")
+    with one_slot_held() as held:
+        host, port = held.url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=10) as conn:
             conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                          b"Content-Length: 1000000\r\n\r\n")
             status_line = conn.recv(4096).split(b"\r\n", 1)[0]
         assert status_line == b"HTTP/1.1 429 Too Many Requests", status_line
-        holder.join(60)
-    finally:
-        assert stop_server(server) == 0
+        held.holder.join(60)
