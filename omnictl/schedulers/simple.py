@@ -50,9 +50,9 @@ class SimpleScheduler(Scheduler):
     async def run(self) -> None:
         while True:
             message = await self.inbox.get()
-            if message.kind is not IncomingKind.NEW_REQUEST:
-                continue
-            await self._execute(message)
+            if message.kind is IncomingKind.NEW_REQUEST:
+                await self._execute(message)
+            del message  # idle, this frame must not keep the last input (maybe a leased shm slot) alive
 
     async def _execute(self, message: IncomingMessage) -> None:
         rid = message.request_id

@@ -28,7 +28,7 @@ from omnictl.stage.build import build_stage
 from omnictl.stage.ports import WorkerPorts
 from omnictl.stage.stage import Stage
 from omnictl.stage.startup import WorkerConfig, decode_config
-from omnictl.transports.codec import decode
+from omnictl.transports.leases import ViewLeases
 from omnictl.transports.shm import SegmentReader
 
 _PR_SET_PDEATHSIG = 1
@@ -96,6 +96,7 @@ class Worker:
             config.coordinator_address,
             profiler,
         )
+        self.leases = ViewLeases(self.reader, self.ports.release)
         if not await self._build(profiler):
             # the LaunchFailed report is queued: without a linger, closing would drop it and
             # the coordinator would only see the process exit, not why
@@ -135,6 +136,7 @@ class Worker:
         return True
 
     def _close(self, inbound: zmq.asyncio.Socket, broadcast: zmq.asyncio.Socket, recorder: Any, linger_ms: int = 0) -> None:
+        self.leases.close()
         self.ports.close(linger_ms)
         self.reader.close()
         inbound.close(linger=0)
@@ -168,11 +170,8 @@ class Worker:
                 )
 
     def _unpack(self, payload: m.EncodedPayload) -> Any:
-        try:
-            return decode(payload, self.reader, self.config.topology.allow_pickle)
-        finally:
-            if payload.shm is not None:
-                self.ports.release(payload.shm)
+        """Tensors arrive as views of the sender's slot, released when they are freed."""
+        return self.leases.decode(payload, self.config.topology.allow_pickle)
 
     def _dispatch(self, message: m.StageInbound) -> None:  # type: ignore[valid-type]
         if isinstance(message, m.SlotRelease):

@@ -80,30 +80,46 @@ def pack(data: Any, device_leaf: Callable[[Any], bytes] | None = None, allow_pic
     handles) instead of copying their bytes to the host. An object outside the typed
     encoding raises :class:`UnsupportedPayload` naming its path and type, unless
     ``allow_pickle``."""
-    layout: list[TensorLayout] = []
-    views: list[memoryview] = []
-    offset = 0
+    packer = _Packer(data, device_leaf, allow_pickle)
+    # msgspec encodes tuples and sets natively as arrays: they come back as lists.
+    skeleton = msgspec.msgpack.Encoder(enc_hook=packer.enc_hook).encode(_mark_structs(data))
+    return PackedTree(skeleton, tuple(packer.layout), packer.views, packer.offset)
 
-    def enc_hook(obj: Any) -> Any:
-        nonlocal offset
-        if device_leaf is not None and getattr(obj, "is_cuda", False):
-            return msgspec.msgpack.Ext(_DEVICE_EXT, device_leaf(obj))
+
+class _Packer:
+    """One :func:`pack` call's state. A class, not a closure: a nested hook that names
+    itself (for structs) is a reference cycle, which would keep the payload's tensors
+    alive until the garbage collector runs (and with them a leased shm slot)."""
+
+    __slots__ = ("data", "device_leaf", "allow_pickle", "layout", "views", "offset")
+
+    def __init__(self, data: Any, device_leaf: Callable[[Any], bytes] | None, allow_pickle: bool) -> None:
+        self.data = data
+        self.device_leaf = device_leaf
+        self.allow_pickle = allow_pickle
+        self.layout: list[TensorLayout] = []
+        self.views: list[memoryview] = []
+        self.offset = 0
+
+    def enc_hook(self, obj: Any) -> Any:
+        if self.device_leaf is not None and getattr(obj, "is_cuda", False):
+            return msgspec.msgpack.Ext(_DEVICE_EXT, self.device_leaf(obj))
         if is_tensor(obj):
             kind, dtype, shape, view = _as_bytes_view(obj)
-            index = len(layout)
-            layout.append(TensorLayout(index, kind, dtype, shape, offset, view.nbytes))
-            views.append(view)
-            offset += -(-view.nbytes // _ALIGN) * _ALIGN
+            index = len(self.layout)
+            self.layout.append(TensorLayout(index, kind, dtype, shape, self.offset, view.nbytes))
+            self.views.append(view)
+            self.offset += -(-view.nbytes // _ALIGN) * _ALIGN
             return msgspec.msgpack.Ext(_TENSOR_EXT, index.to_bytes(4, "little"))
         if isinstance(obj, _Typed):
             # its own encoder: msgspec encoders are not re-entrant; its tensors share this layout
             fields = [_mark_structs(value) for value in wire_fields(obj.struct)]
-            return msgspec.msgpack.Ext(_STRUCT_EXT, msgspec.msgpack.Encoder(enc_hook=enc_hook).encode(fields))
+            return msgspec.msgpack.Ext(_STRUCT_EXT, msgspec.msgpack.Encoder(enc_hook=self.enc_hook).encode(fields))
         if isinstance(obj, np.generic):  # a numpy scalar is a number
             return obj.item()
-        if allow_pickle:
+        if self.allow_pickle:
             return msgspec.msgpack.Ext(_PICKLE_EXT, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
-        path = _path_to(data, obj, "") or "(unknown path)"
+        path = _path_to(self.data, obj, "") or "(unknown path)"
         kind = type(obj)
         raise UnsupportedPayload(
             f"{path}: a {kind.__module__}.{kind.__qualname__} cannot travel between processes; send "
@@ -111,11 +127,6 @@ def pack(data: Any, device_leaf: Callable[[Any], bytes] | None = None, allow_pic
             "(or set `allow_pickle: true` in the topology, for trusted hosts only)",
             path=path, type_name=f"{kind.__module__}.{kind.__qualname__}",
         )
-
-    # msgspec encodes tuples and sets natively as arrays: they come back as lists.
-    encoder = msgspec.msgpack.Encoder(enc_hook=enc_hook)
-    skeleton = encoder.encode(_mark_structs(data))
-    return PackedTree(skeleton, tuple(layout), views, offset)
 
 
 def _path_to(data: Any, target: Any, path: str) -> str | None:
@@ -160,27 +171,43 @@ def _mark_structs(data: Any) -> Any:
     return data
 
 
-def unpack(skeleton: bytes, layout: tuple[TensorLayout, ...], buffer: memoryview | bytes,
-           allow_pickle: bool = False) -> Any:
-    """Rebuild the data tree; tensors are copied out of ``buffer`` (so it can be reused).
-    A pickled leaf is refused unless ``allow_pickle`` (the topology's opt-in)."""
-    leaves = [_rebuild(entry, buffer) for entry in layout]
+def unpack(skeleton: bytes, layout: tuple[TensorLayout, ...], buffer: Any,
+           allow_pickle: bool = False, *, views: bool = False, base: int = 0) -> Any:
+    """Rebuild the data tree; tensors are copied out of ``buffer`` (so it can be reused),
+    or, with ``views``, are views of ``buffer`` at ``base + offset`` (no copy: every
+    tensor then holds a reference to ``buffer``, the exporter whose death frees the
+    bytes, see :mod:`omnictl.transports.leases`). A pickled leaf is refused unless
+    ``allow_pickle`` (the topology's opt-in)."""
+    if views:
+        leaves = [_view(entry, buffer, base) for entry in layout]
+    else:
+        leaves = [_rebuild(entry, buffer) for entry in layout]
+    return msgspec.msgpack.decode(skeleton, ext_hook=_Unpacker(leaves, allow_pickle).ext_hook)
 
-    def ext_hook(code: int, raw: memoryview) -> Any:
+
+class _Unpacker:
+    """One :func:`unpack` call's state; a class for the reason given at :class:`_Packer`
+    (here the cycle would hold the received tensors, views of a leased slot)."""
+
+    __slots__ = ("leaves", "allow_pickle")
+
+    def __init__(self, leaves: list[Any], allow_pickle: bool) -> None:
+        self.leaves = leaves
+        self.allow_pickle = allow_pickle
+
+    def ext_hook(self, code: int, raw: memoryview) -> Any:
         if code == _TENSOR_EXT:
-            return leaves[int.from_bytes(raw, "little")]
+            return self.leaves[int.from_bytes(raw, "little")]
         if code == _STRUCT_EXT:
-            return rebuild(msgspec.msgpack.decode(raw, ext_hook=ext_hook))
+            return rebuild(msgspec.msgpack.decode(raw, ext_hook=self.ext_hook))
         if code == _DEVICE_EXT:
             return pickle.loads(raw)  # torch's CUDA IPC handle: sent by a cuda_ipc codec only
         if code == _PICKLE_EXT:
-            if not allow_pickle:
+            if not self.allow_pickle:
                 raise UnsupportedPayload("a payload holds a pickled object and this topology does not set "
                                          "`allow_pickle: true`", path="(payload)", type_name="pickle")
             return pickle.loads(raw)
         raise ValueError(f"unknown payload extension code {code}")
-
-    return msgspec.msgpack.decode(skeleton, ext_hook=ext_hook)
 
 
 def _rebuild(entry: TensorLayout, buffer: memoryview | bytes) -> Any:
@@ -194,6 +221,25 @@ def _rebuild(entry: TensorLayout, buffer: memoryview | bytes) -> Any:
         return torch.empty(entry.shape, dtype=dtype)
     flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
     return flat.view(dtype).reshape(entry.shape)
+
+
+def _view(entry: TensorLayout, exporter: Any, base: int) -> Any:
+    """A tensor over ``exporter``'s bytes: numpy and torch both keep ``exporter`` itself
+    alive (through the buffer they hold), not just the memory, so its finalizer runs only
+    once the last tensor, view or slice of it is gone."""
+    offset = base + entry.offset
+    if entry.kind == "numpy":
+        dtype = np.dtype(entry.dtype)
+        if entry.nbytes == 0:
+            return np.empty(entry.shape, dtype=dtype)
+        return np.frombuffer(exporter, dtype=dtype, count=entry.nbytes // dtype.itemsize, offset=offset).reshape(entry.shape)
+    import torch
+
+    dtype = getattr(torch, entry.dtype)
+    if entry.nbytes == 0:
+        return torch.empty(entry.shape, dtype=dtype)
+    count = entry.nbytes // dtype.itemsize
+    return torch.frombuffer(exporter, dtype=dtype, count=count, offset=offset).reshape(entry.shape)
 
 
 def copy_containers(data: Any) -> Any:

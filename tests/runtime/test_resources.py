@@ -76,7 +76,7 @@ def test_no_growth_of_shared_memory_or_descriptors_across_a_thousand_requests(lo
         # Slot releases travel back asynchronously; a segment in flight holds a descriptor.
         assert until(lambda: open_fds(pids) <= fds_before, timeout=5), (fds_before, open_fds(pids))
         stats = loop.run(pipe.stats())
-        assert all(entry["slots_in_use"] == 0 for entry in stats.values())
+        assert all(entry["slots_in_use"] == 0 for entry in stats.values()), {k: v["slots_in_use"] for k, v in stats.items()}
     finally:
         loop.run(pipe.close())
 
