@@ -10,6 +10,7 @@ Stream chunks sent *to* a simple stage are not consumed: use a StreamingSchedule
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -48,25 +49,60 @@ class SimpleScheduler(Scheduler):
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            message = await self.inbox.get()
-            if message.kind is IncomingKind.NEW_REQUEST:
-                await self._execute(message)
-            del message  # idle, this frame must not keep the last input (maybe a leased shm slot) alive
+            # Every request already queued goes to the worker thread in one hand-off: one
+            # thread wake-up per burst instead of one per request (results still leave
+            # one by one, as each finishes).
+            batch = collections.deque([await self.inbox.get()])
+            while not self.inbox.empty():
+                batch.append(self.inbox.get_nowait())
+            batch = collections.deque(message for message in batch if message.kind is IncomingKind.NEW_REQUEST)
+            if self._is_async:
+                while batch:
+                    await self._execute(batch.popleft())
+                continue
+            ids = [message.request_id for message in batch]
+            self._running.update(ids)
+            try:
+                await loop.run_in_executor(self._executor, self._run_batch, batch)
+            finally:
+                self._running.difference_update(ids)
+                self._aborted.difference_update(ids)
+            del batch  # idle, this frame must not keep the last inputs (maybe leased shm slots) alive
+
+    def _run_batch(self, batch: collections.deque[IncomingMessage]) -> None:
+        """In the worker thread: run each request in turn; a request aborted meanwhile
+        is skipped, and a result or error of one aborted while it ran is dropped."""
+        while batch:
+            message = batch.popleft()  # popped: done, its input is not kept alive by the batch
+            rid = message.request_id
+            if rid in self._aborted:
+                continue
+            self.profile(EventKind.BUILD_START, rid)
+            result = None
+            try:
+                if self._is_generator:
+                    result = self._drain_generator(message)
+                else:
+                    result = self.fn(message.data)
+            except Exception as exc:  # the function's failure is this request's failure only
+                if rid not in self._aborted:
+                    field = exc.field if isinstance(exc, InvalidRequest) else None
+                    self.emit(OutgoingMessage(OutgoingKind.ERROR, rid, error=describe_error(exc), field=field))
+            else:
+                if rid not in self._aborted:
+                    self.profile(EventKind.BUILD_END, rid)
+                    self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, data=result))
+            del message, result
 
     async def _execute(self, message: IncomingMessage) -> None:
+        """An ``async def`` function's request, on the loop."""
         rid = message.request_id
         self._running.add(rid)
         self.profile(EventKind.BUILD_START, rid)
         try:
-            if self._is_async:
-                result = await self.fn(message.data)
-            elif self._is_generator:
-                loop = asyncio.get_running_loop()
-                result = await loop.run_in_executor(self._executor, self._drain_generator, message)
-            else:
-                loop = asyncio.get_running_loop()
-                result = await loop.run_in_executor(self._executor, self.fn, message.data)
+            result = await self.fn(message.data)
         except Exception as exc:  # the function's failure is this request's failure only
             if rid not in self._aborted:
                 field = exc.field if isinstance(exc, InvalidRequest) else None
