@@ -31,6 +31,7 @@ from omnictl.recent import RecentIds
 from omnictl.schedulers.simple import describe_error
 from omnictl.topology.model import RelayKnobs, Topology
 from omnictl.transports.codec import PayloadCodec, decode
+from omnictl.transports.drain import Drain
 from omnictl.transports.shm import SegmentReader, SlotPool
 
 # A reused request id is refused for as long as it is remembered; a client may reuse one long
@@ -70,12 +71,16 @@ class Coordinator:
             name: f"ipc://{self.socket_dir}/p{i}" for i, name in enumerate(topology.instances())
         }
         self._context = zmq.asyncio.Context()
-        self._control = self._context.socket(zmq.PULL)
+        # Plain sockets on the same context for the hot path: sends never block (no
+        # high-water mark), and receiving drains every ready message per wake-up.
+        self._sync_context = zmq.Context.shadow(self._context.underlying)
+        self._control = self._sync_context.socket(zmq.PULL)
         self._control.bind(f"ipc://{self.socket_dir}/control")
         self._broadcast = self._context.socket(zmq.PUB)
         self._broadcast.setsockopt(zmq.SNDHWM, 0)
         self._broadcast.bind(f"ipc://{self.socket_dir}/broadcast")
-        self._pushes: dict[str, zmq.asyncio.Socket] = {}
+        self._pushes: dict[str, zmq.Socket] = {}
+        self._drain: Drain | None = None
         self._pool = SlotPool(m.COORDINATOR, m.COORDINATOR, RelayKnobs().slot_bytes, 4)
         self._codec = PayloadCodec(self._pool, RelayKnobs(), topology.allow_pickle)
         self._reader = SegmentReader()
@@ -96,7 +101,7 @@ class Coordinator:
     # --- lifecycle --------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._tasks.append(asyncio.create_task(self._receive(), name="coordinator.receive"))
+        self._drain = Drain(self._control, self._receive)
         self._tasks.append(asyncio.create_task(self._enforce_deadlines(), name="coordinator.deadlines"))
         instances = list(self.topology.instances())
         handles = [self.launcher.start(name) for name in instances]
@@ -137,6 +142,8 @@ class Coordinator:
         await self.launcher.stop()
         for task in self._tasks:
             task.cancel()
+        if self._drain is not None:
+            self._drain.close()
         for socket in [self._control, self._broadcast, *self._pushes.values()]:
             socket.close(linger=0)
         self._context.term()
@@ -161,10 +168,10 @@ class Coordinator:
             return "down", dict(self.down)
         return ("degraded" if self.down else "ok"), dict(self.down)
 
-    def _push(self, process: str) -> zmq.asyncio.Socket:
+    def _push(self, process: str) -> zmq.Socket:
         socket = self._pushes.get(process)
         if socket is None:
-            socket = self._pushes[process] = self._context.socket(zmq.PUSH)
+            socket = self._pushes[process] = self._sync_context.socket(zmq.PUSH)
             socket.setsockopt(zmq.SNDHWM, 0)
             socket.setsockopt(zmq.LINGER, 0)
             socket.connect(self._process_addresses[process])
@@ -206,7 +213,7 @@ class Coordinator:
         record.state = RequestState.RUNNING
         process = self.topology.processes[self.topology.process_of(entry)]
         instance = process.instances[replicas.get(process.name, 0)]
-        await self._push(instance).send(m.encode(m.Submit(ctx, entry, payload)))
+        self._push(instance).send(m.encode(m.Submit(ctx, entry, payload)))
         return RequestHandle(record, self.abort)
 
     async def abort(self, request_id: str) -> None:
@@ -259,10 +266,8 @@ class Coordinator:
 
     # --- control messages -------------------------------------------------------------
 
-    async def _receive(self) -> None:
-        while True:
-            message = m.coordinator_decoder.decode(await self._control.recv())
-            self._handle(message)
+    def _receive(self, frame: bytes) -> None:
+        self._handle(m.coordinator_decoder.decode(frame))
 
     def _handle(self, message: m.ToCoordinator) -> None:  # type: ignore[valid-type]
         if isinstance(message, m.TerminalOutput):

@@ -28,6 +28,7 @@ from omnictl.stage.build import build_stage
 from omnictl.stage.ports import WorkerPorts
 from omnictl.stage.stage import Stage
 from omnictl.stage.startup import WorkerConfig, decode_config
+from omnictl.transports.drain import Drain
 from omnictl.transports.leases import ViewLeases
 from omnictl.transports.shm import SegmentReader
 
@@ -80,7 +81,8 @@ class Worker:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         context = zmq.asyncio.Context()
-        inbound = context.socket(zmq.PULL)
+        plain = zmq.Context.shadow(context.underlying)  # the hot path: see omnictl.transports.drain
+        inbound = plain.socket(zmq.PULL)
         inbound.setsockopt(zmq.LINGER, 0)
         inbound.bind(config.process_addresses[config.instance])
         broadcast = context.socket(zmq.SUB)
@@ -91,7 +93,7 @@ class Worker:
         self.ports = WorkerPorts(
             config.instance,
             config.topology,
-            zmq.Context.shadow(context.underlying),
+            plain,
             config.process_addresses,
             config.coordinator_address,
             profiler,
@@ -103,12 +105,13 @@ class Worker:
             self._close(inbound, broadcast, recorder, linger_ms=_REPORT_LINGER_MS)
             return
         self.ports.send_control(m.Ready(config.instance, os.getpid()))
+        drain = Drain(inbound, self._receive)
         tasks = [
-            asyncio.create_task(self._receive(inbound)),
             asyncio.create_task(self._listen(broadcast)),
             asyncio.create_task(self._watch_parent()),
         ]
         await self._stop.wait()
+        drain.close()
         for task in tasks:
             task.cancel()
         for stage in self.stages.values():
@@ -135,7 +138,7 @@ class Worker:
                   file=sys.stderr, flush=True)
         return True
 
-    def _close(self, inbound: zmq.asyncio.Socket, broadcast: zmq.asyncio.Socket, recorder: Any, linger_ms: int = 0) -> None:
+    def _close(self, inbound: zmq.Socket, broadcast: zmq.asyncio.Socket, recorder: Any, linger_ms: int = 0) -> None:
         self.leases.close()
         self.ports.close(linger_ms)
         self.reader.close()
@@ -149,25 +152,23 @@ class Worker:
             await asyncio.sleep(0.5)
         self._stop.set()
 
-    async def _receive(self, socket: zmq.asyncio.Socket) -> None:
-        while True:
-            raw = await socket.recv()
-            try:
-                message = m.inbound_decoder.decode(raw)
-            except msgspec.DecodeError as exc:  # a peer speaking another protocol version
-                print(f"omnictl worker {self.config.instance}: undecodable message: {exc}", file=sys.stderr)
-                continue
-            try:
-                self._dispatch(message)
-            except Exception as exc:
-                # One message that cannot be handled fails its request, not the process.
-                request_id = message.ctx.request_id if hasattr(message, "ctx") else None
-                if request_id is None:
-                    raise
-                stage = getattr(message, "dst", self.config.instance)
-                self.ports.send_failure(
-                    request_id, stage, f"stage {stage!r} could not take its input: {describe_error(exc)}", rejected=True
-                )
+    def _receive(self, raw: bytes) -> None:
+        try:
+            message = m.inbound_decoder.decode(raw)
+        except msgspec.DecodeError as exc:  # a peer speaking another protocol version
+            print(f"omnictl worker {self.config.instance}: undecodable message: {exc}", file=sys.stderr)
+            return
+        try:
+            self._dispatch(message)
+        except Exception as exc:
+            # One message that cannot be handled fails its request, not the process.
+            request_id = message.ctx.request_id if hasattr(message, "ctx") else None
+            if request_id is None:
+                raise
+            stage = getattr(message, "dst", self.config.instance)
+            self.ports.send_failure(
+                request_id, stage, f"stage {stage!r} could not take its input: {describe_error(exc)}", rejected=True
+            )
 
     def _unpack(self, payload: m.EncodedPayload) -> Any:
         """Tensors arrive as views of the sender's slot, released when they are freed."""

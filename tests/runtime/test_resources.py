@@ -32,8 +32,10 @@ def two_process_topology(tmp_path: Path) -> Path:
     )
 
 
-def shm_entries() -> set[str]:
-    return {name for name in os.listdir("/dev/shm") if name.startswith("omx")}
+def shm_entries(pids: list[int] | None = None) -> set[str]:
+    """omnictl's segments, or only those ``pids`` own (other test runs share the machine)."""
+    prefixes = ("omx",) if pids is None else tuple(f"omx{pid}_" for pid in pids)
+    return {name for name in os.listdir("/dev/shm") if name.startswith(prefixes)}
 
 
 def open_fds(pids: list[int]) -> int:
@@ -68,11 +70,11 @@ def test_no_growth_of_shared_memory_or_descriptors_across_a_thousand_requests(lo
         # small (inline), slot-sized and oversized (dedicated segment) payloads
         for size in (16, 64 * 1024, 3 * 1024 * 1024):
             loop.run(burst(50, size))
-        shm_before, fds_before = len(shm_entries()), open_fds(pids)
+        shm_before, fds_before = len(shm_entries(pids)), open_fds(pids)
         loop.run(burst(1000, 64 * 1024), timeout=300)
         loop.run(burst(50, 3 * 1024 * 1024))
         # Large segments are kept as spares (a bounded number per pool): count, not names.
-        assert until(lambda: len(shm_entries()) <= shm_before, timeout=5), (shm_before, shm_entries())
+        assert until(lambda: len(shm_entries(pids)) <= shm_before, timeout=5), (shm_before, shm_entries(pids))
         # Slot releases travel back asynchronously; a segment in flight holds a descriptor.
         assert until(lambda: open_fds(pids) <= fds_before, timeout=5), (fds_before, open_fds(pids))
         stats = loop.run(pipe.stats())
