@@ -31,7 +31,7 @@ from omnictl.recent import RecentIds
 from omnictl.schedulers.simple import describe_error
 from omnictl.topology.model import RelayKnobs, Topology
 from omnictl.transports.codec import PayloadCodec, decode
-from omnictl.transports.drain import Drain
+from omnictl.transports.drain import Drain, Outgoing
 from omnictl.transports.shm import SegmentReader, SlotPool
 
 # A reused request id is refused for as long as it is remembered; a client may reuse one long
@@ -81,6 +81,7 @@ class Coordinator:
         self._broadcast.bind(f"ipc://{self.socket_dir}/broadcast")
         self._pushes: dict[str, zmq.Socket] = {}
         self._drain: Drain | None = None
+        self._out = Outgoing()  # several messages per send to each socket, per loop iteration
         self._pool = SlotPool(m.COORDINATOR, m.COORDINATOR, RelayKnobs().slot_bytes, 4)
         self._codec = PayloadCodec(self._pool, RelayKnobs(), topology.allow_pickle)
         self._reader = SegmentReader()
@@ -144,6 +145,7 @@ class Coordinator:
             task.cancel()
         if self._drain is not None:
             self._drain.close()
+        self._out.flush()
         for socket in [self._control, self._broadcast, *self._pushes.values()]:
             socket.close(linger=0)
         self._context.term()
@@ -213,7 +215,7 @@ class Coordinator:
         record.state = RequestState.RUNNING
         process = self.topology.processes[self.topology.process_of(entry)]
         instance = process.instances[replicas.get(process.name, 0)]
-        self._push(instance).send(m.encode(m.Submit(ctx, entry, payload)))
+        self._out.send(self._push(instance), m.encode(m.Submit(ctx, entry, payload)))
         return RequestHandle(record, self.abort)
 
     async def abort(self, request_id: str) -> None:
@@ -309,7 +311,7 @@ class Coordinator:
             return
         finally:
             if message.payload.shm is not None:
-                self._push(message.payload.shm.owner).send(m.encode(m.SlotRelease(message.payload.shm)))
+                self._out.send(self._push(message.payload.shm.owner), m.encode(m.SlotRelease(message.payload.shm)))
         record = self.requests.get(message.request_id)
         if record is None:
             return  # finished (aborted, failed) while this was in flight

@@ -16,6 +16,7 @@ from omnictl import messages as m
 from omnictl.profiling.events import EventKind, Profiler, now_ns
 from omnictl.topology.model import EdgeKind, RelayKnobs, Topology, Transport, replica_name
 from omnictl.transports.codec import PayloadCodec, codec_for
+from omnictl.transports.drain import Outgoing
 from omnictl.transports.shm import SlotPool
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ class WorkerPorts:
         self.pools: dict[str, SlotPool] = {}
         self._codecs: dict[tuple[str, Transport], PayloadCodec] = {}
         self._loop = asyncio.get_running_loop()
+        self._out = Outgoing()  # several messages per send to each socket, per loop iteration
 
     def _push(self, address: str) -> zmq.Socket:
         socket = self._context.socket(zmq.PUSH)
@@ -91,7 +93,7 @@ class WorkerPorts:
             # call_soon is FIFO: per-edge order holds and no stage re-enters another.
             self._loop.call_soon(local, self.local[dst])
         else:
-            self._peer_of(ctx, dst).send(m.encode(remote()))
+            self._out.send(self._peer_of(ctx, dst), m.encode(remote()))
 
     # --- Ports protocol ---------------------------------------------------------------
 
@@ -106,7 +108,7 @@ class WorkerPorts:
         self.profiler.record(
             EventKind.HOP_SENT, ctx.request_id, src, target=dst, transport=edge.transport.value, bytes=payload_bytes(payload)
         )
-        self._peer_of(ctx, dst).send(m.encode(m.DataReady(ctx, src, dst, payload, sent)))
+        self._out.send(self._peer_of(ctx, dst), m.encode(m.DataReady(ctx, src, dst, payload, sent)))
 
     def _receive_local(self, stage: "Stage", ctx: m.RequestContext, src: str, data: Any) -> None:
         self.profiler.record(EventKind.HOP_RECEIVED, ctx.request_id, stage.name, source=src, transport="inproc")
@@ -119,7 +121,7 @@ class WorkerPorts:
             self._loop.call_soon(self.local[dst].on_stream_chunk, ctx, src, seq, data)
             return
         payload = self._encode(src, edge.transport, data)
-        self._peer_of(ctx, dst).send(m.encode(m.StreamChunk(ctx, src, dst, seq, payload, now_ns())))
+        self._out.send(self._peer_of(ctx, dst), m.encode(m.StreamChunk(ctx, src, dst, seq, payload, now_ns())))
 
     def send_stream_done(self, ctx: m.RequestContext, src: str, dst: str) -> None:
         self._signal(ctx, src, dst, EdgeKind.STREAM, lambda s: s.on_stream_done(ctx, src), lambda: m.StreamDone(ctx, src, dst))
@@ -129,28 +131,33 @@ class WorkerPorts:
 
     def send_terminal(self, request_id: str, stage: str, final: bool, seq: int, data: Any) -> None:
         payload = self._encode(stage, Transport.SHM, data)
-        self._coordinator.send(m.encode(m.TerminalOutput(request_id, stage, final, seq, payload)))
+        self._out.send(self._coordinator, m.encode(m.TerminalOutput(request_id, stage, final, seq, payload)))
 
     def send_terminal_skipped(self, request_id: str, stage: str) -> None:
-        self._coordinator.send(m.encode(m.TerminalSkipped(request_id, stage)))
+        self._out.send(self._coordinator, m.encode(m.TerminalSkipped(request_id, stage)))
 
     def send_failure(self, request_id: str, stage: str, error: str, rejected: bool = False, field: str | None = None) -> None:
-        self._coordinator.send(m.encode(m.StageFailed(request_id, stage, error, rejected, field)))
+        self._out.send(self._coordinator, m.encode(m.StageFailed(request_id, stage, error, rejected, field)))
 
     def send_control(self, message: m.ToCoordinator) -> None:  # type: ignore[valid-type]
-        self._coordinator.send(m.encode(message))
+        self._out.send(self._coordinator, m.encode(message))
 
     def release(self, ref: m.ShmRef) -> None:
         """Hand a slot back to its owner (after unpacking what it held)."""
         if ref.owner == self.process:
             self.pool(ref.stage).release(ref)
         elif ref.owner == m.COORDINATOR:
-            self._coordinator.send(m.encode(m.SlotRelease(ref)))
+            self._out.send(self._coordinator, m.encode(m.SlotRelease(ref)))
         else:
-            self._peer(ref.owner).send(m.encode(m.SlotRelease(ref)))
+            self._out.send(self._peer(ref.owner), m.encode(m.SlotRelease(ref)))
+
+    def flush(self) -> None:
+        """Send now what is queued (messages otherwise leave at the end of the loop iteration)."""
+        self._out.flush()
 
     def close(self, linger_ms: int = 0) -> None:
         """``linger_ms``: how long queued messages may still go out (a launch failure must)."""
+        self._out.flush()
         for pool in self.pools.values():
             pool.close()
         for socket in [*self._peers.values(), self._coordinator]:

@@ -1,4 +1,5 @@
-"""Receive on a ZeroMQ socket from an asyncio loop: every ready message per wake-up.
+"""ZeroMQ from an asyncio loop without a future per message: receive every ready message
+per wake-up (:class:`Drain`), send several messages per send (:class:`Outgoing`).
 
 ``zmq.asyncio`` costs a future, an event registration and several enum operations per
 message: measured, most of the coordinator's time with a stage streaming to it. Here the
@@ -10,6 +11,7 @@ a plain socket, and hands each to ``handle`` synchronously.
 from __future__ import annotations
 
 import asyncio
+import collections
 from typing import Callable
 
 import zmq
@@ -28,6 +30,7 @@ class Drain:
         self._loop = asyncio.get_running_loop()
         self._fd = socket.getsockopt(zmq.FD)
         self._closed = False
+        self._backlog: collections.deque[bytes] = collections.deque()  # frames of a batch not yet handled
         self._loop.add_reader(self._fd, self._ready)
         # The descriptor only signals new activity: read what arrived before we watched.
         self._loop.call_soon(self._ready)
@@ -35,16 +38,18 @@ class Drain:
     def _ready(self) -> None:
         if self._closed:
             return
-        recv, handle = self._socket.recv, self._handle
+        recv_multipart, backlog = self._socket.recv_multipart, self._backlog
         try:
             for _ in range(_PER_WAKEUP):
-                try:
-                    frame = recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    return  # drained: the descriptor signals the next arrival
-                handle(frame)
+                if not backlog:
+                    try:
+                        backlog.extend(recv_multipart(zmq.NOBLOCK))  # a batch from Outgoing, or one message
+                    except zmq.Again:
+                        return  # drained: the descriptor signals the next arrival
+                while backlog:
+                    self._handle(backlog.popleft())
         except BaseException:
-            # The descriptor will not signal messages already queued: come back for them.
+            # The descriptor will not signal what is already queued: come back for it.
             self._loop.call_soon(self._ready)
             raise
         self._loop.call_soon(self._ready)  # more may be waiting; let the loop breathe first
@@ -53,3 +58,32 @@ class Drain:
         if not self._closed:
             self._closed = True
             self._loop.remove_reader(self._fd)
+
+
+class Outgoing:
+    """Sends to ZeroMQ sockets, batched per loop iteration: every message queued for one
+    socket while the loop runs its current callbacks leaves in one multipart send (one
+    I/O-thread wake-up instead of one per message). A :class:`Drain` receives each frame
+    as a message of its own. Never blocks: the sockets have no high-water mark."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._queued: dict[zmq.Socket, list[bytes]] = {}
+
+    def send(self, socket: zmq.Socket, frame: bytes) -> None:
+        queued = self._queued.get(socket)
+        if queued is not None:
+            queued.append(frame)
+            return
+        if not self._queued:
+            self._loop.call_soon(self.flush)
+        self._queued[socket] = [frame]
+
+    def flush(self) -> None:
+        """Send everything queued now (also before closing the sockets)."""
+        queued, self._queued = self._queued, {}
+        for socket, frames in queued.items():
+            if len(frames) == 1:
+                socket.send(frames[0])
+            else:
+                socket.send_multipart(frames)

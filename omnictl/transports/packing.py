@@ -158,16 +158,24 @@ class _Typed:
         self.struct = struct
 
 
+_LEAF_TYPES = (str, int, float, bool, bytes, type(None))
+
+
 def _mark_structs(data: Any) -> Any:
-    """``data`` with every WireStruct wrapped; containers are copied only when one holds one."""
+    """``data`` with every WireStruct wrapped; containers are copied only when one holds one.
+
+    Checked before copying: a payload without structs (most of them) is walked once and
+    returned as it is, allocating nothing."""
     if isinstance(data, WireStruct):
         return _Typed(data)
     if isinstance(data, dict):
-        marked = {key: _mark_structs(value) for key, value in data.items()}
-        return marked if any(marked[key] is not value for key, value in data.items()) else data
+        if all(type(value) in _LEAF_TYPES or _mark_structs(value) is value for value in data.values()):
+            return data
+        return {key: _mark_structs(value) for key, value in data.items()}
     if isinstance(data, (list, tuple)):
-        items = [_mark_structs(value) for value in data]
-        return items if any(new is not old for new, old in zip(items, data)) else data
+        if all(type(value) in _LEAF_TYPES or _mark_structs(value) is value for value in data):
+            return data
+        return [_mark_structs(value) for value in data]
     return data
 
 
