@@ -11,6 +11,10 @@
 (3) streaming: one stage (another process) yields small chunks as fast as it can; the
     caller reads them from ``handle.events()``. Goal: >= 50,000 chunks/s.
 
+Beside each rate: CPU time per request (or chunk), summed over the caller and the stage
+processes, the runtime's own cost in a form that the machine's other load hardly changes
+(wall-clock rates on a shared 2-core machine swing 2x from one run to the next).
+
 Every figure is the median over ``--runs`` repetitions (each repetition interleaves the
 variants, so they see the same machine load). Run: ``python benchmarks/pipeline.py [--quick]``.
 """
@@ -197,6 +201,25 @@ async def stream_rate(pipe: Any, n: int) -> float:
     return n / elapsed
 
 
+def cpu_seconds(pipe: Any) -> float:
+    """CPU time (user + system) used so far by this process and the pipeline's processes:
+    the runtime's cost in a form the machine's other load hardly changes."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = sum(os.times()[:2])
+    for pid in pipe.process_ids().values():
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rpartition(")")[2].split()
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
+async def measured(pipe: Any, work: Any, units: int) -> tuple[float, float]:
+    """(the awaited rate, CPU µs per unit over the caller and the pipeline's processes)."""
+    before = cpu_seconds(pipe)
+    rate = await work
+    return rate, (cpu_seconds(pipe) - before) / units * 1e6
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
@@ -211,7 +234,7 @@ async def run_all(directory: Path, quick: bool, runs: int) -> dict[str, list[flo
     body = bytes(120)  # about a small DataReady
     figures: dict[str, list[float]] = {key: [] for key in (
         "pipeline p50", "ring p50", "pipeline p99", "ring p99", "split c=64", "one process c=64", "ring c=64",
-        "stream chunks/s")}
+        "stream chunks/s", "split CPU/request", "one process CPU/request", "stream CPU/chunk")}
     ring = Ring(directory)
     try:
         async with contextlib.AsyncExitStack() as stack:
@@ -234,10 +257,14 @@ async def run_all(directory: Path, quick: bool, runs: int) -> dict[str, list[flo
                 figures["ring p50"].append(pct(ring_latencies, 50))
                 figures["pipeline p99"].append(pct(pipeline_latencies, 99))
                 figures["ring p99"].append(pct(ring_latencies, 99))
-                figures["split c=64"].append(await closed_loop(split, requests_64, 64))
-                figures["one process c=64"].append(await closed_loop(together, requests_64, 64))
+                for pipe, label in ((split, "split"), (together, "one process")):
+                    rate, cpu = await measured(pipe, closed_loop(pipe, requests_64, 64), requests_64)
+                    figures[f"{label} c=64"].append(rate)
+                    figures[f"{label} CPU/request"].append(cpu)
                 figures["ring c=64"].append(ring.throughput(requests_64, 64, body))
-                figures["stream chunks/s"].append(await stream_rate(streamer, chunk_count))
+                rate, cpu = await measured(streamer, stream_rate(streamer, chunk_count), chunk_count)
+                figures["stream chunks/s"].append(rate)
+                figures["stream CPU/chunk"].append(cpu)
     finally:
         ring.close()
     return figures
@@ -267,6 +294,8 @@ def main() -> None:
     for key, values in figures.items():
         if key.endswith(("p50", "p99")):
             fmt: Callable[[float], str] = lambda v: f"{v * 1e3:.2f} ms"  # noqa: E731
+        elif "CPU" in key:
+            fmt = lambda v: f"{v:,.0f} µs"  # noqa: E731
         else:
             fmt = lambda v: f"{v:,.0f}/s"  # noqa: E731
         table.add_row(key, fmt(med[key]), " ".join(fmt(v) for v in values))
