@@ -3,7 +3,11 @@
 Wraps what a factory returns when it is not a Scheduler: a plain function, an
 ``async def`` function, or a generator function whose yields are stream chunks and
 whose return value is the result. Sync functions run in one worker thread per stage
-(model code need not be thread-safe, and the event loop stays free for IO).
+(model code need not be thread-safe, and the event loop stays free for IO) -- except a
+plain function measured to take microseconds (every one of its first calls under
+``INLINE_BELOW_S``, in the thread): it then runs on the event loop itself, saving two
+thread wake-ups per request, until one call takes longer (then back to the thread for
+good). Routing, projection and detokenizing stages are such functions; models are not.
 Stream chunks sent *to* a simple stage are not consumed: use a StreamingScheduler.
 """
 
@@ -14,6 +18,7 @@ import collections
 import inspect
 import queue
 import threading
+import time
 import traceback
 from typing import Any, Callable
 
@@ -35,6 +40,10 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
+INLINE_BELOW_S = 100e-6  # a plain function every call of which is quicker runs on the loop
+_PROBE_CALLS = 16  # calls timed in the worker thread before a function may run on the loop
+
+
 class SimpleScheduler(Scheduler):
     def __init__(self, fn: Callable[[dict[str, Any]], Any]) -> None:
         super().__init__()
@@ -49,6 +58,8 @@ class SimpleScheduler(Scheduler):
         self._thread: threading.Thread | None = None
         self._running: set[str] = set()
         self._aborted: set[str] = set()  # running, result to be discarded
+        self._timed_calls = 0  # calls of a plain function timed so far
+        self._slow = self._is_async or self._is_generator  # True: never on the loop
 
     async def stop(self) -> None:
         await super().stop()
@@ -100,7 +111,10 @@ class SimpleScheduler(Scheduler):
             ids = [message.request_id for message in batch]
             self._running.update(ids)
             try:
-                await self._in_thread(batch)
+                if self._slow or self._timed_calls < _PROBE_CALLS:
+                    await self._in_thread(batch)
+                else:
+                    self._run_batch(batch)  # measured quick: on the loop, no thread hop
             finally:
                 self._running.difference_update(ids)
                 self._aborted.difference_update(ids)
@@ -120,7 +134,9 @@ class SimpleScheduler(Scheduler):
                 if self._is_generator:
                     result = self._drain_generator(message)
                 else:
+                    started = time.perf_counter()
                     result = self.fn(message.data)
+                    self._time(time.perf_counter() - started)
             except Exception as exc:  # the function's failure is this request's failure only
                 if rid not in self._aborted:
                     field = exc.field if isinstance(exc, InvalidRequest) else None
@@ -130,6 +146,12 @@ class SimpleScheduler(Scheduler):
                     self.profile(EventKind.BUILD_END, rid)
                     self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, data=result))
             del message, result
+
+    def _time(self, seconds: float) -> None:
+        """One plain call's duration: a single slow one sends the function to the thread for good."""
+        self._timed_calls += 1
+        if seconds >= INLINE_BELOW_S:
+            self._slow = True
 
     async def _execute(self, message: IncomingMessage) -> None:
         """An ``async def`` function's request, on the loop."""
