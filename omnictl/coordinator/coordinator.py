@@ -81,6 +81,7 @@ class Coordinator:
         self._broadcast.bind(f"ipc://{self.socket_dir}/broadcast")
         self._pushes: dict[str, zmq.Socket] = {}
         self._drain: Drain | None = None
+        self._active: dict[tuple[str, ...], tuple[str, ...]] = {}  # terminals -> stages that run
         self._out = Outgoing()  # several messages per send to each socket, per loop iteration
         self._pool = SlotPool(m.COORDINATOR, m.COORDINATOR, RelayKnobs().slot_bytes, 4)
         self._codec = PayloadCodec(self._pool, RelayKnobs(), topology.allow_pickle)
@@ -191,7 +192,9 @@ class Coordinator:
         if self.dead_reason is not None:
             raise PipelineDead(self.dead_reason)
         terminals = select_terminals(self.topology, modalities)
-        active = active_stages(self.topology, terminals)
+        active = self._active.get(terminals)
+        if active is None:  # one graph walk per selection of terminals, not per request
+            active = self._active[terminals] = active_stages(self.topology, terminals)
         rid = request_id or uuid.uuid4().hex
         if rid in self.requests or rid in self._recent:
             # Stages drop late messages of finished ids, so a reused id would never complete.

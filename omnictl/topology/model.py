@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -71,7 +72,7 @@ class ProcessSpec:
     gpus: tuple[int, ...]
     replicas: int = 1  # copies, each its own OS process (`processes: {NAME: {replicas: N}}`)
 
-    @property
+    @cached_property  # read for every request (replica placement): computed once
     def instances(self) -> tuple[str, ...]:
         """The OS process name of every replica, in replica order."""
         return tuple(replica_name(self.name, i, self.replicas) for i in range(self.replicas))
