@@ -9,6 +9,7 @@ import torch
 
 from tests.support import topo
 from tests.support.loop import LoopThread, launch
+from tests.support.wait import until
 
 S = "tests.support.stages"
 
@@ -30,7 +31,8 @@ def test_tensors_a_stage_keeps_stay_intact_while_the_sender_keeps_sending(loop: 
         for i in range(30):
             out = loop.run(send(i))
             assert out == {"i": i, "held": min(i + 1, 3), "intact": True}
-        stats = loop.run(pipe.stats())
-        assert stats["a"]["slots_in_use"] == 3  # exactly what b keeps; the 27 others came back
+        # exactly what b keeps; the 27 others came back (releases travel asynchronously)
+        assert until(lambda: loop.run(pipe.stats())["a"]["slots_in_use"] == 3, timeout=10)
+        assert loop.run(pipe.stats())["a"]["slots_in_use"] == 3  # and stays there
     finally:
         loop.run(pipe.close())
