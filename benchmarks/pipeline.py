@@ -169,10 +169,36 @@ def three_stages(directory: Path, split: bool) -> Path:
     ])
 
 
-async def one(pipe: Any, data: dict[str, Any]) -> float:
+async def one(pipe: Any, data: dict[str, Any], request_id: str | None = None) -> float:
     started = time.perf_counter()
-    await (await pipe.submit(data)).result()
+    await (await pipe.submit(data, request_id=request_id)).result()
     return time.perf_counter() - started
+
+
+SEGMENTS = (
+    ("caller -> a (Submit hop)", ("admitted", None), ("input_received", "a")),
+    ("a: input -> result", ("input_received", "a"), ("stage_done", "a")),
+    ("a -> b (shm hop)", ("stage_done", "a"), ("input_received", "b")),
+    ("b: input -> result", ("input_received", "b"), ("stage_done", "b")),
+    ("b -> c (shm hop)", ("stage_done", "b"), ("input_received", "c")),
+    ("c: input -> result", ("input_received", "c"), ("stage_done", "c")),
+    ("c -> caller (terminal output)", ("stage_done", "c"), ("terminal_complete", "c")),
+    ("caller: terminal output -> completed", ("terminal_complete", "c"), ("completed", None)),
+)
+
+
+def breakdown(pipe: Any, request_ids: set[str]) -> dict[str, float]:
+    """Median seconds per segment of a request's path, from the profiler's timestamps
+    (one clock: every process is on this machine)."""
+    marks: dict[str, dict[tuple[str, str | None], int]] = {rid: {} for rid in request_ids}
+    for event in pipe.profile.store.iter_events():
+        if event.request_id in marks:
+            marks[event.request_id].setdefault((event.kind.value, event.stage), event.ts)
+    result = {}
+    for label, start, end in SEGMENTS:
+        spans = [m[end] - m[start] for m in marks.values() if start in m and end in m]
+        result[label] = statistics.median(spans) / 1e9 if spans else float("nan")
+    return result
 
 
 async def closed_loop(pipe: Any, requests: int, concurrency: int) -> float:
@@ -225,7 +251,7 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
-async def run_all(directory: Path, quick: bool, runs: int) -> dict[str, list[float]]:
+async def run_all(directory: Path, quick: bool, runs: int) -> tuple[dict[str, list[float]], dict[str, float]]:
     import omnictl
 
     sequential = 100 if quick else 400
@@ -248,10 +274,13 @@ async def run_all(directory: Path, quick: bool, runs: int) -> dict[str, list[flo
             for pipe in (split, together):  # warm up
                 await closed_loop(pipe, 200, 16)
             await stream_rate(streamer, 500)
+            sequential_ids: set[str] = set()
             for _ in range(runs):
                 pipeline_latencies, ring_latencies = [], []
                 for i in range(sequential):
-                    pipeline_latencies.append(await one(split, {"text": f"request {i}"}))
+                    rid = f"seq-{len(figures['pipeline p50'])}-{i}"
+                    sequential_ids.add(rid)
+                    pipeline_latencies.append(await one(split, {"text": f"request {i}"}, rid))
                     ring_latencies.append(ring.once(body))
                 figures["pipeline p50"].append(pct(pipeline_latencies, 50))
                 figures["ring p50"].append(pct(ring_latencies, 50))
@@ -265,9 +294,11 @@ async def run_all(directory: Path, quick: bool, runs: int) -> dict[str, list[flo
                 rate, cpu = await measured(streamer, stream_rate(streamer, chunk_count), chunk_count)
                 figures["stream chunks/s"].append(rate)
                 figures["stream CPU/chunk"].append(cpu)
+            await asyncio.sleep(0.5)  # the stage recorders ship every 50 ms
+            segments = breakdown(split, sequential_ids)
     finally:
         ring.close()
-    return figures
+    return figures, segments
 
 
 def main() -> None:
@@ -284,7 +315,7 @@ def main() -> None:
     console.print(f"omnictl pipeline benchmark, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
                   f"{runs} run(s), variants interleaved")
     with tempfile.TemporaryDirectory(prefix="omx-pipe-") as tmp:
-        figures = asyncio.run(run_all(Path(tmp), args.quick, runs))
+        figures, segments = asyncio.run(run_all(Path(tmp), args.quick, runs))
     med = {key: statistics.median(values) for key, values in figures.items()}
 
     table = Table(title="figures (median of runs; per run in brackets)")
@@ -300,6 +331,15 @@ def main() -> None:
             fmt = lambda v: f"{v:,.0f}/s"  # noqa: E731
         table.add_row(key, fmt(med[key]), " ".join(fmt(v) for v in values))
     console.print(table)
+
+    where = Table(title="where a sequential request's time goes (split pipeline, profiler timestamps, median per segment)")
+    where.add_column("segment")
+    where.add_column("median", justify="right")
+    for label, seconds in segments.items():
+        where.add_row(label, f"{seconds * 1e6:,.0f} µs")
+    where.add_row("sum of segments (admitted -> completed)", f"{sum(segments.values()) * 1e6:,.0f} µs")
+    where.add_row("raw ring, one message around (p50, for scale)", f"{med['ring p50'] * 1e6:,.0f} µs")
+    console.print(where)
 
     ratio = med["pipeline p50"] / med["ring p50"]
     goals = Table(title="issue 14, goal 1")
