@@ -4,10 +4,10 @@ Wraps what a factory returns when it is not a Scheduler: a plain function, an
 ``async def`` function, or a generator function whose yields are stream chunks and
 whose return value is the result. Sync functions run in one worker thread per stage
 (model code need not be thread-safe, and the event loop stays free for IO) -- except a
-plain function measured to take microseconds (every one of its first calls under
-``INLINE_BELOW_S``, in the thread): it then runs on the event loop itself, saving two
-thread wake-ups per request, until one call takes longer (then back to the thread for
-good). Routing, projection and detokenizing stages are such functions; models are not.
+plain function measured to take microseconds (none of its first calls slow, in the
+thread; see ``SimpleScheduler._time``): it then runs on the event loop itself, saving two
+thread wake-ups per request, until one call is slow (then back to the thread for good).
+Routing, projection and detokenizing stages are such functions; models are not.
 Stream chunks sent *to* a simple stage are not consumed: use a StreamingScheduler.
 """
 
@@ -134,9 +134,9 @@ class SimpleScheduler(Scheduler):
                 if self._is_generator:
                     result = self._drain_generator(message)
                 else:
-                    started = time.perf_counter()
+                    started, cpu_started = time.perf_counter(), time.thread_time()
                     result = self.fn(message.data)
-                    self._time(time.perf_counter() - started)
+                    self._time(time.perf_counter() - started, time.thread_time() - cpu_started)
             except Exception as exc:  # the function's failure is this request's failure only
                 if rid not in self._aborted:
                     field = exc.field if isinstance(exc, InvalidRequest) else None
@@ -147,10 +147,13 @@ class SimpleScheduler(Scheduler):
                     self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, data=result))
             del message, result
 
-    def _time(self, seconds: float) -> None:
-        """One plain call's duration: a single slow one sends the function to the thread for good."""
+    def _time(self, wall: float, cpu: float) -> None:
+        """One plain call's duration: a single slow one sends the function to the thread for
+        good. Slow: it computed (CPU time) for half the threshold or more, or it took ten
+        times the threshold in all (it waits on something). A quick call that the OS merely
+        paused for a while on a busy machine does not count."""
         self._timed_calls += 1
-        if seconds >= INLINE_BELOW_S:
+        if cpu >= INLINE_BELOW_S / 2 and wall >= INLINE_BELOW_S or wall >= 10 * INLINE_BELOW_S:
             self._slow = True
 
     async def _execute(self, message: IncomingMessage) -> None:

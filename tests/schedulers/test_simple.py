@@ -35,8 +35,10 @@ def test_a_quick_function_moves_onto_the_loop_after_its_probe_calls_and_back_onc
 
     def fn(data: dict[str, Any]) -> dict[str, Any]:
         threads.append(threading.get_ident())
-        if int(data["rid"][1:]) >= slow_from:
-            time.sleep(QUICK * 2)
+        if int(data["rid"][1:]) >= slow_from:  # computes for twice the threshold
+            end = time.thread_time() + QUICK * 2
+            while time.thread_time() < end:
+                pass
         return {"echo": data["rid"]}
 
     async def body() -> None:
@@ -67,7 +69,7 @@ def test_a_slow_function_stays_in_the_worker_thread_and_errors_fail_only_their_r
 
     def fn(data: dict[str, Any]) -> dict[str, Any]:
         threads.append(threading.get_ident())
-        time.sleep(0.002)
+        time.sleep(0.02)  # waits ten times the threshold and more: slow, though it computes nothing
         if data["rid"] == "r3":
             raise ValueError("bad input")
         return {"echo": data["rid"]}
@@ -80,6 +82,27 @@ def test_a_slow_function_stays_in_the_worker_thread_and_errors_fail_only_their_r
             assert threading.get_ident() not in threads
             assert outcomes["r3"].error is not None and "ValueError: bad input" in outcomes["r3"].error
             assert all(o.result == {"echo": rid} for rid, o in outcomes.items() if rid != "r3")
+        finally:
+            await scheduler.stop()
+
+    asyncio.run(asyncio.wait_for(body(), 30))
+
+
+def test_a_quick_call_the_os_merely_paused_does_not_count_as_slow(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(simple, "INLINE_BELOW_S", 0.01)
+    threads: list[int] = []
+
+    def fn(data: dict[str, Any]) -> dict[str, Any]:
+        threads.append(threading.get_ident())
+        time.sleep(0.03)  # three times the threshold in all, but no CPU time: as if preempted
+        return {"echo": data["rid"]}
+
+    async def body() -> None:
+        scheduler = SimpleScheduler(fn)
+        await scheduler.start()
+        try:
+            await run_requests(scheduler, _PROBE_CALLS + 2)
+            assert threads[-1] == threading.get_ident()  # on the loop after the probe calls
         finally:
             await scheduler.stop()
 
