@@ -101,8 +101,9 @@ def test_a_quick_call_the_os_merely_paused_does_not_count_as_slow(monkeypatch: p
         scheduler = SimpleScheduler(fn)
         await scheduler.start()
         try:
-            await run_requests(scheduler, _PROBE_CALLS + 2)
-            assert threads[-1] == threading.get_ident()  # on the loop after the probe calls
+            await run_requests(scheduler, _PROBE_CALLS)
+            await run_requests(scheduler, 2, start=_PROBE_CALLS)
+            assert threads[-2:] == [threading.get_ident()] * 2  # on the loop after the probe calls
         finally:
             await scheduler.stop()
 
