@@ -158,24 +158,27 @@ class _Typed:
         self.struct = struct
 
 
-_LEAF_TYPES = (str, int, float, bool, bytes, type(None))
+_LEAF_TYPES = frozenset({str, int, float, bool, bytes, type(None)})
 
 
 def _mark_structs(data: Any) -> Any:
     """``data`` with every WireStruct wrapped; containers are copied only when one holds one.
 
-    Checked before copying: a payload without structs (most of them) is walked once and
-    returned as it is, allocating nothing."""
+    The common case, a container of plain values, is recognised by the set of its values'
+    types (a C-level pass) and returned as it is: walking a payload element by element in
+    Python cost more than encoding it (4 µs for a dict with 8 token ids)."""
     if isinstance(data, WireStruct):
         return _Typed(data)
     if isinstance(data, dict):
-        if all(type(value) in _LEAF_TYPES or _mark_structs(value) is value for value in data.values()):
+        if set(map(type, data.values())) <= _LEAF_TYPES:
             return data
-        return {key: _mark_structs(value) for key, value in data.items()}
+        marked = {key: _mark_structs(value) for key, value in data.items()}
+        return marked if any(marked[key] is not value for key, value in data.items()) else data
     if isinstance(data, (list, tuple)):
-        if all(type(value) in _LEAF_TYPES or _mark_structs(value) is value for value in data):
+        if set(map(type, data)) <= _LEAF_TYPES:
             return data
-        return [_mark_structs(value) for value in data]
+        items = [_mark_structs(value) for value in data]
+        return items if any(new is not old for new, old in zip(items, data)) else data
     return data
 
 

@@ -10,7 +10,7 @@ from omnictl.transports.shm import SegmentReader, SlotPool
 
 
 def segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("omx")}
+    return {n for n in os.listdir("/dev/shm") if n.startswith(f"omx{os.getpid()}_")}  # ours: other runs share /dev/shm
 
 
 def make(slot_bytes: int = 1 << 16, slots: int = 2, inline: int = 256) -> PayloadCodec:
