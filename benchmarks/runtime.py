@@ -85,9 +85,11 @@ def thinker(tokens: int = 64, rows: int = 512, cols: int = 2048) -> Callable[[di
     return run
 
 
-def detokenize() -> Callable[[dict[str, Any]], dict[str, Any]]:
-    def run(data: dict[str, Any]) -> dict[str, Any]:
-        return {"text": " ".join(str(i) for i in data["ids"].tolist())}
+def detokenize() -> Callable[[dict[str, Any]], Any]:
+    from omnictl.outputs import TextResult  # a text terminal's result is typed (the output contract)
+
+    def run(data: dict[str, Any]) -> TextResult:
+        return TextResult(text=" ".join(str(i) for i in data["ids"].tolist()))
 
     return run
 
