@@ -32,10 +32,10 @@ def two_process_topology(tmp_path: Path) -> Path:
     )
 
 
-def shm_entries(pids: list[int] | None = None) -> set[str]:
-    """omnictl's segments, or only those ``pids`` own (other test runs share the machine)."""
-    prefixes = ("omx",) if pids is None else tuple(f"omx{pid}_" for pid in pids)
-    return {name for name in os.listdir("/dev/shm") if name.startswith(prefixes)}
+def shm_entries(pids: list[int]) -> set[str]:
+    """The segments that ``pids`` own (segments are named after their creator's pid): other
+    test runs share this machine's /dev/shm."""
+    return {name for name in os.listdir("/dev/shm") if name.startswith(tuple(f"omx{pid}_" for pid in pids))}
 
 
 def open_fds(pids: list[int]) -> int:
@@ -84,7 +84,7 @@ def test_no_growth_of_shared_memory_or_descriptors_across_a_thousand_requests(lo
 
 
 def test_orderly_shutdown_leaves_no_process_socket_or_segment(loop: LoopThread, tmp_path: Path) -> None:
-    before = shm_entries()
+    before = shm_entries([os.getpid()])
     pipe = launch(loop, two_process_topology(tmp_path), profile=False)
     pids = list(pipe.process_ids().values())
     sockets = pipe.socket_dir
@@ -97,7 +97,7 @@ def test_orderly_shutdown_leaves_no_process_socket_or_segment(loop: LoopThread, 
     loop.run(pipe.close())
     assert not any(alive(pid) for pid in pids)
     assert not sockets.exists()
-    assert shm_entries() <= before
+    assert shm_entries([os.getpid(), *pids]) <= before
 
 
 def _script(tmp_path: Path, body: str) -> Path:
@@ -131,17 +131,17 @@ def _start(script: Path) -> tuple[subprocess.Popen[str], list[int], Path]:
 
 
 def test_children_exit_when_the_parent_is_killed(tmp_path: Path) -> None:
-    before = shm_entries()
     owner, pids, _ = _start(_script(tmp_path, "await asyncio.sleep(600)"))
     assert pids and all(alive(pid) for pid in pids)
     owner.send_signal(signal.SIGKILL)
     owner.wait()
     assert until(lambda: not any(alive(pid) for pid in pids), timeout=15)
-    assert until(lambda: shm_entries() <= before, timeout=10), shm_entries() - before
+    # the segments of these processes only: other test runs share this machine's /dev/shm
+    ours = [owner.pid, *pids]
+    assert until(lambda: not shm_entries(ours), timeout=10), shm_entries(ours)
 
 
 def test_sigint_shuts_down_cleanly(tmp_path: Path) -> None:
-    before = shm_entries()
     owner, pids, sockets = _start(_script(tmp_path, "await asyncio.sleep(600)"))
     owner.send_signal(signal.SIGINT)
     # Closing the pipeline must not raise on the way out: then the KeyboardInterrupt is
@@ -149,4 +149,4 @@ def test_sigint_shuts_down_cleanly(tmp_path: Path) -> None:
     assert owner.wait(timeout=30) == -signal.SIGINT
     assert not any(alive(pid) for pid in pids)
     assert not sockets.exists()
-    assert shm_entries() <= before
+    assert not shm_entries([owner.pid, *pids])
