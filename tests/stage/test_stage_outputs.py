@@ -62,7 +62,8 @@ class Ports:
     def send_terminal_skipped(self, request_id: str, stage: str) -> None:
         self.calls.append(("terminal_skipped", request_id, stage))
 
-    def send_failure(self, request_id: str, stage: str, error: str) -> None:
+    def send_failure(self, request_id: str, stage: str, error: str, rejected: bool = False,
+                     field: str | None = None) -> None:  # the Ports protocol's signature
         self.calls.append(("failure", request_id, stage, error))
 
 
