@@ -4,9 +4,9 @@ Wraps what a factory returns when it is not a Scheduler: a plain function, an
 ``async def`` function, or a generator function whose yields are stream chunks and
 whose return value is the result. Sync functions run in one worker thread per stage
 (model code need not be thread-safe, and the event loop stays free for IO) -- except a
-plain function measured to take microseconds (none of its first calls slow, in the
-thread; see ``SimpleScheduler._time``): it then runs on the event loop itself, saving two
-thread wake-ups per request, until one call is slow (then back to the thread for good).
+plain function measured to take microseconds (its last calls all quick, in the thread;
+see ``SimpleScheduler._time``): it then runs on the event loop itself, saving two thread
+wake-ups per request, until a call is slow (then back to the thread).
 Routing, projection and detokenizing stages are such functions; models are not.
 Stream chunks sent *to* a simple stage are not consumed: use a StreamingScheduler.
 """
@@ -41,7 +41,7 @@ def describe_error(exc: BaseException) -> str:
 
 
 INLINE_BELOW_S = 100e-6  # a plain function every call of which is quicker runs on the loop
-_PROBE_CALLS = 16  # calls timed in the worker thread before a function may run on the loop
+_PROBE_CALLS = 16  # quick calls in a row, in the worker thread, before a function may run on the loop
 
 
 class SimpleScheduler(Scheduler):
@@ -58,7 +58,7 @@ class SimpleScheduler(Scheduler):
         self._thread: threading.Thread | None = None
         self._running: set[str] = set()
         self._aborted: set[str] = set()  # running, result to be discarded
-        self._timed_calls = 0  # calls of a plain function timed so far
+        self._quick_streak = 0  # a plain function's quick calls in a row
         self._slow = self._is_async or self._is_generator  # True: never on the loop
 
     async def stop(self) -> None:
@@ -111,7 +111,7 @@ class SimpleScheduler(Scheduler):
             ids = [message.request_id for message in batch]
             self._running.update(ids)
             try:
-                if self._slow or self._timed_calls < _PROBE_CALLS:
+                if self._slow or self._quick_streak < _PROBE_CALLS:
                     await self._in_thread(batch)
                 else:
                     self._run_batch(batch)  # measured quick: on the loop, no thread hop
@@ -148,13 +148,17 @@ class SimpleScheduler(Scheduler):
             del message, result
 
     def _time(self, wall: float, cpu: float) -> None:
-        """One plain call's duration: a single slow one sends the function to the thread for
-        good. Slow: it computed (CPU time) for half the threshold or more, or it took ten
-        times the threshold in all (it waits on something). A quick call that the OS merely
-        paused for a while on a busy machine does not count."""
-        self._timed_calls += 1
-        if cpu >= INLINE_BELOW_S / 2 and wall >= INLINE_BELOW_S or wall >= 10 * INLINE_BELOW_S:
+        """One plain call's duration. A call that computed (thread CPU time) for half the
+        threshold or more sends the function to the thread for good. One that took ten
+        times the threshold without computing waited on something -- IO, a lock, or just
+        the OS on a busy machine: back to the thread until it has again been quick
+        ``_PROBE_CALLS`` times in a row there (a function that always waits never is)."""
+        if cpu >= INLINE_BELOW_S / 2 and wall >= INLINE_BELOW_S:
             self._slow = True
+        elif wall >= 10 * INLINE_BELOW_S:
+            self._quick_streak = 0
+        else:
+            self._quick_streak += 1
 
     async def _execute(self, message: IncomingMessage) -> None:
         """An ``async def`` function's request, on the loop."""

@@ -108,3 +108,33 @@ def test_a_quick_call_the_os_merely_paused_does_not_count_as_slow(monkeypatch: p
             await scheduler.stop()
 
     asyncio.run(asyncio.wait_for(body(), 30))
+
+
+def test_a_call_that_waited_sends_a_function_back_to_the_thread_until_it_is_quick_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(simple, "INLINE_BELOW_S", 0.005)
+    threads: list[int] = []
+
+    def fn(data: dict[str, Any]) -> dict[str, Any]:
+        threads.append(threading.get_ident())
+        if data["rid"] == f"r{_PROBE_CALLS}":
+            time.sleep(0.1)  # waits twenty times the threshold, computing nothing
+        return {"echo": data["rid"]}
+
+    async def body() -> None:
+        scheduler = SimpleScheduler(fn)
+        await scheduler.start()
+        loop_thread = threading.get_ident()
+        try:
+            await run_requests(scheduler, _PROBE_CALLS)
+            await run_requests(scheduler, 1, start=_PROBE_CALLS)  # on the loop; waits
+            assert threads[-1] == loop_thread
+            for i in range(_PROBE_CALLS):  # back in the thread, one at a time, quick again
+                await run_requests(scheduler, 1, start=_PROBE_CALLS + 1 + i)
+                assert threads[-1] != loop_thread
+            await run_requests(scheduler, 1, start=2 * _PROBE_CALLS + 1)
+            assert threads[-1] == loop_thread  # on the loop again
+        finally:
+            await scheduler.stop()
+
+    asyncio.run(asyncio.wait_for(body(), 30))
