@@ -36,7 +36,7 @@ from omnictl.schedulers.simple import describe_error
 from omnictl.topology.model import RelayKnobs, Topology, Transport
 from omnictl.transports.codec import PayloadCodec, codec_for, decode
 from omnictl.transports.curve import CurveKeys, start_authenticator
-from omnictl.transports.frames import receive
+from omnictl.transports.drain import Drain, Outgoing
 from omnictl.transports.shm import SegmentReader, SlotPool
 
 # A reused request id is refused for as long as it is remembered; a client may reuse one long
@@ -103,7 +103,10 @@ class Coordinator:
             name: f"ipc://{self.socket_dir}/p{i}" for i, name in enumerate(topology.instances())
         }
         self._context = zmq.asyncio.Context()
-        self._control = self._context.socket(zmq.PULL)
+        # Plain sockets on the same context for the hot path: sends never block (no
+        # high-water mark), and receiving drains every ready message per wake-up.
+        self._sync_context = zmq.Context.shadow(self._context.underlying)
+        self._control = self._sync_context.socket(zmq.PULL)
         self._control.bind(f"ipc://{self.socket_dir}/control")
         self._broadcast = self._context.socket(zmq.PUB)
         self._broadcast.setsockopt(zmq.SNDHWM, 0)
@@ -119,7 +122,10 @@ class Coordinator:
             self._authenticator = start_authenticator(zmq.Context.shadow(self._context.underlying), self.curve)
             tcp_coordinator = (self._bind_tcp(self._control), self._bind_tcp(self._broadcast))
         self._tcp_addresses: dict[str, str] = {}  # OS process -> the tcp:// address it reported
-        self._pushes: dict[str, zmq.asyncio.Socket] = {}
+        self._pushes: dict[str, zmq.Socket] = {}
+        self._drain: Drain | None = None
+        self._active: dict[tuple[str, ...], tuple[str, ...]] = {}  # terminals -> stages that run
+        self._out = Outgoing()  # several messages per send to each socket, per loop iteration
         self._pool = SlotPool(m.COORDINATOR, m.COORDINATOR, RelayKnobs().slot_bytes, 4)
         self._codec = PayloadCodec(self._pool, RelayKnobs(), topology.allow_pickle)
         self._reader = SegmentReader()
@@ -155,7 +161,7 @@ class Coordinator:
         if self.topology.node_of(self.topology.entry) is not None:  # inputs go to another node
             self._tcp_codec = codec_for(Transport.TCP, self._pool, RelayKnobs())
 
-    def _bind_tcp(self, socket: zmq.asyncio.Socket) -> str:
+    def _bind_tcp(self, socket: zmq.Socket) -> str:
         assert self.curve is not None
         self.curve.serve(socket)  # the ipc endpoint bound before keeps no security
         socket.bind(f"tcp://{self.data_host}:*")
@@ -164,7 +170,7 @@ class Coordinator:
     # --- lifecycle --------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._tasks.append(asyncio.create_task(self._receive(), name="coordinator.receive"))
+        self._drain = Drain(self._control, m.coordinator_decoder.decode, self._receive, "coordinator")
         self._tasks.append(asyncio.create_task(self._enforce_deadlines(), name="coordinator.deadlines"))
         instances = list(self.topology.instances())
         handles = [self.launcher.start(name) for name in instances]
@@ -205,6 +211,9 @@ class Coordinator:
         await self.launcher.stop()
         for task in self._tasks:
             task.cancel()
+        if self._drain is not None:
+            self._drain.close()
+        self._out.flush()
         for socket in [self._control, self._broadcast, *self._pushes.values()]:
             socket.close(linger=0)
         if self._authenticator is not None:
@@ -231,10 +240,10 @@ class Coordinator:
             return "down", dict(self.down)
         return ("degraded" if self.down else "ok"), dict(self.down)
 
-    def _push(self, process: str) -> zmq.asyncio.Socket:
+    def _push(self, process: str) -> zmq.Socket:
         socket = self._pushes.get(process)
         if socket is None:
-            socket = self._pushes[process] = self._context.socket(zmq.PUSH)
+            socket = self._pushes[process] = self._sync_context.socket(zmq.PUSH)
             socket.setsockopt(zmq.SNDHWM, 0)
             socket.setsockopt(zmq.LINGER, 0)
             node = self.launcher.node_of[process]
@@ -259,7 +268,9 @@ class Coordinator:
         if self.dead_reason is not None:
             raise PipelineDead(self.dead_reason)
         terminals = select_terminals(self.topology, modalities)
-        active = active_stages(self.topology, terminals)
+        active = self._active.get(terminals)
+        if active is None:  # one graph walk per selection of terminals, not per request
+            active = self._active[terminals] = active_stages(self.topology, terminals)
         rid = request_id or uuid.uuid4().hex
         if rid in self.requests or rid in self._recent:
             # Stages drop late messages of finished ids, so a reused id would never complete.
@@ -286,11 +297,7 @@ class Coordinator:
         instance = process.instances[replicas.get(process.name, 0)]
         if payload.shm is not None:
             self._pool.sent(payload.shm, instance)  # taken back if that process dies before releasing it
-        submit = m.encode(m.Submit(ctx, entry, payload))
-        if frames:
-            await self._push(instance).send_multipart([submit, *frames], copy=False)
-        else:
-            await self._push(instance).send(submit)
+        self._out.send(self._push(instance), m.encode(m.Submit(ctx, entry, payload)), frames)
         return RequestHandle(record, self.abort)
 
     async def abort(self, request_id: str) -> None:
@@ -343,14 +350,11 @@ class Coordinator:
 
     # --- control messages -------------------------------------------------------------
 
-    async def _receive(self) -> None:
-        while True:
-            header, frames = await receive(self._control)  # frames: a tcp terminal output's tensors
-            message = m.coordinator_decoder.decode(header)
-            if isinstance(message, m.TerminalOutput):
-                self._terminal_output(message, frames)
-            else:
-                self._handle(message)
+    def _receive(self, message: m.ToCoordinator, frames: list[memoryview]) -> None:  # type: ignore[valid-type]
+        if isinstance(message, m.TerminalOutput):
+            self._terminal_output(message, frames)  # frames: a tcp terminal output's tensors
+        else:
+            self._handle(message)
 
     def _handle(self, message: m.ToCoordinator) -> None:  # type: ignore[valid-type]
         if isinstance(message, m.StageFailed):
@@ -390,7 +394,7 @@ class Coordinator:
     def _tcp_address(self, process: str, address: str) -> None:
         """A (re)started process's tcp address: the next hello hands it to every peer."""
         if self._tcp_addresses.get(process, address) != address and process in self._pushes:
-            self._pushes.pop(process).close(linger=0)
+            self._close_push(process)
         self._tcp_addresses[process] = address
         self.launcher.tcp_ports[process] = int(address.rsplit(":", 1)[1])
 
@@ -403,7 +407,7 @@ class Coordinator:
             return
         finally:
             if message.payload.shm is not None:
-                self._push(message.payload.shm.owner).send(m.encode(m.SlotRelease(message.payload.shm)))
+                self._out.send(self._push(message.payload.shm.owner), m.encode(m.SlotRelease(message.payload.shm)))
         record = self.requests.get(message.request_id)
         if record is None:
             return  # finished (aborted, failed) while this was in flight
@@ -486,11 +490,15 @@ class Coordinator:
         socket to it (its queue held only the failed requests' messages, which must not
         reach the replacement and release reused slots) and take back the slots, here and,
         after the aborts just sent, in every stage process."""
-        socket = self._pushes.pop(instance, None)
-        if socket is not None:
-            socket.close(linger=0)
+        self._close_push(instance)
         self._pool.reclaim(instance)
         self._broadcast.send(m.encode(m.ProcessLost(instance)))
+
+    def _close_push(self, instance: str) -> None:
+        socket = self._pushes.pop(instance, None)
+        if socket is not None:
+            self._out.discard(socket)
+            socket.close(linger=0)
 
     def _lose(self, instance: str, why: str) -> None:
         """No restart left for ``instance``: the pipeline is dead once a process has lost

@@ -21,10 +21,15 @@ class ReplicaPlacement:
         self.in_flight: dict[str, int] = {name: 0 for name in topology.instances()}
         self._assigned: dict[str, dict[str, str]] = {}  # request id -> process -> replica name
         self._turn: dict[str, int] = {name: 0 for name in topology.processes}  # tie-break rotation
+        self._by_active: dict[tuple[str, ...], list[ProcessSpec]] = {}
 
     def _processes(self, active: Iterable[str]) -> list[ProcessSpec]:
-        names = dict.fromkeys(self.topology.process_of(stage) for stage in active)
-        return [self.topology.processes[name] for name in names]
+        key = tuple(active)
+        processes = self._by_active.get(key)
+        if processes is None:  # computed once per set of active stages, not per request
+            names = dict.fromkeys(self.topology.process_of(stage) for stage in key)
+            processes = self._by_active[key] = [self.topology.processes[name] for name in names]
+        return processes
 
     def _pick(self, process: ProcessSpec, down: Container[str]) -> int:
         up = [i for i, name in enumerate(process.instances) if name not in down]

@@ -218,8 +218,7 @@ class AutoregressiveScheduler(Scheduler):
 
     async def run(self) -> None:
         while True:
-            message = await self.inbox.get()
-            self._accept(message)
+            self._accept(await self.inbox.get())  # no local: an idle loop keeps no input alive
 
     def _accept(self, message: IncomingMessage) -> None:
         rid = message.request_id

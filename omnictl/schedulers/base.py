@@ -9,6 +9,7 @@ with :meth:`Scheduler.emit`, which is safe to call from any thread.
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
 import time
 from abc import ABC, abstractmethod
@@ -71,6 +72,10 @@ class Scheduler(ABC):
         self.outbox: asyncio.Queue[OutgoingMessage] = asyncio.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
+        # Messages emitted from worker threads, moved to the outbox by one loop callback
+        # per burst (not one loop wake-up per message: a streaming stage emits thousands).
+        self._emitted: collections.deque[OutgoingMessage] = collections.deque()
+        self._emit_pending = False
         # The Stage attaches its process's recorder and its name before `start`.
         self.profiler: Profiler = NullProfiler()
         self.stage_name: str | None = None
@@ -129,9 +134,20 @@ class Scheduler(ABC):
         except RuntimeError:
             running = None
         if running is loop:
+            self._move_emitted()  # what threads emitted before this stays ahead of it
             self.outbox.put_nowait(message)
-        else:
-            loop.call_soon_threadsafe(self.outbox.put_nowait, message)
+            return
+        self._emitted.append(message)  # deque append: atomic, no lock
+        if not self._emit_pending:
+            self._emit_pending = True
+            loop.call_soon_threadsafe(self._move_emitted)
+
+    def _move_emitted(self) -> None:
+        """On the loop: thread-emitted messages to the outbox, in order."""
+        self._emit_pending = False  # first: a message appended from now on schedules another move
+        emitted, put = self._emitted, self.outbox.put_nowait
+        while emitted:
+            put(emitted.popleft())
 
     @abstractmethod
     async def run(self) -> None:

@@ -132,8 +132,7 @@ class StreamingScheduler(Scheduler):
 
     async def run(self) -> None:
         while True:
-            message = await self.inbox.get()
-            self._accept(message)
+            self._accept(await self.inbox.get())  # no local: an idle loop keeps no input alive
 
     def abort(self, request_id: str) -> None:
         stream = self._streams.pop(request_id, None)

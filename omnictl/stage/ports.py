@@ -18,6 +18,7 @@ from omnictl import messages as m
 from omnictl.profiling.events import EventKind, Profiler, now_ns
 from omnictl.topology.model import EdgeKind, RelayKnobs, Topology, Transport, replica_name
 from omnictl.transports.codec import PayloadCodec, codec_for
+from omnictl.transports.drain import Outgoing
 from omnictl.transports.shm import SlotPool
 
 if TYPE_CHECKING:
@@ -27,14 +28,6 @@ if TYPE_CHECKING:
 def payload_bytes(payload: m.EncodedPayload) -> int:
     framed = sum(entry.nbytes for entry in payload.layout) if payload.frames else 0
     return len(payload.skeleton) + len(payload.inline) + (payload.shm.nbytes if payload.shm else 0) + framed
-
-
-def send_message(socket: zmq.Socket, message: Any, frames: list[memoryview]) -> None:
-    """One message: the typed header, then the payload's tensor frames handed over zero-copy."""
-    if frames:
-        socket.send_multipart([m.encode(message), *frames], copy=False)
-    else:
-        socket.send(m.encode(message))
 
 
 class WorkerPorts:
@@ -64,6 +57,7 @@ class WorkerPorts:
         self.pools: dict[str, SlotPool] = {}
         self._codecs: dict[tuple[str, Transport], PayloadCodec] = {}
         self._loop = asyncio.get_running_loop()
+        self._out = Outgoing()  # several messages per send to each socket, per loop iteration
 
     def _push(self, address: str) -> zmq.Socket:
         socket = self._context.socket(zmq.PUSH)
@@ -91,7 +85,7 @@ class WorkerPorts:
         """The coordinator's address book; a restarted peer may have a new port: reconnect to it."""
         for process, address in addresses.items():
             if self.tcp_addresses.get(process, address) != address and process in self._peers:
-                self._peers.pop(process).close(linger=0)
+                self._close_peer(process)
             self.tcp_addresses[process] = address
 
     def _instance_of(self, ctx: m.RequestContext, dst: str) -> str:
@@ -107,16 +101,20 @@ class WorkerPorts:
         instance = self._instance_of(ctx, dst)
         if payload.shm is not None:
             self.pool(src).sent(payload.shm, instance)  # taken back if that process dies before releasing it
-        send_message(self._peer(instance), message, frames)
+        self._out.send(self._peer(instance), m.encode(message), frames)
 
     def lost(self, process: str) -> None:
         """The OS process ``process`` died: drop the socket to it (what is still queued
         there was for requests that failed with it) and take back the slots sent to it."""
-        socket = self._peers.pop(process, None)
-        if socket is not None:
-            socket.close(linger=0)
+        self._close_peer(process)
         for pool in self.pools.values():
             pool.reclaim(process)
+
+    def _close_peer(self, process: str) -> None:
+        socket = self._peers.pop(process, None)
+        if socket is not None:
+            self._out.discard(socket)
+            socket.close(linger=0)
 
     def pool(self, stage: str) -> SlotPool:
         pool = self.pools.get(stage)
@@ -143,7 +141,7 @@ class WorkerPorts:
             # call_soon is FIFO: per-edge order holds and no stage re-enters another.
             self._loop.call_soon(local, self.local[dst])
         else:
-            self._peer_of(ctx, dst).send(m.encode(remote()))
+            self._out.send(self._peer_of(ctx, dst), m.encode(remote()))
 
     # --- Ports protocol ---------------------------------------------------------------
 
@@ -182,28 +180,33 @@ class WorkerPorts:
     def send_terminal(self, request_id: str, stage: str, final: bool, seq: int, data: Any) -> None:
         # the coordinator runs on the unlabelled node: from any other, terminal outputs go over tcp
         payload, frames = self._encode(stage, Transport.SHM if self.node is None else Transport.TCP, data)
-        send_message(self._coordinator, m.TerminalOutput(request_id, stage, final, seq, payload), frames)
+        self._out.send(self._coordinator, m.encode(m.TerminalOutput(request_id, stage, final, seq, payload)), frames)
 
     def send_terminal_skipped(self, request_id: str, stage: str) -> None:
-        self._coordinator.send(m.encode(m.TerminalSkipped(request_id, stage)))
+        self._out.send(self._coordinator, m.encode(m.TerminalSkipped(request_id, stage)))
 
     def send_failure(self, request_id: str, stage: str, error: str, rejected: bool = False, field: str | None = None) -> None:
-        self._coordinator.send(m.encode(m.StageFailed(request_id, stage, error, rejected, field)))
+        self._out.send(self._coordinator, m.encode(m.StageFailed(request_id, stage, error, rejected, field)))
 
     def send_control(self, message: m.ToCoordinator) -> None:  # type: ignore[valid-type]
-        self._coordinator.send(m.encode(message))
+        self._out.send(self._coordinator, m.encode(message))
 
     def release(self, ref: m.ShmRef) -> None:
         """Hand a slot back to its owner (after unpacking what it held)."""
         if ref.owner == self.process:
             self.pool(ref.stage).release(ref)
         elif ref.owner == m.COORDINATOR:
-            self._coordinator.send(m.encode(m.SlotRelease(ref)))
+            self._out.send(self._coordinator, m.encode(m.SlotRelease(ref)))
         else:
-            self._peer(ref.owner).send(m.encode(m.SlotRelease(ref)))
+            self._out.send(self._peer(ref.owner), m.encode(m.SlotRelease(ref)))
+
+    def flush(self) -> None:
+        """Send now what is queued (messages otherwise leave at the end of the loop iteration)."""
+        self._out.flush()
 
     def close(self, linger_ms: int = 0) -> None:
         """``linger_ms``: how long queued messages may still go out (a launch failure must)."""
+        self._out.flush()
         for pool in self.pools.values():
             pool.close()
         for socket in [*self._peers.values(), self._coordinator]:

@@ -145,18 +145,21 @@ class Stage:
         while True:
             message = await self.scheduler.outbox.get()
             ctx = self._contexts.get(message.request_id)
-            if ctx is None:
-                continue  # aborted while the scheduler was finishing it
-            try:
-                if message.kind is OutgoingKind.STREAM:
-                    self._stream(ctx, message)
-                elif message.kind is OutgoingKind.RESULT:
-                    self._route(ctx, message.data)
-                else:
-                    self._fail(ctx.request_id, f"stage {self.name!r} failed: {message.error}", message.field, message.exc)
-            except Exception as exc:  # e.g. an output leaf that cannot be serialized: this request fails
-                self._fail(ctx.request_id, f"stage {self.name!r} could not send its output: {describe_error(exc)}",
-                           exc=exc)
+            if ctx is not None:  # None: aborted while the scheduler was finishing it
+                self._send_out(ctx, message)
+            del message  # idle, this frame must not keep the last output (maybe views of a leased slot) alive
+
+    def _send_out(self, ctx: RequestContext, message: OutgoingMessage) -> None:
+        try:
+            if message.kind is OutgoingKind.STREAM:
+                self._stream(ctx, message)
+            elif message.kind is OutgoingKind.RESULT:
+                self._route(ctx, message.data)
+            else:
+                self._fail(ctx.request_id, f"stage {self.name!r} failed: {message.error}", message.field, message.exc)
+        except Exception as exc:  # e.g. an output leaf that cannot be serialized: this request fails
+            self._fail(ctx.request_id, f"stage {self.name!r} could not send its output: {describe_error(exc)}",
+                       exc=exc)
 
     def _breaks_contract(self, ctx: RequestContext, final: bool, data: Any) -> bool:
         """A terminal's output that is not what its modality promises fails the request here,

@@ -19,7 +19,6 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import zmq
 import zmq.asyncio
 from zmq.auth.thread import ThreadAuthenticator
@@ -33,9 +32,10 @@ from omnictl.stage.build import build_stage
 from omnictl.stage.ports import WorkerPorts
 from omnictl.stage.stage import Stage
 from omnictl.stage.startup import WorkerConfig, decode_config
-from omnictl.transports.codec import decode
 from omnictl.transports.curve import start_authenticator
+from omnictl.transports.drain import Drain
 from omnictl.transports.frames import receive
+from omnictl.transports.leases import ViewLeases
 from omnictl.transports.shm import SegmentReader
 
 _PR_SET_PDEATHSIG = 1
@@ -107,7 +107,8 @@ class Worker:
         context = zmq.asyncio.Context()
         if config.curve is not None:  # before any tcp socket: every handshake goes through it
             self._authenticator = start_authenticator(zmq.Context.shadow(context.underlying), config.curve)
-        inbound = context.socket(zmq.PULL)
+        plain = zmq.Context.shadow(context.underlying)  # the hot path: see omnictl.transports.drain
+        inbound = plain.socket(zmq.PULL)
         inbound.setsockopt(zmq.LINGER, 0)
         if config.instance in config.process_addresses:  # none under Ray: every address is tcp
             inbound.bind(config.process_addresses[config.instance])
@@ -122,34 +123,36 @@ class Worker:
         self.ports = WorkerPorts(
             config.instance,
             config.topology,
-            zmq.Context.shadow(context.underlying),
+            plain,
             config.process_addresses,
             config.coordinator_address,
             profiler,
             node=config.node,
             configure=config.curve.connect_as_client if config.curve is not None else None,
         )
+        self.leases = ViewLeases(self.reader, self.ports.release)
         if not await self._build(profiler):
             # the LaunchFailed report is queued: without a linger, closing would drop it and
             # the coordinator would only see the process exit, not why
             self._close(inbound, broadcast, recorder, linger_ms=_REPORT_LINGER_MS)
             return
         self.ports.send_control(m.Ready(config.instance, os.getpid(), tcp_address))
+        drain = Drain(inbound, m.inbound_decoder.decode, self._receive, f"stage process {config.instance}")
         tasks = [
-            asyncio.create_task(self._receive(inbound)),
             asyncio.create_task(self._listen(broadcast)),
             asyncio.create_task(self._watch_inboxes()),
         ]
         if config.parent_pid:  # 0: a Ray actor, whose life Ray manages
             tasks.append(asyncio.create_task(self._watch_parent()))
         await self._stop.wait()
+        drain.close()
         for task in tasks:
             task.cancel()
         for stage in self.stages.values():
             await stage.stop()
         self._close(inbound, broadcast, recorder)
 
-    def _bind_tcp(self, inbound: zmq.asyncio.Socket) -> str:
+    def _bind_tcp(self, inbound: zmq.Socket) -> str:
         """Take tcp data too, on ``data_host``; returns the address bound (the port OS-chosen
         unless the predecessor's is asked for and still free)."""
         host, port = self.config.data_host or _node_address(), self.config.tcp_port
@@ -186,7 +189,8 @@ class Worker:
             log.info("stage %r loaded in %.1f s (process %s)", name, time.monotonic() - started, config.process)
         return True
 
-    def _close(self, inbound: zmq.asyncio.Socket, broadcast: zmq.asyncio.Socket, recorder: Any, linger_ms: int = 0) -> None:
+    def _close(self, inbound: zmq.Socket, broadcast: zmq.asyncio.Socket, recorder: Any, linger_ms: int = 0) -> None:
+        self.leases.close()
         self.ports.close(linger_ms)
         self.reader.close()
         inbound.close(linger=0)
@@ -201,26 +205,19 @@ class Worker:
             await asyncio.sleep(0.5)
         self._stop.set()
 
-    async def _receive(self, socket: zmq.asyncio.Socket) -> None:
-        while True:
-            raw, frames = await receive(socket)
-            try:
-                message = m.inbound_decoder.decode(raw)
-            except msgspec.DecodeError as exc:  # a peer speaking another protocol version
-                log.warning("undecodable message (a peer speaking another protocol version?): %s", exc)
-                continue
-            try:
-                self._dispatch(message, frames)
-                self._check_inboxes()
-            except Exception as exc:
-                # One message that cannot be handled fails its request, not the process.
-                request_id = message.ctx.request_id if hasattr(message, "ctx") else None
-                if request_id is None:
-                    raise
-                stage = getattr(message, "dst", self.config.instance)
-                why = f"stage {stage!r} could not take its input: {describe_error(exc)}"
-                log.error("%s", why, exc_info=exc, extra={"request_id": request_id})
-                self.ports.send_failure(request_id, stage, why, rejected=True)
+    def _receive(self, message: m.StageInbound, frames: list[memoryview]) -> None:  # type: ignore[valid-type]
+        try:
+            self._dispatch(message, frames)
+            self._check_inboxes()
+        except Exception as exc:
+            # One message that cannot be handled fails its request, not the process.
+            request_id = message.ctx.request_id if hasattr(message, "ctx") else None
+            if request_id is None:
+                raise
+            stage = getattr(message, "dst", self.config.instance)
+            why = f"stage {stage!r} could not take its input: {describe_error(exc)}"
+            log.error("%s", why, exc_info=exc, extra={"request_id": request_id})
+            self.ports.send_failure(request_id, stage, why, rejected=True)
 
     # Backpressure. A full inbox is not enforced by not reading the inbound socket: one
     # socket carries both new requests and what running ones still need (stream chunks,
@@ -246,11 +243,9 @@ class Worker:
             self._check_inboxes()
 
     def _unpack(self, payload: m.EncodedPayload, frames: list[memoryview]) -> Any:
-        try:
-            return decode(payload, self.reader, self.config.topology.allow_pickle, frames=frames)
-        finally:
-            if payload.shm is not None:
-                self.ports.release(payload.shm)
+        """Tensors arrive as views of the sender's slot (released when they are freed) or
+        of their tcp frames."""
+        return self.leases.decode(payload, self.config.topology.allow_pickle, frames)
 
     def _dispatch(self, message: m.StageInbound, frames: list[memoryview]) -> None:  # type: ignore[valid-type]
         if isinstance(message, m.SlotRelease):

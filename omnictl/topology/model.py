@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -87,7 +88,7 @@ class ProcessSpec:
     node: str | None = None  # `node` label: same label, same machine; None: the coordinator's
     cpus: float = 1.0  # CPUs a cluster launcher reserves for each replica
 
-    @property
+    @cached_property  # read for every request (replica placement): computed once
     def instances(self) -> tuple[str, ...]:
         """The OS process name of every replica, in replica order."""
         return tuple(replica_name(self.name, i, self.replicas) for i in range(self.replicas))

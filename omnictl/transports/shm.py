@@ -1,5 +1,6 @@
 """Shared-memory slots: the sender packs tensors into a reusable slot and sends only a
-small control message; the receiver copies them out and hands the slot back.
+small control message; the receiver reads them in place (views, see
+:mod:`omnictl.transports.leases`) or copies them out, and hands the slot back.
 
 A payload larger than a slot, or sent while every slot is taken, gets a segment of its
 own (kept as a spare for reuse once released), so sending never blocks.
@@ -7,6 +8,7 @@ own (kept as a spare for reuse once released), so sending never blocks.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import uuid
@@ -52,9 +54,15 @@ class AttachedSegment:
             os.close(fd)
         self.buf = memoryview(self._map)
 
-    def close(self) -> None:
-        self.buf.release()
-        self._map.close()
+    def close(self) -> bool:
+        """Unmap now; False when views of it are still alive (leased payloads): it is then
+        unmapped when the last of them dies."""
+        try:
+            self.buf.release()
+            self._map.close()
+        except BufferError:
+            return False
+        return True
 
 
 class SlotPool:
@@ -164,32 +172,37 @@ class SegmentReader:
         self._capacity = capacity
         self._mapped: OrderedDict[str, AttachedSegment] = OrderedDict()
 
-    def read(self, ref: ShmRef) -> memoryview:
-        """A view of the referenced bytes; release it once they are copied out."""
-        segment = self._mapped.get(ref.segment)
+    def _segment(self, name: str) -> AttachedSegment:
+        segment = self._mapped.get(name)
         if segment is None:
             self.drop_dead()
-            segment = self._mapped[ref.segment] = AttachedSegment(ref.segment)
+            segment = self._mapped[name] = AttachedSegment(name)
             if len(self._mapped) > self._capacity:
                 _, evicted = self._mapped.popitem(last=False)
-                evicted.close()
+                evicted.close()  # forgotten either way; unmapped once no view of it is left
         else:
-            self._mapped.move_to_end(ref.segment)
-        return segment.buf[ref.offset : ref.offset + ref.nbytes]
+            self._mapped.move_to_end(name)
+        return segment
+
+    def read(self, ref: ShmRef) -> memoryview:
+        """A view of the referenced bytes; release it once they are copied out."""
+        return self._segment(ref.segment).buf[ref.offset : ref.offset + ref.nbytes]
+
+    def exporter(self, ref: ShmRef) -> ctypes.Array:
+        """A new object exporting the whole mapped segment of ``ref`` (so buffers taken
+        from it keep the object itself alive: see :mod:`omnictl.transports.leases`). Typed
+        by segment size, of which there are few: ctypes caches one array type per size."""
+        buf = self._segment(ref.segment).buf
+        return (ctypes.c_char * len(buf)).from_buffer(buf)
 
     def drop_dead(self) -> None:
         """Unmap the segments of processes that no longer exist."""
         for name in [name for name in self._mapped if not _creator_alive(name)]:
-            try:
-                self._mapped[name].close()
-            except BufferError:
-                continue  # a view into it is still being copied out: the next sweep unmaps it
-            del self._mapped[name]
+            # forgotten either way: with views of it alive (leased tensors, a copy-out in
+            # progress) the mapping goes when the last of them does
+            self._mapped.pop(name).close()
 
     def close(self) -> None:
         for segment in self._mapped.values():
-            try:
-                segment.close()
-            except BufferError:
-                pass
+            segment.close()
         self._mapped.clear()

@@ -167,16 +167,21 @@ def test_aborting_a_hundred_requests_spread_over_replicas_leaves_no_state(loop: 
         async def flood() -> list[Any]:
             blob = np.ones(64 * 1024, dtype=np.float32)  # over the inline threshold: shm slots
             requests = [await pipe.submit({"text": f"r{i}", "blob": blob}) for i in range(100)]
-            await asyncio.sleep(0.2)  # let some of them get into the replicas
+            # let them get into the replicas: a burst of 100 arrives at once, and each payload
+            # past the sender's 8 slots (held, as views, by the replicas still sleeping on them)
+            # takes a fresh segment of its own, which a loaded machine creates slowly
+            deadline = asyncio.get_running_loop().time() + 5
             busy = await pipe.stats()
+            while not all(_held(busy).values()) and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+                busy = await pipe.stats()
             for request in requests:
                 await pipe.abort(request.id)
             return [busy] + [await _aborted_or_result(r) for r in requests]
 
         busy, *outcomes = loop.run(flood())
         # work was in every replica when the aborts went out
-        held = {name: busy["b"]["replicas"][name]["requests"] + busy["d"]["replicas"][name]["requests"]
-                for name in ("two#0", "two#1", "two#2")}
+        held = _held(busy)
         assert all(held.values()), held
         assert sum(isinstance(o, omnictl.RequestAborted) for o in outcomes) > 50
         assert pipe.in_flight() == 0
@@ -184,6 +189,12 @@ def test_aborting_a_hundred_requests_spread_over_replicas_leaves_no_state(loop: 
         assert loop.run(_one(pipe, {"text": "after"}))["d"]["sources"] == ["b", "c"]
     finally:
         loop.run(pipe.close())
+
+
+def _held(stats: dict[str, Any]) -> dict[str, int]:
+    """Requests each replica of process ``two`` holds state for."""
+    return {name: stats["b"]["replicas"][name]["requests"] + stats["d"]["replicas"][name]["requests"]
+            for name in ("two#0", "two#1", "two#2")}
 
 
 async def _aborted_or_result(request: Any) -> Any:

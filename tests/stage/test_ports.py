@@ -93,9 +93,11 @@ class Wired:
         return socket
 
     def at_two(self) -> Any:
+        self.ports.flush()  # sends leave at the end of the loop iteration; this test blocks the loop
         return m.inbound_decoder.decode(self.two.recv())
 
     def at_coordinator(self) -> Any:
+        self.ports.flush()
         return m.coordinator_decoder.decode(self.coordinator.recv())
 
     def close(self) -> None:

@@ -233,3 +233,17 @@ def fails_once_after_marker(marker: str) -> Callable[[dict[str, Any]], dict[str,
         os.remove(marker)
         raise RuntimeError("transient start-up failure")
     return crash_on("die")
+
+
+def hoarder(keep: int = 1000) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Keeps (up to ``keep``) every tensor it receives, as received (views of the sender's
+    shm slot), and reports whether all of them still hold the value they arrived with."""
+    held: list[tuple[float, torch.Tensor]] = []
+
+    def run(data: dict[str, Any]) -> dict[str, Any]:
+        if len(held) < keep:
+            held.append((float(data["i"]), data["blob"]))
+        intact = all(bool((t == value).all()) for value, t in held)
+        return {"i": data["i"], "held": len(held), "intact": intact}
+
+    return run

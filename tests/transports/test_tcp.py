@@ -12,11 +12,11 @@ import zmq
 import zmq.asyncio
 
 from omnictl import messages as m
-from omnictl.stage.ports import payload_bytes, send_message
+from omnictl.stage.ports import payload_bytes
 from omnictl.topology.model import RelayKnobs, Transport
 from omnictl.transports.codec import codec_for, decode
 from omnictl.transports.curve import CurveKeys, start_authenticator
-from omnictl.transports.frames import receive
+from omnictl.transports.drain import Drain
 from omnictl.transports.shm import SegmentReader, SlotPool
 from omnictl.transports.tcp import TcpCodec
 
@@ -42,7 +42,7 @@ def _roundtrip(pair: tuple[zmq.Socket, zmq.Socket], data: Any) -> tuple[m.DataRe
     codec = codec_for(Transport.TCP, pool, RelayKnobs())
     assert isinstance(codec, TcpCodec)
     payload, frames = codec.encode_frames(data)
-    send_message(push, m.DataReady(CTX, "a", "b", payload, 0), frames)
+    push.send_multipart([m.encode(m.DataReady(CTX, "a", "b", payload, 0)), *frames], copy=False)  # as Outgoing sends it
     parts = pull.recv_multipart(copy=False)
     message = m.inbound_decoder.decode(parts[0].buffer)
     assert isinstance(message, m.DataReady)
@@ -83,33 +83,38 @@ def test_a_frame_count_that_does_not_match_the_layout_is_refused() -> None:
 
 
 def test_a_large_first_message_over_curve_with_zap_is_received_whole() -> None:
-    """libzmq reports such a connection readable before the message is whole; the receive
-    loop must wait for it rather than die on EAGAIN (it did: a tensor opening a tcp edge hung
-    the pipeline)."""
+    """libzmq reports such a connection readable before the message is whole; the receiving
+    drain must wait for it rather than die on EAGAIN (a receive loop did: a tensor opening a
+    tcp edge hung the pipeline)."""
     keys = CurveKeys.generate()
+    codec = TcpCodec(SlotPool("p", "a", 1024, 1), RelayKnobs())
 
-    async def scenario() -> list[tuple[int, list[int]]]:
+    async def scenario() -> list[list[int]]:
         context = zmq.asyncio.Context()
         authenticator = start_authenticator(zmq.Context.shadow(context.underlying), keys)
-        pull = context.socket(zmq.PULL)
+        pull = zmq.Context.shadow(context.underlying).socket(zmq.PULL)
         keys.serve(pull)
         pull.bind("tcp://127.0.0.1:*")
         sender = zmq.Context()
         push = sender.socket(zmq.PUSH)
         keys.connect_as_client(push)
         push.connect(pull.getsockopt(zmq.LAST_ENDPOINT).decode())
-        got = []
+        got: asyncio.Queue[list[int]] = asyncio.Queue()
+        drain = Drain(pull, m.inbound_decoder.decode, lambda message, frames: got.put_nowait([len(f) for f in frames]),
+                      "test")
+        received = []
         try:
             for size in (2_000_000, 10, 2_000_000):
-                push.send_multipart([b"header", memoryview(np.zeros(size, dtype=np.uint8))], copy=False)
-                header, frames = await asyncio.wait_for(receive(pull), 30)
-                got.append((len(header), [len(f) for f in frames]))
+                payload, frames = codec.encode_frames({"x": np.zeros(size, dtype=np.uint8)})
+                push.send_multipart([m.encode(m.DataReady(CTX, "a", "b", payload, 0)), *frames], copy=False)
+                received.append(await asyncio.wait_for(got.get(), 30))
         finally:
+            drain.close()
             push.close(linger=0)
             sender.term()
             pull.close(linger=0)
             authenticator.stop()
             context.term()
-        return got
+        return received
 
-    assert asyncio.run(scenario()) == [(6, [2_000_000]), (6, [10]), (6, [2_000_000])]
+    assert asyncio.run(scenario()) == [[2_000_000], [10], [2_000_000]]

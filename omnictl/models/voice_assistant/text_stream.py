@@ -38,8 +38,7 @@ class TextStreamFollower(Scheduler):
 
     async def run(self) -> None:
         while True:
-            message = await self.inbox.get()
-            self.accept(message)
+            self.accept(await self.inbox.get())  # no local: an idle loop keeps no input alive
 
     def accept(self, message: IncomingMessage) -> None:
         rid = message.request_id
