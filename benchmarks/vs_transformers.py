@@ -70,11 +70,14 @@ def make_request(index: int, max_tokens: int) -> dict[str, Any]:
 # --- staged ---------------------------------------------------------------------------
 
 
-def staged_topology(max_codes: int, stream_every: int, chunk_frames: int) -> Any:
-    """The shipped topology with the knobs of this run as factory_args."""
+def staged_topology(max_codes: int, stream_every: int, chunk_frames: int, one_gpu: bool = False) -> Any:
+    """The shipped topology with the knobs of this run as factory_args (``one_gpu``: the
+    talker's process on GPU 0 too, for a machine with one)."""
     from omnictl.topology.validation import loads
 
     text = TOPOLOGY.read_text()
+    if one_gpu:
+        text = text.replace("gpu: 1\n", "gpu: 0\n")
     knobs = {
         "talker_ar": f"{{max_codes: {max_codes}}}",
         "thinker": f"{{stream_every: {stream_every}}}",
@@ -140,40 +143,57 @@ async def staged_run(
 # --- monolithic -----------------------------------------------------------------------
 
 
-def monolithic_run(model_path: str, levels: list[int], rounds: int, max_tokens: int, max_codes: int) -> dict[int, Figures]:
-    import torch
-    from transformers import Qwen3OmniMoeForConditionalGeneration
+class Monolithic:
+    """``Qwen3OmniMoeForConditionalGeneration.generate`` on one padded batch of requests at a
+    time: text and audio come back only when the whole batch is done."""
 
-    from omnictl.models.qwen3_omni.processor import load_processor
+    def __init__(self, model_path: str, max_tokens: int, max_codes: int, device: str = "cpu") -> None:
+        import torch
+        from transformers import Qwen3OmniMoeForConditionalGeneration
 
-    processor = load_processor(model_path)
-    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_path).eval()
+        from omnictl.models.qwen3_omni.processor import load_processor
 
-    def batch(indices: list[int]) -> float:
+        self.processor = load_processor(model_path)
+        self.model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_path, dtype=torch.float32)
+        self.model = self.model.to(device).eval()
+        self.device = device
+        self.max_tokens = max_tokens
+        self.max_codes = max_codes
+
+    def generate(self, indices: list[int]) -> float:
+        """Run the requests ``indices`` (see :func:`make_request`) as one batch; seconds taken."""
+        import torch
+
         prompts = [
-            processor.apply_chat_template(make_request(i, max_tokens)["messages"], add_generation_prompt=True, tokenize=False)
+            self.processor.apply_chat_template(make_request(i, self.max_tokens)["messages"], add_generation_prompt=True,
+                                               tokenize=False)
             for i in indices
         ]
-        inputs = processor(text=prompts, return_tensors="pt", padding=True)
+        inputs = self.processor(text=prompts, return_tensors="pt", padding=True).to(self.device)
         started = time.perf_counter()
         with torch.inference_mode():
-            model.generate(
+            self.model.generate(
                 **inputs,
-                thinker_max_new_tokens=max_tokens,
+                thinker_max_new_tokens=self.max_tokens,
                 thinker_do_sample=False,
-                thinker_eos_token_id=model.config.im_end_token_id,
-                talker_max_new_tokens=max_codes,
+                thinker_eos_token_id=self.model.config.im_end_token_id,
+                talker_max_new_tokens=self.max_codes,
                 talker_do_sample=False,
             )
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
         return time.perf_counter() - started
 
-    batch([0])  # warm-up
+
+def monolithic_run(model_path: str, levels: list[int], rounds: int, max_tokens: int, max_codes: int) -> dict[int, Figures]:
+    mono = Monolithic(model_path, max_tokens, max_codes)
+    mono.generate([0])  # warm-up
     figures: dict[int, Figures] = {}
     for level in levels:
         latencies: list[float] = []
         started = time.perf_counter()
         for round_index in range(rounds):
-            seconds = batch(list(range(round_index * level, (round_index + 1) * level)))
+            seconds = mono.generate(list(range(round_index * level, (round_index + 1) * level)))
             latencies.extend([seconds] * level)
         wall = time.perf_counter() - started
         p50 = statistics.median(latencies)

@@ -57,7 +57,8 @@ class SimpleScheduler(Scheduler):
         self._jobs: queue.SimpleQueue[tuple[collections.deque[IncomingMessage], asyncio.Future[None]] | None] = (
             queue.SimpleQueue())
         self._thread: threading.Thread | None = None
-        self._running: set[str] = set()
+        self._running: set[str] = set()  # handed to the worker thread (or on the loop), not finished
+        self._batch: collections.deque[IncomingMessage] = collections.deque()  # handed over, not started
         self._aborted: set[str] = set()  # running, result to be discarded
         self._quick_streak = 0  # a plain function's quick calls in a row
         self._slow = self._is_async or self._is_generator  # True: never on the loop
@@ -111,12 +112,14 @@ class SimpleScheduler(Scheduler):
                 continue
             ids = [message.request_id for message in batch]
             self._running.update(ids)
+            self._batch = batch
             try:
                 if self._slow or self._quick_streak < _PROBE_CALLS:
                     await self._in_thread(batch)
                 else:
                     self._run_batch(batch)  # measured quick: on the loop, no thread hop
             finally:
+                self._batch = collections.deque()
                 self._running.difference_update(ids)
                 self._aborted.difference_update(ids)
             del batch  # idle, this frame must not keep the last inputs (maybe leased shm slots) alive
@@ -129,6 +132,7 @@ class SimpleScheduler(Scheduler):
             message = batch.popleft()  # popped: done, its input is not kept alive by the batch
             rid = message.request_id
             if rid in self._aborted:
+                self._running.discard(rid)
                 continue
             self.profile(EventKind.BUILD_START, rid)
             result = None
@@ -145,6 +149,8 @@ class SimpleScheduler(Scheduler):
                     self._failed(rid, exc)
                 else:
                     self._succeeded(rid, result)
+                finally:
+                    self._running.discard(rid)  # from another thread: set operations hold the GIL
             del message, result
 
     def _failed(self, rid: str, exc: Exception) -> None:
@@ -206,7 +212,10 @@ class SimpleScheduler(Scheduler):
             self._aborted.add(request_id)  # its result is discarded; a generator stops at its next yield
 
     def load(self) -> SchedulerLoad:
-        return SchedulerLoad(queued=self.inbox.qsize(), running=len(self._running))
+        # Requests handed to the worker thread and not started yet are queued, as they
+        # were in the inbox: backpressure (Stage.inbox_full) counts them.
+        waiting = len(self._batch)
+        return SchedulerLoad(queued=self.inbox.qsize() + waiting, running=max(0, len(self._running) - waiting))
 
 
 def _settle(done: asyncio.Future[None], error: BaseException | None) -> None:

@@ -1,10 +1,24 @@
-"""Write a tiny random-weight Qwen3-Omni checkpoint for tests and CPU benchmarks.
+"""Write a random-weight Qwen3-Omni checkpoint for tests and benchmarks.
 
 The checkpoint has the real architecture (thinker with audio and vision towers,
-talker with its code predictor, code2wav vocoder) at hidden size 32 and two
-layers, plus a real processor: a byte-level BPE tokenizer trained here on a few
-sentences, a Whisper feature extractor and a Qwen2-VL image processor. Nothing is
-downloaded. Run ``python -m omnictl.models.qwen3_omni.tiny OUT_DIR``.
+talker with its code predictor, code2wav vocoder) plus a real processor: a byte-level
+BPE tokenizer trained here on a few sentences, a Whisper feature extractor and a
+Qwen2-VL image processor. Nothing is downloaded. Three sizes (:data:`SIZES`):
+
+- ``tiny``: hidden size 32, two layers; builds and runs in well under a second on a
+  CPU (tests), so it measures the runtime's own cost and nothing else;
+- ``mid``: widths and depths where one thinker decode step costs several milliseconds
+  on a 2-core CPU, so compute dominates (``benchmarks/qwen3_omni_open_loop.py``);
+- ``real``: the thinker, talker, code predictor and vocoder at the released
+  Qwen3-Omni-30B-A3B widths and depths, and its vocabulary size (for a GPU). Each MoE
+  layer has 16 experts instead of 128, with the released 8 (thinker) and 6 (talker)
+  active per token: a token's compute is the released model's, its weights fit a
+  quarter of the memory and are written in minutes.
+
+The audio and vision towers stay tiny at every size: the benchmarks send text, which
+never reaches them.
+
+Run ``python -m omnictl.models.qwen3_omni.tiny OUT_DIR [--size mid]``.
 """
 
 from __future__ import annotations
@@ -12,13 +26,79 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-CODEBOOK_SIZE = 64  # code2wav codebook; the talker's own vocabulary adds 1024 suppressed specials on top
-NUM_CODE_GROUPS = 4
-HIDDEN = 32
+HIDDEN = 32  # the towers' width at every size
 SPEAKER = "ethan"
+
+
+@dataclass(frozen=True)
+class Widths:
+    """The sizes that differ between :data:`SIZES` (all else is shared)."""
+
+    hidden: int  # thinker
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    experts: int
+    experts_per_token: int
+    moe_intermediate: int
+    mrope_section: tuple[int, int, int]  # sums to head_dim / 2
+    talker_hidden: int
+    talker_layers: int
+    talker_heads: int
+    talker_kv_heads: int
+    talker_experts_per_token: int
+    talker_moe_intermediate: int
+    talker_shared_intermediate: int
+    accept_hidden_layer: int  # the thinker layer whose hidden states the talker reads
+    predictor_layers: int
+    predictor_intermediate: int
+    code_groups: int
+    codebook: int  # code2wav codebook; the talker's own vocabulary adds 1024 suppressed specials on top
+    vocoder_hidden: int
+    vocoder_layers: int
+    vocoder_heads: int
+    vocoder_intermediate: int
+    vocoder_window: int
+    upsample_rates: tuple[int, ...]
+    upsampling_ratios: tuple[int, ...]
+    decoder_dim: int
+    vocab: int = 0  # the thinker's vocabulary (0: the tokenizer's own; larger pads the embedding and lm_head)
+
+
+SIZES: dict[str, Widths] = {
+    "tiny": Widths(
+        hidden=HIDDEN, layers=2, heads=2, kv_heads=1, head_dim=16, experts=4, experts_per_token=2,
+        moe_intermediate=16, mrope_section=(4, 2, 2),
+        talker_hidden=HIDDEN, talker_layers=2, talker_heads=2, talker_kv_heads=1, talker_experts_per_token=2,
+        talker_moe_intermediate=16, talker_shared_intermediate=32, accept_hidden_layer=1,
+        predictor_layers=1, predictor_intermediate=64, code_groups=4, codebook=64,
+        vocoder_hidden=HIDDEN, vocoder_layers=1, vocoder_heads=2, vocoder_intermediate=64, vocoder_window=8,
+        upsample_rates=(4, 4), upsampling_ratios=(2,), decoder_dim=32,
+    ),
+    "mid": Widths(
+        hidden=512, layers=8, heads=8, kv_heads=2, head_dim=64, experts=16, experts_per_token=4,
+        moe_intermediate=256, mrope_section=(12, 10, 10),
+        talker_hidden=256, talker_layers=4, talker_heads=4, talker_kv_heads=2, talker_experts_per_token=2,
+        talker_moe_intermediate=128, talker_shared_intermediate=256, accept_hidden_layer=4,
+        predictor_layers=2, predictor_intermediate=512, code_groups=8, codebook=256,
+        vocoder_hidden=256, vocoder_layers=2, vocoder_heads=4, vocoder_intermediate=512, vocoder_window=16,
+        upsample_rates=(8, 5, 4, 3), upsampling_ratios=(2, 2), decoder_dim=128,
+    ),
+    "real": Widths(
+        hidden=2048, layers=48, heads=32, kv_heads=4, head_dim=128, experts=16, experts_per_token=8,
+        moe_intermediate=768, mrope_section=(24, 20, 20),
+        talker_hidden=1024, talker_layers=20, talker_heads=16, talker_kv_heads=2, talker_experts_per_token=6,
+        talker_moe_intermediate=384, talker_shared_intermediate=768, accept_hidden_layer=24,
+        predictor_layers=5, predictor_intermediate=3072, code_groups=16, codebook=2048,
+        vocoder_hidden=1024, vocoder_layers=8, vocoder_heads=16, vocoder_intermediate=3072, vocoder_window=72,
+        upsample_rates=(8, 5, 4, 3), upsampling_ratios=(2, 2), decoder_dim=1536, vocab=152064,
+    ),
+}
 
 # Special tokens the chat template and the processor need, in the order they get ids.
 SPECIAL_TOKENS = (
@@ -142,21 +222,22 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 
-def build_config(tokenizer: Any) -> Any:
-    """The tiny ``Qwen3OmniMoeConfig`` whose special-token ids come from ``tokenizer``."""
+def build_config(tokenizer: Any, size: str = "tiny") -> Any:
+    """The ``Qwen3OmniMoeConfig`` of ``size`` (a key of :data:`SIZES`) whose special-token
+    ids come from ``tokenizer``."""
     from transformers import Qwen3OmniMoeConfig
 
+    w = SIZES[size]
     tid = tokenizer.convert_tokens_to_ids
-    vocab_size = len(tokenizer)
-    # mrope sections must sum to head_dim / 2 (= 8 with two heads of 16).
-    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2], "interleaved": True}
+    vocab_size = max(len(tokenizer), w.vocab)
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": list(w.mrope_section), "interleaved": True}
     audio_config = {
         "num_mel_bins": 128,
         "encoder_layers": 2,
         "encoder_attention_heads": 2,
         "encoder_ffn_dim": 64,
         "d_model": HIDDEN,
-        "output_dim": HIDDEN,
+        "output_dim": w.hidden,
         "n_window": 50,
         "n_window_infer": 800,
         "conv_chunksize": 500,
@@ -170,7 +251,7 @@ def build_config(tokenizer: Any) -> Any:
         "audio_start_token_id": tid("<|audio_start|>"),
         "vision_start_token_id": tid("<|vision_start|>"),
     }
-    codec = CODEBOOK_SIZE + 1024
+    codec = w.codebook + 1024
     talker_specials = {
         "codec_pad_id": codec - 8,
         "codec_bos_id": codec - 7,
@@ -178,20 +259,6 @@ def build_config(tokenizer: Any) -> Any:
         "codec_nothink_id": codec - 5,
         "codec_think_bos_id": codec - 4,
         "codec_think_eos_id": codec - 3,
-    }
-    # The thinker's and the talker's decoders share one tiny MoE shape.
-    moe_text = {
-        "hidden_size": HIDDEN,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 16,
-        "moe_intermediate_size": 16,
-        "num_experts": 4,
-        "num_experts_per_tok": 2,
-        "rope_parameters": rope,
-        "max_position_embeddings": 4096,
     }
     thinker = {
         "audio_config": audio_config,
@@ -203,34 +270,57 @@ def build_config(tokenizer: Any) -> Any:
             "patch_size": 16,
             "spatial_merge_size": 2,
             "temporal_patch_size": 2,
-            "out_hidden_size": HIDDEN,
+            "out_hidden_size": w.hidden,
             "num_position_embeddings": 64,
             "deepstack_visual_indexes": [1],
         },
-        "text_config": {"vocab_size": vocab_size, **moe_text},
+        "text_config": {
+            "vocab_size": vocab_size,
+            "hidden_size": w.hidden,
+            "intermediate_size": 2 * w.hidden,
+            "num_hidden_layers": w.layers,
+            "num_attention_heads": w.heads,
+            "num_key_value_heads": w.kv_heads,
+            "head_dim": w.head_dim,
+            "moe_intermediate_size": w.moe_intermediate,
+            "num_experts": w.experts,
+            "num_experts_per_tok": w.experts_per_token,
+            "rope_parameters": rope,
+            "max_position_embeddings": 4096,
+        },
         "user_token_id": _single_token(tokenizer, "user"),
         **token_ids,
     }
     talker = {
         "text_config": {
             "vocab_size": codec,
-            **moe_text,
-            "shared_expert_intermediate_size": 32,  # not defaulted by transformers 5.x
+            "hidden_size": w.talker_hidden,
+            "intermediate_size": 2 * w.talker_hidden,
+            "num_hidden_layers": w.talker_layers,
+            "num_attention_heads": w.talker_heads,
+            "num_key_value_heads": w.talker_kv_heads,
+            "head_dim": w.head_dim,
+            "moe_intermediate_size": w.talker_moe_intermediate,
+            "num_experts": w.experts,
+            "num_experts_per_tok": w.talker_experts_per_token,
+            "shared_expert_intermediate_size": w.talker_shared_intermediate,  # not defaulted by transformers 5.x
+            "rope_parameters": rope,
+            "max_position_embeddings": 4096,
         },
         "code_predictor_config": {
-            "vocab_size": CODEBOOK_SIZE,
-            "hidden_size": HIDDEN,
-            "intermediate_size": 64,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 1,
-            "head_dim": 16,
-            "num_code_groups": NUM_CODE_GROUPS,
+            "vocab_size": w.codebook,
+            "hidden_size": w.talker_hidden,
+            "intermediate_size": w.predictor_intermediate,
+            "num_hidden_layers": w.predictor_layers,
+            "num_attention_heads": w.talker_heads,
+            "num_key_value_heads": w.talker_kv_heads,
+            "head_dim": w.head_dim,
+            "num_code_groups": w.code_groups,
             "max_position_embeddings": 64,
         },
-        "num_code_groups": NUM_CODE_GROUPS,
-        "thinker_hidden_size": HIDDEN,
-        "accept_hidden_layer": 1,
+        "num_code_groups": w.code_groups,
+        "thinker_hidden_size": w.hidden,
+        "accept_hidden_layer": w.accept_hidden_layer,
         "speaker_id": {SPEAKER: codec - 2},
         "spatial_merge_size": 2,  # read by the talker for 3D positions of image tokens
         "audio_config": audio_config,  # the talker's 3D positions for audio read `audio_config.n_window`
@@ -238,17 +328,17 @@ def build_config(tokenizer: Any) -> Any:
         **token_ids,
     }
     code2wav = {
-        "codebook_size": CODEBOOK_SIZE,
-        "hidden_size": HIDDEN,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 2,
-        "intermediate_size": 64,
-        "sliding_window": 8,
-        "num_quantizers": NUM_CODE_GROUPS,
-        "upsample_rates": [4, 4],
-        "upsampling_ratios": [2],
-        "decoder_dim": 32,
+        "codebook_size": w.codebook,
+        "hidden_size": w.vocoder_hidden,
+        "num_hidden_layers": w.vocoder_layers,
+        "num_attention_heads": w.vocoder_heads,
+        "num_key_value_heads": w.vocoder_heads,
+        "intermediate_size": w.vocoder_intermediate,
+        "sliding_window": w.vocoder_window,
+        "num_quantizers": w.code_groups,
+        "upsample_rates": list(w.upsample_rates),
+        "upsampling_ratios": list(w.upsampling_ratios),
+        "decoder_dim": w.decoder_dim,
     }
     return Qwen3OmniMoeConfig(
         thinker_config=thinker,
@@ -265,17 +355,22 @@ def build_config(tokenizer: Any) -> Any:
     )
 
 
-def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0) -> Path:
-    """Write config, random weights (seeded), tokenizer and processor files into ``out_dir``."""
+def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, size: str = "tiny", device: str = "cpu") -> Path:
+    """Write config, random weights (seeded), tokenizer and processor files into ``out_dir``.
+    ``device``: where the weights are initialised (``cuda`` makes ``real`` quick); sizes
+    other than ``tiny`` are stored in bfloat16 (half the disk; stages load float32)."""
     import torch
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = _build_tokenizer()
-    config = build_config(tokenizer)
+    config = build_config(tokenizer, size)
     torch.manual_seed(seed)
-    model = Qwen3OmniMoeForConditionalGeneration(config)
+    with torch.device(device):
+        model = Qwen3OmniMoeForConditionalGeneration(config)
+    if size != "tiny":
+        model = model.to(torch.bfloat16)
     model.save_pretrained(out)
     _save_processor(_build_processor(tokenizer), out)
     return out
@@ -285,9 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", help="directory to write the checkpoint into (created if missing)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the random weights")
+    parser.add_argument("--size", choices=sorted(SIZES), default="tiny", help="widths and depths (default: tiny)")
+    parser.add_argument("--device", default="cpu", help="where to initialise the weights (default: cpu)")
     args = parser.parse_args(argv)
-    path = write_tiny_checkpoint(args.out_dir, seed=args.seed)
-    print(f"tiny Qwen3-Omni checkpoint written to {path}")
+    path = write_tiny_checkpoint(args.out_dir, seed=args.seed, size=args.size, device=args.device)
+    print(f"{args.size} Qwen3-Omni checkpoint written to {path}")
     return 0
 
 
