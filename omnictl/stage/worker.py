@@ -41,8 +41,9 @@ from omnictl.transports.shm import SegmentReader
 _PR_SET_PDEATHSIG = 1
 _REPORT_LINGER_MS = 2000  # how long a stage process that failed to start waits for its report to go out
 log = logging.getLogger("omnictl.stage.worker")  # not __name__: it runs as __main__
-# How often a full inbox is checked for room again (a full one is seen at once, on arrival).
-_INBOX_POLL_S = 0.005
+# How often inboxes are checked besides their events (Stage.check_inbox): a scheduler may
+# take from its inbox without an output, e.g. into a batch that runs a long prefill.
+_INBOX_POLL_S = 0.02
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -94,7 +95,6 @@ class Worker:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.stages: dict[str, Stage] = {}
-        self._full: set[str] = set()  # stages whose inbox is full, as last told to the coordinator
         self.reader = SegmentReader()
         self._stop = asyncio.Event()
         self._authenticator: ThreadAuthenticator | None = None
@@ -186,6 +186,7 @@ class Worker:
                 return False
             self.stages[name] = stage
             self.ports.local[name] = stage
+            stage.on_inbox = self._inbox_state
             log.info("stage %r loaded in %.1f s (process %s)", name, time.monotonic() - started, config.process)
         return True
 
@@ -208,7 +209,6 @@ class Worker:
     def _receive(self, message: m.StageInbound, frames: list[memoryview]) -> None:  # type: ignore[valid-type]
         try:
             self._dispatch(message, frames)
-            self._check_inboxes()
         except Exception as exc:
             # One message that cannot be handled fails its request, not the process.
             request_id = message.ctx.request_id if hasattr(message, "ctx") else None
@@ -225,22 +225,14 @@ class Worker:
     # stage whose queued requests wait for its running ones. Instead the stage tells the
     # coordinator, which admits no new request while any stage is full (Admission.hold):
     # the queue stops growing at the door, and everything inside keeps flowing.
-    def _check_inboxes(self) -> None:
-        for name, stage in self.stages.items():
-            full = stage.inbox_full()
-            if full == (name in self._full):
-                continue
-            if full:
-                self._full.add(name)
-            else:
-                self._full.discard(name)
-            self.ports.send_control(m.InboxState(self.config.instance, name, full))
+    def _inbox_state(self, stage: str, full: bool) -> None:
+        self.ports.send_control(m.InboxState(self.config.instance, stage, full))
 
     async def _watch_inboxes(self) -> None:
-        """Sees a full inbox drain (the scheduler takes from it without the loop knowing)."""
         while True:
-            await asyncio.sleep(_INBOX_POLL_S if self._full else _INBOX_POLL_S * 4)
-            self._check_inboxes()
+            await asyncio.sleep(_INBOX_POLL_S)
+            for stage in self.stages.values():
+                stage.check_inbox()
 
     def _unpack(self, payload: m.EncodedPayload, frames: list[memoryview]) -> Any:
         """Tensors arrive as views of the sender's slot (released when they are freed) or
