@@ -309,7 +309,7 @@ class AutoregressiveScheduler(Scheduler):
 
     def _put_all(self, messages: list[OutgoingMessage]) -> None:
         for message in messages:
-            self.outbox.put_nowait(message)
+            self._put(message)
 
     def _work(self) -> None:
         try:

@@ -1,9 +1,11 @@
 """The one interface between a Stage and the model side: two queues plus lifecycle.
 
-A Stage puts :class:`IncomingMessage` on ``scheduler.inbox`` and takes
-:class:`OutgoingMessage` from ``scheduler.outbox``. It never looks at which kind of
-scheduler it drives. Schedulers that compute in a worker thread hand results back
-with :meth:`Scheduler.emit`, which is safe to call from any thread.
+A Stage puts :class:`IncomingMessage` on ``scheduler.inbox`` and receives each
+:class:`OutgoingMessage` through ``scheduler.deliver``, a callback run on the loop (no
+queue and no task wake-up per output), or, when none is set (a scheduler driven alone,
+in tests), from ``scheduler.outbox``. It never looks at which kind of scheduler it
+drives. Schedulers that compute in a worker thread hand results back with
+:meth:`Scheduler.emit`, which is safe to call from any thread.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from omnictl.profiling.events import EventKind, MetaValue, NullProfiler, Profiler
 
@@ -70,6 +72,9 @@ class Scheduler(ABC):
     def __init__(self) -> None:
         self.inbox: asyncio.Queue[IncomingMessage] = asyncio.Queue()
         self.outbox: asyncio.Queue[OutgoingMessage] = asyncio.Queue()
+        # Set by the Stage before `start`: outputs go to it, each in a loop callback of its
+        # own (so a scheduler is never re-entered from inside its own emit).
+        self.deliver: Callable[[OutgoingMessage], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         # Messages emitted from worker threads, moved to the outbox by one loop callback
@@ -135,7 +140,7 @@ class Scheduler(ABC):
             running = None
         if running is loop:
             self._move_emitted()  # what threads emitted before this stays ahead of it
-            self.outbox.put_nowait(message)
+            self._put(message)
             return
         self._emitted.append(message)  # deque append: atomic, no lock
         if not self._emit_pending:
@@ -145,9 +150,16 @@ class Scheduler(ABC):
     def _move_emitted(self) -> None:
         """On the loop: thread-emitted messages to the outbox, in order."""
         self._emit_pending = False  # first: a message appended from now on schedules another move
-        emitted, put = self._emitted, self.outbox.put_nowait
+        emitted, put = self._emitted, self._put
         while emitted:
             put(emitted.popleft())
+
+    def _put(self, message: OutgoingMessage) -> None:
+        """On the loop: one output to the Stage (in order: callbacks run first in, first out)."""
+        if self.deliver is None:
+            self.outbox.put_nowait(message)
+        else:
+            self._loop.call_soon(self.deliver, message)  # type: ignore[union-attr]  # started
 
     @abstractmethod
     async def run(self) -> None:

@@ -2,12 +2,11 @@
 
 UNPACK happens in the process's receive loop (``omnictl.stage.worker``); here are
 FAN-IN, ROUTE and STREAM, plus abort. The Stage talks to the model side only through
-``scheduler.inbox`` / ``scheduler.outbox`` and never asks what kind of scheduler it is.
+``scheduler.inbox`` / ``scheduler.deliver`` and never asks what kind of scheduler it is.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any, Callable, Protocol
 
@@ -57,7 +56,6 @@ class Stage:
         self._stream_seq: dict[str, int] = {}
         self._streaming_in: set[str] = set()  # receiving chunks from an upstream
         self._finished = RecentIds()  # finished or aborted here: late messages for them are dropped
-        self._pump: asyncio.Task[None] | None = None
         # Backpressure: told when the inbox fills (on an arrival) or has room again (on an
         # output, or the worker's poll); the worker tells the coordinator (InboxState).
         self.on_inbox: Callable[[str, bool], None] | None = None
@@ -66,12 +64,11 @@ class Stage:
         scheduler.stage_name = spec.name
 
     async def start(self) -> None:
+        self.scheduler.deliver = self._on_output
         await self.scheduler.start()
-        self._pump = asyncio.create_task(self._drain_outbox(), name=f"stage:{self.name}")
 
     async def stop(self) -> None:
-        if self._pump is not None:
-            self._pump.cancel()
+        self.scheduler.deliver = None
         await self.scheduler.stop()
 
     # --- inputs -----------------------------------------------------------------------
@@ -149,15 +146,13 @@ class Stage:
 
     # --- outputs ----------------------------------------------------------------------
 
-    async def _drain_outbox(self) -> None:
-        while True:
-            message = await self.scheduler.outbox.get()
-            ctx = self._contexts.get(message.request_id)
-            if ctx is not None:  # None: aborted while the scheduler was finishing it
-                self._send_out(ctx, message)
-            if self._full:  # an output: the scheduler has likely taken from the inbox
-                self.check_inbox()
-            del message  # idle, this frame must not keep the last output (maybe views of a leased slot) alive
+    def _on_output(self, message: OutgoingMessage) -> None:
+        """One output of the scheduler, on the loop."""
+        ctx = self._contexts.get(message.request_id)
+        if ctx is not None:  # None: aborted while the scheduler was finishing it
+            self._send_out(ctx, message)
+        if self._full:  # an output: the scheduler has likely taken from the inbox
+            self.check_inbox()
 
     def _send_out(self, ctx: RequestContext, message: OutgoingMessage) -> None:
         try:

@@ -1,8 +1,8 @@
 """What a Stage does with what its scheduler puts out: STREAM to stream_to targets, ROUTE a
 result, report a terminal's outputs, fail one request, and what it records on the way.
 
-The scheduler takes nothing from its inbox: the test puts outgoing messages on its
-outbox, as a scheduler would, and the started Stage drains them. The
+The scheduler takes nothing from its inbox: the test emits outgoing messages, as a
+scheduler would, and the started Stage gets each (``scheduler.deliver``). The
 ports and the profiler are test doubles that record every call in order.
 """
 
@@ -90,14 +90,12 @@ def make_stage(spec: StageSpec, route_fn: Callable[[Any], Any] | None = None,
 
 
 async def emitted(stage: Stage, *messages: OutgoingMessage) -> None:
-    """Put ``messages`` on the outbox and wait until the stage has handled every one
-    (it handles a message in the step that takes it, so an empty outbox means done)."""
+    """Emit ``messages`` and let the stage handle every one (each is delivered in a loop
+    callback of its own, all run by the next loop iteration)."""
     for message in messages:
-        stage.scheduler.outbox.put_nowait(message)
-    deadline = asyncio.get_running_loop().time() + 5
-    while not stage.scheduler.outbox.empty():
-        assert asyncio.get_running_loop().time() < deadline, "the stage did not drain its outbox"
-        await asyncio.sleep(0.001)
+        stage.scheduler.emit(message)
+    await asyncio.sleep(0)
+    assert stage.scheduler.outbox.empty()  # delivered to the stage, not queued
 
 
 def run(stage: Stage, body: Callable[[], Awaitable[None]]) -> None:

@@ -66,12 +66,18 @@ class Vocoder:
 
 
 class Code2WavScheduler(Scheduler):
-    def __init__(self, vocoder: Vocoder, *, chunk_frames: int = 10) -> None:
+    def __init__(self, vocoder: Vocoder, *, chunk_frames: int = 10, first_chunk_frames: int | None = None) -> None:
+        """``first_chunk_frames``: the first chunk is vocoded as soon as this many frames are
+        in (default: ``chunk_frames``), so a request's first audio waits for fewer talker steps;
+        the vocoder is causal, so where chunks are cut does not change the samples."""
         super().__init__()
-        if chunk_frames < 1:
-            raise ValueError(f"chunk_frames must be >= 1, got {chunk_frames}")
+        first = chunk_frames if first_chunk_frames is None else first_chunk_frames
+        for name, value in (("chunk_frames", chunk_frames), ("first_chunk_frames", first)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
         self.vocoder = vocoder
         self.chunk_frames = chunk_frames
+        self.first_chunk_frames = first
         self._streams: dict[str, _Stream] = {}
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="code2wav")
 
@@ -96,7 +102,8 @@ class Code2WavScheduler(Scheduler):
         elif codes.numel():
             stream.frames.append(codes)
             stream.count += int(codes.shape[0])
-        due = stream.count > stream.decoded_to and (final or stream.count - stream.decoded_to >= self.chunk_frames)
+        chunk = self.chunk_frames if stream.decoded_to else self.first_chunk_frames
+        due = stream.count > stream.decoded_to and (final or stream.count - stream.decoded_to >= chunk)
         try:
             if due:
                 await self._synthesize(rid, stream)

@@ -1,0 +1,57 @@
+"""The vocoder stage's chunking: the first audio chunk after ``first_chunk_frames`` codec
+frames, then one every ``chunk_frames``; the samples are the same however they are cut."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from omnictl.models.qwen3_omni.code2wav import Code2WavScheduler, Vocoder
+from omnictl.models.qwen3_omni.payloads import TalkerDelta, TalkerResult
+from omnictl.models.qwen3_omni.tiny import SIZES
+from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind
+
+
+def run(model_path: Path, codes: torch.Tensor, **chunking: int) -> list[tuple[int, np.ndarray]]:
+    """Feed ``codes`` one frame per stream chunk, then the final result; returns, per audio
+    output, how many frames had been sent when it came, and its samples."""
+
+    async def scenario() -> list[tuple[int, np.ndarray]]:
+        scheduler = Code2WavScheduler(Vocoder(str(model_path), "cpu"), **chunking)
+        await scheduler.start()
+        out: list[tuple[int, np.ndarray]] = []
+        try:
+            for sent in range(1, codes.shape[0] + 1):
+                delta = TalkerDelta(token_ids=[], text="", codes=codes[sent - 1 : sent])
+                scheduler.inbox.put_nowait(IncomingMessage(IncomingKind.STREAM_CHUNK, "r", delta, "talker_ar", {}))
+                await asyncio.sleep(0.05)  # the vocoder runs in its thread
+                while not scheduler.outbox.empty():
+                    out.append((sent, scheduler.outbox.get_nowait().data.samples))
+            final = TalkerResult(token_ids=[], text="", codes=codes)
+            scheduler.inbox.put_nowait(IncomingMessage(IncomingKind.NEW_REQUEST, "r", final, "talker_ar", {}))
+            while True:
+                message = await asyncio.wait_for(scheduler.outbox.get(), 10)
+                if message.kind is OutgoingKind.RESULT:
+                    out.append((-1, message.data.samples))
+                    return out
+                out.append((codes.shape[0], message.data.samples))
+        finally:
+            await scheduler.stop()
+
+    return asyncio.run(scenario())
+
+
+def test_the_first_chunk_comes_after_first_chunk_frames_and_the_samples_do_not_change(tiny_qwen: Path) -> None:
+    tiny = SIZES["tiny"]
+    codes = torch.randint(0, tiny.codebook, (9, tiny.code_groups), generator=torch.Generator().manual_seed(0))
+    early = run(tiny_qwen, codes, chunk_frames=4, first_chunk_frames=1)
+    late = run(tiny_qwen, codes, chunk_frames=4)
+    assert [sent for sent, _ in early[:3]] == [1, 5, 9]  # 1 frame, then every 4
+    assert [sent for sent, _ in late[:2]] == [4, 8]
+    for chunks in (early, late):
+        streamed = np.concatenate([samples for sent, samples in chunks if sent != -1])
+        np.testing.assert_allclose(streamed, chunks[-1][1], atol=1e-6)  # the result is the chunks joined
+    np.testing.assert_allclose(early[-1][1], late[-1][1], atol=1e-5)
