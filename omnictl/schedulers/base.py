@@ -161,6 +161,11 @@ class Scheduler(ABC):
         else:
             self._loop.call_soon(self.deliver, message)  # type: ignore[union-attr]  # started
 
+    def offer(self, message: IncomingMessage) -> bool:
+        """Take ``message`` at once, on the loop, instead of through the inbox; False (the
+        default) when it should be queued. Outputs still go out through :meth:`emit`."""
+        return False
+
     @abstractmethod
     async def run(self) -> None:
         """Consume ``inbox`` until cancelled."""

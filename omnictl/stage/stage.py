@@ -140,6 +140,8 @@ class Stage:
     def _enqueue(self, message: IncomingMessage) -> None:
         if message.kind is IncomingKind.NEW_REQUEST:
             self.profiler.record(EventKind.QUEUE_ENTER, message.request_id, self.name)
+        if self.scheduler.offer(message):
+            return
         self.scheduler.inbox.put_nowait(message)
         if not self._full:
             self.check_inbox()

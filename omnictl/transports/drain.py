@@ -59,16 +59,20 @@ class Drain:
     def _ready(self) -> None:
         if self._closed:
             return
-        recv = self._socket.recv
+        socket = self._socket
         try:
             for _ in range(_PER_WAKEUP):
+                # Asking first is cheaper than the exception an empty socket raises, and
+                # reading the events re-arms the descriptor (ZeroMQ's is edge-triggered).
+                if not socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    return  # drained: the descriptor signals the next arrival
                 try:
                     # Copied: a header is small, and bytes are cheaper than a zero-copy frame.
-                    # Again also covers a CURVE connection that reports a large first message
-                    # readable before it is whole: the descriptor signals again once it is.
-                    header = recv(zmq.NOBLOCK)
+                    header = socket.recv(zmq.NOBLOCK)
                 except zmq.Again:
-                    return  # drained: the descriptor signals the next arrival
+                    # A CURVE connection can report a large first message readable before it
+                    # is whole: the descriptor signals again once it is.
+                    return
                 self._read(header)
         except BaseException:
             # The descriptor will not signal what is already queued: come back for it.

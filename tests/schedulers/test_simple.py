@@ -138,3 +138,32 @@ def test_a_call_that_waited_sends_a_function_back_to_the_thread_until_it_is_quic
             await scheduler.stop()
 
     asyncio.run(asyncio.wait_for(body(), 30))
+
+
+def test_a_quick_function_takes_an_offered_request_at_once_unless_others_are_queued(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(simple, "INLINE_BELOW_S", QUICK)
+    calls: list[str] = []
+
+    def fn(data: dict[str, Any]) -> dict[str, Any]:
+        calls.append(data["rid"])
+        return {"echo": data["rid"]}
+
+    async def body() -> None:
+        scheduler = SimpleScheduler(fn)
+        await scheduler.start()
+        try:
+            assert not scheduler.offer(new_request("early", {"rid": "early"}))  # not measured yet: queued
+            await run_requests(scheduler, _PROBE_CALLS)
+            calls.clear()
+            assert scheduler.offer(new_request("now", {"rid": "now"}))
+            assert calls == ["now"]  # ran inside offer, not on a later wake-up of the scheduler
+            result = scheduler.outbox.get_nowait()
+            assert (result.request_id, result.data) == ("now", {"echo": "now"})
+            scheduler.inbox.put_nowait(new_request("queued", {"rid": "queued"}))
+            assert not scheduler.offer(new_request("behind", {"rid": "behind"}))  # keeps its place after "queued"
+            assert calls == ["now"] and scheduler.load().running == 0
+        finally:
+            await scheduler.stop()
+
+    asyncio.run(body())
