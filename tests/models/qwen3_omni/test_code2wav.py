@@ -55,3 +55,41 @@ def test_the_first_chunk_comes_after_first_chunk_frames_and_the_samples_do_not_c
         streamed = np.concatenate([samples for sent, samples in chunks if sent != -1])
         np.testing.assert_allclose(streamed, chunks[-1][1], atol=1e-6)  # the result is the chunks joined
     np.testing.assert_allclose(early[-1][1], late[-1][1], atol=1e-5)
+
+
+def test_streams_due_together_are_vocoded_in_one_call_with_the_samples_of_each_alone(tiny_qwen: Path) -> None:
+    tiny = SIZES["tiny"]
+    generator = torch.Generator().manual_seed(1)
+    codes = {rid: torch.randint(0, tiny.codebook, (n, tiny.code_groups), generator=generator)
+             for rid, n in (("a", 7), ("b", 13))}  # different lengths: the shorter is padded
+    alone = {rid: run(tiny_qwen, c, chunk_frames=4, first_chunk_frames=2)[-1][1] for rid, c in codes.items()}
+
+    async def together() -> tuple[dict[str, np.ndarray], list[int]]:
+        vocoder = Vocoder(str(tiny_qwen), "cpu")
+        batch_sizes: list[int] = []
+        real = vocoder.samples_batch
+
+        def counting(items):  # type: ignore[no-untyped-def]
+            batch_sizes.append(len(items))
+            return real(items)
+
+        vocoder.samples_batch = counting  # type: ignore[method-assign]
+        scheduler = Code2WavScheduler(vocoder, chunk_frames=4, first_chunk_frames=2)
+        for rid, c in codes.items():  # both waiting before the scheduler looks: one burst
+            scheduler.inbox.put_nowait(IncomingMessage(IncomingKind.NEW_REQUEST, rid, TalkerResult(
+                token_ids=[], text="", codes=c), "talker_ar", {}))
+        await scheduler.start()
+        results: dict[str, np.ndarray] = {}
+        try:
+            while len(results) < 2:
+                message = await asyncio.wait_for(scheduler.outbox.get(), 10)
+                if message.kind is OutgoingKind.RESULT:
+                    results[message.request_id] = message.data.samples
+        finally:
+            await scheduler.stop()
+        return results, batch_sizes
+
+    results, batch_sizes = asyncio.run(together())
+    assert batch_sizes == [2]
+    for rid in codes:
+        np.testing.assert_allclose(results[rid], alone[rid], atol=1e-5)
