@@ -16,6 +16,7 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,28 +53,16 @@ class Vocoder:
         self.samples_per_frame = int(self.code2wav.total_upsample)
         self.left_context = left_context
 
+    @torch.inference_mode()
     def samples(self, codes: torch.Tensor, end: int, emitted: int) -> tuple[np.ndarray, int]:
         """Samples from ``emitted`` up to what frames ``[.., end)`` determine; and the new ``emitted``."""
-        return self.samples_batch([(codes, end, emitted)])[0]
-
-    @torch.inference_mode()
-    def samples_batch(self, items: list[tuple[torch.Tensor, int, int]]) -> list[tuple[np.ndarray, int]]:
-        """:meth:`samples` for several streams in one vocoder call. Shorter windows are
-        padded after their last frame: the vocoder is causal, so a window's own samples are
-        the same as decoded alone (checked in the tests), and only those are kept."""
-        spf = self.samples_per_frame
-        starts = [max(0, emitted // spf - self.left_context) for _, _, emitted in items]
-        windows = [codes[start:end].T for (codes, end, _), start in zip(items, starts)]  # [groups, frames]
-        longest = max(window.shape[1] for window in windows)
-        batch = torch.stack([torch.nn.functional.pad(w, (0, longest - w.shape[1])) for w in windows]).to(self.device)
-        wav = self.code2wav(batch).reshape(len(items), -1).float().cpu().numpy()
-        lost = longest * spf - wav.shape[1]  # trailing samples the transposed convolutions drop
-        out = []
-        for row, window, start, (_, _, emitted) in zip(wav, windows, starts, items):
-            own = row[: window.shape[1] * spf - lost]
-            offset = start * spf
-            out.append((own[emitted - offset :].astype(np.float32), offset + own.shape[0]))
-        return out
+        first_owed_frame = emitted // self.samples_per_frame
+        start = max(0, first_owed_frame - self.left_context)
+        window = codes[start:end].T[None].to(self.device)  # [1, groups, frames]
+        wav = self.code2wav(window).reshape(-1).float().cpu().numpy()
+        offset = start * self.samples_per_frame
+        new_end = offset + wav.shape[0]
+        return wav[emitted - offset :].astype(np.float32), new_end
 
 
 class Code2WavScheduler(Scheduler):
@@ -98,27 +87,12 @@ class Code2WavScheduler(Scheduler):
 
     async def run(self) -> None:
         while True:
-            # Every message already waiting is taken in, then every stream with a chunk due
-            # is vocoded in one call: under load, one vocoder call serves many requests.
-            messages = [await self.inbox.get()]
-            while not self.inbox.empty():
-                messages.append(self.inbox.get_nowait())
-            finals: list[IncomingMessage] = []
-            due: dict[str, _Stream] = {}
-            for message in messages:
-                if self._accept(message, due):
-                    finals.append(message)
-            if due:
-                await self._synthesize(due)
-            for message in finals:
-                self._finish(message)
-            del messages, finals, due  # idle, keep no frames alive
+            await self._handle(await self.inbox.get())
 
-    def _accept(self, message: IncomingMessage, due: dict[str, _Stream]) -> bool:
-        """Take the message's frames in; True for a request's final message."""
+    async def _handle(self, message: IncomingMessage) -> None:
         rid = message.request_id
         if message.kind is IncomingKind.STREAM_DONE:
-            return False
+            return
         stream = self._streams.setdefault(rid, _Stream())
         final = message.kind is IncomingKind.NEW_REQUEST
         frames = getattr(message.data, "codes", None)  # TalkerDelta / TalkerResult
@@ -129,55 +103,35 @@ class Code2WavScheduler(Scheduler):
             stream.frames.append(codes)
             stream.count += int(codes.shape[0])
         chunk = self.chunk_frames if stream.decoded_to else self.first_chunk_frames
-        if stream.count > stream.decoded_to and (final or stream.count - stream.decoded_to >= chunk):
-            due[rid] = stream
-        return final
-
-    def _finish(self, message: IncomingMessage) -> None:
-        rid = message.request_id
-        stream = self._streams.pop(rid, None)
-        if stream is None:  # failed or aborted meanwhile
-            return
-        audio = np.concatenate(stream.pieces) if stream.pieces else np.zeros(0, dtype=np.float32)
-        transcript = str(getattr(message.data, "transcript", ""))
-        self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, AudioResult(samples=audio, sample_rate=SAMPLE_RATE, transcript=transcript)))
-
-    async def _synthesize(self, due: dict[str, _Stream]) -> None:
-        rids = list(due)
-        items = []
-        for stream in due.values():
-            codes = torch.cat(stream.frames) if len(stream.frames) > 1 else stream.frames[0]
-            stream.frames = [codes]
-            items.append((codes, stream.count, stream.emitted))
-        loop = asyncio.get_running_loop()
-        results: list[tuple[np.ndarray, int] | None]
+        due = stream.count > stream.decoded_to and (final or stream.count - stream.decoded_to >= chunk)
         try:
-            results = list(await loop.run_in_executor(self._executor, self.vocoder.samples_batch, items))
-        except Exception as exc:  # noqa: BLE001 - find the request it belongs to: one at a time
-            if len(items) == 1:
-                self._fail(rids[0], exc)
-                return
-            results = []
-            for rid, item in zip(rids, items):
-                try:
-                    results.append((await loop.run_in_executor(self._executor, self.vocoder.samples_batch, [item]))[0])
-                except Exception as one_exc:  # noqa: BLE001 - a vocoder error fails this request only
-                    self._fail(rid, one_exc)
-                    results.append(None)
-        for rid, (codes, end, _), result in zip(rids, items, results):
-            stream = self._streams.get(rid)
-            if stream is None or result is None:  # aborted or failed meanwhile
-                continue
-            piece, emitted = result
-            stream.decoded_to = end
-            stream.emitted = emitted
-            if piece.size:
-                stream.pieces.append(piece)
-                self.emit(OutgoingMessage(OutgoingKind.STREAM, rid, AudioChunk(samples=piece, sample_rate=SAMPLE_RATE)))
+            if due:
+                await self._synthesize(rid, stream)
+        except Exception as exc:  # noqa: BLE001 - a vocoder error fails this request only
+            self._streams.pop(rid, None)
+            self.emit(OutgoingMessage(OutgoingKind.ERROR, rid, error=f"stage {self.stage_name}: vocoder failed: {exc!r}"))
+            return
+        if final:
+            self._streams.pop(rid, None)
+            audio = np.concatenate(stream.pieces) if stream.pieces else np.zeros(0, dtype=np.float32)
+            transcript = str(getattr(message.data, "transcript", ""))
+            self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, AudioResult(samples=audio, sample_rate=SAMPLE_RATE, transcript=transcript)))
 
-    def _fail(self, rid: str, exc: Exception) -> None:
-        self._streams.pop(rid, None)
-        self.emit(OutgoingMessage(OutgoingKind.ERROR, rid, error=f"stage {self.stage_name}: vocoder failed: {exc!r}", exc=exc))
+    async def _synthesize(self, rid: str, stream: _Stream) -> None:
+        codes = torch.cat(stream.frames) if len(stream.frames) > 1 else stream.frames[0]
+        stream.frames = [codes]
+        end = stream.count
+        loop = asyncio.get_running_loop()
+        piece, emitted = await loop.run_in_executor(
+            self._executor, self.vocoder.samples, codes, end, stream.emitted
+        )
+        if rid not in self._streams:  # aborted meanwhile
+            return
+        stream.decoded_to = end
+        stream.emitted = emitted
+        if piece.size:
+            stream.pieces.append(piece)
+            self.emit(OutgoingMessage(OutgoingKind.STREAM, rid, AudioChunk(samples=piece, sample_rate=SAMPLE_RATE)))
 
     def abort(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
