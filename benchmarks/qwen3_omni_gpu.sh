@@ -3,7 +3,8 @@
 # under open-loop Poisson arrivals, at the released Qwen3-Omni widths and depths with random
 # weights (16 experts per MoE layer instead of 128, the released 8 / 6 active per token: the
 # same compute per token; see omnictl/models/qwen3_omni/tiny.py). Sized to finish within
-# 8 minutes on one large GPU (weights initialised on the GPU, three rates, 6 requests each);
+# 8 minutes on one large GPU (weights initialised on the GPU; three rates, 20 s of arrivals
+# and at least 6 requests each);
 # a hard limit stops it at 8 minutes regardless. CPU CI never runs it.
 #
 #   bash benchmarks/qwen3_omni_gpu.sh [extra arguments for qwen3_omni_open_loop.py]
@@ -12,4 +13,4 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-.venv/bin/python}"
 "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "no CUDA GPU: this script is for a GPU machine")'
 exec timeout --signal=INT 480 "$PYTHON" benchmarks/qwen3_omni_open_loop.py \
-    --size real --device cuda --requests 6 --multiples 0.5,1,2 --max-tokens 24 --max-codes 32 "$@"
+    --size real --device cuda --seconds 20 --requests 6 --multiples 0.5,1,2 --max-tokens 24 --max-codes 32 "$@"
