@@ -4,15 +4,26 @@ enough to run on the event loop itself."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from typing import Any
+from typing import Any, AsyncIterator, Callable
 
 import pytest
 
 from omnictl.schedulers import simple
 from omnictl.schedulers.simple import _PROBE_CALLS, SimpleScheduler
 from tests.schedulers.harness import Outcome, new_request, pump
+
+
+@contextlib.asynccontextmanager
+async def started(fn: Callable[[dict[str, Any]], Any]) -> AsyncIterator[SimpleScheduler]:
+    scheduler = SimpleScheduler(fn)
+    await scheduler.start()
+    try:
+        yield scheduler
+    finally:
+        await scheduler.stop()
 
 
 async def run_requests(scheduler: SimpleScheduler, count: int, start: int = 0) -> dict[str, Outcome]:
@@ -42,10 +53,8 @@ def test_a_quick_function_moves_onto_the_loop_after_its_probe_calls_and_back_onc
         return {"echo": data["rid"]}
 
     async def body() -> None:
-        scheduler = SimpleScheduler(fn)
-        await scheduler.start()
-        loop_thread = threading.get_ident()
-        try:
+        async with started(fn) as scheduler:
+            loop_thread = threading.get_ident()
             first = await run_requests(scheduler, _PROBE_CALLS)
             assert all(o.result == {"echo": rid} for rid, o in first.items())
             assert loop_thread not in threads  # probed in the worker thread
@@ -56,8 +65,6 @@ def test_a_quick_function_moves_onto_the_loop_after_its_probe_calls_and_back_onc
             await run_requests(scheduler, 1, start=slow_from)  # slow, on the loop, once
             await run_requests(scheduler, 4, start=slow_from + 1)
             assert threads[0] == loop_thread and loop_thread not in threads[1:]  # back to the thread for good
-        finally:
-            await scheduler.stop()
 
     asyncio.run(asyncio.wait_for(body(), 30))
 
@@ -75,15 +82,11 @@ def test_a_slow_function_stays_in_the_worker_thread_and_errors_fail_only_their_r
         return {"echo": data["rid"]}
 
     async def body() -> None:
-        scheduler = SimpleScheduler(fn)
-        await scheduler.start()
-        try:
+        async with started(fn) as scheduler:
             outcomes = await run_requests(scheduler, _PROBE_CALLS + 8)
             assert threading.get_ident() not in threads
             assert outcomes["r3"].error is not None and "ValueError: bad input" in outcomes["r3"].error
             assert all(o.result == {"echo": rid} for rid, o in outcomes.items() if rid != "r3")
-        finally:
-            await scheduler.stop()
 
     asyncio.run(asyncio.wait_for(body(), 30))
 
@@ -98,14 +101,10 @@ def test_a_quick_call_the_os_merely_paused_does_not_count_as_slow(monkeypatch: p
         return {"echo": data["rid"]}
 
     async def body() -> None:
-        scheduler = SimpleScheduler(fn)
-        await scheduler.start()
-        try:
+        async with started(fn) as scheduler:
             await run_requests(scheduler, _PROBE_CALLS)
             await run_requests(scheduler, 2, start=_PROBE_CALLS)
             assert threads[-2:] == [threading.get_ident()] * 2  # on the loop after the probe calls
-        finally:
-            await scheduler.stop()
 
     asyncio.run(asyncio.wait_for(body(), 30))
 
@@ -122,10 +121,8 @@ def test_a_call_that_waited_sends_a_function_back_to_the_thread_until_it_is_quic
         return {"echo": data["rid"]}
 
     async def body() -> None:
-        scheduler = SimpleScheduler(fn)
-        await scheduler.start()
-        loop_thread = threading.get_ident()
-        try:
+        async with started(fn) as scheduler:
+            loop_thread = threading.get_ident()
             await run_requests(scheduler, _PROBE_CALLS)
             await run_requests(scheduler, 1, start=_PROBE_CALLS)  # on the loop; waits
             assert threads[-1] == loop_thread
@@ -134,8 +131,6 @@ def test_a_call_that_waited_sends_a_function_back_to_the_thread_until_it_is_quic
                 assert threads[-1] != loop_thread
             await run_requests(scheduler, 1, start=2 * _PROBE_CALLS + 1)
             assert threads[-1] == loop_thread  # on the loop again
-        finally:
-            await scheduler.stop()
 
     asyncio.run(asyncio.wait_for(body(), 30))
 
@@ -150,9 +145,7 @@ def test_a_quick_function_takes_an_offered_request_at_once_unless_others_are_que
         return {"echo": data["rid"]}
 
     async def body() -> None:
-        scheduler = SimpleScheduler(fn)
-        await scheduler.start()
-        try:
+        async with started(fn) as scheduler:
             assert not scheduler.offer(new_request("early", {"rid": "early"}))  # not measured yet: queued
             await run_requests(scheduler, _PROBE_CALLS)
             calls.clear()
@@ -163,7 +156,5 @@ def test_a_quick_function_takes_an_offered_request_at_once_unless_others_are_que
             scheduler.inbox.put_nowait(new_request("queued", {"rid": "queued"}))
             assert not scheduler.offer(new_request("behind", {"rid": "behind"}))  # keeps its place after "queued"
             assert calls == ["now"] and scheduler.load().running == 0
-        finally:
-            await scheduler.stop()
 
     asyncio.run(body())
