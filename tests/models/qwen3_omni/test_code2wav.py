@@ -15,6 +15,16 @@ from omnictl.models.qwen3_omni.tiny import SIZES
 from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind
 
 
+async def settled(scheduler: Code2WavScheduler) -> None:
+    """Until the scheduler has handled everything put on its inbox, vocoding included."""
+    while not scheduler.inbox.empty():  # empty: its task took the message and ran up to the vocoder call
+        await asyncio.sleep(0)
+    # The vocoder's single worker thread runs calls in order: once a no-op there is done, so
+    # is the synthesis submitted before it; one more loop turn lets the scheduler emit.
+    await asyncio.get_running_loop().run_in_executor(scheduler._executor, lambda: None)
+    await asyncio.sleep(0)
+
+
 def run(model_path: Path, codes: torch.Tensor, **chunking: int) -> list[tuple[int, np.ndarray]]:
     """Feed ``codes`` one frame per stream chunk, then the final result; returns, per audio
     output, how many frames had been sent when it came, and its samples."""
@@ -27,7 +37,7 @@ def run(model_path: Path, codes: torch.Tensor, **chunking: int) -> list[tuple[in
             for sent in range(1, codes.shape[0] + 1):
                 delta = TalkerDelta(token_ids=[], text="", codes=codes[sent - 1 : sent])
                 scheduler.inbox.put_nowait(IncomingMessage(IncomingKind.STREAM_CHUNK, "r", delta, "talker_ar", {}))
-                await asyncio.sleep(0.05)  # the vocoder runs in its thread
+                await settled(scheduler)
                 while not scheduler.outbox.empty():
                     out.append((sent, scheduler.outbox.get_nowait().data.samples))
             final = TalkerResult(token_ids=[], text="", codes=codes)
