@@ -64,10 +64,9 @@ class Sample:
 
 @dataclass
 class RateFigures:
-    offered: float  # requests/s
     completed_per_s: float  # requests / (last completion - first arrival)
     samples: list[Sample]
-    drain_s: float = 0.0  # last completion - last arrival: a backlog left at the end shows here
+    drain_s: float  # last completion - last arrival: a backlog left at the end shows here
 
     def pct(self, field: str, q: float) -> float:
         values = sorted(getattr(s, field) for s in self.samples)
@@ -105,7 +104,7 @@ def monolithic_open_loop(mono: Monolithic, schedule: list[float], max_batch: int
             pending.remove(i)
     samples = [Sample(done[i] - at, done[i] - at, done[i] - at) for i, at in enumerate(schedule)]
     last = max(done.values())
-    return RateFigures(0.0, len(schedule) / (last - schedule[0]), samples, last - schedule[-1])
+    return RateFigures(len(schedule) / (last - schedule[0]), samples, last - schedule[-1])
 
 
 # --- staged ---------------------------------------------------------------------------
@@ -123,7 +122,7 @@ async def staged_open_loop(pipe: Any, schedule: list[float], max_tokens: int) ->
 
     samples = await asyncio.gather(*(one(i, at) for i, at in enumerate(schedule)))
     last = max(finished)
-    return RateFigures(0.0, len(schedule) / (last - schedule[0]), list(samples), last - schedule[-1])
+    return RateFigures(len(schedule) / (last - schedule[0]), list(samples), last - schedule[-1])
 
 
 async def staged_rates(model_path: str, device: str, schedules: dict[float, list[float]], args: Any) -> dict[float, RateFigures]:
@@ -139,7 +138,6 @@ async def staged_rates(model_path: str, device: str, schedules: dict[float, list
                 await staged_one(pipe, make_request(i, args.max_tokens))
             for rate, schedule in schedules.items():
                 figures[rate] = await staged_open_loop(pipe, schedule, args.max_tokens)
-                figures[rate].offered = rate
                 print(f"  staged     {rate:6.2f} req/s done: first audio p50 {figures[rate].pct('first_audio', 0.5):.2f} s",
                       flush=True)
     return figures
@@ -281,7 +279,6 @@ def main(argv: list[str] | None = None) -> int:
         mono_figures: dict[float, RateFigures] = {}
         for rate, schedule in schedules.items():
             mono_figures[rate] = monolithic_open_loop(mono, schedule, args.max_batch)
-            mono_figures[rate].offered = rate
             print(f"  monolithic {rate:6.2f} req/s done: first audio p50 {mono_figures[rate].pct('first_audio', 0.5):.2f} s",
                   flush=True)
         del mono  # its memory back before the stage processes load their parts
