@@ -153,10 +153,12 @@ else:
             assert stats["thinker"]["node"] == "box-b" and pipe.nodes()["box-c"]["status"] == "up"
             # every actor's profiling events reached the collector over tcp (CurveZMQ)
             assert pipe.profile.tcp_address.startswith("tcp://127.0.0.1:")
+            # the collector stores batches as they come: on a loaded machine none may be on disk yet
             deadline = time.monotonic() + 60
+            processes: set[str] = set()
             while time.monotonic() < deadline:
-                rid = next(e.request_id for e in pipe.profile.store.iter_events() if e.request_id)
-                processes = {e.process for e in pipe.profile.store.iter_events() if e.request_id == rid}
+                rid = next((e.request_id for e in pipe.profile.store.iter_events() if e.request_id), None)
+                processes = {e.process for e in pipe.profile.store.iter_events() if rid and e.request_id == rid}
                 if processes >= {"frontend", "thinker", "talker"}:
                     break
                 time.sleep(0.2)
