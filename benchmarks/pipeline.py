@@ -3,8 +3,9 @@
 (1) latency: a no-op 3-stage pipeline a -> b -> c (a and c in one process, b in another,
     the coordinator in the caller, profiling on: the default), one request at a time,
     against a raw pyzmq ring of the same shape (caller -> P1 -> P2 -> P1 -> caller: four
-    PUSH/PULL hops through three processes). Interleaved request by request.
-    Goal: pipeline p50 <= 2x ring p50.
+    PUSH/PULL hops through three processes). Interleaved request by request, with the
+    same ring whose relays receive on an asyncio loop as the runtime's processes do (what
+    the event loop itself costs). Goal: pipeline p50 <= 2x ring p50.
 (2) throughput: the same pipeline, and all three stages in one process, closed loop at
     concurrency 64 (profiling on), interleaved rounds. Goals: >= 3,000 req/s (split), and
     the one-process variant at least as fast as the split one.
@@ -59,7 +60,35 @@ def chunks() -> Callable[[dict[str, Any]], Iterator[dict[str, Any]]]:
 # --- the raw ring -------------------------------------------------------------------------
 
 
-def _ring_p1(inbound: str, to_p2: str, to_caller: str) -> None:
+def _serve(pull: Any, forward: Callable[[bytes], bool], on_loop: bool) -> None:
+    """Hand every message arriving on ``pull`` to ``forward`` until it returns False:
+    blocking receives, or (``on_loop``) from an asyncio loop watching the socket's
+    descriptor, as the runtime's processes receive (see omnictl.transports.drain)."""
+    import zmq
+
+    if not on_loop:
+        while forward(pull.recv()):
+            pass
+        return
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        stopped = loop.create_future()
+
+        def ready() -> None:
+            while not stopped.done() and pull.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                if not forward(pull.recv(zmq.NOBLOCK)):
+                    stopped.set_result(None)
+
+        loop.add_reader(pull.getsockopt(zmq.FD), ready)
+        ready()
+        await stopped
+        loop.remove_reader(pull.getsockopt(zmq.FD))
+
+    asyncio.run(serve())
+
+
+def _ring_p1(inbound: str, to_p2: str, to_caller: str, on_loop: bool) -> None:
     """P1: a request from the caller goes on to P2; what P2 sends back goes to the caller."""
     import zmq
 
@@ -71,21 +100,24 @@ def _ring_p1(inbound: str, to_p2: str, to_caller: str) -> None:
     caller = context.socket(zmq.PUSH)
     caller.connect(to_caller)
     caller.send(b"hello")
-    while True:
-        message = pull.recv()
+
+    def forward(message: bytes) -> bool:
         if message[:1] == b"a":
             p2.send(b"b" + message[1:])
         elif message[:1] == b"c":
             caller.send(b"d" + message[1:])
         else:
             p2.send(b"x")
-            break
+            return False
+        return True
+
+    _serve(pull, forward, on_loop)
     for socket in (pull, p2, caller):
         socket.close(linger=1000)
     context.term()
 
 
-def _ring_p2(inbound: str, to_p1: str) -> None:
+def _ring_p2(inbound: str, to_p1: str, on_loop: bool) -> None:
     import zmq
 
     context = zmq.Context()
@@ -93,30 +125,36 @@ def _ring_p2(inbound: str, to_p1: str) -> None:
     pull.bind(inbound)
     p1 = context.socket(zmq.PUSH)
     p1.connect(to_p1)
-    while True:
-        message = pull.recv()
+
+    def forward(message: bytes) -> bool:
         if message[:1] != b"b":
-            break
+            return False
         p1.send(b"c" + message[1:])
+        return True
+
+    _serve(pull, forward, on_loop)
     pull.close(linger=0)
     p1.close(linger=1000)
     context.term()
 
 
 class Ring:
-    """Four PUSH/PULL hops through three processes: the floor of the 3-stage pipeline."""
+    """Four PUSH/PULL hops through three processes: the floor of the 3-stage pipeline.
+    ``on_loop``: P1 and P2 receive on an asyncio loop, as the runtime's processes do (the
+    caller blocks either way)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, on_loop: bool = False) -> None:
         import zmq
 
-        p1, p2, caller = (f"ipc://{directory}/ring-{name}" for name in ("p1", "p2", "caller"))
+        variant = "loop" if on_loop else "ring"
+        p1, p2, caller = (f"ipc://{directory}/{variant}-{name}" for name in ("p1", "p2", "caller"))
         self._context = zmq.Context()
         self._pull = self._context.socket(zmq.PULL)
         self._pull.setsockopt(zmq.RCVTIMEO, 60_000)
         self._pull.bind(caller)
         spawn = multiprocessing.get_context("spawn")
-        self._processes = [spawn.Process(target=_ring_p2, args=(p2, p1), daemon=True),
-                           spawn.Process(target=_ring_p1, args=(p1, p2, caller), daemon=True)]
+        self._processes = [spawn.Process(target=_ring_p2, args=(p2, p1, on_loop), daemon=True),
+                           spawn.Process(target=_ring_p1, args=(p1, p2, caller, on_loop), daemon=True)]
         for process in self._processes:
             process.start()
         self._push = self._context.socket(zmq.PUSH)
@@ -259,9 +297,10 @@ async def run_all(directory: Path, quick: bool, runs: int) -> tuple[dict[str, li
     chunk_count = 5000 if quick else 20000
     body = bytes(120)  # about a small DataReady
     figures: dict[str, list[float]] = {key: [] for key in (
-        "pipeline p50", "ring p50", "pipeline p99", "ring p99", "split c=64", "one process c=64", "ring c=64",
+        "pipeline p50", "ring p50", "asyncio ring p50", "pipeline p99", "ring p99", "split c=64", "one process c=64", "ring c=64",
         "stream chunks/s", "split CPU/request", "one process CPU/request", "stream CPU/chunk")}
     ring = Ring(directory)
+    loop_ring = Ring(directory, on_loop=True)
     try:
         async with contextlib.AsyncExitStack() as stack:
             launch = lambda path, label: stack.enter_async_context(  # noqa: E731
@@ -276,14 +315,16 @@ async def run_all(directory: Path, quick: bool, runs: int) -> tuple[dict[str, li
             await stream_rate(streamer, 500)
             sequential_ids: set[str] = set()
             for _ in range(runs):
-                pipeline_latencies, ring_latencies = [], []
+                pipeline_latencies, ring_latencies, loop_ring_latencies = [], [], []
                 for i in range(sequential):
                     rid = f"seq-{len(figures['pipeline p50'])}-{i}"
                     sequential_ids.add(rid)
                     pipeline_latencies.append(await one(split, {"text": f"request {i}"}, rid))
                     ring_latencies.append(ring.once(body))
+                    loop_ring_latencies.append(loop_ring.once(body))
                 figures["pipeline p50"].append(pct(pipeline_latencies, 50))
                 figures["ring p50"].append(pct(ring_latencies, 50))
+                figures["asyncio ring p50"].append(pct(loop_ring_latencies, 50))
                 figures["pipeline p99"].append(pct(pipeline_latencies, 99))
                 figures["ring p99"].append(pct(ring_latencies, 99))
                 for pipe, label in ((split, "split"), (together, "one process")):
@@ -298,6 +339,7 @@ async def run_all(directory: Path, quick: bool, runs: int) -> tuple[dict[str, li
             segments = breakdown(split, sequential_ids)
     finally:
         ring.close()
+        loop_ring.close()
     return figures, segments
 
 
@@ -339,6 +381,7 @@ def main() -> None:
         where.add_row(label, f"{seconds * 1e6:,.0f} µs")
     where.add_row("sum of segments (admitted -> completed)", f"{sum(segments.values()) * 1e6:,.0f} µs")
     where.add_row("raw ring, one message around (p50, for scale)", f"{med['ring p50'] * 1e6:,.0f} µs")
+    where.add_row("the same ring, relays on an asyncio loop (p50)", f"{med['asyncio ring p50'] * 1e6:,.0f} µs")
     console.print(where)
 
     ratio = med["pipeline p50"] / med["ring p50"]
