@@ -43,6 +43,10 @@ def test_slots_in_flight_to_a_killed_process_are_released(loop: LoopThread, tmp_
     try:
         payload = {"blob": np.ones(BIG, dtype=np.float32)}
         assert loop.run(loop.run(pipe.submit(payload)).result())["b"]["blob"].size == BIG
+        # The result can be back before ``two`` has handed a's slot back (it does once the
+        # view is freed, after sending the output): wait for it, or the stop would hold it too.
+        assert until(lambda: _slots(pipe, loop, "a") == 0 and coordinator_pool.in_use == 0, timeout=10), (
+            _slots(pipe, loop, "a"), coordinator_pool.in_use)
         pid = pipe.process_ids()[victim]
         os.kill(pid, signal.SIGSTOP)  # it reads nothing more: what is sent to it stays in flight
         handles = [loop.run(pipe.submit(payload)) for _ in range(2)]
