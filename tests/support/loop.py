@@ -31,4 +31,5 @@ class LoopThread:
 def launch(loop: LoopThread, path: Any, **options: Any) -> Any:
     import omnictl
 
-    return loop.run(omnictl.Pipeline.launch(path, **options))
+    # Waits as long as the launch may: its ready timeout, plus starting the processes.
+    return loop.run(omnictl.Pipeline.launch(path, **options), timeout=options.get("ready_timeout", 120.0) + 60.0)
