@@ -11,7 +11,6 @@ drives. Schedulers that compute in a worker thread hand results back with
 from __future__ import annotations
 
 import asyncio
-import collections
 import enum
 import time
 from abc import ABC, abstractmethod
@@ -19,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
+from omnictl.handoff import Handoff
 from omnictl.profiling.events import EventKind, MetaValue, NullProfiler, Profiler
 
 
@@ -77,10 +77,9 @@ class Scheduler(ABC):
         self.deliver: Callable[[OutgoingMessage], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
-        # Messages emitted from worker threads, moved to the outbox by one loop callback
-        # per burst (not one loop wake-up per message: a streaming stage emits thousands).
-        self._emitted: collections.deque[OutgoingMessage] = collections.deque()
-        self._emit_pending = False
+        # Messages emitted from worker threads reach the loop in one callback per burst
+        # (not one wake-up per message: a streaming stage emits thousands); set at `start`.
+        self._emitted: Handoff[OutgoingMessage] | None = None
         # The Stage attaches its process's recorder and its name before `start`.
         self.profiler: Profiler = NullProfiler()
         self.stage_name: str | None = None
@@ -118,6 +117,7 @@ class Scheduler(ABC):
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._emitted = Handoff(self._put, self._loop.call_soon_threadsafe)
         self._task = asyncio.create_task(self.run(), name=f"{type(self).__name__}.run")
 
     async def stop(self) -> None:
@@ -130,29 +130,19 @@ class Scheduler(ABC):
             self._task = None
 
     def emit(self, message: OutgoingMessage) -> None:
-        """Put ``message`` on the outbox; callable from worker threads too."""
-        loop = self._loop
-        if loop is None:
+        """Hand ``message`` to the Stage (:meth:`_put`); callable from worker threads too."""
+        emitted = self._emitted
+        if emitted is None:
             raise RuntimeError("scheduler not started")
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
-        if running is loop:
-            self._move_emitted()  # what threads emitted before this stays ahead of it
+        if running is self._loop:
+            emitted.drain()  # what threads emitted before this stays ahead of it
             self._put(message)
-            return
-        self._emitted.append(message)  # deque append: atomic, no lock
-        if not self._emit_pending:
-            self._emit_pending = True
-            loop.call_soon_threadsafe(self._move_emitted)
-
-    def _move_emitted(self) -> None:
-        """On the loop: thread-emitted messages to the outbox, in order."""
-        self._emit_pending = False  # first: a message appended from now on schedules another move
-        emitted, put = self._emitted, self._put
-        while emitted:
-            put(emitted.popleft())
+        else:
+            emitted.put(message)
 
     def _put(self, message: OutgoingMessage) -> None:
         """On the loop: one output to the Stage (in order: callbacks run first in, first out)."""

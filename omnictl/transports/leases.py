@@ -20,11 +20,11 @@ with every slot leased, it gives a payload a segment of its own (``SlotPool.acqu
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import weakref
 from typing import Any, Callable
 
+from omnictl.handoff import Handoff
 from omnictl.messages import EncodedPayload, ShmRef
 from omnictl.transports.codec import decode
 from omnictl.transports.packing import unpack
@@ -54,9 +54,9 @@ class ViewLeases:
         self.held = 0  # payloads leased and not yet released
         self.copied = 0  # payloads copied out because the budget was spent
         self._release = release
-        self._wake = wake if wake is not None else asyncio.get_running_loop().call_soon_threadsafe
-        self._dead: collections.deque[ShmRef] = collections.deque()  # append/popleft: thread-safe
-        self._flush_pending = False
+        # slots whose views died (on any thread), released on the loop in one call per burst
+        self._dead = Handoff(self._released,
+                             wake if wake is not None else asyncio.get_running_loop().call_soon_threadsafe)
         self._warned = False
         self.closed = False
 
@@ -93,23 +93,20 @@ class ViewLeases:
 
     def _died(self, ref: ShmRef) -> None:
         """Finalizer: may run on any thread, inside the garbage collector. Only queues."""
-        self._dead.append(ref)
-        if not self._flush_pending:
-            self._flush_pending = True
-            try:
-                self._wake(self.flush)
-            except RuntimeError:  # the event loop is closed: the process is going away
-                self.closed = True
+        try:
+            self._dead.put(ref)
+        except RuntimeError:  # the event loop is closed: the process is going away
+            self.closed = True
 
     def flush(self) -> None:
         """Release every slot whose views died (on the thread that owns the sockets)."""
-        self._flush_pending = False
-        while self._dead:
-            ref = self._dead.popleft()
-            self.held_bytes -= ref.nbytes
-            self.held -= 1
-            if not self.closed:
-                self._release(ref)
+        self._dead.drain()
+
+    def _released(self, ref: ShmRef) -> None:
+        self.held_bytes -= ref.nbytes
+        self.held -= 1
+        if not self.closed:
+            self._release(ref)
 
     def close(self) -> None:
         """No more releases go out (the sockets are closing); views stay readable."""
