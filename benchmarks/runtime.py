@@ -31,14 +31,16 @@ if str(REPO) not in sys.path:
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
-import multiprocessing  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 
+import msgspec  # noqa: E402
 import numpy as np  # noqa: E402
+
+from benchmarks.peer import Peer, PeerSide, serve  # noqa: E402
 
 KiB = 1024
 MiB = 1024 * 1024
@@ -167,67 +169,36 @@ async def flush_profile() -> None:
 
 # --- raw floors: a second process -------------------------------------------------------
 
-# Requests to the peer: one frame, first byte the kind, then the sender's time_ns (8 bytes),
-# then a body. The peer answers every request with msgpack [one-way ns, ShmRef | None].
-_PING, _CODEC, _RAWSHM, _STOP = b"p", b"c", b"r", b"s"
+# Requests to the peer (benchmarks/peer.py): it answers each with [one-way ns, ShmRef | None].
+_PING, _CODEC, _RAWSHM = b"p", b"c", b"r"
+
+
+def _answer(side: PeerSide, kind: bytes, sent: int, body: bytes) -> list[Any]:
+    if kind == _PING:
+        return [time.time_ns() - sent, None]
+    if kind == _CODEC:
+        # as a stage process receives: views of the slot, released when freed (at once here)
+        data = side.leases.decode(side.payloads.decode(body))
+        dt = time.time_ns() - sent
+        del data
+        return [dt, side.released.pop() if side.released else None]
+    if kind == _RAWSHM:
+        name, nbytes = msgspec.msgpack.decode(body)
+        np.frombuffer(side.attach(name).buf, dtype=np.float32, count=nbytes // 4).copy()
+        return [time.time_ns() - sent, None]
+    raise ValueError(f"unknown request kind {kind!r}")
 
 
 def _peer_main(pull_address: str, push_address: str) -> None:
-    import msgspec
-    import zmq
-
-    from omnictl.messages import EncodedPayload, ShmRef
-    from omnictl.transports.leases import ViewLeases
-    from omnictl.transports.shm import AttachedSegment, SegmentReader
-
-    context = zmq.Context()
-    pull = context.socket(zmq.PULL)
-    pull.bind(pull_address)
-    push = context.socket(zmq.PUSH)
-    push.connect(push_address)
-    payload_decoder = msgspec.msgpack.Decoder(EncodedPayload)
-    reader = SegmentReader()
-    released: list[ShmRef] = []
-    # as a stage process receives: views of the slot, released when freed (at once here)
-    leases = ViewLeases(reader, released.append, wake=lambda flush: flush())
-    attached: dict[str, AttachedSegment] = {}
-    encode = msgspec.msgpack.encode
-    push.send(encode([0, None]))  # hello: the parent waits for it before timing anything
-    while True:
-        raw = pull.recv()
-        kind, sent = raw[:1], int.from_bytes(raw[1:9], "little")
-        if kind == _PING:
-            push.send(encode([time.time_ns() - sent, None]))
-        elif kind == _CODEC:
-            data = leases.decode(payload_decoder.decode(raw[9:]))
-            dt = time.time_ns() - sent
-            del data
-            push.send(encode([dt, released.pop() if released else None]))
-        elif kind == _RAWSHM:
-            name, nbytes = msgspec.msgpack.decode(raw[9:])
-            segment = attached.get(name)
-            if segment is None:
-                segment = attached[name] = AttachedSegment(name)
-            np.frombuffer(segment.buf, dtype=np.float32, count=nbytes // 4).copy()
-            push.send(encode([time.time_ns() - sent, None]))
-        else:
-            break
-    leases.close()
-    reader.close()
-    for segment in attached.values():
-        segment.close()
-    push.close(linger=1000)
-    pull.close(linger=0)
-    context.term()
+    serve(pull_address, push_address, _answer)
 
 
 def _async_peer_main(pull_address: str, push_address: str) -> None:
     """Pings only, received by an asyncio event loop (zmq.asyncio), as stage workers do."""
-    import msgspec
     import zmq
     import zmq.asyncio
 
-    async def serve() -> None:
+    async def pings() -> None:
         context = zmq.asyncio.Context()
         pull = context.socket(zmq.PULL)
         pull.bind(pull_address)
@@ -243,42 +214,14 @@ def _async_peer_main(pull_address: str, push_address: str) -> None:
         push.close(linger=1000)
         pull.close(linger=0)
 
-    asyncio.run(serve())
+    asyncio.run(pings())
 
 
-class Peer:
-    """A child process answering pings and shm transfers (see ``_peer_main``)."""
+def start_peer(directory: Path, target: Callable[[str, str], None] = _peer_main) -> Peer:
+    """A child process answering pings and shm transfers (or only pings, on an event loop)."""
+    from omnictl.messages import ShmRef
 
-    def __init__(self, directory: Path, target: Callable[[str, str], None] = _peer_main) -> None:
-        import msgspec
-        import zmq
-
-        from omnictl.messages import ShmRef
-
-        self._context = zmq.Context()
-        directory.mkdir(parents=True, exist_ok=True)
-        to_peer, from_peer = f"ipc://{directory}/peer-in", f"ipc://{directory}/peer-out"
-        self._pull = self._context.socket(zmq.PULL)
-        self._pull.bind(from_peer)
-        self._push = self._context.socket(zmq.PUSH)
-        self._push.connect(to_peer)
-        self._reply = msgspec.msgpack.Decoder(tuple[int, ShmRef | None])
-        self._process = multiprocessing.get_context("spawn").Process(
-            target=target, args=(to_peer, from_peer), daemon=True
-        )
-        self._process.start()
-        self._reply.decode(self._pull.recv())  # hello
-
-    def ask(self, kind: bytes, sent_ns: int, body: bytes = b"") -> tuple[int, Any]:
-        self._push.send(kind + sent_ns.to_bytes(8, "little") + body)
-        return self._reply.decode(self._pull.recv())
-
-    def close(self) -> None:
-        self._push.send(_STOP + bytes(8))
-        self._process.join(10)
-        self._push.close(linger=0)
-        self._pull.close(linger=0)
-        self._context.term()
+    return Peer(directory, target, tuple[int, ShmRef | None])
 
 
 def raw_ping(peer: Peer, count: int, warmup: int = 20) -> list[int]:
@@ -297,8 +240,6 @@ def shm_transfers(peer: Peer, nbytes: int, count: int, knobs: dict[str, Any], wa
     the real codec (per knob set) and a plain SharedMemory copy interleaved iteration by
     iteration, so both see the same machine load."""
     from multiprocessing import shared_memory
-
-    import msgspec
 
     from omnictl.topology.model import RelayKnobs
     from omnictl.transports.codec import PayloadCodec
@@ -398,7 +339,7 @@ def section_a(directory: Path, quick: bool, results: Results, console: Any, tabl
         "shm": write_topology(directory, "hop-shm", two_stages),
     }
     small = lambda i: ("small", {"text": f"request {i}", "tokens": list(range(8))})  # noqa: E731
-    peers = {"raw": Peer(directory / "p1"), "async": Peer(directory / "p2", _async_peer_main)}
+    peers = {"raw": start_peer(directory / "p1"), "async": start_peer(directory / "p2", _async_peer_main)}
     raw: dict[str, list[int]] = {label: [] for label in peers}
     padding = bytes(120)  # about the size of a small DataReady
 
@@ -440,7 +381,7 @@ def section_a(directory: Path, quick: bool, results: Results, console: Any, tabl
 
 def section_b(directory: Path, quick: bool, results: Results, console: Any, table_cls: Any) -> None:
     sizes = {4 * MiB: 10 if quick else 60, 64 * MiB: 3 if quick else 20}
-    peer = Peer(directory)
+    peer = start_peer(directory)
     rows = []
     try:
         for nbytes, count in sizes.items():

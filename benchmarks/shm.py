@@ -26,7 +26,6 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # the peer process inherits sys.path: this checkout's omnictl
 
 import argparse  # noqa: E402
-import multiprocessing  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
@@ -35,95 +34,46 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from benchmarks.peer import Peer, PeerSide, serve  # noqa: E402
+
 MiB = 1024 * 1024
 GOAL_GBPS = 8.0
 
-_VIEW, _COPY, _SLOT, _STOP = b"v", b"c", b"s", b"x"
+# Requests to the peer (benchmarks/peer.py): it answers each with [one-way ns, slots to release].
+_VIEW, _COPY, _SLOT = b"v", b"c", b"s"
+
+
+def _answer(side: PeerSide, kind: bytes, sent: int, body: bytes) -> list[Any]:
+    """Process B's side of each transfer."""
+    from omnictl.transports.codec import decode
+
+    if kind == _VIEW:
+        data = side.leases.decode(side.payloads.decode(body))
+        dt = time.time_ns() - sent
+        del data  # freed: its slot is queued for release
+        released = list(side.released)
+        side.released.clear()
+        return [dt, released]
+    if kind == _COPY:
+        payload = side.payloads.decode(body)
+        data = decode(payload, side.reader)
+        dt = time.time_ns() - sent
+        del data
+        return [dt, [payload.shm] if payload.shm else []]
+    if kind == _SLOT:
+        side.attach(body.decode())
+        return [time.time_ns() - sent, []]
+    raise ValueError(f"unknown request kind {kind!r}")
 
 
 def _peer(pull_address: str, push_address: str) -> None:
-    """Process B: answers each transfer with [one-way ns, slot refs to release]."""
-    import msgspec
-    import zmq
-
-    from omnictl.messages import EncodedPayload, ShmRef
-    from omnictl.transports.codec import decode
-    from omnictl.transports.leases import ViewLeases
-    from omnictl.transports.shm import AttachedSegment, SegmentReader
-
-    context = zmq.Context()
-    pull = context.socket(zmq.PULL)
-    pull.bind(pull_address)
-    push = context.socket(zmq.PUSH)
-    push.connect(push_address)
-    payload_decoder = msgspec.msgpack.Decoder(EncodedPayload)
-    reader = SegmentReader()
-    released: list[ShmRef] = []
-    # no event loop here: a freed view's slot is queued and flushed at once, on this thread
-    leases = ViewLeases(reader, released.append, wake=lambda flush: flush())
-    attached: dict[str, AttachedSegment] = {}
-    encode = msgspec.msgpack.encode
-    push.send(encode([0, []]))  # hello
-    while True:
-        raw = pull.recv()
-        kind, sent = raw[:1], int.from_bytes(raw[1:9], "little")
-        if kind == _VIEW:
-            data = leases.decode(payload_decoder.decode(raw[9:]))
-            dt = time.time_ns() - sent
-            del data  # freed: its slot is queued for release
-            push.send(encode([dt, released]))
-            released.clear()
-        elif kind == _COPY:
-            payload = payload_decoder.decode(raw[9:])
-            data = decode(payload, reader)
-            dt = time.time_ns() - sent
-            del data
-            push.send(encode([dt, [payload.shm] if payload.shm else []]))
-        elif kind == _SLOT:
-            name = raw[9:].decode()
-            if name not in attached:
-                attached[name] = AttachedSegment(name)
-            push.send(encode([time.time_ns() - sent, []]))
-        else:
-            break
-    leases.close()
-    reader.close()
-    for segment in attached.values():
-        segment.close()
-    push.close(linger=1000)
-    pull.close(linger=0)
-    context.term()
+    serve(pull_address, push_address, _answer)
 
 
-class Peer:
-    def __init__(self, directory: Path) -> None:
-        import msgspec
-        import zmq
+def start_peer(directory: Path) -> Peer:
+    from omnictl.messages import ShmRef
 
-        from omnictl.messages import ShmRef
-
-        self._context = zmq.Context()
-        to_peer, from_peer = f"ipc://{directory}/in", f"ipc://{directory}/out"
-        self._pull = self._context.socket(zmq.PULL)
-        self._pull.setsockopt(zmq.RCVTIMEO, 120_000)  # a dead peer fails the run, it does not hang it
-        self._pull.bind(from_peer)
-        self._push = self._context.socket(zmq.PUSH)
-        self._push.connect(to_peer)
-        self._reply = msgspec.msgpack.Decoder(tuple[int, list[ShmRef]])
-        self._process = multiprocessing.get_context("spawn").Process(target=_peer, args=(to_peer, from_peer), daemon=True)
-        self._process.start()
-        self._reply.decode(self._pull.recv())
-
-    def ask(self, kind: bytes, sent_ns: int, body: bytes) -> tuple[int, list[Any]]:
-        self._push.send(kind + sent_ns.to_bytes(8, "little") + body)
-        return self._reply.decode(self._pull.recv())
-
-    def close(self) -> None:
-        self._push.send(_STOP + bytes(8))
-        self._process.join(10)
-        self._push.close(linger=0)
-        self._pull.close(linger=0)
-        self._context.term()
+    return Peer(directory, _peer, tuple[int, list[ShmRef]])
 
 
 def measure(peer: Peer, nbytes: int, count: int, warmup: int = 3) -> dict[str, list[int]]:
@@ -198,7 +148,7 @@ def main() -> None:
                   f"{runs} runs, paths interleaved iteration by iteration")
     medians: dict[int, dict[str, list[float]]] = {n: {k: [] for k in LABELS} for n in sizes}
     with tempfile.TemporaryDirectory(prefix="omx-shm-") as tmp:
-        peer = Peer(Path(tmp))
+        peer = start_peer(Path(tmp))
         try:
             for _ in range(runs):
                 for nbytes, count in sizes.items():
