@@ -39,6 +39,8 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from typing import Any, Callable, Iterator  # noqa: E402
 
+from benchmarks.runtime import pct  # noqa: E402
+
 HERE = "benchmarks.pipeline"
 IDENTITY = "omnictl.models.examples.identity"
 
@@ -282,11 +284,6 @@ async def measured(pipe: Any, work: Any, units: int) -> tuple[float, float]:
     before = cpu_seconds(pipe)
     rate = await work
     return rate, (cpu_seconds(pipe) - before) / units * 1e6
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
 async def run_all(directory: Path, quick: bool, runs: int) -> tuple[dict[str, list[float]], dict[str, float]]:
