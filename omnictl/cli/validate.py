@@ -140,6 +140,21 @@ def render_text(outcomes: list[Outcome], console: Console) -> None:
                       markup=False, highlight=False)
 
 
+def render_graphs(outcomes: list[Outcome], console: Console) -> None:
+    """Mermaid source for each valid file (a ``%%`` comment names the file when there are
+    several); an invalid or unreadable file is reported as in text mode, on stderr."""
+    from omnictl.topology.graph import mermaid
+
+    errors = Console(stderr=True, soft_wrap=True)
+    for outcome in outcomes:
+        if isinstance(outcome, ValidationReport) and outcome.valid and outcome.topology is not None:
+            if len(outcomes) > 1:
+                typer.echo(f"%% {outcome.file}")
+            typer.echo(mermaid(outcome.topology))
+        else:
+            render_text([outcome], errors)
+
+
 def validate_command(
     files: Annotated[list[Path], typer.Argument(help="Topology YAML files to check.", metavar="FILE...",
                                                 show_default=False)],
@@ -149,10 +164,15 @@ def validate_command(
     output_format: Annotated[OutputFormat, typer.Option(
         "--format", help="text: compiler-style errors and a summary; json: one object per "
         "file.")] = OutputFormat.text,
+    graph: Annotated[bool, typer.Option(
+        "--graph", help="Print each valid topology as a Mermaid flowchart (processes, stages, "
+        "edges with their transports) instead of the summary; problems are reported as usual.")] = False,
 ) -> None:
     """Check topology files: every problem at file:line:col, or what omnictl derives."""
     outcomes = check_files(files, check_imports)
-    if output_format is OutputFormat.json:
+    if graph:
+        render_graphs(outcomes, Console(soft_wrap=True))
+    elif output_format is OutputFormat.json:
         typer.echo(render_json(outcomes))
     else:
         render_text(outcomes, Console(soft_wrap=True))
