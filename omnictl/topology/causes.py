@@ -24,7 +24,14 @@ ROOT_RULES = frozenset(
     {"yaml-syntax", "duplicate-key", "schema", "duplicate-stage", "unknown-stage", "self-reference", "cycle"}
 )
 # Whole-graph rules whose findings can be consequences of a root cause.
-FOLLOW_ON_RULES = frozenset({"entry", "unreachable", "dead-end", "fan-in-sources", "routing-mode"})
+FOLLOW_ON_RULES = frozenset({"entry", "unreachable", "dead-end", "fan-in-sources", "routing-mode", "fan-in-pair"})
+
+
+def _may_follow(issue: Issue) -> bool:
+    """A finding that a root cause can produce. Besides the whole-graph rules: `modality` on a
+    stage that is not terminal, which a misspelt `terminal` produces (its hint, "remove
+    `modality`", would point the wrong way), though it is reported under ``schema``."""
+    return issue.rule in FOLLOW_ON_RULES or (issue.rule == "schema" and "but is not terminal" in issue.message)
 
 GraphCheck = Callable[[Document], list[Issue]]
 Fix = Callable[[dict[str, Any]], bool]  # edits a copy of the document's data; False: no fix known
@@ -34,8 +41,8 @@ def order_by_cause(doc: Document, issues: list[Issue], stage_fields: list[str], 
     """``issues`` with root causes first (in file order), then the rest, then those that
     only follow from a root cause, marked with ``follows_from``."""
     by_line = sorted(issues, key=lambda i: (i.line, i.column))
-    roots = [i for i in by_line if i.rule in ROOT_RULES]
-    candidates = [i for i in by_line if i.rule in FOLLOW_ON_RULES]
+    candidates = [i for i in by_line if _may_follow(i)]
+    roots = [i for i in by_line if i.rule in ROOT_RULES and i not in candidates]
     if not roots or not candidates or not isinstance(doc.data, dict):
         return sorted(by_line, key=lambda i: (i.rule not in ROOT_RULES, i.line, i.column))
     follows: dict[Issue, Issue] = {}

@@ -277,3 +277,24 @@ def test_independent_problems_are_not_marked() -> None:
     text += "  - name: lonely\n    factory: app.lonely\n    terminal: true\n"
     issues = validate_text(text, "lonely.yaml").issues
     assert issues and all(i.follows_from is None for i in issues)
+
+
+def test_a_misspelt_wait_for_or_terminal_marks_what_follows_instead_of_advising_against_it() -> None:
+    # `wait_fr` leaves `merge_fn` alone ("remove merge_fn" would be wrong advice); `terminl`
+    # leaves `modality` on a non-terminal ("remove modality" would be too).
+    text = ("stages:\n  - {name: a, factory: m.a, next: [b, c]}\n  - {name: b, factory: m.b, next: [c]}\n"
+            "  - {name: c, factory: m.c, terminl: true, modality: text, wait_fr: [a, b], merge_fn: m.merge}\n")
+    issues = validate_text(text, "typo.yaml").issues
+    roots = [i for i in issues if i.follows_from is None]
+    assert [(i.rule, i.field) for i in roots] == [("schema", "terminl"), ("schema", "wait_fr")]
+    follows = {(i.rule, i.follows_from) for i in issues if i.follows_from}
+    assert ("fan-in-pair", "schema at 4:60") in follows
+    assert ("schema", "schema at 4:29") in follows  # `modality` on a non-terminal
+    assert all(i.hint is None for i in issues if i.follows_from)
+
+
+def test_modality_on_a_real_non_terminal_keeps_its_hint() -> None:
+    text = "stages:\n  - {name: a, factory: m.a, next: [b], modality: text}\n  - {name: b, factory: m.b, terminl: true}\n"
+    issues = validate_text(text, "t.yaml").issues
+    modality = next(i for i in issues if "modality" in i.message)
+    assert modality.follows_from is None and modality.hint and "remove it" in modality.hint
