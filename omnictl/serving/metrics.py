@@ -78,6 +78,12 @@ class ProfileMetrics(Collector):
     :class:`omnictl.profiling.aggregate.ProfileSnapshot` (or None when profiling is off).
     """
 
+    # (name, type, help, labels) of what collect() yields: the docs' metrics reference reads it
+    FAMILIES = (
+        ("omnictl_stage_latency_seconds", "summary", "Time at a stage, first input to done", ("stage",)),
+        ("omnictl_edge_latency_seconds", "summary", "Hop latency, sent to received, per edge", ("src", "dst", "kind")),
+    )
+
     def __init__(self) -> None:
         self.snapshot: Callable[[], Any] | None = None
 
@@ -88,21 +94,16 @@ class ProfileMetrics(Collector):
         snap = self.snapshot() if self.snapshot is not None else None
         if snap is None:
             return
-        stage = Metric(
-            "omnictl_stage_latency_seconds",
-            f"Time at a stage, first input to done (profiler window {snap.window_s:g}s)", "summary",
-        )
+        (stage_name, _, stage_help, _), (edge_name, _, edge_help, _) = self.FAMILIES
+        stage = Metric(stage_name, f"{stage_help} (profiler window {snap.window_s:g}s)", "summary")
         for name, stats in snap.stages.items():
-            _quantiles(stage, "omnictl_stage_latency_seconds", {"stage": name}, stats.p50_s, stats.p99_s)
-            stage.add_sample("omnictl_stage_latency_seconds_count", {"stage": name}, float(stats.done))
-        edge = Metric(
-            "omnictl_edge_latency_seconds",
-            f"Hop latency, sent to received, per edge (profiler window {snap.window_s:g}s)", "summary",
-        )
+            _quantiles(stage, stage_name, {"stage": name}, stats.p50_s, stats.p99_s)
+            stage.add_sample(f"{stage_name}_count", {"stage": name}, float(stats.done))
+        edge = Metric(edge_name, f"{edge_help} (profiler window {snap.window_s:g}s)", "summary")
         for (src, dst, kind), stats in snap.edges.items():
             labels = {"src": src, "dst": dst, "kind": kind}
-            _quantiles(edge, "omnictl_edge_latency_seconds", labels, stats.p50_s, stats.p99_s)
-            edge.add_sample("omnictl_edge_latency_seconds_count", labels, float(stats.hops))
+            _quantiles(edge, edge_name, labels, stats.p50_s, stats.p99_s)
+            edge.add_sample(f"{edge_name}_count", labels, float(stats.hops))
         yield stage
         yield edge
 
@@ -110,6 +111,8 @@ class ProfileMetrics(Collector):
 class ProcessMetrics(Collector):
     """``omnictl_process_up{process="tts#1", group="tts"}``: 1 per stage process (each
     replica on its own) that is up, 0 while it is down. ``pipeline`` is set once it is up."""
+
+    FAMILIES = (("omnictl_process_up", "gauge", "Stage process (replica) up: 1, down: 0", ("process", "group")),)
 
     def __init__(self) -> None:
         self.pipeline: Any | None = None
@@ -120,11 +123,12 @@ class ProcessMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         if self.pipeline is None:
             return
-        up = Metric("omnictl_process_up", "Stage process (replica) up: 1, down: 0", "gauge")
+        name, kind, documentation, _ = self.FAMILIES[0]
+        up = Metric(name, documentation, kind)
         _, down = self.pipeline.health()
         for group in self.pipeline.topology.processes.values():
             for name in group.instances:
-                up.add_sample("omnictl_process_up", {"process": name, "group": group.name},
+                up.add_sample(name, {"process": name, "group": group.name},
                               0.0 if name in down else 1.0)
         yield up
 
