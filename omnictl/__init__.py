@@ -6,6 +6,8 @@ Heavy dependencies (torch, transformers) are imported lazily so that the CLI sta
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from omnictl.exceptions import (
     AdmissionTimeout,
     InvalidRequest,
@@ -21,6 +23,14 @@ from omnictl.exceptions import (
 )
 
 __version__ = "0.1.0"
+
+
+def default_topology() -> Path:
+    """The path of the built-in topology (the CPU voice assistant) that ``omnictl serve`` and
+    ``omnictl bench`` run when given none: ``omnictl.run(omnictl.default_topology(), ...)``."""
+    from omnictl.data import DEFAULT_TOPOLOGY, data_path
+
+    return data_path(DEFAULT_TOPOLOGY)
 
 
 def __getattr__(name: str) -> object:
@@ -43,6 +53,7 @@ __all__ = [
     "RequestHandle",
     "RequestState",
     "run",
+    "default_topology",
     "AdmissionTimeout",
     "InvalidRequest",
     "LaunchError",

@@ -50,3 +50,13 @@ def test_the_wheel_ships_every_data_file() -> None:
     assert files
     unshipped = [f for f in files if not any(fnmatch.fnmatch(f, pattern) for pattern in patterns)]
     assert unshipped == [], f"not in [tool.setuptools.package-data] omnictl.data: {unshipped}"
+
+
+def test_default_topology_is_the_builtin_one_serve_runs() -> None:
+    import omnictl
+    from omnictl.topology import load
+
+    path = omnictl.default_topology()
+    assert path.is_file()
+    assert path.read_bytes() == (Path(__file__).resolve().parents[1] / "topologies" / "voice-assistant.yaml").read_bytes()
+    assert load(path).name == "voice-assistant"
