@@ -52,6 +52,7 @@ def serve_command(
     from omnictl.exceptions import OmnictlError
     from omnictl.serving.protocol import Limits
     from omnictl.serving import Listening, ServeOptions, serve
+    from omnictl.cli import invocation
     from omnictl.serving.ready import ready_message
     from omnictl.serving.server import is_loopback
 
@@ -88,7 +89,8 @@ def serve_command(
         topo = pipe.topology
         console.print(ready_message(listening.url, listening.state.model_name, topo.terminals,
                                     len(topo.stages), len(topo.instances()), api_key,
-                                    str(pipe.run_dir) if pipe.run_dir is not None else None), soft_wrap=True)
+                                    str(pipe.run_dir) if pipe.run_dir is not None else None,
+                                    program=invocation.program()), soft_wrap=True)
         if pipe.otlp_endpoint is not None:
             console.print(f"OpenTelemetry: every finished request's trace goes to {pipe.otlp_endpoint}", soft_wrap=True)
         if pipe.profile is not None:

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, NoReturn, Optional
 
 import typer
 
+from omnictl.cli.invocation import program
+
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
@@ -45,7 +47,7 @@ def trace(
             _fail(
                 f"no events for request {request_id!r} in the {len(runs)} recent run(s) under "
                 f"{runs[0].parent if runs else 'the state directory'}. List recorded ids with "
-                "`omnictl trace --last 20`, or pass the server's --run-dir DIR (serve prints it)."
+                f"`{program()} trace --last 20`, or pass the server's --run-dir DIR (serve prints it)."
             )
         directory, events = found
         _show(console, request_id, events, output_format, export_chrome, directory)
@@ -62,7 +64,7 @@ def trace(
     if not events:
         _fail(
             f"no events for request {request_id!r} in {directory}. "
-            f"List recorded ids with `omnictl trace --last 20 --run-dir {run_dir}` (or `--slowest 20`).",
+            f"List recorded ids with `{program()} trace --last 20 --run-dir {run_dir}` (or `--slowest 20`).",
         )
     _show(console, request_id, events, output_format, export_chrome, directory)
 

@@ -83,7 +83,7 @@ def test_unknown_id_says_how_to_list_ids(run_dir: Path) -> None:
     result = _run("nope", "--run-dir", str(run_dir))
     assert result.exit_code == 1
     assert "no events for request 'nope'" in result.output
-    assert "omnictl trace --last" in result.output
+    assert "trace --last" in result.output  # after the program as invoked (tests/cli/test_invocation.py)
 
 
 def test_last_and_slowest(run_dir: Path) -> None:
