@@ -26,7 +26,8 @@ def _load(topology: str | Path | Topology, device: str | None) -> Topology:
     else:
         from omnictl.topology import load
 
-        loaded = load(topology, device=device)
+        # a misspelt factory fails here, at its own line, before any process loads a model
+        loaded = load(topology, device=device, find_imports=True)
     refuse_unsupported(loaded)  # before any process is spawned
     return loaded
 

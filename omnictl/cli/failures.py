@@ -21,6 +21,13 @@ def log_dir() -> Path:
 
 
 def report_failure(console: Console, error: BaseException, command: str) -> None:
+    from omnictl.exceptions import TopologyError
+
+    if isinstance(error, TopologyError):  # every problem as `validate` prints it, no traceback to log
+        console.print(Text.assemble(("error: ", "red"), f"{error.path}: {len(error.issues)} problem(s)"), soft_wrap=True)
+        for issue in error.issues:
+            console.print(issue.format(), soft_wrap=True, highlight=False, markup=False)
+        return
     message = str(error)
     first, _, rest = message.partition("\n")
     if not rest.strip():

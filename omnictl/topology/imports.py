@@ -11,8 +11,11 @@ names ``stages.tokenize`` wherever it is run from, as ``python run.py`` beside i
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import difflib
 import importlib
+import importlib.util
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -20,8 +23,8 @@ from typing import Any, Callable, Iterator, Sequence
 from omnictl.exceptions import ResolveError
 from omnictl.topology.raw import DOTTED_FIELDS, RawStage, Reporter
 
-__all__ = ["ResolveError", "check_imports", "import_path", "resolve", "resolve_callable",
-           "topology_dir", "worker_sys_path"]
+__all__ = ["ResolveError", "check_imports", "find_callable", "import_path", "resolve",
+           "resolve_callable", "topology_dir", "worker_sys_path"]
 
 
 def topology_dir(path: str | Path | None) -> Path | None:
@@ -143,15 +146,90 @@ def resolve_callable(dotted: str, directory: Path | None = None, *,
     raise fail(f"no module named {missing.name!r}") from missing
 
 
+def _top_level_names(source: str) -> set[str] | None:
+    """The names a module's source binds at top level; None when it may bind others
+    dynamically (a module ``__getattr__``, a star import) or cannot be parsed."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    names: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> bool:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                if node.name == "__getattr__":
+                    return False
+                names.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for alias in node.names:
+                    if alias.name == "*":
+                        return False
+                    names.add(alias.asname or alias.name.split(".")[0])
+            elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+                blocks = [node.body, getattr(node, "orelse", []), getattr(node, "finalbody", [])]
+                blocks += [h.body for h in getattr(node, "handlers", [])]
+                if not all(visit(block) for block in blocks):
+                    return False
+        return True
+
+    return names if visit(tree.body) else None
+
+
+def find_callable(dotted: str, directory: Path | None = None, *, where: str | None = None) -> None:
+    """Raise :class:`ResolveError` when ``dotted`` certainly names nothing, without importing
+    it: no module of that name can be found, or the module's source binds no such top-level
+    name. Quiet when it cannot tell (a compiled module, a module ``__getattr__``); the stage
+    process's import then has the last word. Only parent packages are imported, so a
+    launch can check every factory before it starts any process (and loads any model)."""
+    searched = (str(directory),) if directory is not None else ()
+    if not isinstance(dotted, str) or (":" not in dotted and "." not in dotted):
+        raise ResolveError(str(dotted), "expected a dotted path like package.module.function", where=where,
+                           searched=searched)
+    missing = None
+    with import_path(directory):
+        for module_name, attrs in _split(dotted):
+            try:
+                spec = importlib.util.find_spec(module_name)
+            except ModuleNotFoundError as error:
+                missing = missing or error.name
+                continue
+            except Exception:  # a parent package raised while importing: the stage process will say
+                return
+            if spec is None:
+                missing = missing or module_name
+                continue
+            origin = spec.origin
+            if origin is None or not origin.endswith(".py"):
+                return
+            try:
+                names = _top_level_names(Path(origin).read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError):
+                return
+            if names is None or attrs[0] in names:
+                return
+            close = difflib.get_close_matches(attrs[0], sorted(names), n=1)
+            guess = f" (did you mean {module_name}.{close[0]}?)" if close else ""
+            raise ResolveError(dotted, f"module {module_name!r} ({origin}) defines no {attrs[0]!r}{guess}",
+                               where=where, searched=searched)
+    raise ResolveError(dotted, f"no module named {missing!r}", where=where, searched=searched)
+
+
 # The stage builder resolves through the same function; the stage process already has the
 # topology directory first on sys.path (see worker_sys_path).
 resolve = resolve_callable
 
 
-def check_imports(stage: RawStage, report: Reporter, directory: Path | None = None) -> None:
+def check_imports(stage: RawStage, report: Reporter, directory: Path | None = None, *,
+                  static: bool = False) -> None:
     """``import``: every dotted path the stage names resolves to a callable.
 
     The caller wraps the whole file in :func:`import_path` so each module is imported once.
+    ``static``: only what :func:`find_callable` can tell without importing the modules.
     """
     named: list[tuple[str, tuple[str, ...], str | None]] = [
         (key, (key,), getattr(stage, key)) for key in DOTTED_FIELDS]
@@ -160,7 +238,10 @@ def check_imports(stage: RawStage, report: Reporter, directory: Path | None = No
         if dotted is None:
             continue
         try:
-            resolve_callable(dotted, directory)
+            if static:
+                find_callable(dotted, directory)
+            else:
+                resolve_callable(dotted, directory)
         except ResolveError as error:
             searched = f"; searched {directory}, then sys.path" if directory else ""
             report.add("import", f"stage {stage.name!r}: `{key}` {error.reason} "

@@ -80,7 +80,7 @@ def _stage_spec(stage: RawStage, line: int) -> StageSpec:
     )
 
 
-def _graph_issues(doc: Document, stages: list[RawStage], check_imports: bool) -> list[Issue]:
+def _graph_issues(doc: Document, stages: list[RawStage], check_imports: bool, find_imports: bool = False) -> list[Issue]:
     report = Reporter(doc)
     by_name = rules.unique_stages(stages, report)
     names = list(by_name)
@@ -89,11 +89,11 @@ def _graph_issues(doc: Document, stages: list[RawStage], check_imports: bool) ->
         rules.check_routing(stage, report)
         rules.check_references(stage, names, report)
         placement.check_tp_size(stage, report)
-    if check_imports:
+    if check_imports or find_imports:
         directory = topology_dir(doc.file)  # the same rule as the stage processes use
         with import_path(directory):
             for stage in stages:
-                check_stage_imports(stage, report, directory)
+                check_stage_imports(stage, report, directory, static=not check_imports)
     for name, stage in by_name.items():
         rules.check_fan_in(stage, upstreams[name], names, report)
     shape.check_entry_and_reach(by_name, report)
@@ -108,15 +108,19 @@ def _graph_issues(doc: Document, stages: list[RawStage], check_imports: bool) ->
 
 
 def validate_text(text: str, filename: str = "<string>", *,
-                  check_imports: bool = False) -> ValidationReport:
-    """Every problem in ``text``; the derived Topology when there is none. Never raises."""
+                  check_imports: bool = False, find_imports: bool = False) -> ValidationReport:
+    """Every problem in ``text``; the derived Topology when there is none. Never raises.
+
+    ``check_imports`` imports every dotted path the stages name; ``find_imports`` only finds
+    them (their modules' files and top-level names, see ``find_callable``), which a launch
+    does before it starts any process."""
     doc = parse(text, filename)
     issues = list(doc.issues)
     if not any(i.rule == "yaml-syntax" for i in issues):
         issues += check_schema(doc)
         stages = read_stages(doc)
         if isinstance(doc.data, dict) and isinstance(doc.data.get("stages"), list):
-            issues += _graph_issues(doc, stages, check_imports)  # else: the schema said why
+            issues += _graph_issues(doc, stages, check_imports, find_imports)  # else: the schema said why
     stage_fields = list(load_schema()["$defs"]["stage"]["properties"])
     issues = order_by_cause(doc, issues, stage_fields, lambda d: _graph_issues(d, read_stages(d), False))
     report = ValidationReport(file=filename, issues=issues)
@@ -151,17 +155,19 @@ def validate(path: str | Path, *, check_imports: bool = False) -> ValidationRepo
     return validate_text(read_text(path), str(path), check_imports=check_imports)
 
 
-def loads(text: str, filename: str = "<string>") -> Topology:
+def loads(text: str, filename: str = "<string>", *, find_imports: bool = False) -> Topology:
     """The Topology described by ``text``; raises TopologyError listing every problem."""
-    report = validate_text(text, filename)
+    report = validate_text(text, filename, find_imports=find_imports)
     if report.topology is None:
         raise TopologyError(filename, report.issues)
     return report.topology
 
 
-def load(path: str | Path, *, device: str | None = None) -> Topology:
-    """The Topology in ``path``. ``device="cpu"`` drops every GPU placement (see on_cpu)."""
-    topology = loads(read_text(path), str(path))
+def load(path: str | Path, *, device: str | None = None, find_imports: bool = False) -> Topology:
+    """The Topology in ``path``. ``device="cpu"`` drops every GPU placement (see on_cpu).
+    ``find_imports``: also report a factory, route_fn, merge_fn or projection that certainly
+    does not exist (rule ``import``, at its field's line) without importing it."""
+    topology = loads(read_text(path), str(path), find_imports=find_imports)
     if device is None:
         return topology
     if device == "cpu":

@@ -83,6 +83,18 @@ def test_a_missing_topology_is_a_clear_error(tmp_path: Path) -> None:
     assert "nope.yaml" in result.stdout + result.stderr
 
 
+def test_a_misspelt_factory_is_reported_at_its_line_before_any_stage_starts(tmp_path: Path) -> None:
+    (tmp_path / "mystages.py").write_text("def make_a():\n    return lambda d: d\n")
+    topology = tmp_path / "t.yaml"
+    topology.write_text("name: t\nstages:\n  - name: a\n    factory: mystages.make_a\n    next: [b]\n"
+                        "  - name: b\n    factory: mystages.mak_b\n    terminal: true\n")
+    result = run_serve(str(topology), "--port", "0", "--no-dashboard")
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert f"{topology}:7:14: import: stage 'b': `factory`" in out and "defines no 'mak_b'" in out
+    assert "traceback" not in out and "started" not in out  # no stage process was launched
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # the real quick start, about a minute; its own deadlines allow a cold first start
 @pytest.mark.skipif(SKIP_SLOW, reason="OMNICTL_SKIP_SLOW=1: skips the real voice-assistant quick start")

@@ -133,7 +133,15 @@ def test_a_launched_pipeline_imports_user_code_beside_its_topology(tmp_path: Pat
 
 
 def test_a_launch_whose_factory_is_missing_says_which_module_from_where_and_why(tmp_path: Path) -> None:
+    # Found missing before any process starts (the module's source defines no `make`) ...
     path = _project(tmp_path, "", "userstages.make")
+    with pytest.raises(omnictl.TopologyError) as caught:
+        omnictl.run(path, {"x": 1}, profile=False)
+    message = str(caught.value)
+    assert f"{path}:3:" in message and "stage 'a': `factory`" in message and "defines no 'make'" in message
+    assert str(tmp_path) in message
+    # ... and, where only importing can tell (a module __getattr__), by the stage process
+    path = _project(tmp_path, "def __getattr__(name):\n    raise AttributeError(name)\n", "userstages.make", "dynamic")
     for _ in range(3):  # the stage process exits at once: its report must still arrive first
         with pytest.raises(omnictl.LaunchError) as info:
             omnictl.run(path, {"x": 1}, profile=False)
@@ -141,3 +149,42 @@ def test_a_launch_whose_factory_is_missing_says_which_module_from_where_and_why(
         assert "stage 'a' failed to start" in message and "'userstages' has no attribute 'make'" in message
         assert f"{path}:" in message and "`factory` of stage 'a'" in message and str(tmp_path) in message
         assert "its factory raised" not in message and "exit code" not in message
+
+
+# ---- find_callable: what a launch checks before it starts any process (imports nothing)
+
+
+def _misspelt_project(tmp_path: Path, source: str) -> Path:
+    (tmp_path / "mystages.py").write_text(source)
+    path = tmp_path / "t.yaml"
+    path.write_text("name: t\nstages:\n  - name: a\n    factory: mystages.make_a\n    next: [b]\n"
+                    "  - name: b\n    process: other\n    factory: mystages.mak_b\n    terminal: true\n")
+    return path
+
+
+def test_a_misspelt_factory_fails_the_launch_at_its_line_before_any_process(tmp_path: Path) -> None:
+    import omnictl
+    from omnictl.exceptions import TopologyError
+
+    path = _misspelt_project(tmp_path, "raise SystemExit('imported: a launch must not import user code to check it')\n"
+                    "def make_a():\n    return lambda d: d\n\ndef make_b():\n    return lambda d: d\n")
+    with pytest.raises(TopologyError) as caught:
+        omnictl.Pipeline.launch(path)  # raises before anything is spawned (no await needed)
+    (issue,) = caught.value.issues
+    assert (issue.rule, issue.stage, issue.field, issue.line) == ("import", "b", "factory", 8)
+    assert "defines no 'mak_b'" in issue.message and "did you mean mystages.make_b" in issue.message
+
+
+def test_find_callable_is_quiet_when_it_cannot_tell(tmp_path: Path) -> None:
+    from omnictl.topology.imports import find_callable
+
+    (tmp_path / "dyn.py").write_text("def __getattr__(name):\n    return lambda: name\n")
+    (tmp_path / "star.py").write_text("from os.path import *\n")
+    (tmp_path / "cond.py").write_text("try:\n    import json as fast\nexcept ImportError:\n    fast = None\n"
+                                      "if True:\n    def inner():\n        pass\n")
+    for dotted in ("dyn.anything", "star.join", "cond.fast", "cond.inner", "os.path.join", "omnictl.run"):
+        find_callable(dotted, tmp_path)
+    with pytest.raises(ResolveError, match="no module named 'nosuchmodule'"):
+        find_callable("nosuchmodule.f", tmp_path)
+    with pytest.raises(ResolveError, match="defines no 'missing'"):
+        find_callable("cond.missing", tmp_path)
