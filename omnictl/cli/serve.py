@@ -103,6 +103,7 @@ def serve_command(
             dashboard = Dashboard(
                 pipe.profile.aggregator, topo, live_stats=pipeline_live_stats(pipe, asyncio.get_running_loop()),
                 console=console, mode=mode, rejected=lambda: metrics.count("rejected"),
+                where=(listening.url, f"traces {pipe.run_dir}") if pipe.run_dir is not None else (listening.url,),
             )
             dashboards.append(dashboard.start())
 

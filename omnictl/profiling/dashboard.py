@@ -18,7 +18,7 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Literal, Mapping
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 from rich import box
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
@@ -29,7 +29,7 @@ from rich.text import Text
 
 from omnictl.profiling.aggregate import EdgeStats, ProfileSnapshot, StageStats
 from omnictl.profiling.stats import SnapshotSource
-from omnictl.profiling.units import format_rate, format_seconds
+from omnictl.profiling.units import format_byte_rate, format_rate, format_seconds
 from omnictl.topology.model import Topology
 
 # Per-stage figures only the runtime knows: `Pipeline.stats()` as it is, i.e.
@@ -59,10 +59,12 @@ def render_dashboard(
     live: LiveStats | None = None,
     rejected: int | None = None,
     max_height: int | None = None,
+    where: Sequence[str] = (),
 ) -> RenderableType:
     """``rejected``: requests the HTTP server refused (4xx), when the caller knows them;
-    ``max_height``: the rows the dashboard may take (a terminal's height)."""
-    return DashboardView(snapshot, topology, live or {}, rejected, max_height)
+    ``max_height``: the rows the dashboard may take (a terminal's height); ``where``: what
+    the first line keeps in view whatever the size (the URL, the traces folder)."""
+    return DashboardView(snapshot, topology, live or {}, rejected, max_height, tuple(where))
 
 
 class DashboardView:
@@ -76,16 +78,20 @@ class DashboardView:
         live: LiveStats,
         rejected: int | None,
         max_height: int | None = None,
+        where: tuple[str, ...] = (),
     ) -> None:
         self.snapshot = snapshot
         self.topology = topology
         self.live = live
         self.rejected = rejected
         self.max_height = max_height
+        self.where = where
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
         header = _wrap_items(_header_items(self.snapshot, self.topology, self.rejected), width)
+        if self.where:  # one line, always: shortened from the left of each item if it must be
+            header = Text.assemble(_where_line(self.where, width), "\n", header)
         yield header
         columns, rows = _stage_rows(self.snapshot, self.topology, self.live)
         yield _fit(console, options, "stages", columns, rows)
@@ -107,13 +113,14 @@ class DashboardView:
 def status_line(snapshot: ProfileSnapshot, rejected: int | None = None) -> str:
     """One line for logs and non-terminals (without the time; see :class:`Dashboard`)."""
     h = snapshot.header
-    outcomes = f"done {h.completed} failed {h.failed} aborted {h.aborted}"
+    # the dashboard's words (and the coordinator's states): completed, first text, first audio
+    outcomes = f"completed {h.completed} failed {h.failed} aborted {h.aborted}"
     if rejected is not None:
         outcomes += f" rejected {rejected}"
     line = (
         f"up {_uptime(h.uptime_s)} | in flight {h.in_flight} | {outcomes} | "
         f"{format_rate(h.requests_per_s)} req/s | "
-        f"TTFT {_percentiles(h.ttft_p50_s, h.ttft_p99_s, h.ttft_n)} | "
+        f"first text {_percentiles(h.ttft_p50_s, h.ttft_p99_s, h.ttft_n)} | "
         f"first audio {_percentiles(h.ttfa_p50_s, h.ttfa_p99_s, h.ttfa_n)}"
     )
     return line + (f" | dropped events {h.dropped_events}" if h.dropped_events else "")
@@ -144,6 +151,22 @@ def _header_items(snapshot: ProfileSnapshot, topology: Topology | None, rejected
     if h.dropped_events:
         items.append(Text(f"dropped events {h.dropped_events}", style="bold red"))
     return items
+
+
+def _where_line(items: tuple[str, ...], width: int) -> Text:
+    """``items`` on one line of at most ``width`` cells. The longest loses characters first,
+    after its label (``traces ``) and from the start of its value: a path's end, the run's
+    own folder, is what tells runs apart."""
+    texts = list(items)
+    while len("  ".join(texts)) > width:
+        longest = max(range(len(texts)), key=lambda i: len(texts[i]))
+        label, _, value = texts[longest].rpartition(" ") if " " in texts[longest] else ("", "", texts[longest])
+        label = label + " " if label else ""
+        keep = len(value) - (len("  ".join(texts)) - width) - 1
+        if keep < 8:
+            break
+        texts[longest] = label + "…" + value[-keep:]
+    return Text("  ".join(texts)[:width], style="bold", no_wrap=True, overflow="crop")
 
 
 def _count(label: str, value: int) -> Text:
@@ -199,7 +222,7 @@ _EDGE_COLUMNS = (
     _Column("hops", True, 70),
     _Column("p50", True, 80),
     _Column("p99", True, 60),
-    _Column("MB/s", True, 5),
+    _Column("rate", True, 5),
 )
 
 
@@ -261,7 +284,7 @@ def _edge_rows(snapshot: ProfileSnapshot, topology: Topology | None) -> tuple[tu
                 Text(transport),
                 Text(str(stats.hops) if stats else "0", style=style),
                 *(Text(cell, style=style) for cell in _latencies(stats)),
-                Text(f"{stats.mb_per_s:.2f}" if measured and stats else "-", style=style),
+                Text(format_byte_rate(stats.mb_per_s * 1e6) if measured and stats else "-", style=style),
             ]
         )
     return _EDGE_COLUMNS, rows
@@ -342,8 +365,10 @@ class Dashboard:
         status_interval_s: float = 5.0,
         rejected: Callable[[], int] | None = None,
         heartbeat_s: float = HEARTBEAT_S,
+        where: Sequence[str] = (),
     ) -> None:
         self.aggregator = aggregator
+        self.where = tuple(where)  # kept on the first line: the URL, the traces folder
         self.topology = topology
         self.live_stats = live_stats
         self.rejected = rejected
@@ -362,7 +387,7 @@ class Dashboard:
         rejected = self.rejected() if self.rejected is not None else None
         if max_height is None and self.mode == "live":
             max_height = self.console.height
-        return render_dashboard(self.aggregator.snapshot(), self.topology, live, rejected, max_height)
+        return render_dashboard(self.aggregator.snapshot(), self.topology, live, rejected, max_height, self.where)
 
     def start(self) -> "Dashboard":
         if self.mode == "live":

@@ -29,3 +29,16 @@ def format_bytes(count: float | None) -> str:
 
 def format_rate(per_second: float) -> str:
     return f"{per_second:.1f}" if per_second < 100 else f"{per_second:.0f}"
+
+
+def format_byte_rate(bytes_per_s: float | None) -> str:
+    """``0 B/s``, ``512 B/s``, ``3.4 kB/s``, ``12.0 MB/s``, ``1.25 GB/s`` (decimal units):
+    a unit picked by size, so a few kilobytes a second do not read ``0.00``."""
+    if bytes_per_s is None:
+        return "-"
+    value = float(bytes_per_s)
+    for unit in ("B/s", "kB/s", "MB/s", "GB/s"):
+        if value < 1000 or unit == "GB/s":
+            return f"{value:.0f} {unit}" if unit == "B/s" else f"{value:.{2 if value < 10 else 1}f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")

@@ -18,7 +18,7 @@ from omnictl.profiling.synthetic import qwen_omni_topology, synthetic_request
 S = 1_000_000_000
 TOPOLOGY = qwen_omni_topology()
 # a figure with its unit, a rate, a count, a percentage, or "-": what a latency / rate cell may hold
-NUMBER_CELL = re.compile(r"^(-|\d+(\.\d+)? (µs|ms|s)|\d+(\.\d+)?|\d+%)$")
+NUMBER_CELL = re.compile(r"^(-|\d+(\.\d+)? (µs|ms|s|B/s|kB/s|MB/s|GB/s)|\d+(\.\d+)?|\d+%)$")
 
 
 def _render(renderable: object, width: int = 140) -> str:
@@ -128,7 +128,7 @@ def test_at_narrow_widths_columns_go_before_any_figure_is_cut(width: int) -> Non
         for name, cells in rows.items():
             assert len(cells) == len(header), f"{title} row {name!r} lost a cell: {cells}"
             row = dict(zip(header, cells))
-            for column in ("p50", "p99", "items/s", "share", "MB/s"):
+            for column in ("p50", "p99", "items/s", "share", "rate"):
                 if column in row:
                     assert NUMBER_CELL.match(row[column]), f"{name} {column} {row[column]!r}"
     header, _ = _table(text, "stages")
@@ -185,8 +185,8 @@ def test_dropped_events_are_shown() -> None:
 def test_status_line() -> None:
     now = time.time_ns()
     line = status_line(_aggregator(now).snapshot(now), rejected=2)
-    assert line.startswith("up 0m05s | in flight 1 | done 4 failed 2 aborted 0 rejected 2 | 1.2 req/s | "
-                           "TTFT p50 18.30 ms p99 - (n=4)")
+    assert line.startswith("up 0m05s | in flight 1 | completed 4 failed 2 aborted 0 rejected 2 | 1.2 req/s | "
+                           "first text p50 18.30 ms p99 - (n=4)")
     assert "\n" not in line
 
 
@@ -280,3 +280,34 @@ def test_a_replicated_process_shows_its_replicas_and_a_degraded_stage() -> None:
     rows = _table(text, "stages")[1]
     assert rows["code2wav (degraded)"][:2] == ["code2wav (degraded)", "talker#0,talker#1"]
     assert rows["thinker"][1] == "thinker"
+
+
+def test_the_status_line_and_the_dashboard_speak_one_vocabulary() -> None:
+    now = time.time_ns()
+    snapshot = _aggregator(now).snapshot(now)
+    line = status_line(snapshot)
+    board = _render(render_dashboard(snapshot, TOPOLOGY), width=200)
+    for word in ("completed", "failed", "aborted", "first text", "first audio", "in flight"):
+        assert word in line and word in board, word
+    assert "TTFT" not in line and "done " not in line
+
+
+def test_at_80x24_the_first_line_keeps_the_url_and_the_traces_folder() -> None:
+    now = time.time_ns()
+    runs = "/home/someone/.local/state/omnictl/runs/20261201-221351-17722"
+    view = render_dashboard(_aggregator(now, requests=12).snapshot(now), TOPOLOGY, rejected=0, max_height=24,
+                            where=("http://127.0.0.1:8000", f"traces {runs}"))
+    lines = _render(view, width=80).splitlines()
+    assert len(lines) <= 24 and max(len(line) for line in lines) <= 80
+    assert lines[0].startswith("http://127.0.0.1:8000  traces …") and lines[0].endswith("20261201-221351-17722")
+
+
+def test_edge_rates_pick_their_unit_by_size() -> None:
+    from omnictl.profiling.units import format_byte_rate
+
+    assert [format_byte_rate(v) for v in (0, 880, 3_400, 12_000_000, 1.25e9, 3.2e12)] == [
+        "0 B/s", "880 B/s", "3.40 kB/s", "12.0 MB/s", "1.25 GB/s", "3200.0 GB/s"]
+    now = time.time_ns()
+    _, rows = _table(_render(render_dashboard(_aggregator(now, requests=12).snapshot(now), TOPOLOGY), width=160), "edges")
+    rates = [cells[-1] for cells in rows.values()]
+    assert any(rate not in ("-", "0 B/s") for rate in rates) and not any(rate == "0.00" for rate in rates), rates
