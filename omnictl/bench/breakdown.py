@@ -51,6 +51,38 @@ def _gather(store: TraceStore, wanted: set[str], wait_s: float) -> dict[str, lis
         time.sleep(_SETTLE_S)  # polling a file other processes append to, under a deadline
 
 
+# Which part keeps time two parts of one stage share: work first (a TTS stage synthesises
+# its first sentence while the fan-in still waits for the rest of the answer), then unpack,
+# then the waits. Each overlapping nanosecond is counted once, for the first part listed.
+_WAITS = ("unpack", "queue", "fanin_wait")
+
+
+def _exclusive(parts: list[tuple[str, int, int]]) -> dict[str, float]:
+    """Seconds per part over ``(part, start_ns, end_ns)`` intervals of one request at one
+    stage, overlapping time counted once (see ``_WAITS``), so the parts never add up to
+    more than the stage's own time."""
+    ordered = sorted(parts, key=lambda p: (p[0] in _WAITS, _WAITS.index(p[0]) if p[0] in _WAITS else 0, p[1]))
+    claimed: list[tuple[int, int]] = []  # disjoint, sorted
+    seconds: dict[str, float] = defaultdict(float)
+    for part, start, end in ordered:
+        free, cursor = 0, start
+        for lo, hi in claimed:
+            if hi <= cursor or lo >= end:
+                continue
+            free += max(0, lo - cursor)
+            cursor = max(cursor, hi)
+        free += max(0, end - cursor)
+        seconds[part] += free / 1e9
+        merged = sorted([*claimed, (start, end)])
+        claimed = []
+        for lo, hi in merged:
+            if claimed and lo <= claimed[-1][1]:
+                claimed[-1] = (claimed[-1][0], max(claimed[-1][1], hi))
+            else:
+                claimed.append((lo, hi))
+    return seconds
+
+
 def from_trace_store(run_dir: Path, request_ids: Iterable[str], wait_s: float = 5.0) -> dict[str, Any]:
     grouped = _gather(TraceStore(run_dir), set(request_ids), wait_s)
     stage_times: dict[str, list[float]] = defaultdict(list)
@@ -58,16 +90,20 @@ def from_trace_store(run_dir: Path, request_ids: Iterable[str], wait_s: float = 
     edge_times: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     for request_id, events in grouped.items():
         trace = build_trace(request_id, sorted(events, key=lambda e: e.ts))
+        intervals: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
         for span in trace.spans:
             seconds = span.duration_ns / 1e9
             if span.kind == "stage" and span.stage:
                 stage_times[span.stage].append(seconds)
             elif span.kind in PARTS and span.stage:
-                part_times[span.stage][span.kind] += seconds
+                intervals[span.stage].append((span.kind, span.start_ns, span.end_ns))
             elif span.kind == "compute" and span.stage:  # a phase the scheduler named
-                part_times[span.stage][span.name] += seconds
+                intervals[span.stage].append((span.name, span.start_ns, span.end_ns))
             elif span.kind in ("hop", "stream") and span.meta.get("received") is not False:
                 edge_times[(str(span.meta["src"]), str(span.meta["dst"]), span.kind)].append(seconds)
+        for stage, parts in intervals.items():
+            for part, seconds in _exclusive(parts).items():
+                part_times[stage][part] += seconds
     stages = {}
     for stage, times in stage_times.items():
         named = sorted(part_times[stage], key=lambda part: (part not in PARTS, PARTS.index(part) if part in PARTS else 0))

@@ -85,3 +85,36 @@ def test_a_named_phase_is_a_part_and_the_parts_cover_the_stage(tmp_path: Path) -
     assert stage["parts"]["synthesis"] >= 0.03
     assert stage["parts"]["other"] >= 0.009
     assert sum(stage["parts"].values()) == pytest.approx(stage["mean"])
+
+
+def test_overlapping_parts_are_counted_once(tmp_path: Path) -> None:
+    # A TTS stage synthesises the first sentence while its fan-in still waits for the rest:
+    # 40 ms of fan-in wait, 30 ms of synthesis inside it, 10 ms of queue overlapping both.
+    from omnictl.profiling.events import Event, EventKind
+
+    t0, ms = time.time_ns(), 1_000_000
+
+    def event(kind: EventKind, at_ms: float, **meta: object) -> Event:
+        return Event(kind, "r", None if kind in (EventKind.ADMITTED, EventKind.COMPLETED) else "tts", "p",
+                     t0 + int(at_ms * ms), meta)  # type: ignore[arg-type]
+
+    events = [
+        event(EventKind.ADMITTED, 0),
+        event(EventKind.INPUT_RECEIVED, 0, upstream="thinker"),
+        event(EventKind.FANIN_WAIT_START, 0),
+        event(EventKind.QUEUE_ENTER, 5),
+        event(EventKind.COMPUTE_START, 10, phase="synthesis"),
+        event(EventKind.COMPUTE_END, 40, phase="synthesis"),
+        event(EventKind.FANIN_WAIT_END, 40),
+        event(EventKind.STAGE_DONE, 50),
+        event(EventKind.COMPLETED, 51),
+    ]
+    store = TraceStore(tmp_path)
+    store.append(events)
+    store.close()
+    stage = from_trace_store(tmp_path, ["r"], wait_s=0)["stages"]["tts"]
+    parts = stage["parts"]
+    assert parts["synthesis"] == pytest.approx(0.030, abs=1e-6)
+    assert sum(parts.values()) == pytest.approx(stage["mean"])  # never more: 100%, not 118-135%
+    assert sum(v for k, v in parts.items() if k != "other") <= stage["mean"] + 1e-9
+    assert parts.get("fanin_wait", 0) + parts.get("queue", 0) == pytest.approx(0.010, abs=1e-6)
