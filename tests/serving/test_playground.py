@@ -83,3 +83,23 @@ def test_hands_free_question_is_heard_answered_and_played(voice_server: ServerPr
         raise
     if SCREENSHOT:
         browser.save_screenshot(SCREENSHOT)
+
+
+def test_a_typed_question_is_timed_from_when_it_was_sent(voice_server: ServerProcess, browser: webdriver.Chrome,
+                                                         tmp_path: Path) -> None:
+    browser.get(f"{voice_server.url}/?key={API_KEY}")
+    wait = WebDriverWait(browser, 120, poll_frequency=0.2)
+    try:
+        wait.until(lambda d: "connected to" in d.find_element(By.ID, "status").text)
+        browser.find_element(By.ID, "text").send_keys("What is the capital of France?\n")
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '.turn.assistant[data-status="completed"]'))
+        wait.until(lambda d: browser.find_element(By.ID, "latency").text.endswith(" ms"))
+        # no speech ended: the figure is labelled for what it measures
+        assert browser.find_element(By.ID, "latency-label").text == "question sent → first audio"
+        meta = browser.find_element(By.CSS_SELECTOR, ".turn.assistant .meta").text
+        assert meta.startswith("question sent → first audio: ") and "end of speech" not in meta
+    except (TimeoutException, AssertionError):
+        shot = tmp_path / "playground-typed-failure.png"
+        browser.save_screenshot(str(shot))
+        print(f"playground screenshot: {shot}\nbrowser log: {browser.get_log('browser')}")
+        raise

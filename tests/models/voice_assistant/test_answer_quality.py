@@ -3,7 +3,7 @@
 The embedded topology (``omnictl/data/voice-assistant.yaml``, its default settings) runs
 as ``omnictl serve`` runs it; the spoken questions are made here in the Piper voice (the
 espeak-ng voices of the full table mishear too much for a stable ten-question check).
-Asserted is only what holds stably (see the README's "Answer quality" table): hearing a
+Asserted is only what holds stably (see the "Answer quality" tables in docs/benchmarks/voice-assistant.md): hearing a
 question costs at most ``SPOKEN_MARGIN`` of the typed right answers, and every answer is
 one short sentence.
 """
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 ASKED = QUESTIONS[:10]
 VOICE = VOICES[3]  # Piper joe
-SPOKEN_MARGIN = 2  # of 10; Whisper misheard 1 of these 10 clips (README table), a miss the LLM also makes typed
+SPOKEN_MARGIN = 2  # of 10; Whisper misheard 1 of these 10 clips (docs/benchmarks/voice-assistant.md), a miss the LLM also makes typed
 MAX_WORDS = 30  # one sentence (max_sentences: 1)
 
 
