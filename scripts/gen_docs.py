@@ -10,7 +10,9 @@ Every page here is generated from the code it documents, never copied by hand:
   the message and hint the validator gives for a topology that breaks it;
 - ``docs/reference/cli.md``: every command and option of the Typer app;
 - ``docs/reference/metrics.md``: every ``/metrics`` family of ``omnictl.serving.metrics``;
-- ``docs/reference/graphs.md``: each shipped topology drawn by ``omnictl validate --graph``.
+- ``docs/reference/graphs.md``: each shipped topology drawn by ``omnictl validate --graph``;
+- ``docs/reference/terminal.md``: the live dashboard at 80x24 and a trace waterfall, rendered
+  by their own code from synthetic requests.
 
 Rerun it after changing any of those; ``tests/test_docs.py`` fails while a page is stale.
 """
@@ -233,7 +235,60 @@ def graphs_page() -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
+# ---------------------------------------------------------------- pictures of the terminal
+
+S = 1_000_000_000
+FIXED_NOW = 1_764_547_200 * S  # a fixed clock: the same text on every run
+
+
+def _synthetic_aggregator() -> Any:
+    from omnictl.profiling.aggregate import Aggregator
+    from omnictl.profiling.events import Event, EventKind
+    from omnictl.profiling.synthetic import qwen_omni_topology, synthetic_request
+
+    topology = qwen_omni_topology()
+    aggregator = Aggregator(window_s=30)
+    for index in range(12):
+        aggregator.add(synthetic_request(f"r{index}", topology, start_ns=FIXED_NOW - (20 - index) * S))
+    aggregator.add([Event(EventKind.ADMITTED, "pending", None, "coordinator", FIXED_NOW - S)])
+    return aggregator, topology
+
+
+def dashboard_page() -> str:
+    import io
+
+    from rich.console import Console
+
+    from omnictl.profiling.dashboard import render_dashboard
+    from omnictl.profiling.spans import build_trace
+    from omnictl.profiling.synthetic import synthetic_request
+    from omnictl.profiling.trace_render import render_waterfall
+
+    aggregator, topology = _synthetic_aggregator()
+    view = render_dashboard(aggregator.snapshot(FIXED_NOW), topology, {"thinker": {"requests": 1, "queued": 0}},
+                            rejected=0, max_height=24,
+                            where=("http://127.0.0.1:8000", "traces /home/you/.local/state/omnictl/runs/20261130-120000-4242"))
+    console = Console(width=80, height=24, record=True, file=io.StringIO(), color_system=None)
+    console.print(view)
+    board = console.export_text().rstrip("\n")
+    trace = build_trace("c3d06d46", synthetic_request("c3d06d46", topology, start_ns=FIXED_NOW))
+    console = Console(width=80, record=True, file=io.StringIO(), color_system=None)
+    console.print(render_waterfall(trace, width=80))
+    waterfall = console.export_text().rstrip("\n")
+    out = [BANNER.format(source="omnictl.profiling (dashboard and waterfall renderers) on synthetic requests"),
+           "# The terminal, at 80 columns", "",
+           "What `omnictl serve`'s live dashboard and `omnictl trace REQUEST_ID` print, rendered by the "
+           "same code into an 80×24 terminal. The requests are synthetic "
+           "(`omnictl.profiling.synthetic`, the 8-stage Qwen3-Omni shape with made-up durations), so the "
+           "layout is real and the figures are not measurements. [Profiling](../profiling.md) explains "
+           "each column.", "",
+           "## The live dashboard (80×24)", "", "```", board, "```", "",
+           "## `omnictl trace REQUEST_ID`", "", "```", waterfall, "```", ""]
+    return "\n".join(out)
+
+
 PAGES: dict[str, Callable[[], str]] = {
+    "terminal.md": dashboard_page,
     "topology.md": topology_page,
     "cli.md": cli_page,
     "metrics.md": metrics_page,
