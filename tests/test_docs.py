@@ -57,3 +57,23 @@ def test_readme_is_short() -> None:
 def test_no_tracker_numbers_in_the_docs(path: Path) -> None:
     found = re.findall(r"\b(?:issue|goal) \d+\b", path.read_text(), flags=re.I)
     assert not found, f"{path.name} cites {found}: say what the figure is, not which ticket asked"
+
+
+def test_the_site_fetches_nothing_from_the_internet() -> None:
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    # mkdocs.yml names a Python callable (the Mermaid fence); only its name matters here
+    Loader.add_multi_constructor("tag:yaml.org,2002:python/name:", lambda loader, suffix, node: suffix)
+    config = yaml.load((REPO / "mkdocs.yml").read_text(), Loader=Loader)
+    assert config["theme"]["font"] is False, "Material would load Google fonts"
+    scripts = config.get("extra_javascript", []) + config.get("extra_css", [])
+    assert not [s for s in scripts if "://" in str(s)], scripts
+    # Material loads Mermaid from a CDN unless a `mermaid` is already on the page
+    assert "assets/javascripts/mermaid.min.js" in scripts
+    assert (REPO / "docs" / "assets" / "javascripts" / "mermaid.min.js").stat().st_size > 1_000_000
+    for page in (REPO / "docs").rglob("*.md"):
+        for target in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", page.read_text()):
+            assert "://" not in target, f"{page.name}: image {target} would be fetched"
