@@ -132,11 +132,45 @@ LABELS = {
 }
 
 
+def plot(medians: dict[int, dict[str, list[float]]], path: Path, note: str) -> None:
+    """A bar chart of the table's GB/s (median over the runs), one group per size, written to
+    ``path`` (PNG). ``note`` (the date, the machine's load) goes under the title."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+
+    labels = list(LABELS)
+    sizes = list(medians)
+    width = 0.8 / len(labels)
+    figure, axes = plt.subplots(figsize=(8, 4.5), dpi=100)
+    for index, label in enumerate(labels):
+        gbps = [nbytes / statistics.median(medians[nbytes][label]) for nbytes in sizes]
+        bars = axes.bar([x + (index - (len(labels) - 1) / 2) * width for x in range(len(sizes))], gbps, width,
+                        label=LABELS[label])
+        axes.bar_label(bars, fmt="%.1f", fontsize=8)
+    axes.axhline(GOAL_GBPS, color="grey", linestyle="--", linewidth=1, label=f"goal at 64 MiB: {GOAL_GBPS:g} GB/s")
+    axes.set_xticks(range(len(sizes)), [f"{n // MiB} MiB" for n in sizes])
+    axes.set_ylabel("GB/s (bytes / median time)")
+    axes.set_title(f"benchmarks/shm.py: a tensor from process A to process B\n{note}", fontsize=10)
+    axes.legend(fontsize=8, loc="upper left")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke test)")
     parser.add_argument("--runs", type=int, default=None, help="repetitions of the whole comparison (median reported)")
+    parser.add_argument("--plot", type=Path, metavar="PNG", default=None,
+                        help="also draw the table as a bar chart into this PNG (needs matplotlib)")
     args = parser.parse_args()
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401  # fail before measuring, not after
+        except ImportError:
+            parser.error("--plot needs matplotlib: .venv/bin/pip install matplotlib")
     runs = args.runs or (2 if args.quick else 5)
     sizes = {4 * MiB: 10 if args.quick else 40, 64 * MiB: 4 if args.quick else 12}
 
@@ -180,6 +214,11 @@ def main() -> None:
                     "met" if view_gbps >= GOAL_GBPS else "not met")
     console.print(summary)
     console.print(f"load average at the end {os.getloadavg()[0]:.1f}")
+    if args.plot is not None:
+        note = (f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
+                f"median of {runs} runs" + (" (--quick)" if args.quick else ""))
+        plot(medians, args.plot, note)
+        console.print(f"plot written to {args.plot}")
 
 
 if __name__ == "__main__":
