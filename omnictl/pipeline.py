@@ -108,14 +108,14 @@ class Pipeline:
             profile_address = f"ipc://{socket_dir}/profile"
             otlp = None
             if config.otlp_endpoint is not None:
-                from omnictl.telemetry.endpoint import OtlpTarget
+                from omnictl.telemetry.endpoint import OtlpTarget, sink_spec
 
-                otlp = OtlpTarget(config.otlp_endpoint, topology.name, dict(topology.terminals))
+                otlp = sink_spec(OtlpTarget(config.otlp_endpoint, topology.name, dict(topology.terminals)))
             if curve is not None:  # workers on other nodes ship their events over tcp, authenticated
                 tcp_host = resolve_data_host(config.data_host, config.launcher)
-                collector = Collector(run_dir, profile_address, otlp=otlp, tcp_host=tcp_host, curve=curve).start()
+                collector = Collector(run_dir, profile_address, sink=otlp, tcp_host=tcp_host, curve=curve).start()
             else:
-                collector = Collector(run_dir, profile_address, otlp=otlp).start()
+                collector = Collector(run_dir, profile_address, sink=otlp).start()
             profiler = collector.local_recorder()
         config = config.replace(run_dir=run_dir)  # the one it runs in, made above when profiling
         coordinator = Coordinator(

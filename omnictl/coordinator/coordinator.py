@@ -31,7 +31,9 @@ from omnictl.exceptions import LaunchError
 from omnictl.launch_config import LaunchConfig
 from omnictl.profiling.events import MetaValue, NullProfiler, Profiler
 from omnictl.schedulers.simple import describe_error
-from omnictl.topology.model import RelayKnobs, Topology, Transport
+from omnictl.topology.model import RelayKnobs, Topology
+from omnictl.transports import registry
+from omnictl.transports.registry import Placement
 from omnictl.transports.codec import decode
 from omnictl.transports.curve import CurveKeys
 from omnictl.transports.drain import Drain
@@ -53,11 +55,15 @@ class Coordinator:
         socket_dir: Path | None = None,
         curve: CurveKeys | None = None,
         profile_tcp_address: str | None = None,
+        launcher: Callable[["Coordinator"], ProcessLauncher] | None = None,
     ) -> None:
         """``config``: the launch's knobs, whole. ``curve``: the launch's keys when the caller
         made them (the profiling collector shares them); ``profile_tcp_address``: the
         collector's tcp address for workers on other nodes; ``socket_dir``: where the ipc
-        sockets go (a fresh temporary directory by default)."""
+        sockets go (a fresh temporary directory by default). ``launcher``: builds the launcher
+        from this coordinator (its ``process_addresses``, ``control_address``,
+        ``broadcast_address`` and ``on_process_exit``); default: the local or Ray one, as
+        ``config.launcher`` says."""
         self.config = config
         self.topology = topology
         self.model_path = config.model_path_for(topology)
@@ -81,6 +87,7 @@ class Coordinator:
                                  curve=self.curve)
         self._control = self.endpoint.pull(f"ipc://{self.socket_dir}/control")
         self._broadcast = self.endpoint.publisher(f"ipc://{self.socket_dir}/broadcast")
+        self.process_addresses = self._process_addresses
         tcp_coordinator: tuple[str, str] | None = None
         if self.curve is not None:
             tcp_coordinator = (self.endpoint.bind_tcp(self._control, self.data_host),
@@ -89,8 +96,9 @@ class Coordinator:
         # The coordinator lends slots only for entry inputs: a few, of the default size.
         knobs = RelayKnobs(slots=4)
         self._pool = self.endpoint.pool(m.COORDINATOR, knobs)
-        # Entry inputs to another node travel as tcp frames.
-        entry_transport = Transport.TCP if self.topology.node_of(self.topology.entry) is not None else Transport.SHM
+        # as an edge from a CPU stage on the unlabelled node to the entry stage
+        entry = topology.stages[topology.entry]
+        entry_transport = registry.select(Placement(False, None, topology.node_of(entry.name), (), tuple(entry.gpu)))
         self._codec = self.endpoint.codec(m.COORDINATOR, entry_transport, knobs)
         self._reader = SegmentReader()
         self._stats_seq = itertools.count()
@@ -100,12 +108,16 @@ class Coordinator:
         # tells admission to hold new requests (Pipeline wires it to Admission.hold).
         self.on_backpressure: Callable[[bool], None] = lambda full: None
         self._tasks: list[asyncio.Task[None]] = []
+        self.control_address = f"ipc://{self.socket_dir}/control"
+        self.broadcast_address = f"ipc://{self.socket_dir}/broadcast"
         self.launcher: ProcessLauncher
-        if self.remote:
+        if launcher is not None:
+            self.launcher = launcher(self)
+        elif self.remote:
             assert tcp_coordinator is not None and self.curve is not None
             self.launcher = RayLauncher(
                 topology, model_path=self.model_path, tcp_coordinator=tcp_coordinator,
-                profile_address=profile_tcp_address, on_exit=self._process_exited, curve=self.curve,
+                profile_address=profile_tcp_address, on_exit=self.on_process_exit, curve=self.curve,
                 ray_address=config.ray_address, data_host=override,
             )
         else:
@@ -113,10 +125,10 @@ class Coordinator:
                 topology,
                 config,
                 process_addresses=self._process_addresses,
-                coordinator_address=f"ipc://{self.socket_dir}/control",
-                broadcast_address=f"ipc://{self.socket_dir}/broadcast",
+                coordinator_address=self.control_address,
+                broadcast_address=self.broadcast_address,
                 profile_address=profile_address,
-                on_exit=self._process_exited,
+                on_exit=self.on_process_exit,
                 tcp_coordinator=tcp_coordinator,
                 data_host=self.data_host,
                 curve=self.curve,
@@ -310,7 +322,7 @@ class Coordinator:
 
     # --- faults -----------------------------------------------------------------------
 
-    def _process_exited(self, instance: str, exit_description: str) -> None:
+    def on_process_exit(self, instance: str, exit_description: str) -> None:
         """``instance`` (a process, or one replica of it) died: fail the requests pinned to
         it, restart it if the policy allows; the other replicas keep serving."""
         process = self.topology.processes[self.launcher.process_of[instance]]

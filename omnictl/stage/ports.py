@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any, Callable
 from omnictl import messages as m
 from omnictl.profiling.events import EventKind, Profiler, now_ns
 from omnictl.topology.model import EdgeKind, Transport, replica_name
+from omnictl.transports import registry
 from omnictl.transports.endpoint import Endpoint
+from omnictl.transports.registry import Placement
 from omnictl.transports.shm import SlotPool
 
 if TYPE_CHECKING:
@@ -38,6 +40,8 @@ class WorkerPorts:
         self.node = endpoint.node
         self.local: dict[str, "Stage"] = {}  # filled by the worker once stages are built
         self._coordinator = endpoint.push(coordinator_address)
+        # as if an edge to a CPU stage of the coordinator's process, on the unlabelled node
+        self._to_coordinator = registry.select(Placement(False, self.node, None))
         self._loop = asyncio.get_running_loop()
 
     @property
@@ -116,7 +120,7 @@ class WorkerPorts:
 
     def send_terminal(self, request_id: str, stage: str, final: bool, seq: int, data: Any) -> None:
         # the coordinator runs on the unlabelled node: from any other, terminal outputs go over tcp
-        payload, frames = self._encode(stage, Transport.SHM if self.node is None else Transport.TCP, data)
+        payload, frames = self._encode(stage, self._to_coordinator, data)
         self.endpoint.send(self._coordinator, m.TerminalOutput(request_id, stage, final, seq, payload), frames)
 
     def send_terminal_skipped(self, request_id: str, stage: str) -> None:

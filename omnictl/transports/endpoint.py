@@ -24,9 +24,10 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from omnictl import messages as m
 from omnictl.topology.model import RelayKnobs, Topology, Transport
-from omnictl.transports.codec import PayloadCodec, codec_for
+from omnictl.transports.codec import PayloadCodec
 from omnictl.transports.curve import CurveKeys, start_authenticator
 from omnictl.transports.drain import Outgoing
+from omnictl.transports.registry import codec_for
 from omnictl.transports.shm import SlotPool
 
 
