@@ -25,7 +25,7 @@ from omnictl.profiling.collector import Collector
 from omnictl.profiling.events import EventKind
 from omnictl.profiling.recorder import Recorder
 from omnictl.profiling.store import TraceStore
-from omnictl.profiling.synthetic import synthetic_request
+from tests.support.synthetic import synthetic_request
 
 _WARMUP = 20  # requests before measuring: first-request costs (imports, caches) excluded
 

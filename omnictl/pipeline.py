@@ -10,12 +10,14 @@ from typing import Any, Generator, Sequence
 from omnictl import logs
 from omnictl.admission import Admission
 from omnictl.coordinator import socketdir
-from omnictl.coordinator.coordinator import Coordinator, resolve_data_host
+from omnictl.coordinator.coordinator import Coordinator
 from omnictl.transports.curve import CurveKeys
+from omnictl.transports.endpoint import resolve_data_host
 from omnictl.coordinator.launcher import refuse_unsupported
 from omnictl.coordinator.request import RequestHandle
 from omnictl.exceptions import StartupError
 from omnictl.inputs import request_params
+from omnictl.launch_config import LaunchConfig
 from omnictl.topology.derive import on_cpu
 from omnictl.topology.model import Topology
 
@@ -48,25 +50,12 @@ class Pipeline:
         coordinator.on_backpressure = self._backpressure
 
     @classmethod
-    def launch(
-        cls,
-        topology: str | Path | Topology,
-        *,
-        model_path: str | None = None,
-        device: str | None = None,
-        run_dir: str | Path | None = None,
-        profile: bool = True,
-        request_timeout: float = 300.0,
-        ready_timeout: float = 120.0,
-        max_restarts: int = 0,
-        max_in_flight: int | None = None,
-        max_queue_wait: float = 0.0,
-        otlp_endpoint: str | None = None,
-        launcher: str = "local",
-        ray_address: str | None = None,
-        data_host: str | None = None,
-    ) -> "_Launch":
+    def launch(cls, topology: str | Path | Topology, config: LaunchConfig | None = None, **options: Any) -> "_Launch":
         """Spawn the stage processes; use as ``async with`` (or ``await`` it and close yourself).
+
+        The knobs come as one :class:`~omnictl.launch_config.LaunchConfig`, or as its fields
+        by keyword (``Pipeline.launch(path, device="cpu")``); keywords given beside a config
+        replace its fields.
 
         ``device="cpu"`` drops the GPU placement (processes stay as declared). A stage with
         ``tp_size`` > 1 raises :class:`LaunchError` here (tensor parallelism is not
@@ -90,44 +79,28 @@ class Pipeline:
         cluster at ``ray_address`` (None: Ray's default: a running local cluster, or a new one).
         ``data_host``: the address tcp sockets bind and advertise (default ``$OMNICTL_DATA_HOST``).
         """
-        admission = Admission(max_in_flight, max_queue_wait)  # checks the values before any process starts
-        traces_to = None
-        if otlp_endpoint is not None:
+        config = (config or LaunchConfig()).replace(**options) if options else (config or LaunchConfig())
+        Admission(config.max_in_flight, config.max_queue_wait)  # checks the values before any process starts
+        if config.otlp_endpoint is not None:
             from omnictl.telemetry.endpoint import check_installed, traces_url
 
-            if not profile:
+            if not config.profile:
                 raise StartupError("otlp_endpoint needs profile=True", hint="traces are built from the profiler's events")
-            traces_to = traces_url(otlp_endpoint)
+            config = config.replace(otlp_endpoint=traces_url(config.otlp_endpoint))
             check_installed()
-        loaded = _load(topology, device)
-        return _Launch(
-            cls,
-            loaded,
-            dict(
-                model_path=model_path,
-                run_dir=Path(run_dir) if run_dir is not None else None,
-                profile=profile,
-                request_timeout=request_timeout,
-                ready_timeout=ready_timeout,
-                max_restarts=max_restarts,
-                admission=admission,
-                otlp_endpoint=traces_to,
-                launcher=launcher,
-                ray_address=ray_address,
-                data_host=data_host,
-            ),
-        )
+        loaded = _load(topology, config.device)
+        return _Launch(cls, loaded, config)
 
     @classmethod
-    async def _start(cls, topology: Topology, options: dict[str, Any]) -> "Pipeline":
+    async def _start(cls, topology: Topology, config: LaunchConfig) -> "Pipeline":
         collector = None
-        run_dir: Path | None = options["run_dir"]
+        run_dir = config.run_dir
         profiler = None
         profile_address = None
         socket_dir = socketdir.create()  # owner-only; sweeps those of killed servers
         # the launch's CurveZMQ keys, when any socket is tcp (shared by coordinator and collector)
-        curve = CurveKeys.generate() if topology.multi_node() or options["launcher"] == "ray" else None
-        if options["profile"]:
+        curve = CurveKeys.generate() if topology.multi_node() or config.remote else None
+        if config.profile:
             from omnictl.profiling.collector import Collector
             from omnictl.profiling.rundir import default_run_dir, write_run_info
 
@@ -135,35 +108,29 @@ class Pipeline:
             write_run_info(run_dir, topology)
             profile_address = f"ipc://{socket_dir}/profile"
             otlp = None
-            if options["otlp_endpoint"] is not None:
-                from omnictl.telemetry.endpoint import OtlpTarget
+            if config.otlp_endpoint is not None:
+                from omnictl.telemetry.endpoint import OtlpTarget, sink_spec
 
-                otlp = OtlpTarget(options["otlp_endpoint"], topology.name, dict(topology.terminals))
+                otlp = sink_spec(OtlpTarget(config.otlp_endpoint, topology.name, dict(topology.terminals)))
             if curve is not None:  # workers on other nodes ship their events over tcp, authenticated
-                tcp_host = resolve_data_host(options["data_host"], options["launcher"])
-                collector = Collector(run_dir, profile_address, otlp=otlp, tcp_host=tcp_host, curve=curve).start()
+                tcp_host = resolve_data_host(config.data_host, config.launcher)
+                collector = Collector(run_dir, profile_address, sink=otlp, tcp_host=tcp_host, curve=curve).start()
             else:
-                collector = Collector(run_dir, profile_address, otlp=otlp).start()
+                collector = Collector(run_dir, profile_address, sink=otlp).start()
             profiler = collector.local_recorder()
+        config = config.replace(run_dir=run_dir)  # the one it runs in, made above when profiling
         coordinator = Coordinator(
             topology,
-            model_path=options["model_path"],
+            config,
             profiler=profiler,
             profile_address=profile_address,
-            request_timeout=options["request_timeout"],
-            ready_timeout=options["ready_timeout"],
-            max_restarts=options["max_restarts"],
             socket_dir=socket_dir,
-            run_dir=run_dir,
-            launcher=options["launcher"],
-            ray_address=options["ray_address"],
-            data_host=options["data_host"],
             curve=curve,
             profile_tcp_address=collector.tcp_address if collector is not None else None,
         )
         pipeline = cls(coordinator, collector, profiler, run_dir)
-        pipeline.admission = options["admission"]
-        pipeline.otlp_endpoint = options["otlp_endpoint"]
+        pipeline.admission = Admission(config.max_in_flight, config.max_queue_wait)
+        pipeline.otlp_endpoint = config.otlp_endpoint
         if run_dir is not None and logs.configured():
             pipeline._log_file = logs.attach_file(logs.log_file(run_dir, logs.SERVER_LOG))
         try:
@@ -267,17 +234,17 @@ class Pipeline:
 
 
 class _Launch:
-    def __init__(self, cls: type[Pipeline], topology: Topology, options: dict[str, Any]) -> None:
+    def __init__(self, cls: type[Pipeline], topology: Topology, config: LaunchConfig) -> None:
         self._cls = cls
         self._topology = topology
-        self._options = options
+        self.config = config
         self._pipeline: Pipeline | None = None
 
     def __await__(self) -> Generator[Any, None, Pipeline]:
-        return self._cls._start(self._topology, self._options).__await__()
+        return self._cls._start(self._topology, self.config).__await__()
 
     async def __aenter__(self) -> Pipeline:
-        self._pipeline = await self._cls._start(self._topology, self._options)
+        self._pipeline = await self._cls._start(self._topology, self.config)
         return self._pipeline
 
     async def __aexit__(self, *exc_info: object) -> None:

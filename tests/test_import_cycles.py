@@ -4,7 +4,8 @@ The graph is built statically (``ast`` over every ``.py`` file), so an import in
 function counts as much as one at the top: a cycle hidden in a function only moves the
 failure to the first call. Imports under ``if TYPE_CHECKING:`` are ignored (they never
 run). ``from package import name`` is an edge to ``package.name`` when that is a module,
-else to the package.
+else to the package. ``importlib.import_module("omnictl.x")`` and ``__import__("omnictl.x")``
+with a literal name count too: a lazy import by name is still an import.
 """
 
 from __future__ import annotations
@@ -50,6 +51,13 @@ def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
     return found
 
 
+def _is_dynamic_import(func: ast.expr) -> bool:
+    """``importlib.import_module``, ``import_module`` (imported from importlib) or ``__import__``."""
+    if isinstance(func, ast.Name):
+        return func.id in ("__import__", "import_module")
+    return isinstance(func, ast.Attribute) and func.attr == "import_module"
+
+
 def _known(name: str, modules: set[str]) -> str | None:
     """The longest prefix of ``name`` that is a module of the package."""
     parts = name.split(".")
@@ -80,6 +88,10 @@ def imports_of(path: Path, modules: set[str], this: str | None = None) -> list[I
             for alias in node.names:
                 submodule = f"{base}.{alias.name}"
                 targets.append(submodule if submodule in modules else base)
+        elif isinstance(node, ast.Call) and _is_dynamic_import(node.func) and node.args:
+            name = node.args[0]
+            if isinstance(name, ast.Constant) and isinstance(name.value, str):
+                targets = [name.value]
         for target in targets:
             known = _known(target, modules)
             if known is not None and known != this:
@@ -149,3 +161,17 @@ def test_the_checker_finds_a_cycle_through_a_function_level_import(tmp_path: Pat
     assert "import cycle omnictl.a -> omnictl.b -> omnictl.a" in message or \
         "import cycle omnictl.b -> omnictl.a -> omnictl.b" in message
     assert f"{b}:5 imports omnictl.a" in message
+
+
+def test_the_checker_follows_imports_by_literal_name(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("import omnictl.b\n")
+    b.write_text("import importlib\nname = 'omnictl.a'\n"
+                 "def f():\n    importlib.import_module(name)\n"  # not a literal: not followed
+                 "def g():\n    return importlib.import_module('omnictl.a')\n"
+                 "def h():\n    __import__('omnictl.a')\n")
+    modules = {"omnictl", "omnictl.a", "omnictl.b"}
+    graph = {"omnictl.a": imports_of(a, modules, "omnictl.a"),
+             "omnictl.b": imports_of(b, modules, "omnictl.b")}
+    assert sorted((e.target, e.line) for e in graph["omnictl.b"]) == [("omnictl.a", 6), ("omnictl.a", 8)]
+    assert find_cycle(graph) is not None

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import io
 import wave
-from pathlib import Path
 from typing import Any
 
 import numpy as np

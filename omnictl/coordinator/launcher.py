@@ -8,11 +8,11 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 from omnictl import logs
 from omnictl.exceptions import LaunchError
+from omnictl.launch_config import LaunchConfig
 from omnictl.stage.startup import WorkerConfig, encode_config
 from omnictl.transports.curve import CurveKeys
 from omnictl.topology.imports import topology_dir, worker_sys_path
@@ -72,12 +72,20 @@ class ProcessHandle:
     def kill(self) -> None:
         self.process.kill()
 
+    def reported_ready(self, pid: int) -> None:
+        if not self.ready.done():  # the pid is known already: this launcher started the process
+            self.ready.set_result(None)
+
 
 class Launcher:
+    """The local :class:`~omnictl.coordinator.launching.ProcessLauncher`: one OS process per
+    process replica, on this machine."""
+
     def __init__(
         self,
         topology: Topology,
-        model_path: str | None,
+        config: LaunchConfig,
+        *,
         process_addresses: dict[str, str],
         coordinator_address: str,
         broadcast_address: str,
@@ -87,16 +95,17 @@ class Launcher:
         data_host: str = "127.0.0.1",
         curve: CurveKeys | None = None,
         profile_tcp_address: str | None = None,  # the collector, for processes on labelled nodes
-        run_dir: Path | None = None,
     ) -> None:
+        """``config``: the launch's (its model path and run directory); ``data_host``: the
+        address tcp sockets bind here, already resolved."""
         self.topology = topology
-        self.model_path = model_path
+        self.model_path = config.model_path_for(topology)
         self.process_addresses = process_addresses
         self.coordinator_address = coordinator_address
         self.broadcast_address = broadcast_address
         self.profile_address = profile_address
         self.on_exit = on_exit
-        self.run_dir = run_dir  # each process logs to <run_dir>/logs/<name>.log too
+        self.run_dir = config.run_dir  # each process logs to <run_dir>/logs/<name>.log too
         self.tcp_coordinator = tcp_coordinator
         self.data_host = data_host
         self.curve = curve

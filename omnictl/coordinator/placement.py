@@ -65,3 +65,7 @@ class ReplicaPlacement:
     def holders(self, instance: str) -> list[str]:
         """The requests pinned to the OS process ``instance``, in submit order."""
         return [rid for rid, chosen in self._assigned.items() if instance in chosen.values()]
+
+    def placed(self) -> int:
+        """How many requests are pinned (0 once every request has ended)."""
+        return len(self._assigned)

@@ -73,6 +73,11 @@ class RayHandle:
 
         ray.kill(self.actor, no_restart=True)
 
+    def reported_ready(self, pid: int) -> None:
+        if not self.ready.done():
+            self.pid = pid  # the worker's pid on its node: known only from its report
+            self.ready.set_result(None)
+
 
 def cluster_labels(nodes: list[dict[str, Any]]) -> list[str]:
     """The `omnictl-node` labels the alive nodes carry, sorted."""
@@ -90,11 +95,12 @@ def check_labels(topology: Topology, labels: list[str]) -> None:
 
 
 class RayLauncher:
-    """The local :class:`~omnictl.coordinator.launcher.Launcher`'s interface, over Ray actors."""
+    """The :class:`~omnictl.coordinator.launching.ProcessLauncher` over Ray actors."""
 
     def __init__(
         self,
         topology: Topology,
+        *,
         model_path: str | None,
         tcp_coordinator: tuple[str, str],
         profile_address: str | None,

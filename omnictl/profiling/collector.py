@@ -13,7 +13,6 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import zmq
 
@@ -23,16 +22,12 @@ from omnictl.profiling.collector_process import (
     CollectorProcess,
     ControlRequest,
     RemoteAggregator,
-    open_sink,
 )
 from omnictl.profiling.receiver import Receiver
 from omnictl.profiling.recorder import Recorder
 from omnictl.profiling.stats import SnapshotSource
+from omnictl.profiling.sinks import EventSink, SinkSpec, open_sink
 from omnictl.profiling.store import TraceStore
-from omnictl.telemetry.endpoint import OtlpTarget
-
-if TYPE_CHECKING:
-    from omnictl.telemetry.export import OtlpSink
 from omnictl.transports.curve import CurveKeys
 
 _POLL_MS = 100  # how often the receiving thread checks whether it should stop
@@ -49,12 +44,13 @@ class Collector:
         segment_bytes: int = 16 * 1024 * 1024,
         max_segments: int = 8,
         control_address: str | None = None,
-        otlp: OtlpTarget | None = None,
+        sink: SinkSpec | None = None,
         tcp_host: str | None = None,
         curve: CurveKeys | None = None,
     ) -> None:
         """``tcp_host`` and ``curve``: also take events over tcp from workers on other
-        machines, CurveZMQ-authenticated (``tcp_address`` once started)."""
+        machines, CurveZMQ-authenticated (``tcp_address`` once started). ``sink``: where
+        finished requests' events go too (the OpenTelemetry export: see omnictl.telemetry)."""
         self.run_dir = Path(run_dir)
         self.tcp_host = tcp_host
         self.curve = curve
@@ -69,12 +65,12 @@ class Collector:
                 raise ValueError(f"give a control_address for a collector process on {address!r} (derived only for ipc://)")
             control_address = f"{address}.control"
         self.control_address = control_address
-        self.otlp = otlp  # export finished requests as traces there (omnictl.telemetry)
+        self.sink = sink
         self.store = TraceStore(self.run_dir, segment_bytes, max_segments)  # for reading the trace
         self._aggregator = Aggregator(window_s)  # fed here in thread mode
         self.aggregator: SnapshotSource = self._aggregator
         self._process: CollectorProcess | None = None
-        self._sink: OtlpSink | None = None  # thread mode with an OTLP endpoint
+        self._sink: EventSink | None = None  # thread mode with a sink
         self._receiver: Receiver | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -89,13 +85,13 @@ class Collector:
             assert self.control_address is not None
             config = CollectorConfig(
                 str(self.run_dir), self.address, self.control_address, self.window_s,
-                self._segment_bytes, self._max_segments, os.getpid(), self.otlp, self.tcp_host, self.curve,
+                self._segment_bytes, self._max_segments, os.getpid(), self.sink, self.tcp_host, self.curve,
             )
             self._process = CollectorProcess(config)
             self.tcp_address = self._process.tcp_address
             self.aggregator = RemoteAggregator(self._process, self.window_s)
             return self
-        self._sink = open_sink(self.otlp)
+        self._sink = open_sink(self.sink)
         self._receiver = Receiver(self.address, self.store, self._aggregator,
                                   self._sink.add if self._sink is not None else None, self.tcp_host, self.curve)
         self.tcp_address = self._receiver.tcp_address

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
 import msgspec
 import zmq
@@ -26,10 +26,7 @@ import zmq
 from omnictl.profiling.aggregate import Aggregator, ProfileSnapshot
 from omnictl.profiling.receiver import Receiver
 from omnictl.profiling.store import TraceStore
-from omnictl.telemetry.endpoint import OtlpTarget
-
-if TYPE_CHECKING:
-    from omnictl.telemetry.export import OtlpSink
+from omnictl.profiling.sinks import SinkSpec, open_sink
 from omnictl.transports.curve import CurveKeys
 
 _PARENT_CHECK_MS = 200
@@ -45,7 +42,7 @@ class CollectorConfig(msgspec.Struct, frozen=True):
     segment_bytes: int
     max_segments: int
     parent_pid: int
-    otlp: OtlpTarget | None = None  # export finished requests as traces there (omnictl.telemetry)
+    sink: SinkSpec | None = None  # e.g. the OpenTelemetry export (omnictl.telemetry)
     tcp_host: str | None = None  # also take events over tcp, CurveZMQ with these keys
     curve: CurveKeys | None = None
 
@@ -73,7 +70,7 @@ def serve(config: CollectorConfig) -> None:
     """Receive events and answer control requests until told to stop or orphaned."""
     aggregator = Aggregator(window_s=config.window_s)
     store = TraceStore(Path(config.run_dir), config.segment_bytes, config.max_segments)
-    sink = open_sink(config.otlp)
+    sink = open_sink(config.sink)
     receiver = Receiver(config.address, store, aggregator, sink.add if sink is not None else None,
                         config.tcp_host, config.curve)
     context = zmq.Context()
@@ -112,15 +109,6 @@ def serve(config: CollectorConfig) -> None:
         context.term()
         if sink is not None:
             sink.close()  # after the reply: flushing to a slow endpoint must not delay the stop's answer
-
-
-def open_sink(otlp: OtlpTarget | None) -> "OtlpSink | None":
-    """The OTLP export when an endpoint is set; None (and no opentelemetry import) otherwise."""
-    if otlp is None:
-        return None
-    from omnictl.telemetry.export import OtlpSink
-
-    return OtlpSink(otlp)
 
 
 class CollectorProcess:
@@ -222,7 +210,7 @@ def main() -> None:
     # the last batches are drained and stored first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     config = msgspec.json.decode(sys.stdin.buffer.readline(), type=CollectorConfig)
-    if config.otlp is not None:
+    if config.sink is not None and config.sink.logs:
         _log_like_the_server()
     try:
         serve(config)

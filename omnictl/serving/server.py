@@ -24,6 +24,7 @@ import uvicorn
 from omnictl.admission import DEFAULT_MAX_IN_FLIGHT
 from omnictl.data import DEFAULT_TOPOLOGY, data_path
 from omnictl.exceptions import LaunchError, ListenError, StartupError
+from omnictl.launch_config import LaunchConfig
 from omnictl.serving.app import ServingState, create_app
 from omnictl.serving.chat import end_in_flight
 from omnictl.serving.protocol import Limits
@@ -50,6 +51,17 @@ class ServeOptions:
     launcher: str = "local"  # or "ray" (see Pipeline.launch)
     ray_address: str | None = None
     data_host: str | None = None
+
+    def launch_config(self) -> LaunchConfig:
+        """The pipeline's part of these options (a server always profiles: the dashboard)."""
+        return LaunchConfig(
+            model_path=self.model_path, device=self.device,
+            run_dir=Path(self.run_dir) if self.run_dir is not None else None, profile=True,
+            request_timeout=self.request_timeout, max_restarts=self.max_restarts,
+            max_in_flight=self.max_in_flight, max_queue_wait=self.max_queue_wait,
+            otlp_endpoint=self.otlp_endpoint, launcher=self.launcher, ray_address=self.ray_address,
+            data_host=self.data_host,
+        )
 
 
 def default_topology() -> Path:
@@ -146,13 +158,7 @@ async def run_server(
     serving = asyncio.create_task(server.serve(sockets=[sock]), name="uvicorn")
     serving.add_done_callback(lambda _: stopping.set())  # uvicorn gave up: stop the pipeline too
     try:
-        launch = Pipeline.launch(
-            topology, model_path=options.model_path, device=options.device, run_dir=options.run_dir,
-            profile=True, request_timeout=options.request_timeout, max_restarts=options.max_restarts,
-            max_in_flight=options.max_in_flight, max_queue_wait=options.max_queue_wait,
-            otlp_endpoint=options.otlp_endpoint,
-            launcher=options.launcher, ray_address=options.ray_address, data_host=options.data_host,
-        )
+        launch = Pipeline.launch(topology, options.launch_config())
         entering = asyncio.create_task(launch.__aenter__(), name="pipeline-launch")
         waiting = asyncio.create_task(stopping.wait())
         await asyncio.wait({entering, waiting}, return_when=asyncio.FIRST_COMPLETED)

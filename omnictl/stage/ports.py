@@ -2,9 +2,9 @@
 
 ``inproc`` hands the object to the co-located stage (no serialization); cross-process
 edges encode with the sending stage's codec and PUSH a small message to the target
-process. Control messages go to the coordinator. A peer on the same node is reached over
-``ipc://``; one on another node (``tcp`` edges) over the ``tcp://`` address it reported, which
-the coordinator hands out in its hellos.
+process's replica the request was placed on. Control messages go to the coordinator. The
+sockets, peers, slot pools and codecs are the process's :class:`~omnictl.transports.
+endpoint.Endpoint`'s; this module only decides what goes where.
 """
 
 from __future__ import annotations
@@ -12,13 +12,12 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Callable
 
-import zmq
-
 from omnictl import messages as m
 from omnictl.profiling.events import EventKind, Profiler, now_ns
-from omnictl.topology.model import EdgeKind, RelayKnobs, Topology, Transport, replica_name
-from omnictl.transports.codec import PayloadCodec, codec_for
-from omnictl.transports.drain import Outgoing
+from omnictl.topology.model import EdgeKind, Transport, replica_name
+from omnictl.transports import registry
+from omnictl.transports.endpoint import Endpoint
+from omnictl.transports.registry import Placement
 from omnictl.transports.shm import SlotPool
 
 if TYPE_CHECKING:
@@ -31,105 +30,47 @@ def payload_bytes(payload: m.EncodedPayload) -> int:
 
 
 class WorkerPorts:
-    def __init__(
-        self,
-        process: str,  # this replica's OS process name (``tts#1``): owner of its slots
-        topology: Topology,
-        zmq_context: zmq.Context,
-        process_addresses: dict[str, str],
-        coordinator_address: str,
-        profiler: Profiler,
-        node: str | None = None,  # this process's `node` label
-        configure: Callable[[zmq.Socket], None] | None = None,  # e.g. CurveZMQ keys on tcp sockets
-    ) -> None:
-        self.process = process
-        self.topology = topology
+    """What a stage process's stages send, by edge; the sockets are its :class:`Endpoint`'s."""
+
+    def __init__(self, endpoint: Endpoint, coordinator_address: str, profiler: Profiler) -> None:
+        self.endpoint = endpoint
+        self.process = endpoint.owner  # this replica's OS process name (``tts#1``): owner of its slots
+        self.topology = endpoint.topology
         self.profiler = profiler
-        self.node = node
-        self._configure = configure
-        self.tcp_addresses: dict[str, str] = {}  # OS process -> tcp://, from the coordinator's hellos
-        self._node_of = {name: p.node for p in topology.processes.values() for name in p.instances}
+        self.node = endpoint.node
         self.local: dict[str, "Stage"] = {}  # filled by the worker once stages are built
-        self._context = zmq_context
-        self._addresses = process_addresses
-        self._peers: dict[str, zmq.Socket] = {}
-        self._coordinator = self._push(coordinator_address)
-        self.pools: dict[str, SlotPool] = {}
-        self._codecs: dict[tuple[str, Transport], PayloadCodec] = {}
+        self._coordinator = endpoint.push(coordinator_address)
+        # as if an edge to a CPU stage of the coordinator's process, on the unlabelled node
+        self._to_coordinator = registry.select(Placement(False, self.node, None))
         self._loop = asyncio.get_running_loop()
-        self._out = Outgoing()  # several messages per send to each socket, per loop iteration
 
-    def _push(self, address: str) -> zmq.Socket:
-        socket = self._context.socket(zmq.PUSH)
-        socket.setsockopt(zmq.SNDHWM, 0)  # never block the event loop; memory is the bound
-        socket.setsockopt(zmq.LINGER, 0)
-        if address.startswith("tcp://") and self._configure is not None:
-            self._configure(socket)
-        socket.connect(address)
-        return socket
-
-    def _peer(self, process: str) -> zmq.Socket:
-        socket = self._peers.get(process)
-        if socket is None:
-            if self._node_of.get(process, self.node) == self.node and process in self._addresses:
-                address = self._addresses[process]
-            elif process in self.tcp_addresses:
-                address = self.tcp_addresses[process]
-            else:
-                raise LookupError(f"no tcp address for process {process!r} on node "
-                                  f"{self._node_of.get(process)!r} yet (the coordinator sends them at start)")
-            socket = self._peers[process] = self._push(address)
-        return socket
+    @property
+    def pools(self) -> dict[str, SlotPool]:
+        return self.endpoint.pools
 
     def set_tcp_addresses(self, addresses: dict[str, str]) -> None:
         """The coordinator's address book; a restarted peer may have a new port: reconnect to it."""
-        for process, address in addresses.items():
-            if self.tcp_addresses.get(process, address) != address and process in self._peers:
-                self._close_peer(process)
-            self.tcp_addresses[process] = address
+        self.endpoint.set_tcp_addresses(addresses)
 
     def _instance_of(self, ctx: m.RequestContext, dst: str) -> str:
         """The replica of ``dst``'s process that this request was assigned at submit."""
         process = self.topology.processes[self.topology.process_of(dst)]
         return replica_name(process.name, ctx.replicas.get(process.name, 0), process.replicas)
 
-    def _peer_of(self, ctx: m.RequestContext, dst: str) -> zmq.Socket:
-        return self._peer(self._instance_of(ctx, dst))
-
     def _send_payload(self, ctx: m.RequestContext, src: str, dst: str, payload: m.EncodedPayload,
                       message: m.StageInbound, frames: list[memoryview]) -> None:  # type: ignore[valid-type]
-        instance = self._instance_of(ctx, dst)
-        if payload.shm is not None:
-            self.pool(src).sent(payload.shm, instance)  # taken back if that process dies before releasing it
-        self._out.send(self._peer(instance), m.encode(message), frames)
+        self.endpoint.send_to(self._instance_of(ctx, dst), message, frames, payload, lender=src)
 
     def lost(self, process: str) -> None:
         """The OS process ``process`` died: drop the socket to it (what is still queued
         there was for requests that failed with it) and take back the slots sent to it."""
-        self._close_peer(process)
-        for pool in self.pools.values():
-            pool.reclaim(process)
-
-    def _close_peer(self, process: str) -> None:
-        socket = self._peers.pop(process, None)
-        if socket is not None:
-            self._out.discard(socket)
-            socket.close(linger=0)
+        self.endpoint.lost(process)
 
     def pool(self, stage: str) -> SlotPool:
-        pool = self.pools.get(stage)
-        if pool is None:
-            knobs = self.topology.stages[stage].relay
-            pool = self.pools[stage] = SlotPool(self.process, stage, knobs.slot_bytes, knobs.slots)
-        return pool
+        return self.endpoint.pool(stage)
 
     def _encode(self, stage: str, transport: Transport, data: Any) -> tuple[m.EncodedPayload, list[memoryview]]:
-        codec = self._codecs.get((stage, transport))
-        if codec is None:
-            knobs: RelayKnobs = self.topology.stages[stage].relay
-            codec = self._codecs[(stage, transport)] = codec_for(transport, self.pool(stage), knobs,
-                                                                   self.topology.allow_pickle)
-        return codec.encode_frames(data)
+        return self.endpoint.codec(stage, transport).encode_frames(data)
 
     def _signal(
         self, ctx: m.RequestContext, src: str, dst: str, kind: EdgeKind,
@@ -141,7 +82,7 @@ class WorkerPorts:
             # call_soon is FIFO: per-edge order holds and no stage re-enters another.
             self._loop.call_soon(local, self.local[dst])
         else:
-            self._out.send(self._peer_of(ctx, dst), m.encode(remote()))
+            self.endpoint.send_to(self._instance_of(ctx, dst), remote())
 
     # --- Ports protocol ---------------------------------------------------------------
 
@@ -179,35 +120,27 @@ class WorkerPorts:
 
     def send_terminal(self, request_id: str, stage: str, final: bool, seq: int, data: Any) -> None:
         # the coordinator runs on the unlabelled node: from any other, terminal outputs go over tcp
-        payload, frames = self._encode(stage, Transport.SHM if self.node is None else Transport.TCP, data)
-        self._out.send(self._coordinator, m.encode(m.TerminalOutput(request_id, stage, final, seq, payload)), frames)
+        payload, frames = self._encode(stage, self._to_coordinator, data)
+        self.endpoint.send(self._coordinator, m.TerminalOutput(request_id, stage, final, seq, payload), frames)
 
     def send_terminal_skipped(self, request_id: str, stage: str) -> None:
-        self._out.send(self._coordinator, m.encode(m.TerminalSkipped(request_id, stage)))
+        self.endpoint.send(self._coordinator, m.TerminalSkipped(request_id, stage))
 
     def send_failure(self, request_id: str, stage: str, error: str, rejected: bool = False, field: str | None = None) -> None:
-        self._out.send(self._coordinator, m.encode(m.StageFailed(request_id, stage, error, rejected, field)))
+        self.endpoint.send(self._coordinator, m.StageFailed(request_id, stage, error, rejected, field))
 
     def send_control(self, message: m.ToCoordinator) -> None:  # type: ignore[valid-type]
-        self._out.send(self._coordinator, m.encode(message))
+        self.endpoint.send(self._coordinator, message)
 
     def release(self, ref: m.ShmRef) -> None:
         """Hand a slot back to its owner (after unpacking what it held)."""
         if ref.owner == self.process:
             self.pool(ref.stage).release(ref)
         elif ref.owner == m.COORDINATOR:
-            self._out.send(self._coordinator, m.encode(m.SlotRelease(ref)))
+            self.endpoint.send(self._coordinator, m.SlotRelease(ref))
         else:
-            self._out.send(self._peer(ref.owner), m.encode(m.SlotRelease(ref)))
+            self.endpoint.send_to(ref.owner, m.SlotRelease(ref))
 
     def flush(self) -> None:
         """Send now what is queued (messages otherwise leave at the end of the loop iteration)."""
-        self._out.flush()
-
-    def close(self, linger_ms: int = 0) -> None:
-        """``linger_ms``: how long queued messages may still go out (a launch failure must)."""
-        self._out.flush()
-        for pool in self.pools.values():
-            pool.close()
-        for socket in [*self._peers.values(), self._coordinator]:
-            socket.close(linger=linger_ms)
+        self.endpoint.flush()

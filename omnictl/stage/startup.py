@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from omnictl.topology.model import Topology
+from omnictl.topology.model import Topology, Transport
 from omnictl.transports.curve import CurveKeys
 
 
@@ -41,12 +41,16 @@ class WorkerConfig:
 def _enc_hook(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
+    if isinstance(obj, Transport):  # an edge's: by name, the same object again on arrival
+        return obj.value
     raise NotImplementedError(f"a {type(obj).__name__} has no place in a worker's configuration")
 
 
 def _dec_hook(kind: type, obj: Any) -> Any:
     if kind is Path:
         return Path(obj)
+    if kind is Transport:
+        return Transport(obj)
     raise NotImplementedError(f"cannot decode a {kind!r} in a worker's configuration")
 
 

@@ -19,9 +19,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import zmq
 import zmq.asyncio
-from zmq.auth.thread import ThreadAuthenticator
 
 from omnictl import logs
 from omnictl import messages as m
@@ -32,8 +30,8 @@ from omnictl.stage.build import build_stage
 from omnictl.stage.ports import WorkerPorts
 from omnictl.stage.stage import Stage
 from omnictl.stage.startup import WorkerConfig, decode_config
-from omnictl.transports.curve import start_authenticator
 from omnictl.transports.drain import Drain
+from omnictl.transports.endpoint import Endpoint, resolve_data_host
 from omnictl.transports.frames import receive
 from omnictl.transports.leases import ViewLeases
 from omnictl.transports.shm import SegmentReader
@@ -54,16 +52,6 @@ def _die_with_parent(parent_pid: int) -> None:
         pass
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
-
-
-def _node_address() -> str:
-    """``$OMNICTL_DATA_HOST``, else the address Ray knows this node by."""
-    override = os.environ.get("OMNICTL_DATA_HOST")
-    if override:
-        return override
-    import ray
-
-    return str(ray.util.get_node_ip_address())
 
 
 def main() -> None:
@@ -97,44 +85,28 @@ class Worker:
         self.stages: dict[str, Stage] = {}
         self.reader = SegmentReader()
         self._stop = asyncio.Event()
-        self._authenticator: ThreadAuthenticator | None = None
 
     async def run(self) -> None:
         config = self.config
         loop = asyncio.get_running_loop()
         if threading.current_thread() is threading.main_thread():  # not so in a Ray actor: stop() there
             loop.add_signal_handler(signal.SIGTERM, self._stop.set)
-        context = zmq.asyncio.Context()
-        if config.curve is not None:  # before any tcp socket: every handshake goes through it
-            self._authenticator = start_authenticator(zmq.Context.shadow(context.underlying), config.curve)
-        plain = zmq.Context.shadow(context.underlying)  # the hot path: see omnictl.transports.drain
-        inbound = plain.socket(zmq.PULL)
-        inbound.setsockopt(zmq.LINGER, 0)
-        if config.instance in config.process_addresses:  # none under Ray: every address is tcp
-            inbound.bind(config.process_addresses[config.instance])
-        tcp_address = self._bind_tcp(inbound) if config.curve is not None else ""
-        broadcast = context.socket(zmq.SUB)
-        broadcast.setsockopt(zmq.LINGER, 0)
-        broadcast.setsockopt(zmq.SUBSCRIBE, b"")
-        if config.broadcast_address.startswith("tcp://") and config.curve is not None:
-            config.curve.connect_as_client(broadcast)
-        broadcast.connect(config.broadcast_address)
+        self.endpoint = endpoint = Endpoint(config.instance, config.topology, ipc_addresses=config.process_addresses,
+                                            node=config.node, curve=config.curve)
+        # none under Ray: every address is tcp
+        inbound = endpoint.pull(config.process_addresses.get(config.instance))
+        tcp_address = ""
+        if config.curve is not None:  # take tcp data too, on the data host
+            host = resolve_data_host(config.data_host, "ray")  # None: $OMNICTL_DATA_HOST, else its Ray node's address
+            tcp_address = endpoint.bind_tcp(inbound, host, config.tcp_port)
+        broadcast = endpoint.subscriber(config.broadcast_address)
         profiler, recorder = _make_profiler(config)
-        self.ports = WorkerPorts(
-            config.instance,
-            config.topology,
-            plain,
-            config.process_addresses,
-            config.coordinator_address,
-            profiler,
-            node=config.node,
-            configure=config.curve.connect_as_client if config.curve is not None else None,
-        )
+        self.ports = WorkerPorts(endpoint, config.coordinator_address, profiler)
         self.leases = ViewLeases(self.reader, self.ports.release)
         if not await self._build(profiler):
             # the LaunchFailed report is queued: without a linger, closing would drop it and
             # the coordinator would only see the process exit, not why
-            self._close(inbound, broadcast, recorder, linger_ms=_REPORT_LINGER_MS)
+            self._close(recorder, linger_ms=_REPORT_LINGER_MS)
             return
         self.ports.send_control(m.Ready(config.instance, os.getpid(), tcp_address))
         drain = Drain(inbound, m.inbound_decoder.decode, self._receive, f"stage process {config.instance}")
@@ -150,21 +122,7 @@ class Worker:
             task.cancel()
         for stage in self.stages.values():
             await stage.stop()
-        self._close(inbound, broadcast, recorder)
-
-    def _bind_tcp(self, inbound: zmq.Socket) -> str:
-        """Take tcp data too, on ``data_host``; returns the address bound (the port OS-chosen
-        unless the predecessor's is asked for and still free)."""
-        host, port = self.config.data_host or _node_address(), self.config.tcp_port
-        if self.config.curve is not None:  # the ipc endpoint bound before keeps no security
-            self.config.curve.serve(inbound)
-        try:
-            inbound.bind(f"tcp://{host}:{port or '*'}")
-        except zmq.ZMQError:
-            if not port:
-                raise
-            inbound.bind(f"tcp://{host}:*")  # taken meanwhile: the coordinator passes the new one on
-        return inbound.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._close(recorder)
 
     def stop(self) -> None:
         """Shut down cleanly (what SIGTERM does for a worker that is an OS process of its own)."""
@@ -190,16 +148,12 @@ class Worker:
             log.info("stage %r loaded in %.1f s (process %s)", name, time.monotonic() - started, config.process)
         return True
 
-    def _close(self, inbound: zmq.Socket, broadcast: zmq.asyncio.Socket, recorder: Any, linger_ms: int = 0) -> None:
+    def _close(self, recorder: Any, linger_ms: int = 0) -> None:
         self.leases.close()
-        self.ports.close(linger_ms)
+        self.endpoint.close(linger_ms)
         self.reader.close()
-        inbound.close(linger=0)
-        broadcast.close(linger=0)
         if recorder is not None:
             recorder.close()
-        if self._authenticator is not None:
-            self._authenticator.stop()
 
     async def _watch_parent(self) -> None:
         while os.getppid() == self.config.parent_pid:

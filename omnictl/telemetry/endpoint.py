@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from omnictl.exceptions import StartupError
+from omnictl.profiling.sinks import SinkSpec
 
 ENV_VAR = "OTEL_EXPORTER_OTLP_ENDPOINT"
 # What the export imports (the `otel` extra), checked before anything starts.
@@ -29,6 +30,11 @@ class OtlpTarget(msgspec.Struct, frozen=True):
     url: str
     model: str = ""
     modalities: dict[str, str] = {}  # terminal stage -> modality
+
+
+def sink_spec(target: OtlpTarget) -> SinkSpec:
+    """The profiling collector's sink that exports every finished request to ``target``."""
+    return SinkSpec("omnictl.telemetry.export:otlp_sink", msgspec.to_builtins(target), logs=True)
 
 
 def traces_url(endpoint: str) -> str:

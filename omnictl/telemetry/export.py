@@ -19,8 +19,9 @@ import os
 import queue
 import threading
 import time
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
+import msgspec
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -241,3 +242,8 @@ class OtlpSink:
             self.spans += emit_trace(self._provider, self._processor, finished.request_id, finished.events,
                                      self.target.modalities, finished.truncated)
             self.built += 1
+
+
+def otlp_sink(options: dict[str, Any]) -> OtlpSink:
+    """The collector's sink factory (see :func:`omnictl.telemetry.endpoint.sink_spec`)."""
+    return OtlpSink(msgspec.convert(options, OtlpTarget))

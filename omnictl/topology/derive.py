@@ -18,21 +18,16 @@ from omnictl.topology.model import (
     Topology,
     Transport,
 )
+from omnictl.transports import registry
+from omnictl.transports.registry import Placement
 
 
 def transport_between(src: StageSpec, dst: StageSpec, src_node: str | None = None,
                       dst_node: str | None = None) -> Transport:
-    """The transport placement implies; never configured. ``*_node``: the processes' `node`
+    """The transport placement implies (the registered transports decide, see
+    :mod:`omnictl.transports.registry`); never configured. ``*_node``: the processes' `node`
     labels (None: the coordinator's machine)."""
-    if src.process == dst.process:
-        return Transport.INPROC
-    if src_node != dst_node:
-        return Transport.TCP
-    if not src.gpu or not dst.gpu:
-        return Transport.SHM
-    if src.gpu[0] == dst.gpu[0]:  # tensor-parallel groups talk through rank 0
-        return Transport.CUDA_IPC
-    return Transport.RELAY
+    return registry.select(Placement(src.process == dst.process, src_node, dst_node, tuple(src.gpu), tuple(dst.gpu)))
 
 
 def derive_edges(stages: Mapping[str, StageSpec],

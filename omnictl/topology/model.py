@@ -11,15 +11,52 @@ from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 
-class Transport(str, Enum):
-    INPROC = "inproc"  # same process: the object is passed, no serialization
-    CUDA_IPC = "cuda_ipc"  # different processes, same GPU
-    SHM = "shm"  # different processes, at least one side on CPU
-    RELAY = "relay"  # different GPUs: staged through host shared memory, like shm
-    TCP = "tcp"  # processes on different nodes (`node` labels): ZeroMQ over TCP, zero-copy frames
+class Transport:
+    """A kind of edge transport, by name: one object per name, so kinds compare with ``is``.
+
+    The built-in kinds are attributes (``Transport.SHM``); a plug-in adds its own
+    (``Transport("mine")``). What a kind does — when placement picks it, how its payloads
+    are encoded — is registered in :mod:`omnictl.transports.registry`.
+    """
+
+    __slots__ = ("value",)
+    value: str
+    _kinds: ClassVar[dict[str, "Transport"]] = {}
+    INPROC: ClassVar["Transport"]  # same process: the object is passed, no serialization
+    CUDA_IPC: ClassVar["Transport"]  # different processes, same GPU
+    SHM: ClassVar["Transport"]  # different processes, at least one side on CPU
+    RELAY: ClassVar["Transport"]  # different GPUs: staged through host shared memory, like shm
+    TCP: ClassVar["Transport"]  # processes on different nodes (`node` labels): ZeroMQ over TCP, zero-copy frames
+
+    def __new__(cls, value: str) -> "Transport":
+        kind = cls._kinds.get(value)
+        if kind is None:
+            kind = object.__new__(cls)
+            object.__setattr__(kind, "value", value)
+            cls._kinds[value] = kind
+        return kind
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("a Transport is immutable")
+
+    def __reduce__(self) -> tuple[type["Transport"], tuple[str]]:
+        return Transport, (self.value,)  # unpickled as the same object
+
+    def __repr__(self) -> str:
+        return f"Transport({self.value!r})"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+Transport.INPROC = Transport("inproc")
+Transport.CUDA_IPC = Transport("cuda_ipc")
+Transport.SHM = Transport("shm")
+Transport.RELAY = Transport("relay")
+Transport.TCP = Transport("tcp")
 
 
 class EdgeKind(str, Enum):

@@ -4,9 +4,8 @@ The transport is derived from placement (see ``omnictl.topology.derive``); every
 cross-process transport has a :class:`PayloadCodec`, so the Stage never branches on it.
 ``inproc`` edges pass the object itself and use no codec.
 
-Codecs are looked up by transport name in a registry. Each codec module registers its own
-class when imported; :func:`codec_for` imports the module named for a transport on first
-use, so this base module never imports its subclasses (that was an import cycle).
+Which codec each transport uses is registered in :mod:`omnictl.transports.registry`,
+which imports this base module and its subclasses; this module imports none of them.
 
 - ``shm``: host shared memory (this module).
 - ``relay`` (stages on different GPUs): the same host-staged shared memory as ``shm``.
@@ -19,11 +18,10 @@ use, so this base module never imports its subclasses (that was an import cycle)
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable
 
 from omnictl.messages import EncodedPayload
-from omnictl.topology.model import RelayKnobs, Transport
+from omnictl.topology.model import RelayKnobs
 from omnictl.transports.packing import pack, unpack, unpack_frames
 from omnictl.transports.shm import SegmentReader, SlotPool
 
@@ -69,37 +67,3 @@ def decode(payload: EncodedPayload, reader: SegmentReader, allow_pickle: bool = 
         return unpack(payload.skeleton, payload.layout, view, allow_pickle)
     finally:
         view.release()
-
-
-_CODECS: dict[Transport, type[PayloadCodec]] = {}
-
-# The module whose import registers each transport's codec (see register_codec).
-_CODEC_MODULES: dict[Transport, str] = {
-    Transport.SHM: __name__,
-    Transport.RELAY: __name__,
-    Transport.CUDA_IPC: "omnictl.transports.cuda_ipc",
-    Transport.TCP: "omnictl.transports.tcp",
-}
-
-
-def register_codec(transport: Transport, codec: type[PayloadCodec]) -> None:
-    """Make ``codec`` the one :func:`codec_for` builds for ``transport`` edges."""
-    _CODECS[transport] = codec
-
-
-def codec_for(transport: Transport, pool: SlotPool, knobs: RelayKnobs, allow_pickle: bool = False) -> PayloadCodec:
-    """A codec for a sending stage's edges of ``transport``."""
-    codec = _CODECS.get(transport)
-    if codec is None:
-        module = _CODEC_MODULES.get(transport)
-        if module is None:
-            raise ValueError(f"{transport.value} edges pass objects directly and use no codec")
-        importlib.import_module(module)  # registers its codec
-        codec = _CODECS.get(transport)
-        if codec is None:
-            raise LookupError(f"importing {module} registered no codec for {transport.value} edges")
-    return codec(pool, knobs, allow_pickle)
-
-
-register_codec(Transport.SHM, PayloadCodec)
-register_codec(Transport.RELAY, PayloadCodec)  # host-staged, see the module docstring

@@ -2,8 +2,8 @@
 
 GPU tensor leaves are serialized with torch's multiprocessing reductions (an IPC handle
 the receiver opens on the same device); host leaves still travel through shared memory.
-Only exercised where a GPU exists. Importing this module registers the codec
-(:func:`omnictl.transports.codec.codec_for` does so on the first ``cuda_ipc`` edge).
+Only exercised where a GPU exists. Registered in
+:mod:`omnictl.transports.registry`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from __future__ import annotations
 import io
 from typing import Any, Callable
 
-from omnictl.topology.model import Transport
-from omnictl.transports.codec import PayloadCodec, register_codec
+from omnictl.transports.codec import PayloadCodec
 
 
 class CudaIpcCodec(PayloadCodec):
@@ -26,5 +25,3 @@ class CudaIpcCodec(PayloadCodec):
 
         return dump
 
-
-register_codec(Transport.CUDA_IPC, CudaIpcCodec)

@@ -16,8 +16,7 @@ from typing import Any
 import msgspec
 
 from omnictl.messages import EncodedPayload
-from omnictl.topology.model import Transport
-from omnictl.transports.codec import PayloadCodec, register_codec
+from omnictl.transports.codec import PayloadCodec
 from omnictl.transports.packing import pack
 
 
@@ -33,5 +32,3 @@ class TcpCodec(PayloadCodec):
     def encode(self, data: Any) -> EncodedPayload:
         raise TypeError("tcp payloads travel as frames: use encode_frames")
 
-
-register_codec(Transport.TCP, TcpCodec)

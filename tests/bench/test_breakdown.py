@@ -9,7 +9,7 @@ import pytest
 
 from omnictl.bench.breakdown import from_metrics, from_trace_store
 from omnictl.profiling.aggregate import Aggregator
-from omnictl.profiling.synthetic import qwen_omni_topology, synthetic_request
+from tests.support.synthetic import qwen_omni_topology, synthetic_request
 from omnictl.profiling.store import TraceStore
 from omnictl.serving.metrics import ServerMetrics
 

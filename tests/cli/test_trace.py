@@ -16,7 +16,7 @@ from omnictl.cli.trace import register
 from omnictl.profiling.events import Event, EventKind
 from omnictl.profiling.rundir import runs_root
 from omnictl.profiling.store import TraceStore, default_run_dir, default_runs, write_run_info
-from omnictl.profiling.synthetic import qwen_omni_topology, synthetic_request
+from tests.support.synthetic import qwen_omni_topology, synthetic_request
 
 MS = 1_000_000
 

@@ -9,7 +9,7 @@ import pytest
 
 from omnictl.profiling.aggregate import Aggregator, percentile
 from omnictl.profiling.events import Event, EventKind
-from omnictl.profiling.synthetic import qwen_omni_topology, synthetic_request
+from tests.support.synthetic import qwen_omni_topology, synthetic_request
 
 S = 1_000_000_000
 TOPOLOGY = qwen_omni_topology()

@@ -8,7 +8,7 @@ from typing import Any
 
 from omnictl.profiling.chrome import to_chrome
 from omnictl.profiling.spans import build_trace
-from omnictl.profiling.synthetic import qwen_omni_topology, synthetic_request
+from tests.support.synthetic import qwen_omni_topology, synthetic_request
 
 MS = 1_000_000
 TOPOLOGY = qwen_omni_topology()

@@ -17,7 +17,7 @@ import zmq
 from omnictl.profiling.collector import Collector
 from omnictl.profiling.events import EventKind
 from omnictl.profiling.store import TraceStore
-from omnictl.profiling.synthetic import synthetic_request
+from tests.support.synthetic import synthetic_request
 
 
 @pytest.fixture(params=[True, False], ids=["own-process", "thread"])

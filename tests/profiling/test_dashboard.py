@@ -13,7 +13,7 @@ from rich.console import Console
 from omnictl.profiling.aggregate import Aggregator
 from omnictl.profiling.dashboard import Dashboard, render_dashboard, status_line
 from omnictl.profiling.events import Event, EventKind
-from omnictl.profiling.synthetic import qwen_omni_topology, synthetic_request
+from tests.support.synthetic import qwen_omni_topology, synthetic_request
 
 S = 1_000_000_000
 TOPOLOGY = qwen_omni_topology()

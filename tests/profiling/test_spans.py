@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from omnictl.profiling.events import Event, EventKind
 from omnictl.profiling.spans import RequestTrace, build_trace, derive_spans
-from omnictl.profiling.synthetic import qwen_omni_topology, synthetic_request
+from tests.support.synthetic import qwen_omni_topology, synthetic_request
 from omnictl.topology.model import EdgeKind
 
 MS = 1_000_000

@@ -18,7 +18,7 @@ from omnictl.profiling.store import (
     resolve_run_dir,
     write_run_info,
 )
-from omnictl.profiling.synthetic import qwen_omni_topology, synthetic_request
+from tests.support.synthetic import qwen_omni_topology, synthetic_request
 
 MS = 1_000_000
 

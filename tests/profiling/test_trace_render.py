@@ -11,7 +11,7 @@ from rich.console import Console
 
 from omnictl.profiling.events import Event, EventKind
 from omnictl.profiling.spans import build_trace
-from omnictl.profiling.synthetic import qwen_omni_topology, synthetic_request
+from tests.support.synthetic import qwen_omni_topology, synthetic_request
 from omnictl.profiling.trace_render import NAME_WIDTH, render_waterfall, trace_to_json
 
 MS = 1_000_000

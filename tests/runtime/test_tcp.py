@@ -42,7 +42,7 @@ def test_qwen_shaped_topology_over_tcp_between_node_labels(loop: LoopThread, pip
     assert topology.edge("preprocessing", "image_encoder").transport is Transport.INPROC
     events, result = loop.run(_collect(pipeline, {"text": "hello", "tag": "r1"}))
     # every process took tcp on 127.0.0.1 (OS-chosen ports)
-    addresses = pipeline._coordinator._tcp_addresses
+    addresses = pipeline._coordinator.endpoint.tcp_addresses
     assert set(addresses) == {"frontend", "thinker", "talker"}
     assert all(a.startswith("tcp://127.0.0.1:") for a in addresses.values())
     assert result["decode"].text == "hello"

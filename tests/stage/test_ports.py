@@ -16,6 +16,7 @@ import zmq
 from omnictl import messages as m
 from omnictl.profiling.events import EventKind
 from omnictl.stage.ports import WorkerPorts, payload_bytes
+from omnictl.transports.endpoint import Endpoint
 from omnictl.topology import loads
 from omnictl.topology.model import EdgeKind, Transport
 from omnictl.transports.codec import decode
@@ -80,7 +81,8 @@ class Wired:
         self.two = self._pull(self.addresses["two"])
         self.coordinator = self._pull(f"ipc://{tmp}/coordinator")
         self.profiler = Profiler()
-        self.ports = WorkerPorts("one", TOPOLOGY, self.context, self.addresses, f"ipc://{tmp}/coordinator", self.profiler)  # type: ignore[arg-type]
+        self.endpoint = Endpoint("one", TOPOLOGY, ipc_addresses=self.addresses)
+        self.ports = WorkerPorts(self.endpoint, f"ipc://{tmp}/coordinator", self.profiler)  # type: ignore[arg-type]
         self.b = LocalStage("b")
         self.ports.local = {"b": self.b}  # type: ignore[dict-item]
         self.reader = SegmentReader()
@@ -101,7 +103,7 @@ class Wired:
         return m.coordinator_decoder.decode(self.coordinator.recv())
 
     def close(self) -> None:
-        self.ports.close()
+        self.endpoint.close()
         self.reader.close()
         self.two.close()
         self.coordinator.close()

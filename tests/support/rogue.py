@@ -47,7 +47,7 @@ def assert_a_peer_without_the_keys_gets_nothing(loop: LoopThread, pipeline: Any,
     ``none`` (a plain ZeroMQ socket) or ``server-key-but-own-client-key`` (knows the server's
     public key, but is not the launch's client)."""
     coordinator = pipeline._coordinator
-    thinker = coordinator._tcp_addresses["thinker"]
+    thinker = coordinator.endpoint.tcp_addresses["thinker"]
     broadcast = coordinator.launcher.tcp_coordinator[1]
     context = zmq.Context()
     rogue = context.socket(zmq.PUSH)

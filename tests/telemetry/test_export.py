@@ -15,8 +15,8 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from omnictl.profiling.collector import Collector
 from omnictl.profiling.events import EventKind
-from omnictl.profiling.synthetic import synthetic_request
-from omnictl.telemetry.endpoint import OtlpTarget
+from tests.support.synthetic import synthetic_request
+from omnictl.telemetry.endpoint import OtlpTarget, sink_spec
 from omnictl.telemetry.export import OtlpSink, WarnOnceExporter
 from omnictl.telemetry.pending import PendingTraces
 from tests.serving.harness import wait_until
@@ -107,7 +107,7 @@ def test_each_outage_is_one_warning_and_its_end_one_line(records: list[logging.L
 
 def test_the_collector_feeds_the_sink_as_events_arrive(tmp_path: Path, receiver: OtlpReceiver) -> None:
     collector = Collector(tmp_path / "run", f"ipc://{tmp_path}/profile", separate_process=False,
-                          otlp=OtlpTarget(receiver.url + "/v1/traces", "m", {"stage-a": "text"})).start()
+                          sink=sink_spec(OtlpTarget(receiver.url + "/v1/traces", "m", {"stage-a": "text"}))).start()
     recorder = collector.local_recorder("coordinator")
     try:
         recorder.record(EventKind.ADMITTED, "req", None, terminals="stage-a")

@@ -12,7 +12,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from omnictl.profiling.events import Event, EventKind
 from omnictl.profiling.spans import build_trace
-from omnictl.profiling.synthetic import synthetic_request
+from tests.support.synthetic import synthetic_request
 from omnictl.telemetry.spans import ROOT_NAME, emit_trace
 from omnictl.telemetry.traceparent import parse_traceparent
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from omnictl.topology.model import RelayKnobs, Transport
-from omnictl.transports.codec import codec_for, decode
+from omnictl.transports.codec import decode
+from omnictl.transports.registry import codec_for
 from omnictl.transports.shm import SegmentReader, SlotPool
 from tests.support import topo
 

@@ -14,7 +14,8 @@ import zmq.asyncio
 from omnictl import messages as m
 from omnictl.stage.ports import payload_bytes
 from omnictl.topology.model import RelayKnobs, Transport
-from omnictl.transports.codec import codec_for, decode
+from omnictl.transports.codec import decode
+from omnictl.transports.registry import codec_for
 from omnictl.transports.curve import CurveKeys, start_authenticator
 from omnictl.transports.drain import Drain
 from omnictl.transports.shm import SegmentReader, SlotPool

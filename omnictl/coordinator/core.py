@@ -1,0 +1,305 @@
+"""The coordinator's logic: every request's state, and what to tell the stages about it.
+
+:class:`CoordinatorCore` is a plain object: it takes what happened (a submit, a stage's
+message, a process death, the clock) and returns what must be broadcast to the stages
+(aborts, lost processes). It opens no socket and runs no event loop, so every rule here is
+unit-tested directly (``tests/coordinator/test_core.py``); :class:`~omnictl.coordinator.
+coordinator.Coordinator` is the thin shell that feeds it from the wire and carries out what
+it returns, as vLLM splits ``EngineCore`` (what to do) from ``EngineCoreProc`` (its IO).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence, Union
+
+from omnictl import messages as m
+from omnictl.coordinator.placement import ReplicaPlacement
+from omnictl.coordinator.pruning import active_stages, select_terminals
+from omnictl.coordinator.request import RequestEvent, RequestEventKind, RequestRecord, RequestState
+from omnictl.exceptions import InvalidRequest, PipelineDead, RequestAborted, RequestFailed
+from omnictl.profiling.events import EventKind, MetaValue, NullProfiler, Profiler
+from omnictl.recent import RecentIds
+from omnictl.topology.model import Topology
+
+# A reused request id is refused for as long as it is remembered; a client may reuse one long
+# after it finished, so the coordinator remembers more than a stage (DEFAULT_RECENT_IDS): ~17 MB for uuid-hex ids.
+RECENT_IDS = 100_000
+
+# What the core asks the shell to broadcast to every stage process (PUB/SUB).
+Broadcast = Union[m.Abort, m.ProcessLost]
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A request the core has checked and placed: the shell encodes its inputs, sends
+    ``Submit(context, entry, payload)`` to ``instance`` and calls
+    :meth:`CoordinatorCore.commit`, or :meth:`CoordinatorCore.withdraw` when the inputs
+    cannot be encoded."""
+
+    record: RequestRecord
+    context: m.RequestContext
+    entry: str
+    instance: str  # the OS process (replica) of the entry stage
+    terminals: tuple[str, ...]  # the terminals it expects, in the topology's order
+    trace_parent: dict[str, MetaValue]
+
+
+@dataclass(frozen=True)
+class ProcessDeath:
+    """What a dead process cost: why (one sentence naming it), the requests pinned to it
+    (failed, in submit order), and what to broadcast."""
+
+    why: str
+    failed: list[str]
+    broadcasts: list[Broadcast]
+    backpressure: bool | None  # as inbox_state: admission's new hold, if its queue's death changed it
+
+
+class CoordinatorCore:
+    """Request state: records, replica placement, terminals still expected, which processes
+    are down or lost, which stage inboxes are full. Holds nothing for a finished request
+    but its id (so it cannot be reused)."""
+
+    def __init__(self, topology: Topology, *, request_timeout: float = 300.0,
+                 profiler: Profiler | None = None, recent_ids: int = RECENT_IDS) -> None:
+        self.topology = topology
+        self.request_timeout = request_timeout
+        self.profiler = profiler or NullProfiler()
+        self.requests: dict[str, RequestRecord] = {}
+        self.recent = RecentIds(recent_ids)  # finished ids, refused if reused
+        self.placement = ReplicaPlacement(topology)
+        self.down: dict[str, str] = {}  # OS process (replica) -> why it is down
+        self.lost: set[str] = set()  # replicas down for good (no restart left)
+        self.dead_reason: str | None = None
+        # Backpressure: (OS process, stage) whose inbox is full; admission holds while any is.
+        self.full_inboxes: set[tuple[str, str]] = set()
+        self._active: dict[tuple[str, ...], tuple[str, ...]] = {}  # terminals -> stages that run
+        self.process_of = {name: p.name for p in topology.processes.values() for name in p.instances}
+
+    # --- health -----------------------------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        """Every replica of every process is up."""
+        return not self.down and self.dead_reason is None
+
+    def health(self) -> tuple[str, dict[str, str]]:
+        """``ok``; ``degraded`` while every process has a replica up but some replica is
+        down; ``down`` when some process has none (or the pipeline is dead). With the
+        down replicas and why."""
+        if self.dead_reason is not None or any(
+            all(name in self.down for name in p.instances) for p in self.topology.processes.values()
+        ):
+            return "down", dict(self.down)
+        return ("degraded" if self.down else "ok"), dict(self.down)
+
+    # --- requests ---------------------------------------------------------------------
+
+    def admit(
+        self,
+        now: float,
+        modalities: Sequence[str] | None = None,
+        request_id: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        trace_parent: Mapping[str, MetaValue] | None = None,
+    ) -> Admitted:
+        """Check and place a new request (``now``: loop time, for its deadline); see
+        :class:`Admitted`. Raises :class:`PipelineDead` or :class:`InvalidRequest`, leaving
+        no trace."""
+        if self.dead_reason is not None:
+            raise PipelineDead(self.dead_reason)
+        terminals = select_terminals(self.topology, modalities)
+        active = self._active.get(terminals)
+        if active is None:  # one graph walk per selection of terminals, not per request
+            active = self._active[terminals] = active_stages(self.topology, terminals)
+        rid = request_id or uuid.uuid4().hex
+        if rid in self.requests or rid in self.recent:
+            # Stages drop late messages of finished ids, so a reused id would never complete.
+            raise InvalidRequest(f"request id {rid!r} was already used; ids must be unique", field="request_id")
+        context_params = {**(params or {}), "modalities": sorted({self.topology.terminals[t] for t in terminals})}
+        try:
+            replicas = self.placement.assign(rid, active, self.down)
+        except PipelineDead as exc:
+            raise PipelineDead(f"{exc}: {'; '.join(self.down.values())}") from exc
+        entry = self.topology.entry
+        process = self.topology.processes[self.topology.process_of(entry)]
+        instance = process.instances[replicas.get(process.name, 0)]
+        record = RequestRecord(rid, set(terminals), active, now + self.request_timeout)
+        return Admitted(record, m.RequestContext(rid, context_params, active, replicas), entry, instance,
+                        terminals, dict(trace_parent or {}))
+
+    def commit(self, admitted: Admitted) -> None:
+        """The admitted request's submit is on its way: it is running from now on."""
+        record = admitted.record
+        self.requests[record.request_id] = record
+        self.profiler.record(EventKind.ADMITTED, record.request_id, None, terminals=",".join(admitted.terminals),
+                             **admitted.trace_parent)
+        record.state = RequestState.RUNNING
+
+    def withdraw(self, admitted: Admitted) -> None:
+        """An admitted request whose inputs could not be encoded: forget it entirely (no
+        stage has heard of it, and its id may be used again)."""
+        self.placement.release(admitted.record.request_id)
+
+    def abort(self, request_id: str) -> list[Broadcast]:
+        record = self.requests.get(request_id)
+        if record is None:
+            return []
+        return self._finish(record, RequestState.ABORTED, RequestAborted(request_id, f"request {request_id} was aborted"))
+
+    def shutdown(self) -> list[Broadcast]:
+        """The pipeline is closing: every request still running is aborted."""
+        broadcasts: list[Broadcast] = []
+        for record in list(self.requests.values()):
+            broadcasts += self._finish(record, RequestState.ABORTED,
+                                       RequestAborted(record.request_id, "the pipeline shut down"))
+        return broadcasts
+
+    def fail(self, request_id: str, stage: str | None, message: str, rejected: bool = False,
+             field: str | None = None) -> list[Broadcast]:
+        """``request_id`` failed (a stage said so, or the coordinator found out); a finished
+        or unknown id is ignored."""
+        record = self.requests.get(request_id)
+        if record is None:
+            return []
+        return self._finish(record, RequestState.FAILED, RequestFailed(request_id, message, stage, field), rejected)
+
+    def expire(self, now: float) -> list[Broadcast]:
+        """Fail every request whose deadline has passed at loop time ``now``."""
+        broadcasts: list[Broadcast] = []
+        for record in [r for r in self.requests.values() if r.deadline <= now]:
+            broadcasts += self.fail(
+                record.request_id,
+                None,
+                f"request {record.request_id} missed its deadline of {self.request_timeout:g}s; "
+                f"terminals still expected: {sorted(record.expected)}",
+            )
+        return broadcasts
+
+    def _finish(
+        self,
+        record: RequestRecord,
+        state: RequestState,
+        error: RequestFailed | RequestAborted | None = None,
+        rejected: bool = False,
+    ) -> list[Broadcast]:
+        if record.finished:
+            return []
+        self.requests.pop(record.request_id, None)
+        self.placement.release(record.request_id)
+        self.recent.add(record.request_id)
+        broadcasts: list[Broadcast] = []
+        if state is RequestState.COMPLETED:
+            self.profiler.record(EventKind.COMPLETED, record.request_id, None)
+        else:
+            # Every stage drops what it holds for this request, at once.
+            broadcasts.append(m.Abort((record.request_id,)))
+            kind = EventKind.ABORTED if state is RequestState.ABORTED else EventKind.FAILED
+            # `rejected`: the stage refused the input; the dashboard counts it apart from failures
+            meta: dict[str, MetaValue] = {"error": str(error), "rejected": True} if rejected else {"error": str(error)}
+            self.profiler.record(kind, record.request_id, error.stage if error else None, **meta)
+        record.finish(state, error)
+        return broadcasts
+
+    # --- what the stages report -------------------------------------------------------
+
+    def stage_message(self, message: m.StageFailed | m.TerminalSkipped) -> list[Broadcast]:
+        if isinstance(message, m.StageFailed):
+            return self.fail(message.request_id, message.stage, message.error, message.rejected, message.field)
+        record = self.requests.get(message.request_id)
+        if record is None:
+            return []
+        record.expected.discard(message.stage)
+        return self._maybe_complete(record)
+
+    def terminal_output(self, request_id: str, stage: str, seq: int, final: bool, data: Any) -> list[Broadcast]:
+        """A terminal stage's stream chunk (``final`` false) or result, decoded."""
+        record = self.requests.get(request_id)
+        if record is None:
+            return []  # finished (aborted, failed) while this was in flight
+        if seq == 0:  # the terminal's first output: its first chunk, or a result that never streamed
+            modality = self.topology.terminals[stage]
+            if modality == "text":
+                self.profiler.record(EventKind.FIRST_TEXT, request_id, stage)
+            elif modality == "audio":
+                self.profiler.record(EventKind.FIRST_AUDIO, request_id, stage)
+        if not final:
+            record.events.put_nowait(RequestEvent(RequestEventKind.STREAM, stage, data))
+            return []
+        record.results[stage] = data
+        record.expected.discard(stage)
+        record.events.put_nowait(RequestEvent(RequestEventKind.RESULT, stage, data))
+        self.profiler.record(EventKind.TERMINAL_COMPLETE, request_id, stage)
+        return self._maybe_complete(record)
+
+    def _maybe_complete(self, record: RequestRecord) -> list[Broadcast]:
+        if record.expected:
+            return []
+        if record.results:
+            return self._finish(record, RequestState.COMPLETED)
+        return self.fail(record.request_id, None, "no terminal produced a result: every branch was skipped")
+
+    def inbox_state(self, process: str, stage: str, full: bool) -> bool | None:
+        """A stage inbox filled up or drained. Returns whether admission must now hold
+        (True) or may resume (False) when that changed, else None."""
+        was = bool(self.full_inboxes)
+        if full:
+            self.full_inboxes.add((process, stage))
+        else:
+            self.full_inboxes.discard((process, stage))
+        now = bool(self.full_inboxes)
+        return now if now != was else None
+
+    # --- faults -----------------------------------------------------------------------
+
+    def process_died(self, instance: str, exit_description: str) -> ProcessDeath:
+        """``instance`` (a process, or one replica of it) died: it is down, the requests
+        pinned to it fail (naming the first of its stages each was using), and every stage
+        process must drop what it holds from it. Whether it restarts is the shell's call."""
+        process = self.topology.processes[self.process_of[instance]]
+        label = f"replica {instance!r}" if process.replicas > 1 else f"stage process {instance!r}"
+        where = f", node {process.node!r}" if process.node is not None else ""
+        why = f"{label} (stages {', '.join(process.stages)}{where}) died: {exit_description}"
+        self.down[instance] = why
+        was_full = bool(self.full_inboxes)
+        self.full_inboxes = {key for key in self.full_inboxes if key[0] != instance}  # its queues died with it
+        backpressure = False if was_full and not self.full_inboxes else None
+        failed = self.placement.holders(instance)
+        broadcasts: list[Broadcast] = []
+        for request_id in failed:
+            record = self.requests.get(request_id)
+            if record is None:
+                continue
+            stage = next((s for s in process.stages if s in record.active), process.stages[0])
+            broadcasts += self.fail(request_id, stage, f"stage {stage!r} failed: {why}")
+        # After the aborts: every process takes back the slots it lent the dead one.
+        broadcasts.append(m.ProcessLost(instance))
+        return ProcessDeath(why, failed, broadcasts, backpressure)
+
+    def process_back(self, instance: str, failed: Sequence[str]) -> list[Broadcast]:
+        """``instance`` restarted and answered. The new process never heard the aborts for
+        what its predecessor held: data for those requests still in flight must not build
+        state there."""
+        self.down.pop(instance, None)
+        return [m.Abort(tuple(failed))] if failed else []
+
+    def lose(self, instance: str, why: str) -> None:
+        """No restart left for ``instance``: the pipeline is dead once a process has lost
+        every replica."""
+        self.lost.add(instance)
+        process = self.topology.processes[self.process_of[instance]]
+        if all(name in self.lost for name in process.instances):
+            self.dead_reason = why
+
+    # --- introspection ----------------------------------------------------------------
+
+    def held(self) -> dict[str, int]:
+        """How much per-request state the core holds (0 everywhere once every request has
+        ended): records, requests placed on a replica, and the in-flight counts."""
+        return {
+            "requests": len(self.requests),
+            "placed": self.placement.placed(),
+            "replica_in_flight": sum(self.placement.in_flight.values()),
+        }

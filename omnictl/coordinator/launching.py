@@ -1,0 +1,57 @@
+"""What the coordinator needs of a launcher, whichever runs the stage processes.
+
+Two launchers implement it: :class:`~omnictl.coordinator.launcher.Launcher` (one OS process
+per process replica, on this machine) and :class:`~omnictl.coordinator.ray_launcher.
+RayLauncher` (one Ray actor each, placed by `node` label). The coordinator is written
+against these two protocols only and never asks which one it has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Mapping, Protocol
+
+
+class ProcessHandle(Protocol):
+    """One started process replica (``NAME`` or ``NAME#i``)."""
+
+    name: str
+    restarts: int  # how many times this replica was started again
+    ready: asyncio.Future[None]  # resolved when its worker reports ready; fails with LaunchError
+
+    @property
+    def pid(self) -> int: ...
+
+    def alive(self) -> bool: ...
+
+    def describe_exit(self) -> str:
+        """How it ended (``killed by SIGKILL``, ``its Ray actor died (...)``), or ``still running``."""
+        ...
+
+    def kill(self) -> None: ...
+
+    def reported_ready(self, pid: int) -> None:
+        """Its worker said it is ready, running as ``pid`` on its machine."""
+        ...
+
+
+class ProcessLauncher(Protocol):
+    """Starts, watches and stops the process replicas of one topology. A replica that ends
+    on its own is reported to the ``on_exit`` callback the launcher was built with."""
+
+    @property
+    def handles(self) -> Mapping[str, ProcessHandle]:
+        """The current handle of each process replica."""
+        ...
+
+    process_of: dict[str, str]  # replica -> its topology process
+    node_of: dict[str, str | None]  # replica -> its `node` label (None: the coordinator's machine)
+    tcp_ports: dict[str, int]  # replica -> the tcp port it reported (asked for again on restart)
+
+    def start(self, name: str) -> ProcessHandle:
+        """Start (or restart) the replica ``name``."""
+        ...
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Stop every replica; none is left behind."""
+        ...

@@ -1,0 +1,459 @@
+"""The coordinator's request state alone: no sockets, no processes, no event loop of its own.
+
+Each test drives :class:`CoordinatorCore` with what the shell would feed it and checks both
+what it holds afterwards and what it asks to broadcast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable, TypeVar
+
+import pytest
+
+from omnictl import messages as m
+from omnictl.coordinator.core import Admitted, CoordinatorCore
+from omnictl.coordinator.request import RequestEvent, RequestEventKind, RequestState
+from omnictl.exceptions import InvalidRequest, PipelineDead, RequestAborted, RequestFailed
+from omnictl.profiling.events import EventKind, MetaValue
+from omnictl.topology import loads
+
+T = TypeVar("T")
+
+# text and audio terminals; the audio branch runs in a replicated process
+TOPOLOGY = """
+stages:
+  - {name: prep, factory: m.prep, next: [thinker]}
+  - {name: thinker, factory: m.thinker, next: [text, tts], process: brain}
+  - {name: text, factory: m.text, terminal: true, modality: text, process: brain}
+  - {name: tts, factory: m.tts, terminal: true, modality: audio, process: voice}
+processes:
+  voice: {replicas: 2}
+"""
+
+
+class Recorder:
+    """A profiler that keeps what it was told (the test double for the collector)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[EventKind, str, str | None, dict[str, MetaValue]]] = []
+
+    def record(self, kind: EventKind, request_id: str, stage: str | None = None, **meta: MetaValue) -> None:
+        self.events.append((kind, request_id, stage, meta))
+
+    def kinds(self, request_id: str) -> list[EventKind]:
+        return [kind for kind, rid, _, _ in self.events if rid == request_id]
+
+
+def run(body: Callable[[], Awaitable[T]]) -> T:
+    """Records own futures, so a test body runs inside a loop (the core never awaits)."""
+    return asyncio.run(body())  # type: ignore[arg-type]  # asyncio.run takes any awaitable's coroutine
+
+
+def core(request_timeout: float = 10.0) -> tuple[CoordinatorCore, Recorder]:
+    recorder = Recorder()
+    return CoordinatorCore(loads(TOPOLOGY), request_timeout=request_timeout, profiler=recorder), recorder
+
+
+def started(c: CoordinatorCore, request_id: str, modalities: list[str] | None = None, now: float = 0.0) -> Admitted:
+    admitted = c.admit(now, modalities, request_id)
+    c.commit(admitted)
+    return admitted
+
+
+def events(c: CoordinatorCore, admitted: Admitted) -> list[RequestEvent | None]:
+    queue = admitted.record.events
+    return [queue.get_nowait() for _ in range(queue.qsize())]
+
+
+def assert_holds_nothing(c: CoordinatorCore) -> None:
+    assert c.held() == {"requests": 0, "placed": 0, "replica_in_flight": 0}
+
+
+# --- submit ---------------------------------------------------------------------------
+
+
+def test_admit_places_the_request_and_commit_makes_it_running() -> None:
+    async def body() -> None:
+        c, rec = core(request_timeout=7.0)
+        admitted = c.admit(100.0, None, "r1", params={"voice": "joe"})
+        assert admitted.entry == "prep" and admitted.instance == "prep"
+        assert admitted.terminals == ("text", "tts")
+        assert admitted.context.request_id == "r1"
+        assert admitted.context.active == ("prep", "thinker", "text", "tts")
+        assert admitted.context.params == {"voice": "joe", "modalities": ["audio", "text"]}
+        assert admitted.context.replicas == {"voice": 0}
+        assert admitted.record.deadline == 107.0
+        assert admitted.record.expected == {"text", "tts"}
+        assert "r1" not in c.requests and rec.events == []  # not running until committed
+        c.commit(admitted)
+        assert c.requests["r1"] is admitted.record
+        assert admitted.record.state is RequestState.RUNNING
+        assert rec.events == [(EventKind.ADMITTED, "r1", None, {"terminals": "text,tts"})]
+        assert c.held() == {"requests": 1, "placed": 1, "replica_in_flight": 3}
+
+    run(body)
+
+
+def test_a_selected_modality_prunes_terminals_and_stages() -> None:
+    async def body() -> None:
+        c, rec = core()
+        admitted = started(c, "r1", ["text"])
+        assert admitted.terminals == ("text",)
+        assert admitted.context.active == ("prep", "thinker", "text")
+        assert admitted.context.params["modalities"] == ["text"]
+        assert admitted.context.replicas == {}  # the replicated voice process is not touched
+        assert c.placement.in_flight == {"prep": 1, "brain": 1, "voice#0": 0, "voice#1": 0}
+
+    run(body)
+
+
+def test_the_trace_parent_rides_with_the_admitted_event() -> None:
+    async def body() -> None:
+        c, rec = core()
+        admitted = c.admit(0.0, None, "r1", trace_parent={"trace_id": "abc"})
+        c.commit(admitted)
+        assert rec.events[0][3] == {"terminals": "text,tts", "trace_id": "abc"}
+
+    run(body)
+
+
+def test_ids_are_generated_unique_and_a_reused_id_is_refused_while_running_and_after() -> None:
+    async def body() -> None:
+        c, _ = core()
+        generated = {started(c, None).context.request_id for _ in range(3)}  # type: ignore[arg-type]
+        assert len(generated) == 3 and all(len(rid) == 32 for rid in generated)
+        started(c, "r1")
+        with pytest.raises(InvalidRequest, match="'r1' was already used") as running:
+            c.admit(0.0, None, "r1")
+        assert running.value.field == "request_id"
+        c.abort("r1")
+        with pytest.raises(InvalidRequest, match="already used"):
+            c.admit(0.0, None, "r1")
+
+    run(body)
+
+
+def test_a_withdrawn_request_leaves_no_trace_and_its_id_stays_usable() -> None:
+    async def body() -> None:
+        c, rec = core()
+        admitted = c.admit(0.0, None, "r1")
+        c.withdraw(admitted)
+        assert_holds_nothing(c)
+        assert rec.events == []
+        started(c, "r1")  # not remembered as used
+
+    run(body)
+
+
+def test_replicas_alternate_and_a_down_replica_is_skipped() -> None:
+    async def body() -> None:
+        c, _ = core()
+        picks = [started(c, f"r{i}").context.replicas["voice"] for i in range(4)]
+        assert sorted(picks) == [0, 0, 1, 1]
+        c.process_died("voice#0", "killed by SIGKILL")
+        assert started(c, "late").context.replicas == {"voice": 1}
+
+    run(body)
+
+
+def test_a_process_with_no_replica_up_refuses_new_requests_naming_why() -> None:
+    async def body() -> None:
+        c, _ = core()
+        c.process_died("voice#0", "exit code 1")
+        c.process_died("voice#1", "exit code 2")
+        with pytest.raises(PipelineDead, match="every replica of process 'voice'.*exit code 1.*exit code 2"):
+            c.admit(0.0, None, "r1")
+        started(c, "text-only", ["text"])  # a request that never touches voice still runs
+        assert c.health()[0] == "down"
+
+    run(body)
+
+
+def test_a_dead_pipeline_refuses_every_request_with_its_reason() -> None:
+    async def body() -> None:
+        c, _ = core()
+        c.process_died("prep", "killed by SIGKILL")
+        c.lose("prep", "prep is gone for good")
+        assert c.dead_reason == "prep is gone for good"
+        with pytest.raises(PipelineDead, match="prep is gone for good"):
+            c.admit(0.0, ["text"], "r1")
+
+    run(body)
+
+
+# --- terminal outputs and completion ----------------------------------------------------
+
+
+def test_a_request_completes_only_when_every_expected_terminal_has_reported() -> None:
+    async def body() -> None:
+        c, rec = core()
+        admitted = started(c, "r1")
+        assert c.terminal_output("r1", "text", 0, False, "hel") == []
+        assert c.terminal_output("r1", "text", 1, True, "hello") == []
+        assert admitted.record.state is RequestState.RUNNING and admitted.record.expected == {"tts"}
+        assert c.terminal_output("r1", "tts", 0, True, b"wav") == []  # completing broadcasts nothing
+        assert admitted.record.state is RequestState.COMPLETED
+        assert await asyncio.wait_for(admitted.record.outcome, 1) == {"text": "hello", "tts": b"wav"}
+        assert [(e.kind, e.stage, e.data) for e in events(c, admitted) if e is not None] == [
+            (RequestEventKind.STREAM, "text", "hel"),
+            (RequestEventKind.RESULT, "text", "hello"),
+            (RequestEventKind.RESULT, "tts", b"wav"),
+        ]
+        assert rec.kinds("r1") == [EventKind.ADMITTED, EventKind.FIRST_TEXT, EventKind.TERMINAL_COMPLETE,
+                                   EventKind.FIRST_AUDIO, EventKind.TERMINAL_COMPLETE, EventKind.COMPLETED]
+        assert_holds_nothing(c)
+        assert "r1" in c.recent
+
+    run(body)
+
+
+def test_first_output_is_marked_once_per_terminal_by_its_modality() -> None:
+    async def body() -> None:
+        c, rec = core()
+        started(c, "r1")
+        c.terminal_output("r1", "tts", 0, False, b"a")
+        c.terminal_output("r1", "tts", 1, False, b"b")
+        c.terminal_output("r1", "text", 0, False, "x")
+        firsts = [(kind, stage) for kind, _, stage, _ in rec.events if kind in (EventKind.FIRST_AUDIO, EventKind.FIRST_TEXT)]
+        assert firsts == [(EventKind.FIRST_AUDIO, "tts"), (EventKind.FIRST_TEXT, "text")]
+
+    run(body)
+
+
+def test_outputs_for_a_finished_or_unknown_request_are_dropped() -> None:
+    async def body() -> None:
+        c, rec = core()
+        admitted = started(c, "r1")
+        c.abort("r1")
+        before = len(rec.events)
+        assert c.terminal_output("r1", "text", 0, True, "late") == []
+        assert c.terminal_output("nobody", "text", 0, True, "x") == []
+        assert len(rec.events) == before and admitted.record.results == {}
+
+    run(body)
+
+
+def test_a_skipped_terminal_is_no_longer_expected() -> None:
+    async def body() -> None:
+        c, _ = core()
+        admitted = started(c, "r1")
+        assert c.stage_message(m.TerminalSkipped("r1", "tts")) == []
+        assert admitted.record.expected == {"text"} and admitted.record.state is RequestState.RUNNING
+        c.terminal_output("r1", "text", 0, True, "hi")
+        assert await admitted.record.outcome == {"text": "hi"}
+        assert c.stage_message(m.TerminalSkipped("r1", "text")) == []  # finished: ignored
+
+    run(body)
+
+
+def test_every_terminal_skipped_fails_the_request_and_aborts_it_everywhere() -> None:
+    async def body() -> None:
+        c, rec = core()
+        admitted = started(c, "r1")
+        c.stage_message(m.TerminalSkipped("r1", "text"))
+        assert c.stage_message(m.TerminalSkipped("r1", "tts")) == [m.Abort(("r1",))]
+        with pytest.raises(RequestFailed, match="every branch was skipped"):
+            await admitted.record.outcome
+        assert rec.kinds("r1")[-1] is EventKind.FAILED
+        assert_holds_nothing(c)
+
+    run(body)
+
+
+# --- failure, abort, deadlines -----------------------------------------------------------
+
+
+def test_a_stage_failure_fails_the_request_naming_stage_and_field() -> None:
+    async def body() -> None:
+        c, rec = core()
+        admitted = started(c, "r1")
+        out = c.stage_message(m.StageFailed("r1", "thinker", "prompt too long", rejected=True, field="messages"))
+        assert out == [m.Abort(("r1",))]
+        error = admitted.record.outcome.exception()
+        assert isinstance(error, RequestFailed)
+        assert (error.stage, error.field, admitted.record.state) == ("thinker", "messages", RequestState.FAILED)
+        assert "prompt too long" in str(error)
+        last = rec.events[-1]
+        assert last[:3] == (EventKind.FAILED, "r1", "thinker") and last[3]["rejected"] is True
+        ended = events(c, admitted)
+        assert ended[-1] is None and ended[-2] is not None and ended[-2].kind is RequestEventKind.ERROR
+        assert_holds_nothing(c)
+        # a second failure of the same request changes nothing and broadcasts nothing
+        assert c.stage_message(m.StageFailed("r1", "tts", "late")) == []
+
+    run(body)
+
+
+def test_a_failure_that_is_not_a_rejection_carries_no_rejected_mark() -> None:
+    async def body() -> None:
+        c, rec = core()
+        started(c, "r1")
+        c.fail("r1", "tts", "boom")
+        assert rec.events[-1][3] == {"error": str(RequestFailed("r1", "boom", "tts"))}
+
+    run(body)
+
+
+def test_abort_ends_the_request_as_aborted_and_broadcasts_once() -> None:
+    async def body() -> None:
+        c, rec = core()
+        admitted = started(c, "r1")
+        assert c.abort("r1") == [m.Abort(("r1",))]
+        assert admitted.record.state is RequestState.ABORTED
+        assert isinstance(admitted.record.outcome.exception(), RequestAborted)
+        assert rec.kinds("r1")[-1] is EventKind.ABORTED
+        assert c.abort("r1") == [] and c.abort("never") == []
+        assert_holds_nothing(c)
+
+    run(body)
+
+
+def test_only_requests_past_their_deadline_expire() -> None:
+    async def body() -> None:
+        c, _ = core(request_timeout=5.0)
+        early = started(c, "early", now=0.0)
+        late = started(c, "late", now=3.0)
+        assert c.expire(4.999) == []
+        assert c.expire(5.0) == [m.Abort(("early",))]
+        error = early.record.outcome.exception()
+        assert isinstance(error, RequestFailed) and error.stage is None
+        assert "missed its deadline of 5s; terminals still expected: ['text', 'tts']" in str(error)
+        assert late.record.state is RequestState.RUNNING
+        assert c.expire(8.0) == [m.Abort(("late",))]
+        assert_holds_nothing(c)
+
+    run(body)
+
+
+def test_shutdown_aborts_every_running_request() -> None:
+    async def body() -> None:
+        c, _ = core()
+        a, b = started(c, "a"), started(c, "b")
+        assert c.shutdown() == [m.Abort(("a",)), m.Abort(("b",))]
+        for admitted in (a, b):
+            error = admitted.record.outcome.exception()
+            assert isinstance(error, RequestAborted) and "shut down" in str(error)
+        assert_holds_nothing(c)
+
+    run(body)
+
+
+# --- backpressure -----------------------------------------------------------------------
+
+
+def test_inbox_state_reports_only_changes_of_the_hold() -> None:
+    c, _ = core()
+    assert c.inbox_state("brain", "thinker", True) is True
+    assert c.inbox_state("voice#0", "tts", True) is None  # already holding
+    assert c.inbox_state("brain", "thinker", False) is None  # tts is still full
+    assert c.inbox_state("voice#0", "tts", False) is False
+    assert c.inbox_state("voice#0", "tts", False) is None
+    assert c.full_inboxes == set()
+
+
+# --- process deaths ----------------------------------------------------------------------
+
+
+def test_a_dead_replica_fails_only_its_requests_naming_the_stage_they_used() -> None:
+    async def body() -> None:
+        c, _ = core()
+        on0, on1, text_only = started(c, "on0"), started(c, "on1"), started(c, "t", ["text"])
+        assert (on0.context.replicas, on1.context.replicas) == ({"voice": 0}, {"voice": 1})
+        death = c.process_died("voice#0", "killed by SIGKILL")
+        assert death.why == "replica 'voice#0' (stages tts) died: killed by SIGKILL"
+        assert death.failed == ["on0"]
+        assert death.broadcasts == [m.Abort(("on0",)), m.ProcessLost("voice#0")]
+        error = on0.record.outcome.exception()
+        assert isinstance(error, RequestFailed) and error.stage == "tts"
+        assert str(error).endswith(f"stage 'tts' failed: {death.why}")
+        assert on1.record.state is RequestState.RUNNING and text_only.record.state is RequestState.RUNNING
+        assert c.down == {"voice#0": death.why}
+        assert c.health() == ("degraded", {"voice#0": death.why}) and not c.healthy
+
+    run(body)
+
+
+def test_a_dead_process_names_the_first_of_its_stages_each_request_was_using() -> None:
+    async def body() -> None:
+        c, _ = core()
+        admitted = started(c, "r1", ["text"])
+        death = c.process_died("brain", "exit code 3")
+        assert death.why == "stage process 'brain' (stages thinker, text) died: exit code 3"
+        error = admitted.record.outcome.exception()
+        assert isinstance(error, RequestFailed) and error.stage == "thinker"
+
+    run(body)
+
+
+def test_a_dead_process_with_nothing_pinned_still_reports_its_loss() -> None:
+    c, _ = core()
+    death = c.process_died("prep", "exit code 1")
+    assert (death.failed, death.broadcasts, death.backpressure) == ([], [m.ProcessLost("prep")], None)
+
+
+def test_the_full_inboxes_of_a_dead_process_are_forgotten_and_admission_resumes() -> None:
+    c, _ = core()
+    c.inbox_state("voice#0", "tts", True)
+    assert c.process_died("voice#1", "exit code 1").backpressure is None  # voice#0 is still full
+    assert c.process_died("voice#0", "exit code 1").backpressure is False
+    assert c.full_inboxes == set()
+
+
+def test_a_dead_process_keeps_admission_held_while_another_inbox_is_full() -> None:
+    c, _ = core()
+    c.inbox_state("voice#0", "tts", True)
+    c.inbox_state("brain", "thinker", True)
+    assert c.process_died("voice#0", "exit code 1").backpressure is None
+    assert c.full_inboxes == {("brain", "thinker")}
+
+
+def test_a_restarted_process_is_up_again_and_hears_the_aborts_it_missed() -> None:
+    async def body() -> None:
+        c, _ = core()
+        started(c, "r1")
+        death = c.process_died("prep", "killed by SIGKILL")
+        assert c.process_back("prep", death.failed) == [m.Abort(("r1",))]
+        assert c.down == {} and c.healthy and c.health() == ("ok", {})
+        c.process_died("prep", "killed by SIGKILL")
+        assert c.process_back("prep", []) == []
+
+    run(body)
+
+
+def test_the_pipeline_dies_only_when_a_process_has_lost_every_replica() -> None:
+    c, _ = core()
+    c.process_died("voice#0", "exit code 1")
+    c.lose("voice#0", "voice#0 lost")
+    assert c.dead_reason is None and c.lost == {"voice#0"}
+    c.process_died("voice#1", "exit code 1")
+    c.lose("voice#1", "voice#1 lost")
+    assert c.dead_reason == "voice#1 lost"
+    assert c.health()[0] == "down"
+
+
+def test_health_is_down_when_every_replica_of_a_process_is_down() -> None:
+    c, _ = core()
+    c.process_died("voice#0", "x")
+    assert c.health()[0] == "degraded"
+    c.process_died("voice#1", "y")
+    assert c.health() == ("down", {"voice#0": c.down["voice#0"], "voice#1": c.down["voice#1"]})
+
+
+def test_nothing_is_held_after_many_requests_end_every_way() -> None:
+    async def body() -> Any:
+        c, _ = core(request_timeout=1.0)
+        for i in range(40):
+            started(c, f"r{i}", now=float(i % 2) * 10)
+        for i in range(0, 10):
+            c.terminal_output(f"r{i}", "text", 0, True, "t")
+            c.terminal_output(f"r{i}", "tts", 0, True, b"a")
+        for i in range(10, 20):
+            c.abort(f"r{i}")
+        for i in range(20, 25):
+            c.fail(f"r{i}", "thinker", "boom")
+        c.process_died("voice#1", "killed")
+        c.expire(100.0)
+        assert_holds_nothing(c)
+
+    run(body)

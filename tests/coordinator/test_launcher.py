@@ -1,0 +1,105 @@
+"""The launchers' decisions that need no process: exit descriptions, thread budgets, labels."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from omnictl.coordinator.launcher import Launcher, describe_exit
+from omnictl.coordinator.ray_launcher import check_labels, cluster_labels
+from omnictl.exceptions import LaunchError
+from omnictl.launch_config import LaunchConfig
+from omnictl.topology import loads
+
+THREE = """
+stages:
+  - {name: a, factory: m.a, next: [b]}
+  - {name: b, factory: m.b, next: [c]}
+  - {name: c, factory: m.c, process: rep, terminal: true}
+processes:
+  rep: {replicas: 2}
+"""
+
+LABELLED = """
+stages:
+  - {name: a, factory: m.a, next: [b]}
+  - {name: b, factory: m.b, process: far, terminal: true}
+processes:
+  far: {node: gpu-box}
+"""
+
+
+def launcher(topology: str = THREE) -> Launcher:
+    return Launcher(loads(topology), LaunchConfig(model_path="/weights"), process_addresses={},
+                    coordinator_address="ipc:///x/control", broadcast_address="ipc:///x/broadcast",
+                    profile_address=None, on_exit=lambda name, why: None)
+
+
+@pytest.mark.parametrize(("code", "text"), [(None, "still running"), (0, "exit code 0"), (3, "exit code 3"),
+                                            (-signal.SIGKILL, "killed by SIGKILL"), (-200, "killed by signal 200")])
+def test_an_exit_is_described_as_an_operator_reads_it(code: int | None, text: str) -> None:
+    assert describe_exit(code) == text
+
+
+def test_the_cores_are_split_between_the_stage_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
+    env = launcher()._environment()
+    assert env["OMP_NUM_THREADS"] == "2"  # 8 cores over a, b, rep#0, rep#1
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0})
+    assert launcher()._environment()["OMP_NUM_THREADS"] == "1"  # never 0
+
+
+def test_a_thread_count_the_user_set_is_kept_and_progress_bars_are_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    monkeypatch.setenv("PYTHONWARNINGS", "error::DeprecationWarning")
+    env = launcher()._environment()
+    assert env["OMP_NUM_THREADS"] == "7"
+    assert env["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    assert env["PYTHONWARNINGS"] == "error::DeprecationWarning,ignore::UserWarning:multiprocessing.resource_tracker"
+    monkeypatch.delenv("PYTHONWARNINGS")
+    assert launcher()._environment()["PYTHONWARNINGS"] == "ignore::UserWarning:multiprocessing.resource_tracker"
+
+
+def test_the_launcher_knows_every_replica_its_process_and_node() -> None:
+    local = launcher()
+    assert local.process_of == {"a": "a", "b": "b", "rep#0": "rep", "rep#1": "rep"}
+    assert local.node_of == {"a": None, "b": None, "rep#0": None, "rep#1": None}
+    assert local.model_path == "/weights" and local.handles == {}
+    assert launcher(LABELLED).node_of == {"a": None, "far": "gpu-box"}
+
+
+def test_a_labelled_process_without_a_tcp_coordinator_is_refused_naming_it() -> None:
+    async def go() -> None:
+        with pytest.raises(LaunchError, match="process 'far' is on node 'gpu-box' but the coordinator takes no tcp"):
+            launcher(LABELLED).start("far")
+
+    import asyncio
+
+    asyncio.run(go())
+
+
+def test_only_alive_nodes_labels_count() -> None:
+    nodes = [
+        {"Alive": True, "Labels": {"omnictl-node": "gpu-box"}},
+        {"Alive": True, "Labels": {"omnictl-node": "cpu-box"}},
+        {"Alive": False, "Labels": {"omnictl-node": "dead-box"}},
+        {"Alive": True, "Labels": {}},
+        {"Alive": True},
+        {"Alive": True, "Labels": {"omnictl-node": "gpu-box"}},
+    ]
+    assert cluster_labels(nodes) == ["cpu-box", "gpu-box"]
+
+
+def test_a_label_no_node_carries_fails_the_launch_naming_process_label_and_what_there_is() -> None:
+    topology = loads(LABELLED)
+    check_labels(topology, ["gpu-box", "other"])  # carried: fine
+    with pytest.raises(LaunchError, match=r"process 'far' asks for node 'gpu-box', which no alive Ray node carries "
+                                          r"\(labels in the cluster: cpu-box\); start one with `ray start --address "
+                                          r"\.\.\. --labels '\{\"omnictl-node\": \"gpu-box\"\}'`") as error:
+        check_labels(topology, ["cpu-box"])
+    assert error.value.stage == "b"
+    with pytest.raises(LaunchError, match=r"labels in the cluster: none"):
+        check_labels(topology, [])
