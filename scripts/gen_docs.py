@@ -244,7 +244,7 @@ FIXED_NOW = 1_764_547_200 * S  # a fixed clock: the same text on every run
 def _synthetic_aggregator() -> Any:
     from omnictl.profiling.aggregate import Aggregator
     from omnictl.profiling.events import Event, EventKind
-    from omnictl.profiling.synthetic import qwen_omni_topology, synthetic_request
+    from tests.support.synthetic import qwen_omni_topology, synthetic_request
 
     topology = qwen_omni_topology()
     aggregator = Aggregator(window_s=30)
@@ -261,7 +261,7 @@ def dashboard_page() -> str:
 
     from omnictl.profiling.dashboard import render_dashboard
     from omnictl.profiling.spans import build_trace
-    from omnictl.profiling.synthetic import synthetic_request
+    from tests.support.synthetic import synthetic_request
     from omnictl.profiling.trace_render import render_waterfall
 
     aggregator, topology = _synthetic_aggregator()
@@ -279,7 +279,7 @@ def dashboard_page() -> str:
            "# The terminal, at 80 columns", "",
            "What `omnictl serve`'s live dashboard and `omnictl trace REQUEST_ID` print, rendered by the "
            "same code into an 80×24 terminal. The requests are synthetic "
-           "(`omnictl.profiling.synthetic`, the 8-stage Qwen3-Omni shape with made-up durations), so the "
+           "(`tests/support/synthetic.py`, the 8-stage Qwen3-Omni shape with made-up durations), so the "
            "layout is real and the figures are not measurements. [Profiling](../profiling.md) explains "
            "each column.", "",
            "## The live dashboard (80×24)", "", "```", board, "```", "",
