@@ -107,12 +107,12 @@ def from_trace_store(run_dir: Path, request_ids: Iterable[str], wait_s: float = 
     stages = {}
     for stage, times in stage_times.items():
         named = sorted(part_times[stage], key=lambda part: (part not in PARTS, PARTS.index(part) if part in PARTS else 0))
-        parts = {part: part_times[stage][part] / len(times) for part in named}
+        shares = {part: part_times[stage][part] / len(times) for part in named}
         summary = summarize(times)
         # The rest of the stage's time (waiting on stream input, routing, sending), so the
         # parts add up to the stage's mean.
-        parts["other"] = max(0.0, (summary.mean or 0.0) - sum(parts.values()))
-        stages[stage] = {**summary.as_dict(), "parts": parts}
+        shares["other"] = max(0.0, (summary.mean or 0.0) - sum(shares.values()))
+        stages[stage] = {**summary.as_dict(), "parts": shares}
     edges = {
         edge_name(src, dst, kind): {"kind": kind, **summarize(times).as_dict()}
         for (src, dst, kind), times in sorted(edge_times.items())

@@ -7,7 +7,7 @@ the function itself) and the runtime wraps it in the simple scheduler.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator
 
 import numpy as np
 
@@ -32,10 +32,10 @@ def append(tag: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     return run
 
 
-def words(delay: float = 0.0) -> Callable[[dict[str, Any]], Iterator[dict[str, Any]]]:
+def words(delay: float = 0.0) -> Callable[[dict[str, Any]], Generator[dict[str, Any], None, dict[str, Any]]]:
     """Streams ``data["text"]`` word by word, then returns its input."""
 
-    def run(data: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    def run(data: dict[str, Any]) -> Generator[dict[str, Any], None, dict[str, Any]]:
         text = str(data.get("text", ""))
         for word in text.split():
             if delay:

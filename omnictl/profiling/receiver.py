@@ -55,7 +55,7 @@ class Receiver:
             except zmq.ZMQError as error:
                 self.close()
                 raise OSError(f"profiling collector cannot bind tcp on {tcp_host}: {error}") from error
-            self.tcp_address = self.socket.getsockopt(zmq.LAST_ENDPOINT).decode()
+            self.tcp_address = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
 
     def take_ready(self) -> int:
         """Store and aggregate the batches waiting now; returns how many events that was."""

@@ -8,7 +8,7 @@ instead of reporting consequences of a typo as extra errors.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TypeGuard
 
 from omnictl.topology.issues import Issue
 from omnictl.topology.yamlnodes import Document, Path, Position
@@ -49,7 +49,7 @@ class RawStage:
         return len(self.gpu or ()) > 1 or (self.tp_size or 1) > 1
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

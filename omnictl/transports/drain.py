@@ -50,7 +50,7 @@ class Drain:
         self._handle = handle
         self._name = name  # for the log: whose socket
         self._loop = asyncio.get_running_loop()
-        self._fd = socket.getsockopt(zmq.FD)
+        self._fd = int(socket.getsockopt(zmq.FD))  # an int on POSIX
         self._closed = False
         self._loop.add_reader(self._fd, self._ready)
         # The descriptor only signals new activity: read what arrived before we watched.
@@ -64,7 +64,7 @@ class Drain:
             for _ in range(_PER_WAKEUP):
                 # Asking first is cheaper than the exception an empty socket raises, and
                 # reading the events re-arms the descriptor (ZeroMQ's is edge-triggered).
-                if not socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                if not int(socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                     return  # drained: the descriptor signals the next arrival
                 try:
                     # Copied: a header is small, and bytes are cheaper than a zero-copy frame.

@@ -65,7 +65,7 @@ class Endpoint:
         self.context = zmq.asyncio.Context()
         # Plain sockets on the same context for the hot path: sends never block (no
         # high-water mark), and receiving drains every ready message per wake-up.
-        self.plain = zmq.Context.shadow(self.context.underlying)
+        self.plain: zmq.Context[zmq.Socket[bytes]] = zmq.Context.shadow(self.context.underlying)
         self._authenticator: ThreadAuthenticator | None = None
         if curve is not None:  # before any tcp socket: every handshake goes through it
             self._authenticator = start_authenticator(zmq.Context.shadow(self.context.underlying), curve)

@@ -44,7 +44,7 @@ def is_tensor(obj: Any) -> bool:
 def _as_bytes_view(obj: Any) -> tuple[str, str, tuple[int, ...], memoryview]:
     if isinstance(obj, np.ndarray):
         arr = np.ascontiguousarray(obj)
-        return "numpy", arr.dtype.str, tuple(arr.shape), memoryview(arr.reshape(-1).view(np.uint8))
+        return "numpy", arr.dtype.str, tuple(arr.shape), arr.reshape(-1).view(np.uint8).data
     torch = _torch()
     t = obj.detach()
     if t.device.type != "cpu":
@@ -120,12 +120,12 @@ class _Packer:
         if self.allow_pickle:
             return msgspec.msgpack.Ext(_PICKLE_EXT, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
         path = _path_to(self.data, obj, "") or "(unknown path)"
-        kind = type(obj)
+        cls = type(obj)
         raise UnsupportedPayload(
-            f"{path}: a {kind.__module__}.{kind.__qualname__} cannot travel between processes; send "
+            f"{path}: a {cls.__module__}.{cls.__qualname__} cannot travel between processes; send "
             "tensors, arrays, bytes, str, numbers, bools, None, lists, dicts or typed outputs "
             "(or set `allow_pickle: true` in the topology, for trusted hosts only)",
-            path=path, type_name=f"{kind.__module__}.{kind.__qualname__}",
+            path=path, type_name=f"{cls.__module__}.{cls.__qualname__}",
         )
 
 

@@ -27,6 +27,13 @@ def _segment_name() -> str:
     return f"omx{os.getpid()}_{uuid.uuid4().hex[:12]}"
 
 
+def _buffer(segment: shared_memory.SharedMemory) -> memoryview:
+    buffer = segment.buf
+    if buffer is None:  # only after close()
+        raise ValueError(f"shared memory segment {segment.name} is closed")
+    return buffer
+
+
 def _creator_alive(name: str) -> bool:
     """Whether the process that created segment ``name`` (``omx<pid>_...``) still exists."""
     try:
@@ -100,12 +107,12 @@ class SlotPool:
             slot = self._free.pop()
             start = slot * self.slot_bytes
             ref = ShmRef(self.owner, self.stage, self._segment.name, slot, start, nbytes)
-            return ref, self._segment.buf[start : start + nbytes]
+            return ref, _buffer(self._segment)[start : start + nbytes]
         segment = self._take_spare(nbytes) or shared_memory.SharedMemory(
             name=_segment_name(), create=True, size=1 << max(nbytes - 1, 1).bit_length()
         )
         self._large[segment.name] = segment
-        return ShmRef(self.owner, self.stage, segment.name, -1, 0, nbytes), segment.buf[:nbytes]
+        return ShmRef(self.owner, self.stage, segment.name, -1, 0, nbytes), _buffer(segment)[:nbytes]
 
     def _take_spare(self, nbytes: int) -> shared_memory.SharedMemory | None:
         for i, segment in enumerate(self._spare):
