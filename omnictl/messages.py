@@ -36,6 +36,9 @@ class ShmRef(msgspec.Struct, array_like=True, frozen=True):
     slot: int  # -1: a segment of its own (a payload larger than a slot)
     offset: int  # where the slot starts in the segment
     nbytes: int
+    # Which use of the slot (or reused large segment) this is: a release that arrives late,
+    # after the slot was taken back and lent again, names an older lease and is ignored.
+    lease: int = 0
 
 
 class EncodedPayload(msgspec.Struct, array_like=True):

@@ -9,6 +9,7 @@ own (kept as a spare for reuse once released), so sending never blocks.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import mmap
 import os
 import uuid
@@ -88,7 +89,9 @@ class SlotPool:
         self.slots = slots
         self._segment: shared_memory.SharedMemory | None = None
         self._free: list[int] = list(range(slots - 1, -1, -1))
-        self._large: dict[str, shared_memory.SharedMemory] = {}  # in flight
+        self._large: dict[str, tuple[shared_memory.SharedMemory, int]] = {}  # in flight, with their lease
+        self._leases = itertools.count(1)  # one per acquire: see ShmRef.lease
+        self._slot_lease: list[int] = [0] * slots  # the current lease of each slot
         self._spare: list[shared_memory.SharedMemory] = []  # released, kept for reuse
         # Refs sent to another OS process and not released yet, by (segment, slot): if that
         # process dies, they never will be (see reclaim).
@@ -106,13 +109,15 @@ class SlotPool:
                 )
             slot = self._free.pop()
             start = slot * self.slot_bytes
-            ref = ShmRef(self.owner, self.stage, self._segment.name, slot, start, nbytes)
+            lease = self._slot_lease[slot] = next(self._leases)
+            ref = ShmRef(self.owner, self.stage, self._segment.name, slot, start, nbytes, lease)
             return ref, _buffer(self._segment)[start : start + nbytes]
         segment = self._take_spare(nbytes) or shared_memory.SharedMemory(
             name=_segment_name(), create=True, size=1 << max(nbytes - 1, 1).bit_length()
         )
-        self._large[segment.name] = segment
-        return ShmRef(self.owner, self.stage, segment.name, -1, 0, nbytes), _buffer(segment)[:nbytes]
+        lease = next(self._leases)
+        self._large[segment.name] = (segment, lease)
+        return ShmRef(self.owner, self.stage, segment.name, -1, 0, nbytes, lease), _buffer(segment)[:nbytes]
 
     def _take_spare(self, nbytes: int) -> shared_memory.SharedMemory | None:
         for i, segment in enumerate(self._spare):
@@ -135,19 +140,28 @@ class SlotPool:
         return len(lost)
 
     def release(self, ref: ShmRef) -> None:
-        self._sent.pop((ref.segment, ref.slot), None)
+        """``ref`` was read: its slot (or segment) may be lent again. A release of an older
+        lease (sent by a process that died, read after its slots were taken back and lent
+        again) is ignored: the slot is someone else's now."""
         if ref.slot < 0:
-            segment = self._large.pop(ref.segment, None)
-            if segment is not None:
-                self._spare.append(segment)
-                if len(self._spare) > _SPARE_SEGMENTS:
-                    _unlink(self._spare.pop(0))
+            held = self._large.get(ref.segment)
+            if held is None or held[1] != ref.lease:
+                return
+            del self._large[ref.segment]
+            self._sent.pop((ref.segment, ref.slot), None)
+            self._spare.append(held[0])
+            if len(self._spare) > _SPARE_SEGMENTS:
+                _unlink(self._spare.pop(0))
             return
-        if self._segment is not None and ref.segment == self._segment.name and ref.slot not in self._free:
-            self._free.append(ref.slot)
+        if self._segment is None or ref.segment != self._segment.name or ref.slot in self._free:
+            return
+        if self._slot_lease[ref.slot] != ref.lease:
+            return
+        self._sent.pop((ref.segment, ref.slot), None)
+        self._free.append(ref.slot)
 
     def close(self) -> None:
-        segments = [*self._large.values(), *self._spare]
+        segments = [*(segment for segment, _ in self._large.values()), *self._spare]
         if self._segment is not None:
             segments.append(self._segment)
         for segment in segments:

@@ -41,3 +41,22 @@ def test_down_replicas_are_skipped_and_none_left_is_pipeline_dead() -> None:
     assert "x" not in placement.holders("a")  # a refused request holds nothing
     # a request that does not touch the process is not refused
     assert placement.assign("y", ("a",), down={"rep#0", "rep#1", "rep#2"}) == {}
+
+
+def test_ties_between_equally_loaded_replicas_rotate_instead_of_piling_on_the_first() -> None:
+    placement = ReplicaPlacement(loads(TOPOLOGY))
+    picks = []
+    for i in range(6):  # each request ends before the next: every replica is always idle
+        picks.append(placement.assign(f"r{i}", ACTIVE, down=set())["rep"])
+        placement.release(f"r{i}")
+    assert picks == [0, 1, 2, 0, 1, 2]
+
+
+def test_a_tie_skips_a_down_replica_and_the_rotation_goes_on_after_it() -> None:
+    placement = ReplicaPlacement(loads(TOPOLOGY))
+    picks = []
+    for i in range(4):
+        picks.append(placement.assign(f"r{i}", ACTIVE, down={"rep#1"})["rep"])
+        placement.release(f"r{i}")
+    assert picks == [0, 2, 2, 0]  # turn 1 falls to the next up replica; never rep#1
+    assert placement.in_flight == {"a": 0, "rep#0": 0, "rep#1": 0, "rep#2": 0}

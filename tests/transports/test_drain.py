@@ -140,3 +140,23 @@ def test_tensor_frames_counts_only_frame_payloads() -> None:
     assert tensor_frames(m.StreamDone(CTX, "a", "b")) == 0
     shm_payload = m.EncodedPayload(b"", (m.TensorLayout(0, "numpy", "float32", (2,), 0, 8),), b"\0" * 8)
     assert tensor_frames(m.DataReady(CTX, "a", "b", shm_payload, 0)) == 0  # its tensor is inline, not a frame
+
+
+def test_a_burst_larger_than_one_wake_up_arrives_whole_in_order_and_lets_the_loop_run_between() -> None:
+    # 1,000 messages already queued: a wake-up reads at most _PER_WAKEUP of them, then other
+    # callbacks get a turn, then it goes on (the descriptor will not signal them again).
+    turns: list[int] = []
+
+    def handle(received: Received, message: Any, frames: list[memoryview]) -> None:
+        received.append((message, frames))
+        if len(received) == 1:
+            asyncio.get_running_loop().call_soon(lambda: turns.append(len(received)))
+
+    async def scenario(push: zmq.Socket, out: Outgoing, received: Received, until: Callable[[int], Awaitable[None]]) -> None:
+        for seq in range(1000):
+            push.send(m.encode(m.StreamDone(CTX, "a", f"b{seq}")))
+        await until(1000)
+
+    received = run_pair(scenario, handle)
+    assert [message.dst for message, _ in received] == [f"b{seq}" for seq in range(1000)]
+    assert turns and turns[0] <= 256  # the loop ran another callback after one wake-up's share

@@ -67,3 +67,49 @@ def test_refs_name_their_owner_and_stage_and_large_segments_round_up_to_a_power_
         assert big.segment != small.segment and pool.in_use == 2
     finally:
         pool.close()
+
+
+def test_a_release_read_after_its_slot_was_reclaimed_and_lent_again_is_ignored() -> None:
+    # The race: a process reads a payload, sends its release and dies; its death is handled
+    # (reclaim) before the release is read, the slot is lent to the next payload, then the
+    # late release arrives. Freeing the slot then would let a third payload overwrite the
+    # second while it is still being read.
+    pool = SlotPool("me", "s", 1024, 2)
+    try:
+        old, view = pool.acquire(100)
+        view.release()
+        pool.sent(old, "dead")
+        assert pool.reclaim("dead") == 1 and pool.in_use == 0
+        new, view = pool.acquire(100)
+        view.release()
+        assert (new.segment, new.slot) == (old.segment, old.slot) and new.lease != old.lease
+        pool.sent(new, "alive")
+        pool.release(old)  # late
+        assert pool.in_use == 1
+        third, view = pool.acquire(100)
+        view.release()
+        assert (third.segment, third.slot) != (new.segment, new.slot)
+        pool.release(new)
+        pool.release(third)
+        assert pool.in_use == 0
+        assert pool.reclaim("alive") == 0  # released: nothing left to take back
+    finally:
+        pool.close()
+
+
+def test_a_late_release_of_a_reused_large_segment_is_ignored() -> None:
+    pool = SlotPool("me", "s", 64, 1)
+    try:
+        old, view = pool.acquire(1000)  # larger than a slot: a segment of its own
+        view.release()
+        pool.sent(old, "dead")
+        pool.reclaim("dead")
+        new, view = pool.acquire(1000)  # the spare segment, lent again
+        view.release()
+        assert new.segment == old.segment and new.slot == old.slot == -1
+        pool.release(old)  # late
+        assert pool.in_use == 1
+        pool.release(new)
+        assert pool.in_use == 0
+    finally:
+        pool.close()
