@@ -205,6 +205,28 @@ class Pipeline:
         slots, shared-memory slots in use)."""
         return await self._coordinator.stats(timeout)
 
+    async def held(self, timeout: float = 5.0) -> dict[str, dict[str, Any]]:
+        """Everything the pipeline holds for requests, by where; every figure is 0 once every
+        request has ended. ``coordinator``: request records, requests pinned to replicas,
+        in-flight counts over the replicas, its own shared-memory slots (entry inputs);
+        ``admission``: slots in flight and callers waiting; ``stages``: each stage's
+        per-request state from :meth:`stats` (requests, queued, running, fan-in and stream
+        buffers, KV and shared-memory slots), summed over its replicas (a stage that did
+        not answer within ``timeout`` shows ``unknown``)."""
+        stats = await self.stats(timeout)
+        stages: dict[str, Any] = {}
+        for name, entry in stats.items():
+            if entry["status"] == "unknown":
+                stages[name] = {"unknown": 1}
+                continue
+            stages[name] = {key: value for key, value in entry.items()
+                            if key not in ("status", "process", "replicas", "node", "busy_s")}
+        return {
+            "coordinator": self._coordinator.held(),
+            "admission": {"in_flight": self.admission.in_flight, "queued": self.admission.queued},
+            "stages": stages,
+        }
+
     def nodes(self) -> dict[str, dict[str, Any]]:
         """Per `node` label (``-``: this machine): ``status`` (up/degraded/down) and the OS
         processes placed there."""

@@ -371,6 +371,10 @@ class Coordinator:
 
     # --- introspection ----------------------------------------------------------------
 
+    def held(self) -> dict[str, int]:
+        """The core's per-request state, and the shared-memory slots lent for entry inputs."""
+        return {**self.core.held(), "slots_in_use": self._pool.in_use}
+
     def nodes(self) -> dict[str, dict[str, Any]]:
         """Per node label: its OS processes and whether they are up (see node_stats)."""
         return node_stats(self.topology, self.down)

@@ -9,15 +9,11 @@ from typing import Any
 import numpy as np
 
 import omnictl
+from tests.support.held import held_by
 from tests.support import topo
 from tests.support.loop import LoopThread, launch
-from tests.support.wait import until
 
 E = "omnictl.models.examples"
-
-
-def _holds_nothing(stats: dict[str, dict[str, Any]]) -> bool:
-    return all(not any(v for k, v in entry.items() if k not in ("status", "process", "replicas")) for entry in stats.values())
 
 
 def test_hundred_concurrent_requests_aborted_mid_flight_leave_no_state(loop: LoopThread, tmp_path: Path) -> None:
@@ -52,7 +48,7 @@ def test_hundred_concurrent_requests_aborted_mid_flight_leave_no_state(loop: Loo
         aborted = [o for o in outcomes if isinstance(o, omnictl.RequestAborted)]
         assert len(aborted) > 50  # most were still in flight
         assert pipe.in_flight() == 0
-        assert until(lambda: _holds_nothing(loop.run(pipe.stats())), timeout=15), loop.run(pipe.stats())
+        assert loop.run(held_by(pipe, timeout=15), timeout=60) == []
         # and the pipeline still serves
         done = loop.run(_one(pipe, {"text": "after abort"}))
         assert done["d"]["sources"] == ["b", "c"]

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 import omnictl
+from tests.support.held import held_by
 from tests.support import topo
 from tests.support.loop import LoopThread, launch
 from tests.support.wait import until
@@ -73,6 +74,7 @@ def test_inputs_that_cannot_be_sent_leave_no_request_behind(loop: LoopThread, tm
         with pytest.raises(omnictl.UnsupportedPayload, match=r"\['fn'\]: a builtins.function"):
             loop.run(pipe.submit({"fn": lambda: None}, request_id="r1"))
         assert pipe.in_flight() == 0
+        assert loop.run(held_by(pipe)) == []  # no admission slot, no placement, no record kept
         assert loop.run(_result(pipe, {"x": 1}, request_id="r1")) == {"a": {"x": 1}}
     finally:
         loop.run(pipe.close())

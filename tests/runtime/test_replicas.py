@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 import omnictl
+from tests.support.held import held_by
 from tests.support import topo
 from tests.support.loop import LoopThread, launch
 from tests.support.wait import until
@@ -146,11 +147,6 @@ async def _one(pipe: Any, data: dict[str, Any]) -> dict[str, Any]:
     return await (await pipe.submit(data)).result()
 
 
-def _holds_nothing(stats: dict[str, dict[str, Any]]) -> bool:
-    entries = [replica for entry in stats.values() for replica in entry.get("replicas", {"": entry}).values()]
-    return all(not any(v for k, v in e.items() if k not in ("status", "process", "replicas")) for e in entries)
-
-
 def test_aborting_a_hundred_requests_spread_over_replicas_leaves_no_state(loop: LoopThread, tmp_path: Path) -> None:
     stages = [
         {"name": "a", "factory": f"{E}.identity", "next": ["b", "c"], "process": "one"},
@@ -185,7 +181,7 @@ def test_aborting_a_hundred_requests_spread_over_replicas_leaves_no_state(loop: 
         assert all(held.values()), held
         assert sum(isinstance(o, omnictl.RequestAborted) for o in outcomes) > 50
         assert pipe.in_flight() == 0
-        assert until(lambda: _holds_nothing(loop.run(pipe.stats())), timeout=15), loop.run(pipe.stats())
+        assert loop.run(held_by(pipe, timeout=15), timeout=60) == []
         assert loop.run(_one(pipe, {"text": "after"}))["d"]["sources"] == ["b", "c"]
     finally:
         loop.run(pipe.close())
