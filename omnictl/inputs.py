@@ -176,15 +176,22 @@ class SpeechRequest(WireStruct, frozen=True, kw_only=True):
 
     text: str
     voice: str | None = None
+    speed: float = 1.0  # 0.25 to 4.0 (OpenAI's range); the TTS stage applies it
 
     def __post_init__(self) -> None:
         if not isinstance(self.text, str) or not self.text.strip():
             raise _fail("input", "must be non-empty text to speak")
         if self.voice is not None and (not isinstance(self.voice, str) or not self.voice):
             raise _fail("voice", f"must be a voice name (a non-empty string), got {self.voice!r}")
+        if isinstance(self.speed, bool) or not isinstance(self.speed, (int, float)) or not 0.25 <= self.speed <= 4.0:
+            raise _fail("speed", f"must be a number from 0.25 to 4.0, got {self.speed!r}")
+        _set(self, "speed", float(self.speed))
 
     def params(self) -> dict[str, Any]:
-        return {} if self.voice is None else {"voice": self.voice}
+        params: dict[str, Any] = {} if self.voice is None else {"voice": self.voice}
+        if self.speed != 1.0:
+            params["speed"] = self.speed
+        return params
 
 
 def as_chat_request(inputs: Any) -> ChatRequest:

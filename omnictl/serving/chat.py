@@ -130,6 +130,8 @@ async def stream_chunks(tracked: Tracked, translator: ChunkTranslator) -> AsyncI
         for chunk in chunks:
             yield sse_event(chunk)
     else:
+        for chunk in translator.tail():
+            yield sse_event(chunk)
         yield sse_event(translator.last())
         tracked.finish("completed")
     yield DONE
@@ -164,7 +166,7 @@ async def end_in_flight(active: dict[str, Tracked], abort: Abort, reason: str) -
         await abort(tracked.request.id)
 
 
-async def _client_left(request: Request) -> None:
+async def client_left(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
@@ -173,7 +175,7 @@ async def results(tracked: Tracked, request: Request, abort: Abort) -> dict[str,
     """Every terminal's result, or the error response that ends the request (the request
     is finished then); a client that leaves while waiting aborts the request."""
     work = asyncio.create_task(_collect(tracked))
-    watch = asyncio.create_task(_client_left(request))
+    watch = asyncio.create_task(client_left(request))
     await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
     if not work.done():
         work.cancel()

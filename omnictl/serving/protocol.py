@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from omnictl.exceptions import InvalidRequest
-from omnictl.inputs import AUDIO_FORMATS, parse_request
+from omnictl.inputs import parse_request
+from omnictl.serving.audio import FORMATS as OUTPUT_FORMATS  # wav, pcm16, mp3, opus, aac, flac
 from omnictl.inputs import ChatRequest as PipelineRequest  # ChatRequest, here, is the HTTP envelope
 from omnictl.serving.jsonbody import decode_json
 
@@ -136,9 +137,10 @@ def _audio_output(body: Mapping[str, Any]) -> tuple[str, str | None]:
     audio = body.get("audio") or {}
     _expect(audio, dict, "audio", "an object with 'voice' and 'format'")
     audio_format = audio.get("format", "wav")
-    if audio_format not in AUDIO_FORMATS:
+    if not isinstance(audio_format, str) or audio_format not in OUTPUT_FORMATS:
+        shown = repr(audio_format) if isinstance(audio_format, str) else f"a JSON {type(audio_format).__name__}"
         raise InvalidRequest(
-            f"'audio.format' {audio_format!r} is not supported; this server produces {', '.join(AUDIO_FORMATS)}",
+            f"'audio.format' {shown} is not supported; this server produces {', '.join(OUTPUT_FORMATS)}",
             field="audio.format",
         )
     voice = audio.get("voice")
