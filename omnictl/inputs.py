@@ -139,11 +139,29 @@ class SamplingParams(WireStruct, frozen=True, kw_only=True):
         return {name: value for name, value in values.items() if value is not None}
 
 
+class RecognitionOptions(WireStruct, frozen=True, kw_only=True):
+    """What ``/v1/audio/transcriptions`` and ``/translations`` ask of speech recognition."""
+
+    task: str = "transcribe"  # or "translate": into English
+    prompt: str | None = None  # text in the style to expect (Whisper's initial prompt)
+    temperature: float | None = None  # None: the recognizer's own
+    timestamps: bool = False  # segments with start and end times
+    words: bool = False  # word timestamps too
+    stream: bool = False  # stream each segment as it is decoded
+
+    def __post_init__(self) -> None:
+        if self.task not in ("transcribe", "translate"):
+            raise _fail("task", f"must be 'transcribe' or 'translate', got {self.task!r}")
+        if self.temperature is not None and not 0 <= self.temperature <= 1:
+            raise _fail("temperature", f"must be between 0 and 1, got {self.temperature!r}")
+
+
 class ChatRequest(WireStruct, frozen=True, kw_only=True):
     messages: tuple[ChatMessage, ...]
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     voice: str | None = None
     language: str | None = None  # of the spoken parts (ISO-639-1); None: the recognizer's default
+    recognition: RecognitionOptions | None = None  # the audio endpoints' options; None: a chat's defaults
 
     def __post_init__(self) -> None:
         _set(self, "messages", tuple(self.messages))

@@ -161,6 +161,7 @@ def create_app(state: ServingState) -> Starlette:
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/audio/speech", speech.endpoint(state), methods=["POST"]),
         Route("/v1/audio/transcriptions", transcriptions.endpoint(state), methods=["POST"]),
+        Route("/v1/audio/translations", transcriptions.endpoint(state, "translate"), methods=["POST"]),
         WebSocketRoute("/v1/realtime", realtime_endpoint(state)),
         Route("/v1/requests/{request_id}/abort", abort_request, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),

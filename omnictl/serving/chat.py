@@ -171,6 +171,24 @@ async def client_left(request: Request) -> None:
         pass
 
 
+async def first_item(items: AsyncIterator[Any], request: Request) -> tuple[bool, Any]:
+    """(client still here, the first item of ``items`` or None when there is none). A
+    streamed answer waits for it before its status line, so that a request refused
+    before any output still gets a JSON error status instead of a 200."""
+    first = asyncio.ensure_future(anext(items, None))
+    watch = asyncio.ensure_future(client_left(request))
+    await asyncio.wait({first, watch}, return_when=asyncio.FIRST_COMPLETED)
+    watch.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watch
+    if not first.done():
+        first.cancel()
+        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+            await first
+        return False, None
+    return True, first.result()
+
+
 async def results(tracked: Tracked, request: Request, abort: Abort) -> dict[str, object] | Response:
     """Every terminal's result, or the error response that ends the request (the request
     is finished then); a client that leaves while waiting aborts the request."""

@@ -20,8 +20,6 @@ way to follow it: the response says so in its ``X-Omnictl-Ignored: instructions`
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import math
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -175,22 +173,6 @@ async def _bytes(tracked: chat.Tracked, first: AudioChunk | None, rest: AsyncIte
         yield last
 
 
-async def _first(items: AsyncIterator[Any], request: Request) -> tuple[bool, Any]:
-    """(client still here, the first item or None when the stream is empty)."""
-    first = asyncio.ensure_future(anext(items, None))
-    watch = asyncio.ensure_future(chat.client_left(request))
-    await asyncio.wait({first, watch}, return_when=asyncio.FIRST_COMPLETED)
-    watch.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await watch
-    if not first.done():
-        first.cancel()
-        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-            await first
-        return False, None
-    return True, first.result()
-
-
 def endpoint(state: ServingState) -> Callable[[Request], Awaitable[Response | EventStreamResponse]]:
     async def speech(request: Request) -> Response | EventStreamResponse:
         admitted = await admit(state, request, _parse, ENDPOINT)
@@ -207,7 +189,7 @@ def endpoint(state: ServingState) -> Callable[[Request], Awaitable[Response | Ev
         # The status line waits for the first audio: a request the pipeline refuses before
         # speaking (an unknown voice) gets its JSON error, not a 200 with an empty body.
         items = _audio(tracked)
-        here, first = await _first(items, request)
+        here, first = await chat.first_item(items, request)
         if not here:
             await on_disconnect()
             return Response(status_code=499)  # nobody reads it: the client has gone

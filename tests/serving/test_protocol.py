@@ -62,7 +62,8 @@ def test_default_modalities_without_a_text_terminal() -> None:
         ({"audio": {"voice": ""}}, "audio.voice"),
         ({"stream": "yes"}, "stream"),
         ({"n": 2}, "n"),
-        ({"audio": {"format": "mp3"}}, "audio.format"),
+        ({"audio": {"format": "ogg"}}, "audio.format"),
+        ({"audio": {"format": ["mp3"]}}, "audio.format"),
     ],
 )
 def test_bad_fields_are_named(extra: dict[str, object], field: str) -> None:
