@@ -94,6 +94,11 @@ class Tracked:
         self.active.pop(self.request.id, None)
 
 
+def error_of(event: PipelineEvent) -> str:
+    """An error event's message, naming its stage once."""
+    return _error_of(event)
+
+
 def _error_of(event: PipelineEvent) -> str:
     message = str(event.error)
     if event.stage and event.stage not in message:

@@ -104,7 +104,7 @@ async def _audio(tracked: chat.Tracked) -> AsyncIterator[AudioChunk | chat.Pipel
     streamed = False
     async for event in tracked.request.events():
         if event.kind is RequestEventKind.ERROR:
-            tracked.finish("rejected" if event.field is not None else "failed", f"stage {event.stage!r}: {event.error}")
+            tracked.finish("rejected" if event.field is not None else "failed", chat.error_of(event))
             yield event
             return
         if event.kind is RequestEventKind.ABORTED:
@@ -123,10 +123,10 @@ async def _audio(tracked: chat.Tracked) -> AsyncIterator[AudioChunk | chat.Pipel
 def _refusal(tracked: chat.Tracked, event: chat.PipelineEvent) -> JSONResponse:
     """The JSON error for a request that ended before its first audio."""
     if event.kind is RequestEventKind.ERROR and event.field is not None:  # the stage found the input bad
-        return JSONResponse(error_body(f"stage {event.stage!r}: {event.error}", "invalid_request_error",
+        return JSONResponse(error_body(chat.error_of(event), "invalid_request_error",
                                        "invalid_request", event.field), status_code=400)
     if event.kind is RequestEventKind.ERROR:
-        return JSONResponse(error_body(f"stage {event.stage!r}: {event.error}", "server_error", "stage_failed"),
+        return JSONResponse(error_body(chat.error_of(event), "server_error", "stage_failed"),
                             status_code=500)
     if tracked.ended_by_server:
         return JSONResponse(error_body(tracked.ended_by_server, "server_error", "server_shutdown"), status_code=503)
@@ -140,7 +140,7 @@ async def _sse(tracked: chat.Tracked, first: AudioChunk | None, rest: AsyncItera
         if not isinstance(item, AudioChunk):
             if item.kind is RequestEventKind.ERROR:
                 kind, code = ("invalid_request_error", "invalid_request") if item.field else ("server_error", "stage_failed")
-                yield sse_event(error_body(f"stage {item.stage!r}: {item.error}", kind, code, item.field))
+                yield sse_event(error_body(chat.error_of(item), kind, code, item.field))
             else:
                 yield sse_error("the request was aborted", "server_error", "aborted")
             return

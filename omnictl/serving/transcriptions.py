@@ -152,7 +152,8 @@ def _options(form: Any, task: str) -> tuple[Answer, RecognitionOptions | None, s
     words = "word" in granularities or logprobs  # logprobs: Whisper's per-word probabilities
     answer = Answer(task, fmt, stream, words, segments, logprobs)
     needs_options = task == "translate" or segments or words or stream or prompt is not None or temperature is not None
-    options = RecognitionOptions(task=task, prompt=prompt, temperature=temperature, timestamps=segments, words=words,
+    # streamed: with timestamps, Whisper ends a segment at each phrase, not at each 30 s window
+    options = RecognitionOptions(task=task, prompt=prompt, temperature=temperature, timestamps=segments or stream, words=words,
                                  stream=stream) if needs_options else None
     return answer, options, language
 
@@ -257,11 +258,11 @@ async def _events(tracked: chat.Tracked) -> AsyncIterator[Transcript | _Final | 
 def _refusal(tracked: chat.Tracked, event: chat.PipelineEvent) -> JSONResponse:
     if event.kind is RequestEventKind.ERROR and event.field is not None:  # the stage found the input bad
         tracked.finish("rejected", str(event.error))
-        return JSONResponse(error_body(f"stage {event.stage!r}: {event.error}", "invalid_request_error",
+        return JSONResponse(error_body(chat.error_of(event), "invalid_request_error",
                                        "invalid_request", event.field), status_code=400)
     if event.kind is RequestEventKind.ERROR:
-        tracked.finish("failed", f"stage {event.stage!r}: {event.error}")
-        return JSONResponse(error_body(f"stage {event.stage!r}: {event.error}", "server_error", "stage_failed"),
+        tracked.finish("failed", chat.error_of(event))
+        return JSONResponse(error_body(chat.error_of(event), "server_error", "stage_failed"),
                             status_code=500)
     tracked.finish("aborted")
     if tracked.ended_by_server:
@@ -298,7 +299,7 @@ async def _sse(tracked: chat.Tracked, first: Any, rest: AsyncIterator[Any], answ
             if item.kind is RequestEventKind.ERROR:
                 kind, code = ("invalid_request_error", "invalid_request") if item.field else ("server_error", "stage_failed")
                 tracked.finish("rejected" if item.field else "failed", str(item.error))
-                yield sse_event(error_body(f"stage {item.stage!r}: {item.error}", kind, code, item.field))
+                yield sse_event(error_body(chat.error_of(item), kind, code, item.field))
             else:
                 tracked.finish("aborted")
                 yield sse_error("the request was aborted", "server_error", "aborted")
