@@ -294,3 +294,21 @@ def test_translations_refuse_transcription_only_fields(voice_server: ServerProce
     response = httpx.post(voice_server.url + "/v1/audio/translations", files={"file": ("q.wav", QUESTION)},
                           data={"language": "fr"}, headers=AUTH, timeout=60)
     assert response.status_code == 400 and response.json()["error"]["param"] == "language"
+
+
+# --- voices ------------------------------------------------------------------------------
+
+
+def test_voices_lists_what_voice_accepts(voice_server: ServerProcess, server: ServerProcess) -> None:
+    listed = httpx.get(voice_server.url + "/v1/audio/voices", headers=AUTH, timeout=30)
+    assert listed.status_code == 200, listed.text
+    body = listed.json()
+    names = [voice["id"] for voice in body["data"]]
+    assert names == ["joe"] and "alloy" in body["aliases"]
+    for name in names + ["alloy"]:  # each listed name is accepted
+        spoken = httpx.post(voice_server.url + "/v1/audio/speech", headers=AUTH, timeout=60,
+                            json={"input": "Hi.", "voice": name, "response_format": "wav"})
+        assert spoken.status_code == 200 and wav_seconds(spoken.content) > 0.2
+    assert httpx.get(voice_server.url + "/v1/audio/voices", timeout=30).status_code == 401  # behind the key
+    # The fast topology's audio terminal does not list voices: it says so.
+    assert httpx.get(server.url + "/v1/audio/voices", headers=AUTH, timeout=30).status_code == 404

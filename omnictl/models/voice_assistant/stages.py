@@ -240,3 +240,11 @@ def tts(voice: str = DEFAULT_VOICE, max_sentence_chars: int = 250) -> Scheduler:
     scheduler = SentenceSpeechScheduler(default_voice=voice, max_sentence_chars=max_sentence_chars)
     scheduler.speaker(voice)  # load the voice now, not when the first sentence is due
     return scheduler
+
+
+def tts_voices() -> list[str]:
+    """The Piper voices installed (what ``voice`` accepts): ``GET /v1/audio/voices`` reads them."""
+    return sorted(VOICES)
+
+
+tts.voices = tts_voices  # type: ignore[attr-defined]
