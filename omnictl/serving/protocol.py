@@ -151,6 +151,21 @@ def _audio_output(body: Mapping[str, Any]) -> tuple[str, str | None]:
     return audio_format, voice
 
 
+def _no_tools(body: Mapping[str, Any]) -> None:
+    """Tool calling asked for is refused, not ignored: no omnictl terminal produces tool
+    calls (its output contract is text, audio and transcripts), so a model would answer as
+    if no tool had been offered."""
+    for key in ("tools", "functions"):  # `functions` / `function_call`: the older spelling
+        if body.get(key):
+            raise InvalidRequest(f"'{key}': this topology cannot call tools (no stage produces tool calls); "
+                                 "send the request without them", field=key)
+    for key in ("tool_choice", "function_call"):
+        choice = body.get(key)
+        if choice is not None and choice != "none":
+            raise InvalidRequest(f"'{key}' {choice!r}: this topology cannot call tools; only 'none' is accepted",
+                                 field=key)
+
+
 def parse_chat_request(body: Any, produces: Mapping[str, str], limits: Limits = Limits()) -> ChatRequest:
     """Check a decoded JSON body against the envelope and this topology's terminals, then
     parse its messages (decoding input audio) into the pipeline's typed request.
@@ -167,6 +182,7 @@ def parse_chat_request(body: Any, produces: Mapping[str, str], limits: Limits = 
         raise InvalidRequest(f"'n' must be 1 (one choice per request), got {n!r}", field="n")
     stream = body.get("stream")
     stream = False if stream is None else _expect(stream, bool, "stream", "true or false")
+    _no_tools(body)
     modalities = _modalities(body, produces)
     audio_format, voice = _audio_output(body)
     sampling = parse_sampling(body)
