@@ -268,6 +268,9 @@ def test_bad_transcription_input_is_refused_fast_naming_the_field(voice_server: 
         assert response.status_code == status and response.json()["error"]["param"] == field, response.text
         if field != "language":  # refused before the pipeline: no model runs
             assert took < 0.5, (field, took)
+        else:  # the recognizer's check: the client's mistake, not where the server found it
+            message = response.json()["error"]["message"]
+            assert "'xx'" in message and "(at " not in message, message
     nothing_held(voice_server)
 
 
