@@ -22,6 +22,7 @@ segment, as the recognizer decodes it, then ``transcript.text.done`` with the te
 
 from __future__ import annotations
 
+import asyncio
 import math
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -57,6 +58,7 @@ _FIELDS = {
 }
 _DIARIZATION = ("known_speaker_names[]", "known_speaker_references[]")
 _MEDIA = {"srt": "application/x-subrip", "vtt": "text/vtt"}
+INLINE_DECODE_BYTES = 64 * 1024  # a few seconds of compressed speech: decoded on the loop
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,12 @@ async def parse_audio_form(request: Request, raw: bytes, limits: Limits, task: s
     data = await upload.read()
     if len(data) > limits.max_audio_bytes:
         raise PayloadTooLarge(f"'file' is {len(data)} bytes; the limit is {limits.max_audio_bytes}", field="file")
-    samples, rate = decode_audio_file(data, "file", limits.max_audio_seconds)  # decoded once, here
+    # Decoded once, here; off the event loop when large (minutes of compressed audio take
+    # a while to decode, and the loop streams every other request's answer meanwhile).
+    if len(data) <= INLINE_DECODE_BYTES:
+        samples, rate = decode_audio_file(data, "file", limits.max_audio_seconds)
+    else:
+        samples, rate = await asyncio.to_thread(decode_audio_file, data, "file", limits.max_audio_seconds)
     audio = {"type": "input_audio", "input_audio": {"data": samples, "sample_rate": rate}}
     request_inputs: dict[str, Any] = {"messages": [{"role": "user", "content": [audio]}]}
     if language is not None:
