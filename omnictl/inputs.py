@@ -139,11 +139,29 @@ class SamplingParams(WireStruct, frozen=True, kw_only=True):
         return {name: value for name, value in values.items() if value is not None}
 
 
+class RecognitionOptions(WireStruct, frozen=True, kw_only=True):
+    """What ``/v1/audio/transcriptions`` and ``/translations`` ask of speech recognition."""
+
+    task: str = "transcribe"  # or "translate": into English
+    prompt: str | None = None  # text in the style to expect (Whisper's initial prompt)
+    temperature: float | None = None  # None: the recognizer's own
+    timestamps: bool = False  # segments with start and end times
+    words: bool = False  # word timestamps too
+    stream: bool = False  # stream each segment as it is decoded
+
+    def __post_init__(self) -> None:
+        if self.task not in ("transcribe", "translate"):
+            raise _fail("task", f"must be 'transcribe' or 'translate', got {self.task!r}")
+        if self.temperature is not None and not 0 <= self.temperature <= 1:
+            raise _fail("temperature", f"must be between 0 and 1, got {self.temperature!r}")
+
+
 class ChatRequest(WireStruct, frozen=True, kw_only=True):
     messages: tuple[ChatMessage, ...]
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     voice: str | None = None
     language: str | None = None  # of the spoken parts (ISO-639-1); None: the recognizer's default
+    recognition: RecognitionOptions | None = None  # the audio endpoints' options; None: a chat's defaults
 
     def __post_init__(self) -> None:
         _set(self, "messages", tuple(self.messages))
@@ -176,15 +194,22 @@ class SpeechRequest(WireStruct, frozen=True, kw_only=True):
 
     text: str
     voice: str | None = None
+    speed: float = 1.0  # 0.25 to 4.0 (OpenAI's range); the TTS stage applies it
 
     def __post_init__(self) -> None:
         if not isinstance(self.text, str) or not self.text.strip():
             raise _fail("input", "must be non-empty text to speak")
         if self.voice is not None and (not isinstance(self.voice, str) or not self.voice):
             raise _fail("voice", f"must be a voice name (a non-empty string), got {self.voice!r}")
+        if isinstance(self.speed, bool) or not isinstance(self.speed, (int, float)) or not 0.25 <= self.speed <= 4.0:
+            raise _fail("speed", f"must be a number from 0.25 to 4.0, got {self.speed!r}")
+        _set(self, "speed", float(self.speed))
 
     def params(self) -> dict[str, Any]:
-        return {} if self.voice is None else {"voice": self.voice}
+        params: dict[str, Any] = {} if self.voice is None else {"voice": self.voice}
+        if self.speed != 1.0:
+            params["speed"] = self.speed
+        return params
 
 
 def as_chat_request(inputs: Any) -> ChatRequest:

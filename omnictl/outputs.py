@@ -144,13 +144,44 @@ class TokenResult(TextResult):
     hidden: Any = None
 
 
+class TranscriptWord(WireStruct):
+    """One recognized word and when it is said (seconds from the clip's start); ``probability``
+    is the recognizer's confidence in it (Whisper: the mean of its tokens' probabilities)."""
+
+    word: str
+    start: float
+    end: float
+    probability: float = 1.0
+
+
+class TranscriptSegment(WireStruct):
+    """One decoded segment (Whisper's unit: a phrase between two timestamps)."""
+
+    id: int
+    start: float
+    end: float
+    text: str
+    tokens: list[int] = []
+    avg_logprob: float = 0.0
+    compression_ratio: float = 0.0
+    no_speech_prob: float = 0.0
+    temperature: float = 0.0
+    words: list[TranscriptWord] = []
+
+
 class Transcript(WireStruct):
     """A ``transcript`` terminal's result: what speech recognition heard in the request's
-    (last) spoken part, its language, and how many seconds of audio it heard."""
+    (last) spoken part, its language, and how many seconds of audio it heard; with
+    ``segments`` (and their words) when the request asked for timestamps. ``task`` is
+    ``translate`` when the text is Whisper's English translation of the speech.
+
+    Streamed, a chunk is a Transcript holding one new segment (``text`` its text)."""
 
     text: str
     language: str | None = None
     duration: float = 0.0
+    segments: list[TranscriptSegment] = []
+    task: str = "transcribe"
 
     def __post_init__(self) -> None:
         cls = type(self)

@@ -305,9 +305,11 @@ def test_the_request_types_check_themselves_and_are_frozen() -> None:
 
 
 def test_one_definition_of_formats_and_roles() -> None:
-    from omnictl.serving import protocol
+    from omnictl.serving import audio, protocol
 
-    assert protocol.AUDIO_FORMATS is omnictl.inputs.AUDIO_FORMATS
+    # Input audio formats (input_audio parts) are inputs'; the answer's (audio.format) are
+    # what the encoders produce, defined once in serving.audio.
+    assert protocol.OUTPUT_FORMATS is audio.FORMATS and not hasattr(protocol, "AUDIO_FORMATS")
     assert not hasattr(protocol, "_ROLES") and not hasattr(protocol, "ROLES")
 
 

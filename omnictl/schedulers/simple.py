@@ -170,7 +170,9 @@ class SimpleScheduler(Scheduler):
     def _failed(self, rid: str, exc: Exception) -> None:
         if rid not in self._aborted:
             field = exc.field if isinstance(exc, InvalidRequest) else None
-            self.emit(OutgoingMessage(OutgoingKind.ERROR, rid, error=describe_error(exc), field=field, exc=exc))
+            # Bad input is the client's to fix: its message, not where in the server it was found.
+            error = str(exc) if isinstance(exc, InvalidRequest) else describe_error(exc)
+            self.emit(OutgoingMessage(OutgoingKind.ERROR, rid, error=error, field=field, exc=exc))
 
     def _succeeded(self, rid: str, result: Any) -> None:
         if rid not in self._aborted:

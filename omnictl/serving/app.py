@@ -13,7 +13,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from omnictl.logs import request_scope
-from omnictl.serving import chat, playground, speech, transcriptions
+from omnictl.serving import chat, playground, speech, transcriptions, voices
 from omnictl.serving.admission import Admitted, Submission, admit
 from omnictl.serving.auth import authorized
 from omnictl.serving.capabilities import capabilities
@@ -161,6 +161,8 @@ def create_app(state: ServingState) -> Starlette:
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/audio/speech", speech.endpoint(state), methods=["POST"]),
         Route("/v1/audio/transcriptions", transcriptions.endpoint(state), methods=["POST"]),
+        Route("/v1/audio/translations", transcriptions.endpoint(state, "translate"), methods=["POST"]),
+        Route("/v1/audio/voices", voices.endpoint(state), methods=["GET"]),
         WebSocketRoute("/v1/realtime", realtime_endpoint(state)),
         Route("/v1/requests/{request_id}/abort", abort_request, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),

@@ -7,7 +7,8 @@
   not choose, so it is not taken to understand speech requests.
 * ``/v1/audio/transcriptions``: a ``transcript`` terminal (an
   :class:`omnictl.outputs.Transcript`); a request for that modality alone is pruned to
-  the stages that lead to it.
+  the stages that lead to it. ``/v1/audio/translations`` too: the same recognizer, asked
+  for its translate task.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ class Capabilities:
 
     def endpoints(self) -> list[str]:
         served = [("/v1/chat/completions", self.chat), ("/v1/realtime", self.realtime),
-                  ("/v1/audio/speech", self.speech), ("/v1/audio/transcriptions", self.transcription)]
+                  ("/v1/audio/speech", self.speech), ("/v1/audio/transcriptions", self.transcription),
+                  ("/v1/audio/translations", self.transcription)]
         return [path for path, ok in served if ok]
 
 
@@ -48,6 +50,7 @@ def cannot_serve(topology: Any, endpoint: str) -> str:
     why = {
         "/v1/audio/speech": "its entry stage does not route straight to an audio terminal (text to speech without an LLM)",
         "/v1/audio/transcriptions": "it has no terminal of modality 'transcript'",
+        "/v1/audio/translations": "it has no terminal of modality 'transcript'",
         "/v1/realtime": "it has no text or audio terminal",
     }[endpoint]
     return f"topology {topology.name!r} does not serve {endpoint}: {why}"

@@ -94,6 +94,11 @@ class Tracked:
         self.active.pop(self.request.id, None)
 
 
+def error_of(event: PipelineEvent) -> str:
+    """An error event's message, naming its stage once."""
+    return _error_of(event)
+
+
 def _error_of(event: PipelineEvent) -> str:
     message = str(event.error)
     if event.stage and event.stage not in message:
@@ -130,6 +135,8 @@ async def stream_chunks(tracked: Tracked, translator: ChunkTranslator) -> AsyncI
         for chunk in chunks:
             yield sse_event(chunk)
     else:
+        for chunk in translator.tail():
+            yield sse_event(chunk)
         yield sse_event(translator.last())
         tracked.finish("completed")
     yield DONE
@@ -164,16 +171,34 @@ async def end_in_flight(active: dict[str, Tracked], abort: Abort, reason: str) -
         await abort(tracked.request.id)
 
 
-async def _client_left(request: Request) -> None:
+async def client_left(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+async def first_item(items: AsyncIterator[Any], request: Request) -> tuple[bool, Any]:
+    """(client still here, the first item of ``items`` or None when there is none). A
+    streamed answer waits for it before its status line, so that a request refused
+    before any output still gets a JSON error status instead of a 200."""
+    first = asyncio.ensure_future(anext(items, None))
+    watch = asyncio.ensure_future(client_left(request))
+    await asyncio.wait({first, watch}, return_when=asyncio.FIRST_COMPLETED)
+    watch.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watch
+    if not first.done():
+        first.cancel()
+        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+            await first
+        return False, None
+    return True, first.result()
 
 
 async def results(tracked: Tracked, request: Request, abort: Abort) -> dict[str, object] | Response:
     """Every terminal's result, or the error response that ends the request (the request
     is finished then); a client that leaves while waiting aborts the request."""
     work = asyncio.create_task(_collect(tracked))
-    watch = asyncio.create_task(_client_left(request))
+    watch = asyncio.create_task(client_left(request))
     await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
     if not work.done():
         work.cancel()

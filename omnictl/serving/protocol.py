@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from omnictl.exceptions import InvalidRequest
-from omnictl.inputs import AUDIO_FORMATS, parse_request
+from omnictl.inputs import parse_request
+from omnictl.serving.audio import FORMATS as OUTPUT_FORMATS  # wav, pcm16, mp3, opus, aac, flac
 from omnictl.inputs import ChatRequest as PipelineRequest  # ChatRequest, here, is the HTTP envelope
 from omnictl.serving.jsonbody import decode_json
 
@@ -136,9 +137,10 @@ def _audio_output(body: Mapping[str, Any]) -> tuple[str, str | None]:
     audio = body.get("audio") or {}
     _expect(audio, dict, "audio", "an object with 'voice' and 'format'")
     audio_format = audio.get("format", "wav")
-    if audio_format not in AUDIO_FORMATS:
+    if not isinstance(audio_format, str) or audio_format not in OUTPUT_FORMATS:
+        shown = repr(audio_format) if isinstance(audio_format, str) else f"a JSON {type(audio_format).__name__}"
         raise InvalidRequest(
-            f"'audio.format' {audio_format!r} is not supported; this server produces {', '.join(AUDIO_FORMATS)}",
+            f"'audio.format' {shown} is not supported; this server produces {', '.join(OUTPUT_FORMATS)}",
             field="audio.format",
         )
     voice = audio.get("voice")
@@ -147,6 +149,21 @@ def _audio_output(body: Mapping[str, Any]) -> tuple[str, str | None]:
     if not _expect(voice, str, "audio.voice", "a string"):
         raise InvalidRequest("'audio.voice' must name a voice, got an empty string", field="audio.voice")
     return audio_format, voice
+
+
+def _no_tools(body: Mapping[str, Any]) -> None:
+    """Tool calling asked for is refused, not ignored: no omnictl terminal produces tool
+    calls (its output contract is text, audio and transcripts), so a model would answer as
+    if no tool had been offered."""
+    for key in ("tools", "functions"):  # `functions` / `function_call`: the older spelling
+        if body.get(key):
+            raise InvalidRequest(f"'{key}': this topology cannot call tools (no stage produces tool calls); "
+                                 "send the request without them", field=key)
+    for key in ("tool_choice", "function_call"):
+        choice = body.get(key)
+        if choice is not None and choice != "none":
+            raise InvalidRequest(f"'{key}' {choice!r}: this topology cannot call tools; only 'none' is accepted",
+                                 field=key)
 
 
 def parse_chat_request(body: Any, produces: Mapping[str, str], limits: Limits = Limits()) -> ChatRequest:
@@ -165,6 +182,7 @@ def parse_chat_request(body: Any, produces: Mapping[str, str], limits: Limits = 
         raise InvalidRequest(f"'n' must be 1 (one choice per request), got {n!r}", field="n")
     stream = body.get("stream")
     stream = False if stream is None else _expect(stream, bool, "stream", "true or false")
+    _no_tools(body)
     modalities = _modalities(body, produces)
     audio_format, voice = _audio_output(body)
     sampling = parse_sampling(body)

@@ -54,6 +54,18 @@ class ChunkTranslator:
 
     def __post_init__(self) -> None:
         self.encoder = AudioStreamEncoder(self.audio_format)
+        self.audio_sent = False
+
+    def tail(self) -> list[dict[str, Any]]:
+        """What a compressed audio stream's encoder still held (its last frames), as one
+        more audio delta: the deltas' bytes joined are then one complete file."""
+        if not self.audio_sent:
+            return []
+        data = self.encoder.finish()
+        if not data:
+            return []
+        return [self._chunk({"audio": {"id": self.audio_id, "data": b64(data), "transcript": "",
+                                       "expires_at": self.created + AUDIO_TTL_S}})]
 
     def _chunk(self, delta: dict[str, Any], finish_reason: FinishReason | None = None) -> dict[str, Any]:
         return {
@@ -71,6 +83,7 @@ class ChunkTranslator:
         if isinstance(data, (TextDelta, TextResult)):
             return [self._chunk({"content": data.text})] if data.text else []
         if isinstance(data, AudioChunk):  # an AudioResult too
+            self.audio_sent = True
             audio = {
                 "id": self.audio_id,
                 "data": b64(self.encoder.encode(data.samples, data.sample_rate)),

@@ -1,27 +1,37 @@
 """``POST /v1/audio/speech`` (OpenAI TTS): text straight to the audio terminal.
 
-The body is ``{"model", "input", "voice", "response_format", "stream_format"}``. The
-pipeline gets an :class:`omnictl.inputs.SpeechRequest`, which the entry stage routes
-straight to its audio terminal (see :mod:`omnictl.serving.capabilities`): no speech
-recognition, no language model. ``response_format`` ``wav`` is one whole file (its header
-knows the length), ``pcm`` raw 24 kHz 16-bit mono streamed as it is spoken;
-``stream_format: sse`` streams ``speech.audio.delta`` events instead.
+The body is ``{"model", "input", "voice", "response_format", "stream_format", "speed",
+"instructions"}``. The pipeline gets an :class:`omnictl.inputs.SpeechRequest`, which the
+entry stage routes straight to its audio terminal (see :mod:`omnictl.serving.capabilities`):
+no speech recognition, no language model.
+
+``response_format``: ``mp3`` (OpenAI's default), ``opus`` (Ogg), ``aac`` (ADTS), ``flac``,
+``wav``, ``pcm`` (raw 24 kHz 16-bit mono), encoded by :mod:`omnictl.serving.audio`.
+``stream_format: audio`` (the default) sends the encoded bytes as they are produced,
+sentence by sentence (chunked transfer); ``sse`` sends ``speech.audio.delta`` events
+(base64 of the same bytes) and a ``speech.audio.done`` with the usage. Either way the
+status line waits for the first audio, so a request the pipeline refuses (an unknown
+voice) is still a JSON 400, not a 200 with an empty body.
+
+``speed`` (0.25–4.0) reaches the TTS stage, which applies it. ``instructions`` (steering
+tone or accent) is accepted because OpenAI's clients send it, but a Piper voice has no
+way to follow it: the response says so in its ``X-Omnictl-Ignored: instructions`` header.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-import numpy as np
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from omnictl.coordinator.request import RequestEventKind
 from omnictl.inputs import SpeechRequest
 from omnictl.outputs import AUDIO, AudioChunk, AudioResult
 from omnictl.serving import chat
 from omnictl.serving.admission import Admitted, Submission, admit
-from omnictl.serving.audio import AudioStreamEncoder, b64, encode_whole
+from omnictl.serving.audio import MEDIA_TYPES, AudioStreamEncoder, b64
 from omnictl.serving.errors import field_error
 from omnictl.serving.eventstream import EventStreamResponse
 from omnictl.serving.protocol import OPENAI_VOICES
@@ -31,12 +41,27 @@ from omnictl.serving.state import PipelineLike, ServingState
 
 ENDPOINT = "/v1/audio/speech"
 MAX_INPUT_CHARS = 4096  # OpenAI's limit too
-FORMATS = {"wav": ("wav", "audio/wav"), "pcm": ("pcm16", "audio/pcm")}  # response_format -> (encoder, media type)
+FORMATS = {"mp3": "mp3", "opus": "opus", "aac": "aac", "flac": "flac", "wav": "wav", "pcm": "pcm16"}  # -> encoder
+DEFAULT_FORMAT = "mp3"  # OpenAI's default
+MIN_SPEED, MAX_SPEED = 0.25, 4.0
 _KEYS = {"model", "input", "voice", "response_format", "stream_format", "speed", "instructions"}
+IGNORED_HEADER = "X-Omnictl-Ignored"
 
 
-def parse_speech(body: Any) -> tuple[SpeechRequest, str, bool, str]:
-    """(request, response_format, sse, model) from a decoded body; InvalidRequest names the field."""
+def _choice(body: dict[str, Any], key: str, allowed: Any, default: str) -> str:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str):  # a list or an object is not a name (and not hashable)
+        raise field_error(key, f"must be a string, one of {', '.join(allowed)}; got a JSON {type(value).__name__}")
+    if value not in allowed:
+        raise field_error(key, f"{value!r} is not supported; choose one of {', '.join(allowed)}")
+    return value
+
+
+def parse_speech(body: Any) -> tuple[SpeechRequest, str, bool, str, bool]:
+    """(request, response_format, sse, model, instructions given) from a decoded body;
+    InvalidRequest names the field."""
     if not isinstance(body, dict):
         raise field_error("body", "must be a JSON object")
     for key in body:
@@ -48,28 +73,29 @@ def parse_speech(body: Any) -> tuple[SpeechRequest, str, bool, str]:
     if len(text) > MAX_INPUT_CHARS:
         raise field_error("input", f"is {len(text)} characters; the limit is {MAX_INPUT_CHARS}")
     voice = body.get("voice")
-    if voice is not None and not isinstance(voice, str):
+    if voice is not None and (not isinstance(voice, str) or not voice):
         raise field_error("voice", f"must be a voice name, got {type(voice).__name__}")
-    fmt = body.get("response_format") or "wav"  # OpenAI defaults to mp3, which this server does not encode
-    if fmt not in FORMATS:
-        raise field_error("response_format", f"{fmt!r} is not supported; this server produces {', '.join(FORMATS)}")
-    stream_format = body.get("stream_format") or "audio"
-    if stream_format not in ("audio", "sse"):
-        raise field_error("stream_format", f"must be 'audio' or 'sse', got {stream_format!r}")
-    if body.get("speed") not in (None, 1, 1.0):
-        raise field_error("speed", f"{body['speed']!r} is not supported; this server speaks at speed 1.0")
-    if body.get("instructions"):
-        raise field_error("instructions", "are not supported: the voice cannot be steered by instructions")
+    fmt = _choice(body, "response_format", FORMATS, DEFAULT_FORMAT)
+    stream_format = _choice(body, "stream_format", ("audio", "sse"), "audio")
+    speed = body.get("speed", 1.0)
+    if speed is None:
+        speed = 1.0
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not math.isfinite(speed) \
+            or not MIN_SPEED <= speed <= MAX_SPEED:
+        raise field_error("speed", f"must be a number from {MIN_SPEED} to {MAX_SPEED}, got {speed!r}")
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise field_error("instructions", f"must be a string, got {type(instructions).__name__}")
     model = body.get("model") or ""
     if not isinstance(model, str):
         raise field_error("model", "must be a string")
     chosen = None if voice is None or voice in OPENAI_VOICES else voice
-    return SpeechRequest(text=text, voice=chosen), fmt, stream_format == "sse", model
+    return SpeechRequest(text=text, voice=chosen, speed=float(speed)), fmt, stream_format == "sse", model, bool(instructions)
 
 
-async def _parse(request: Request, raw: bytes, pipe: PipelineLike) -> Submission[tuple[str, bool]]:
-    speech, fmt, sse, model = parse_speech(decode_json(raw))
-    return Submission(speech, [AUDIO], model, (fmt, sse), FORMATS[fmt][0])
+async def _parse(request: Request, raw: bytes, pipe: PipelineLike) -> Submission[tuple[str, bool, bool]]:
+    speech, fmt, sse, model, instructions = parse_speech(decode_json(raw))
+    return Submission(speech, [AUDIO], model, (fmt, sse, instructions), FORMATS[fmt])
 
 
 async def _audio(tracked: chat.Tracked) -> AsyncIterator[AudioChunk | chat.PipelineEvent]:
@@ -78,7 +104,7 @@ async def _audio(tracked: chat.Tracked) -> AsyncIterator[AudioChunk | chat.Pipel
     streamed = False
     async for event in tracked.request.events():
         if event.kind is RequestEventKind.ERROR:
-            tracked.finish("rejected" if event.field is not None else "failed", f"stage {event.stage!r}: {event.error}")
+            tracked.finish("rejected" if event.field is not None else "failed", chat.error_of(event))
             yield event
             return
         if event.kind is RequestEventKind.ABORTED:
@@ -94,30 +120,57 @@ async def _audio(tracked: chat.Tracked) -> AsyncIterator[AudioChunk | chat.Pipel
     tracked.finish("completed")
 
 
-async def _sse(tracked: chat.Tracked) -> AsyncIterator[bytes]:
+def _refusal(tracked: chat.Tracked, event: chat.PipelineEvent) -> JSONResponse:
+    """The JSON error for a request that ended before its first audio."""
+    if event.kind is RequestEventKind.ERROR and event.field is not None:  # the stage found the input bad
+        return JSONResponse(error_body(chat.error_of(event), "invalid_request_error",
+                                       "invalid_request", event.field), status_code=400)
+    if event.kind is RequestEventKind.ERROR:
+        return JSONResponse(error_body(chat.error_of(event), "server_error", "stage_failed"),
+                            status_code=500)
+    if tracked.ended_by_server:
+        return JSONResponse(error_body(tracked.ended_by_server, "server_error", "server_shutdown"), status_code=503)
+    return JSONResponse(error_body("the request was aborted", "server_error", "aborted"), status_code=409)
+
+
+async def _sse(tracked: chat.Tracked, first: AudioChunk | None, rest: AsyncIterator[Any], characters: int) -> AsyncIterator[bytes]:
     encoder = AudioStreamEncoder(tracked.audio_format)
-    async for item in _audio(tracked):
-        if isinstance(item, AudioChunk):
-            yield sse_event({"type": "speech.audio.delta", "audio": b64(encoder.encode(item.samples, item.sample_rate))})
-        elif item.kind is RequestEventKind.ERROR and item.field is not None:  # the stage found the input bad
-            yield sse_event(error_body(f"stage {item.stage!r}: {item.error}", "invalid_request_error", "invalid_request",
-                                       item.field))
+    item: Any = first
+    while item is not None:
+        if not isinstance(item, AudioChunk):
+            if item.kind is RequestEventKind.ERROR:
+                kind, code = ("invalid_request_error", "invalid_request") if item.field else ("server_error", "stage_failed")
+                yield sse_event(error_body(chat.error_of(item), kind, code, item.field))
+            else:
+                yield sse_error("the request was aborted", "server_error", "aborted")
             return
-        elif item.kind is RequestEventKind.ERROR:
-            yield sse_error(f"stage {item.stage!r}: {item.error}", "server_error", "stage_failed")
-            return
-        else:
-            yield sse_error("the request was aborted", "server_error", "aborted")
-            return
-    yield sse_event({"type": "speech.audio.done", "seconds": round(encoder.seconds, 3)})
+        data = encoder.encode(item.samples, item.sample_rate)
+        if data:
+            yield sse_event({"type": "speech.audio.delta", "audio": b64(data)})
+        item = await anext(rest, None)
+    last = encoder.finish()
+    if last:
+        yield sse_event({"type": "speech.audio.delta", "audio": b64(last)})
+    # Piper reads characters (as phonemes) and writes samples: it has no tokens to bill. The
+    # token counts are zero, and what it did use is given beside them.
+    usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "input_characters": characters,
+             "output_seconds": round(encoder.seconds, 3)}
+    yield sse_event({"type": "speech.audio.done", "usage": usage, "seconds": round(encoder.seconds, 3)})
 
 
-async def _pcm(tracked: chat.Tracked) -> AsyncIterator[bytes]:
-    encoder = AudioStreamEncoder("pcm16")
-    async for item in _audio(tracked):
+async def _bytes(tracked: chat.Tracked, first: AudioChunk | None, rest: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+    encoder = AudioStreamEncoder(tracked.audio_format)
+    item: Any = first
+    while item is not None:
         if not isinstance(item, AudioChunk):
             return  # the status line is sent: ending the body early is all a raw stream can say
-        yield encoder.encode(item.samples, item.sample_rate)
+        data = encoder.encode(item.samples, item.sample_rate)
+        if data:
+            yield data
+        item = await anext(rest, None)
+    last = encoder.finish()
+    if last:
+        yield last
 
 
 def endpoint(state: ServingState) -> Callable[[Request], Awaitable[Response | EventStreamResponse]]:
@@ -125,7 +178,7 @@ def endpoint(state: ServingState) -> Callable[[Request], Awaitable[Response | Ev
         admitted = await admit(state, request, _parse, ENDPOINT)
         if not isinstance(admitted, Admitted):
             return admitted
-        tracked, (fmt, sse) = admitted.tracked, admitted.submission.extra
+        tracked, (fmt, sse, instructions) = admitted.tracked, admitted.submission.extra
         abort = admitted.pipeline.abort
 
         async def on_disconnect() -> None:
@@ -133,19 +186,23 @@ def endpoint(state: ServingState) -> Callable[[Request], Awaitable[Response | Ev
                 await abort(tracked.request.id)
                 tracked.finish("aborted")
 
+        # The status line waits for the first audio: a request the pipeline refuses before
+        # speaking (an unknown voice) gets its JSON error, not a 200 with an empty body.
+        items = _audio(tracked)
+        here, first = await chat.first_item(items, request)
+        if not here:
+            await on_disconnect()
+            return Response(status_code=499)  # nobody reads it: the client has gone
+        if first is not None and not isinstance(first, AudioChunk):
+            return _refusal(tracked, first)
+        headers = {IGNORED_HEADER: "instructions"} if instructions else {}
         if sse:
             closing = sse_error("the server failed to send the audio", "server_error", "internal_error")
-            return EventStreamResponse(_sse(tracked), on_disconnect,
+            characters = len(admitted.submission.inputs.text)
+            return EventStreamResponse(_sse(tracked, first, items, characters), on_disconnect, headers=headers,
                                        on_failure=chat.on_stream_failure(tracked, abort, closing))
-        if fmt == "pcm":  # a raw stream can only end early
-            return EventStreamResponse(_pcm(tracked), on_disconnect, media_type=FORMATS[fmt][1],
-                                       on_failure=chat.on_stream_failure(tracked, abort, b""))
-        outcome = await chat.results(tracked, request, abort)
-        if isinstance(outcome, Response):
-            return outcome
-        audio = next((data for data in outcome.values() if isinstance(data, AudioResult)), None)
-        samples, rate = (audio.samples, audio.sample_rate) if audio else (np.zeros(0, np.float32), 24_000)
-        tracked.finish("completed")
-        return Response(encode_whole(samples, rate, "wav"), media_type=FORMATS[fmt][1])
+        return EventStreamResponse(_bytes(tracked, first, items), on_disconnect, headers=headers,
+                                   media_type=MEDIA_TYPES[FORMATS[fmt]],
+                                   on_failure=chat.on_stream_failure(tracked, abort, b""))
 
     return speech

@@ -62,7 +62,12 @@ def test_default_modalities_without_a_text_terminal() -> None:
         ({"audio": {"voice": ""}}, "audio.voice"),
         ({"stream": "yes"}, "stream"),
         ({"n": 2}, "n"),
-        ({"audio": {"format": "mp3"}}, "audio.format"),
+        ({"audio": {"format": "ogg"}}, "audio.format"),
+        ({"audio": {"format": ["mp3"]}}, "audio.format"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+        ({"functions": [{"name": "f"}]}, "functions"),
     ],
 )
 def test_bad_fields_are_named(extra: dict[str, object], field: str) -> None:
@@ -90,3 +95,8 @@ def test_oversized_input_audio_is_413() -> None:
 def test_openai_voice_names_mean_the_default_voice() -> None:
     assert parse_chat_request(body(audio={"voice": "alloy", "format": "wav"}), BOTH).inputs.voice is None
     assert parse_chat_request(body(audio={"voice": "joe", "format": "wav"}), BOTH).inputs.voice == "joe"
+
+
+def test_no_tools_and_tool_choice_none_are_accepted() -> None:
+    parsed = parse_chat_request(body(tools=[], tool_choice="none"), BOTH)
+    assert parsed.inputs.messages

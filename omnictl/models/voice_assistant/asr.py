@@ -14,11 +14,13 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from omnictl.inputs import resample
+from omnictl.exceptions import InvalidRequest
+from omnictl.inputs import RecognitionOptions, resample
+from omnictl.outputs import TranscriptSegment, TranscriptWord
 from omnictl.models.voice_assistant.cache import build_lock, cache_dir, package_data_dir
 
 SAMPLE_RATE = 16_000  # what Whisper hears
@@ -125,6 +127,7 @@ class SpeechRecognizer:
 
     def recognize(self, samples: np.ndarray, sample_rate: int = SAMPLE_RATE, language: str | None = None) -> tuple[str, str]:
         """What is said, and in which language (``language``: this request's, else the default)."""
+        check_language(language)
         audio = resample(np.asarray(samples, dtype=np.float32), sample_rate, SAMPLE_RATE)
         if self._short is not None and self.window_padding_s is not None and (language or self.language) == self.language:
             frames = math.ceil((audio.size / SAMPLE_RATE + self.window_padding_s) * _FRAMES_PER_S)
@@ -141,6 +144,50 @@ class SpeechRecognizer:
             condition_on_previous_text=False,  # one short question: nothing earlier to condition on
         )
         return "".join(segment.text for segment in segments).strip(), str(info.language)
+
+
+    def decode(self, samples: np.ndarray, sample_rate: int, language: str | None,
+               options: RecognitionOptions) -> tuple[Iterator[TranscriptSegment], str]:
+        """Whisper's segments, decoded one by one as the iterator is read (faster-whisper
+        decodes lazily), and the language spoken (detected when ``language`` is None and
+        the stage has no default). ``options`` (a transcription or translation request's)
+        choose the task, the prompt, the temperature and whether words get timestamps.
+        Whisper's full 30 s window, always: timestamps need it."""
+        check_language(language)
+        audio = resample(np.asarray(samples, dtype=np.float32), sample_rate, SAMPLE_RATE)
+        temperatures = list(self.temperatures) if options.temperature is None else [options.temperature]
+        segments, info = self.model.transcribe(
+            audio,
+            language=language or (None if options.task == "translate" else self.language),
+            task=options.task,
+            beam_size=self.beam_size,
+            temperature=temperatures,
+            vad_filter=self.vad_filter,
+            initial_prompt=options.prompt or self.initial_prompt,
+            without_timestamps=not (options.timestamps or options.words),
+            word_timestamps=options.words,
+            condition_on_previous_text=False,
+        )
+        return (_segment(i, segment) for i, segment in enumerate(segments)), str(info.language)
+
+
+def check_language(language: str | None) -> None:
+    """InvalidRequest naming ``language`` for a code Whisper does not know."""
+    from faster_whisper.tokenizer import _LANGUAGE_CODES  # type: ignore[import-untyped]
+
+    if language is not None and language not in _LANGUAGE_CODES:
+        raise InvalidRequest(f"language: {language!r} is not a language Whisper knows; use an ISO-639-1 code "
+                             "such as 'en', 'fr' or 'de'", field="language")
+
+
+def _segment(index: int, segment: Any) -> TranscriptSegment:
+    words = [TranscriptWord(word=w.word, start=round(float(w.start), 3), end=round(float(w.end), 3),
+                            probability=float(w.probability)) for w in (segment.words or ())]
+    return TranscriptSegment(id=index, start=round(float(segment.start), 3), end=round(float(segment.end), 3),
+                             text=segment.text, tokens=list(segment.tokens), avg_logprob=float(segment.avg_logprob),
+                             compression_ratio=float(segment.compression_ratio),
+                             no_speech_prob=float(segment.no_speech_prob), temperature=float(segment.temperature or 0.0),
+                             words=words)
 
 
 class _ShortWindow:

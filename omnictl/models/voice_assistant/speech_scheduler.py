@@ -28,6 +28,7 @@ from omnictl.schedulers.simple import describe_error
 class _Speech:
     voice: str
     splitter: SentenceSplitter
+    speed: float = 1.0
     audio: list[np.ndarray] = field(default_factory=list)
     transcript: list[str] = field(default_factory=list)
 
@@ -102,7 +103,8 @@ class SentenceSpeechScheduler(TextStreamFollower):
                 self.fail(request_id, f"voice {voice!r} is not installed; this stage speaks with: {', '.join(sorted(VOICES))}",
                           field="audio.voice")
                 return None
-            speech = self._speech[request_id] = _Speech(voice, SentenceSplitter(self._max_sentence_chars))
+            speed = state.params.get("speed") or 1.0
+            speech = self._speech[request_id] = _Speech(voice, SentenceSplitter(self._max_sentence_chars), float(speed))
         return speech
 
     def _queue(self, request_id: str, sentences: list[str]) -> None:
@@ -125,7 +127,7 @@ class SentenceSpeechScheduler(TextStreamFollower):
             try:
                 speaker = self.speaker(speech.voice)
                 with self.computing(request_id, "synthesis"):
-                    audio = await asyncio.to_thread(speaker.synthesize, sentence)
+                    audio = await asyncio.to_thread(speaker.synthesize, sentence, speech.speed)
             except Exception as exc:  # noqa: BLE001 - a synthesis error fails this request only
                 self._speech.pop(request_id, None)
                 self.fail(request_id, f"speaking {sentence!r} failed: {describe_error(exc)}")

@@ -19,15 +19,17 @@ asr replaces each placeholder by its transcript and drops the audio; the thinker
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
 from omnictl.exceptions import InvalidRequest
-from omnictl.inputs import AudioPart, ChatRequest, ImagePart, SpeechRequest, TextPart, as_chat_request, decode_audio
+from omnictl.inputs import (AudioPart, ChatRequest, ImagePart, RecognitionOptions, SpeechRequest, TextPart,
+                            as_chat_request, decode_audio)
 from omnictl.models.voice_assistant.asr import SAMPLE_RATE, SpeechRecognizer
 from omnictl.models.voice_assistant.speech_scheduler import SentenceSpeechScheduler
 from omnictl.models.voice_assistant.text_terminal import TextTerminalScheduler
+from omnictl.models.voice_assistant.transcript_terminal import TranscriptTerminalScheduler
 from omnictl.models.voice_assistant.tts import DEFAULT_VOICE, VOICES
 from omnictl.outputs import TextResult, Transcript
 from omnictl.schedulers.base import Scheduler
@@ -65,7 +67,10 @@ def prepare_question(inputs: ChatRequest | SpeechRequest | Mapping[str, Any]) ->
         messages.append({"role": message.role, "content": content if audio else _joined(content)})
     if not audio:
         return {"messages": messages}
-    return {"messages": messages, "audio": audio, "language": request.language}
+    data: Data = {"messages": messages, "audio": audio, "language": request.language}
+    if request.recognition is not None:  # a transcription or translation request
+        data["recognition"] = request.recognition
+    return data
 
 
 def _joined(content: list[Data]) -> str:
@@ -106,6 +111,27 @@ def transcribe_question(recognizer: SpeechRecognizer, data: Data) -> Data:
     return {"messages": messages, "transcript": Transcript(text=heard, language=language, duration=seconds)}
 
 
+def recognize_clip(recognizer: SpeechRecognizer, data: Data) -> Iterator[Transcript]:
+    """A transcription or translation request (``data["recognition"]``): Whisper's segments
+    of the request's spoken part, each streamed as soon as it is decoded when the request
+    asked for a stream; returns the data ``transcribe_question`` would, with the segments."""
+    options: RecognitionOptions = data["recognition"]
+    keys = [part["key"] for message in data["messages"] if isinstance(message["content"], list)
+            for part in message["content"] if part["type"] == "audio"]
+    samples = np.asarray(data["audio"][keys[-1]])
+    decoded, language = recognizer.decode(samples, SAMPLE_RATE, data.get("language"), options)
+    segments = []
+    for segment in decoded:
+        segments.append(segment)
+        if options.stream:
+            yield Transcript(text=segment.text, language=language, segments=[segment], task=options.task)
+    text = "".join(segment.text for segment in segments).strip()
+    heard = Transcript(text=text, language=language, duration=samples.size / SAMPLE_RATE,
+                       segments=segments if options.timestamps or options.words or options.stream else [],
+                       task=options.task)
+    return {"messages": [{"role": "user", "content": text}], "transcript": heard}
+
+
 def asr(
     beam_size: int = 1,
     language: str | None = "en",
@@ -128,20 +154,19 @@ def asr(
         cpu_threads=cpu_threads,
     )
 
-    def run(data: Data) -> Data:
+    def run(data: Data) -> Iterator[Transcript]:  # a generator: a transcription may stream its segments
+        if data.get("recognition") is not None:
+            result: Data = yield from recognize_clip(recognizer, data)
+            return result
         return transcribe_question(recognizer, data)
 
     return run
 
 
-def transcript() -> Callable[[Data], Transcript]:
-    """The ``transcript`` terminal: what ``asr`` heard in the request's last spoken part."""
-
-    def heard(data: Data) -> Transcript:
-        result: Transcript = data["transcript"]
-        return result
-
-    return heard
+def transcript() -> Scheduler:
+    """The ``transcript`` terminal: what ``asr`` heard in the request's last spoken part,
+    and each segment ``asr`` streams as it decodes (a streamed transcription)."""
+    return TranscriptTerminalScheduler()
 
 
 def merge_answer(inputs: Mapping[str, Any]) -> TextResult:
@@ -215,3 +240,11 @@ def tts(voice: str = DEFAULT_VOICE, max_sentence_chars: int = 250) -> Scheduler:
     scheduler = SentenceSpeechScheduler(default_voice=voice, max_sentence_chars=max_sentence_chars)
     scheduler.speaker(voice)  # load the voice now, not when the first sentence is due
     return scheduler
+
+
+def tts_voices() -> list[str]:
+    """The Piper voices installed (what ``voice`` accepts): ``GET /v1/audio/voices`` reads them."""
+    return sorted(VOICES)
+
+
+tts.voices = tts_voices  # type: ignore[attr-defined]

@@ -119,12 +119,20 @@ class PiperSpeaker:
         self._piper = PiperVoice.load(model, config_path=data / f"{stem}.onnx.json")
         self.sample_rate: int = int(self._piper.config.sample_rate)
 
-    def synthesize(self, text: str) -> np.ndarray:
-        """float32 mono samples in [-1, 1] at :attr:`sample_rate` (empty for unspeakable text)."""
+    def synthesize(self, text: str, speed: float = 1.0) -> np.ndarray:
+        """float32 mono samples in [-1, 1] at :attr:`sample_rate` (empty for unspeakable text).
+
+        ``speed``: 2.0 speaks twice as fast; Piper stretches its phoneme durations by
+        ``length_scale`` (the voice's own scale divided by ``speed``)."""
+        from piper import SynthesisConfig
+
         text = speakable(text)
         if not text:
             return np.zeros(0, dtype=np.float32)
-        chunks = [chunk.audio_float_array for chunk in self._piper.synthesize(text)]
+        config = None
+        if speed != 1.0:
+            config = SynthesisConfig(length_scale=float(self._piper.config.length_scale) / speed)
+        chunks = [chunk.audio_float_array for chunk in self._piper.synthesize(text, syn_config=config)]
         if not chunks:
             return np.zeros(0, dtype=np.float32)
         audio: np.ndarray = np.clip(np.concatenate(chunks), -1.0, 1.0).astype(np.float32, copy=False)
