@@ -143,20 +143,25 @@ def test_tensor_frames_counts_only_frame_payloads() -> None:
 
 
 def test_a_burst_larger_than_one_wake_up_arrives_whole_in_order_and_lets_the_loop_run_between() -> None:
-    # 1,000 messages already queued: a wake-up reads at most _PER_WAKEUP of them, then other
+    # 1,000 messages queued at once: a wake-up reads at most _PER_WAKEUP of them, then other
     # callbacks get a turn, then it goes on (the descriptor will not signal them again).
-    turns: list[int] = []
-
-    def handle(received: Received, message: Any, frames: list[memoryview]) -> None:
-        received.append((message, frames))
-        if len(received) == 1:
-            asyncio.get_running_loop().call_soon(lambda: turns.append(len(received)))
+    seen: list[int] = []  # how many had arrived at each turn of a callback that runs every iteration
 
     async def scenario(push: zmq.Socket, out: Outgoing, received: Received, until: Callable[[int], Awaitable[None]]) -> None:
+        loop = asyncio.get_running_loop()
+
+        def tick() -> None:
+            seen.append(len(received))
+            if len(received) < 1000:
+                loop.call_soon(tick)
+
         for seq in range(1000):
             push.send(m.encode(m.StreamDone(CTX, "a", f"b{seq}")))
+        loop.call_soon(tick)
         await until(1000)
 
-    received = run_pair(scenario, handle)
+    received = run_pair(scenario)
     assert [message.dst for message, _ in received] == [f"b{seq}" for seq in range(1000)]
-    assert turns and turns[0] <= 256  # the loop ran another callback after one wake-up's share
+    steps = [later - earlier for earlier, later in zip(seen, seen[1:])]
+    assert max(steps) <= 256, steps  # never more than one wake-up's share (_PER_WAKEUP) between two turns
+    assert max(steps) > 1  # and a wake-up does read more than one message
