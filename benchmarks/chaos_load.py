@@ -56,6 +56,12 @@ class Outcomes:
     def failed_total(self) -> int:
         return sum(self.failed.values())
 
+    @property
+    def deadline_ended(self) -> int:
+        """Failures that were the server's own request timeout: a request that hung inside
+        until its deadline, not one that failed at once (see _why)."""
+        return sum(n for why, n in self.failed.items() if why.endswith(" deadline"))
+
 
 def write_topology(directory: Path, replicas: int) -> Path:
     """Two processes: ``front`` with ``replicas``, ``heads`` with one more (placement rotates

@@ -17,6 +17,7 @@ def test_a_minute_of_sigkills_leaves_nothing_hung_and_nothing_leaked(tmp_path: P
     report = run_soak(SoakConfig(seconds=60, kill_every=5, seed=13, work_dir=tmp_path))
     summary = render(report)
     assert report.outcomes.hung == [], summary
+    assert report.outcomes.deadline_ended == 0, summary  # failed at once, never by waiting for the timeout
     assert report.outcomes.wrong == [], summary
     assert report.leaks == [], summary
     assert report.restarts > 0 and len(report.kills) > 0, summary

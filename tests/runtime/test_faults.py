@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +54,11 @@ def test_dead_stage_process_fails_its_requests_and_the_pipeline_refuses_work(loo
     pipe = launch(loop, crashy(tmp_path), profile=False)
     try:
         assert loop.run(_result(pipe, {"text": "hello"}))["out"]["text"] == "hello"
+        started = time.monotonic()
         with pytest.raises(omnictl.RequestFailed, match=r"stage 'crasher' failed: .*process 'two'.*exit code 3"):
             loop.run(_result(pipe, {"text": "please die"}))
+        # failed when the process died, not when the request's deadline (300 s) ran out
+        assert time.monotonic() - started < 10
         assert not pipe.healthy
         stats = loop.run(pipe.stats())
         assert stats["crasher"]["status"] == "down" and stats["out"]["status"] == "down"
