@@ -43,6 +43,9 @@ class EventKind(str, enum.Enum):
     COMPLETED = "completed"
     FAILED = "failed"  # meta: stage, error
     ABORTED = "aborted"
+    # A stage dropped what it held for a request on the coordinator's abort (a stage that
+    # never saw the request records nothing): the abort's arrival, stage by stage.
+    STAGE_ABORTED = "stage_aborted"
     # Bookkeeping, not about one request: a recorder's drops since its previous batch
     # (meta: count). request_id is "" and stage is None.
     DROPPED = "dropped"

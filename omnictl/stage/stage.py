@@ -122,6 +122,8 @@ class Stage:
         self._enqueue(IncomingMessage(IncomingKind.STREAM_DONE, ctx.request_id, None, source, ctx.params))
 
     def on_abort(self, request_id: str) -> None:
+        if request_id in self._contexts or self.fanin.waiting(request_id):
+            self.profiler.record(EventKind.STAGE_ABORTED, request_id, self.name)
         self._abort_in_scheduler(request_id)
         self._forget(request_id)
         if self._full:  # its queued messages left the inbox
