@@ -306,7 +306,9 @@ def test_outputs_of_a_request_the_stage_no_longer_holds_are_dropped() -> None:
         await emitted(stage, stream("r", {"t": 1}), result("r", {}), OutgoingMessage(OutgoingKind.ERROR, "r", error="x"))
 
     run(stage, body)
-    assert ports.calls == [] and profiler.events == []
+    assert ports.calls == []
+    # the abort is recorded once, for the request it held; the dropped outputs record nothing
+    assert profiler.events == [(EventKind.STAGE_ABORTED, "r", "thinker", {})]
 
 
 def test_stats_add_the_stage_s_own_state_to_the_scheduler_s_load() -> None:
