@@ -18,6 +18,7 @@ from omnictl.serving.admission import Admitted, Submission, admit
 from omnictl.serving.auth import authorized
 from omnictl.serving.capabilities import capabilities
 from omnictl.serving.errors import error_response, unauthorized
+from omnictl.serving.guard import GuardMiddleware, RequestGuard
 from omnictl.serving.metrics import CONTENT_TYPE
 from omnictl.serving.protocol import parse_chat_body
 from omnictl.serving.realtime.route import realtime_endpoint
@@ -82,7 +83,8 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send_with_id)
 
 
-def create_app(state: ServingState) -> Starlette:
+def create_app(state: ServingState, guard: RequestGuard | None = None) -> Starlette:
+    """The app; ``guard``: the Host / Origin checks (None: the defaults for a loopback server)."""
     async def parse_chat(request: Request, raw: bytes, pipe: PipelineLike) -> Submission[bool]:
         # JSON, envelope and messages; input audio is decoded here, once (off the loop when large)
         parsed = await parse_chat_body(raw, pipe.topology.terminals, state.limits)
@@ -169,4 +171,5 @@ def create_app(state: ServingState) -> Starlette:
     ]
     app = Starlette(routes=routes)
     app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(GuardMiddleware, guard=guard or RequestGuard())  # outermost: before anything reads the request
     return app

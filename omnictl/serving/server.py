@@ -26,6 +26,8 @@ from omnictl.data import DEFAULT_TOPOLOGY, data_path
 from omnictl.exceptions import LaunchError, ListenError, StartupError
 from omnictl.serving.app import ServingState, create_app
 from omnictl.serving.chat import end_in_flight
+from omnictl.serving.connections import ConnectionGuard, connection_cap
+from omnictl.serving.guard import RequestGuard
 from omnictl.serving.protocol import Limits
 
 GRACEFUL_SHUTDOWN_S = 5
@@ -50,6 +52,11 @@ class ServeOptions:
     launcher: str = "local"  # or "ray" (see Pipeline.launch)
     ray_address: str | None = None
     data_host: str | None = None
+    # Browser origins (scheme://host[:port]) allowed to open /v1/realtime or send requests
+    # besides the server's own; "*": any (see omnictl.serving.guard).
+    allowed_origins: tuple[str, ...] = ()
+    # Host header values accepted besides the bound address and loopback names; "*": any.
+    allowed_hosts: tuple[str, ...] = ()
 
 
 def default_topology() -> Path:
@@ -126,9 +133,13 @@ async def run_server(
     port = sock.getsockname()[1]
     state = ServingState(model_name=topology.stem, limits=options.limits, api_key=options.api_key,
                          aliases=options.served_model_names)
+    guard = ConnectionGuard(connection_cap(options.limits.max_connections), options.limits.header_timeout_s)
     config = uvicorn.Config(
-        create_app(state), log_level="warning", access_log=False, lifespan="off",
+        create_app(state, RequestGuard.for_bind(options.host, port, options.allowed_hosts, options.allowed_origins)),
+        log_level="warning", access_log=False, lifespan="off",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        http=guard.http_protocol(), ws=guard.websocket_protocol(),  # type: ignore[arg-type]
+        limit_concurrency=None, backlog=2048,
     )
     server = _QuietServer(config)
     stopping = asyncio.Event()
@@ -140,6 +151,7 @@ async def run_server(
         server.should_exit = True
 
     loop = asyncio.get_running_loop()
+    guard.accept_errors(loop)
     if handle_signals and threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop)
