@@ -23,6 +23,7 @@ from omnictl.inputs import ChatRequest
 from omnictl.outputs import AUDIO, TEXT, AudioChunk, AudioResult, TextDelta as PipelineTextDelta, TextResult
 from omnictl.serving.audio import AudioStreamEncoder, b64
 from omnictl.serving.chat import Tracked
+from omnictl.serving.echo import clip
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.turns import Conversation, Turn
 from omnictl.serving.state import PipelineLike, ServingState
@@ -89,7 +90,10 @@ class ResponseRun:
                                                    kind="rate_limit_error")))
             self._done("failed", f"the server is overloaded: {exc}")
         except (InvalidRequest, PipelineDead) as exc:
-            self._done("failed", f"the pipeline refused the response: {exc}")
+            self._done("failed", f"the pipeline refused the response: {clip(str(exc))}")
+        except Exception as exc:  # noqa: BLE001 - whatever went wrong, response.created gets its response.done
+            log.exception("realtime response %s failed before it finished", self.id)
+            self._done("failed", f"the server could not run this response ({type(exc).__name__})")
         finally:
             if self.tracked is not None and self.tracked.outcome is None:  # the task itself was cancelled
                 await self.pipeline.abort(self.tracked.request.id)

@@ -11,6 +11,7 @@ Times are milliseconds of audio since the session's first appended sample.
 from __future__ import annotations
 
 import importlib.util
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +36,18 @@ def silero_model_path() -> Path:
     if not found:
         raise LaunchError("realtime", f"no Silero VAD model (silero_vad*.onnx) in {assets}")
     return found[-1]
+
+
+VAD_WORKERS = 2  # threads running every session's VAD: at most this many cores, whatever the sessions send
+_executor: ThreadPoolExecutor | None = None
+
+
+def vad_executor() -> ThreadPoolExecutor:
+    """The worker threads server VAD runs in, off the event loop (ONNX Runtime releases the GIL)."""
+    global _executor
+    if _executor is None:
+        _executor = ThreadPoolExecutor(max_workers=VAD_WORKERS, thread_name_prefix="realtime-vad")
+    return _executor
 
 
 class SileroModel:
