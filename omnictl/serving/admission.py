@@ -79,6 +79,16 @@ def overloaded(state: ServingState, exc: Overloaded) -> Response:
     return response
 
 
+def unresponsive(processes: list[str]) -> Response:
+    """503 naming the stage processes that are up but do not answer (frozen, stuck): a
+    request sent there would hang until --request-timeout and hold a slot meanwhile."""
+    names = ", ".join(repr(p) for p in processes)
+    response = error_response(503, f"stage process {names} is not responding (see /health); retry later",
+                              "server_error", "stage_unresponsive")
+    response.headers["Retry-After"] = "2"
+    return response
+
+
 async def admit(state: ServingState, request: Request, parse: Parser[T], endpoint: str | None = None,
                 media_type: str = "application/json") -> Admitted[T] | Response:
     """Check, parse and submit; a refusal is a Response. ``endpoint``: the capability it
@@ -97,6 +107,10 @@ async def admit(state: ServingState, request: Request, parse: Parser[T], endpoin
         state.metrics.outcome("rejected")
         return error_response(415, f"Content-Type must be {media_type}, got {sent_type or 'none'!r}",
                               "invalid_request_error", "unsupported_media_type", "Content-Type")
+    if state.pipeline is not None and state.unresponsive:
+        state.metrics.outcome("rejected")
+        response = unresponsive(state.unresponsive)
+        return response
     if state.pipeline is not None:
         refused = state.pipeline.admission.refusal()  # before reading the body: a cheap 429
         if refused is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 import secrets
 from typing import Any
@@ -28,6 +30,8 @@ __all__ = ["PipelineLike", "RequestIdMiddleware", "ServingState", "create_app", 
 
 REQUEST_ID_HEADER = "X-Request-Id"
 HEALTH_STATS_TIMEOUT_S = 2.0  # a live stage process answers in milliseconds
+LIVENESS_EVERY_S = 1.0
+log = logging.getLogger("omnictl.serving")
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
@@ -44,6 +48,20 @@ def unresponsive_processes(stages: dict[str, dict[str, Any]]) -> list[str]:
 
 
 BUSY_STEP_S = 5.0  # a stage in one compute step this long is listed in /health's `busy`
+
+
+async def watch_liveness(state: ServingState, every_s: float = LIVENESS_EVERY_S) -> None:
+    """Ask every stage process for its stats each ``every_s``; the ones that do not answer
+    within HEALTH_STATS_TIMEOUT_S are ``state.unresponsive``, which admission refuses
+    (fast 503) until they answer again. Runs until cancelled."""
+    while True:
+        pipe = state.pipeline
+        if pipe is not None:
+            try:
+                state.unresponsive = unresponsive_processes(await pipe.stats(HEALTH_STATS_TIMEOUT_S))
+            except Exception:  # noqa: BLE001 - a failed check leaves the last answer; the next one retries
+                log.debug("liveness check failed", exc_info=True)
+        await asyncio.sleep(every_s)
 
 
 def busy_stages(stages: dict[str, dict[str, Any]], threshold: float = BUSY_STEP_S) -> dict[str, float]:
@@ -128,6 +146,7 @@ def create_app(state: ServingState, guard: RequestGuard | None = None) -> Starle
         # Liveness: a process that is up but does not answer (frozen by SIGSTOP, its IO loop
         # stuck) is not serving; requests pinned to it hang. Once 200, now 503 naming it.
         unresponsive = unresponsive_processes(stages)
+        state.unresponsive = unresponsive
         if unresponsive and status != "down":
             status = "unresponsive"
         body = {

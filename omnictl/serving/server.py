@@ -24,7 +24,7 @@ import uvicorn
 from omnictl.admission import DEFAULT_MAX_IN_FLIGHT
 from omnictl.data import DEFAULT_TOPOLOGY, data_path
 from omnictl.exceptions import LaunchError, ListenError, StartupError
-from omnictl.serving.app import ServingState, create_app
+from omnictl.serving.app import ServingState, create_app, watch_liveness
 from omnictl.serving.chat import end_in_flight
 from omnictl.serving.connections import ConnectionGuard, connection_cap
 from omnictl.serving.guard import RequestGuard
@@ -175,6 +175,7 @@ async def run_server(
                 await entering
             return
         pipe = entering.result()
+        liveness = asyncio.create_task(watch_liveness(state), name="liveness")  # admission skips frozen stages
         try:
             state.model_name = pipe.topology.name  # the model id is the topology's `name`
             state.pipeline = pipe
@@ -192,6 +193,7 @@ async def run_server(
             server.should_exit = True
             await serving
         finally:
+            liveness.cancel()
             state.pipeline = None
             await launch.__aexit__(None, None, None)
     finally:
