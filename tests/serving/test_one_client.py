@@ -5,6 +5,7 @@ answered, and never stalls the server for the others. Against the fast topology'
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import socket
 import statistics
@@ -14,7 +15,7 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from tests.serving.harness import API_KEY, ServerProcess, wait_until
@@ -196,17 +197,16 @@ def test_a_response_either_is_refused_or_ends_with_response_done(ws: Any, respon
 
 
 def test_sessions_beyond_the_limit_are_refused_with_the_protocols_error(server: ServerProcess) -> None:
-    opened = []
-    try:
+    with contextlib.ExitStack() as opened:
         for _ in range(16):  # the default --max-realtime-sessions
-            opened.append(connect(_ws_url(server), additional_headers=AUTH))
-            assert json.loads(opened[-1].recv(timeout=30))["type"] == "session.created"
+            session = opened.enter_context(connect(_ws_url(server), additional_headers=AUTH))
+            assert json.loads(session.recv(timeout=30))["type"] == "session.created"
         with connect(_ws_url(server), additional_headers=AUTH) as extra:
             event = json.loads(extra.recv(timeout=30))
             assert event["type"] == "error" and event["error"]["code"] == "session_limit_reached"
-    finally:
-        for ws_ in opened:
-            ws_.close()
+            with pytest.raises(ConnectionClosed) as closed:
+                extra.recv(timeout=30)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
     # once they are closed, a new session is served again
     wait_until(lambda: _session_opens(server), timeout=15)
 
