@@ -9,10 +9,11 @@ responses and metrics: a request is either refused with a JSON error, or becomes
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Generic, TypeVar
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from omnictl.exceptions import AdmissionTimeout, InvalidRequest, Overloaded, PayloadTooLarge, PipelineDead
@@ -24,6 +25,7 @@ from omnictl.serving.protocol import Limits
 from omnictl.serving.state import PipelineLike, ServingState
 
 T = TypeVar("T")
+log = logging.getLogger("omnictl.serving")
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,8 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 async def read_body_in_time(request: Request, limits: Limits) -> bytes | None:
-    """The body, or None when it did not arrive within ``limits.body_timeout_s``."""
+    """The body, or None when it did not arrive within ``limits.body_timeout_s``.
+    Raises :class:`ClientDisconnect` when the client left before sending all of it."""
     try:
         return await asyncio.wait_for(read_body(request, limits.max_body_bytes), limits.body_timeout_s)
     except asyncio.TimeoutError:
@@ -116,7 +119,14 @@ async def admit(state: ServingState, request: Request, parse: Parser[T], endpoin
         if refused is not None:
             return overloaded(state, refused)
     try:
-        raw = await read_body_in_time(request, state.limits)
+        try:
+            raw = await read_body_in_time(request, state.limits)
+        except ClientDisconnect:
+            # The client closed mid-body: no one to answer, nothing to log but a line (it
+            # was a Starlette traceback per connection).
+            state.metrics.outcome("rejected")
+            log.info("the client disconnected before sending its whole request body")
+            return Response(status_code=400)
         if raw is None:
             state.metrics.outcome("rejected")
             return error_response(408, f"the request body did not arrive within {state.limits.body_timeout_s:g} s",

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Awaitable, Callable
 
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -48,6 +49,8 @@ async def _form(request: Request, raw: bytes) -> Any:
         return await Request(request.scope, replay).form(max_files=1, max_fields=16)
     except (MultiPartException, ValueError) as exc:
         raise field_error("body", f"is not a readable multipart form ({exc})") from exc
+    except HTTPException as exc:  # what Starlette makes of a MultiPartException inside an app: plain text, not our JSON
+        raise field_error("body", f"is not a readable multipart form ({exc.detail})") from exc
 
 
 def _field(form: Any, name: str) -> str | None:

@@ -23,7 +23,6 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from omnictl.serving.connections import ConnectionGuard
 from tests.serving.harness import FAST_TOPOLOGY, ServerProcess, start_server, stop_server, wait_until
 
 CHAT = {"model": "fast", "messages": [{"role": "user", "content": "hello"}]}
@@ -89,7 +88,9 @@ def test_a_frozen_stage_process_gets_fast_503s_naming_it(limited: ServerProcess)
 
 
 @contextlib.contextmanager
-def guarded_server(max_connections: int, header_timeout_s: float) -> Iterator[tuple[tuple[str, int], ConnectionGuard]]:
+def guarded_server(max_connections: int, header_timeout_s: float) -> Iterator[tuple[tuple[str, int], Any]]:
+    from omnictl.serving.connections import ConnectionGuard
+
     guard = ConnectionGuard(max_connections, header_timeout_s)
     app = Starlette(routes=[Route("/", lambda request: PlainTextResponse("ok"))])
     sock = socket.socket()
