@@ -86,6 +86,9 @@ def serve_command(
     except OmnictlError as exc:
         errors.print(f"error: {exc}")
         raise typer.Exit(2) from exc
+    if api_key is not None and api_key != os.environ.get("OMNICTL_API_KEY"):
+        errors.print("warning: --api-key on the command line is visible to every user of this machine (ps, "
+                     "/proc/PID/cmdline); prefer the OMNICTL_API_KEY environment variable")
     if api_key is None and "OMNICTL_API_KEY" in os.environ:
         api_key = os.environ["OMNICTL_API_KEY"]  # Click drops an empty variable: it is refused below, not ignored
     options = ServeOptions(

@@ -183,7 +183,7 @@ def test_events_that_killed_the_session_are_errors_and_it_goes_on(server: Server
     assert "Exception in ASGI application" not in server.text()
 
 
-@pytest.mark.parametrize("response", [{"max_output_tokens": 2**64}, {"instructions": "\ud800"}])
+@pytest.mark.parametrize("response", [{"max_output_tokens": 2**63}, {"instructions": "\ud800"}])
 def test_a_response_either_is_refused_or_ends_with_response_done(ws: Any, response: dict[str, Any]) -> None:
     """Bug 8: response.created and then nothing, "Task exception was never retrieved"."""
     message = json.dumps({"type": "response.create", "event_id": "r1", "response": response})
@@ -304,3 +304,12 @@ def test_a_client_leaving_mid_body_logs_no_traceback(server: ServerProcess) -> N
     time.sleep(0.5)
     logged = server.text()[before:]
     assert "Traceback" not in logged and "ClientDisconnect" not in logged, logged[-3000:]
+
+
+def test_the_message_limit_counts_bytes_not_characters(ws: Any) -> None:
+    """Bug 14: 1 M x "€" (3 MB) passed the 1 MiB limit, which counted characters."""
+    ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "instructions": "€" * 400_000}},
+                       ensure_ascii=False))  # 400,000 characters, 1.2 MB
+    error = _next(ws, "error")["error"]
+    assert error["code"] == "message_too_large" and "1200" in error["message"].replace(",", ""), error
+    _still_served(ws)
