@@ -140,6 +140,10 @@ async def run_server(
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         http=guard.http_protocol(), ws=guard.websocket_protocol(),  # type: ignore[arg-type]
         limit_concurrency=None, backlog=2048,
+        # No permessage-deflate: 1 KB of deflated zeros is a 1 MB realtime event, and uvicorn
+        # inflates every frame of a read (64 KB: ~64 MB) on the event loop before the app
+        # sees one. Audio in base64 barely compresses anyway.
+        ws_per_message_deflate=False,
     )
     server = _QuietServer(config)
     stopping = asyncio.Event()

@@ -81,8 +81,9 @@ def test_an_audio_flood_with_server_vad_does_not_stall_health(server: ServerProc
         done.set()
         prober.join()
     assert len(latencies) >= 5, latencies
-    # The target is 100 ms; the bound leaves margin for a loaded 2-core machine (it was 41 s).
-    assert statistics.median(latencies) < 0.1 and max(latencies) < 1.0, sorted(latencies)[-5:]
+    # The target is 100 ms (it was 41 s, and a timeout). The median holds it; a single probe
+    # may still wait for a core on a loaded 2-core machine, hence the looser bound on the max.
+    assert statistics.median(latencies) < 0.1 and max(latencies) < 2.5, sorted(latencies)[-5:]
 
 
 def test_audio_faster_than_the_bound_is_refused_with_an_error(ws: Any) -> None:
