@@ -96,7 +96,7 @@ class SentenceSpeechScheduler(TextStreamFollower):
         speech = self._speech_of(request_id, state)
         if speech is not None:
             self._queue(request_id, speech.splitter.flush())
-            self._put(request_id, _FINISH)
+            self._enqueue(request_id, _FINISH)
 
     def _speech_of(self, request_id: str, state: FollowedText) -> _Speech | None:
         speech = self._speech.get(request_id)
@@ -112,9 +112,9 @@ class SentenceSpeechScheduler(TextStreamFollower):
     def _queue(self, request_id: str, sentences: list[str]) -> None:
         for sentence in sentences:
             if speakable(sentence):
-                self._put(request_id, sentence)
+                self._enqueue(request_id, sentence)
 
-    def _put(self, request_id: str, sentence: str | None) -> None:
+    def _enqueue(self, request_id: str, sentence: str | None) -> None:
         self._queued_of[request_id] += 1
         self._work.put_nowait((request_id, sentence))
 
