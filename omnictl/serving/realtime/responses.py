@@ -74,6 +74,9 @@ class ResponseRun:
             await self._unless_cancelled(conversation.transcripts())
             if self.cancel_reason is not None:
                 return self._done("cancelled")
+            if self.state.unresponsive:  # as admission refuses HTTP requests: never sent to hang there
+                names = ", ".join(repr(p) for p in self.state.unresponsive)
+                return self._done("failed", f"stage process {names} is not responding (see /health); retry later")
             await self._submit(build())
             if self.cancel_reason is not None:  # cancelled while submitting
                 await self.pipeline.abort(self.request_id or "")
