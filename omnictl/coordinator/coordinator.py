@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Container, Mapping, Sequence
 
 import zmq
 import zmq.asyncio
@@ -94,6 +94,9 @@ class Coordinator:
         self.requests: dict[str, RequestRecord] = {}
         self._recent = RecentIds(_RECENT_IDS)  # finished ids, refused if reused
         self.down: dict[str, str] = {}  # OS process (replica) -> why it is down
+        # Replicas up but not answering stats (frozen, loop stuck: the server's liveness
+        # check sets this): new requests are pinned to the other replicas, as if down.
+        self.unresponsive: frozenset[str] = frozenset()
         self.lost: set[str] = set()  # replicas down for good (no restart left)
         self.placement = ReplicaPlacement(topology)
         self.dead_reason: str | None = None
@@ -278,7 +281,7 @@ class Coordinator:
         context_params = {**(params or {}), "modalities": sorted({self.topology.terminals[t] for t in terminals})}
         entry = self.topology.entry
         try:
-            replicas = self.placement.assign(rid, active, self.down)
+            replicas = self.placement.assign(rid, active, _Either(self.down, self.unresponsive))
         except PipelineDead as exc:
             raise PipelineDead(f"{exc}: {'; '.join(self.down.values())}") from exc
         try:
@@ -553,3 +556,15 @@ class Coordinator:
 def _fail_launch(ready: "asyncio.Future[None]", error: LaunchError) -> None:
     if not ready.done():
         ready.set_exception(error)
+
+
+class _Either:
+    """``name in _Either(a, b)``: in either container (without building their union per request)."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: Container[str], b: Container[str]) -> None:
+        self.a, self.b = a, b
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.a or name in self.b

@@ -50,6 +50,18 @@ def unresponsive_processes(stages: dict[str, dict[str, Any]]) -> list[str]:
 BUSY_STEP_S = 5.0  # a stage in one compute step this long is listed in /health's `busy`
 
 
+def note_unresponsive(state: ServingState, pipe: PipelineLike, unresponsive: list[str]) -> None:
+    """New requests avoid the replicas that do not answer; ``state.unresponsive`` (what
+    admission refuses at once) keeps the processes none of whose replicas answer."""
+    avoid = getattr(pipe, "avoid", None)  # a test double of the pipeline may not have it
+    if avoid is not None:
+        avoid(unresponsive)
+    frozen = set(unresponsive)
+    processes = getattr(pipe.topology, "processes", {})
+    state.unresponsive = sorted(name for name, process in processes.items()
+                                if process.instances and all(i in frozen for i in process.instances))
+
+
 async def watch_liveness(state: ServingState, every_s: float = LIVENESS_EVERY_S) -> None:
     """Ask every stage process for its stats each ``every_s``; the ones that do not answer
     within HEALTH_STATS_TIMEOUT_S are ``state.unresponsive``, which admission refuses
@@ -58,7 +70,7 @@ async def watch_liveness(state: ServingState, every_s: float = LIVENESS_EVERY_S)
         pipe = state.pipeline
         if pipe is not None:
             try:
-                state.unresponsive = unresponsive_processes(await pipe.stats(HEALTH_STATS_TIMEOUT_S))
+                note_unresponsive(state, pipe, unresponsive_processes(await pipe.stats(HEALTH_STATS_TIMEOUT_S)))
             except Exception:  # noqa: BLE001 - a failed check leaves the last answer; the next one retries
                 log.debug("liveness check failed", exc_info=True)
         await asyncio.sleep(every_s)
@@ -146,7 +158,7 @@ def create_app(state: ServingState, guard: RequestGuard | None = None) -> Starle
         # Liveness: a process that is up but does not answer (frozen by SIGSTOP, its IO loop
         # stuck) is not serving; requests pinned to it hang. Once 200, now 503 naming it.
         unresponsive = unresponsive_processes(stages)
-        state.unresponsive = unresponsive
+        note_unresponsive(state, pipe, unresponsive)
         if unresponsive and status != "down":
             status = "unresponsive"
         body = {
