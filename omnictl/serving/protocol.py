@@ -57,11 +57,11 @@ class Limits:
     max_realtime_outbox_bytes: int = 8 * 1024 * 1024
     # What one realtime session may hold: its input buffer and conversation (audio as
     # float32 until transcribed, text). A commit or item past it is refused with an error.
-    max_realtime_session_bytes: int = 64 * 1024 * 1024
+    max_realtime_session_bytes: int = 32 * 1024 * 1024
     # Input audio a session may append, as a multiple of real time once its first
     # `realtime_audio_burst_s` seconds are spent (server VAD keeps up at that rate).
     realtime_audio_speed: float = 8.0
-    realtime_audio_burst_s: float = 120.0
+    realtime_audio_burst_s: float = 240.0  # two full input buffers
     # Tokens (estimated: 4 characters, or 0.1 s of untranscribed audio... see turns.py) a
     # realtime conversation keeps; past it the oldest items are dropped, as OpenAI's server does.
     max_realtime_conversation_tokens: int = 6_000

@@ -165,8 +165,12 @@ class RealtimeSession:
     # --- input audio -----------------------------------------------------------------------
 
     async def append(self, event: ev.InputAudioBufferAppend) -> None:
-        seconds = len(event.audio) * 3 / 4 / 2 / PCM16_RATE  # what the base64 holds, before decoding it
-        if not self._audio_rate.take(seconds):
+        size = len(event.audio) * 3 // 4 - (len(event.audio) - len(event.audio.rstrip("=")))  # bytes, before decoding
+        limit = self.state.limits.max_realtime_buffer_bytes
+        if len(self.buffer) + size > limit:
+            raise ev.EventError(f"the input audio buffer is limited to {limit} bytes ({limit / 2 / PCM16_RATE:.0f} s of audio); "
+                                "commit or clear it", "input_audio_buffer_too_large", "audio", event.event_id)
+        if not self._audio_rate.take(size / 2 / PCM16_RATE):
             limits = self.state.limits
             raise ev.EventError(f"input_audio_buffer.append: audio arrives faster than this server takes it (at most "
                                 f"{limits.realtime_audio_speed:g}x real time after the first {limits.realtime_audio_burst_s:g} s); "
