@@ -13,9 +13,10 @@ of system resource`` in a tight loop. Here, as uvicorn protocol classes:
   so a client that holds idle sockets cannot keep out a new client; with none idle the
   new one is closed at once;
 - a WebSocket session can be hung up from the app (``scope["extensions"]["omnictl.hangup"]``):
-  the close frame is queued behind whatever the client has not read, and the TCP
-  connection is cut if it has not closed ``HANGUP_GRACE_S`` later (a client that
-  never reads would otherwise hold it, and its buffers, forever);
+  the close frame is queued behind whatever the client has not read (without waiting for
+  it to drain), and the TCP connection is cut if the client has not answered it
+  ``HANGUP_GRACE_S`` later (a client that never reads would otherwise hold it, and its
+  buffers, forever);
 - accept errors (out of file descriptors) are logged once a minute, without a traceback.
 """
 
@@ -35,7 +36,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 log = logging.getLogger("omnictl.serving")
 
 RESERVED_FDS = 256  # what the server needs beside client sockets: stage sockets, shared memory, logs, models
-HANGUP_GRACE_S = 5.0
+HANGUP_GRACE_S = 10.0
 _LOG_EVERY_S = 60.0
 
 
@@ -179,7 +180,6 @@ class ConnectionGuard:
 
         class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
             _counted = False
-            _cut: asyncio.TimerHandle | None = None
 
             def connection_made(self, transport: Any) -> None:
                 super().connection_made(transport)
@@ -194,7 +194,11 @@ class ConnectionGuard:
 
             def hang_up(self, code: int, reason: str) -> None:
                 """Queue a close frame without waiting for the socket to drain; cut the
-                connection if the client has not taken it within HANGUP_GRACE_S."""
+                connection if the client has not answered it within HANGUP_GRACE_S.
+
+                Until then the connection keeps reading, and drops, whatever the client
+                sends (as uvicorn does after its own close): closing a socket with unread
+                input would reset it, and the close frame would never arrive."""
                 if self.transport.is_closing():
                     return
                 if not self.close_sent:
@@ -202,12 +206,15 @@ class ConnectionGuard:
                     self.conn.send_close(code, reason)
                     self.transport.write(b"".join(self.conn.data_to_send()))
                 self.queue.put_nowait({"type": "websocket.disconnect", "code": code, "reason": reason})
-                self.transport.close()  # flushes first: a reading client gets the close frame
-                self._cut = self.loop.call_later(HANGUP_GRACE_S, self.transport.abort)
+                if self.read_paused:
+                    self.read_paused = False
+                    self.transport.resume_reading()
+                if self.close_timer is not None:
+                    self.close_timer.cancel()
+                # the client's close reply closes the connection (uvicorn's handle_close); this, if none comes
+                self.close_timer = self.loop.call_later(HANGUP_GRACE_S, self.transport.abort)
 
             def connection_lost(self, exc: Exception | None) -> None:
-                if self._cut is not None:
-                    self._cut.cancel()
                 if self._counted:
                     self._counted = False
                     guard.open -= 1
