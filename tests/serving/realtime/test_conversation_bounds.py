@@ -38,3 +38,46 @@ def test_transcribed_audio_is_released_and_the_item_stays_spoken() -> None:
     turn.release_audio()
     assert turn.audio is None and conversation.audio_bytes() == 0
     assert turn.item().content[0].type == "input_audio" and turn.item().content[0].transcript == turn.text
+
+
+class _Pipeline:
+    """What a session asks of the pipeline before any response: its topology. (A test double:
+    these items never reach the pipeline.)"""
+
+    def __init__(self) -> None:
+        from omnictl.topology import load
+        from tests.serving.harness import FAST_TOPOLOGY
+
+        self.topology = load(FAST_TOPOLOGY)
+
+
+def test_audio_past_the_sessions_memory_bound_is_refused_with_an_error() -> None:
+    """Bug 5: nothing bounded what one session holds. Items of audio the conversation must
+    keep (no transcript terminal) are refused past ``max_realtime_session_bytes``."""
+    import asyncio
+    import base64
+
+    import pytest
+
+    from omnictl.serving.protocol import Limits
+    from omnictl.serving.realtime import events as ev
+    from omnictl.serving.realtime.session import RealtimeSession
+    from omnictl.serving.state import ServingState
+
+    limits = Limits(max_realtime_session_bytes=4 * 2**20, max_realtime_conversation_tokens=10**9)
+    sent: list[ev.ServerEvent] = []
+    session = RealtimeSession(ServingState("fast", limits=limits), _Pipeline(), sent.append, "fast",  # type: ignore[arg-type]
+                              silero=lambda: None)  # type: ignore[arg-type,return-value]
+    one_second = base64.b64encode(bytes(24_000 * 2)).decode()  # 96 KB once held as float32
+    item = ev.ConversationItemCreate(item=ev.Item(content=[ev.Content(type="input_audio", audio=one_second)]))
+
+    async def add(count: int) -> None:
+        for _ in range(count):
+            await session.item_create(item)
+
+    session.settings.vad = None
+    asyncio.run(add(43))  # 43 x 96 KB: just under 4 MiB
+    with pytest.raises(ev.EventError) as refused:
+        asyncio.run(add(1))
+    assert refused.value.code == "session_memory_limit" and "4 MiB" in refused.value.message
+    assert session.held_bytes() <= limits.max_realtime_session_bytes
