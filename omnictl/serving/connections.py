@@ -80,8 +80,9 @@ class ConnectionGuard:
                 return True
         return False
 
-    def accept_errors(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Log asyncio's accept failures (EMFILE...) once a minute instead of a traceback each time."""
+    def accept_errors(self, loop: asyncio.AbstractEventLoop) -> Any:
+        """Log asyncio's accept failures (EMFILE...) once a minute instead of a traceback each
+        time; returns the handler it replaced (for ``loop.set_exception_handler`` when done)."""
         previous = loop.get_exception_handler()
 
         def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -95,6 +96,7 @@ class ConnectionGuard:
                 loop.default_exception_handler(context)
 
         loop.set_exception_handler(handler)
+        return previous
 
     def http_protocol(self) -> type[H11Protocol]:
         guard = self

@@ -155,7 +155,7 @@ async def run_server(
         server.should_exit = True
 
     loop = asyncio.get_running_loop()
-    guard.accept_errors(loop)
+    previous_handler = guard.accept_errors(loop)
     if handle_signals and threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop)
@@ -205,6 +205,7 @@ async def run_server(
         with contextlib.suppress(asyncio.CancelledError):
             await serving
         sock.close()
+        loop.set_exception_handler(previous_handler)
         if handle_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
