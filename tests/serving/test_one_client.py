@@ -353,3 +353,21 @@ def test_the_message_limit_counts_bytes_not_characters(ws: Any) -> None:
     error = _next(ws, "error")["error"]
     assert error["code"] == "message_too_large" and "1200" in error["message"].replace(",", ""), error
     _still_served(ws)
+
+
+def test_one_speech_request_of_short_sentences_leaves_other_clients_chat_served(voice_server: ServerProcess) -> None:
+    """Bug 4: "Hi. " x 1024 on /v1/audio/speech put ~1,000 sentences in the TTS stage's queue;
+    backpressure counted them as requests, and every new request, text-only chat that never
+    reaches the TTS included, was refused with 429 for 16-47 s."""
+    body = {"model": "voice-assistant", "input": "Hi. " * 1024, "voice": "alloy", "response_format": "pcm"}
+    chat = {"model": "voice-assistant", "messages": [{"role": "user", "content": "Say yes."}], "max_tokens": 4}
+    with httpx.Client(timeout=120, headers=AUTH) as client:
+        with client.stream("POST", voice_server.url + "/v1/audio/speech", json=body) as speech:
+            assert speech.status_code == 200
+            next(speech.iter_bytes())  # the first sentence is spoken: the other ~1,000 wait in the queue
+            health = client.get(voice_server.url + "/health").json()
+            assert health["stages"]["tts"]["queued"] > 32, health["stages"]["tts"]  # more sentences than the inbox holds
+            for _ in range(3):
+                answer = client.post(voice_server.url + "/v1/chat/completions", json=chat)
+                assert answer.status_code == 200, answer.text
+        # leaving the stream aborts the speech request
