@@ -112,8 +112,7 @@ async def admit(state: ServingState, request: Request, parse: Parser[T], endpoin
                               "invalid_request_error", "unsupported_media_type", "Content-Type")
     if state.pipeline is not None and state.unresponsive:
         state.metrics.outcome("rejected")
-        response = unresponsive(state.unresponsive)
-        return response
+        return unresponsive(state.unresponsive)
     if state.pipeline is not None:
         refused = state.pipeline.admission.refusal()  # before reading the body: a cheap 429
         if refused is not None:

@@ -62,8 +62,9 @@ class Limits:
     # `realtime_audio_burst_s` seconds are spent (server VAD keeps up at that rate).
     realtime_audio_speed: float = 8.0
     realtime_audio_burst_s: float = 240.0  # two full input buffers
-    # Tokens (estimated: 4 characters, or 0.1 s of untranscribed audio... see turns.py) a
-    # realtime conversation keeps; past it the oldest items are dropped, as OpenAI's server does.
+    # Tokens a realtime conversation keeps (estimated: 4 characters a token, 25 tokens a second
+    # of untranscribed audio; see realtime/turns.py); past it the oldest items are dropped, as
+    # OpenAI's server does.
     max_realtime_conversation_tokens: int = 6_000
 
 

@@ -64,13 +64,15 @@ class AudioRate:
 
     speed: float
     burst_s: float
-    allowance: float = -1.0
+    allowance: float = field(init=False)
     _at: float = field(default_factory=time.monotonic)
 
+    def __post_init__(self) -> None:
+        self.allowance = self.burst_s
+
     def take(self, seconds: float) -> bool:
+        """Whether ``seconds`` of audio may be taken now (and, if so, take them)."""
         now = time.monotonic()
-        if self.allowance < 0:
-            self.allowance = self.burst_s
         self.allowance = min(self.burst_s, self.allowance + (now - self._at) * self.speed)
         self._at = now
         if seconds > self.allowance:
@@ -165,7 +167,7 @@ class RealtimeSession:
     # --- input audio -----------------------------------------------------------------------
 
     async def append(self, event: ev.InputAudioBufferAppend) -> None:
-        size = len(event.audio) * 3 // 4 - (len(event.audio) - len(event.audio.rstrip("=")))  # bytes, before decoding
+        size = len(event.audio) * 3 // 4 - event.audio[-2:].count("=")  # bytes, before decoding
         limit = self.state.limits.max_realtime_buffer_bytes
         if len(self.buffer) + size > limit:
             raise ev.EventError(f"the input audio buffer is limited to {limit} bytes ({limit / 2 / PCM16_RATE:.0f} s of audio); "
