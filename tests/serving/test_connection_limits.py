@@ -174,3 +174,23 @@ def test_a_frozen_replica_is_avoided_while_another_answers(tmp_path: Any) -> Non
                 os.kill(pid, signal.SIGCONT)
     finally:
         assert stop_server(server) == 0, server.text()
+
+
+def test_accept_errors_are_logged_once_not_in_a_loop(caplog: pytest.LogCaptureFixture) -> None:
+    """Bug 6: out of file descriptors, asyncio logged `socket.accept() out of system resource`
+    with a traceback on every retry (256-508 MB of log)."""
+    from omnictl.serving.connections import ConnectionGuard
+
+    loop = asyncio.new_event_loop()
+    try:
+        previous = ConnectionGuard(10, 1.0).accept_errors(loop)
+        handler = loop.get_exception_handler()
+        assert handler is not None
+        with caplog.at_level("WARNING"):
+            for _ in range(1000):
+                handler(loop, {"message": "socket.accept() out of system resource", "exception": OSError(24, "Too many open files")})
+        lines = [r for r in caplog.records if "cannot accept connections" in r.getMessage()]
+        assert len(lines) == 1 and lines[0].exc_info is None
+        loop.set_exception_handler(previous)
+    finally:
+        loop.close()
