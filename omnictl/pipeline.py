@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any, Generator, Sequence
+from typing import Any, Generator, Iterable, Sequence
 
 from omnictl import logs
 from omnictl.admission import Admission
@@ -191,6 +191,11 @@ class Pipeline:
             raise
         handle.on_done(ticket.release)
         return handle
+
+    def avoid(self, instances: Iterable[str]) -> None:
+        """Pin no new request to these OS processes (replicas up but not answering: `/health`'s
+        ``unresponsive``) while another replica of theirs can take it; replaces the last call's set."""
+        self._coordinator.unresponsive = frozenset(instances)
 
     def _backpressure(self, full: bool) -> None:
         """Some stage's inbox filled up (or all have room again): admission holds (resumes)."""

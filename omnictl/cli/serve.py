@@ -42,6 +42,21 @@ def serve_command(
         "--otlp-endpoint", metavar="URL",
         help="Export every finished request as an OpenTelemetry trace to this OTLP/HTTP collector "
              "(e.g. http://127.0.0.1:4318; default: $OTEL_EXPORTER_OTLP_ENDPOINT, else off).")] = None,
+    max_realtime_sessions: Annotated[int, typer.Option(
+        "--max-realtime-sessions", min=1, metavar="N",
+        help="/v1/realtime sessions at once; one more is refused with an error event and close code 1013.")] = 16,
+    max_connections: Annotated[Optional[int], typer.Option(
+        "--max-connections", min=1, metavar="N",
+        help="Open HTTP/WebSocket connections at once (default: what the open-files limit allows, less a reserve).")] = None,
+    header_timeout: Annotated[float, typer.Option(
+        "--header-timeout", min=0.1, metavar="SECONDS",
+        help="Seconds a connection may take to send its request headers before it is closed.")] = 10.0,
+    allowed_origins: Annotated[Optional[list[str]], typer.Option(
+        "--allowed-origins", metavar="ORIGIN",
+        help="A web origin (http://host:port) allowed besides the server's own (repeatable; '*': any).")] = None,
+    allowed_hosts: Annotated[Optional[list[str]], typer.Option(
+        "--allowed-hosts", metavar="NAME",
+        help="A Host name accepted besides IP addresses and localhost (repeatable; '*': any).")] = None,
     launcher: placement.Launcher = "local",
     ray_address: placement.RayAddress = None,
     data_host: placement.DataHost = None,
@@ -72,12 +87,18 @@ def serve_command(
     except OmnictlError as exc:
         errors.print(f"error: {exc}")
         raise typer.Exit(2) from exc
+    if api_key is not None and api_key != os.environ.get("OMNICTL_API_KEY"):
+        errors.print("warning: --api-key on the command line is visible to every user of this machine (ps, "
+                     "/proc/PID/cmdline); prefer the OMNICTL_API_KEY environment variable")
     if api_key is None and "OMNICTL_API_KEY" in os.environ:
         api_key = os.environ["OMNICTL_API_KEY"]  # Click drops an empty variable: it is refused below, not ignored
     options = ServeOptions(
         topology=topology, host=host, port=port, model_path=model_path, api_key=api_key, device=device,
         run_dir=str(run_dir) if run_dir else None, request_timeout=request_timeout, max_restarts=max_restarts,
-        limits=Limits(int(max_body_mb * 1024 * 1024), int(max_audio_mb * 1024 * 1024), body_timeout_s=body_timeout),
+        limits=Limits(int(max_body_mb * 1024 * 1024), int(max_audio_mb * 1024 * 1024), body_timeout_s=body_timeout,
+                      header_timeout_s=header_timeout, max_connections=max_connections,
+                      max_realtime_sessions=max_realtime_sessions),
+        allowed_origins=tuple(allowed_origins or ()), allowed_hosts=tuple(allowed_hosts or ()),
         served_model_names=tuple(served_model_name or ()),
         max_in_flight=max_in_flight or None, max_queue_wait=max_queue_wait, otlp_endpoint=traces_to,
         launcher=launcher, ray_address=ray_address, data_host=data_host,

@@ -199,6 +199,15 @@ class Coordinator:
     def full_inboxes(self) -> set[tuple[str, str]]:
         return self.core.full_inboxes
 
+    @property
+    def unresponsive(self) -> frozenset[str]:
+        """Replicas new requests avoid (see :meth:`omnictl.Pipeline.avoid`)."""
+        return self.core.unresponsive
+
+    @unresponsive.setter
+    def unresponsive(self, instances: frozenset[str]) -> None:
+        self.core.unresponsive = instances
+
     def _broadcast_all(self, broadcasts: list[Broadcast]) -> None:
         for message in broadcasts:
             self._broadcast.send(m.encode(message))

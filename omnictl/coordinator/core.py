@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Container, Mapping, Sequence, Union
 
 from omnictl import messages as m
 from omnictl.coordinator.placement import ReplicaPlacement
@@ -71,6 +71,9 @@ class CoordinatorCore:
         self.recent = RecentIds(recent_ids)  # finished ids, refused if reused
         self.placement = ReplicaPlacement(topology)
         self.down: dict[str, str] = {}  # OS process (replica) -> why it is down
+        # Replicas up but not answering stats (frozen, loop stuck: the server's liveness
+        # check sets this): new requests are pinned to the other replicas, as if down.
+        self.unresponsive: frozenset[str] = frozenset()
         self.lost: set[str] = set()  # replicas down for good (no restart left)
         self.dead_reason: str | None = None
         # Backpressure: (OS process, stage) whose inbox is full; admission holds while any is.
@@ -120,7 +123,7 @@ class CoordinatorCore:
             raise InvalidRequest(f"request id {rid!r} was already used; ids must be unique", field="request_id")
         context_params = {**(params or {}), "modalities": sorted({self.topology.terminals[t] for t in terminals})}
         try:
-            replicas = self.placement.assign(rid, active, self.down)
+            replicas = self.placement.assign(rid, active, _Either(self.down, self.unresponsive))
         except PipelineDead as exc:
             raise PipelineDead(f"{exc}: {'; '.join(self.down.values())}") from exc
         entry = self.topology.entry
@@ -303,3 +306,15 @@ class CoordinatorCore:
             "placed": self.placement.placed(),
             "replica_in_flight": sum(self.placement.in_flight.values()),
         }
+
+
+class _Either:
+    """``name in _Either(a, b)``: in either container (without building their union per request)."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: Container[str], b: Container[str]) -> None:
+        self.a, self.b = a, b
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.a or name in self.b

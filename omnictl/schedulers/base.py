@@ -64,6 +64,15 @@ class SchedulerLoad:
     running: int = 0
     kv_slots: int = 0
     stream_buffers: int = 0
+    # Requests with work waiting here, when ``queued`` counts units of work instead (a
+    # speech stage's sentences): backpressure counts requests, what holds a stage's
+    # capacity; one request's 1,000 queued sentences once closed admission for everyone.
+    # None: ``queued`` already counts requests.
+    waiting_requests: int | None = None
+
+    def waiting(self) -> int:
+        """Requests waiting for this scheduler: what ``relay.inbox`` bounds (backpressure)."""
+        return self.queued if self.waiting_requests is None else self.waiting_requests
 
 
 class Scheduler(ABC):

@@ -19,6 +19,7 @@ import inspect
 import queue
 import threading
 import time
+import os
 import traceback
 from typing import Any, Callable
 
@@ -35,9 +36,12 @@ from omnictl.schedulers.base import (
 )
 
 def describe_error(exc: BaseException) -> str:
-    """``Type: message`` plus the innermost frame, enough to find the bug."""
+    """``Type: message`` plus the innermost frame's file name and line, enough to find the bug.
+
+    Only the file's name: this text reaches clients, and a full path tells any caller
+    where the server is installed (the stage's log has the whole traceback)."""
     frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
     return f"{type(exc).__name__}: {exc}{where}"
 
 

@@ -9,10 +9,11 @@ responses and metrics: a request is either refused with a JSON error, or becomes
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Generic, TypeVar
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from omnictl.exceptions import AdmissionTimeout, InvalidRequest, Overloaded, PayloadTooLarge, PipelineDead
@@ -24,6 +25,7 @@ from omnictl.serving.protocol import Limits
 from omnictl.serving.state import PipelineLike, ServingState
 
 T = TypeVar("T")
+log = logging.getLogger("omnictl.serving")
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,8 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 async def read_body_in_time(request: Request, limits: Limits) -> bytes | None:
-    """The body, or None when it did not arrive within ``limits.body_timeout_s``."""
+    """The body, or None when it did not arrive within ``limits.body_timeout_s``.
+    Raises :class:`ClientDisconnect` when the client left before sending all of it."""
     try:
         return await asyncio.wait_for(read_body(request, limits.max_body_bytes), limits.body_timeout_s)
     except asyncio.TimeoutError:
@@ -76,6 +79,16 @@ def overloaded(state: ServingState, exc: Overloaded) -> Response:
     response = error_response(503 if waited else 429, str(exc), "server_error" if waited else "rate_limit_error",
                               "queue_timeout" if waited else "overloaded")
     response.headers["Retry-After"] = str(exc.retry_after)
+    return response
+
+
+def unresponsive(processes: list[str]) -> Response:
+    """503 naming the stage processes that are up but do not answer (frozen, stuck): a
+    request sent there would hang until --request-timeout and hold a slot meanwhile."""
+    names = ", ".join(repr(p) for p in processes)
+    response = error_response(503, f"stage process {names} is not responding (see /health); retry later",
+                              "server_error", "stage_unresponsive")
+    response.headers["Retry-After"] = "2"
     return response
 
 
@@ -97,12 +110,22 @@ async def admit(state: ServingState, request: Request, parse: Parser[T], endpoin
         state.metrics.outcome("rejected")
         return error_response(415, f"Content-Type must be {media_type}, got {sent_type or 'none'!r}",
                               "invalid_request_error", "unsupported_media_type", "Content-Type")
+    if state.pipeline is not None and state.unresponsive:
+        state.metrics.outcome("rejected")
+        return unresponsive(state.unresponsive)
     if state.pipeline is not None:
         refused = state.pipeline.admission.refusal()  # before reading the body: a cheap 429
         if refused is not None:
             return overloaded(state, refused)
     try:
-        raw = await read_body_in_time(request, state.limits)
+        try:
+            raw = await read_body_in_time(request, state.limits)
+        except ClientDisconnect:
+            # The client closed mid-body: no one to answer, nothing to log but a line (it
+            # was a Starlette traceback per connection).
+            state.metrics.outcome("rejected")
+            log.info("the client disconnected before sending its whole request body")
+            return Response(status_code=400)
         if raw is None:
             state.metrics.outcome("rejected")
             return error_response(408, f"the request body did not arrive within {state.limits.body_timeout_s:g} s",

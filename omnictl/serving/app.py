@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 import secrets
 from typing import Any
@@ -18,6 +20,7 @@ from omnictl.serving.admission import Admitted, Submission, admit
 from omnictl.serving.auth import authorized
 from omnictl.serving.capabilities import capabilities
 from omnictl.serving.errors import error_response, unauthorized
+from omnictl.serving.guard import GuardMiddleware, RequestGuard
 from omnictl.serving.metrics import CONTENT_TYPE
 from omnictl.serving.protocol import parse_chat_body
 from omnictl.serving.realtime.route import realtime_endpoint
@@ -27,6 +30,8 @@ __all__ = ["PipelineLike", "RequestIdMiddleware", "ServingState", "create_app", 
 
 REQUEST_ID_HEADER = "X-Request-Id"
 HEALTH_STATS_TIMEOUT_S = 2.0  # a live stage process answers in milliseconds
+LIVENESS_EVERY_S = 1.0
+log = logging.getLogger("omnictl.serving")
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
@@ -43,6 +48,32 @@ def unresponsive_processes(stages: dict[str, dict[str, Any]]) -> list[str]:
 
 
 BUSY_STEP_S = 5.0  # a stage in one compute step this long is listed in /health's `busy`
+
+
+def note_unresponsive(state: ServingState, pipe: PipelineLike, unresponsive: list[str]) -> None:
+    """New requests avoid the replicas that do not answer; ``state.unresponsive`` (what
+    admission refuses at once) keeps the processes none of whose replicas answer."""
+    avoid = getattr(pipe, "avoid", None)  # a test double of the pipeline may not have it
+    if avoid is not None:
+        avoid(unresponsive)
+    frozen = set(unresponsive)
+    processes = getattr(pipe.topology, "processes", {})
+    state.unresponsive = sorted(name for name, process in processes.items()
+                                if process.instances and all(i in frozen for i in process.instances))
+
+
+async def watch_liveness(state: ServingState, every_s: float = LIVENESS_EVERY_S) -> None:
+    """Ask every stage process for its stats each ``every_s``; the ones that do not answer
+    within HEALTH_STATS_TIMEOUT_S are ``state.unresponsive``, which admission refuses
+    (fast 503) until they answer again. Runs until cancelled."""
+    while True:
+        pipe = state.pipeline
+        if pipe is not None:
+            try:
+                note_unresponsive(state, pipe, unresponsive_processes(await pipe.stats(HEALTH_STATS_TIMEOUT_S)))
+            except Exception:  # noqa: BLE001 - a failed check leaves the last answer; the next one retries
+                log.debug("liveness check failed", exc_info=True)
+        await asyncio.sleep(every_s)
 
 
 def busy_stages(stages: dict[str, dict[str, Any]], threshold: float = BUSY_STEP_S) -> dict[str, float]:
@@ -82,7 +113,8 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send_with_id)
 
 
-def create_app(state: ServingState) -> Starlette:
+def create_app(state: ServingState, guard: RequestGuard | None = None) -> Starlette:
+    """The app; ``guard``: the Host / Origin checks (None: the defaults for a loopback server)."""
     async def parse_chat(request: Request, raw: bytes, pipe: PipelineLike) -> Submission[bool]:
         # JSON, envelope and messages; input audio is decoded here, once (off the loop when large)
         parsed = await parse_chat_body(raw, pipe.topology.terminals, state.limits)
@@ -126,6 +158,7 @@ def create_app(state: ServingState) -> Starlette:
         # Liveness: a process that is up but does not answer (frozen by SIGSTOP, its IO loop
         # stuck) is not serving; requests pinned to it hang. Once 200, now 503 naming it.
         unresponsive = unresponsive_processes(stages)
+        note_unresponsive(state, pipe, unresponsive)
         if unresponsive and status != "down":
             status = "unresponsive"
         body = {
@@ -171,4 +204,5 @@ def create_app(state: ServingState) -> Starlette:
     ]
     app = Starlette(routes=routes)
     app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(GuardMiddleware, guard=guard or RequestGuard())  # outermost: before anything reads the request
     return app

@@ -46,6 +46,27 @@ class Limits:
     # A client that declares a body and then sends it slower than this (or never: a
     # half-open connection) is answered 408 instead of holding its connection forever.
     body_timeout_s: float = 30.0
+    # A connection must finish its request headers this soon after opening (or after its
+    # previous response), or it is closed: a socket that sends nothing must not stay forever.
+    header_timeout_s: float = 10.0
+    # Open connections (HTTP and WebSocket); None: as many as the open-files limit allows
+    # (see omnictl.serving.connections.connection_cap, which keeps a reserve below it either way).
+    max_connections: int | None = None
+    max_realtime_sessions: int = 16  # /v1/realtime sessions at once; one more is refused with an error event
+    # Server events one realtime session may have waiting for a client that does not read
+    # (characters of JSON); past it the session is closed with code 1008.
+    max_realtime_outbox_bytes: int = 8 * 1024 * 1024
+    # What one realtime session may hold: its input buffer and conversation (audio as
+    # float32 until transcribed, text). A commit or item past it is refused with an error.
+    max_realtime_session_bytes: int = 32 * 1024 * 1024
+    # Input audio a session may append, as a multiple of real time once its first
+    # `realtime_audio_burst_s` seconds are spent (server VAD keeps up at that rate).
+    realtime_audio_speed: float = 8.0
+    realtime_audio_burst_s: float = 240.0  # two full input buffers
+    # Tokens a realtime conversation keeps (estimated: 4 characters a token, 25 tokens a second
+    # of untranscribed audio; see realtime/turns.py); past it the oldest items are dropped, as
+    # OpenAI's server does.
+    max_realtime_conversation_tokens: int = 6_000
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,10 @@ from omnictl.admission import DEFAULT_MAX_IN_FLIGHT
 from omnictl.data import DEFAULT_TOPOLOGY, data_path
 from omnictl.exceptions import LaunchError, ListenError, StartupError
 from omnictl.launch_config import LaunchConfig
-from omnictl.serving.app import ServingState, create_app
+from omnictl.serving.app import ServingState, create_app, watch_liveness
 from omnictl.serving.chat import end_in_flight
+from omnictl.serving.connections import ConnectionGuard, connection_cap
+from omnictl.serving.guard import RequestGuard
 from omnictl.serving.protocol import Limits
 
 GRACEFUL_SHUTDOWN_S = 5
@@ -51,6 +53,11 @@ class ServeOptions:
     launcher: str = "local"  # or "ray" (see Pipeline.launch)
     ray_address: str | None = None
     data_host: str | None = None
+    # Browser origins (scheme://host[:port]) allowed to open /v1/realtime or send requests
+    # besides the server's own; "*": any (see omnictl.serving.guard).
+    allowed_origins: tuple[str, ...] = ()
+    # Host header values accepted besides the bound address and loopback names; "*": any.
+    allowed_hosts: tuple[str, ...] = ()
 
     def launch_config(self) -> LaunchConfig:
         """The pipeline's part of these options (a server always profiles: the dashboard)."""
@@ -138,9 +145,17 @@ async def run_server(
     port = sock.getsockname()[1]
     state = ServingState(model_name=topology.stem, limits=options.limits, api_key=options.api_key,
                          aliases=options.served_model_names)
+    guard = ConnectionGuard(connection_cap(options.limits.max_connections), options.limits.header_timeout_s)
     config = uvicorn.Config(
-        create_app(state), log_level="warning", access_log=False, lifespan="off",
+        create_app(state, RequestGuard.for_bind(options.host, port, options.allowed_hosts, options.allowed_origins)),
+        log_level="warning", access_log=False, lifespan="off",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        http=guard.http_protocol(), ws=guard.websocket_protocol(),  # type: ignore[arg-type]
+        limit_concurrency=None, backlog=2048,
+        # No permessage-deflate: 1 KB of deflated zeros is a 1 MB realtime event, and uvicorn
+        # inflates every frame of a read (64 KB: ~64 MB) on the event loop before the app
+        # sees one. Audio in base64 barely compresses anyway.
+        ws_per_message_deflate=False,
     )
     server = _QuietServer(config)
     stopping = asyncio.Event()
@@ -152,6 +167,7 @@ async def run_server(
         server.should_exit = True
 
     loop = asyncio.get_running_loop()
+    previous_handler = guard.accept_errors(loop)
     if handle_signals and threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop)
@@ -169,6 +185,7 @@ async def run_server(
                 await entering
             return
         pipe = entering.result()
+        liveness = asyncio.create_task(watch_liveness(state), name="liveness")  # admission skips frozen stages
         try:
             state.model_name = pipe.topology.name  # the model id is the topology's `name`
             state.pipeline = pipe
@@ -186,6 +203,7 @@ async def run_server(
             server.should_exit = True
             await serving
         finally:
+            liveness.cancel()
             state.pipeline = None
             await launch.__aexit__(None, None, None)
     finally:
@@ -193,6 +211,7 @@ async def run_server(
         with contextlib.suppress(asyncio.CancelledError):
             await serving
         sock.close()
+        loop.set_exception_handler(previous_handler)
         if handle_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)

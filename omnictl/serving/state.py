@@ -55,6 +55,9 @@ class ServingState:
     active: dict[str, "Tracked"] = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
     tracing: bool = False  # the pipeline exports traces: requests' `traceparent` headers are read
+    # OS processes that did not answer the last liveness check (the server's monitor and
+    # /health): admission refuses new requests at once (503) instead of sending them to hang.
+    unresponsive: list[str] = field(default_factory=list)
 
     def traceparent(self, headers: Mapping[str, str]) -> str | None:
         """The caller's W3C ``traceparent`` header, read only while traces are exported."""

@@ -29,6 +29,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import msgspec
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -90,6 +91,8 @@ async def _form(request: Request, raw: bytes) -> Any:
         return await Request(request.scope, replay).form(max_files=1, max_fields=32)
     except (MultiPartException, ValueError) as exc:
         raise field_error("body", f"is not a readable multipart form ({exc})") from exc
+    except HTTPException as exc:  # what Starlette makes of a MultiPartException inside an app: plain text, not our JSON
+        raise field_error("body", f"is not a readable multipart form ({exc.detail})") from exc
 
 
 def _field(form: Any, name: str) -> str | None:

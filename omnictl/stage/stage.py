@@ -250,7 +250,7 @@ class Stage:
 
     def inbox_full(self) -> bool:
         """Whether ``relay.inbox`` requests wait here for the scheduler (backpressure)."""
-        return self.scheduler.load().queued >= self.spec.relay.inbox
+        return self.scheduler.load().waiting() >= self.spec.relay.inbox
 
     def check_inbox(self) -> None:
         """Tell ``on_inbox`` when the inbox turned full or has room again. Called on each

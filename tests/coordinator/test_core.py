@@ -457,3 +457,16 @@ def test_nothing_is_held_after_many_requests_end_every_way() -> None:
         assert_holds_nothing(c)
 
     run(body)
+
+
+def test_an_unresponsive_replica_gets_no_new_request_while_another_answers() -> None:
+    async def body() -> None:
+        c, _ = core()
+        c.unresponsive = frozenset({"voice#0"})
+        assert {started(c, f"r{i}").context.replicas["voice"] for i in range(3)} == {1}
+        c.unresponsive = frozenset({"voice#0", "voice#1"})
+        with pytest.raises(PipelineDead, match="every replica of process 'voice'"):
+            c.admit(0.0, None, "late")
+        assert c.health() == ("ok", {})  # unresponsive is not down: health is the server's liveness check
+
+    run(body)

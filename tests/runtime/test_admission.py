@@ -169,7 +169,7 @@ def test_http_over_the_limit_is_refused_before_its_body_is_read() -> None:
     with one_slot_held() as held:
         host, port = held.url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=10) as conn:
-            conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                          b"Content-Length: 1000000\r\n\r\n")
             status_line = conn.recv(4096).split(b"\r\n", 1)[0]
         assert status_line == b"HTTP/1.1 429 Too Many Requests", status_line

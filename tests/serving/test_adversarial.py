@@ -127,7 +127,7 @@ def test_a_body_that_never_arrives_is_408_not_an_open_connection_forever(server:
 
     url = urlparse(server.url)
     with socket.create_connection((url.hostname, url.port), timeout=20) as conn:
-        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      + f"Authorization: {AUTH['Authorization']}\r\nContent-Length: 100\r\n\r\n".encode() + b'{"mod')
         started = time.monotonic()
         reply = conn.recv(4096)

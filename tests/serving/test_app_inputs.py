@@ -65,7 +65,7 @@ def post_audio(pipeline: RecordingPipeline, wav: bytes, fmt: str = "wav") -> Non
     part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode(), "format": fmt}}
     body = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "listen"}, part]}],
             "max_tokens": 7, "audio": {"voice": "joe"}}
-    with TestClient(create_app(ServingState(model_name="m", pipeline=pipeline))) as client:
+    with TestClient(create_app(ServingState(model_name="m", pipeline=pipeline)), base_url="http://localhost") as client:
         response = client.post("/v1/chat/completions", json=body)
     assert response.status_code == 503 and response.json()["error"]["code"] == "pipeline_dead"
 
@@ -109,7 +109,7 @@ def test_a_bad_large_body_is_still_a_400_naming_the_part() -> None:
     part = {"type": "input_audio", "input_audio": {"data": data, "format": "pcm16"}}
     body = {"messages": [{"role": "user", "content": [part]}]}
     pipeline = RecordingPipeline()
-    with TestClient(create_app(ServingState(model_name="m", pipeline=pipeline))) as client:
+    with TestClient(create_app(ServingState(model_name="m", pipeline=pipeline)), base_url="http://localhost") as client:
         response = client.post("/v1/chat/completions", json=body)
     assert response.status_code == 400 and pipeline.submitted == []
     assert response.json()["error"]["param"] == "messages[0].content[0].input_audio.data"

@@ -11,6 +11,7 @@ for the whole answer.
 from __future__ import annotations
 
 import asyncio
+import collections
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -52,6 +53,7 @@ class SentenceSpeechScheduler(TextStreamFollower):
         self._max_sentence_chars = max_sentence_chars
         self._speech: dict[str, _Speech] = {}
         self._work: asyncio.Queue[tuple[str, str | None]] = asyncio.Queue()
+        self._queued_of: collections.Counter[str] = collections.Counter()  # request -> sentences queued
         self._worker: asyncio.Task[None] | None = None
 
     def speaker(self, voice: str) -> PiperSpeaker:
@@ -71,7 +73,9 @@ class SentenceSpeechScheduler(TextStreamFollower):
         await super().stop()
 
     def load(self) -> SchedulerLoad:
-        return SchedulerLoad(queued=self._work.qsize(), running=len(self._speech), stream_buffers=len(self.requests))
+        # queued: sentences; waiting_requests: requests with sentences queued (backpressure counts those)
+        return SchedulerLoad(queued=self._work.qsize(), running=len(self._speech), stream_buffers=len(self.requests),
+                             waiting_requests=len(self._queued_of))
 
     def abort(self, request_id: str) -> None:
         super().abort(request_id)
@@ -93,7 +97,7 @@ class SentenceSpeechScheduler(TextStreamFollower):
         speech = self._speech_of(request_id, state)
         if speech is not None:
             self._queue(request_id, speech.splitter.flush())
-            self._work.put_nowait((request_id, _FINISH))
+            self._enqueue(request_id, _FINISH)
 
     def _speech_of(self, request_id: str, state: FollowedText) -> _Speech | None:
         speech = self._speech.get(request_id)
@@ -110,13 +114,20 @@ class SentenceSpeechScheduler(TextStreamFollower):
     def _queue(self, request_id: str, sentences: list[str]) -> None:
         for sentence in sentences:
             if speakable(sentence):
-                self._work.put_nowait((request_id, sentence))
+                self._enqueue(request_id, sentence)
+
+    def _enqueue(self, request_id: str, sentence: str | None) -> None:
+        self._queued_of[request_id] += 1
+        self._work.put_nowait((request_id, sentence))
 
     # --- speaking --------------------------------------------------------------------
 
     async def _speak_forever(self) -> None:
         while True:
             request_id, sentence = await self._work.get()
+            self._queued_of[request_id] -= 1
+            if self._queued_of[request_id] <= 0:
+                del self._queued_of[request_id]
             speech = self._speech.get(request_id)
             if speech is None:  # aborted or failed meanwhile
                 continue

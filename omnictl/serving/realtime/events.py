@@ -18,7 +18,9 @@ from typing import Any, Literal, Union
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from omnictl.exceptions import RealtimeEventError
+from omnictl.exceptions import InvalidRequest, RealtimeEventError
+from omnictl.serving.echo import ECHO_CHARS, clip, clip_repr
+from omnictl.serving.jsonbody import MAX_DEPTH, check_json
 
 # --- shared pieces --------------------------------------------------------------------------
 
@@ -146,28 +148,44 @@ CLIENT_EVENT_TYPES = tuple(cls.__struct_config__.tag for cls in ClientEvent.__ar
 EventError = RealtimeEventError  # the name used across this package
 
 
+MAX_EVENT_ID = 128  # characters of a client event_id (OpenAI's own are ~25)
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
 
 
 def decode_client_event(raw: str | bytes) -> ClientEvent:
-    """One client message as its typed event; :class:`EventError` says what is wrong with it."""
+    """One client message as its typed event; :class:`EventError` says what is wrong with it.
+
+    What the session could not use later is refused here, as the HTTP routes refuse it
+    (:func:`omnictl.serving.jsonbody.check_json`): nesting past the recursion limit, lone
+    surrogates (an echoed ``event_id`` or ``instructions`` then failed to encode and
+    dropped the socket), integers beyond 64 bits (``max_output_tokens`` 2**64 left a
+    response without its ``response.done``). Values quoted back are clipped (:func:`clip`)."""
     try:
         obj = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise EventError(f"the message is not valid JSON: {exc}", "invalid_json") from exc
+        raise EventError(f"the message is not valid JSON: {clip(str(exc))}", "invalid_json") from exc
+    except RecursionError as exc:
+        raise EventError(f"the message is nested more than {MAX_DEPTH} levels deep", "invalid_json") from exc
     if not isinstance(obj, dict):
         raise EventError(f"an event must be a JSON object, got {type(obj).__name__}", "invalid_event")
     event_id = obj.get("event_id") if isinstance(obj.get("event_id"), str) else None
+    if event_id is not None and (len(event_id) > MAX_EVENT_ID or not event_id.isascii()):
+        raise EventError(f"'event_id' must be at most {MAX_EVENT_ID} ASCII characters", "invalid_value", "event_id")
     kind = obj.get("type")
     if kind not in CLIENT_EVENT_TYPES:
-        raise EventError(f"unknown event type {kind!r}; this server takes {', '.join(CLIENT_EVENT_TYPES)}",
+        raise EventError(f"unknown event type {clip_repr(kind, 64)}; this server takes {', '.join(CLIENT_EVENT_TYPES)}",
                          "invalid_event_type", "type", event_id)
+    try:
+        check_json(obj)
+    except InvalidRequest as exc:
+        param = clip(exc.field, 64) if exc.field else None
+        raise EventError(f"{kind}: {clip(str(exc))}", "invalid_value", param, event_id) from exc
     try:
         event: ClientEvent = msgspec.convert(obj, ClientEvent)
     except msgspec.ValidationError as exc:
         match = _PATH.search(str(exc))
-        param = match.group(1) if match else None
-        raise EventError(f"{kind}: {exc}", "invalid_value", param, event_id) from exc
+        param = clip(match.group(1), 64) if match else None
+        raise EventError(f"{kind}: {clip(str(exc))}", "invalid_value", param, event_id) from exc
     return event
 
 
@@ -351,5 +369,8 @@ def encode(event: ServerEvent) -> str:
 
 
 def error_event(error: EventError) -> ErrorEvent:
-    return ErrorEvent(error=ErrorDetail(type=error.kind, code=error.code, message=error.message, param=error.param,
-                                        event_id=error.event_id))
+    """The ``error`` event answering ``error``; every text in it is bounded and encodable."""
+    return ErrorEvent(error=ErrorDetail(
+        type=error.kind, code=error.code, message=clip(error.message, 4 * ECHO_CHARS),
+        param=clip(error.param, ECHO_CHARS) if error.param else None,
+        event_id=clip(error.event_id, MAX_EVENT_ID) if error.event_id else None))

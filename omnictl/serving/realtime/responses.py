@@ -23,6 +23,7 @@ from omnictl.inputs import ChatRequest
 from omnictl.outputs import AUDIO, TEXT, AudioChunk, AudioResult, TextDelta as PipelineTextDelta, TextResult
 from omnictl.serving.audio import AudioStreamEncoder, b64
 from omnictl.serving.chat import Tracked
+from omnictl.serving.echo import clip
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.turns import Conversation, Turn
 from omnictl.serving.state import PipelineLike, ServingState
@@ -73,6 +74,9 @@ class ResponseRun:
             await self._unless_cancelled(conversation.transcripts())
             if self.cancel_reason is not None:
                 return self._done("cancelled")
+            if self.state.unresponsive:  # as admission refuses HTTP requests: never sent to hang there
+                names = ", ".join(repr(p) for p in self.state.unresponsive)
+                return self._done("failed", f"stage process {names} is not responding (see /health); retry later")
             await self._submit(build())
             if self.cancel_reason is not None:  # cancelled while submitting
                 await self.pipeline.abort(self.request_id or "")
@@ -89,7 +93,10 @@ class ResponseRun:
                                                    kind="rate_limit_error")))
             self._done("failed", f"the server is overloaded: {exc}")
         except (InvalidRequest, PipelineDead) as exc:
-            self._done("failed", f"the pipeline refused the response: {exc}")
+            self._done("failed", f"the pipeline refused the response: {clip(str(exc))}")
+        except Exception as exc:  # noqa: BLE001 - whatever went wrong, response.created gets its response.done
+            log.exception("realtime response %s failed before it finished", self.id)
+            self._done("failed", f"the server could not run this response ({type(exc).__name__})")
         finally:
             if self.tracked is not None and self.tracked.outcome is None:  # the task itself was cancelled
                 await self.pipeline.abort(self.tracked.request.id)

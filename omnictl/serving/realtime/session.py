@@ -15,6 +15,7 @@ import base64
 import binascii
 import contextlib
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Sequence
 
@@ -31,7 +32,7 @@ from omnictl.serving.protocol import OPENAI_VOICES
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.responses import ResponseRun
 from omnictl.serving.realtime.turns import Conversation, Turn
-from omnictl.serving.realtime.vad import SileroModel, SileroVad, SpeechStarted, TurnDetector, VadSettings
+from omnictl.serving.realtime.vad import SileroModel, SileroVad, SpeechStarted, TurnDetector, VadSettings, vad_executor
 from omnictl.serving.state import PipelineLike, ServingState
 
 log = logging.getLogger("omnictl.serving.realtime")
@@ -53,6 +54,33 @@ class Settings:
         return SamplingParams(max_tokens=limit if isinstance(limit, int) else None)
 
 
+def _vad_feed(vad: SileroVad, raw: bytes) -> list[float]:
+    return vad.feed(np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0)
+
+
+@dataclass
+class AudioRate:
+    """A token bucket of audio seconds: ``burst_s`` at once, then ``speed`` x real time."""
+
+    speed: float
+    burst_s: float
+    allowance: float = field(init=False)
+    _at: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.allowance = self.burst_s
+
+    def take(self, seconds: float) -> bool:
+        """Whether ``seconds`` of audio may be taken now (and, if so, take them)."""
+        now = time.monotonic()
+        self.allowance = min(self.burst_s, self.allowance + (now - self._at) * self.speed)
+        self._at = now
+        if seconds > self.allowance:
+            return False
+        self.allowance -= seconds
+        return True
+
+
 class RealtimeSession:
     def __init__(self, state: ServingState, pipeline: PipelineLike, send: Callable[[ev.ServerEvent], None], model: str,
                  silero: Callable[[], SileroModel], traceparent: str | None = None) -> None:
@@ -60,7 +88,10 @@ class RealtimeSession:
         self.traceparent = traceparent  # the handshake's: every request of the session is its child
         self.id = ev.new_id("sess")
         self.settings = Settings()
-        self.conversation = Conversation()
+        limits = state.limits
+        self.conversation = Conversation(max_tokens=limits.max_realtime_conversation_tokens)
+        self._audio_rate = AudioRate(limits.realtime_audio_speed, limits.realtime_audio_burst_s)
+        self._transcribing: dict[int, Turn] = {}  # spoken items whose audio a transcription holds
         self.buffer = bytearray()  # pcm16 24 kHz, since the last commit or clear
         self.audio_ms = 0.0  # audio appended over the whole session
         self._silero = silero
@@ -136,6 +167,16 @@ class RealtimeSession:
     # --- input audio -----------------------------------------------------------------------
 
     async def append(self, event: ev.InputAudioBufferAppend) -> None:
+        size = len(event.audio) * 3 // 4 - event.audio[-2:].count("=")  # bytes, before decoding
+        limit = self.state.limits.max_realtime_buffer_bytes
+        if len(self.buffer) + size > limit:
+            raise ev.EventError(f"the input audio buffer is limited to {limit} bytes ({limit / 2 / PCM16_RATE:.0f} s of audio); "
+                                "commit or clear it", "input_audio_buffer_too_large", "audio", event.event_id)
+        if not self._audio_rate.take(size / 2 / PCM16_RATE):
+            limits = self.state.limits
+            raise ev.EventError(f"input_audio_buffer.append: audio arrives faster than this server takes it (at most "
+                                f"{limits.realtime_audio_speed:g}x real time after the first {limits.realtime_audio_burst_s:g} s); "
+                                "this append was dropped", "input_audio_rate_exceeded", "audio", event.event_id)
         try:
             raw = base64.b64decode(event.audio, validate=True)
         except (binascii.Error, ValueError) as exc:
@@ -151,13 +192,18 @@ class RealtimeSession:
         self.buffer += raw
         self.audio_ms += len(raw) / 2 / PCM16_RATE * 1000
         if self._vad is not None and self._turns is not None:
-            samples = np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
-            for turn in self._turns.feed(self._vad.feed(samples)):
+            # Resampling and Silero run in a worker thread: on the event loop, a flood of
+            # appends once held /health for 41 s. This session waits for its own audio (and
+            # so reads no more from its socket meanwhile); every other request goes on.
+            vad = self._vad
+            probabilities = await asyncio.get_running_loop().run_in_executor(vad_executor(), _vad_feed, vad, raw)
+            if vad is not self._vad:  # cleared or reconfigured meanwhile
+                return
+            for turn in self._turns.feed(probabilities):
                 await (self._speech_started(turn.audio_start_ms) if isinstance(turn, SpeechStarted)
                        else self._speech_stopped(turn.audio_end_ms))
-            if not self._turns.speaking:  # keep only what prefix padding may need
-                assert self.settings.vad is not None
-                keep = int((self.settings.vad.prefix_padding_ms + 100) * PCM16_RATE / 1000) * 2
+            if self._turns is not None and not self._turns.speaking and self.settings.vad is not None:
+                keep = int((self.settings.vad.prefix_padding_ms + 100) * PCM16_RATE / 1000) * 2  # what prefix padding may need
                 del self.buffer[: max(0, len(self.buffer) - keep)]
 
     async def _speech_started(self, audio_start_ms: int) -> None:
@@ -190,6 +236,7 @@ class RealtimeSession:
                                 "is needed", "input_audio_buffer_commit_empty", None, event_id)
         samples = np.frombuffer(bytes(self.buffer), "<i2").astype(np.float32) / 32768.0
         self.buffer.clear()
+        self._check_memory(samples.nbytes, event_id)
         previous = self.conversation.last_id()
         turn = self.conversation.user_audio(samples, item_id)
         self.send(ev.Committed(item_id=item_id, previous_item_id=previous))
@@ -222,6 +269,7 @@ class RealtimeSession:
             if len(raw) < 2 or len(raw) % 2 or len(raw) > self.state.limits.max_realtime_buffer_bytes:
                 raise ev.EventError(f"{where}[0].audio must be pcm16 at 24 kHz, up to {self.state.limits.max_realtime_buffer_bytes} "
                                     f"bytes, got {len(raw)} bytes", "invalid_audio", f"{where}[0].audio", event.event_id)
+            self._check_memory(len(raw) * 2, event.event_id)
             turn = self.conversation.user_audio(np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0, item.id)
             self.send(ev.ItemAdded(item=turn.item(), previous_item_id=previous))
             self._transcribe(turn)
@@ -232,11 +280,26 @@ class RealtimeSession:
         self.send(ev.ItemAdded(item=turn.item(), previous_item_id=previous))
         self.send(ev.ItemDone(item=turn.item(), previous_item_id=previous))
 
+    def held_bytes(self) -> int:
+        """What this session holds: its input buffer, the conversation's audio and text, audio being transcribed."""
+        turns = {id(t): t for t in (*self.conversation.turns, *self._transcribing.values())}
+        return len(self.buffer) + sum((t.audio.nbytes if t.audio is not None else 0) + len(t.text or "")
+                                      for t in turns.values())
+
+    def _check_memory(self, adding: int, event_id: str | None) -> None:
+        limit = self.state.limits.max_realtime_session_bytes
+        held = self.held_bytes()
+        if held + adding > limit:
+            raise ev.EventError(f"this session holds {held / 2**20:.1f} MiB of audio and text; {adding / 2**20:.1f} MiB more "
+                                f"would pass its limit of {limit / 2**20:.0f} MiB (wait for transcriptions to finish, or "
+                                "start a new session)", "session_memory_limit", None, event_id)
+
     def _transcribe(self, turn: Turn) -> None:
         """What the user said, by the topology's own speech recognition, as soon as it is committed."""
         if not self.can_transcribe:
             turn.transcribed.set()  # it goes to the pipeline as audio
             return
+        self._transcribing[id(turn)] = turn
         self._spawn(self._transcription(turn))
 
     async def _transcription(self, turn: Turn) -> None:
@@ -264,6 +327,8 @@ class RealtimeSession:
             tracked.finish("completed")
             if heard is not None:
                 turn.text = heard.text
+                turn.release_audio()  # the transcript is what later responses hear
+                self.conversation.trim()  # a transcript may weigh less (or more) than its audio did
                 self.send(ev.TranscriptionCompleted(item_id=turn.id, content_index=0, transcript=heard.text,
                                                     usage=ev.DurationUsage(seconds=round(heard.duration, 3))))
             self.send(ev.ItemDone(item=turn.item()))
@@ -274,6 +339,7 @@ class RealtimeSession:
             if tracked is not None and tracked.outcome is None:  # the session closed meanwhile
                 await self.pipeline.abort(tracked.request.id)
                 tracked.finish("aborted")
+            self._transcribing.pop(id(turn), None)
             turn.transcribed.set()  # a failed transcription leaves the audio for the response to hear
 
     # --- responses -------------------------------------------------------------------------

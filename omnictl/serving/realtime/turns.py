@@ -3,8 +3,11 @@
 Every item is kept as text once it can be: what the user typed, what speech recognition
 heard the user say (its transcript), what the assistant answered. A spoken item whose
 transcript is not known (the topology has no ``transcript`` terminal, or recognition
-is still running) goes to the pipeline as audio. The conversation is bounded: past
-``max_items`` the oldest items are dropped, as a model's context would drop them anyway.
+is still running) goes to the pipeline as audio; once transcribed, its audio is let go
+(the transcript is what every later response hears). The conversation is bounded: past
+``max_items`` items or ``max_tokens`` (estimated, :func:`estimated_tokens`) the oldest
+items are dropped, as OpenAI's server drops old turns: a conversation that outgrew the
+model's context once failed every response from then on, with no way out.
 """
 
 from __future__ import annotations
@@ -18,6 +21,16 @@ from omnictl.inputs import PCM16_RATE, AudioPart, ChatMessage, ChatRequest, Samp
 from omnictl.serving.realtime.events import Content, Item, new_id
 
 MAX_ITEMS = 64
+MAX_TOKENS = 6_000  # below SmolLM2's 8,192-token context, leaving room for instructions and the answer
+CHARS_PER_TOKEN = 4  # a tokenizer-free estimate, close for English BPE vocabularies
+AUDIO_TOKENS_PER_S = 25  # what an omni model's audio encoder makes of a second (Qwen-Omni: 25)
+TOKENS_PER_ITEM = 4  # the chat template's role markers
+
+
+def estimated_tokens(turn: "Turn") -> int:
+    if turn.text is None and turn.audio is not None:
+        return TOKENS_PER_ITEM + int(turn.audio.size / PCM16_RATE * AUDIO_TOKENS_PER_S)
+    return TOKENS_PER_ITEM + len(turn.text or "") // CHARS_PER_TOKEN
 
 
 @dataclass
@@ -31,13 +44,19 @@ class Turn:
     transcribed: asyncio.Event = field(default_factory=asyncio.Event)  # set once text is final
     complete: bool = True  # False while the assistant is still answering
     spoken: bool = False  # an assistant answer given as audio (its text is the transcript)
+    heard: bool = False  # a spoken user item (its audio may be gone: released once transcribed)
+
+    def release_audio(self) -> None:
+        """Let the audio go once the transcript stands for it."""
+        if self.audio is not None and self.text is not None:
+            self.audio, self.heard = None, True
 
     def item(self) -> Item:
         if self.role == "assistant" and self.spoken:
             content = [Content(type="output_audio", transcript=self.text or "")]
         elif self.role == "assistant":
             content = [Content(type="output_text", text=self.text or "")]
-        elif self.audio is not None:
+        elif self.audio is not None or self.heard:
             content = [Content(type="input_audio", transcript=self.text)]
         else:
             content = [Content(type="input_text", text=self.text or "")]
@@ -48,6 +67,7 @@ class Turn:
 @dataclass
 class Conversation:
     max_items: int = MAX_ITEMS
+    max_tokens: int = MAX_TOKENS
     turns: list[Turn] = field(default_factory=list)
 
     def last_id(self) -> str | None:
@@ -55,11 +75,22 @@ class Conversation:
 
     def add(self, turn: Turn) -> Turn:
         self.turns.append(turn)
-        del self.turns[: max(0, len(self.turns) - self.max_items)]
+        self.trim()
         return turn
 
+    def trim(self) -> None:
+        """Drop the oldest items past ``max_items`` or ``max_tokens`` (the newest always stays)."""
+        del self.turns[: max(0, len(self.turns) - self.max_items)]
+        tokens = sum(estimated_tokens(turn) for turn in self.turns)
+        while len(self.turns) > 1 and tokens > self.max_tokens:
+            tokens -= estimated_tokens(self.turns.pop(0))
+
+    def audio_bytes(self) -> int:
+        """Bytes of audio the conversation holds (spoken items not transcribed yet, or never)."""
+        return sum(turn.audio.nbytes for turn in self.turns if turn.audio is not None)
+
     def user_audio(self, samples: np.ndarray, item_id: str | None = None) -> Turn:
-        return self.add(Turn(id=item_id or new_id("item"), role="user", audio=samples))
+        return self.add(Turn(id=item_id or new_id("item"), role="user", audio=samples, heard=True))
 
     def text(self, role: str, text: str, item_id: str | None = None) -> Turn:
         turn = Turn(id=item_id or new_id("item"), role=role, text=text)

@@ -11,6 +11,7 @@ Times are milliseconds of audio since the session's first appended sample.
 from __future__ import annotations
 
 import importlib.util
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,18 @@ def silero_model_path() -> Path:
     return found[-1]
 
 
+VAD_WORKERS = 2  # threads running every session's VAD: at most this many cores, whatever the sessions send
+_executor: ThreadPoolExecutor | None = None
+
+
+def vad_executor() -> ThreadPoolExecutor:
+    """The worker threads server VAD runs in, off the event loop (ONNX Runtime releases the GIL)."""
+    global _executor
+    if _executor is None:
+        _executor = ThreadPoolExecutor(max_workers=VAD_WORKERS, thread_name_prefix="realtime-vad")
+    return _executor
+
+
 class SileroModel:
     """One ONNX session, shared by every session's detector (each keeps its own state)."""
 
@@ -56,6 +69,38 @@ class SileroModel:
         return float(np.asarray(probs).reshape(-1)[0]), h, c
 
 
+_LOWPASS_24K: np.ndarray | None = None
+
+
+def _lowpass_24k() -> np.ndarray:
+    """A 33-tap Hann-windowed sinc low-pass at 8 kHz for 24 kHz audio (unit DC gain)."""
+    global _LOWPASS_24K
+    if _LOWPASS_24K is None:
+        n = np.arange(-16, 17)
+        taps = (2 / 3) * np.sinc(2 / 3 * n) * (0.5 + 0.5 * np.cos(np.pi * n / 17))
+        _LOWPASS_24K = (taps / taps.sum()).astype(np.float32)
+    return _LOWPASS_24K
+
+
+def to_vad_rate(samples: np.ndarray, rate: int) -> np.ndarray:
+    """``samples`` at 16 kHz. From 24 kHz (every realtime session) a low-pass and a 3:2
+    decimation (one C convolution, ~100x cheaper than the general band-limited resampler,
+    which cost ~1 s per 16 s of audio: a flood of appends kept two cores busy); good enough
+    for a speech/no-speech decision. Other rates go through :func:`omnictl.inputs.resample`."""
+    if rate == VAD_RATE:
+        return samples
+    if rate != 24_000:
+        return resample(samples, rate, VAD_RATE)
+    filtered = np.convolve(samples.astype(np.float32, copy=False), _lowpass_24k(), mode="same")
+    count = int(round(samples.size * 2 / 3))
+    out = np.empty(count, dtype=np.float32)
+    even = filtered[0::3][: (count + 1) // 2]  # output 2m is input 3m
+    out[0::2] = even
+    odd_at = np.arange(count // 2) * 3 + 1  # output 2m+1 is input 3m+1.5
+    out[1::2] = 0.5 * (filtered[odd_at] + filtered[np.minimum(odd_at + 1, filtered.size - 1)])
+    return out
+
+
 @dataclass
 class SileroVad:
     """Speech probability per frame of a stream of audio at any rate."""
@@ -69,7 +114,7 @@ class SileroVad:
 
     def feed(self, samples: np.ndarray) -> list[float]:
         """The probabilities of the frames ``samples`` completes (each FRAME / 16 kHz long)."""
-        audio = resample(samples, self.rate, VAD_RATE) if self.rate != VAD_RATE else samples
+        audio = to_vad_rate(samples, self.rate)
         self._pending = np.concatenate([self._pending, audio.astype(np.float32, copy=False)])
         probabilities = []
         while self._pending.size >= FRAME:

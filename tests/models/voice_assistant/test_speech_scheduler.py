@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 
 import numpy as np
 import pytest
@@ -136,6 +138,37 @@ def test_chunks_without_text_fail_the_request(speaker: PiperSpeaker) -> None:
             assert "stage tts" in (error.error or "") and "expected TextDelta" in (error.error or "")
             assert "['token_ids']" in (error.error or "")  # names what it got
             assert scheduler.load().running == 0 and scheduler.load().stream_buffers == 0
+        finally:
+            await scheduler.stop()
+
+    run(main())
+
+def test_one_request_of_many_short_sentences_holds_one_place_not_a_thousand(speaker: PiperSpeaker) -> None:
+    """Issue 24, bug 4: "Hi. " x 1024 put ~1,000 sentences in the queue; backpressure counted
+    them as 1,000 queued requests (the stage's inbox of 32 was "full") and admission refused
+    every new request, text-only ones included. It counts requests waiting now."""
+    from omnictl.topology.model import RelayKnobs
+
+    async def main() -> None:
+        scheduler = scheduler_with(speaker)
+        await scheduler.start()
+        try:
+            scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "r1", TokenDelta(text="Hi. " * 1024, token_ids=[1])))
+            for _ in range(200):
+                if scheduler.load().queued > 100:
+                    break
+                await asyncio.sleep(0.01)
+            load = scheduler.load()
+            assert load.queued > RelayKnobs().inbox  # ~1,000 sentences waiting to be spoken...
+            assert load.waiting() == 1 < RelayKnobs().inbox  # ...for one request: the stage is not full
+            scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "r2", TokenDelta(text="Hello there. ", token_ids=[1])))
+            for _ in range(200):
+                if scheduler.load().waiting() == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert scheduler.load().waiting() == 2
+            scheduler.abort("r1")
+            scheduler.abort("r2")
         finally:
             await scheduler.stop()
 
