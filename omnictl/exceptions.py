@@ -41,6 +41,8 @@ nothing from omnictl and any module may import it without creating an import cyc
 
 from __future__ import annotations
 
+import os
+import traceback
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -202,3 +204,13 @@ class TraceError(OmnictlError):
 
 class BenchError(OmnictlError):
     """The bench could not run (bad options, or the server rejects every request)."""
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` plus the innermost frame's file name and line, enough to find the bug.
+
+    Only the file's name: this text reaches clients, and a full path tells any caller
+    where the server is installed (the stage's log has the whole traceback)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"

@@ -30,7 +30,7 @@ from omnictl.coordinator.request import RequestHandle, RequestRecord
 from omnictl.exceptions import LaunchError
 from omnictl.launch_config import LaunchConfig
 from omnictl.profiling.events import MetaValue, NullProfiler, Profiler
-from omnictl.schedulers.simple import describe_error
+from omnictl.exceptions import describe_error
 from omnictl.topology.model import RelayKnobs, Topology
 from omnictl.transports import registry
 from omnictl.transports.registry import Placement

@@ -19,11 +19,9 @@ import inspect
 import queue
 import threading
 import time
-import os
-import traceback
 from typing import Any, Callable
 
-from omnictl.exceptions import InvalidRequest
+from omnictl.exceptions import InvalidRequest, describe_error
 from omnictl.logs import request_scope
 from omnictl.profiling.events import EventKind
 from omnictl.schedulers.base import (
@@ -34,16 +32,6 @@ from omnictl.schedulers.base import (
     Scheduler,
     SchedulerLoad,
 )
-
-def describe_error(exc: BaseException) -> str:
-    """``Type: message`` plus the innermost frame's file name and line, enough to find the bug.
-
-    Only the file's name: this text reaches clients, and a full path tells any caller
-    where the server is installed (the stage's log has the whole traceback)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
-    return f"{type(exc).__name__}: {exc}{where}"
-
 
 INLINE_BELOW_S = 100e-6  # a plain function every call of which is quicker runs on the loop
 _PROBE_CALLS = 16  # quick calls in a row, in the worker thread, before a function may run on the loop

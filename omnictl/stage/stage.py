@@ -15,7 +15,7 @@ from omnictl.outputs import check_output
 from omnictl.profiling.events import EventKind, Profiler
 from omnictl.recent import RecentIds
 from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind, OutgoingMessage, Scheduler
-from omnictl.schedulers.simple import describe_error
+from omnictl.exceptions import describe_error
 from omnictl.stage.fanin import FanIn, FanInResult
 from omnictl.stage.router import RouteContractError, Router
 from omnictl.topology.model import StageSpec

@@ -25,7 +25,7 @@ from omnictl import logs
 from omnictl import messages as m
 from omnictl.exceptions import ResolveError, StartupError
 from omnictl.profiling.events import EventKind, NullProfiler, Profiler
-from omnictl.schedulers.simple import describe_error
+from omnictl.exceptions import describe_error
 from omnictl.stage.build import build_stage
 from omnictl.stage.ports import WorkerPorts
 from omnictl.stage.stage import Stage

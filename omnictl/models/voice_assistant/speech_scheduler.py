@@ -22,7 +22,7 @@ from omnictl.models.voice_assistant.tts import DEFAULT_VOICE, VOICES, PiperSpeak
 from omnictl.outputs import AudioChunk, AudioResult, TextResult
 from omnictl.profiling.events import EventKind
 from omnictl.schedulers.base import OutgoingKind, OutgoingMessage, SchedulerLoad
-from omnictl.schedulers.simple import describe_error
+from omnictl.exceptions import describe_error
 
 
 @dataclass(slots=True)
