@@ -60,7 +60,7 @@ def _set(obj: msgspec.Struct, name: str, value: Any) -> None:
 
 # Frozen: a fan-out passes one request object to several stages of a process. kw_only on
 # each class: msgspec applies it only to the fields the class itself declares.
-class TextPart(WireStruct, frozen=True, kw_only=True):
+class TextPart(WireStruct, frozen=True, kw_only=True):  # type: ignore[misc]  # msgspec allows a frozen Struct over the unfrozen base; mypy applies the dataclass rule
     text: str
 
     def __post_init__(self) -> None:
@@ -68,7 +68,7 @@ class TextPart(WireStruct, frozen=True, kw_only=True):
             raise _fail("text", f"must be a string, got {_kind(self.text)}")
 
 
-class AudioPart(WireStruct, frozen=True, kw_only=True):
+class AudioPart(WireStruct, frozen=True, kw_only=True):  # type: ignore[misc]  # msgspec allows a frozen Struct over the unfrozen base; mypy applies the dataclass rule
     samples: np.ndarray  # float32 mono in [-1, 1], at ``sample_rate``
     sample_rate: int
     field: str = "audio"  # where it sat in the request, for errors raised later
@@ -85,7 +85,7 @@ class AudioPart(WireStruct, frozen=True, kw_only=True):
         _set(self, "sample_rate", int(rate))
 
 
-class ImagePart(WireStruct, frozen=True, kw_only=True):
+class ImagePart(WireStruct, frozen=True, kw_only=True):  # type: ignore[misc]  # msgspec allows a frozen Struct over the unfrozen base; mypy applies the dataclass rule
     field: str
     data: bytes | None = None  # from a data URL
     path: str | None = None  # a local file (a str, not a Path: it crosses processes as msgpack)
@@ -99,7 +99,7 @@ Part = Union[TextPart, AudioPart, ImagePart]
 _PART_TYPES = (TextPart, AudioPart, ImagePart)
 
 
-class ChatMessage(WireStruct, frozen=True, kw_only=True):
+class ChatMessage(WireStruct, frozen=True, kw_only=True):  # type: ignore[misc]  # msgspec allows a frozen Struct over the unfrozen base; mypy applies the dataclass rule
     role: str
     parts: tuple[Part, ...] = ()
 
@@ -119,7 +119,7 @@ class ChatMessage(WireStruct, frozen=True, kw_only=True):
         return [part for part in self.parts if isinstance(part, AudioPart)]
 
 
-class SamplingParams(WireStruct, frozen=True, kw_only=True):
+class SamplingParams(WireStruct, frozen=True, kw_only=True):  # type: ignore[misc]  # msgspec allows a frozen Struct over the unfrozen base; mypy applies the dataclass rule
     """What the request asks of generation; None: the stage's default."""
 
     max_tokens: int | None = None
@@ -139,7 +139,7 @@ class SamplingParams(WireStruct, frozen=True, kw_only=True):
         return {name: value for name, value in values.items() if value is not None}
 
 
-class RecognitionOptions(WireStruct, frozen=True, kw_only=True):
+class RecognitionOptions(WireStruct, frozen=True, kw_only=True):  # type: ignore[misc]  # msgspec allows a frozen Struct over the unfrozen base; mypy applies the dataclass rule
     """What ``/v1/audio/transcriptions`` and ``/translations`` ask of speech recognition."""
 
     task: str = "transcribe"  # or "translate": into English
@@ -156,7 +156,7 @@ class RecognitionOptions(WireStruct, frozen=True, kw_only=True):
             raise _fail("temperature", f"must be between 0 and 1, got {self.temperature!r}")
 
 
-class ChatRequest(WireStruct, frozen=True, kw_only=True):
+class ChatRequest(WireStruct, frozen=True, kw_only=True):  # type: ignore[misc]  # msgspec allows a frozen Struct over the unfrozen base; mypy applies the dataclass rule
     messages: tuple[ChatMessage, ...]
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     voice: str | None = None
@@ -187,7 +187,7 @@ class ChatRequest(WireStruct, frozen=True, kw_only=True):
         return params
 
 
-class SpeechRequest(WireStruct, frozen=True, kw_only=True):
+class SpeechRequest(WireStruct, frozen=True, kw_only=True):  # type: ignore[misc]  # msgspec allows a frozen Struct over the unfrozen base; mypy applies the dataclass rule
     """Text to speak as it is (``/v1/audio/speech``): no recognition, no language model.
 
     A topology serves it when its entry stage routes it straight to an audio terminal."""

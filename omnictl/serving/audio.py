@@ -124,11 +124,11 @@ class _Muxed:
         self._sink: _Sink | _File = _File() if seekable else _Sink()
         options = {"flush_packets": "1", **dict(codec.container_options)}
         self._container: Any = av.open(self._sink, mode="w", format=codec.container, options=options)
-        self._stream: Any = self._container.add_stream(codec.encoder, rate=codec.rate or sample_rate, layout="mono")
+        stream: Any = self._container.add_stream(codec.encoder, rate=codec.rate or sample_rate, layout="mono")
         if codec.bit_rate is not None:
-            self._stream.bit_rate = codec.bit_rate
-        self._resampler = av.AudioResampler(format=self._stream.codec_context.format.name, layout="mono",
-                                            rate=self._stream.rate)
+            stream.bit_rate = codec.bit_rate
+        self._resampler = av.AudioResampler(format=stream.codec_context.format.name, layout="mono", rate=stream.rate)
+        self._stream: Any = stream
         self.input_rate = sample_rate
         self._av = av
 

@@ -26,7 +26,7 @@ from omnictl.outputs import TokenResult
 StageFn = Callable[[Mapping[str, Any]], dict[str, Any]]
 
 # transformers' defaults for the talker in `Qwen3OmniMoeForConditionalGeneration.generate`.
-TALKER_SAMPLING = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "max_tokens": 4096}
+TALKER_SAMPLING: dict[str, Any] = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "max_tokens": 4096}
 
 
 def preprocessing(model_path: str | Path | None = None) -> Callable[[ChatRequest | Mapping[str, Any]], dict[str, Any]]:
