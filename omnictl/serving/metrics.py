@@ -123,13 +123,13 @@ class ProcessMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         if self.pipeline is None:
             return
-        name, kind, documentation, _ = self.FAMILIES[0]
-        up = Metric(name, documentation, kind)
+        family, kind, documentation, _ = self.FAMILIES[0]
+        up = Metric(family, documentation, kind)
         _, down = self.pipeline.health()
         for group in self.pipeline.topology.processes.values():
-            for name in group.instances:
-                up.add_sample(name, {"process": name, "group": group.name},
-                              0.0 if name in down else 1.0)
+            for instance in group.instances:
+                up.add_sample(family, {"process": instance, "group": group.name},
+                              0.0 if instance in down else 1.0)
         yield up
 
 

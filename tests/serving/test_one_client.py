@@ -318,13 +318,13 @@ def test_a_broken_multipart_body_is_a_400_naming_the_body(content_type: bytes, b
 
     from omnictl.exceptions import InvalidRequest
     from omnictl.serving.protocol import Limits
-    from omnictl.serving.transcriptions import parse_transcription
+    from omnictl.serving.transcriptions import parse_audio_form
 
     scope = {"type": "http", "method": "POST", "path": "/v1/audio/transcriptions", "headers": [
         (b"content-type", content_type)], "app": object(), "query_string": b""}
 
     async def parse() -> None:
-        await parse_transcription(Request(scope), body, Limits())
+        await parse_audio_form(Request(scope), body, Limits(), "transcribe")
 
     with pytest.raises(InvalidRequest) as refused:
         asyncio.run(parse())
