@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import signal
 from dataclasses import dataclass, field, fields
@@ -74,8 +73,9 @@ def require_vllm() -> None:
 class VllmOptions:
     """A vLLM stage's engine knobs (``factory_args.vllm``), validated; defaults fit a small CPU machine.
 
-    kv_cache_gib: KV cache size in GiB (``VLLM_CPU_KVCACHE_SPACE`` on CPUs; on a GPU it
-        becomes ``kv_cache_memory_bytes``). 1 GiB holds ~23k tokens of SmolLM2-135M.
+    kv_cache_gib: KV cache size in whole GiB (``VLLM_CPU_KVCACHE_SPACE`` on CPUs, which takes
+        integers; on a GPU it becomes ``kv_cache_memory_bytes``). 1 GiB holds ~23k tokens
+        of SmolLM2-135M in float32.
     max_num_seqs: most requests the engine batches at once (others wait in its queue).
     max_model_len: prompt plus answer, in tokens; longer prompts are refused with a 400.
     enforce_eager: skip torch.compile (start-up ~25 s instead of ~100 s on first run).
@@ -84,7 +84,7 @@ class VllmOptions:
     device: "cpu" or "cuda".
     """
 
-    kv_cache_gib: float = 1.0
+    kv_cache_gib: int = 1
     max_num_seqs: int = 32
     max_model_len: int = 2048
     enforce_eager: bool = True
@@ -111,11 +111,7 @@ class VllmOptions:
         def bad(key: str, why: str) -> ValueError:
             return ValueError(f"{where}.{key}: {why}, got {getattr(self, key)!r}")
 
-        if isinstance(self.kv_cache_gib, bool) or not isinstance(self.kv_cache_gib, (int, float)) or not (
-            math.isfinite(self.kv_cache_gib) and self.kv_cache_gib > 0
-        ):
-            raise bad("kv_cache_gib", "must be a number of GiB > 0")
-        for key in ("max_num_seqs", "max_model_len"):
+        for key in ("kv_cache_gib", "max_num_seqs", "max_model_len"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise bad(key, "must be an integer >= 1")
@@ -247,7 +243,7 @@ class VllmScheduler(Scheduler):
 
         if self.options.device == "cpu":
             # Read by the engine core process at start; GiB.
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{self.options.kv_cache_gib:g}"
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.options.kv_cache_gib)
         # vLLM's default stat logger prints throughput every few seconds; the stage's
         # counts come from ours, the dashboard's figures from the profiler.
         logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)

@@ -225,6 +225,17 @@ def thinker(
     )
 
 
+def sentence_cap(max_sentences: int) -> Callable[[str], bool]:
+    """``text -> bool``: whether an answer so far has said ``max_sentences`` sentences (the
+    vLLM thinker's ``stop_when``; the HF runner forces end-of-answer at the same point)."""
+    from omnictl.models.voice_assistant.answer_runner import sentences_ended
+
+    def answer_is_done(text: str) -> bool:
+        return sentences_ended(text) >= max_sentences
+
+    return answer_is_done
+
+
 def _vllm_thinker(
     model_path: str | None,
     device: str,
@@ -237,7 +248,6 @@ def _vllm_thinker(
     stream_every: int,
     vllm: Mapping[str, Any] | None,
 ) -> Scheduler:
-    from omnictl.models.voice_assistant.answer_runner import sentences_ended
     from omnictl.models.voice_assistant.llm import smollm2_checkpoint
     from omnictl.schedulers.vllm_engine import VllmOptions, VllmScheduler, require_vllm
 
@@ -249,16 +259,11 @@ def _vllm_thinker(
     if max_sentences is not None and max_sentences < 1:
         raise ValueError(f"max_sentences: must be >= 1 or null (no cap), got {max_sentences}")
     options = VllmOptions.from_mapping({"device": device, **(vllm or {})})
-    cap = max_sentences
-
-    def answer_is_done(text: str) -> bool:
-        return cap is not None and sentences_ended(text) >= cap
-
     return VllmScheduler(
         str(Path(model_path) if model_path else smollm2_checkpoint()),
         options,
         system_prompt=system_prompt,
-        stop_when=answer_is_done if cap is not None else None,
+        stop_when=sentence_cap(max_sentences) if max_sentences is not None else None,
         default_sampling={"max_tokens": max_tokens, "temperature": temperature},
         stream_every=stream_every,
     )
