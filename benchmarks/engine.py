@@ -17,11 +17,16 @@ time to first token (p50: the first text event through the pipeline, the first o
 of ``generate`` alone). Every setup answers one warm-up request first. Setups run one
 after another (never two engines at once on this machine).
 
+``--first-audio``: also the whole voice assistant (``omnictl/data/voice-assistant.yaml``:
+ASR, thinker, TTS) with its thinker on each engine (shipped settings otherwise), spoken
+sample questions, first audio (the first ``tts`` stream event) p50 at c=1 and c=8.
+
 Goals (reported, not asserted): the vLLM stage reaches ≥ 90% of vLLM alone's tokens/s
 at c=32 and ≥ 2× the HF runner's; its time to first token at c=1 is within 1.2× of vLLM
-alone's.
+alone's; (``--first-audio``) the voice assistant's first audio at c=1 is no worse with
+the vLLM thinker, and at c=8 its p50 is better.
 
-Run: ``python benchmarks/engine.py [--quick] [--eager/--no-eager] [--kv-cache-gib 1]``
+Run: ``python benchmarks/engine.py [--quick] [--first-audio] [--eager/--no-eager] [--kv-cache-gib 1] [--only abc]``
 """
 
 from __future__ import annotations
@@ -175,6 +180,61 @@ async def vllm_alone(engine_options: dict[str, Any], plan: dict[int, int]) -> di
         return {c: await closed_loop(c, n, one) for c, n in plan.items()}
     finally:
         engine.shutdown()
+        del engine  # now, not in __del__ at interpreter exit (when vLLM's modules are gone)
+
+
+def voice_assistant(tmp: Path, engine: str, engine_options: dict[str, Any]) -> Path:
+    document = yaml.safe_load(Path(data_path("voice-assistant.yaml")).read_text())
+    for stage in document["stages"]:
+        if stage["name"] == "thinker":
+            stage["factory_args"]["engine"] = engine
+            if engine == "vllm":
+                stage["factory_args"]["vllm"] = engine_options
+    path = tmp / f"voice-assistant-{engine}.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+async def first_audio(path: Path, plan: dict[int, int]) -> dict[int, list[float]]:
+    """First audio (seconds) of spoken sample questions, per concurrency."""
+    from omnictl.models.voice_assistant.samples import sample_names, sample_request
+
+    pipe = await Pipeline.launch(path, profile=False, ready_timeout=900.0)
+    names = itertools.cycle(sample_names())
+    try:
+        async def one(name: str) -> float:
+            started = time.perf_counter()
+            handle = await pipe.submit(sample_request(name, sampling={"temperature": 0.0}))
+            first = None
+            async for event in handle.events():
+                if event.kind.value == "stream" and event.stage == "tts" and first is None:
+                    first = time.perf_counter() - started
+                elif event.kind.value in ("error", "aborted"):
+                    raise RuntimeError(f"request failed: {event.error}")
+            return first if first is not None else float("nan")
+
+        await one(next(names))  # warm-up
+        out: dict[int, list[float]] = {}
+        for concurrency, total in plan.items():
+            batch: list[float] = []
+            for start in range(0, total, concurrency):
+                batch += await asyncio.gather(*(one(next(names)) for _ in range(min(concurrency, total - start))))
+            out[concurrency] = batch
+        return out
+    finally:
+        await pipe.close()
+
+
+def report_first_audio(results: dict[str, dict[int, list[float]]]) -> None:
+    hf, vllm = results["hf"], results["vllm"]
+    for c in hf:
+        print(f"voice assistant first audio p50 at c={c}: hf thinker {statistics.median(hf[c]):.2f} s, "
+              f"vllm thinker {statistics.median(vllm[c]):.2f} s")
+    one, eight = min(hf), max(hf)
+    print(f"first audio at c={one} no worse with vLLM: "
+          f"{verdict(statistics.median(vllm[one]) <= statistics.median(hf[one]))}")
+    print(f"first audio p50 at c={eight} better with vLLM: "
+          f"{verdict(statistics.median(vllm[eight]) < statistics.median(hf[eight]))}")
 
 
 def verdict(ok: bool) -> str:
@@ -209,7 +269,8 @@ async def main() -> None:
     parser.add_argument("--eager", action=argparse.BooleanOptionalAction, default=True,
                         help="vLLM without torch.compile (the shipped default)")
     parser.add_argument("--kv-cache-gib", type=int, default=1)
-    parser.add_argument("--only", default="abc", help="which setups to run, e.g. 'bc'")
+    parser.add_argument("--only", default="abc", help="which setups to run, e.g. 'bc' ('' for none)")
+    parser.add_argument("--first-audio", action="store_true", help="also the whole voice assistant on each engine")
     args = parser.parse_args()
     plan = {1: 4, 8: 16, 32: 32} if args.quick else {1: 10, 8: 32, 32: 64}
     engine_options = {"enforce_eager": args.eager, "kv_cache_gib": args.kv_cache_gib, "max_num_seqs": 32,
@@ -227,9 +288,17 @@ async def main() -> None:
         if "a" in args.only:
             results["(a) hf pipeline"] = await through_pipeline(topology(Path(tmp), "hf", engine_options), plan)
             print("(a) done", flush=True)
+        audio = {}
+        if args.first_audio:
+            audio_plan = {1: 3, 8: 8} if args.quick else {1: 5, 8: 16}
+            for engine in ("hf", "vllm"):
+                audio[engine] = await first_audio(voice_assistant(Path(tmp), engine, engine_options), audio_plan)
+                print(f"first audio on {engine} done", flush=True)
     if set(args.only) >= set("abc"):
         report(results)
-    else:
+    if audio:
+        report_first_audio(audio)
+    if results and not set(args.only) >= set("abc"):
         for name, figures in results.items():
             print(name, {c: (round(f.tokens_per_s, 1), round(f.ttft_p50 * 1000)) for c, f in figures.items()})
 
