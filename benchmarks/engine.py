@@ -15,7 +15,7 @@ At each concurrency (1, 8, 32: that many requests in flight, each one replaced w
 ends, ``--requests`` in all) it prints tokens/s (completion tokens over wall time) and
 time to first token (p50: the first text event through the pipeline, the first output
 of ``generate`` alone). Every setup answers one warm-up request first. Setups run one
-after another (never two engines at once on this machine).
+after another, (a) first (never two engines at once on this machine).
 
 ``--first-audio``: also the whole voice assistant (``omnictl/data/voice-assistant.yaml``:
 ASR, thinker, TTS) with its thinker on each engine (shipped settings otherwise), spoken
@@ -279,15 +279,18 @@ async def main() -> None:
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average {os.getloadavg()[0]:.1f}")
     results: dict[str, dict[int, Figures]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        if "c" in args.only:
-            results["(c) vllm alone"] = await vllm_alone(engine_options, plan)
-            print("(c) done", flush=True)
-        if "b" in args.only:
-            results["(b) vllm pipeline"] = await through_pipeline(topology(Path(tmp), "vllm", engine_options), plan)
-            print("(b) done", flush=True)
+        # (a) first, then (b), then (c): vLLM, once imported here, sets environment variables
+        # in this process (LD_PRELOAD, OMP_NUM_THREADS, ...) that stage processes launched
+        # after it would inherit.
         if "a" in args.only:
             results["(a) hf pipeline"] = await through_pipeline(topology(Path(tmp), "hf", engine_options), plan)
             print("(a) done", flush=True)
+        if "b" in args.only:
+            results["(b) vllm pipeline"] = await through_pipeline(topology(Path(tmp), "vllm", engine_options), plan)
+            print("(b) done", flush=True)
+        if "c" in args.only:
+            results["(c) vllm alone"] = await vllm_alone(engine_options, plan)
+            print("(c) done", flush=True)
         audio = {}
         if args.first_audio:
             audio_plan = {1: 3, 8: 8} if args.quick else {1: 5, 8: 16}
