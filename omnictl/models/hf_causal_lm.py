@@ -302,7 +302,7 @@ class HFCausalLMRunner:
             ids = self.tokenizer(value, add_special_tokens=False)["input_ids"]
         else:
             ids = self.tokenizer.apply_chat_template(
-                _text_messages(value), add_generation_prompt=True, tokenize=True, return_dict=False
+                text_messages(value), add_generation_prompt=True, tokenize=True, return_dict=False
             )
         return torch.tensor(list(ids), dtype=torch.long, device=self.device).reshape(1, -1)
 
@@ -324,7 +324,7 @@ class HFCausalLMRunner:
             )
 
 
-def _text_messages(messages: Any) -> list[dict[str, str]]:
+def text_messages(messages: Any) -> list[dict[str, str]]:
     """Chat messages with string content (text parts joined), as chat templates expect."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("model input: messages must be a non-empty list", field="messages")

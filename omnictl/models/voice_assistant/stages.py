@@ -200,22 +200,40 @@ def thinker(
     stream_every: int = 1,
     max_batch: int = 16,
     threads: int | None = None,
+    engine: str = "hf",
+    vllm: Mapping[str, Any] | None = None,
 ) -> Scheduler:
-    """SmolLM2-135M-Instruct (converted from the packaged GGUF on first use) in the autoregressive scheduler.
+    """SmolLM2-135M-Instruct (converted from the packaged GGUF on first use) on ``engine``.
 
+    ``engine``: ``hf`` (the transformers runner in the autoregressive scheduler) or
+    ``vllm`` (:class:`~omnictl.schedulers.vllm_engine.VllmScheduler`, whose engine knobs
+    are the ``vllm`` mapping: see :class:`~omnictl.schedulers.vllm_engine.VllmOptions`).
     ``max_tokens`` and ``temperature`` are defaults; a request's ``sampling`` overrides them.
     ``system_prompt`` (used when the conversation has none), ``repetition_penalty``,
     ``no_repeat_ngram`` and ``max_sentences`` shape the spoken answer: see
-    :class:`~omnictl.models.voice_assistant.answer_runner.SpokenAnswerRunner`.
-    ``threads``: torch's intra-op threads in this process (0: every core it may run on;
-    null: what the launcher's ``OMP_NUM_THREADS`` split gave it).
+    :class:`~omnictl.models.voice_assistant.answer_runner.SpokenAnswerRunner`; on vLLM
+    only ``system_prompt`` and ``max_sentences`` (penalties there would also count the
+    prompt's tokens, which the HF runner deliberately does not).
+    ``max_batch`` and ``threads`` (torch's intra-op threads in this process; 0: every
+    core it may run on; null: what the launcher's ``OMP_NUM_THREADS`` split gave it) are
+    the HF runner's; vLLM's engine batches up to ``vllm.max_num_seqs`` and binds its own threads.
     """
+    from omnictl.models.voice_assistant.llm import smollm2_checkpoint
+
+    if engine not in ("hf", "vllm"):
+        raise ValueError(f"factory_args.engine: must be 'hf' or 'vllm', got {engine!r}")
+    if engine == "vllm":
+        return _vllm_thinker(model_path, device, max_tokens, temperature, system_prompt, repetition_penalty,
+                             no_repeat_ngram, max_sentences, stream_every, vllm)
+    if vllm is not None:
+        raise ValueError("factory_args.vllm: engine options apply to engine: vllm only (engine is 'hf')")
+
     from omnictl.models.voice_assistant.answer_runner import SpokenAnswerRunner
     from omnictl.models.voice_assistant.llm import load_smollm2, set_threads
     from omnictl.schedulers.autoregressive import AutoregressiveScheduler
 
     set_threads(threads)
-    model, tokenizer = load_smollm2(device, Path(model_path) if model_path else None)
+    model, tokenizer = load_smollm2(device, Path(model_path) if model_path else smollm2_checkpoint())
     runner = SpokenAnswerRunner(
         model,
         tokenizer,
@@ -229,6 +247,50 @@ def thinker(
         stream_every=stream_every,
         max_batch=max_batch,
         default_sampling={"max_tokens": max_tokens, "temperature": temperature},
+    )
+
+
+def sentence_cap(max_sentences: int) -> Callable[[str], bool]:
+    """``text -> bool``: whether an answer so far has said ``max_sentences`` sentences (the
+    vLLM thinker's ``stop_when``; the HF runner forces end-of-answer at the same point)."""
+    from omnictl.models.voice_assistant.answer_runner import sentences_ended
+
+    def answer_is_done(text: str) -> bool:
+        return sentences_ended(text) >= max_sentences
+
+    return answer_is_done
+
+
+def _vllm_thinker(
+    model_path: str | None,
+    device: str,
+    max_tokens: int,
+    temperature: float,
+    system_prompt: str | None,
+    repetition_penalty: float,
+    no_repeat_ngram: int,
+    max_sentences: int | None,
+    stream_every: int,
+    vllm: Mapping[str, Any] | None,
+) -> Scheduler:
+    from omnictl.models.voice_assistant.llm import smollm2_checkpoint
+    from omnictl.schedulers.vllm_engine import VllmOptions, VllmScheduler, require_vllm
+
+    require_vllm()  # first: the one error a machine without vLLM gets
+    if repetition_penalty != 1.0:
+        raise ValueError(f"factory_args.repetition_penalty: engine vllm supports 1.0 (off) only, got {repetition_penalty}")
+    if no_repeat_ngram != 0:
+        raise ValueError(f"factory_args.no_repeat_ngram: engine vllm supports 0 (off) only, got {no_repeat_ngram}")
+    if max_sentences is not None and max_sentences < 1:
+        raise ValueError(f"max_sentences: must be >= 1 or null (no cap), got {max_sentences}")
+    options = VllmOptions.from_mapping({"device": device, **(vllm or {})})
+    return VllmScheduler(
+        str(Path(model_path) if model_path else smollm2_checkpoint()),
+        options,
+        system_prompt=system_prompt,
+        stop_when=sentence_cap(max_sentences) if max_sentences is not None else None,
+        default_sampling={"max_tokens": max_tokens, "temperature": temperature},
+        stream_every=stream_every,
     )
 
 

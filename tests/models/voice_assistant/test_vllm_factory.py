@@ -1,0 +1,36 @@
+"""The thinker's ``engine`` switch: checked before anything loads; without vLLM, engine: vllm is one clear error."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from omnictl.exceptions import StartupError
+from omnictl.models.voice_assistant import stages
+
+
+def test_an_unknown_engine_is_named() -> None:
+    with pytest.raises(ValueError, match=r"factory_args.engine: must be 'hf' or 'vllm', got 'vllm-gpu'"):
+        stages.thinker(engine="vllm-gpu")
+
+
+def test_engine_options_on_the_hf_engine_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"factory_args.vllm: engine options apply to engine: vllm only"):
+        stages.thinker(engine="hf", vllm={"max_num_seqs": 8})
+
+
+def test_engine_vllm_without_vllm_names_the_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(StartupError, match=r"pip install 'omnictl\[vllm\]'.*or set factory_args.engine: hf"):
+        stages.thinker(engine="vllm")
+
+
+def test_engine_vllm_refuses_the_penalties_it_cannot_apply_the_same_way() -> None:
+    pytest.importorskip("vllm")
+    with pytest.raises(ValueError, match=r"repetition_penalty: engine vllm supports 1.0 \(off\) only, got 1.2"):
+        stages.thinker(engine="vllm", repetition_penalty=1.2)
+    with pytest.raises(ValueError, match=r"no_repeat_ngram: engine vllm supports 0 \(off\) only, got 3"):
+        stages.thinker(engine="vllm", no_repeat_ngram=3)
+    with pytest.raises(ValueError, match=r"factory_args.vllm.max_num_seq: unknown engine option"):
+        stages.thinker(engine="vllm", vllm={"max_num_seq": 8})
