@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass

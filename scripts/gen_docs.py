@@ -9,7 +9,7 @@ Every page here is generated from the code it documents, never copied by hand:
   description) and every rule of ``omnictl validate`` (``omnictl.topology.catalog``), with
   the message and hint the validator gives for a topology that breaks it;
 - ``docs/reference/cli.md``: every command and option of the Typer app;
-- ``docs/reference/metrics.md``: every ``/metrics`` family of ``omnictl.serving.metrics``;
+- ``docs/reference/metrics.md``: every ``/metrics`` family of ``omnictl.serving.common.metrics``;
 - ``docs/reference/graphs.md``: each shipped topology drawn by ``omnictl validate --graph``;
 - ``docs/reference/terminal.md``: the live dashboard at 80x24 and a trace waterfall, rendered
   by their own code from synthetic requests.
@@ -190,7 +190,7 @@ def cli_page() -> str:
 
 
 def metrics_page() -> str:
-    from omnictl.serving.metrics import LATENCY_BUCKETS, ProcessMetrics, ProfileMetrics, ServerMetrics
+    from omnictl.serving.common.metrics import LATENCY_BUCKETS, ProcessMetrics, ProfileMetrics, ServerMetrics
 
     metrics = ServerMetrics()
     families = []
@@ -200,7 +200,7 @@ def metrics_page() -> str:
     for collector in (ProfileMetrics, ProcessMetrics):
         for name, kind, documentation, labels in collector.FAMILIES:
             families.append((name, kind, documentation, list(labels)))
-    out = [BANNER.format(source="omnictl/serving/metrics.py"), "# `/metrics` reference", "",
+    out = [BANNER.format(source="omnictl/serving/common/metrics.py"), "# `/metrics` reference", "",
            "`GET /metrics` answers in the Prometheus text format (it needs the API key when the "
            "server has one). Counters are exposed with the `_total` suffix; histograms have "
            "the buckets " + ", ".join(f"{b:g}" for b in LATENCY_BUCKETS) + " s; summaries "

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-import omnictl.inputs
 from omnictl.exceptions import InvalidRequest, PayloadTooLarge
 from omnictl.inputs import (
     AudioPart,
@@ -305,7 +304,8 @@ def test_the_request_types_check_themselves_and_are_frozen() -> None:
 
 
 def test_one_definition_of_formats_and_roles() -> None:
-    from omnictl.serving import audio, protocol
+    from omnictl.serving.speech import encode as audio
+    from omnictl.serving.chat import protocol
 
     # Input audio formats (input_audio parts) are inputs'; the answer's (audio.format) are
     # what the encoders produce, defined once in serving.audio.

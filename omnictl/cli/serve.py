@@ -65,7 +65,7 @@ def serve_command(
     from rich.console import Console
 
     from omnictl.exceptions import OmnictlError
-    from omnictl.serving.protocol import Limits
+    from omnictl.serving.chat.protocol import Limits
     from omnictl.serving import Listening, ServeOptions, serve
     from omnictl.cli import invocation
     from omnictl.serving.ready import ready_message

@@ -15,14 +15,16 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from omnictl.logs import request_scope
-from omnictl.serving import chat, playground, speech, transcriptions, voices
-from omnictl.serving.admission import Admitted, Submission, admit
-from omnictl.serving.auth import authorized
-from omnictl.serving.capabilities import capabilities
-from omnictl.serving.errors import error_response, unauthorized
-from omnictl.serving.guard import GuardMiddleware, RequestGuard
-from omnictl.serving.metrics import CONTENT_TYPE
-from omnictl.serving.protocol import parse_chat_body
+from omnictl.serving import playground
+from omnictl.serving.chat import route as chat
+from omnictl.serving.speech import route as speech
+from omnictl.serving.speech import voices
+from omnictl.serving.transcriptions import route as transcriptions
+from omnictl.serving.common.auth import authorized
+from omnictl.serving.common.capabilities import capabilities
+from omnictl.serving.common.errors import error_response, unauthorized
+from omnictl.serving.common.guard import GuardMiddleware, RequestGuard
+from omnictl.serving.common.metrics import CONTENT_TYPE
 from omnictl.serving.realtime.route import realtime_endpoint
 from omnictl.serving.state import PipelineLike, ServingState
 
@@ -115,19 +117,6 @@ class RequestIdMiddleware:
 
 def create_app(state: ServingState, guard: RequestGuard | None = None) -> Starlette:
     """The app; ``guard``: the Host / Origin checks (None: the defaults for a loopback server)."""
-    async def parse_chat(request: Request, raw: bytes, pipe: PipelineLike) -> Submission[bool]:
-        # JSON, envelope and messages; input audio is decoded here, once (off the loop when large)
-        parsed = await parse_chat_body(raw, pipe.topology.terminals, state.limits)
-        return Submission(parsed.inputs, parsed.modalities, parsed.model, parsed.stream, parsed.audio_format)
-
-    async def chat_completions(request: Request) -> Response | chat.EventStreamResponse:
-        admitted = await admit(state, request, parse_chat)
-        if not isinstance(admitted, Admitted):
-            return admitted
-        if admitted.submission.extra:  # stream
-            return chat.stream_response(admitted.tracked, admitted.pipeline.abort)
-        return await chat.complete(admitted.tracked, request, admitted.pipeline.abort)
-
     async def abort_request(request: Request) -> Response:
         if not authorized(request.headers, state.api_key):
             return unauthorized()
@@ -191,7 +180,7 @@ def create_app(state: ServingState, guard: RequestGuard | None = None) -> Starle
 
     routes: list[BaseRoute] = [
         Route("/", playground.page, methods=["GET"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat.endpoint(state), methods=["POST"]),
         Route("/v1/audio/speech", speech.endpoint(state), methods=["POST"]),
         Route("/v1/audio/transcriptions", transcriptions.endpoint(state), methods=["POST"]),
         Route("/v1/audio/translations", transcriptions.endpoint(state, "translate"), methods=["POST"]),

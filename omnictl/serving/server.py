@@ -26,10 +26,10 @@ from omnictl.data import DEFAULT_TOPOLOGY, data_path
 from omnictl.exceptions import LaunchError, ListenError, StartupError
 from omnictl.launch_config import LaunchConfig
 from omnictl.serving.app import ServingState, create_app, watch_liveness
-from omnictl.serving.chat import end_in_flight
-from omnictl.serving.connections import ConnectionGuard, connection_cap
-from omnictl.serving.guard import RequestGuard
-from omnictl.serving.protocol import Limits
+from omnictl.serving.common.tracking import end_in_flight
+from omnictl.serving.common.connections import ConnectionGuard, connection_cap
+from omnictl.serving.common.guard import RequestGuard
+from omnictl.serving.chat.protocol import Limits
 
 GRACEFUL_SHUTDOWN_S = 5
 
@@ -54,7 +54,7 @@ class ServeOptions:
     ray_address: str | None = None
     data_host: str | None = None
     # Browser origins (scheme://host[:port]) allowed to open /v1/realtime or send requests
-    # besides the server's own; "*": any (see omnictl.serving.guard).
+    # besides the server's own; "*": any (see omnictl.serving.common.guard).
     allowed_origins: tuple[str, ...] = ()
     # Host header values accepted besides the bound address and loopback names; "*": any.
     allowed_hosts: tuple[str, ...] = ()

@@ -6,11 +6,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
-from omnictl.serving.metrics import ServerMetrics
-from omnictl.serving.protocol import Limits
+from omnictl.serving.common.metrics import ServerMetrics
+from omnictl.serving.chat.protocol import Limits
 
 if TYPE_CHECKING:
-    from omnictl.serving.chat import Tracked
+    from omnictl.serving.common.tracking import Tracked
 
 
 class PipelineLike(Protocol):

@@ -11,7 +11,7 @@ from omnictl.bench.breakdown import from_metrics, from_trace_store
 from omnictl.profiling.aggregate import Aggregator
 from tests.support.synthetic import qwen_omni_topology, synthetic_request
 from omnictl.profiling.store import TraceStore
-from omnictl.serving.metrics import ServerMetrics
+from omnictl.serving.common.metrics import ServerMetrics
 
 STAGES = set(qwen_omni_topology().stages)
 

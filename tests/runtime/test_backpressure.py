@@ -15,7 +15,6 @@ import omnictl
 from omnictl.admission import Admission
 from tests.support import topo
 from tests.support.loop import LoopThread, launch
-from tests.support.wait import until
 
 E = "omnictl.models.examples"
 INBOX = 4

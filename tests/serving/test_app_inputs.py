@@ -18,7 +18,7 @@ from omnictl.exceptions import PipelineDead
 from omnictl.inputs import AudioPart, ChatRequest
 from omnictl.models.voice_assistant.stages import prepare_question
 from omnictl.serving.app import ServingState, create_app
-from omnictl.serving.protocol import INLINE_PARSE_BYTES
+from omnictl.serving.chat.protocol import INLINE_PARSE_BYTES
 from omnictl.transports.packing import pack, unpack
 from tests.serving import fast_stages
 from tests.test_inputs import tone, wav_bytes

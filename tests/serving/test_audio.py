@@ -5,7 +5,7 @@ import wave
 
 import numpy as np
 
-from omnictl.serving.audio import PCM16_RATE, AudioStreamEncoder, encode_whole, resample
+from omnictl.serving.speech.encode import PCM16_RATE, AudioStreamEncoder, encode_whole, resample
 
 
 def sine(seconds: float, rate: int) -> np.ndarray:

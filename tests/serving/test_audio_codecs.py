@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from omnictl.models.voice_assistant.tts import PiperSpeaker
-from omnictl.serving.audio import CODECS, AudioStreamEncoder, encode_whole
-from omnictl.serving.audiofile import decode_audio_file
+from omnictl.serving.speech.encode import CODECS, AudioStreamEncoder, encode_whole
+from omnictl.serving.transcriptions.audiofile import decode_audio_file
 from tests.serving.ffprobe import CODEC_NAMES, needs_ffmpeg, probe
 
 pytestmark = needs_ffmpeg

@@ -19,8 +19,8 @@ from openai.types.audio import TranscriptionTextDeltaEvent, TranscriptionTextDon
 
 from omnictl.inputs import read_wav
 from omnictl.models.voice_assistant.samples import sample_path
-from omnictl.serving.audio import encode_whole
-from omnictl.serving.audiofile import decode_audio_file
+from omnictl.serving.speech.encode import encode_whole
+from omnictl.serving.transcriptions.audiofile import decode_audio_file
 from tests.serving.ffprobe import CODEC_NAMES, convert, needs_ffmpeg, probe
 from tests.serving.harness import API_KEY, ServerProcess, wait_until
 from tests.serving.test_app import audio_of

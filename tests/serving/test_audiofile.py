@@ -26,7 +26,7 @@ def seconds_of(wav: bytes) -> float:
 @pytest.mark.parametrize("suffix,args", [("mp3", ()), ("ogg", ("-c:a", "libopus")), ("webm", ()), ("m4a", ()),
                                          ("flac", ())])
 def test_the_formats_browsers_and_phones_record_decode_to_the_same_audio(suffix: str, args: tuple[str, ...]) -> None:
-    from omnictl.serving.audiofile import decode_audio_file
+    from omnictl.serving.transcriptions.audiofile import decode_audio_file
 
     samples, rate = decode_audio_file(convert(QUESTION, suffix, *args), "file", 600)
     assert samples.dtype == np.float32 and samples.ndim == 1
@@ -35,7 +35,7 @@ def test_the_formats_browsers_and_phones_record_decode_to_the_same_audio(suffix:
 
 
 def test_wav_goes_through_the_wav_reader() -> None:
-    from omnictl.serving.audiofile import decode_audio_file
+    from omnictl.serving.transcriptions.audiofile import decode_audio_file
 
     samples, rate = decode_audio_file(QUESTION, "file", 600)
     expected, expected_rate = read_wav(QUESTION)
@@ -45,7 +45,7 @@ def test_wav_goes_through_the_wav_reader() -> None:
 @pytest.mark.parametrize("data", [b"ID3\x03\x00\x00\x00\x00\x00\x00" + os.urandom(4000), b"plain text, not audio",
                                   b""])
 def test_a_corrupt_file_is_refused_naming_the_field(data: bytes) -> None:
-    from omnictl.serving.audiofile import decode_audio_file
+    from omnictl.serving.transcriptions.audiofile import decode_audio_file
 
     with pytest.raises(InvalidRequest) as error:
         decode_audio_file(data, "file", 600)
@@ -63,7 +63,7 @@ def claims_hours(mp3: bytes) -> bytes:
 
 
 def test_a_header_claiming_hours_is_refused_before_decoding() -> None:
-    from omnictl.serving.audiofile import decode_audio_file
+    from omnictl.serving.transcriptions.audiofile import decode_audio_file
 
     assert FFMPEG is not None
     lying = claims_hours(convert(QUESTION, "mp3"))
@@ -75,9 +75,9 @@ def test_a_header_claiming_hours_is_refused_before_decoding() -> None:
 
 
 def test_audio_longer_than_the_limit_is_refused_while_decoding() -> None:
-    from omnictl.serving.audiofile import decode_audio_file
+    from omnictl.serving.transcriptions.audiofile import decode_audio_file
 
-    from omnictl.serving.audio import AudioStreamEncoder
+    from omnictl.serving.speech.encode import AudioStreamEncoder
 
     encoder = AudioStreamEncoder("flac")  # a streamed FLAC: its header does not know its length
     samples, rate = read_wav(QUESTION)
@@ -88,7 +88,7 @@ def test_audio_longer_than_the_limit_is_refused_while_decoding() -> None:
 
 
 def test_a_file_without_audio_is_refused() -> None:
-    from omnictl.serving.audiofile import decode_audio_file
+    from omnictl.serving.transcriptions.audiofile import decode_audio_file
 
     assert FFMPEG is not None
     video = subprocess.run([FFMPEG, "-v", "error", "-f", "lavfi", "-i", "color=c=black:s=16x16:d=0.2", "-f", "webm", "-"],

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from omnictl.serving.auth import authorized
+from omnictl.serving.common.auth import authorized
 
 
 def test_no_key_configured_lets_everyone_in() -> None:

@@ -89,7 +89,7 @@ def test_a_frozen_stage_process_gets_fast_503s_naming_it(limited: ServerProcess)
 
 @contextlib.contextmanager
 def guarded_server(max_connections: int, header_timeout_s: float) -> Iterator[tuple[tuple[str, int], Any]]:
-    from omnictl.serving.connections import ConnectionGuard
+    from omnictl.serving.common.connections import ConnectionGuard
 
     guard = ConnectionGuard(max_connections, header_timeout_s)
     app = Starlette(routes=[Route("/", lambda request: PlainTextResponse("ok"))])
@@ -179,7 +179,7 @@ def test_a_frozen_replica_is_avoided_while_another_answers(tmp_path: Any) -> Non
 def test_accept_errors_are_logged_once_not_in_a_loop(caplog: pytest.LogCaptureFixture) -> None:
     """Bug 6: out of file descriptors, asyncio logged `socket.accept() out of system resource`
     with a traceback on every retry (256-508 MB of log)."""
-    from omnictl.serving.connections import ConnectionGuard
+    from omnictl.serving.common.connections import ConnectionGuard
 
     loop = asyncio.new_event_loop()
     try:

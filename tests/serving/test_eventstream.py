@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncIterator
 
-from omnictl.serving.eventstream import EventStreamResponse
+from omnictl.serving.common.eventstream import EventStreamResponse
 
 
 async def _run(response: EventStreamResponse) -> list[dict[str, Any]]:

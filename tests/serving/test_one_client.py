@@ -317,8 +317,8 @@ def test_a_broken_multipart_body_is_a_400_naming_the_body(content_type: bytes, b
     from starlette.requests import Request
 
     from omnictl.exceptions import InvalidRequest
-    from omnictl.serving.protocol import Limits
-    from omnictl.serving.transcriptions import parse_audio_form
+    from omnictl.serving.chat.protocol import Limits
+    from omnictl.serving.transcriptions.route import parse_audio_form
 
     scope = {"type": "http", "method": "POST", "path": "/v1/audio/transcriptions", "headers": [
         (b"content-type", content_type)], "app": object(), "query_string": b""}

@@ -6,7 +6,7 @@ import pytest
 
 from omnictl.exceptions import InvalidRequest, PayloadTooLarge
 from omnictl.inputs import ChatRequest, SamplingParams, TextPart
-from omnictl.serving.protocol import Limits, parse_chat_request
+from omnictl.serving.chat.protocol import Limits, parse_chat_request
 
 BOTH = {"thinker": "text", "vocoder": "audio"}
 TEXT_ONLY = {"decode": "text"}

@@ -9,8 +9,8 @@ import wave
 import numpy as np
 
 from omnictl.outputs import AudioChunk, AudioResult, TextDelta, TextResult
-from omnictl.serving.responses import ChunkTranslator, build_completion
-from omnictl.serving.sse import DONE, sse_event
+from omnictl.serving.chat.responses import ChunkTranslator, build_completion
+from omnictl.serving.chat.sse import DONE, sse_event
 
 TONE = np.full(1600, 0.25, dtype=np.float32)
 

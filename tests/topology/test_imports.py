@@ -14,8 +14,8 @@ import pytest
 
 import omnictl
 from omnictl.exceptions import ResolveError
-from omnictl.topology import load, validate
-from omnictl.topology.imports import import_path, resolve_callable, topology_dir, worker_sys_path
+from omnictl.topology import validate
+from omnictl.topology.imports import import_path, resolve_callable, worker_sys_path
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "three_stages"

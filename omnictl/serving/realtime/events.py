@@ -19,8 +19,8 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from omnictl.exceptions import InvalidRequest, RealtimeEventError
-from omnictl.serving.echo import ECHO_CHARS, clip, clip_repr
-from omnictl.serving.jsonbody import MAX_DEPTH, check_json
+from omnictl.serving.common.echo import ECHO_CHARS, clip, clip_repr
+from omnictl.serving.common.jsonbody import MAX_DEPTH, check_json
 
 # --- shared pieces --------------------------------------------------------------------------
 
@@ -156,7 +156,7 @@ def decode_client_event(raw: str | bytes) -> ClientEvent:
     """One client message as its typed event; :class:`EventError` says what is wrong with it.
 
     What the session could not use later is refused here, as the HTTP routes refuse it
-    (:func:`omnictl.serving.jsonbody.check_json`): nesting past the recursion limit, lone
+    (:func:`omnictl.serving.common.jsonbody.check_json`): nesting past the recursion limit, lone
     surrogates (an echoed ``event_id`` or ``instructions`` then failed to encode and
     dropped the socket), integers beyond 64 bits (``max_output_tokens`` 2**64 left a
     response without its ``response.done``). Values quoted back are clipped (:func:`clip`)."""

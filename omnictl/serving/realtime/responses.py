@@ -21,9 +21,9 @@ from omnictl.coordinator.request import RequestEventKind
 from omnictl.exceptions import InvalidRequest, Overloaded, PipelineDead
 from omnictl.inputs import ChatRequest
 from omnictl.outputs import AUDIO, TEXT, AudioChunk, AudioResult, TextDelta as PipelineTextDelta, TextResult
-from omnictl.serving.audio import AudioStreamEncoder, b64
-from omnictl.serving.chat import Tracked
-from omnictl.serving.echo import clip
+from omnictl.serving.speech.encode import AudioStreamEncoder, b64
+from omnictl.serving.common.tracking import Tracked
+from omnictl.serving.common.echo import clip
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.turns import Conversation, Turn
 from omnictl.serving.state import PipelineLike, ServingState

@@ -19,9 +19,9 @@ from typing import Awaitable, Callable
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from omnictl.serving.auth import authorized
-from omnictl.serving.capabilities import capabilities
-from omnictl.serving.echo import RepeatLimiter, clip
+from omnictl.serving.common.auth import authorized
+from omnictl.serving.common.capabilities import capabilities
+from omnictl.serving.common.echo import RepeatLimiter, clip
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.session import RealtimeSession
 from omnictl.serving.realtime.vad import SileroModel
@@ -169,7 +169,7 @@ class _Sessions:
 
 
 def _hang_up(websocket: WebSocket, code: int, reason: str) -> None:
-    """Close now, without waiting for a client that does not read (see omnictl.serving.connections)."""
+    """Close now, without waiting for a client that does not read (see omnictl.serving.common.connections)."""
     hang_up = websocket.scope.get("extensions", {}).get("omnictl.hangup")
     if hang_up is not None:
         hang_up(code, reason)

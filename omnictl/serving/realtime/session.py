@@ -26,9 +26,9 @@ from omnictl.coordinator.request import RequestEventKind
 from omnictl.exceptions import InvalidRequest, Overloaded, PipelineDead
 from omnictl.inputs import PCM16_RATE, AudioPart, ChatMessage, ChatRequest, SamplingParams
 from omnictl.outputs import TRANSCRIPT, Transcript
-from omnictl.serving.capabilities import capabilities
-from omnictl.serving.chat import Tracked
-from omnictl.serving.protocol import OPENAI_VOICES
+from omnictl.serving.common.capabilities import capabilities
+from omnictl.serving.common.tracking import Tracked
+from omnictl.serving.chat.protocol import OPENAI_VOICES
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.responses import ResponseRun
 from omnictl.serving.realtime.turns import Conversation, Turn

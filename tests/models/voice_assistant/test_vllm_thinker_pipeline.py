@@ -5,7 +5,6 @@ the restart policy brings the stage back."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest

@@ -59,7 +59,7 @@ def test_audio_past_the_sessions_memory_bound_is_refused_with_an_error() -> None
 
     import pytest
 
-    from omnictl.serving.protocol import Limits
+    from omnictl.serving.chat.protocol import Limits
     from omnictl.serving.realtime import events as ev
     from omnictl.serving.realtime.session import RealtimeSession
     from omnictl.serving.state import ServingState

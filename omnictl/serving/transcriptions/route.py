@@ -2,7 +2,7 @@
 speech recognition only.
 
 Multipart fields, as OpenAI documents them: ``file`` (any format FFmpeg decodes: wav,
-mp3, m4a, ogg, webm, flac...; see :mod:`omnictl.serving.audiofile`), ``model``,
+mp3, m4a, ogg, webm, flac...; see :mod:`omnictl.serving.transcriptions.audiofile`), ``model``,
 ``language`` (transcriptions), ``prompt``, ``response_format`` (``json`` | ``text`` |
 ``verbose_json`` | ``srt`` | ``vtt``), ``temperature``, ``stream``,
 ``timestamp_granularities[]`` (``segment``, ``word``; with ``verbose_json``),
@@ -39,13 +39,13 @@ from omnictl.coordinator.request import RequestEventKind
 from omnictl.exceptions import InvalidRequest, PayloadTooLarge
 from omnictl.inputs import RecognitionOptions, parse_request
 from omnictl.outputs import TRANSCRIPT, Transcript, TranscriptSegment
-from omnictl.serving import chat
-from omnictl.serving.admission import Admitted, Submission, admit
-from omnictl.serving.audiofile import decode_audio_file
-from omnictl.serving.errors import field_error
-from omnictl.serving.eventstream import EventStreamResponse
-from omnictl.serving.protocol import Limits
-from omnictl.serving.sse import error_body, sse_error, sse_event
+from omnictl.serving.common import tracking as chat
+from omnictl.serving.common.intake import Admitted, Submission, admit
+from omnictl.serving.transcriptions.audiofile import decode_audio_file
+from omnictl.serving.common.errors import field_error
+from omnictl.serving.common.eventstream import EventStreamResponse
+from omnictl.serving.chat.protocol import Limits
+from omnictl.serving.chat.sse import error_body, sse_error, sse_event
 from omnictl.serving.state import PipelineLike, ServingState
 
 TRANSCRIPTIONS = "/v1/audio/transcriptions"

@@ -2,11 +2,11 @@
 
 The body is ``{"model", "input", "voice", "response_format", "stream_format", "speed",
 "instructions"}``. The pipeline gets an :class:`omnictl.inputs.SpeechRequest`, which the
-entry stage routes straight to its audio terminal (see :mod:`omnictl.serving.capabilities`):
+entry stage routes straight to its audio terminal (see :mod:`omnictl.serving.common.capabilities`):
 no speech recognition, no language model.
 
 ``response_format``: ``mp3`` (OpenAI's default), ``opus`` (Ogg), ``aac`` (ADTS), ``flac``,
-``wav``, ``pcm`` (raw 24 kHz 16-bit mono), encoded by :mod:`omnictl.serving.audio`.
+``wav``, ``pcm`` (raw 24 kHz 16-bit mono), encoded by :mod:`omnictl.serving.speech.encode`.
 ``stream_format: audio`` (the default) sends the encoded bytes as they are produced,
 sentence by sentence (chunked transfer); ``sse`` sends ``speech.audio.delta`` events
 (base64 of the same bytes) and a ``speech.audio.done`` with the usage. Either way the
@@ -29,14 +29,14 @@ from starlette.responses import JSONResponse, Response
 from omnictl.coordinator.request import RequestEventKind
 from omnictl.inputs import SpeechRequest
 from omnictl.outputs import AUDIO, AudioChunk, AudioResult
-from omnictl.serving import chat
-from omnictl.serving.admission import Admitted, Submission, admit
-from omnictl.serving.audio import MEDIA_TYPES, AudioStreamEncoder, b64
-from omnictl.serving.errors import field_error
-from omnictl.serving.eventstream import EventStreamResponse
-from omnictl.serving.protocol import OPENAI_VOICES
-from omnictl.serving.jsonbody import decode_json
-from omnictl.serving.sse import error_body, sse_error, sse_event
+from omnictl.serving.common import tracking as chat
+from omnictl.serving.common.intake import Admitted, Submission, admit
+from omnictl.serving.speech.encode import MEDIA_TYPES, AudioStreamEncoder, b64
+from omnictl.serving.common.errors import field_error
+from omnictl.serving.common.eventstream import EventStreamResponse
+from omnictl.serving.chat.protocol import OPENAI_VOICES
+from omnictl.serving.common.jsonbody import decode_json
+from omnictl.serving.chat.sse import error_body, sse_error, sse_event
 from omnictl.serving.state import PipelineLike, ServingState
 
 ENDPOINT = "/v1/audio/speech"

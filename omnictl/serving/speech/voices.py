@@ -16,9 +16,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from omnictl.outputs import AUDIO
-from omnictl.serving.auth import authorized
-from omnictl.serving.errors import error_response, unauthorized
-from omnictl.serving.protocol import OPENAI_VOICES
+from omnictl.serving.common.auth import authorized
+from omnictl.serving.common.errors import error_response, unauthorized
+from omnictl.serving.chat.protocol import OPENAI_VOICES
 from omnictl.serving.state import ServingState
 from omnictl.topology.imports import resolve_callable
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from omnictl.outputs import AudioChunk, FinishReason, TextDelta, TextResult
-from omnictl.serving.audio import AudioStreamEncoder, b64, encode_whole
+from omnictl.serving.speech.encode import AudioStreamEncoder, b64, encode_whole
 
 AUDIO_TTL_S = 3600
 

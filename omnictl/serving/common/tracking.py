@@ -20,12 +20,12 @@ from starlette.responses import JSONResponse, Response
 
 from omnictl.coordinator.request import RequestEventKind
 from omnictl.outputs import AudioChunk, TextDelta, TextResult
-from omnictl.serving.eventstream import EventStreamResponse
+from omnictl.serving.common.eventstream import EventStreamResponse
 
 __all__ = ["EventStreamResponse", "Tracked", "complete", "end_in_flight", "results", "stream_response"]
-from omnictl.serving.metrics import ServerMetrics
-from omnictl.serving.responses import ChunkTranslator, build_completion
-from omnictl.serving.sse import DONE, error_body, sse_error, sse_event
+from omnictl.serving.common.metrics import ServerMetrics
+from omnictl.serving.chat.responses import ChunkTranslator, build_completion
+from omnictl.serving.chat.sse import DONE, error_body, sse_error, sse_event
 
 __all__ = ["EventStreamResponse", "Tracked", "complete", "results", "stream_response"]
 

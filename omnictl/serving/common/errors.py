@@ -5,7 +5,7 @@ from __future__ import annotations
 from starlette.responses import JSONResponse
 
 from omnictl.exceptions import InvalidRequest, PayloadTooLarge
-from omnictl.serving.sse import error_body
+from omnictl.serving.chat.sse import error_body
 
 
 def field_error(field: str, problem: str) -> InvalidRequest:

@@ -3,7 +3,7 @@
 Every endpoint that runs the pipeline once per HTTP request (chat completions, speech,
 transcriptions) goes through :func:`admit`, so they share one set of checks, error
 responses and metrics: a request is either refused with a JSON error, or becomes a
-:class:`~omnictl.serving.chat.Tracked` request in the active table.
+:class:`~omnictl.serving.common.tracking.Tracked` request in the active table.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from omnictl.exceptions import AdmissionTimeout, InvalidRequest, Overloaded, PayloadTooLarge, PipelineDead
-from omnictl.serving.auth import authorized
-from omnictl.serving.capabilities import capabilities, cannot_serve
-from omnictl.serving.chat import Tracked
-from omnictl.serving.errors import error_response, invalid_response, unauthorized
-from omnictl.serving.protocol import Limits
+from omnictl.serving.common.auth import authorized
+from omnictl.serving.common.capabilities import capabilities, cannot_serve
+from omnictl.serving.common.tracking import Tracked
+from omnictl.serving.common.errors import error_response, invalid_response, unauthorized
+from omnictl.serving.chat.protocol import Limits
 from omnictl.serving.state import PipelineLike, ServingState
 
 T = TypeVar("T")

@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from omnictl.serving.echo import clip
-from omnictl.serving.errors import error_response
+from omnictl.serving.common.echo import clip
+from omnictl.serving.common.errors import error_response
 
 _LOOPBACK_NAMES = frozenset({"localhost"})
 

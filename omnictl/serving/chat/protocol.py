@@ -15,9 +15,9 @@ from typing import Any, Mapping
 
 from omnictl.exceptions import InvalidRequest
 from omnictl.inputs import parse_request
-from omnictl.serving.audio import FORMATS as OUTPUT_FORMATS  # wav, pcm16, mp3, opus, aac, flac
+from omnictl.serving.speech.encode import FORMATS as OUTPUT_FORMATS  # wav, pcm16, mp3, opus, aac, flac
 from omnictl.inputs import ChatRequest as PipelineRequest  # ChatRequest, here, is the HTTP envelope
-from omnictl.serving.jsonbody import decode_json
+from omnictl.serving.common.jsonbody import decode_json
 
 # OpenAI's own voice names. Clients such as the `openai` package insist on one of them,
 # so they mean "this topology's default voice" rather than failing at the speech stage.
@@ -50,7 +50,7 @@ class Limits:
     # previous response), or it is closed: a socket that sends nothing must not stay forever.
     header_timeout_s: float = 10.0
     # Open connections (HTTP and WebSocket); None: as many as the open-files limit allows
-    # (see omnictl.serving.connections.connection_cap, which keeps a reserve below it either way).
+    # (see omnictl.serving.common.connections.connection_cap, which keeps a reserve below it either way).
     max_connections: int | None = None
     max_realtime_sessions: int = 16  # /v1/realtime sessions at once; one more is refused with an error event
     # Server events one realtime session may have waiting for a client that does not read

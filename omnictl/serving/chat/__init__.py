@@ -1,0 +1,1 @@
+"""``POST /v1/chat/completions``: the route, its request envelope, its responses and their SSE framing."""

@@ -1,0 +1,1 @@
+"""What every endpoint shares: one request's intake and tracking, auth, metrics, errors, bodies, limits."""
