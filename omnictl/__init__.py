@@ -46,6 +46,7 @@ def __getattr__(name: str) -> object:
         return getattr(request, name)
     raise AttributeError(f"module 'omnictl' has no attribute {name!r}")
 
+
 __all__ = [
     "Pipeline",
     "RequestEvent",

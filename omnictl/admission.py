@@ -45,7 +45,7 @@ DEFAULT_MAX_IN_FLIGHT = 64
 class Ticket:
     """One admitted request's slot."""
 
-    _admission: "Admission"
+    _admission: Admission
     released: bool = False
 
     def release(self) -> None:
@@ -62,7 +62,7 @@ class Admission:
     refused: int = 0  # Overloaded at once
     timed_out: int = 0  # AdmissionTimeout after waiting
     held: bool = False  # a stage's inbox is full: nothing new is admitted (see hold)
-    _waiters: "collections.deque[asyncio.Future[None]]" = field(default_factory=collections.deque)
+    _waiters: collections.deque[asyncio.Future[None]] = field(default_factory=collections.deque)
 
     def __post_init__(self) -> None:
         if self.max_in_flight is not None and self.max_in_flight < 1:
@@ -99,8 +99,11 @@ class Admission:
         if self.max_queue_wait > 0 and (limit is None or len(self._waiters) < limit):
             return None
         self.refused += 1
-        why = ("a stage of the pipeline is full (backpressure)" if self.held
-               else f"the server is at its limit of {limit} requests in flight")
+        why = (
+            "a stage of the pipeline is full (backpressure)"
+            if self.held
+            else f"the server is at its limit of {limit} requests in flight"
+        )
         return Overloaded(f"{why}; retry later", retry_after=self.retry_after())
 
     async def admit(self) -> Ticket:
@@ -122,8 +125,10 @@ class Admission:
             self._waiters.remove(waiter)
             waiter.cancel()
             self.timed_out += 1
-            raise AdmissionTimeout(f"no slot freed within {self.max_queue_wait:g} s of waiting; retry later",
-                                   retry_after=self.retry_after()) from None
+            raise AdmissionTimeout(
+                f"no slot freed within {self.max_queue_wait:g} s of waiting; retry later",
+                retry_after=self.retry_after(),
+            ) from None
         except asyncio.CancelledError:  # the caller left while waiting
             if waiter.done() and not waiter.cancelled():
                 self._release()  # the slot it was handed goes to the next one

@@ -56,7 +56,7 @@ class OmnictlError(Exception):
 class TopologyError(OmnictlError):
     """A topology file failed validation; ``issues`` lists every problem found."""
 
-    def __init__(self, path: str, issues: "list[Issue]") -> None:
+    def __init__(self, path: str, issues: list[Issue]) -> None:
         self.path = path
         self.issues = list(issues)
         lines = "\n".join(issue.format() for issue in self.issues)
@@ -85,8 +85,7 @@ class ResolveError(OmnictlError, ImportError):
     when known; ``searched`` the directories looked in first.
     """
 
-    def __init__(self, dotted: str, reason: str, *, where: str | None = None,
-                 searched: tuple[str, ...] = ()) -> None:
+    def __init__(self, dotted: str, reason: str, *, where: str | None = None, searched: tuple[str, ...] = ()) -> None:
         self.dotted = dotted
         self.reason = reason
         self.where = where
@@ -141,8 +140,14 @@ class RealtimeEventError(InvalidRequest):
     session: it is answered with an ``error`` event naming ``code``, ``field`` (the
     protocol's ``param``) and the client's ``event_id``, and the session goes on."""
 
-    def __init__(self, message: str, code: str, param: str | None = None, event_id: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
+    def __init__(
+        self,
+        message: str,
+        code: str,
+        param: str | None = None,
+        event_id: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
         super().__init__(message, field=param)
         self.message, self.code, self.param, self.event_id, self.kind = message, code, param, event_id, kind
 

@@ -43,7 +43,7 @@ MIN_RATE, MAX_RATE = 1000, 384_000  # input audio sample rates accepted (Hz)
 PARAM_KEYS = ("sampling", "voice")  # what every stage sees of a request (RequestContext.params)
 _MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}
 _SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
-_PCM_DTYPES: dict[int, "np.dtype[Any]"] = {8: np.dtype(np.uint8), 16: np.dtype("<i2"), 32: np.dtype("<i4")}
+_PCM_DTYPES: dict[int, np.dtype[Any]] = {8: np.dtype(np.uint8), 16: np.dtype("<i2"), 32: np.dtype("<i4")}
 # Leading bytes of the image formats the image processors read.
 _IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM", b"RIFF")
 
@@ -77,7 +77,9 @@ class AudioPart(WireStruct, frozen=True, kw_only=True):  # type: ignore[misc]  #
         # O(1) checks only: this runs again on every process hop; the NaN scan is parsing's.
         samples = self.samples
         if not isinstance(samples, np.ndarray) or samples.ndim != 1 or samples.dtype != np.float32:
-            got = f"{samples.dtype} array of shape {samples.shape}" if isinstance(samples, np.ndarray) else _kind(samples)
+            got = (
+                f"{samples.dtype} array of shape {samples.shape}" if isinstance(samples, np.ndarray) else _kind(samples)
+            )
             raise _fail(self.field, f"samples must be a 1-D float32 array (mono, in [-1, 1]), got {got}")
         rate = self.sample_rate
         if isinstance(rate, bool) or not isinstance(rate, (int, np.integer)) or rate < 1:
@@ -259,7 +261,10 @@ class _Bounds:
 
 
 def parse_request(
-    inputs: Mapping[str, Any], *, max_audio_bytes: int | None = None, max_audio_seconds: float | None = None,
+    inputs: Mapping[str, Any],
+    *,
+    max_audio_bytes: int | None = None,
+    max_audio_seconds: float | None = None,
     local_images: bool = False,
 ) -> ChatRequest:
     """Check ``inputs`` and decode its audio; raises :class:`InvalidRequest` naming the bad part.
@@ -280,7 +285,9 @@ def parse_request(
     if voice is not None and (not isinstance(voice, str) or not voice):
         raise _fail("voice", f"must be a voice name (a non-empty string), got {voice!r}")
     language = inputs.get("language")
-    if language is not None and (not isinstance(language, str) or not 2 <= len(language) <= 8 or not language.isalpha()):
+    if language is not None and (
+        not isinstance(language, str) or not 2 <= len(language) <= 8 or not language.isalpha()
+    ):
         raise _fail("language", f"must be a language code such as 'en', got {language!r}")
     return ChatRequest(
         messages=tuple(_parse_message(message, f"messages[{i}]", bounds) for i, message in enumerate(messages)),
@@ -318,8 +325,10 @@ def _parse_part(part: Any, field: str, bounds: _Bounds) -> Part:
         part_ = _parse_audio(audio, f"{field}.input_audio", bounds.audio_bytes)
         seconds = part_.samples.size / part_.sample_rate
         if bounds.audio_seconds is not None and seconds > bounds.audio_seconds:
-            raise PayloadTooLarge(f"{field}.input_audio.data: {seconds:.0f} s of audio; the limit is "
-                                  f"{bounds.audio_seconds:g} s", field=f"{field}.input_audio.data")
+            raise PayloadTooLarge(
+                f"{field}.input_audio.data: {seconds:.0f} s of audio; the limit is {bounds.audio_seconds:g} s",
+                field=f"{field}.input_audio.data",
+            )
         return part_
     if kind == "image_url":
         _no_unknown_keys(part, {"type", "image_url"}, field)
@@ -341,7 +350,9 @@ def _parse_audio(audio: Mapping[str, Any], field: str, max_audio_bytes: int | No
     fmt = audio.get("format", "wav")
     if fmt not in AUDIO_FORMATS:
         raise _fail(f"{field}.format", f"must be one of {', '.join(AUDIO_FORMATS)}, got {fmt!r}")
-    raw = _decode_base64(_expect(data, str, f"{field}.data", "a base64 string or a numpy array"), f"{field}.data", max_audio_bytes)
+    raw = _decode_base64(
+        _expect(data, str, f"{field}.data", "a base64 string or a numpy array"), f"{field}.data", max_audio_bytes
+    )
     if fmt == "pcm16":
         if len(raw) % 2:
             raise _fail(f"{field}.data", f"pcm16 audio must hold whole 16-bit samples, got {len(raw)} bytes")
@@ -454,7 +465,9 @@ def parse_sampling(sampling: Any) -> SamplingParams:
     _no_unknown_keys(sampling, _SAMPLING_KEYS, "sampling")
     number = (int, float)
     temperature = sampling.get("temperature")
-    if temperature is not None and (not math.isfinite(_expect(temperature, number, "sampling.temperature", "a number")) or temperature < 0):
+    if temperature is not None and (
+        not math.isfinite(_expect(temperature, number, "sampling.temperature", "a number")) or temperature < 0
+    ):
         raise _fail("sampling.temperature", f"must be 0 (greedy) or more, got {temperature!r}")
     top_p = sampling.get("top_p")
     if top_p is not None and not 0 < _expect(top_p, number, "sampling.top_p", "a number") <= 1:
@@ -504,8 +517,10 @@ def resample(samples: np.ndarray, rate: int, target: int, half_width: int = 16) 
         centre = np.floor(times).astype(np.int64)
         index = centre[:, None] + taps[None, :]
         distance = times[:, None] - index
-        weights = cutoff * np.sinc(cutoff * distance) * np.where(
-            np.abs(distance) < radius, 0.5 + 0.5 * np.cos(np.pi * distance / radius), 0.0
+        weights = (
+            cutoff
+            * np.sinc(cutoff * distance)
+            * np.where(np.abs(distance) < radius, 0.5 + 0.5 * np.cos(np.pi * distance / radius), 0.0)
         )
         valid = (index >= 0) & (index < samples.size)
         gathered = np.where(valid, samples[np.clip(index, 0, samples.size - 1)], 0.0)
@@ -513,7 +528,7 @@ def resample(samples: np.ndarray, rate: int, target: int, half_width: int = 16) 
     return out
 
 
-def load_image(part: ImagePart) -> "Image":
+def load_image(part: ImagePart) -> Image:
     """The part's image as an RGB PIL image (needs Pillow)."""
     try:
         from PIL import Image, UnidentifiedImageError

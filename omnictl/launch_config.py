@@ -48,7 +48,7 @@ class LaunchConfig:
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, not {self.max_restarts!r}")
 
-    def model_path_for(self, topology: "Topology") -> str | None:
+    def model_path_for(self, topology: Topology) -> str | None:
         """Where the weights are: this config's ``model_path``, else the topology's."""
         return self.model_path if self.model_path is not None else topology.model_path
 
@@ -57,6 +57,6 @@ class LaunchConfig:
         """Every process is reached over tcp (the Ray launcher)."""
         return self.launcher == "ray"
 
-    def replace(self, **changes: Any) -> "LaunchConfig":
+    def replace(self, **changes: Any) -> LaunchConfig:
         """A copy with ``changes`` (checked like a new config)."""
         return dataclasses.replace(self, **changes)

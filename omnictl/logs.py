@@ -100,9 +100,13 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
-            "time": self.formatTime(record), "level": record.levelname, "logger": record.name,
-            "process": record.__dict__.get("process_name", "-"), "pid": record.process,
-            "request_id": record.__dict__.get("request_id", "-"), "message": record.getMessage(),
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "process": record.__dict__.get("process_name", "-"),
+            "pid": record.process,
+            "request_id": record.__dict__.get("request_id", "-"),
+            "message": record.getMessage(),
         }
         if record.exc_info:
             entry["traceback"] = self.formatException(record.exc_info)
@@ -121,8 +125,9 @@ def _check(fmt: str) -> None:
         raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r}")
 
 
-def configure(level: str | int = "INFO", fmt: LogFormat = "text", stream: IO[str] | None = None,
-              process_name: str = "server") -> logging.Handler:
+def configure(
+    level: str | int = "INFO", fmt: LogFormat = "text", stream: IO[str] | None = None, process_name: str = "server"
+) -> logging.Handler:
     """Send the ``omnictl`` loggers' records at ``level`` and above to ``stream`` (stderr)."""
     global _settings, _configured
     _check(fmt)
@@ -142,8 +147,9 @@ def attach_file(path: Path, process_name: str = SERVER_LOG) -> logging.Handler:
     """Also write the ``omnictl`` loggers' records to ``path`` (rotated), in the configured
     format; :func:`detach` it when the run ends."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.handlers.RotatingFileHandler(path, maxBytes=_FILE_BYTES, backupCount=_FILE_BACKUPS,
-                                                   encoding="utf-8")
+    handler = logging.handlers.RotatingFileHandler(
+        path, maxBytes=_FILE_BYTES, backupCount=_FILE_BACKUPS, encoding="utf-8"
+    )
     _handler(handler, _settings.format, process_name)
     handler.set_name(f"{_HANDLER_NAME}:file")  # not replaced by configure()
     logging.getLogger("omnictl").addHandler(handler)
@@ -172,8 +178,15 @@ def configure_stage_process(level: str, fmt: LogFormat, process_name: str, path:
     root.addHandler(_handler(logging.StreamHandler(sys.stderr), fmt, process_name))
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        root.addHandler(_handler(logging.handlers.RotatingFileHandler(
-            path, maxBytes=_FILE_BYTES, backupCount=_FILE_BACKUPS, encoding="utf-8"), fmt, process_name))
+        root.addHandler(
+            _handler(
+                logging.handlers.RotatingFileHandler(
+                    path, maxBytes=_FILE_BYTES, backupCount=_FILE_BACKUPS, encoding="utf-8"
+                ),
+                fmt,
+                process_name,
+            )
+        )
     root.setLevel(max(logging.getLevelName(level), logging.WARNING))
     omnictl = logging.getLogger("omnictl")
     omnictl.setLevel(level)

@@ -12,7 +12,6 @@ from typing import Any, Union
 
 import msgspec
 
-
 COORDINATOR = "coordinator"  # the owner name of buffers the coordinator sends (Submit)
 
 

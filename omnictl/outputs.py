@@ -72,13 +72,15 @@ class TextResult(WireStruct):
             self.finish_reason = FinishReason(self.finish_reason)
         except ValueError:
             allowed = ", ".join(reason.value for reason in FinishReason)
-            raise TypeError(f"{cls.__name__}: finish_reason must be one of {allowed}, got {self.finish_reason!r}") from None
+            raise TypeError(
+                f"{cls.__name__}: finish_reason must be one of {allowed}, got {self.finish_reason!r}"
+            ) from None
         for name in ("prompt_tokens", "completion_tokens"):
             value = getattr(self, name)
             _require(_is_int(value) and value >= 0, cls, f"{name} must be an integer >= 0, got {value!r}")
             setattr(self, name, int(value))
 
-    def plain(self) -> "TextResult":
+    def plain(self) -> TextResult:
         """Only the contract's fields: what a text terminal returns for an upstream's
         richer result (a :class:`TokenResult`'s token ids and hidden states dropped)."""
         return TextResult(
@@ -119,9 +121,15 @@ class AudioChunk(WireStruct):
     def __post_init__(self) -> None:
         cls = type(self)
         self.samples = as_samples(self.samples, cls.__name__)
-        _require(_is_int(self.sample_rate) and self.sample_rate > 0, cls, f"sample_rate must be a positive integer (Hz), got {self.sample_rate!r}")
+        _require(
+            _is_int(self.sample_rate) and self.sample_rate > 0,
+            cls,
+            f"sample_rate must be a positive integer (Hz), got {self.sample_rate!r}",
+        )
         self.sample_rate = int(self.sample_rate)
-        _require(isinstance(self.transcript, str), cls, f"transcript must be a str, got {type(self.transcript).__name__}")
+        _require(
+            isinstance(self.transcript, str), cls, f"transcript must be a str, got {type(self.transcript).__name__}"
+        )
 
 
 class AudioResult(AudioChunk):
@@ -186,8 +194,16 @@ class Transcript(WireStruct):
     def __post_init__(self) -> None:
         cls = type(self)
         _require(isinstance(self.text, str), cls, f"text must be a str, got {type(self.text).__name__}")
-        _require(self.language is None or isinstance(self.language, str), cls, f"language must be a str or None, got {self.language!r}")
-        _require(isinstance(self.duration, (int, float)) and self.duration >= 0, cls, f"duration must be seconds >= 0, got {self.duration!r}")
+        _require(
+            self.language is None or isinstance(self.language, str),
+            cls,
+            f"language must be a str or None, got {self.language!r}",
+        )
+        _require(
+            isinstance(self.duration, (int, float)) and self.duration >= 0,
+            cls,
+            f"duration must be seconds >= 0, got {self.duration!r}",
+        )
         self.duration = float(self.duration)
 
 

@@ -11,8 +11,6 @@ from omnictl import logs
 from omnictl.admission import Admission
 from omnictl.coordinator import socketdir
 from omnictl.coordinator.coordinator import Coordinator
-from omnictl.transports.curve import CurveKeys
-from omnictl.transports.endpoint import resolve_data_host
 from omnictl.coordinator.launcher import refuse_unsupported
 from omnictl.coordinator.request import RequestHandle
 from omnictl.exceptions import StartupError
@@ -20,6 +18,8 @@ from omnictl.inputs import request_params
 from omnictl.launch_config import LaunchConfig
 from omnictl.topology.derive import on_cpu
 from omnictl.topology.model import Topology
+from omnictl.transports.curve import CurveKeys
+from omnictl.transports.endpoint import resolve_data_host
 
 
 def _load(topology: str | Path | Topology, device: str | None) -> Topology:
@@ -50,7 +50,7 @@ class Pipeline:
         coordinator.on_backpressure = self._backpressure
 
     @classmethod
-    def launch(cls, topology: str | Path | Topology, config: LaunchConfig | None = None, **options: Any) -> "_Launch":
+    def launch(cls, topology: str | Path | Topology, config: LaunchConfig | None = None, **options: Any) -> _Launch:
         """Spawn the stage processes; use as ``async with`` (or ``await`` it and close yourself).
 
         The knobs come as one :class:`~omnictl.launch_config.LaunchConfig`, or as its fields
@@ -85,14 +85,16 @@ class Pipeline:
             from omnictl.telemetry.endpoint import check_installed, traces_url
 
             if not config.profile:
-                raise StartupError("otlp_endpoint needs profile=True", hint="traces are built from the profiler's events")
+                raise StartupError(
+                    "otlp_endpoint needs profile=True", hint="traces are built from the profiler's events"
+                )
             config = config.replace(otlp_endpoint=traces_url(config.otlp_endpoint))
             check_installed()
         loaded = _load(topology, config.device)
         return _Launch(cls, loaded, config)
 
     @classmethod
-    async def _start(cls, topology: Topology, config: LaunchConfig) -> "Pipeline":
+    async def _start(cls, topology: Topology, config: LaunchConfig) -> Pipeline:
         collector = None
         run_dir = config.run_dir
         profiler = None
@@ -184,8 +186,9 @@ class Pipeline:
             trace_parent = parse_traceparent(traceparent)
         ticket = await self.admission.admit()
         try:
-            handle = await self._coordinator.submit(inputs, modalities, request_id, params=params,
-                                                    trace_parent=trace_parent)
+            handle = await self._coordinator.submit(
+                inputs, modalities, request_id, params=params, trace_parent=trace_parent
+            )
         except BaseException:
             ticket.release()
             raise
@@ -224,8 +227,11 @@ class Pipeline:
             if entry["status"] == "unknown":
                 stages[name] = {"unknown": 1}
                 continue
-            stages[name] = {key: value for key, value in entry.items()
-                            if key not in ("status", "process", "replicas", "node", "busy_s")}
+            stages[name] = {
+                key: value
+                for key, value in entry.items()
+                if key not in ("status", "process", "replicas", "node", "busy_s")
+            }
         return {
             "coordinator": self._coordinator.held(),
             "admission": {"in_flight": self.admission.in_flight, "queued": self.admission.queued},

@@ -23,7 +23,7 @@ from omnictl.exceptions import UnknownWireType
 class WireStruct(msgspec.Struct, kw_only=True):
     """Base class of structs that keep their type across processes (see module docstring)."""
 
-    _registry: ClassVar[dict[str, type["WireStruct"]]] = {}
+    _registry: ClassVar[dict[str, type[WireStruct]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -48,7 +48,9 @@ def rebuild(values: list[Any]) -> WireStruct:
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise UnknownWireType(f"payload holds a {name!r}, and module {module!r} cannot be imported here: {exc}") from exc
+            raise UnknownWireType(
+                f"payload holds a {name!r}, and module {module!r} cannot be imported here: {exc}"
+            ) from exc
         cls = WireStruct._registry.get(name)
         if cls is None:
             raise UnknownWireType(f"payload holds a {name!r}, which is not a WireStruct in module {module!r}")

@@ -106,7 +106,9 @@ def from_trace_store(run_dir: Path, request_ids: Iterable[str], wait_s: float = 
                 part_times[stage][part] += seconds
     stages = {}
     for stage, times in stage_times.items():
-        named = sorted(part_times[stage], key=lambda part: (part not in PARTS, PARTS.index(part) if part in PARTS else 0))
+        named = sorted(
+            part_times[stage], key=lambda part: (part not in PARTS, PARTS.index(part) if part in PARTS else 0)
+        )
         shares = {part: part_times[stage][part] / len(times) for part in named}
         summary = summarize(times)
         # The rest of the stage's time (waiting on stream input, routing, sending), so the
@@ -139,6 +141,7 @@ def from_metrics(text: str) -> dict[str, Any]:
                 entry["count"] = int(sample.value)
             elif quantile is not None:
                 entry[{"0.5": "p50", "0.99": "p99"}.get(quantile, f"q{quantile}")] = sample.value
+
     def measured(entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         return {name: e for name, e in entries.items() if "p50" in e or "p99" in e}
 

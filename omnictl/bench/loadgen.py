@@ -11,7 +11,9 @@ from omnictl.bench.stats import RequestRecord
 Send = Callable[[int], Awaitable[RequestRecord]]
 
 
-async def closed_loop(send: Send, count: int, concurrency: int, on_done: Callable[[RequestRecord], None]) -> list[RequestRecord]:
+async def closed_loop(
+    send: Send, count: int, concurrency: int, on_done: Callable[[RequestRecord], None]
+) -> list[RequestRecord]:
     """``concurrency`` workers; each sends its next request as soon as the last one ends."""
     records: list[RequestRecord] = []
     indices = iter(range(count))

@@ -21,8 +21,10 @@ UNITS = {
     "rates": "per second of the measured run (keys ending in _per_s)",
 }
 OTHER_NOTE = "other: time at the stage outside any recorded phase (waiting for stream input, routing, sending)"
-RTF_NOTE = ("real-time factor (RTF) = time spent producing audio ÷ the audio's duration: "
-            "below 1 is faster than real time; lower is better")
+RTF_NOTE = (
+    "real-time factor (RTF) = time spent producing audio ÷ the audio's duration: "
+    "below 1 is faster than real time; lower is better"
+)
 LATENCIES = {  # key: (label, unit: "ms" or "x")
     "ttft": ("time to first text", "ms"),
     "ttfa": ("time to first audio", "ms"),
@@ -106,13 +108,18 @@ def render(result: dict[str, Any]) -> Group:
     parts: list[Any] = [head, latency, Text(RTF_NOTE, style="dim")]
     breakdown = result["breakdown"]
     if breakdown.get("stages"):
-        source = ("the server's /metrics: p50/p99 over its profiler window, n since it started"
-                  if breakdown["source"] == "metrics" else "the trace store: exactly the measured requests")
+        source = (
+            "the server's /metrics: p50/p99 over its profiler window, n since it started"
+            if breakdown["source"] == "metrics"
+            else "the trace store: exactly the measured requests"
+        )
         stages = Table(title="per-stage time (ms)", title_justify="left")
         for column in ("stage", "n", "mean", "p50", "p90", "p99"):
             stages.add_column(column, justify="left" if column == "stage" else "right", no_wrap=column == "stage")
         for name, s in breakdown["stages"].items():
-            stages.add_row(name, str(s.get("count", "-")), *(_fmt(s.get(q), "ms") for q in ("mean", "p50", "p90", "p99")))
+            stages.add_row(
+                name, str(s.get("count", "-")), *(_fmt(s.get(q), "ms") for q in ("mean", "p50", "p90", "p99"))
+            )
         parts += [stages, Text(f"from {source}", style="dim")]
         split = _parts_table(breakdown["stages"])
         if split is not None:
@@ -122,7 +129,9 @@ def render(result: dict[str, Any]) -> Group:
         for column in ("edge", "n", "mean", "p50", "p90", "p99"):
             edges.add_column(column, justify="left" if column == "edge" else "right")
         for name, s in breakdown["edges"].items():
-            edges.add_row(name, str(s.get("count", "-")), *(_fmt(s.get(q), "ms") for q in ("mean", "p50", "p90", "p99")))
+            edges.add_row(
+                name, str(s.get("count", "-")), *(_fmt(s.get(q), "ms") for q in ("mean", "p50", "p90", "p99"))
+            )
         parts.append(edges)
     if result["errors"]:
         errors = Table(title="errors", title_justify="left", show_header=False)
@@ -175,8 +184,12 @@ def compare(old: dict[str, Any], new: dict[str, Any]) -> Table:
             scale = 1000 if unit == "ms" else 1
             o_s = None if o is None else o * scale
             n_s = None if n is None else n * scale
-            table.add_row(f"{label} {q} ({unit})", _fmt(o, unit), _fmt(n, unit),
-                          *_change(o_s, n_s, higher_is_better=False, decimals=1 if unit == "ms" else 3))
+            table.add_row(
+                f"{label} {q} ({unit})",
+                _fmt(o, unit),
+                _fmt(n, unit),
+                *_change(o_s, n_s, higher_is_better=False, decimals=1 if unit == "ms" else 3),
+            )
     for key in ("completed", "failed"):
         o, n = old["summary"][key], new["summary"][key]
         table.add_row(key, str(o), str(n), f"{n - o:+d}", "-")

@@ -93,7 +93,7 @@ class LineProgress:
         with self._lock:
             self._tasks.pop(task, None)
 
-    def __enter__(self) -> "LineProgress":
+    def __enter__(self) -> LineProgress:
         self._thread.start()
         return self
 
@@ -106,7 +106,9 @@ class LineProgress:
             with self._lock:
                 parts = [f"{d} {done}/{total}" for d, total, done in self._tasks.values()]
             elapsed = time.monotonic() - self._started
-            self.console.print(f"bench: {', '.join(parts) or 'starting'} ({elapsed:.0f} s)", highlight=False, soft_wrap=True)
+            self.console.print(
+                f"bench: {', '.join(parts) or 'starting'} ({elapsed:.0f} s)", highlight=False, soft_wrap=True
+            )
 
 
 @contextmanager
@@ -123,15 +125,22 @@ def _display(
             yield lines
         return
     progress = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, auto_refresh=False,
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        auto_refresh=False,
     )
     if dashboard is not None and console.is_terminal:
+
         def view() -> RenderableType:
             return Group(dashboard(console.height - 2), progress)  # the bar takes a row or two
     else:
+
         def view() -> RenderableType:
             return progress
+
     with Live(console=console, get_renderable=view, refresh_per_second=4, transient=True):
         yield progress
 
@@ -145,15 +154,16 @@ def _dashboard_of(listening: Any) -> Callable[[int], RenderableType] | None:
 
     metrics = listening.state.metrics
     dashboard = Dashboard(
-        pipeline.profile.aggregator, pipeline.topology, live_stats=pipeline_live_stats(pipeline, listening.loop),
-        mode="off", rejected=lambda: metrics.count("rejected"),
+        pipeline.profile.aggregator,
+        pipeline.topology,
+        live_stats=pipeline_live_stats(pipeline, listening.loop),
+        mode="off",
+        rejected=lambda: metrics.count("rejected"),
     )
     return dashboard.render
 
 
-async def _drive(
-    config: BenchConfig, base_url: str, progress: Any, model: str
-) -> tuple[list[RequestRecord], float]:
+async def _drive(config: BenchConfig, base_url: str, progress: Any, model: str) -> tuple[list[RequestRecord], float]:
     audio = [Path(config.audio_file).read_bytes()] if config.audio_file else spoken_samples()
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     url = base_url.rstrip("/") + "/v1/chat/completions"
@@ -165,8 +175,9 @@ async def _drive(
 
         def sender(offset: int) -> Callable[[int], Any]:
             async def send(index: int) -> RequestRecord:
-                payload = build_payload(index + offset, config.input_kind, list(config.modalities), config.max_tokens,
-                                        audio, model)
+                payload = build_payload(
+                    index + offset, config.input_kind, list(config.modalities), config.max_tokens, audio, model
+                )
                 record = RequestRecord(index=index, sent_at=time.perf_counter() - origin)
                 return await send_request(client, url, payload, record, headers)
 
@@ -217,7 +228,9 @@ def _server_run_dir(base_url: str) -> Path | None:
     return Path(reported) if reported and Path(reported).is_dir() else None
 
 
-def _breakdown(config: BenchConfig, base_url: str, run_dir: Path | None, records: list[RequestRecord]) -> dict[str, Any]:
+def _breakdown(
+    config: BenchConfig, base_url: str, run_dir: Path | None, records: list[RequestRecord]
+) -> dict[str, Any]:
     ids = [r.request_id for r in records if r.request_id]
     run_dir = run_dir or _server_run_dir(base_url)
     if run_dir is not None and run_dir.is_dir():
@@ -250,9 +263,16 @@ def run_bench(
             base_url, target = config.url, config.url
         else:
             options = ServeOptions(
-                topology=config.topology, port=0, model_path=config.model_path, device=config.device,
-                run_dir=config.run_dir, request_timeout=config.request_timeout, api_key=config.api_key,
-                launcher=config.launcher, ray_address=config.ray_address, data_host=config.data_host,
+                topology=config.topology,
+                port=0,
+                model_path=config.model_path,
+                device=config.device,
+                run_dir=config.run_dir,
+                request_timeout=config.request_timeout,
+                api_key=config.api_key,
+                launcher=config.launcher,
+                ray_address=config.ray_address,
+                data_host=config.data_host,
             )
             with console.status("launching the pipeline..."):
                 listening = stack.enter_context(BackgroundServer(options))

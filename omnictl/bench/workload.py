@@ -43,7 +43,11 @@ def spoken_samples() -> list[bytes]:
 
 
 def build_payload(
-    index: int, input_kind: str, modalities: list[str], max_tokens: int | None, audio_wavs: list[bytes],
+    index: int,
+    input_kind: str,
+    modalities: list[str],
+    max_tokens: int | None,
+    audio_wavs: list[bytes],
     model: str,
 ) -> dict[str, Any]:
     """Request ``index`` of a run: questions rotate, and ``mixed`` alternates text and speech."""

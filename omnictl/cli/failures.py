@@ -24,7 +24,9 @@ def report_failure(console: Console, error: BaseException, command: str) -> None
     from omnictl.exceptions import TopologyError
 
     if isinstance(error, TopologyError):  # every problem as `validate` prints it, no traceback to log
-        console.print(Text.assemble(("error: ", "red"), f"{error.path}: {len(error.issues)} problem(s)"), soft_wrap=True)
+        console.print(
+            Text.assemble(("error: ", "red"), f"{error.path}: {len(error.issues)} problem(s)"), soft_wrap=True
+        )
         for issue in error.issues:
             console.print(issue.format(), soft_wrap=True, highlight=False, markup=False)
         return

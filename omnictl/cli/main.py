@@ -30,8 +30,10 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def main(
-    version: Annotated[bool, typer.Option(
-        "--version", "-V", callback=_version, is_eager=True, help="Print omnictl's version and exit.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", "-V", callback=_version, is_eager=True, help="Print omnictl's version and exit."),
+    ] = False,
 ) -> None:
     """Serve multi-stage omni models from a declarative YAML topology."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -12,51 +12,139 @@ from omnictl.cli import placement
 
 
 def serve_command(
-    topology: Annotated[Optional[Path], typer.Argument(metavar="TOPOLOGY", help="Topology YAML; default: the embedded CPU voice assistant.")] = None,
-    host: Annotated[str, typer.Option(metavar="HOST", help="Address to bind; 0.0.0.0 exposes the server to the network.")] = "127.0.0.1",
+    topology: Annotated[
+        Path | None,
+        typer.Argument(metavar="TOPOLOGY", help="Topology YAML; default: the embedded CPU voice assistant."),
+    ] = None,
+    host: Annotated[
+        str, typer.Option(metavar="HOST", help="Address to bind; 0.0.0.0 exposes the server to the network.")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option(metavar="PORT", help="Port to listen on (0: any free port).")] = 8000,
-    model_path: Annotated[Optional[str], typer.Option("--model-path", metavar="DIR", help="Checkpoint directory passed to the stage factories.")] = None,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="OMNICTL_API_KEY", metavar="KEY", help="Require 'Authorization: Bearer KEY'.")] = None,
-    device: Annotated[Optional[str], typer.Option(metavar="DEVICE", help="'cpu' drops the topology's GPU placement.")] = None,
-    no_dashboard: Annotated[bool, typer.Option("--no-dashboard", help="Print status lines instead of the live dashboard.")] = False,
-    run_dir: Annotated[Optional[Path], typer.Option("--run-dir", metavar="DIR", help="Where the profiler writes this run's traces.")] = None,
-    max_body_mb: Annotated[float, typer.Option("--max-body-mb", metavar="MB", help="Largest request body accepted (413 above).")] = 32.0,
-    max_audio_mb: Annotated[float, typer.Option("--max-audio-mb", metavar="MB", help="Largest decoded input audio part (413 above).")] = 16.0,
-    body_timeout: Annotated[float, typer.Option("--body-timeout", metavar="SECONDS", help="Seconds a client may take to send its request body (408 after).")] = 30.0,
-    request_timeout: Annotated[float, typer.Option("--request-timeout", metavar="SECONDS", help="Seconds before a request fails.")] = 300.0,
-    served_model_name: Annotated[Optional[list[str]], typer.Option(
-        "--served-model-name", metavar="NAME",
-        help="Also accept requests naming this model (repeatable); the topology's `name` is always served.")] = None,
-    log_level: Annotated[str, typer.Option("--log-level", metavar="LEVEL", help="debug, info, warning or error.")] = "info",
-    log_format: Annotated[str, typer.Option("--log-format", metavar="FORMAT", help="Log lines as 'text' or 'json' (one object a line).")] = "text",
-    max_in_flight: Annotated[int, typer.Option(
-        "--max-in-flight", min=0, metavar="N",
-        help="Admission control: requests in flight at once; over it a request gets 429 with Retry-After (0: no limit).")] = 64,
-    max_queue_wait: Annotated[float, typer.Option(
-        "--max-queue-wait", min=0.0, metavar="SECONDS",
-        help="Let a request over the limit wait this long for a slot (503 after); 0: refuse at once.")] = 0.0,
-    max_restarts: Annotated[int, typer.Option(
-        "--max-restarts", min=0, metavar="N",
-        help="Restart a stage process (each replica on its own) up to N times after it dies; 0: it stays down.")] = 0,
-    otlp_endpoint: Annotated[Optional[str], typer.Option(
-        "--otlp-endpoint", metavar="URL",
-        help="Export every finished request as an OpenTelemetry trace to this OTLP/HTTP collector "
-             "(e.g. http://127.0.0.1:4318; default: $OTEL_EXPORTER_OTLP_ENDPOINT, else off).")] = None,
-    max_realtime_sessions: Annotated[int, typer.Option(
-        "--max-realtime-sessions", min=1, metavar="N",
-        help="/v1/realtime sessions at once; one more is refused with an error event and close code 1013.")] = 16,
-    max_connections: Annotated[Optional[int], typer.Option(
-        "--max-connections", min=1, metavar="N",
-        help="Open HTTP/WebSocket connections at once (default: what the open-files limit allows, less a reserve).")] = None,
-    header_timeout: Annotated[float, typer.Option(
-        "--header-timeout", min=0.1, metavar="SECONDS",
-        help="Seconds a connection may take to send its request headers before it is closed.")] = 10.0,
-    allowed_origins: Annotated[Optional[list[str]], typer.Option(
-        "--allowed-origins", metavar="ORIGIN",
-        help="A web origin (http://host:port) allowed besides the server's own (repeatable; '*': any).")] = None,
-    allowed_hosts: Annotated[Optional[list[str]], typer.Option(
-        "--allowed-hosts", metavar="NAME",
-        help="A Host name accepted besides IP addresses and localhost (repeatable; '*': any).")] = None,
+    model_path: Annotated[
+        str | None,
+        typer.Option("--model-path", metavar="DIR", help="Checkpoint directory passed to the stage factories."),
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option("--api-key", envvar="OMNICTL_API_KEY", metavar="KEY", help="Require 'Authorization: Bearer KEY'."),
+    ] = None,
+    device: Annotated[
+        str | None, typer.Option(metavar="DEVICE", help="'cpu' drops the topology's GPU placement.")
+    ] = None,
+    no_dashboard: Annotated[
+        bool, typer.Option("--no-dashboard", help="Print status lines instead of the live dashboard.")
+    ] = False,
+    run_dir: Annotated[
+        Path | None, typer.Option("--run-dir", metavar="DIR", help="Where the profiler writes this run's traces.")
+    ] = None,
+    max_body_mb: Annotated[
+        float, typer.Option("--max-body-mb", metavar="MB", help="Largest request body accepted (413 above).")
+    ] = 32.0,
+    max_audio_mb: Annotated[
+        float, typer.Option("--max-audio-mb", metavar="MB", help="Largest decoded input audio part (413 above).")
+    ] = 16.0,
+    body_timeout: Annotated[
+        float,
+        typer.Option(
+            "--body-timeout", metavar="SECONDS", help="Seconds a client may take to send its request body (408 after)."
+        ),
+    ] = 30.0,
+    request_timeout: Annotated[
+        float, typer.Option("--request-timeout", metavar="SECONDS", help="Seconds before a request fails.")
+    ] = 300.0,
+    served_model_name: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--served-model-name",
+            metavar="NAME",
+            help="Also accept requests naming this model (repeatable); the topology's `name` is always served.",
+        ),
+    ] = None,
+    log_level: Annotated[
+        str, typer.Option("--log-level", metavar="LEVEL", help="debug, info, warning or error.")
+    ] = "info",
+    log_format: Annotated[
+        str, typer.Option("--log-format", metavar="FORMAT", help="Log lines as 'text' or 'json' (one object a line).")
+    ] = "text",
+    max_in_flight: Annotated[
+        int,
+        typer.Option(
+            "--max-in-flight",
+            min=0,
+            metavar="N",
+            help="Admission control: requests in flight at once; over it a request gets 429 with Retry-After (0: no limit).",
+        ),
+    ] = 64,
+    max_queue_wait: Annotated[
+        float,
+        typer.Option(
+            "--max-queue-wait",
+            min=0.0,
+            metavar="SECONDS",
+            help="Let a request over the limit wait this long for a slot (503 after); 0: refuse at once.",
+        ),
+    ] = 0.0,
+    max_restarts: Annotated[
+        int,
+        typer.Option(
+            "--max-restarts",
+            min=0,
+            metavar="N",
+            help="Restart a stage process (each replica on its own) up to N times after it dies; 0: it stays down.",
+        ),
+    ] = 0,
+    otlp_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--otlp-endpoint",
+            metavar="URL",
+            help="Export every finished request as an OpenTelemetry trace to this OTLP/HTTP collector "
+            "(e.g. http://127.0.0.1:4318; default: $OTEL_EXPORTER_OTLP_ENDPOINT, else off).",
+        ),
+    ] = None,
+    max_realtime_sessions: Annotated[
+        int,
+        typer.Option(
+            "--max-realtime-sessions",
+            min=1,
+            metavar="N",
+            help="/v1/realtime sessions at once; one more is refused with an error event and close code 1013.",
+        ),
+    ] = 16,
+    max_connections: Annotated[
+        int | None,
+        typer.Option(
+            "--max-connections",
+            min=1,
+            metavar="N",
+            help="Open HTTP/WebSocket connections at once (default: what the open-files limit allows, less a reserve).",
+        ),
+    ] = None,
+    header_timeout: Annotated[
+        float,
+        typer.Option(
+            "--header-timeout",
+            min=0.1,
+            metavar="SECONDS",
+            help="Seconds a connection may take to send its request headers before it is closed.",
+        ),
+    ] = 10.0,
+    allowed_origins: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-origins",
+            metavar="ORIGIN",
+            help="A web origin (http://host:port) allowed besides the server's own (repeatable; '*': any).",
+        ),
+    ] = None,
+    allowed_hosts: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-hosts",
+            metavar="NAME",
+            help="A Host name accepted besides IP addresses and localhost (repeatable; '*': any).",
+        ),
+    ] = None,
     launcher: placement.Launcher = "local",
     ray_address: placement.RayAddress = None,
     data_host: placement.DataHost = None,
@@ -64,20 +152,21 @@ def serve_command(
     """Serve a topology over an OpenAI-compatible HTTP API (chat completions with text and audio)."""
     from rich.console import Console
 
-    from omnictl.exceptions import OmnictlError
-    from omnictl.serving.chat.protocol import Limits
-    from omnictl.serving import Listening, ServeOptions, serve
     from omnictl.cli import invocation
+    from omnictl.exceptions import OmnictlError
+    from omnictl.logs import FORMATS, configure
+    from omnictl.serving import Listening, ServeOptions, serve
+    from omnictl.serving.chat.protocol import Limits
     from omnictl.serving.ready import ready_message
     from omnictl.serving.server import is_loopback
-
-    from omnictl.logs import FORMATS, configure
 
     console = Console()
     errors = Console(stderr=True)
     if log_format not in FORMATS or log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        errors.print(f"error: --log-format must be text or json and --log-level debug, info, warning or error "
-                     f"(got {log_format!r}, {log_level!r})")
+        errors.print(
+            f"error: --log-format must be text or json and --log-level debug, info, warning or error "
+            f"(got {log_format!r}, {log_level!r})"
+        )
         raise typer.Exit(2)
     configure(log_level, log_format)  # type: ignore[arg-type]  # checked just above
     from omnictl.telemetry.endpoint import resolve_endpoint
@@ -88,30 +177,58 @@ def serve_command(
         errors.print(f"error: {exc}")
         raise typer.Exit(2) from exc
     if api_key is not None and api_key != os.environ.get("OMNICTL_API_KEY"):
-        errors.print("warning: --api-key on the command line is visible to every user of this machine (ps, "
-                     "/proc/PID/cmdline); prefer the OMNICTL_API_KEY environment variable")
+        errors.print(
+            "warning: --api-key on the command line is visible to every user of this machine (ps, "
+            "/proc/PID/cmdline); prefer the OMNICTL_API_KEY environment variable"
+        )
     if api_key is None and "OMNICTL_API_KEY" in os.environ:
         api_key = os.environ["OMNICTL_API_KEY"]  # Click drops an empty variable: it is refused below, not ignored
     options = ServeOptions(
-        topology=topology, host=host, port=port, model_path=model_path, api_key=api_key, device=device,
-        run_dir=str(run_dir) if run_dir else None, request_timeout=request_timeout, max_restarts=max_restarts,
-        limits=Limits(int(max_body_mb * 1024 * 1024), int(max_audio_mb * 1024 * 1024), body_timeout_s=body_timeout,
-                      header_timeout_s=header_timeout, max_connections=max_connections,
-                      max_realtime_sessions=max_realtime_sessions),
-        allowed_origins=tuple(allowed_origins or ()), allowed_hosts=tuple(allowed_hosts or ()),
+        topology=topology,
+        host=host,
+        port=port,
+        model_path=model_path,
+        api_key=api_key,
+        device=device,
+        run_dir=str(run_dir) if run_dir else None,
+        request_timeout=request_timeout,
+        max_restarts=max_restarts,
+        limits=Limits(
+            int(max_body_mb * 1024 * 1024),
+            int(max_audio_mb * 1024 * 1024),
+            body_timeout_s=body_timeout,
+            header_timeout_s=header_timeout,
+            max_connections=max_connections,
+            max_realtime_sessions=max_realtime_sessions,
+        ),
+        allowed_origins=tuple(allowed_origins or ()),
+        allowed_hosts=tuple(allowed_hosts or ()),
         served_model_names=tuple(served_model_name or ()),
-        max_in_flight=max_in_flight or None, max_queue_wait=max_queue_wait, otlp_endpoint=traces_to,
-        launcher=launcher, ray_address=ray_address, data_host=data_host,
+        max_in_flight=max_in_flight or None,
+        max_queue_wait=max_queue_wait,
+        otlp_endpoint=traces_to,
+        launcher=launcher,
+        ray_address=ray_address,
+        data_host=data_host,
     )
     dashboards: list[object] = []
 
     def on_ready(listening: Listening) -> None:
         pipe = listening.pipeline
         topo = pipe.topology
-        console.print(ready_message(listening.url, listening.state.model_name, topo.terminals,
-                                    len(topo.stages), len(topo.instances()), api_key,
-                                    str(pipe.run_dir) if pipe.run_dir is not None else None,
-                                    program=invocation.program()), soft_wrap=True)
+        console.print(
+            ready_message(
+                listening.url,
+                listening.state.model_name,
+                topo.terminals,
+                len(topo.stages),
+                len(topo.instances()),
+                api_key,
+                str(pipe.run_dir) if pipe.run_dir is not None else None,
+                program=invocation.program(),
+            ),
+            soft_wrap=True,
+        )
         if pipe.otlp_endpoint is not None:
             console.print(f"OpenTelemetry: every finished request's trace goes to {pipe.otlp_endpoint}", soft_wrap=True)
         if pipe.profile is not None:
@@ -122,15 +239,21 @@ def serve_command(
             mode: DashboardMode = "lines" if no_dashboard else "auto"
             metrics = listening.state.metrics
             dashboard = Dashboard(
-                pipe.profile.aggregator, topo, live_stats=pipeline_live_stats(pipe, asyncio.get_running_loop()),
-                console=console, mode=mode, rejected=lambda: metrics.count("rejected"),
+                pipe.profile.aggregator,
+                topo,
+                live_stats=pipeline_live_stats(pipe, asyncio.get_running_loop()),
+                console=console,
+                mode=mode,
+                rejected=lambda: metrics.count("rejected"),
                 where=(listening.url, f"traces {pipe.run_dir}") if pipe.run_dir is not None else (listening.url,),
             )
             dashboards.append(dashboard.start())
 
     if not is_loopback(host) and api_key is None:
-        errors.print(f"[bold red]WARNING:[/] serving on {host} without --api-key: anyone who can reach "
-                     "this address can use the server and every model it runs")
+        errors.print(
+            f"[bold red]WARNING:[/] serving on {host} without --api-key: anyone who can reach "
+            "this address can use the server and every model it runs"
+        )
     console.print(f"omnictl serve: launching {topology or 'the embedded voice assistant'} (loading models)...")
     try:
         serve(options, on_ready)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, Optional
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
@@ -24,12 +24,25 @@ class TraceFormat(str, enum.Enum):
 
 
 def trace(
-    request_id: Optional[str] = typer.Argument(None, metavar="REQUEST_ID", help="The request to show (list ids with --last N or --slowest N)."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", metavar="DIR", help="Run directory (default: for REQUEST_ID, the newest run that recorded it; for --last / --slowest, the latest run)."),
-    output_format: TraceFormat = typer.Option(TraceFormat.text, "--format", help="text: a waterfall; json: events and spans."),
-    export_chrome: Optional[Path] = typer.Option(None, "--export-chrome", metavar="FILE", help="Also write Chrome/Perfetto trace JSON to FILE."),
-    last: Optional[int] = typer.Option(None, "--last", min=1, metavar="N", help="List the N most recent request ids."),
-    slowest: Optional[int] = typer.Option(None, "--slowest", min=1, metavar="N", help="List the N slowest finished request ids."),
+    request_id: str | None = typer.Argument(
+        None, metavar="REQUEST_ID", help="The request to show (list ids with --last N or --slowest N)."
+    ),
+    run_dir: Path | None = typer.Option(
+        None,
+        "--run-dir",
+        metavar="DIR",
+        help="Run directory (default: for REQUEST_ID, the newest run that recorded it; for --last / --slowest, the latest run).",
+    ),
+    output_format: TraceFormat = typer.Option(
+        TraceFormat.text, "--format", help="text: a waterfall; json: events and spans."
+    ),
+    export_chrome: Path | None = typer.Option(
+        None, "--export-chrome", metavar="FILE", help="Also write Chrome/Perfetto trace JSON to FILE."
+    ),
+    last: int | None = typer.Option(None, "--last", min=1, metavar="N", help="List the N most recent request ids."),
+    slowest: int | None = typer.Option(
+        None, "--slowest", min=1, metavar="N", help="List the N slowest finished request ids."
+    ),
 ) -> None:
     """Show one request's timeline across stages and hops, or find request ids."""
     # Imported here so `omnictl --help` stays instant.
@@ -70,9 +83,9 @@ def trace(
 
 
 def _show(
-    console: "Console",
+    console: Console,
     request_id: str,
-    events: "list[Event]",
+    events: list[Event],
     output_format: TraceFormat,
     export_chrome: Path | None,
     directory: Path,
@@ -92,12 +105,15 @@ def _show(
         console.print(render_waterfall(trace_, width=min(console.width, 120), nodes=nodes), soft_wrap=True)
     if export_chrome is not None:
         export_chrome.write_text(json.dumps(to_chrome(trace_)), encoding="utf-8")
-        typer.echo(f"Chrome trace written to {export_chrome} (open it in https://ui.perfetto.dev or chrome://tracing)", err=True)
+        typer.echo(
+            f"Chrome trace written to {export_chrome} (open it in https://ui.perfetto.dev or chrome://tracing)",
+            err=True,
+        )
 
 
 def _list_ids(
-    console: "Console",
-    store: "TraceStore",
+    console: Console,
+    store: TraceStore,
     directory: Path,
     last: int | None,
     slowest: int | None,
@@ -131,4 +147,3 @@ def register(app: typer.Typer) -> None:
     from omnictl.cli.help import command
 
     command(app, "trace")(trace)
-

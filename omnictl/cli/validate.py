@@ -49,9 +49,16 @@ def exit_code(outcomes: list[Outcome]) -> int:
 def outcome_json(outcome: Outcome) -> dict[str, object]:
     if isinstance(outcome, ValidationReport):
         return outcome.to_json()
-    error = {"rule": "read", "stage": None, "field": None, "line": None, "column": None,
-             "message": f"cannot read topology file: {outcome.reason}", "hint": None,
-             "follows_from": None}
+    error = {
+        "rule": "read",
+        "stage": None,
+        "field": None,
+        "line": None,
+        "column": None,
+        "message": f"cannot read topology file: {outcome.reason}",
+        "hint": None,
+        "follows_from": None,
+    }
     return {"file": outcome.path, "valid": False, "errors": [error], "derived": None}
 
 
@@ -63,8 +70,7 @@ def render_json(outcomes: list[Outcome]) -> str:
 def summary(topology: Topology) -> Group:
     """Processes x stages x GPUs x replicas (x node x cpus when labelled), then edges with their transports."""
     terminals = ", ".join(f"{name} ({modality})" for name, modality in topology.terminals.items())
-    head = Text.assemble(("  entry ", "dim"), (topology.entry, "bold"),
-                         ("  terminals ", "dim"), terminals)
+    head = Text.assemble(("  entry ", "dim"), (topology.entry, "bold"), ("  terminals ", "dim"), terminals)
     processes = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
     multi_node = topology.multi_node()
     for column in ("process", "stages", "gpus", "replicas", *(("node", "cpus") if multi_node else ())):
@@ -96,32 +102,45 @@ def _os_processes(topology: Topology) -> str:
 
 def tensor_parallel_warnings(file: str, topology: Topology) -> list[str]:
     """Valid, but refused at launch: the language has tensor parallelism, the runtime not yet."""
-    return [f"{file}:{spec.line}: warning: stage {spec.name!r} has tp_size {spec.tp_size}: "
-            "tensor parallelism is not implemented by this runtime yet; serve, bench and "
-            "Pipeline.launch refuse this topology (it runs with --device cpu)"
-            for spec in topology.tensor_parallel()]
+    return [
+        f"{file}:{spec.line}: warning: stage {spec.name!r} has tp_size {spec.tp_size}: "
+        "tensor parallelism is not implemented by this runtime yet; serve, bench and "
+        "Pipeline.launch refuse this topology (it runs with --device cpu)"
+        for spec in topology.tensor_parallel()
+    ]
 
 
 def trust_warnings(file: str, topology: Topology) -> list[str]:
     """Valid, but a stage calls into the standard library (``os.system``, ``builtins.eval``)."""
     from omnictl.topology.trust import unexpected_callables
 
-    return [f"{file}:{line}: warning: stage {stage!r}: `{field}` is {dotted!r}, a standard-library "
-            "callable rather than one defined in your code or omnictl; the runtime will call it with "
-            "the topology's arguments: serve only topologies you trust"
-            for line, stage, field, dotted in unexpected_callables(topology)]
+    return [
+        f"{file}:{line}: warning: stage {stage!r}: `{field}` is {dotted!r}, a standard-library "
+        "callable rather than one defined in your code or omnictl; the runtime will call it with "
+        "the topology's arguments: serve only topologies you trust"
+        for line, stage, field, dotted in unexpected_callables(topology)
+    ]
 
 
 def render_text(outcomes: list[Outcome], console: Console) -> None:
     for outcome in outcomes:
         if isinstance(outcome, TopologyReadError):
-            console.print(f"{outcome.path}: error: cannot read topology file: {outcome.reason}",
-                          markup=False, highlight=False, style="red")
+            console.print(
+                f"{outcome.path}: error: cannot read topology file: {outcome.reason}",
+                markup=False,
+                highlight=False,
+                style="red",
+            )
         elif outcome.valid and outcome.topology is not None:
             topology = outcome.topology
-            console.print(Text.assemble((f"{outcome.file}: ", "bold"), ("valid", "green bold"),
-                                        f" ({topology.name}: {len(topology.stages)} stages, "
-                                        f"{len(topology.processes)} processes{_os_processes(topology)})"))
+            console.print(
+                Text.assemble(
+                    (f"{outcome.file}: ", "bold"),
+                    ("valid", "green bold"),
+                    f" ({topology.name}: {len(topology.stages)} stages, "
+                    f"{len(topology.processes)} processes{_os_processes(topology)})",
+                )
+            )
             console.print(summary(topology))
             for warning in tensor_parallel_warnings(outcome.file, topology) + trust_warnings(outcome.file, topology):
                 console.print(warning, markup=False, highlight=False, style="yellow")
@@ -130,14 +149,22 @@ def render_text(outcomes: list[Outcome], console: Console) -> None:
                 console.print(issue.format(), markup=False, highlight=False)
             follow = sum(1 for issue in outcome.issues if issue.follows_from)
             detail = f"; {follow} follow(s) from the others" if follow else ""
-            console.print(Text.assemble((f"{outcome.file}: ", "bold"), ("invalid", "red bold"),
-                                        f" ({len(outcome.issues)} problem(s){detail})"))
+            console.print(
+                Text.assemble(
+                    (f"{outcome.file}: ", "bold"),
+                    ("invalid", "red bold"),
+                    f" ({len(outcome.issues)} problem(s){detail})",
+                )
+            )
     if len(outcomes) > 1:
         valid = sum(1 for o in outcomes if isinstance(o, ValidationReport) and o.valid)
         unreadable = sum(1 for o in outcomes if isinstance(o, TopologyReadError))
-        console.print(f"{len(outcomes)} files: {valid} valid, "
-                      f"{len(outcomes) - valid - unreadable} invalid, {unreadable} unreadable",
-                      markup=False, highlight=False)
+        console.print(
+            f"{len(outcomes)} files: {valid} valid, "
+            f"{len(outcomes) - valid - unreadable} invalid, {unreadable} unreadable",
+            markup=False,
+            highlight=False,
+        )
 
 
 def render_graphs(outcomes: list[Outcome], console: Console) -> None:
@@ -156,17 +183,28 @@ def render_graphs(outcomes: list[Outcome], console: Console) -> None:
 
 
 def validate_command(
-    files: Annotated[list[Path], typer.Argument(help="Topology YAML files to check.", metavar="FILE...",
-                                                show_default=False)],
-    check_imports: Annotated[bool, typer.Option(
-        "--check-imports", help="Also import every factory, route_fn, merge_fn and "
-        "projection, and check it is callable.")] = False,
-    output_format: Annotated[OutputFormat, typer.Option(
-        "--format", help="text: compiler-style errors and a summary; json: one object per "
-        "file.")] = OutputFormat.text,
-    graph: Annotated[bool, typer.Option(
-        "--graph", help="Print each valid topology as a Mermaid flowchart (processes, stages, "
-        "edges with their transports) instead of the summary; problems are reported as usual.")] = False,
+    files: Annotated[
+        list[Path], typer.Argument(help="Topology YAML files to check.", metavar="FILE...", show_default=False)
+    ],
+    check_imports: Annotated[
+        bool,
+        typer.Option(
+            "--check-imports",
+            help="Also import every factory, route_fn, merge_fn and projection, and check it is callable.",
+        ),
+    ] = False,
+    output_format: Annotated[
+        OutputFormat,
+        typer.Option("--format", help="text: compiler-style errors and a summary; json: one object per file."),
+    ] = OutputFormat.text,
+    graph: Annotated[
+        bool,
+        typer.Option(
+            "--graph",
+            help="Print each valid topology as a Mermaid flowchart (processes, stages, "
+            "edges with their transports) instead of the summary; problems are reported as usual.",
+        ),
+    ] = False,
 ) -> None:
     """Check topology files: every problem at file:line:col, or what omnictl derives."""
     outcomes = check_files(files, check_imports)

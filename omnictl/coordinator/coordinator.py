@@ -18,26 +18,24 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-
 from omnictl import messages as m
 from omnictl.coordinator.core import Broadcast, CoordinatorCore
 from omnictl.coordinator.launcher import Launcher
 from omnictl.coordinator.launching import ProcessLauncher
-from omnictl.coordinator.ray_launcher import RayLauncher
 from omnictl.coordinator.placement import ReplicaPlacement
-from omnictl.coordinator.stats import node_stats, stage_stats
+from omnictl.coordinator.ray_launcher import RayLauncher
 from omnictl.coordinator.request import RequestHandle, RequestRecord
-from omnictl.exceptions import LaunchError
+from omnictl.coordinator.stats import node_stats, stage_stats
+from omnictl.exceptions import LaunchError, describe_error
 from omnictl.launch_config import LaunchConfig
 from omnictl.profiling.events import MetaValue, NullProfiler, Profiler
-from omnictl.exceptions import describe_error
 from omnictl.topology.model import RelayKnobs, Topology
 from omnictl.transports import registry
-from omnictl.transports.registry import Placement
 from omnictl.transports.codec import decode
 from omnictl.transports.curve import CurveKeys
 from omnictl.transports.drain import Drain
 from omnictl.transports.endpoint import Endpoint, resolve_data_host
+from omnictl.transports.registry import Placement
 from omnictl.transports.shm import SegmentReader
 
 _LAUNCH_REPORT_GRACE_S = 0.5  # how long a dead process's launch report may still arrive
@@ -55,7 +53,7 @@ class Coordinator:
         socket_dir: Path | None = None,
         curve: CurveKeys | None = None,
         profile_tcp_address: str | None = None,
-        launcher: Callable[["Coordinator"], ProcessLauncher] | None = None,
+        launcher: Callable[[Coordinator], ProcessLauncher] | None = None,
     ) -> None:
         """``config``: the launch's knobs, whole. ``curve``: the launch's keys when the caller
         made them (the profiling collector shares them); ``profile_tcp_address``: the
@@ -73,9 +71,7 @@ class Coordinator:
         self.max_restarts = config.max_restarts
         # Removed on close. Short paths: ipc:// addresses are limited to ~100 bytes.
         self.socket_dir = socket_dir or Path(tempfile.mkdtemp(prefix="omnictl-"))
-        self._process_addresses = {
-            name: f"ipc://{self.socket_dir}/p{i}" for i, name in enumerate(topology.instances())
-        }
+        self._process_addresses = {name: f"ipc://{self.socket_dir}/p{i}" for i, name in enumerate(topology.instances())}
         override = config.data_host or os.environ.get("OMNICTL_DATA_HOST")
         self.data_host = resolve_data_host(config.data_host, config.launcher)
         self.remote = config.remote  # every process is reached over tcp
@@ -83,15 +79,18 @@ class Coordinator:
         if topology.multi_node() or self.remote:  # processes on labelled nodes reach the coordinator over tcp
             self.curve = curve or CurveKeys.generate()  # this launch's; workers get them with their config
         # Under Ray every process is reached over tcp: no ipc address book.
-        self.endpoint = Endpoint(m.COORDINATOR, topology, ipc_addresses={} if self.remote else self._process_addresses,
-                                 curve=self.curve)
+        self.endpoint = Endpoint(
+            m.COORDINATOR, topology, ipc_addresses={} if self.remote else self._process_addresses, curve=self.curve
+        )
         self._control = self.endpoint.pull(f"ipc://{self.socket_dir}/control")
         self._broadcast = self.endpoint.publisher(f"ipc://{self.socket_dir}/broadcast")
         self.process_addresses = self._process_addresses
         tcp_coordinator: tuple[str, str] | None = None
         if self.curve is not None:
-            tcp_coordinator = (self.endpoint.bind_tcp(self._control, self.data_host),
-                               self.endpoint.bind_tcp(self._broadcast, self.data_host))
+            tcp_coordinator = (
+                self.endpoint.bind_tcp(self._control, self.data_host),
+                self.endpoint.bind_tcp(self._broadcast, self.data_host),
+            )
         self._drain: Drain | None = None
         # The coordinator lends slots only for entry inputs: a few, of the default size.
         knobs = RelayKnobs(slots=4)
@@ -116,9 +115,14 @@ class Coordinator:
         elif self.remote:
             assert tcp_coordinator is not None and self.curve is not None
             self.launcher = RayLauncher(
-                topology, model_path=self.model_path, tcp_coordinator=tcp_coordinator,
-                profile_address=profile_tcp_address, on_exit=self.on_process_exit, curve=self.curve,
-                ray_address=config.ray_address, data_host=override,
+                topology,
+                model_path=self.model_path,
+                tcp_coordinator=tcp_coordinator,
+                profile_address=profile_tcp_address,
+                on_exit=self.on_process_exit,
+                curve=self.curve,
+                ray_address=config.ray_address,
+                data_host=override,
             )
         else:
             self.launcher = Launcher(
@@ -142,6 +146,7 @@ class Coordinator:
         self._tasks.append(asyncio.create_task(self._enforce_deadlines(), name="coordinator.deadlines"))
         instances = list(self.topology.instances())
         handles = [self.launcher.start(name) for name in instances]
+
         async def all_ready() -> None:
             await asyncio.gather(*(h.ready for h in handles))
             await self._handshake(instances)
@@ -255,8 +260,13 @@ class Coordinator:
             raise
         self.core.commit(admitted)
         # a shm payload's slot is taken back if that process dies before releasing it
-        self.endpoint.send_to(admitted.instance, m.Submit(admitted.context, admitted.entry, payload), frames,
-                              payload, lender=m.COORDINATOR)
+        self.endpoint.send_to(
+            admitted.instance,
+            m.Submit(admitted.context, admitted.entry, payload),
+            frames,
+            payload,
+            lender=m.COORDINATOR,
+        )
         return RequestHandle(admitted.record, self.abort)
 
     async def abort(self, request_id: str) -> None:
@@ -273,13 +283,13 @@ class Coordinator:
 
     # --- control messages -------------------------------------------------------------
 
-    def _receive(self, message: m.ToCoordinator, frames: list[memoryview]) -> None:  # type: ignore[valid-type]
+    def _receive(self, message: m.ToCoordinator, frames: list[memoryview]) -> None:
         if isinstance(message, m.TerminalOutput):
             self._terminal_output(message, frames)  # frames: a tcp terminal output's tensors
         else:
             self._handle(message)
 
-    def _handle(self, message: m.ToCoordinator) -> None:  # type: ignore[valid-type]
+    def _handle(self, message: m.ToCoordinator) -> None:
         if isinstance(message, (m.StageFailed, m.TerminalSkipped)):
             self._broadcast_all(self.core.stage_message(message))
         elif isinstance(message, m.SlotRelease):
@@ -316,14 +326,18 @@ class Coordinator:
         try:
             data = decode(message.payload, self._reader, self.topology.allow_pickle, frames=frames)
         except Exception as exc:  # e.g. an object that pickles but does not unpickle: this request fails
-            self._fail(message.request_id, message.stage,
-                       f"the output of stage {message.stage!r} could not be decoded: {describe_error(exc)}")
+            self._fail(
+                message.request_id,
+                message.stage,
+                f"the output of stage {message.stage!r} could not be decoded: {describe_error(exc)}",
+            )
             return
         finally:
             if message.payload.shm is not None:
                 self.endpoint.send_to(message.payload.shm.owner, m.SlotRelease(message.payload.shm))
-        self._broadcast_all(self.core.terminal_output(message.request_id, message.stage, message.seq,
-                                                      message.final, data))
+        self._broadcast_all(
+            self.core.terminal_output(message.request_id, message.stage, message.seq, message.final, data)
+        )
 
     def _backpressure(self, hold: bool | None) -> None:
         if hold is not None:
@@ -355,12 +369,21 @@ class Coordinator:
         # Logged once, here: the death, what it cost and what happens next (each request it
         # failed is logged by whoever answers it).
         if handle.restarts < self.max_restarts:
-            log.error("%s; %d request(s) pinned to it failed; restarting it (restart %d of %d)", why, len(failed),
-                      handle.restarts + 1, self.max_restarts)
+            log.error(
+                "%s; %d request(s) pinned to it failed; restarting it (restart %d of %d)",
+                why,
+                len(failed),
+                handle.restarts + 1,
+                self.max_restarts,
+            )
             asyncio.get_running_loop().create_task(self._restart(instance, failed))
         else:
-            log.error("%s; %d request(s) pinned to it failed; no restart left (max_restarts %d)", why, len(failed),
-                      self.max_restarts)
+            log.error(
+                "%s; %d request(s) pinned to it failed; no restart left (max_restarts %d)",
+                why,
+                len(failed),
+                self.max_restarts,
+            )
             self.core.lose(instance, why)
 
     async def _restart(self, instance: str, failed: list[str]) -> None:
@@ -405,6 +428,6 @@ class Coordinator:
         return stage_stats(self.topology, replies, self.down)
 
 
-def _fail_launch(ready: "asyncio.Future[None]", error: LaunchError) -> None:
+def _fail_launch(ready: asyncio.Future[None], error: LaunchError) -> None:
     if not ready.done():
         ready.set_exception(error)

@@ -62,8 +62,14 @@ class CoordinatorCore:
     are down or lost, which stage inboxes are full. Holds nothing for a finished request
     but its id (so it cannot be reused)."""
 
-    def __init__(self, topology: Topology, *, request_timeout: float = 300.0,
-                 profiler: Profiler | None = None, recent_ids: int = RECENT_IDS) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        *,
+        request_timeout: float = 300.0,
+        profiler: Profiler | None = None,
+        recent_ids: int = RECENT_IDS,
+    ) -> None:
         self.topology = topology
         self.request_timeout = request_timeout
         self.profiler = profiler or NullProfiler()
@@ -130,15 +136,22 @@ class CoordinatorCore:
         process = self.topology.processes[self.topology.process_of(entry)]
         instance = process.instances[replicas.get(process.name, 0)]
         record = RequestRecord(rid, set(terminals), active, now + self.request_timeout)
-        return Admitted(record, m.RequestContext(rid, context_params, active, replicas), entry, instance,
-                        terminals, dict(trace_parent or {}))
+        return Admitted(
+            record,
+            m.RequestContext(rid, context_params, active, replicas),
+            entry,
+            instance,
+            terminals,
+            dict(trace_parent or {}),
+        )
 
     def commit(self, admitted: Admitted) -> None:
         """The admitted request's submit is on its way: it is running from now on."""
         record = admitted.record
         self.requests[record.request_id] = record
-        self.profiler.record(EventKind.ADMITTED, record.request_id, None, terminals=",".join(admitted.terminals),
-                             **admitted.trace_parent)
+        self.profiler.record(
+            EventKind.ADMITTED, record.request_id, None, terminals=",".join(admitted.terminals), **admitted.trace_parent
+        )
         record.state = RequestState.RUNNING
 
     def withdraw(self, admitted: Admitted) -> None:
@@ -150,18 +163,22 @@ class CoordinatorCore:
         record = self.requests.get(request_id)
         if record is None:
             return []
-        return self._finish(record, RequestState.ABORTED, RequestAborted(request_id, f"request {request_id} was aborted"))
+        return self._finish(
+            record, RequestState.ABORTED, RequestAborted(request_id, f"request {request_id} was aborted")
+        )
 
     def shutdown(self) -> list[Broadcast]:
         """The pipeline is closing: every request still running is aborted."""
         broadcasts: list[Broadcast] = []
         for record in list(self.requests.values()):
-            broadcasts += self._finish(record, RequestState.ABORTED,
-                                       RequestAborted(record.request_id, "the pipeline shut down"))
+            broadcasts += self._finish(
+                record, RequestState.ABORTED, RequestAborted(record.request_id, "the pipeline shut down")
+            )
         return broadcasts
 
-    def fail(self, request_id: str, stage: str | None, message: str, rejected: bool = False,
-             field: str | None = None) -> list[Broadcast]:
+    def fail(
+        self, request_id: str, stage: str | None, message: str, rejected: bool = False, field: str | None = None
+    ) -> list[Broadcast]:
         """``request_id`` failed (a stage said so, or the coordinator found out); a finished
         or unknown id is ignored."""
         record = self.requests.get(request_id)

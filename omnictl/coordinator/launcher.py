@@ -14,10 +14,9 @@ from omnictl import logs
 from omnictl.exceptions import LaunchError
 from omnictl.launch_config import LaunchConfig
 from omnictl.stage.startup import WorkerConfig, encode_config
-from omnictl.transports.curve import CurveKeys
 from omnictl.topology.imports import topology_dir, worker_sys_path
 from omnictl.topology.model import Topology
-
+from omnictl.transports.curve import CurveKeys
 
 _TRACKER_WARNING = "ignore::UserWarning:multiprocessing.resource_tracker"
 
@@ -126,8 +125,10 @@ class Launcher:
         node = self.node_of[name]
         if node is not None:  # on another node than the coordinator's: reach it over tcp
             if self.tcp_coordinator is None:
-                raise LaunchError(self.topology.processes[self.process_of[name]].stages[0],
-                                  f"process {name!r} is on node {node!r} but the coordinator takes no tcp")
+                raise LaunchError(
+                    self.topology.processes[self.process_of[name]].stages[0],
+                    f"process {name!r} is on node {node!r} but the coordinator takes no tcp",
+                )
             control, broadcast = self.tcp_coordinator
             profile = self.profile_tcp_address or profile
         config = WorkerConfig(

@@ -34,6 +34,7 @@ def active_stages(topology: Topology, terminals: Sequence[str]) -> tuple[str, ..
         downstream[edge.src].append(edge.dst)
         upstream[edge.dst].append(edge.src)
     reaches_terminal = reachable(terminals, upstream)
-    from_entry = reachable([topology.entry], {n: [d for d in ds if d in reaches_terminal] for n, ds in downstream.items()})
+    from_entry = reachable(
+        [topology.entry], {n: [d for d in ds if d in reaches_terminal] for n, ds in downstream.items()}
+    )
     return tuple(name for name in topology.stages if name in reaches_terminal and name in from_entry)
-

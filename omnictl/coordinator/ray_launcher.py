@@ -89,9 +89,12 @@ def check_labels(topology: Topology, labels: list[str]) -> None:
     for process in topology.processes.values():
         if process.node is not None and process.node not in labels:
             have = ", ".join(labels) or "none"
-            raise LaunchError(process.stages[0], f"process {process.name!r} asks for node {process.node!r}, which no "
-                              f"alive Ray node carries (labels in the cluster: {have}); start one with "
-                              f"`ray start --address ... --labels '{{\"{NODE_LABEL}\": \"{process.node}\"}}'`")
+            raise LaunchError(
+                process.stages[0],
+                f"process {process.name!r} asks for node {process.node!r}, which no "
+                f"alive Ray node carries (labels in the cluster: {have}); start one with "
+                f'`ray start --address ... --labels \'{{"{NODE_LABEL}": "{process.node}"}}\'`',
+            )
 
 
 class RayLauncher:
@@ -150,16 +153,30 @@ class RayLauncher:
         process = self.topology.processes[self.process_of[name]]
         control, broadcast = self.tcp_coordinator
         config = WorkerConfig(
-            process=process.name, instance=name, topology=self.topology, model_path=self.model_path,
-            process_addresses={}, coordinator_address=control, broadcast_address=broadcast,
-            profile_address=self.profile_address, parent_pid=0,
-            sys_path=worker_sys_path(self._topology_dir, sys.path), node=process.node,
-            data_host=self.data_host, tcp_port=self.tcp_ports.get(name, 0), curve=self.curve,
+            process=process.name,
+            instance=name,
+            topology=self.topology,
+            model_path=self.model_path,
+            process_addresses={},
+            coordinator_address=control,
+            broadcast_address=broadcast,
+            profile_address=self.profile_address,
+            parent_pid=0,
+            sys_path=worker_sys_path(self._topology_dir, sys.path),
+            node=process.node,
+            data_host=self.data_host,
+            tcp_port=self.tcp_ports.get(name, 0),
+            curve=self.curve,
             # the server's level and format; no log file: the run directory is on the server's machine
-            log_level=logs.settings().level, log_format=logs.settings().format,
+            log_level=logs.settings().level,
+            log_format=logs.settings().format,
         )
-        options: dict[str, Any] = {"num_cpus": process.cpus, "num_gpus": len(process.gpus), "name": None,
-                                   "max_concurrency": 4}
+        options: dict[str, Any] = {
+            "num_cpus": process.cpus,
+            "num_gpus": len(process.gpus),
+            "name": None,
+            "max_concurrency": 4,
+        }
         if process.node is not None:
             options["label_selector"] = {NODE_LABEL: process.node}
         else:

@@ -49,7 +49,7 @@ class RequestRecord:
     deadline: float  # loop time
     state: RequestState = RequestState.PENDING
     results: dict[str, Any] = field(default_factory=dict)
-    events: "asyncio.Queue[RequestEvent | None]" = field(default_factory=asyncio.Queue)  # None closes it
+    events: asyncio.Queue[RequestEvent | None] = field(default_factory=asyncio.Queue)  # None closes it
     outcome: asyncio.Future[dict[str, Any]] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
     @property
@@ -99,4 +99,3 @@ class RequestHandle:
     def on_done(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once the request has ended (completed, failed or aborted)."""
         self._record.outcome.add_done_callback(lambda _: callback())
-

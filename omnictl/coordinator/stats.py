@@ -10,8 +10,9 @@ from omnictl import messages as m
 from omnictl.topology.model import Topology
 
 
-def stage_stats(topology: Topology, replies: Mapping[str, m.StatsReply],
-                down: Container[str]) -> dict[str, dict[str, Any]]:
+def stage_stats(
+    topology: Topology, replies: Mapping[str, m.StatsReply], down: Container[str]
+) -> dict[str, dict[str, Any]]:
     """Per stage: status, its process, and the state counters summed over the replicas that
     answered; for a replicated process, ``replicas`` has the same per OS process (``tts#0``, ...). Status: ``up``,
     ``down`` (every replica), ``degraded`` (some replica down) or ``unknown`` (no answer)."""
@@ -19,8 +20,11 @@ def stage_stats(topology: Topology, replies: Mapping[str, m.StatsReply],
     for process, spec in topology.processes.items():
         for stage in spec.stages:
             per_replica = {name: _replica(name, replies.get(name), stage, down) for name in spec.instances}
-            entry = result[stage] = {"status": _combined([r["status"] for r in per_replica.values()]),
-                                     "process": process, **_summed(per_replica.values())}
+            entry = result[stage] = {
+                "status": _combined([r["status"] for r in per_replica.values()]),
+                "process": process,
+                **_summed(per_replica.values()),
+            }
             if spec.replicas > 1:
                 entry["replicas"] = per_replica
             if topology.multi_node():  # where it runs: its `node` label ("-": the coordinator's machine)

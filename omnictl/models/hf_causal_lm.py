@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 _PROMPT_KEYS = ("input_ids", "inputs_embeds", "prompt", "messages")
 _CHUNKABLE = {"input_ids", "inputs_embeds", "attention_mask"}  # model inputs that slice by position
 
+
 @dataclass(slots=True)
 class _Sequence:
     length: int  # cached positions
@@ -82,7 +83,7 @@ class HFCausalLMRunner:
         extra_stop_token_ids: Sequence[int] = (),
     ) -> None:
         self.model = model
-        model.eval()  # type: ignore[no-untyped-call]  # transformers leaves it untyped
+        model.eval()
         self.tokenizer = tokenizer
         self.hidden_layer = hidden_layer
         self.device = next(model.parameters()).device
@@ -99,10 +100,10 @@ class HFCausalLMRunner:
     @classmethod
     def from_pretrained(
         cls, path: str | Path, *, device: str = "cpu", dtype: torch.dtype = torch.float32, **kwargs: Any
-    ) -> "HFCausalLMRunner":
+    ) -> HFCausalLMRunner:
         """Load a local checkpoint directory (nothing is downloaded)."""
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
-        model.to(device)  # type: ignore[arg-type]  # transformers' stubs mistype `to`
+        model.to(device)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         return cls(model, tokenizer, **kwargs)
 
@@ -248,7 +249,9 @@ class HFCausalLMRunner:
         if limit is not None and length >= limit:
             raise InvalidRequest(
                 f"the prompt is {length} tokens; this model's context length is {limit} "
-                "(prompt and answer together): shorten the messages", field=key)
+                "(prompt and answer together): shorten the messages",
+                field=key,
+            )
 
     def first_decode_position(self, model_inputs: Mapping[str, torch.Tensor]) -> int:
         """Position id of the first generated token (the prompt's length for plain rope)."""
@@ -358,7 +361,7 @@ def causal_lm(
     hidden_layer: int | None = None,
     default_sampling: Mapping[str, Any] | None = None,
     prefill_chunk: int = 512,
-) -> "AutoregressiveScheduler":
+) -> AutoregressiveScheduler:
     """Stage factory: a local transformers causal-LM checkpoint in the autoregressive scheduler.
 
     ``hidden_layer`` set: stream chunks and the result also carry that layer's hidden states.

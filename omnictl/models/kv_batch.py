@@ -24,7 +24,7 @@ class BatchCache:
     pads: list[int]  # left padding of each row
 
     @classmethod
-    def stack(cls, request_ids: tuple[str, ...], caches: Sequence[KV]) -> "BatchCache":
+    def stack(cls, request_ids: tuple[str, ...], caches: Sequence[KV]) -> BatchCache:
         """One batch cache from per-request caches (each of batch size one)."""
         lengths = [cache[0][0].shape[2] for cache in caches]
         longest = max(lengths)

@@ -21,13 +21,13 @@ EOS_ID = len(_PRINTABLE)
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
     """One token per printable ASCII character (byte-level), plus ``<eos>``."""
-    byte_chars: dict[int, str] = bytes_to_unicode()  # type: ignore[no-untyped-call]
+    byte_chars: dict[int, str] = bytes_to_unicode()
     vocab = {byte_chars[byte]: index for index, byte in enumerate(_PRINTABLE)}
     vocab[EOS] = EOS_ID
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOS)  # type: ignore[no-untyped-call]
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOS)
 
 
 def tiny_llama(seed: int = 0, *, hidden_size: int = 32, layers: int = 2, eos: bool = True) -> LlamaForCausalLM:
@@ -53,5 +53,5 @@ def tiny_llama(seed: int = 0, *, hidden_size: int = 32, layers: int = 2, eos: bo
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
-    model.eval()  # type: ignore[no-untyped-call]  # transformers leaves it untyped
+    model.eval()
     return model

@@ -56,7 +56,17 @@ Edge = tuple[str, str, str]
 
 
 class _Request:
-    __slots__ = ("last_seen", "admitted", "ended", "first_text", "first_audio", "at_stage", "done_at", "reported", "pending")
+    __slots__ = (
+        "last_seen",
+        "admitted",
+        "ended",
+        "first_text",
+        "first_audio",
+        "at_stage",
+        "done_at",
+        "reported",
+        "pending",
+    )
 
     def __init__(self, ts: int) -> None:
         self.last_seen = ts

@@ -49,8 +49,16 @@ def to_chrome(trace: RequestTrace) -> dict[str, Any]:
 
     def complete(span: Span, pid: int, tid: int, name: str) -> None:
         events.append(
-            {"ph": "X", "name": name, "cat": span.kind, "pid": pid, "tid": tid,
-             "ts": us(span.start_ns), "dur": span.duration_ns / 1000, "args": dict(span.meta)}
+            {
+                "ph": "X",
+                "name": name,
+                "cat": span.kind,
+                "pid": pid,
+                "tid": tid,
+                "ts": us(span.start_ns),
+                "dur": span.duration_ns / 1000,
+                "args": dict(span.meta),
+            }
         )
 
     request = trace.request
@@ -61,8 +69,18 @@ def to_chrome(trace: RequestTrace) -> dict[str, Any]:
     for span in trace.spans:
         if span.kind == "mark":
             pid, tid = track_of(span)
-            events.append({"ph": "i", "s": "t", "name": span.name, "cat": "mark", "pid": pid, "tid": tid,
-                           "ts": us(span.start_ns), "args": dict(span.meta)})
+            events.append(
+                {
+                    "ph": "i",
+                    "s": "t",
+                    "name": span.name,
+                    "cat": "mark",
+                    "pid": pid,
+                    "tid": tid,
+                    "ts": us(span.start_ns),
+                    "args": dict(span.meta),
+                }
+            )
         elif span.kind in _HOP_KINDS:
             if span.meta.get("received", True) is False:
                 continue  # never arrived: nothing to draw an arrow to
@@ -86,8 +104,16 @@ def _hop_events(span: Span, flow_id: int, ids: _Ids, us: Callable[[int], float])
     edge_tid = ids.tid(dst_process, f"{span.kind}s {span.name}")
     common = {"name": span.name, "cat": span.kind, "id": flow_id}
     return [
-        {"ph": "X", "name": span.name, "cat": span.kind, "pid": dst_pid, "tid": edge_tid,
-         "ts": us(span.start_ns), "dur": span.duration_ns / 1000, "args": dict(span.meta)},
+        {
+            "ph": "X",
+            "name": span.name,
+            "cat": span.kind,
+            "pid": dst_pid,
+            "tid": edge_tid,
+            "ts": us(span.start_ns),
+            "dur": span.duration_ns / 1000,
+            "args": dict(span.meta),
+        },
         {**common, "ph": "s", "pid": src_pid, "tid": src_tid, "ts": us(span.start_ns)},
         {**common, "ph": "f", "bp": "e", "pid": dst_pid, "tid": dst_tid, "ts": us(span.end_ns)},
     ]

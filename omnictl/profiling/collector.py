@@ -25,8 +25,8 @@ from omnictl.profiling.collector_process import (
 )
 from omnictl.profiling.receiver import Receiver
 from omnictl.profiling.recorder import Recorder
-from omnictl.profiling.stats import SnapshotSource
 from omnictl.profiling.sinks import EventSink, SinkSpec, open_sink
+from omnictl.profiling.stats import SnapshotSource
 from omnictl.profiling.store import TraceStore
 from omnictl.transports.curve import CurveKeys
 
@@ -62,7 +62,9 @@ class Collector:
         self._max_segments = max_segments
         if control_address is None and separate_process:
             if not address.startswith("ipc://"):
-                raise ValueError(f"give a control_address for a collector process on {address!r} (derived only for ipc://)")
+                raise ValueError(
+                    f"give a control_address for a collector process on {address!r} (derived only for ipc://)"
+                )
             control_address = f"{address}.control"
         self.control_address = control_address
         self.sink = sink
@@ -77,23 +79,37 @@ class Collector:
         self._drain_s = 0.2
         self._final_counts = (0, 0)  # what the collector process reported when it stopped
 
-    def start(self) -> "Collector":
+    def start(self) -> Collector:
         """Bind the PULL socket and start receiving; returns self."""
         if self._process is not None or self._thread is not None:
             raise RuntimeError("collector already started")
         if self.separate_process:
             assert self.control_address is not None
             config = CollectorConfig(
-                str(self.run_dir), self.address, self.control_address, self.window_s,
-                self._segment_bytes, self._max_segments, os.getpid(), self.sink, self.tcp_host, self.curve,
+                str(self.run_dir),
+                self.address,
+                self.control_address,
+                self.window_s,
+                self._segment_bytes,
+                self._max_segments,
+                os.getpid(),
+                self.sink,
+                self.tcp_host,
+                self.curve,
             )
             self._process = CollectorProcess(config)
             self.tcp_address = self._process.tcp_address
             self.aggregator = RemoteAggregator(self._process, self.window_s)
             return self
         self._sink = open_sink(self.sink)
-        self._receiver = Receiver(self.address, self.store, self._aggregator,
-                                  self._sink.add if self._sink is not None else None, self.tcp_host, self.curve)
+        self._receiver = Receiver(
+            self.address,
+            self.store,
+            self._aggregator,
+            self._sink.add if self._sink is not None else None,
+            self.tcp_host,
+            self.curve,
+        )
         self.tcp_address = self._receiver.tcp_address
         self._thread = threading.Thread(target=self._receive_loop, name="omnictl-collector", daemon=True)
         self._thread.start()
@@ -143,7 +159,7 @@ class Collector:
             self._thread.join()
             self._thread = None
 
-    def __enter__(self) -> "Collector":
+    def __enter__(self) -> Collector:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:

@@ -25,8 +25,8 @@ import zmq
 
 from omnictl.profiling.aggregate import Aggregator, ProfileSnapshot
 from omnictl.profiling.receiver import Receiver
-from omnictl.profiling.store import TraceStore
 from omnictl.profiling.sinks import SinkSpec, open_sink
+from omnictl.profiling.store import TraceStore
 from omnictl.transports.curve import CurveKeys
 
 _PARENT_CHECK_MS = 200
@@ -71,8 +71,9 @@ def serve(config: CollectorConfig) -> None:
     aggregator = Aggregator(window_s=config.window_s)
     store = TraceStore(Path(config.run_dir), config.segment_bytes, config.max_segments)
     sink = open_sink(config.sink)
-    receiver = Receiver(config.address, store, aggregator, sink.add if sink is not None else None,
-                        config.tcp_host, config.curve)
+    receiver = Receiver(
+        config.address, store, aggregator, sink.add if sink is not None else None, config.tcp_host, config.curve
+    )
     context = zmq.Context()
     control = context.socket(zmq.REP)
     control.setsockopt(zmq.LINGER, 1000)
@@ -224,8 +225,11 @@ def _log_like_the_server() -> None:
     from omnictl.logs import FORMATS, configure
 
     fmt = os.environ.get("OMNICTL_LOG_FORMAT", "text")
-    configure(os.environ.get("OMNICTL_LOG_LEVEL", "INFO"), fmt if fmt in FORMATS else "text",  # type: ignore[arg-type]
-              process_name="collector")
+    configure(
+        os.environ.get("OMNICTL_LOG_LEVEL", "INFO"),
+        fmt if fmt in FORMATS else "text",  # type: ignore[arg-type]
+        process_name="collector",
+    )
 
 
 if __name__ == "__main__":

@@ -308,8 +308,13 @@ def _fit(
 
 def _table(title: str, columns: list[_Column], rows: list[list[Text]]) -> Table:
     table = Table(
-        title=title, title_justify="left", box=box.SIMPLE_HEAD, expand=False,
-        pad_edge=False, padding=(0, 1, 0, 0), show_edge=False,
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        expand=False,
+        pad_edge=False,
+        padding=(0, 1, 0, 0),
+        show_edge=False,
     )
     for column in columns:
         table.add_column(column.header, justify="right" if column.right else "left", no_wrap=True)
@@ -389,7 +394,7 @@ class Dashboard:
             max_height = self.console.height
         return render_dashboard(self.aggregator.snapshot(), self.topology, live, rejected, max_height, self.where)
 
-    def start(self) -> "Dashboard":
+    def start(self) -> Dashboard:
         if self.mode == "live":
             self._live = Live(
                 console=self.console,
@@ -412,7 +417,7 @@ class Dashboard:
             self._thread.join()
             self._thread = None
 
-    def __enter__(self) -> "Dashboard":
+    def __enter__(self) -> Dashboard:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:

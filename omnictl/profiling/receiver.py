@@ -12,20 +12,25 @@ import msgspec
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from omnictl.transports.curve import CurveKeys, start_authenticator
-
 from omnictl.profiling.aggregate import Aggregator
 from omnictl.profiling.events import Event
 from omnictl.profiling.store import TraceStore
+from omnictl.transports.curve import CurveKeys, start_authenticator
 
 # Batches taken per call, so a flood of events never starves whoever else the owner serves.
 _MAX_BATCHES_PER_CALL = 64
 
 
 class Receiver:
-    def __init__(self, address: str, store: TraceStore, aggregator: Aggregator,
-                 on_events: Callable[[list[Event]], None] | None = None,
-                 tcp_host: str | None = None, curve: CurveKeys | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        store: TraceStore,
+        aggregator: Aggregator,
+        on_events: Callable[[list[Event]], None] | None = None,
+        tcp_host: str | None = None,
+        curve: CurveKeys | None = None,
+    ) -> None:
         """``on_events``: also handed every batch of events (the OpenTelemetry export).
         ``tcp_host`` and ``curve``: also take events over tcp (workers on other machines),
         CurveZMQ-authenticated with the launch's keys; ``tcp_address`` is where."""

@@ -18,9 +18,8 @@ from collections import deque
 import msgspec
 import zmq
 
-from omnictl.transports.curve import CurveKeys
-
 from omnictl.profiling.events import Event, EventKind, MetaValue
+from omnictl.transports.curve import CurveKeys
 
 # Batches queued in ZeroMQ while the collector is slow or gone, before we drop.
 _SEND_HWM = 64
@@ -92,7 +91,7 @@ class Recorder:
         self._socket.close(linger=max(0, int(timeout * 1000)))
         self._context.term()
 
-    def __enter__(self) -> "Recorder":
+    def __enter__(self) -> Recorder:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

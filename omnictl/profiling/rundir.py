@@ -105,8 +105,7 @@ def resolve_run_dir(run_dir: Path | None) -> Path:
     latest = runs_root() / LATEST_LINK
     if not latest.exists():
         raise TraceError(
-            f"no run found under {runs_root()}: start `omnictl serve` (or `omnictl bench`) first, "
-            "or pass --run-dir DIR"
+            f"no run found under {runs_root()}: start `omnictl serve` (or `omnictl bench`) first, or pass --run-dir DIR"
         )
     return latest.resolve()
 

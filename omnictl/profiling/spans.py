@@ -116,7 +116,9 @@ def _request_span(request_id: str, ordered: list[Event]) -> Span:
     end = next((e for e in ordered if e.kind in _END_STATUS), None)
     status = _END_STATUS[end.kind] if end is not None else "in_flight"
     end_ns = end.ts if end is not None else ordered[-1].ts
-    return Span(request_id, None, admitted.process, admitted.ts, max(end_ns, admitted.ts), "request", {"status": status})
+    return Span(
+        request_id, None, admitted.process, admitted.ts, max(end_ns, admitted.ts), "request", {"status": status}
+    )
 
 
 def _stage_spans(stage: str, events: list[Event]) -> list[Span]:
@@ -144,7 +146,11 @@ def _stage_spans(stage: str, events: list[Event]) -> list[Span]:
         elif event.kind is EventKind.HOP_RECEIVED:
             source = event.meta.get("source")
             rebuilt = next(
-                (e.ts for e in events[index + 1 :] if e.kind is EventKind.INPUT_RECEIVED and e.meta.get("source") == source),
+                (
+                    e.ts
+                    for e in events[index + 1 :]
+                    if e.kind is EventKind.INPUT_RECEIVED and e.meta.get("source") == source
+                ),
                 None,
             )
             if rebuilt is not None:
@@ -168,8 +174,9 @@ def _compute_spans(stage: str, process: str, events: list[Event], end: int) -> l
             begin = opened[phase].popleft().ts
             spans.append(Span(phase, stage, process, begin, max(begin, event.ts), "compute", {"phase": phase}))
     for phase, starts in opened.items():
-        spans.extend(Span(phase, stage, process, e.ts, max(e.ts, end), "compute", {"phase": phase, "open": True})
-                     for e in starts)
+        spans.extend(
+            Span(phase, stage, process, e.ts, max(e.ts, end), "compute", {"phase": phase, "open": True}) for e in starts
+        )
     return spans
 
 
@@ -238,9 +245,7 @@ def _match(sends: deque[Event], receives: deque[Event], src: str, dst: str, kind
 
 def _marks(ordered: list[Event]) -> list[Span]:
     return [
-        Span(e.kind.value, e.stage, e.process, e.ts, e.ts, "mark", dict(e.meta))
-        for e in ordered
-        if e.kind in _MARKS
+        Span(e.kind.value, e.stage, e.process, e.ts, e.ts, "mark", dict(e.meta)) for e in ordered if e.kind in _MARKS
     ]
 
 

@@ -65,7 +65,7 @@ def render_waterfall(trace: RequestTrace, width: int = 80, nodes: dict[str, str 
     return out
 
 
-def _stage_row(trace: RequestTrace, stage: str, axis: "_Axis") -> Text:
+def _stage_row(trace: RequestTrace, stage: str, axis: _Axis) -> Text:
     cells = [(" ", "")] * axis.width
     spans = [s for s in trace.spans if s.stage == stage]
     for kind, (char, style) in SEGMENTS.items():
@@ -82,7 +82,7 @@ def _stage_row(trace: RequestTrace, stage: str, axis: "_Axis") -> Text:
     return _row(stage, cells, format_seconds(busy))
 
 
-def _request_row(trace: RequestTrace, axis: "_Axis") -> Text:
+def _request_row(trace: RequestTrace, axis: _Axis) -> Text:
     cells = [("-", "bold")] * axis.width
     for span in trace.of_kind("mark"):
         if span.name in MARKS:
@@ -103,7 +103,9 @@ def _marks_line(trace: RequestTrace, width: int) -> Text:
     for span in trace.of_kind("mark"):
         if span.name in MARKS:
             where = f" at {span.stage}" if span.stage else ""
-            parts.append(f"{span.name.replace('_', ' ')}{where} +{format_seconds((span.start_ns - trace.request.start_ns) / 1e9)}")
+            parts.append(
+                f"{span.name.replace('_', ' ')}{where} +{format_seconds((span.start_ns - trace.request.start_ns) / 1e9)}"
+            )
     return Text(_fit("marks: " + ("; ".join(parts) or "none"), width) + "\n")
 
 

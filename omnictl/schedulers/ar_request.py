@@ -34,7 +34,7 @@ class ArRequest:
         self.decode_steps = 0
         self.decode_seconds = 0.0
 
-    def take(self, output: "StepOutput", runner: "AutoregressiveRunner", stop_ids: set[int]) -> None:
+    def take(self, output: StepOutput, runner: AutoregressiveRunner, stop_ids: set[int]) -> None:
         """Sample the next token from ``output`` and decide whether the request is done."""
         token = self.sampler.sample(output.logits)
         self.completion_tokens += 1
@@ -57,14 +57,14 @@ class ArRequest:
         if self.completion_tokens >= self.params.max_tokens:
             self.finish_reason = FinishReason.LENGTH
 
-    def text(self, runner: "AutoregressiveRunner") -> str:
+    def text(self, runner: AutoregressiveRunner) -> str:
         """The whole text when finished, else the part that is safe to stream."""
         if self.final_text is not None:
             return self.final_text
         full = runner.detokenize(self.token_ids)
         return full if self.finish_reason is not None else streamable_prefix(full, self.params.stop)
 
-    def chunk(self, runner: "AutoregressiveRunner", emit_hidden: bool) -> TokenDelta | None:
+    def chunk(self, runner: AutoregressiveRunner, emit_hidden: bool) -> TokenDelta | None:
         """The increment since the last chunk, or None when there is nothing new."""
         self.steps_since_emit = 0
         token_ids = self.token_ids[self.sent_tokens :]
@@ -79,7 +79,7 @@ class ArRequest:
         self.sent_text += delta
         return chunk
 
-    def result(self, runner: "AutoregressiveRunner", emit_hidden: bool) -> TokenResult:
+    def result(self, runner: AutoregressiveRunner, emit_hidden: bool) -> TokenResult:
         return TokenResult(
             text=self.text(runner),
             finish_reason=self.finish_reason or FinishReason.STOP,

@@ -250,7 +250,9 @@ class AutoregressiveScheduler(Scheduler):
     def _create(self, message: IncomingMessage, inputs: Any) -> bool:
         """Queue a new request for the worker; False if it was refused (and failed)."""
         try:
-            params = SamplingParams.from_mapping(self.request_sampling(message.params), defaults=self._sampling_defaults)
+            params = SamplingParams.from_mapping(
+                self.request_sampling(message.params), defaults=self._sampling_defaults
+            )
         except InvalidRequest as exc:
             self._refuse(message.request_id, str(exc), exc.field)
             return False
@@ -270,9 +272,14 @@ class AutoregressiveScheduler(Scheduler):
                 self._finished.add(request_id)
         self._fail_now(request_id, reason, field)
 
-    def _fail_now(self, request_id: str, reason: str, field: str | None = None, exc: BaseException | None = None) -> None:
-        self.emit(OutgoingMessage(OutgoingKind.ERROR, request_id, error=f"stage {self.stage_name}: {reason}", field=field,
-                                  exc=exc))
+    def _fail_now(
+        self, request_id: str, reason: str, field: str | None = None, exc: BaseException | None = None
+    ) -> None:
+        self.emit(
+            OutgoingMessage(
+                OutgoingKind.ERROR, request_id, error=f"stage {self.stage_name}: {reason}", field=field, exc=exc
+            )
+        )
 
     def _send(self, command: _Command) -> None:
         with self._wake:
@@ -441,7 +448,7 @@ class AutoregressiveScheduler(Scheduler):
         try:
             with self.busy():  # /health shows a step that runs long
                 return call()
-        except Exception as exc:  # noqa: BLE001 - a model error fails its requests, not the stage
+        except Exception as exc:
             field = exc.field if isinstance(exc, InvalidRequest) else None  # the input's fault: a 400
             for rid in request_ids:
                 self._drop(rid)

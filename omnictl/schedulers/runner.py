@@ -15,8 +15,8 @@ if TYPE_CHECKING:  # torch stays out of the import path of the CLI
 
 @dataclass(slots=True)
 class StepOutput:
-    logits: "torch.Tensor"  # [vocab]: scores for the next token of one request
-    hidden: "torch.Tensor | None" = None  # [hidden]: last-layer state at that position, if the runner exposes it
+    logits: torch.Tensor  # [vocab]: scores for the next token of one request
+    hidden: torch.Tensor | None = None  # [hidden]: last-layer state at that position, if the runner exposes it
     prompt_tokens: int | None = None  # set by `prefill`: how many positions the prompt took
 
 
@@ -66,7 +66,9 @@ class ChunkedPrefillRunner(Protocol):
     The scheduler calls it again and again (other requests' decode steps and aborts in
     between) until it returns the first output; ``release`` drops a prefill part-way."""
 
-    def prefill_chunk(self, request_id: str, inputs: Mapping[str, Any], max_tokens: int) -> tuple[int, StepOutput | None]:
+    def prefill_chunk(
+        self, request_id: str, inputs: Mapping[str, Any], max_tokens: int
+    ) -> tuple[int, StepOutput | None]:
         """Prefill at most ``max_tokens`` more prompt positions: (positions done, the
         first next-token output once the whole prompt is in, else None)."""
         ...

@@ -30,7 +30,7 @@ class SamplingParams:
     @classmethod
     def from_mapping(
         cls, raw: Mapping[str, Any] | None, *, defaults: Mapping[str, Any] | None = None, where: str = "sampling"
-    ) -> "SamplingParams":
+    ) -> SamplingParams:
         """Validate ``raw`` (a request's ``sampling`` object) on top of ``defaults``.
 
         Raises :class:`InvalidRequest` naming the offending field, e.g. ``sampling.top_p``.

@@ -47,7 +47,8 @@ class SimpleScheduler(Scheduler):
         # hand-off than a ThreadPoolExecutor (whose submit takes Python-level locks and
         # semaphores, measured at 12% of a busy stage process's loop).
         self._jobs: queue.SimpleQueue[tuple[collections.deque[IncomingMessage], asyncio.Future[None]] | None] = (
-            queue.SimpleQueue())
+            queue.SimpleQueue()
+        )
         self._thread: threading.Thread | None = None
         self._running: set[str] = set()  # handed to the worker thread (or on the loop), not finished
         self._batch: collections.deque[IncomingMessage] = collections.deque()  # handed over, not started
@@ -83,7 +84,9 @@ class SimpleScheduler(Scheduler):
     async def _in_thread(self, batch: collections.deque[IncomingMessage]) -> None:
         loop = asyncio.get_running_loop()
         if self._thread is None:
-            self._thread = threading.Thread(target=self._work, args=(loop,), name=f"stage-{self.stage_name}", daemon=True)
+            self._thread = threading.Thread(
+                target=self._work, args=(loop,), name=f"stage-{self.stage_name}", daemon=True
+            )
             self._thread.start()
         done: asyncio.Future[None] = loop.create_future()
         self._jobs.put((batch, done))
@@ -120,8 +123,13 @@ class SimpleScheduler(Scheduler):
         """A function measured quick runs the request right here when nothing is queued
         ahead of it: no wake-up of the scheduler's task for it (a third of a no-op stage's
         time on the loop)."""
-        if (self._slow or self._quick_streak < _PROBE_CALLS or message.kind is not IncomingKind.NEW_REQUEST
-                or self._running or not self.inbox.empty()):
+        if (
+            self._slow
+            or self._quick_streak < _PROBE_CALLS
+            or message.kind is not IncomingKind.NEW_REQUEST
+            or self._running
+            or not self.inbox.empty()
+        ):
             return False
         self._running.add(message.request_id)
         try:

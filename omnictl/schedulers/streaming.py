@@ -41,7 +41,14 @@ from omnictl.logs import request_scope
 from omnictl.outputs import AudioChunk, AudioResult, TextDelta, TextResult
 from omnictl.profiling.events import EventKind
 from omnictl.recent import RecentIds
-from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind, OutgoingMessage, Scheduler, SchedulerLoad
+from omnictl.schedulers.base import (
+    IncomingKind,
+    IncomingMessage,
+    OutgoingKind,
+    OutgoingMessage,
+    Scheduler,
+    SchedulerLoad,
+)
 
 
 class FinishOn(str, enum.Enum):
@@ -245,11 +252,18 @@ class StreamingScheduler(Scheduler):
         try:
             with request_scope(rid):  # what the callback logs carries the request's id
                 return call()
-        except Exception as exc:  # noqa: BLE001 - a failing callback fails its request, not the stage
+        except Exception as exc:
             stream.failed = True
             field = exc.field if isinstance(exc, InvalidRequest) else None
-            self.emit(OutgoingMessage(OutgoingKind.ERROR, rid, error=f"stage {self.stage_name}: {what} failed: {type(exc).__name__}: {exc}",
-                                      field=field, exc=exc))
+            self.emit(
+                OutgoingMessage(
+                    OutgoingKind.ERROR,
+                    rid,
+                    error=f"stage {self.stage_name}: {what} failed: {type(exc).__name__}: {exc}",
+                    field=field,
+                    exc=exc,
+                )
+            )
             return None
 
 

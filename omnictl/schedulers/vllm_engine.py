@@ -33,7 +33,7 @@ import logging
 import os
 import signal
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, cast
 
 from omnictl.exceptions import InvalidRequest, StartupError
 from omnictl.outputs import FinishReason, TokenDelta, TokenResult
@@ -66,7 +66,9 @@ def require_vllm() -> None:
     try:
         import vllm  # noqa: F401
     except ImportError as exc:
-        raise StartupError(f"factory_args.engine is 'vllm' but vLLM is not installed ({exc})", hint=VLLM_EXTRA_HINT) from None
+        raise StartupError(
+            f"factory_args.engine is 'vllm' but vLLM is not installed ({exc})", hint=VLLM_EXTRA_HINT
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +95,7 @@ class VllmOptions:
     device: str = "cpu"
 
     @classmethod
-    def from_mapping(cls, raw: Mapping[str, Any] | None, where: str = "factory_args.vllm") -> "VllmOptions":
+    def from_mapping(cls, raw: Mapping[str, Any] | None, where: str = "factory_args.vllm") -> VllmOptions:
         """Build from a topology mapping; raises ValueError naming the key for anything wrong."""
         if raw is None:
             return cls()
@@ -134,7 +136,7 @@ class VllmOptions:
         return AsyncEngineArgs(
             model=model,
             tokenizer=model,
-            dtype=self.dtype,
+            dtype=self.dtype,  # type: ignore[arg-type]  # one of vLLM's names, checked in from_mapping
             max_model_len=self.max_model_len,
             max_num_seqs=self.max_num_seqs,
             enforce_eager=self.enforce_eager,
@@ -163,7 +165,9 @@ def _counting_logger(counts: _Counts) -> Any:
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             pass
 
-        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+        def record(
+            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+        ) -> None:
             if scheduler_stats is not None:
                 counts.running = scheduler_stats.num_running_reqs
                 counts.waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
@@ -307,8 +311,11 @@ class VllmScheduler(Scheduler):
             raise InvalidRequest(f"expected a dict as input, got {type(inputs).__name__}", field="inputs")
         given = [key for key in _PROMPT_KEYS if key in inputs]
         if "inputs_embeds" in inputs:
-            raise InvalidRequest("model input: this vLLM stage takes token ids, not inputs_embeds "
-                                 "(use factory_args.engine: hf for an embeddings prompt)", field="inputs_embeds")
+            raise InvalidRequest(
+                "model input: this vLLM stage takes token ids, not inputs_embeds "
+                "(use factory_args.engine: hf for an embeddings prompt)",
+                field="inputs_embeds",
+            )
         if len(given) != 1:
             raise InvalidRequest(
                 f"model input: expected exactly one of {', '.join(_PROMPT_KEYS)}, got {sorted(inputs) or 'nothing'}",
@@ -328,8 +335,15 @@ class VllmScheduler(Scheduler):
             messages = text_messages(value)
             if self.system_prompt and not any(m["role"] == "system" for m in messages):
                 messages = [{"role": "system", "content": self.system_prompt}, *messages]
-            ids = list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                          return_dict=False))
+            # tokenize=True, return_dict=False: a list of token ids (the stub's union covers every mode)
+            ids = list(
+                cast(
+                    "list[int]",
+                    self.tokenizer.apply_chat_template(
+                        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+                    ),
+                )
+            )
         if not ids:
             raise InvalidRequest(f"model input: {key} is empty", field=key)
         return [int(i) for i in ids]
@@ -339,7 +353,9 @@ class VllmScheduler(Scheduler):
         if length >= limit:
             raise InvalidRequest(
                 f"the prompt is {length} tokens; this stage's max_model_len is {limit} "
-                "(prompt and answer together): shorten the messages", field="messages")
+                "(prompt and answer together): shorten the messages",
+                field="messages",
+            )
 
     def _sampling(self, params: SamplingParams, prompt_tokens: int) -> Any:
         from vllm import SamplingParams as EngineSampling
@@ -368,7 +384,11 @@ class VllmScheduler(Scheduler):
         self.profile(EventKind.PREFILL_START, rid)
         metrics: Any = None
         steps_since_emit = 0
-        stream = engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), self._sampling(params, len(prompt_ids)), rid)
+        stream = engine.generate(
+            TokensPrompt(prompt_token_ids=prompt_ids),  # type: ignore[typeddict-item]  # vLLM's stub marks its optional keys required
+            self._sampling(params, len(prompt_ids)),
+            rid,
+        )
         try:
             async for out in stream:
                 completion = out.outputs[0]
@@ -381,7 +401,9 @@ class VllmScheduler(Scheduler):
                     if answer.finish_reason is not None:
                         break
                 if answer.finish_reason is None and out.finished:
-                    answer.finish_reason = FinishReason.LENGTH if completion.finish_reason == "length" else FinishReason.STOP
+                    answer.finish_reason = (
+                        FinishReason.LENGTH if completion.finish_reason == "length" else FinishReason.STOP
+                    )
                 if answer.finish_reason is not None or steps_since_emit >= self.stream_every:
                     steps_since_emit = 0
                     self._emit_chunk(rid, answer)
@@ -392,7 +414,7 @@ class VllmScheduler(Scheduler):
         except EngineDeadError as exc:
             self._engine_died(f"the vLLM engine died ({type(exc).__name__}: {exc or 'its process exited'})")
             return
-        except Exception as exc:  # noqa: BLE001 - the engine refused or failed this request: it fails, the stage serves on
+        except Exception as exc:
             if self.engine is not None and self.engine.errored:
                 self._engine_died(f"the vLLM engine died ({type(exc).__name__}: {exc})")
                 return
@@ -435,8 +457,8 @@ class VllmScheduler(Scheduler):
 
     def _emit_chunk(self, rid: str, answer: _Answer) -> None:
         text = self._text(answer)
-        delta = text[len(answer.sent_text):] if text.startswith(answer.sent_text) else ""
-        token_ids = answer.token_ids[answer.sent_tokens:]
+        delta = text[len(answer.sent_text) :] if text.startswith(answer.sent_text) else ""
+        token_ids = answer.token_ids[answer.sent_tokens :]
         if not token_ids and not delta:
             return
         if not answer.sent_tokens and not answer.sent_text:
@@ -460,29 +482,33 @@ class VllmScheduler(Scheduler):
 
     def _profile_first_token(self, rid: str, metrics: Any, prompt_tokens: int) -> None:
         meta: dict[str, Any] = {"prompt_tokens": prompt_tokens}
-        if metrics is not None and getattr(metrics, "scheduled_ts", 0.0) and getattr(metrics, "first_token_ts", 0.0):
+        if metrics is not None and _stamp(metrics, "scheduled_ts") and _stamp(metrics, "first_token_ts"):
             meta["queue_s"] = round(max(metrics.scheduled_ts - metrics.queued_ts, 0.0), 6)
             meta["prefill_s"] = round(max(metrics.first_token_ts - metrics.scheduled_ts, 0.0), 6)
         self.profile(EventKind.PREFILL_END, rid, **meta)
 
     def _profile_decode(self, rid: str, metrics: Any, tokens: int) -> None:
         seconds = 0.0
-        if metrics is not None and getattr(metrics, "last_token_ts", 0.0):
+        if metrics is not None and _stamp(metrics, "last_token_ts"):
             seconds = max(metrics.last_token_ts - metrics.first_token_ts, 0.0)
         self.profile(EventKind.DECODE_STEPS, rid, steps=max(tokens - 1, 0), seconds=round(seconds, 6))
 
     # --- failures --------------------------------------------------------------------
 
     def _fail(self, rid: str, reason: str, field: str | None = None, exc: BaseException | None = None) -> None:
-        self.emit(OutgoingMessage(OutgoingKind.ERROR, rid, error=f"stage {self.stage_name}: {reason}", field=field,
-                                  exc=exc))
+        self.emit(
+            OutgoingMessage(OutgoingKind.ERROR, rid, error=f"stage {self.stage_name}: {reason}", field=field, exc=exc)
+        )
 
     def _engine_died(self, reason: str) -> None:
         """Fail everything held (once), refuse new work, and end the process if asked."""
         if self._dead is not None:
             return
-        restart = "; the stage process exits so the restart policy (--max-restarts) can start it again" \
-            if self.exit_on_engine_death else ""
+        restart = (
+            "; the stage process exits so the restart policy (--max-restarts) can start it again"
+            if self.exit_on_engine_death
+            else ""
+        )
         self._dead = reason + restart
         # Each held request's generate() raises EngineDeadError by itself; they are all
         # failed here, at once, and those calls then find the engine already marked dead.
@@ -512,3 +538,8 @@ class VllmScheduler(Scheduler):
         elif isinstance(source, (list, tuple)):
             stop.update(int(i) for i in source)
         return stop
+
+
+def _stamp(metrics: Any, name: str) -> float:
+    """One of the engine's per-request timestamps (0.0: not there, or not set yet)."""
+    return float(getattr(metrics, name, 0.0) or 0.0)

@@ -17,16 +17,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from omnictl.logs import request_scope
 from omnictl.serving import playground
 from omnictl.serving.chat import route as chat
-from omnictl.serving.speech import route as speech
-from omnictl.serving.speech import voices
-from omnictl.serving.transcriptions import route as transcriptions
 from omnictl.serving.common.auth import authorized
 from omnictl.serving.common.capabilities import capabilities
 from omnictl.serving.common.errors import error_response, unauthorized
 from omnictl.serving.common.guard import GuardMiddleware, RequestGuard
 from omnictl.serving.common.metrics import CONTENT_TYPE
 from omnictl.serving.realtime.route import realtime_endpoint
+from omnictl.serving.speech import route as speech
+from omnictl.serving.speech import voices
 from omnictl.serving.state import PipelineLike, ServingState
+from omnictl.serving.transcriptions import route as transcriptions
 
 __all__ = ["PipelineLike", "RequestIdMiddleware", "ServingState", "create_app", "new_request_id"]
 
@@ -60,8 +60,9 @@ def note_unresponsive(state: ServingState, pipe: PipelineLike, unresponsive: lis
         avoid(unresponsive)
     frozen = set(unresponsive)
     processes = getattr(pipe.topology, "processes", {})
-    state.unresponsive = sorted(name for name, process in processes.items()
-                                if process.instances and all(i in frozen for i in process.instances))
+    state.unresponsive = sorted(
+        name for name, process in processes.items() if process.instances and all(i in frozen for i in process.instances)
+    )
 
 
 async def watch_liveness(state: ServingState, every_s: float = LIVENESS_EVERY_S) -> None:
@@ -73,7 +74,7 @@ async def watch_liveness(state: ServingState, every_s: float = LIVENESS_EVERY_S)
         if pipe is not None:
             try:
                 note_unresponsive(state, pipe, unresponsive_processes(await pipe.stats(HEALTH_STATS_TIMEOUT_S)))
-            except Exception:  # noqa: BLE001 - a failed check leaves the last answer; the next one retries
+            except Exception:
                 log.debug("liveness check failed", exc_info=True)
         await asyncio.sleep(every_s)
 
@@ -117,6 +118,7 @@ class RequestIdMiddleware:
 
 def create_app(state: ServingState, guard: RequestGuard | None = None) -> Starlette:
     """The app; ``guard``: the Host / Origin checks (None: the defaults for a loopback server)."""
+
     async def abort_request(request: Request) -> Response:
         if not authorized(request.headers, state.api_key):
             return unauthorized()

@@ -50,9 +50,7 @@ class BackgroundServer:
             raise LaunchError("http", f"the server stopped before it was ready: {self._error}") from self._error
         return self._listening
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self._loop is not None and self._listening is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._listening.stop)
         self._thread.join(timeout=60)

@@ -14,7 +14,7 @@ from starlette.responses import HTMLResponse
 
 @lru_cache(maxsize=1)
 def html() -> str:
-    return files("omnictl.serving").joinpath("static", "playground.html").read_text(encoding="utf-8")
+    return files("omnictl.serving").joinpath("static").joinpath("playground.html").read_text(encoding="utf-8")
 
 
 async def page(request: Request) -> HTMLResponse:

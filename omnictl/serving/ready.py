@@ -41,15 +41,32 @@ def example_curl(url: str, model: str, terminals: Mapping[str, str], api_key: st
     )
 
 
-def ready_message(url: str, model: str, terminals: Mapping[str, str], stages: int, processes: int,
-                  api_key: str | None, run_dir: str | None = None, program: str = "omnictl") -> RenderableType:
+def ready_message(
+    url: str,
+    model: str,
+    terminals: Mapping[str, str],
+    stages: int,
+    processes: int,
+    api_key: str | None,
+    run_dir: str | None = None,
+    program: str = "omnictl",
+) -> RenderableType:
     """``program``: how to type omnictl here (``.venv/bin/omnictl`` when the venv is not
     active), so the suggested commands paste as they are."""
     produces = ", ".join(sorted(set(terminals.values())))
-    traces = [Text.assemble("  traces in ", (run_dir, "bold"), f"  ({program} trace REQUEST_ID finds a request there)")] if run_dir else []
+    traces = (
+        [Text.assemble("  traces in ", (run_dir, "bold"), f"  ({program} trace REQUEST_ID finds a request there)")]
+        if run_dir
+        else []
+    )
     return Group(
-        Text.assemble(("omnictl serve", "bold green"), f": {model} ({stages} stages in {processes} processes; produces {produces})"),
-        Text.assemble("  listening on ", (url, "bold cyan"), "  (OpenAI API at /v1, health at /health, metrics at /metrics)"),
+        Text.assemble(
+            ("omnictl serve", "bold green"),
+            f": {model} ({stages} stages in {processes} processes; produces {produces})",
+        ),
+        Text.assemble(
+            "  listening on ", (url, "bold cyan"), "  (OpenAI API at /v1, health at /health, metrics at /metrics)"
+        ),
         Text.assemble("  playground at ", (url + "/", "bold cyan"), "  (talk to it in a browser, over /v1/realtime)"),
         Text("  try it:", style="bold"),
         Text("  " + example_curl(url, model, terminals, api_key)),

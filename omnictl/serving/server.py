@@ -26,10 +26,10 @@ from omnictl.data import DEFAULT_TOPOLOGY, data_path
 from omnictl.exceptions import LaunchError, ListenError, StartupError
 from omnictl.launch_config import LaunchConfig
 from omnictl.serving.app import ServingState, create_app, watch_liveness
-from omnictl.serving.common.tracking import end_in_flight
+from omnictl.serving.chat.protocol import Limits
 from omnictl.serving.common.connections import ConnectionGuard, connection_cap
 from omnictl.serving.common.guard import RequestGuard
-from omnictl.serving.chat.protocol import Limits
+from omnictl.serving.common.tracking import end_in_flight
 
 GRACEFUL_SHUTDOWN_S = 5
 
@@ -62,11 +62,17 @@ class ServeOptions:
     def launch_config(self) -> LaunchConfig:
         """The pipeline's part of these options (a server always profiles: the dashboard)."""
         return LaunchConfig(
-            model_path=self.model_path, device=self.device,
-            run_dir=Path(self.run_dir) if self.run_dir is not None else None, profile=True,
-            request_timeout=self.request_timeout, max_restarts=self.max_restarts,
-            max_in_flight=self.max_in_flight, max_queue_wait=self.max_queue_wait,
-            otlp_endpoint=self.otlp_endpoint, launcher=self.launcher, ray_address=self.ray_address,
+            model_path=self.model_path,
+            device=self.device,
+            run_dir=Path(self.run_dir) if self.run_dir is not None else None,
+            profile=True,
+            request_timeout=self.request_timeout,
+            max_restarts=self.max_restarts,
+            max_in_flight=self.max_in_flight,
+            max_queue_wait=self.max_queue_wait,
+            otlp_endpoint=self.otlp_endpoint,
+            launcher=self.launcher,
+            ray_address=self.ray_address,
             data_host=self.data_host,
         )
 
@@ -139,19 +145,26 @@ async def run_server(
 
     if options.api_key is not None and not options.api_key.strip():
         # An empty key once meant "no authentication" without a word.
-        raise StartupError("the API key is empty", hint="pass a non-empty --api-key (or OMNICTL_API_KEY), or none at all")
+        raise StartupError(
+            "the API key is empty", hint="pass a non-empty --api-key (or OMNICTL_API_KEY), or none at all"
+        )
     topology = Path(options.topology) if options.topology is not None else default_topology()
     sock = bind(options.host, options.port)
     port = sock.getsockname()[1]
-    state = ServingState(model_name=topology.stem, limits=options.limits, api_key=options.api_key,
-                         aliases=options.served_model_names)
+    state = ServingState(
+        model_name=topology.stem, limits=options.limits, api_key=options.api_key, aliases=options.served_model_names
+    )
     guard = ConnectionGuard(connection_cap(options.limits.max_connections), options.limits.header_timeout_s)
     config = uvicorn.Config(
         create_app(state, RequestGuard.for_bind(options.host, port, options.allowed_hosts, options.allowed_origins)),
-        log_level="warning", access_log=False, lifespan="off",
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        http=guard.http_protocol(), ws=guard.websocket_protocol(),  # type: ignore[arg-type]
-        limit_concurrency=None, backlog=2048,
+        http=guard.http_protocol(),
+        ws=guard.websocket_protocol(),
+        limit_concurrency=None,
+        backlog=2048,
         # No permessage-deflate: 1 KB of deflated zeros is a 1 MB realtime event, and uvicorn
         # inflates every frame of a read (64 KB: ~64 MB) on the event loop before the app
         # sees one. Audio in base64 barely compresses anyway.

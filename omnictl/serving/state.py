@@ -6,8 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
-from omnictl.serving.common.metrics import ServerMetrics
 from omnictl.serving.chat.protocol import Limits
+from omnictl.serving.common.metrics import ServerMetrics
 
 if TYPE_CHECKING:
     from omnictl.serving.common.tracking import Tracked
@@ -24,8 +24,13 @@ class PipelineLike(Protocol):
 
     run_dir: Any
 
-    async def submit(self, inputs: Any, modalities: list[str] | None = None, request_id: str | None = None,
-                     traceparent: str | None = None) -> Any: ...
+    async def submit(
+        self,
+        inputs: Any,
+        modalities: list[str] | None = None,
+        request_id: str | None = None,
+        traceparent: str | None = None,
+    ) -> Any: ...
 
     async def abort(self, request_id: str) -> Any: ...
 
@@ -52,7 +57,7 @@ class ServingState:
     limits: Limits = field(default_factory=Limits)
     api_key: str | None = None
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
-    active: dict[str, "Tracked"] = field(default_factory=dict)
+    active: dict[str, Tracked] = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
     tracing: bool = False  # the pipeline exports traces: requests' `traceparent` headers are read
     # OS processes that did not answer the last liveness check (the server's monitor and

@@ -48,9 +48,7 @@ def make_scheduler(spec: StageSpec, topology: Topology, model_path: str | None) 
     )
 
 
-def build_stage(
-    spec: StageSpec, topology: Topology, model_path: str | None, ports: Ports, profiler: Profiler
-) -> Stage:
+def build_stage(spec: StageSpec, topology: Topology, model_path: str | None, ports: Ports, profiler: Profiler) -> Stage:
     scheduler = make_scheduler(spec, topology, model_path)
     merge = _resolve(topology, spec, "merge_fn", spec.merge_fn) if spec.merge_fn else None
     route_fn = _resolve(topology, spec, "route_fn", spec.route_fn) if spec.route_fn else None

@@ -38,7 +38,7 @@ class WorkerPorts:
         self.topology = endpoint.topology
         self.profiler = profiler
         self.node = endpoint.node
-        self.local: dict[str, "Stage"] = {}  # filled by the worker once stages are built
+        self.local: dict[str, Stage] = {}  # filled by the worker once stages are built
         self._coordinator = endpoint.push(coordinator_address)
         # as if an edge to a CPU stage of the coordinator's process, on the unlabelled node
         self._to_coordinator = registry.select(Placement(False, self.node, None))
@@ -57,8 +57,15 @@ class WorkerPorts:
         process = self.topology.processes[self.topology.process_of(dst)]
         return replica_name(process.name, ctx.replicas.get(process.name, 0), process.replicas)
 
-    def _send_payload(self, ctx: m.RequestContext, src: str, dst: str, payload: m.EncodedPayload,
-                      message: m.StageInbound, frames: list[memoryview]) -> None:  # type: ignore[valid-type]
+    def _send_payload(
+        self,
+        ctx: m.RequestContext,
+        src: str,
+        dst: str,
+        payload: m.EncodedPayload,
+        message: m.StageInbound,
+        frames: list[memoryview],
+    ) -> None:
         self.endpoint.send_to(self._instance_of(ctx, dst), message, frames, payload, lender=src)
 
     def lost(self, process: str) -> None:
@@ -73,8 +80,13 @@ class WorkerPorts:
         return self.endpoint.codec(stage, transport).encode_frames(data)
 
     def _signal(
-        self, ctx: m.RequestContext, src: str, dst: str, kind: EdgeKind,
-        local: Callable[["Stage"], None], remote: Callable[[], Any],
+        self,
+        ctx: m.RequestContext,
+        src: str,
+        dst: str,
+        kind: EdgeKind,
+        local: Callable[[Stage], None],
+        remote: Callable[[], Any],
     ) -> None:
         """A payload-free message (stream done, skip) along an edge."""
         edge = self.topology.edge(src, dst, kind)
@@ -95,17 +107,24 @@ class WorkerPorts:
             return
         payload, frames = self._encode(src, edge.transport, data)
         self.profiler.record(
-            EventKind.HOP_SENT, ctx.request_id, src, target=dst, transport=edge.transport.value, bytes=payload_bytes(payload)
+            EventKind.HOP_SENT,
+            ctx.request_id,
+            src,
+            target=dst,
+            transport=edge.transport.value,
+            bytes=payload_bytes(payload),
         )
         self._send_payload(ctx, src, dst, payload, m.DataReady(ctx, src, dst, payload, sent), frames)
 
-    def _receive_local(self, stage: "Stage", ctx: m.RequestContext, src: str, data: Any) -> None:
+    def _receive_local(self, stage: Stage, ctx: m.RequestContext, src: str, data: Any) -> None:
         self.profiler.record(EventKind.HOP_RECEIVED, ctx.request_id, stage.name, source=src, transport="inproc")
         stage.on_input(ctx, src, data)
 
     def send_stream(self, ctx: m.RequestContext, src: str, dst: str, seq: int, data: Any) -> None:
         edge = self.topology.edge(src, dst, EdgeKind.STREAM)
-        self.profiler.record(EventKind.STREAM_SENT, ctx.request_id, src, target=dst, seq=seq, transport=edge.transport.value)
+        self.profiler.record(
+            EventKind.STREAM_SENT, ctx.request_id, src, target=dst, seq=seq, transport=edge.transport.value
+        )
         if edge.transport is Transport.INPROC:
             self._loop.call_soon(self.local[dst].on_stream_chunk, ctx, src, seq, data)
             return
@@ -113,7 +132,9 @@ class WorkerPorts:
         self._send_payload(ctx, src, dst, payload, m.StreamChunk(ctx, src, dst, seq, payload, now_ns()), frames)
 
     def send_stream_done(self, ctx: m.RequestContext, src: str, dst: str) -> None:
-        self._signal(ctx, src, dst, EdgeKind.STREAM, lambda s: s.on_stream_done(ctx, src), lambda: m.StreamDone(ctx, src, dst))
+        self._signal(
+            ctx, src, dst, EdgeKind.STREAM, lambda s: s.on_stream_done(ctx, src), lambda: m.StreamDone(ctx, src, dst)
+        )
 
     def send_skip(self, ctx: m.RequestContext, src: str, dst: str) -> None:
         self._signal(ctx, src, dst, EdgeKind.DATA, lambda s: s.on_skip(ctx, src), lambda: m.Skip(ctx, src, dst))
@@ -126,10 +147,12 @@ class WorkerPorts:
     def send_terminal_skipped(self, request_id: str, stage: str) -> None:
         self.endpoint.send(self._coordinator, m.TerminalSkipped(request_id, stage))
 
-    def send_failure(self, request_id: str, stage: str, error: str, rejected: bool = False, field: str | None = None) -> None:
+    def send_failure(
+        self, request_id: str, stage: str, error: str, rejected: bool = False, field: str | None = None
+    ) -> None:
         self.endpoint.send(self._coordinator, m.StageFailed(request_id, stage, error, rejected, field))
 
-    def send_control(self, message: m.ToCoordinator) -> None:  # type: ignore[valid-type]
+    def send_control(self, message: m.ToCoordinator) -> None:
         self.endpoint.send(self._coordinator, message)
 
     def release(self, ref: m.ShmRef) -> None:

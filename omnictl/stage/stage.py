@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Protocol
 
+from omnictl.exceptions import describe_error
 from omnictl.messages import RequestContext, StageStats
 from omnictl.outputs import check_output
 from omnictl.profiling.events import EventKind, Profiler
 from omnictl.recent import RecentIds
 from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind, OutgoingMessage, Scheduler
-from omnictl.exceptions import describe_error
 from omnictl.stage.fanin import FanIn, FanInResult
 from omnictl.stage.router import RouteContractError, Router
 from omnictl.topology.model import StageSpec
@@ -32,7 +32,9 @@ class Ports(Protocol):
     def send_skip(self, ctx: RequestContext, src: str, dst: str) -> None: ...
     def send_terminal(self, request_id: str, stage: str, final: bool, seq: int, data: Any) -> None: ...
     def send_terminal_skipped(self, request_id: str, stage: str) -> None: ...
-    def send_failure(self, request_id: str, stage: str, error: str, rejected: bool = False, field: str | None = None) -> None: ...
+    def send_failure(
+        self, request_id: str, stage: str, error: str, rejected: bool = False, field: str | None = None
+    ) -> None: ...
 
 
 class Stage:
@@ -167,8 +169,7 @@ class Stage:
             else:
                 self._fail(ctx.request_id, f"stage {self.name!r} failed: {message.error}", message.field, message.exc)
         except Exception as exc:  # e.g. an output leaf that cannot be serialized: this request fails
-            self._fail(ctx.request_id, f"stage {self.name!r} could not send its output: {describe_error(exc)}",
-                       exc=exc)
+            self._fail(ctx.request_id, f"stage {self.name!r} could not send its output: {describe_error(exc)}", exc=exc)
 
     def _breaks_contract(self, ctx: RequestContext, final: bool, data: Any) -> bool:
         """A terminal's output that is not what its modality promises fails the request here,

@@ -33,7 +33,9 @@ class WorkerConfig:
     log_format: str = "text"
     log_file: str | None = None  # <run dir>/logs/<instance>.log; None: stderr only
     node: str | None = None  # its process's `node` label
-    data_host: str | None = "127.0.0.1"  # where it takes tcp data; None: $OMNICTL_DATA_HOST, else its Ray node's address
+    data_host: str | None = (
+        "127.0.0.1"  # where it takes tcp data; None: $OMNICTL_DATA_HOST, else its Ray node's address
+    )
     tcp_port: int = 0  # 0: OS-chosen; a restart asks for its predecessor's, so peers reconnect as they are
     curve: CurveKeys | None = None  # the launch's keys: given iff it takes tcp; every tcp socket uses CurveZMQ
 

@@ -23,9 +23,8 @@ import zmq.asyncio
 
 from omnictl import logs
 from omnictl import messages as m
-from omnictl.exceptions import ResolveError, StartupError
+from omnictl.exceptions import ResolveError, StartupError, describe_error
 from omnictl.profiling.events import EventKind, NullProfiler, Profiler
-from omnictl.exceptions import describe_error
 from omnictl.stage.build import build_stage
 from omnictl.stage.ports import WorkerPorts
 from omnictl.stage.stage import Stage
@@ -57,8 +56,12 @@ def _die_with_parent(parent_pid: int) -> None:
 def main() -> None:
     """Process entry point: the launcher writes the WorkerConfig (msgpack, typed) to stdin."""
     config = decode_config(sys.stdin.buffer.read())
-    logs.configure_stage_process(config.log_level, config.log_format,  # type: ignore[arg-type]  # checked there
-                                 config.instance, Path(config.log_file) if config.log_file else None)
+    logs.configure_stage_process(
+        config.log_level,
+        config.log_format,  # type: ignore[arg-type]  # checked there
+        config.instance,
+        Path(config.log_file) if config.log_file else None,
+    )
     sys.path[:] = [*dict.fromkeys([*config.sys_path, *sys.path])]
     _die_with_parent(config.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the coordinator's to handle
@@ -91,8 +94,13 @@ class Worker:
         loop = asyncio.get_running_loop()
         if threading.current_thread() is threading.main_thread():  # not so in a Ray actor: stop() there
             loop.add_signal_handler(signal.SIGTERM, self._stop.set)
-        self.endpoint = endpoint = Endpoint(config.instance, config.topology, ipc_addresses=config.process_addresses,
-                                            node=config.node, curve=config.curve)
+        self.endpoint = endpoint = Endpoint(
+            config.instance,
+            config.topology,
+            ipc_addresses=config.process_addresses,
+            node=config.node,
+            curve=config.curve,
+        )
         # none under Ray: every address is tcp
         inbound = endpoint.pull(config.process_addresses.get(config.instance))
         tcp_address = ""
@@ -140,7 +148,9 @@ class Worker:
                 self.ports.send_control(m.LaunchFailed(config.instance, name, str(exc)))
                 return False
             except BaseException:  # report any failure to build, with its traceback
-                self.ports.send_control(m.LaunchFailed(config.instance, name, "its factory raised\n" + traceback.format_exc()))
+                self.ports.send_control(
+                    m.LaunchFailed(config.instance, name, "its factory raised\n" + traceback.format_exc())
+                )
                 return False
             self.stages[name] = stage
             self.ports.local[name] = stage
@@ -160,7 +170,7 @@ class Worker:
             await asyncio.sleep(0.5)
         self._stop.set()
 
-    def _receive(self, message: m.StageInbound, frames: list[memoryview]) -> None:  # type: ignore[valid-type]
+    def _receive(self, message: m.StageInbound, frames: list[memoryview]) -> None:
         try:
             self._dispatch(message, frames)
         except Exception as exc:
@@ -193,7 +203,7 @@ class Worker:
         of their tcp frames."""
         return self.leases.decode(payload, self.config.topology.allow_pickle, frames)
 
-    def _dispatch(self, message: m.StageInbound, frames: list[memoryview]) -> None:  # type: ignore[valid-type]
+    def _dispatch(self, message: m.StageInbound, frames: list[memoryview]) -> None:
         if isinstance(message, m.SlotRelease):
             self.ports.pool(message.ref.stage).release(message.ref)
             return

@@ -43,11 +43,14 @@ def traces_url(endpoint: str) -> str:
         parts = urlsplit(endpoint.strip())
         parts.port  # noqa: B018  (a port that is not a number raises ValueError here)
     except ValueError as exc:
-        raise StartupError(f"the OTLP endpoint {endpoint!r} is not a URL: {exc}",
-                           hint="pass --otlp-endpoint http://HOST:4318") from exc
+        raise StartupError(
+            f"the OTLP endpoint {endpoint!r} is not a URL: {exc}", hint="pass --otlp-endpoint http://HOST:4318"
+        ) from exc
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise StartupError(f"the OTLP endpoint {endpoint!r} is not an http(s) URL with a host",
-                           hint="pass --otlp-endpoint http://HOST:4318: OTLP over HTTP; gRPC is not supported")
+        raise StartupError(
+            f"the OTLP endpoint {endpoint!r} is not an http(s) URL with a host",
+            hint="pass --otlp-endpoint http://HOST:4318: OTLP over HTTP; gRPC is not supported",
+        )
     path = parts.path.rstrip("/")
     if not path.endswith(TRACES_PATH):
         path += TRACES_PATH
@@ -68,8 +71,9 @@ def check_installed() -> None:
     (found without importing them)."""
     missing = [name for name in _PACKAGES if _find(name) is None]
     if missing:
-        raise StartupError(f"exporting traces needs {', '.join(missing)}, which is not installed",
-                           hint="pip install 'omnictl[otel]'")
+        raise StartupError(
+            f"exporting traces needs {', '.join(missing)}, which is not installed", hint="pip install 'omnictl[otel]'"
+        )
 
 
 def _find(module: str) -> object | None:

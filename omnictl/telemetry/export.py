@@ -56,7 +56,7 @@ class _QueueFull(logging.Filter):
     says why spans are dropped. (The SDK logs only some of the drops; they are counted in
     :attr:`OtlpSink.summary`.)"""
 
-    def __init__(self, exporter: "WarnOnceExporter") -> None:
+    def __init__(self, exporter: WarnOnceExporter) -> None:
         super().__init__()
         self.exporter = exporter
         self.warned = False
@@ -65,9 +65,12 @@ class _QueueFull(logging.Filter):
         if "full" in record.getMessage() and not self.warned:
             self.warned = True
             if not self.exporter.failing:
-                logger.warning("OpenTelemetry: spans come faster than %s takes them: the export queue (%d spans) "
-                               "is full and spans are dropped (not logged again)", self.exporter.endpoint,
-                               MAX_QUEUED_SPANS)
+                logger.warning(
+                    "OpenTelemetry: spans come faster than %s takes them: the export queue (%d spans) "
+                    "is full and spans are dropped (not logged again)",
+                    self.exporter.endpoint,
+                    MAX_QUEUED_SPANS,
+                )
         return False
 
 
@@ -124,8 +127,12 @@ class WarnOnceExporter(SpanExporter):
         self.failures += 1
         if not self.failing:
             self.failing = True
-            logger.warning("OpenTelemetry: cannot export traces to %s (%s); spans are dropped until it answers "
-                           "(not logged again meanwhile)", self.endpoint, self._reason.first or "export failed")
+            logger.warning(
+                "OpenTelemetry: cannot export traces to %s (%s); spans are dropped until it answers "
+                "(not logged again meanwhile)",
+                self.endpoint,
+                self._reason.first or "export failed",
+            )
         return result
 
     def shutdown(self) -> None:
@@ -163,8 +170,13 @@ class OtlpSink:
     (:meth:`summary`) and warned about once.
     """
 
-    def __init__(self, target: OtlpTarget, exporter: SpanExporter | None = None,
-                 pending: PendingTraces | None = None, backlog: int = MAX_BACKLOG) -> None:
+    def __init__(
+        self,
+        target: OtlpTarget,
+        exporter: SpanExporter | None = None,
+        pending: PendingTraces | None = None,
+        backlog: int = MAX_BACKLOG,
+    ) -> None:
         self.target = target
         inner = exporter if exporter is not None else OTLPSpanExporter(endpoint=target.url, timeout=EXPORT_TIMEOUT_S)
         self.exporter = WarnOnceExporter(inner, target.url)
@@ -177,8 +189,12 @@ class OtlpSink:
         self.spans = 0  # spans made
         # A provider of our own, not the global one: a program embedding omnictl keeps its own.
         self._provider = TracerProvider(resource=resource(target.model))
-        self._processor = BatchSpanProcessor(self.exporter, max_queue_size=MAX_QUEUED_SPANS,
-                                             max_export_batch_size=EXPORT_BATCH_SPANS, schedule_delay_millis=SCHEDULE_DELAY_MS)
+        self._processor = BatchSpanProcessor(
+            self.exporter,
+            max_queue_size=MAX_QUEUED_SPANS,
+            max_export_batch_size=EXPORT_BATCH_SPANS,
+            schedule_delay_millis=SCHEDULE_DELAY_MS,
+        )
         self._provider.add_span_processor(self._processor)
         self._backlog: queue.Queue[Finished | None] = queue.Queue(maxsize=backlog)
         self._give_up = threading.Event()  # shutting down and out of time: drop what is left
@@ -214,9 +230,12 @@ class OtlpSink:
             cut_short.cancel()
             self.exporter.stop_filtering()
         if self.summary()["requests_not_built"] or self.exporter.failures or self.summary()["spans_not_sent"]:
-            logger.info("OpenTelemetry: %(requests_built)d requests' traces built, %(requests_not_built)d not "
-                        "(building fell behind); %(batches_failed)d batches of spans failed to export, "
-                        "%(spans_not_sent)d spans never sent (the export queue was full)", self.summary())
+            logger.info(
+                "OpenTelemetry: %(requests_built)d requests' traces built, %(requests_not_built)d not "
+                "(building fell behind); %(batches_failed)d batches of spans failed to export, "
+                "%(spans_not_sent)d spans never sent (the export queue was full)",
+                self.summary(),
+            )
 
     def summary(self) -> dict[str, int]:
         """What was exported and what was not (final once :meth:`close` returned)."""
@@ -234,13 +253,22 @@ class OtlpSink:
         except queue.Full:
             self.dropped += 1
             if self.dropped == 1:
-                logger.warning("OpenTelemetry: requests finish faster than their spans can be built; traces are "
-                               "dropped (backlog of %d requests full; not logged again)", self._backlog.maxsize)
+                logger.warning(
+                    "OpenTelemetry: requests finish faster than their spans can be built; traces are "
+                    "dropped (backlog of %d requests full; not logged again)",
+                    self._backlog.maxsize,
+                )
 
     def _build_loop(self) -> None:
         while (finished := self._backlog.get()) is not None and not self._give_up.is_set():
-            self.spans += emit_trace(self._provider, self._processor, finished.request_id, finished.events,
-                                     self.target.modalities, finished.truncated)
+            self.spans += emit_trace(
+                self._provider,
+                self._processor,
+                finished.request_id,
+                finished.events,
+                self.target.modalities,
+                finished.truncated,
+            )
             self.built += 1
 
 

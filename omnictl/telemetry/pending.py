@@ -42,8 +42,13 @@ class Finished:
 
 
 class PendingTraces:
-    def __init__(self, grace_s: float = GRACE_S, max_requests: int = MAX_REQUESTS, max_events: int = MAX_EVENTS,
-                 max_total_events: int = MAX_TOTAL_EVENTS) -> None:
+    def __init__(
+        self,
+        grace_s: float = GRACE_S,
+        max_requests: int = MAX_REQUESTS,
+        max_events: int = MAX_EVENTS,
+        max_total_events: int = MAX_TOTAL_EVENTS,
+    ) -> None:
         self.grace_s = grace_s
         self.max_requests = max_requests
         self.max_events = max_events
@@ -72,7 +77,9 @@ class PendingTraces:
                     self.given_up += 1
                 held = self._held[rid] = _Held()
             # The end is kept whatever the caps: it says how the request ended.
-            if event.kind in _ENDS or (len(held.events) < self.max_events and self.total_events < self.max_total_events):
+            if event.kind in _ENDS or (
+                len(held.events) < self.max_events and self.total_events < self.max_total_events
+            ):
                 held.events.append(event)
                 self.total_events += 1
             else:

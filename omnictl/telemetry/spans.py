@@ -49,8 +49,14 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSET = Status(StatusCode.UNSET)
 
 
-def emit_trace(provider: TracerProvider, processor: SpanProcessor, request_id: str, events: Sequence[Event],
-               modalities: Mapping[str, str], truncated: int = 0) -> int:
+def emit_trace(
+    provider: TracerProvider,
+    processor: SpanProcessor,
+    request_id: str,
+    events: Sequence[Event],
+    modalities: Mapping[str, str],
+    truncated: int = 0,
+) -> int:
     """Hand every span of the request (``events``: its profile) to ``processor`` with
     ``provider``'s resource, when ``provider``'s sampler samples it (decided before any
     span is built); returns how many. ``modalities``: each terminal stage's modality (the
@@ -61,7 +67,10 @@ def emit_trace(provider: TracerProvider, processor: SpanProcessor, request_id: s
     trace_id = caller.trace_id if caller is not None else random.getrandbits(128)
     decision = provider.sampler.should_sample(
         trace.set_span_in_context(NonRecordingSpan(caller), Context()) if caller is not None else Context(),
-        trace_id, ROOT_NAME, SpanKind.SERVER)
+        trace_id,
+        ROOT_NAME,
+        SpanKind.SERVER,
+    )
     if not decision.decision.is_sampled():
         return 0
     request = build_trace(request_id, events)
@@ -79,22 +88,54 @@ def emit_trace(provider: TracerProvider, processor: SpanProcessor, request_id: s
     for mark in request.of_kind("mark"):
         owner = stage_contexts.get(mark.stage or "", root) if mark.name in _STAGE_MARKS else root
         marks[owner.span_id].append(SpanEvent(mark.name, _attributes(mark), mark.start_ns))
-    spans = [ReadableSpan(ROOT_NAME, root, caller, resource, root_attributes, marks[root.span_id], kind=SpanKind.SERVER,
-                          status=error, start_time=request.request.start_ns, end_time=request.request.end_ns,
-                          instrumentation_scope=SCOPE)]
+    spans = [
+        ReadableSpan(
+            ROOT_NAME,
+            root,
+            caller,
+            resource,
+            root_attributes,
+            marks[root.span_id],
+            kind=SpanKind.SERVER,
+            status=error,
+            start_time=request.request.start_ns,
+            end_time=request.request.end_ns,
+            instrumentation_scope=SCOPE,
+        )
+    ]
     for span in request.of_kind("stage"):
         own = stage_contexts[span.name]
         status = error if failure is not None and failure.stage == span.stage else _UNSET
-        spans.append(ReadableSpan(f"stage {span.name}", own, root, resource, _attributes(span), marks[own.span_id],
-                                  status=status, start_time=span.start_ns, end_time=span.end_ns,
-                                  instrumentation_scope=SCOPE))
+        spans.append(
+            ReadableSpan(
+                f"stage {span.name}",
+                own,
+                root,
+                resource,
+                _attributes(span),
+                marks[own.span_id],
+                status=status,
+                start_time=span.start_ns,
+                end_time=span.end_ns,
+                instrumentation_scope=SCOPE,
+            )
+        )
     for span in request.spans:
         if span.kind in ("stage", "mark"):
             continue
         name = f"{span.kind} {span.name}" if span.kind in _HOP_KINDS else span.name
-        spans.append(ReadableSpan(name, context(), stage_contexts.get(span.stage or "", root), resource,
-                                  _attributes(span), start_time=span.start_ns, end_time=span.end_ns,
-                                  instrumentation_scope=SCOPE))
+        spans.append(
+            ReadableSpan(
+                name,
+                context(),
+                stage_contexts.get(span.stage or "", root),
+                resource,
+                _attributes(span),
+                start_time=span.start_ns,
+                end_time=span.end_ns,
+                instrumentation_scope=SCOPE,
+            )
+        )
     for finished in spans:
         processor.on_end(finished)
     return len(spans)
@@ -106,12 +147,17 @@ def _caller(admitted: dict[str, MetaValue]) -> SpanContext | None:
     if not isinstance(trace_id, str) or not isinstance(span_id, str):
         return None
     flags = admitted.get(TRACE_FLAGS)
-    return SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True,
-                       trace_flags=TraceFlags(flags if isinstance(flags, int) else TraceFlags.DEFAULT))
+    return SpanContext(
+        int(trace_id, 16),
+        int(span_id, 16),
+        is_remote=True,
+        trace_flags=TraceFlags(flags if isinstance(flags, int) else TraceFlags.DEFAULT),
+    )
 
 
-def _root_attributes(request: RequestTrace, admitted: dict[str, MetaValue], modalities: Mapping[str, str],
-                     truncated: int) -> dict[str, AttributeValue]:
+def _root_attributes(
+    request: RequestTrace, admitted: dict[str, MetaValue], modalities: Mapping[str, str], truncated: int
+) -> dict[str, AttributeValue]:
     attributes: dict[str, AttributeValue] = {
         "omnictl.request_id": request.request_id,
         "omnictl.outcome": request.status,

@@ -33,6 +33,7 @@ def _may_follow(issue: Issue) -> bool:
     `modality`", would point the wrong way), though it is reported under ``schema``."""
     return issue.rule in FOLLOW_ON_RULES or (issue.rule == "schema" and "but is not terminal" in issue.message)
 
+
 GraphCheck = Callable[[Document], list[Issue]]
 Fix = Callable[[dict[str, Any]], bool]  # edits a copy of the document's data; False: no fix known
 

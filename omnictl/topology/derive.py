@@ -22,16 +22,16 @@ from omnictl.transports import registry
 from omnictl.transports.registry import Placement
 
 
-def transport_between(src: StageSpec, dst: StageSpec, src_node: str | None = None,
-                      dst_node: str | None = None) -> Transport:
+def transport_between(
+    src: StageSpec, dst: StageSpec, src_node: str | None = None, dst_node: str | None = None
+) -> Transport:
     """The transport placement implies (the registered transports decide, see
     :mod:`omnictl.transports.registry`); never configured. ``*_node``: the processes' `node`
     labels (None: the coordinator's machine)."""
     return registry.select(Placement(src.process == dst.process, src_node, dst_node, tuple(src.gpu), tuple(dst.gpu)))
 
 
-def derive_edges(stages: Mapping[str, StageSpec],
-                 knobs: Mapping[str, ProcessKnobs] | None = None) -> tuple[Edge, ...]:
+def derive_edges(stages: Mapping[str, StageSpec], knobs: Mapping[str, ProcessKnobs] | None = None) -> tuple[Edge, ...]:
     nodes = {name: k.node for name, k in (knobs or {}).items()}
     edges: list[Edge] = []
     for spec in stages.values():
@@ -43,8 +43,9 @@ def derive_edges(stages: Mapping[str, StageSpec],
     return tuple(edges)
 
 
-def derive_processes(stages: Mapping[str, StageSpec],
-                     knobs: Mapping[str, ProcessKnobs] | None = None) -> dict[str, ProcessSpec]:
+def derive_processes(
+    stages: Mapping[str, StageSpec], knobs: Mapping[str, ProcessKnobs] | None = None
+) -> dict[str, ProcessSpec]:
     """``knobs``: the `processes` entries, by process name (absent: defaults)."""
     members: dict[str, list[str]] = {}
     gpus: dict[str, list[int]] = {}
@@ -93,8 +94,7 @@ def on_cpu(topology: Topology) -> Topology:
     with the same process layout (its cross-process edges become ``shm``).
     """
     stages = {n: dataclasses.replace(s, gpu=(), tp_size=1) for n, s in topology.stages.items()}
-    return derive(topology.name, topology.path, topology.model_path, stages, knobs_of(topology),
-                  topology.allow_pickle)
+    return derive(topology.name, topology.path, topology.model_path, stages, knobs_of(topology), topology.allow_pickle)
 
 
 def knobs_of(topology: Topology) -> dict[str, ProcessKnobs]:

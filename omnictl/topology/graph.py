@@ -33,7 +33,9 @@ def mermaid(topology: Topology) -> str:
         where = ", ".join(f"gpu {g}" for g in process.gpus) or "cpu"
         extra = f", {process.replicas} replicas" if process.replicas > 1 else ""
         node = f", node {process.node}" if process.node else ""
-        lines.append(f"  subgraph p_{_UNSAFE.sub('_', process.name)}[{_label(f'process {process.name} ({where}{extra}{node})')}]")
+        lines.append(
+            f"  subgraph p_{_UNSAFE.sub('_', process.name)}[{_label(f'process {process.name} ({where}{extra}{node})')}]"
+        )
         for name in process.stages:
             spec = topology.stages[name]
             if spec.terminal:

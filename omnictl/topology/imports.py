@@ -23,8 +23,16 @@ from typing import Any, Callable, Iterator, Sequence
 from omnictl.exceptions import ResolveError
 from omnictl.topology.raw import DOTTED_FIELDS, RawStage, Reporter
 
-__all__ = ["ResolveError", "check_imports", "find_callable", "import_path", "resolve",
-           "resolve_callable", "topology_dir", "worker_sys_path"]
+__all__ = [
+    "ResolveError",
+    "check_imports",
+    "find_callable",
+    "import_path",
+    "resolve",
+    "resolve_callable",
+    "topology_dir",
+    "worker_sys_path",
+]
 
 
 def topology_dir(path: str | Path | None) -> Path | None:
@@ -100,8 +108,7 @@ def _is_missing(error: ModuleNotFoundError, module: str) -> bool:
     return error.name is not None and (module == error.name or module.startswith(error.name + "."))
 
 
-def resolve_callable(dotted: str, directory: Path | None = None, *,
-                     where: str | None = None) -> Callable[..., Any]:
+def resolve_callable(dotted: str, directory: Path | None = None, *, where: str | None = None) -> Callable[..., Any]:
     """Import ``package.module.attr`` (or ``package.module:attr``) and return the callable.
 
     ``directory`` (a topology's directory) is searched before ``sys.path``; ``where`` (the
@@ -114,8 +121,7 @@ def resolve_callable(dotted: str, directory: Path | None = None, *,
     def fail(reason: str) -> ResolveError:
         return ResolveError(str(dotted), reason, where=where, searched=searched)
 
-    if not isinstance(dotted, str) or not dotted.strip(". :") or (
-            ":" not in dotted and "." not in dotted):
+    if not isinstance(dotted, str) or not dotted.strip(". :") or (":" not in dotted and "." not in dotted):
         raise fail("expected a dotted path like package.module.function")
     missing: ModuleNotFoundError | None = None  # why the longest candidate module is absent
     with import_path(directory):  # a no-op when the directory is on sys.path already
@@ -128,20 +134,20 @@ def resolve_callable(dotted: str, directory: Path | None = None, *,
                     continue  # maybe a shorter prefix is the module and the rest attributes
                 raise fail(f"importing module {module_name!r} failed: {error}") from error
             except Exception as error:  # the module itself raised while importing: say what
-                raise fail(f"importing module {module_name!r} failed: "
-                           f"{type(error).__name__}: {error}") from error
+                raise fail(f"importing module {module_name!r} failed: {type(error).__name__}: {error}") from error
             for depth, attr in enumerate(attrs):
                 try:
                     target = getattr(target, attr)
                 except AttributeError as error:
                     owner = ".".join([module_name, *attrs[:depth]])
                     if depth == 0 and missing is not None:  # neither a module nor an attribute
-                        raise fail(f"no module named {missing.name!r} (and module "
-                                   f"{owner!r} has no attribute {attr!r})") from missing
+                        raise fail(
+                            f"no module named {missing.name!r} (and module {owner!r} has no attribute {attr!r})"
+                        ) from missing
                     raise fail(f"{owner!r} has no attribute {attr!r}") from error
             if not callable(target):
                 raise fail(f"it is a {type(target).__name__}, not a callable")
-            return target  # type: ignore[no-any-return]
+            return target
     assert missing is not None  # every candidate was a missing module
     raise fail(f"no module named {missing.name!r}") from missing
 
@@ -188,8 +194,9 @@ def find_callable(dotted: str, directory: Path | None = None, *, where: str | No
     launch can check every factory before it starts any process (and loads any model)."""
     searched = (str(directory),) if directory is not None else ()
     if not isinstance(dotted, str) or (":" not in dotted and "." not in dotted):
-        raise ResolveError(str(dotted), "expected a dotted path like package.module.function", where=where,
-                           searched=searched)
+        raise ResolveError(
+            str(dotted), "expected a dotted path like package.module.function", where=where, searched=searched
+        )
     missing = None
     with import_path(directory):
         for module_name, attrs in _split(dotted):
@@ -214,8 +221,12 @@ def find_callable(dotted: str, directory: Path | None = None, *, where: str | No
                 return
             close = difflib.get_close_matches(attrs[0], sorted(names), n=1)
             guess = f" (did you mean {module_name}.{close[0]}?)" if close else ""
-            raise ResolveError(dotted, f"module {module_name!r} ({origin}) defines no {attrs[0]!r}{guess}",
-                               where=where, searched=searched)
+            raise ResolveError(
+                dotted,
+                f"module {module_name!r} ({origin}) defines no {attrs[0]!r}{guess}",
+                where=where,
+                searched=searched,
+            )
     raise ResolveError(dotted, f"no module named {missing!r}", where=where, searched=searched)
 
 
@@ -224,15 +235,13 @@ def find_callable(dotted: str, directory: Path | None = None, *, where: str | No
 resolve = resolve_callable
 
 
-def check_imports(stage: RawStage, report: Reporter, directory: Path | None = None, *,
-                  static: bool = False) -> None:
+def check_imports(stage: RawStage, report: Reporter, directory: Path | None = None, *, static: bool = False) -> None:
     """``import``: every dotted path the stage names resolves to a callable.
 
     The caller wraps the whole file in :func:`import_path` so each module is imported once.
     ``static``: only what :func:`find_callable` can tell without importing the modules.
     """
-    named: list[tuple[str, tuple[str, ...], str | None]] = [
-        (key, (key,), getattr(stage, key)) for key in DOTTED_FIELDS]
+    named: list[tuple[str, tuple[str, ...], str | None]] = [(key, (key,), getattr(stage, key)) for key in DOTTED_FIELDS]
     named += [("project", ("project", target), path) for target, path in stage.project.items()]
     for key, at, dotted in named:
         if dotted is None:
@@ -244,7 +253,12 @@ def check_imports(stage: RawStage, report: Reporter, directory: Path | None = No
                 resolve_callable(dotted, directory)
         except ResolveError as error:
             searched = f"; searched {directory}, then sys.path" if directory else ""
-            report.add("import", f"stage {stage.name!r}: `{key}` {error.reason} "
-                       f"({dotted}{searched})", stage=stage, field=key, at=at,
-                       hint="check the dotted path, and that its module is in the topology's "
-                       "directory or an installed package")
+            report.add(
+                "import",
+                f"stage {stage.name!r}: `{key}` {error.reason} ({dotted}{searched})",
+                stage=stage,
+                field=key,
+                at=at,
+                hint="check the dotted path, and that its module is in the topology's "
+                "directory or an installed package",
+            )

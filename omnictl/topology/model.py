@@ -24,14 +24,14 @@ class Transport:
 
     __slots__ = ("value",)
     value: str
-    _kinds: ClassVar[dict[str, "Transport"]] = {}
-    INPROC: ClassVar["Transport"]  # same process: the object is passed, no serialization
-    CUDA_IPC: ClassVar["Transport"]  # different processes, same GPU
-    SHM: ClassVar["Transport"]  # different processes, at least one side on CPU
-    RELAY: ClassVar["Transport"]  # different GPUs: staged through host shared memory, like shm
-    TCP: ClassVar["Transport"]  # processes on different nodes (`node` labels): ZeroMQ over TCP, zero-copy frames
+    _kinds: ClassVar[dict[str, Transport]] = {}
+    INPROC: ClassVar[Transport]  # same process: the object is passed, no serialization
+    CUDA_IPC: ClassVar[Transport]  # different processes, same GPU
+    SHM: ClassVar[Transport]  # different processes, at least one side on CPU
+    RELAY: ClassVar[Transport]  # different GPUs: staged through host shared memory, like shm
+    TCP: ClassVar[Transport]  # processes on different nodes (`node` labels): ZeroMQ over TCP, zero-copy frames
 
-    def __new__(cls, value: str) -> "Transport":
+    def __new__(cls, value: str) -> Transport:
         kind = cls._kinds.get(value)
         if kind is None:
             kind = object.__new__(cls)
@@ -42,7 +42,7 @@ class Transport:
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("a Transport is immutable")
 
-    def __reduce__(self) -> tuple[type["Transport"], tuple[str]]:
+    def __reduce__(self) -> tuple[type[Transport], tuple[str]]:
         return Transport, (self.value,)  # unpickled as the same object
 
     def __repr__(self) -> str:

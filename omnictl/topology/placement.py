@@ -14,23 +14,45 @@ def check_tp_size(stage: RawStage, report: Reporter) -> None:
         return
     gpus = stage.gpu or ()
     if stage.gpu_is_list and stage.tp_size is not None and stage.tp_size != len(gpus):
-        report.add("tp-size", f"stage {stage.name!r} has tp_size {stage.tp_size} but "
-                   f"{len(gpus)} GPU(s) in `gpu`", stage=stage, field="tp_size",
-                   at=("tp_size",), hint="list one GPU id per tensor-parallel rank, or drop "
-                   "`tp_size` (it defaults to the length of the `gpu` list)")
+        report.add(
+            "tp-size",
+            f"stage {stage.name!r} has tp_size {stage.tp_size} but {len(gpus)} GPU(s) in `gpu`",
+            stage=stage,
+            field="tp_size",
+            at=("tp_size",),
+            hint="list one GPU id per tensor-parallel rank, or drop "
+            "`tp_size` (it defaults to the length of the `gpu` list)",
+        )
     if not stage.gpu_is_list and (stage.tp_size or 1) > 1:
-        report.add("tp-size", f"stage {stage.name!r} has tp_size {stage.tp_size} but no `gpu` "
-                   "list", stage=stage, field="tp_size", at=("tp_size",),
-                   hint=f"give `gpu` a list of {stage.tp_size} distinct GPU ids")
+        report.add(
+            "tp-size",
+            f"stage {stage.name!r} has tp_size {stage.tp_size} but no `gpu` list",
+            stage=stage,
+            field="tp_size",
+            at=("tp_size",),
+            hint=f"give `gpu` a list of {stage.tp_size} distinct GPU ids",
+        )
     seen: set[int] = set()
     for index, gpu in enumerate(gpus):
         at = ("gpu", index)  # a single id has no index: the position falls back to `gpu`
         if gpu < 0:
-            report.add("tp-size", f"stage {stage.name!r} has a negative GPU id {gpu}",
-                       stage=stage, field="gpu", at=at, hint="GPU ids start at 0")
+            report.add(
+                "tp-size",
+                f"stage {stage.name!r} has a negative GPU id {gpu}",
+                stage=stage,
+                field="gpu",
+                at=at,
+                hint="GPU ids start at 0",
+            )
         elif gpu in seen:
-            report.add("tp-size", f"stage {stage.name!r} lists GPU {gpu} twice", stage=stage,
-                       field="gpu", at=at, hint="each tensor-parallel rank needs its own GPU")
+            report.add(
+                "tp-size",
+                f"stage {stage.name!r} lists GPU {gpu} twice",
+                stage=stage,
+                field="gpu",
+                at=at,
+                hint="each tensor-parallel rank needs its own GPU",
+            )
         seen.add(gpu)
 
 
@@ -44,27 +66,34 @@ def check_processes(by_name: dict[str, RawStage], report: Reporter) -> None:
         for stage in stages:
             if stage.is_tensor_parallel and len(stages) > 1:
                 others = ", ".join(s.name for s in stages if s is not stage)
-                report.add("process-placement", f"tensor-parallel stage {stage.name!r} shares "
-                           f"process {process!r} with {others}", stage=stage, field="process",
-                           at=("process",), hint="a tensor-parallel stage owns its process; "
-                           "give the other stages a different `process`")
-        placed = [s for s in stages if s.gpu and not s.is_tensor_parallel
-                  and "gpu" not in s.malformed]
+                report.add(
+                    "process-placement",
+                    f"tensor-parallel stage {stage.name!r} shares process {process!r} with {others}",
+                    stage=stage,
+                    field="process",
+                    at=("process",),
+                    hint="a tensor-parallel stage owns its process; give the other stages a different `process`",
+                )
+        placed = [s for s in stages if s.gpu and not s.is_tensor_parallel and "gpu" not in s.malformed]
         if not placed:
             continue
         home = placed[0].gpu[0] if placed[0].gpu else 0
         for stage in placed:
             if stage.gpu and stage.gpu[0] != home:
                 where = ", ".join(f"{s.name} on {s.gpu[0] if s.gpu else '-'}" for s in placed)
-                report.add("process-placement", f"process {process!r} has GPU stages on "
-                           f"different GPUs ({where})", stage=stage, field="gpu", at=("gpu",),
-                           hint="the GPU stages of one process share one GPU; move this stage "
-                           "to another `process` or to GPU " + str(home))
+                report.add(
+                    "process-placement",
+                    f"process {process!r} has GPU stages on different GPUs ({where})",
+                    stage=stage,
+                    field="gpu",
+                    at=("gpu",),
+                    hint="the GPU stages of one process share one GPU; move this stage "
+                    "to another `process` or to GPU " + str(home),
+                )
                 break
 
 
-def check_declared_processes(processes: dict[str, RawProcess], stages: list[RawStage],
-                             report: Reporter) -> None:
+def check_declared_processes(processes: dict[str, RawProcess], stages: list[RawStage], report: Reporter) -> None:
     """``unknown-process``: every key of `processes` is a process some stage runs in."""
     used = list(dict.fromkeys(s.process_name for s in stages if "process" not in s.malformed))
     if any("process" in s.malformed for s in stages):
@@ -73,7 +102,17 @@ def check_declared_processes(processes: dict[str, RawProcess], stages: list[RawS
         if name in used:
             continue
         close = difflib.get_close_matches(name, used, n=1)
-        hint = (f"did you mean {close[0]!r}? " if close else "") + "processes stages run in: " + \
-            ", ".join(used) + " (a stage without `process` runs in one named after it)"
-        report.add("unknown-process", f"`processes` names {name!r}, which no stage runs in",
-                   field="processes", at=process.path, key=True, hint=hint)
+        hint = (
+            (f"did you mean {close[0]!r}? " if close else "")
+            + "processes stages run in: "
+            + ", ".join(used)
+            + " (a stage without `process` runs in one named after it)"
+        )
+        report.add(
+            "unknown-process",
+            f"`processes` names {name!r}, which no stage runs in",
+            field="processes",
+            at=process.path,
+            key=True,
+            hint=hint,
+        )

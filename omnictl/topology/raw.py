@@ -87,8 +87,9 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
 
 
 def _read_stage(index: int, entry: dict[Any, Any]) -> RawStage:
-    stage = RawStage(index=index, name=entry["name"], path=("stages", index),
-                     given=frozenset(k for k in entry if isinstance(k, str)))
+    stage = RawStage(
+        index=index, name=entry["name"], path=("stages", index), given=frozenset(k for k in entry if isinstance(k, str))
+    )
     for key, convert in _CONVERTERS.items():
         if key in entry:
             value = convert(entry[key])
@@ -106,14 +107,14 @@ def _read_stage(index: int, entry: dict[Any, Any]) -> RawStage:
             stage.malformed.add("gpu")
     project = entry.get("project")
     if isinstance(project, dict):
-        stage.project = {k: v for k, v in project.items()
-                         if isinstance(k, str) and isinstance(v, str)}
+        stage.project = {k: v for k, v in project.items() if isinstance(k, str) and isinstance(v, str)}
     elif "project" in entry:
         stage.malformed.add("project")
     relay = entry.get("relay")
     if isinstance(relay, dict):
-        stage.relay = {k: v for k, v in relay.items()
-                       if k in ("slot_bytes", "slots", "inline_bytes", "inbox") and _is_int(v)}
+        stage.relay = {
+            k: v for k, v in relay.items() if k in ("slot_bytes", "slots", "inline_bytes", "inbox") and _is_int(v)
+        }
     return stage
 
 
@@ -156,8 +157,11 @@ def read_stages(doc: Document) -> list[RawStage]:
     stages = doc.data.get("stages") if isinstance(doc.data, dict) else None
     if not isinstance(stages, list):
         return []
-    return [_read_stage(i, entry) for i, entry in enumerate(stages)
-            if isinstance(entry, dict) and isinstance(entry.get("name"), str)]
+    return [
+        _read_stage(i, entry)
+        for i, entry in enumerate(stages)
+        if isinstance(entry, dict) and isinstance(entry.get("name"), str)
+    ]
 
 
 class Reporter:
@@ -167,15 +171,26 @@ class Reporter:
         self.doc = doc
         self.issues: list[Issue] = []
 
-    def add(self, rule: str, message: str, *, stage: RawStage | None = None,
-            field: str | None = None, at: Path = (), key: bool = False,
-            hint: str | None = None) -> None:
+    def add(
+        self,
+        rule: str,
+        message: str,
+        *,
+        stage: RawStage | None = None,
+        field: str | None = None,
+        at: Path = (),
+        key: bool = False,
+        hint: str | None = None,
+    ) -> None:
         """``at`` is relative to the stage (or to the root without one); ``key`` points at the
         key of ``at`` rather than its value."""
         path = (stage.path if stage else ()) + at
         line, column = self.doc.key_position(path) if key else self.doc.position(path)
-        self.issues.append(Issue(rule, message, self.doc.file, line, column,
-                                 stage=stage.name if stage else None, field=field, hint=hint))
+        self.issues.append(
+            Issue(
+                rule, message, self.doc.file, line, column, stage=stage.name if stage else None, field=field, hint=hint
+            )
+        )
 
     def position(self, path: Path) -> Position:
         return self.doc.position(path)

@@ -26,9 +26,14 @@ def unique_stages(stages: list[RawStage], report: Reporter) -> dict[str, RawStag
             by_name[stage.name] = stage
             continue
         line = report.position(first.path)[0]
-        report.add("duplicate-stage", f"stage name {stage.name!r} is already used at line {line}",
-                   stage=stage, field="name", at=("name",),
-                   hint="stage names are ids: rename one of the two stages")
+        report.add(
+            "duplicate-stage",
+            f"stage name {stage.name!r} is already used at line {line}",
+            stage=stage,
+            field="name",
+            at=("name",),
+            hint="stage names are ids: rename one of the two stages",
+        )
     return by_name
 
 
@@ -38,27 +43,53 @@ def check_routing(stage: RawStage, report: Reporter) -> None:
         return
     routes = [f"`{key}`" for key in ("next", "route_fn") if getattr(stage, key) is not None]
     if stage.terminal and routes:
-        report.add("routing-mode", f"stage {stage.name!r} is terminal and also has "
-                   f"{' and '.join(routes)}", stage=stage, field="terminal", at=("terminal",),
-                   key=True, hint="a terminal returns its results to the coordinator; "
-                   "remove `terminal` or the routing fields")
+        report.add(
+            "routing-mode",
+            f"stage {stage.name!r} is terminal and also has {' and '.join(routes)}",
+            stage=stage,
+            field="terminal",
+            at=("terminal",),
+            key=True,
+            hint="a terminal returns its results to the coordinator; remove `terminal` or the routing fields",
+        )
     elif not stage.terminal and not routes:
-        report.add("routing-mode", f"stage {stage.name!r} has no routing mode", stage=stage,
-                   hint="give it exactly one: `next` (static), `route_fn` with its candidates "
-                   "in `next` (dynamic), or `terminal: true`")
+        report.add(
+            "routing-mode",
+            f"stage {stage.name!r} has no routing mode",
+            stage=stage,
+            hint="give it exactly one: `next` (static), `route_fn` with its candidates "
+            "in `next` (dynamic), or `terminal: true`",
+        )
     if stage.route_fn is not None and stage.next is None and not stage.terminal:
-        report.add("route-candidates", f"stage {stage.name!r} has `route_fn` but no `next` "
-                   "listing the stages it may route to", stage=stage, field="route_fn",
-                   at=("route_fn",), key=True,
-                   hint="add `next: [...]` with every stage the route_fn may return")
+        report.add(
+            "route-candidates",
+            f"stage {stage.name!r} has `route_fn` but no `next` listing the stages it may route to",
+            stage=stage,
+            field="route_fn",
+            at=("route_fn",),
+            key=True,
+            hint="add `next: [...]` with every stage the route_fn may return",
+        )
     if stage.stream_to is not None and stage.next is None and stage.route_fn is None:
-        report.add("routing-mode", f"stage {stage.name!r} has `stream_to` but no `next`",
-                   stage=stage, field="stream_to", at=("stream_to",), key=True,
-                   hint="`stream_to` sends increments beside `next`, never instead of it")
+        report.add(
+            "routing-mode",
+            f"stage {stage.name!r} has `stream_to` but no `next`",
+            stage=stage,
+            field="stream_to",
+            at=("stream_to",),
+            key=True,
+            hint="`stream_to` sends increments beside `next`, never instead of it",
+        )
     if stage.modality is not None and not stage.terminal and "terminal" not in stage.malformed:
-        report.add("schema", f"stage {stage.name!r} has `modality` but is not terminal",
-                   stage=stage, field="modality", at=("modality",), key=True,
-                   hint="`modality` names what a terminal stage outputs; remove it here")
+        report.add(
+            "schema",
+            f"stage {stage.name!r} has `modality` but is not terminal",
+            stage=stage,
+            field="modality",
+            at=("modality",),
+            key=True,
+            hint="`modality` names what a terminal stage outputs; remove it here",
+        )
 
 
 def check_references(stage: RawStage, names: list[str], report: Reporter) -> None:
@@ -67,19 +98,34 @@ def check_references(stage: RawStage, names: list[str], report: Reporter) -> Non
         for index, target in enumerate(getattr(stage, key) or ()):
             at = (key, index)  # a single name has no index: the position falls back to the key
             if target == stage.name:
-                report.add("self-reference", f"stage {stage.name!r} names itself in `{key}`",
-                           stage=stage, field=key, at=at,
-                           hint="a stage cannot send to or wait for itself")
+                report.add(
+                    "self-reference",
+                    f"stage {stage.name!r} names itself in `{key}`",
+                    stage=stage,
+                    field=key,
+                    at=at,
+                    hint="a stage cannot send to or wait for itself",
+                )
             elif target not in names:
-                report.add("unknown-stage", f"`{key}` of stage {stage.name!r} names "
-                           f"{target!r}, which is not a stage", stage=stage, field=key, at=at,
-                           hint=_suggest(target, names) + "stages: " + ", ".join(names))
+                report.add(
+                    "unknown-stage",
+                    f"`{key}` of stage {stage.name!r} names {target!r}, which is not a stage",
+                    stage=stage,
+                    field=key,
+                    at=at,
+                    hint=_suggest(target, names) + "stages: " + ", ".join(names),
+                )
     for target in stage.project:
         if target not in names:
-            report.add("unknown-stage", f"`project` of stage {stage.name!r} names {target!r}, "
-                       "which is not a stage", stage=stage, field="project",
-                       at=("project", target), key=True,
-                       hint=_suggest(target, names) + "stages: " + ", ".join(names))
+            report.add(
+                "unknown-stage",
+                f"`project` of stage {stage.name!r} names {target!r}, which is not a stage",
+                stage=stage,
+                field="project",
+                at=("project", target),
+                key=True,
+                hint=_suggest(target, names) + "stages: " + ", ".join(names),
+            )
 
 
 def upstreams_of(by_name: dict[str, RawStage]) -> dict[str, list[str]]:
@@ -92,34 +138,52 @@ def upstreams_of(by_name: dict[str, RawStage]) -> dict[str, list[str]]:
     return ups
 
 
-def check_fan_in(stage: RawStage, upstreams: list[str], names: list[str],
-                 report: Reporter) -> None:
+def check_fan_in(stage: RawStage, upstreams: list[str], names: list[str], report: Reporter) -> None:
     """``fan-in-pair`` and ``fan-in-sources``."""
     if {"wait_for", "merge_fn"} & stage.malformed:
         return
     if stage.wait_for is not None and stage.merge_fn is None:
-        report.add("fan-in-pair", f"stage {stage.name!r} has `wait_for` but no `merge_fn`",
-                   stage=stage, field="wait_for", at=("wait_for",), key=True,
-                   hint="add `merge_fn:` with the function that merges the arrived inputs")
+        report.add(
+            "fan-in-pair",
+            f"stage {stage.name!r} has `wait_for` but no `merge_fn`",
+            stage=stage,
+            field="wait_for",
+            at=("wait_for",),
+            key=True,
+            hint="add `merge_fn:` with the function that merges the arrived inputs",
+        )
     if stage.merge_fn is not None and stage.wait_for is None:
-        report.add("fan-in-pair", f"stage {stage.name!r} has `merge_fn` but no `wait_for`",
-                   stage=stage, field="merge_fn", at=("merge_fn",), key=True,
-                   hint="add `wait_for:` listing the upstream stages to merge, or remove "
-                   "`merge_fn`")
+        report.add(
+            "fan-in-pair",
+            f"stage {stage.name!r} has `merge_fn` but no `wait_for`",
+            stage=stage,
+            field="merge_fn",
+            at=("merge_fn",),
+            key=True,
+            hint="add `wait_for:` listing the upstream stages to merge, or remove `merge_fn`",
+        )
     if stage.wait_for is None:
         if len(upstreams) > 1:
-            report.add("fan-in-sources", f"stage {stage.name!r} receives from "
-                       f"{', '.join(upstreams)} but has no `wait_for`", stage=stage,
-                       hint=f"add `wait_for: [{', '.join(upstreams)}]` and a `merge_fn`")
+            report.add(
+                "fan-in-sources",
+                f"stage {stage.name!r} receives from {', '.join(upstreams)} but has no `wait_for`",
+                stage=stage,
+                hint=f"add `wait_for: [{', '.join(upstreams)}]` and a `merge_fn`",
+            )
         return
     listed = [n for n in stage.wait_for if n in names and n != stage.name]
     missing = [n for n in upstreams if n not in stage.wait_for]
     extra = [n for n in listed if n not in upstreams]
     if missing or extra:
         parts = ([f"missing {', '.join(missing)}"] if missing else []) + (
-            [f"extra {', '.join(extra)} (not an upstream)"] if extra else [])
-        report.add("fan-in-sources", f"`wait_for` of stage {stage.name!r} does not match its "
-                   f"upstreams: {'; '.join(parts)}", stage=stage, field="wait_for",
-                   at=("wait_for",), key=True,
-                   hint=f"its upstreams (stages whose `next` lists it) are: "
-                   f"{', '.join(upstreams) or 'none'}")
+            [f"extra {', '.join(extra)} (not an upstream)"] if extra else []
+        )
+        report.add(
+            "fan-in-sources",
+            f"`wait_for` of stage {stage.name!r} does not match its upstreams: {'; '.join(parts)}",
+            stage=stage,
+            field="wait_for",
+            at=("wait_for",),
+            key=True,
+            hint=f"its upstreams (stages whose `next` lists it) are: {', '.join(upstreams) or 'none'}",
+        )

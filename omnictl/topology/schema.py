@@ -15,7 +15,6 @@ from omnictl.data import SCHEMA, data_path
 from omnictl.topology.issues import Issue
 from omnictl.topology.yamlnodes import Document, Path
 
-
 # What each field expects, in words: used as the message for shape errors and as the hint.
 FIELD_EXPECTS: dict[str, str] = {
     "name": "a name made of letters, digits, '_' and '-' (starting with a letter or '_')",
@@ -119,8 +118,18 @@ def _unknown_fields(doc: Document, error: ValidationError, path: Path) -> list[I
         where = _where(stage, path)
         entry = path and isinstance(path[-1], str) and not (_in_process(path) and len(path) == 2)
         owner = f" in `{path[-1]}`" if entry else ""
-        issues.append(Issue("schema", f"{where}unknown field `{extra}`{owner}", doc.file,
-                            line, column, stage=stage, field=str(extra), hint=hint))
+        issues.append(
+            Issue(
+                "schema",
+                f"{where}unknown field `{extra}`{owner}",
+                doc.file,
+                line,
+                column,
+                stage=stage,
+                field=str(extra),
+                hint=hint,
+            )
+        )
     return issues
 
 
@@ -134,17 +143,43 @@ def _issue_for(doc: Document, error: ValidationError) -> list[Issue]:
     if error.validator == "required":
         missing = error.message.split("'")[1] if "'" in error.message else error.message
         line, column = doc.position(path)
-        return [Issue("schema", f"{where}missing required field `{missing}`", doc.file, line,
-                      column, stage=stage, field=missing, hint=FIELD_EXPECTS.get(missing))]
+        return [
+            Issue(
+                "schema",
+                f"{where}missing required field `{missing}`",
+                doc.file,
+                line,
+                column,
+                stage=stage,
+                field=missing,
+                hint=FIELD_EXPECTS.get(missing),
+            )
+        ]
     line, column = doc.position(path)
     if not path and error.validator == "type":
         kind = type(error.instance).__name__
-        return [Issue("schema", f"a topology must be a mapping with a `stages` list, not a {kind}",
-                      doc.file, line, column, hint="start the file with `stages:`")]
+        return [
+            Issue(
+                "schema",
+                f"a topology must be a mapping with a `stages` list, not a {kind}",
+                doc.file,
+                line,
+                column,
+                hint="start the file with `stages:`",
+            )
+        ]
     if len(path) == 2 and path[0] == "stages" and error.validator == "type":
-        return [Issue("schema", f"stages[{path[1]}]: a stage must be a mapping with at least "
-                      f"`name` and `factory` (got {error.instance!r})", doc.file, line, column,
-                      hint="write a stage as `- name: ...` followed by its fields")]
+        return [
+            Issue(
+                "schema",
+                f"stages[{path[1]}]: a stage must be a mapping with at least "
+                f"`name` and `factory` (got {error.instance!r})",
+                doc.file,
+                line,
+                column,
+                hint="write a stage as `- name: ...` followed by its fields",
+            )
+        ]
     expects = FIELD_EXPECTS.get(field or "")
     if error.validator in ("type", "anyOf", "pattern") and expects:
         label = f"`{field}`" if field else "value"
@@ -160,8 +195,11 @@ def _issue_for(doc: Document, error: ValidationError) -> list[Issue]:
 def check_schema(doc: Document) -> list[Issue]:
     """Every schema violation in the document, each at its node's line."""
     if doc.data is None:
-        return [Issue("schema", "the topology is empty", doc.file, 1, 1,
-                      hint="a topology is a mapping with a `stages` list")]
+        return [
+            Issue(
+                "schema", "the topology is empty", doc.file, 1, 1, hint="a topology is a mapping with a `stages` list"
+            )
+        ]
     issues: list[Issue] = []
     for error in _validator().iter_errors(doc.data):
         issues.extend(_issue_for(doc, error))

@@ -12,13 +12,11 @@ Graph = dict[str, list[str]]
 
 def data_graph(by_name: dict[str, RawStage]) -> Graph:
     """`next` edges between known stages, self-references left out (reported on their own)."""
-    return {name: [t for t in (stage.next or ()) if t in by_name and t != name]
-            for name, stage in by_name.items()}
+    return {name: [t for t in (stage.next or ()) if t in by_name and t != name] for name, stage in by_name.items()}
 
 
 def stream_graph(by_name: dict[str, RawStage]) -> Graph:
-    return {name: [t for t in (stage.stream_to or ()) if t in by_name and t != name]
-            for name, stage in by_name.items()}
+    return {name: [t for t in (stage.stream_to or ()) if t in by_name and t != name] for name, stage in by_name.items()}
 
 
 def reachable(starts: Iterable[str], graph: Graph) -> set[str]:
@@ -36,8 +34,12 @@ def reachable(starts: Iterable[str], graph: Graph) -> set[str]:
 def check_entry_and_reach(by_name: dict[str, RawStage], report: Reporter) -> None:
     """``entry`` and ``unreachable`` (over data and stream edges)."""
     if not by_name:
-        report.add("entry", "the topology has no stages", at=("stages",),
-                   hint="add at least one stage with `name`, `factory` and `terminal: true`")
+        report.add(
+            "entry",
+            "the topology has no stages",
+            at=("stages",),
+            hint="add at least one stage with `name`, `factory` and `terminal: true`",
+        )
         return
     data, stream = data_graph(by_name), stream_graph(by_name)
     both = {n: data[n] + stream[n] for n in by_name}
@@ -45,27 +47,36 @@ def check_entry_and_reach(by_name: dict[str, RawStage], report: Reporter) -> Non
     entries = [n for n in by_name if n not in targeted]
     if not entries:
         first = next(iter(by_name.values()))
-        report.add("entry", "every stage has an incoming edge, so there is no entry stage",
-                   stage=first, hint="the entry is the one stage no `next` or `stream_to` "
-                   "names; break the loop that leads back to the first stage")
+        report.add(
+            "entry",
+            "every stage has an incoming edge, so there is no entry stage",
+            stage=first,
+            hint="the entry is the one stage no `next` or `stream_to` "
+            "names; break the loop that leads back to the first stage",
+        )
         return
     if len(entries) > 1:
         second = by_name[entries[1]]
-        report.add("entry", f"{len(entries)} stages have no incoming edge "
-                   f"({', '.join(entries)}); a topology has exactly one entry stage",
-                   stage=second, hint=f"route to {second.name!r} from an earlier stage's "
-                   "`next`, or remove it")
+        report.add(
+            "entry",
+            f"{len(entries)} stages have no incoming edge "
+            f"({', '.join(entries)}); a topology has exactly one entry stage",
+            stage=second,
+            hint=f"route to {second.name!r} from an earlier stage's `next`, or remove it",
+        )
         return
     reached = reachable(entries, both)
     for name, stage in by_name.items():
         if name not in reached:
-            report.add("unreachable", f"stage {name!r} cannot be reached from the entry "
-                       f"stage {entries[0]!r}", stage=stage,
-                       hint=f"list {name!r} in the `next` of a stage that runs before it")
+            report.add(
+                "unreachable",
+                f"stage {name!r} cannot be reached from the entry stage {entries[0]!r}",
+                stage=stage,
+                hint=f"list {name!r} in the `next` of a stage that runs before it",
+            )
 
 
-def check_terminals(by_name: dict[str, RawStage], report: Reporter,
-                    terminal_written: bool = False) -> None:
+def check_terminals(by_name: dict[str, RawStage], report: Reporter, terminal_written: bool = False) -> None:
     """``dead-end``: no terminal at all, or a stage from which no terminal is reachable.
 
     ``terminal_written``: some stage entry says `terminal: true` even if the schema rejected
@@ -77,9 +88,13 @@ def check_terminals(by_name: dict[str, RawStage], report: Reporter,
     if not terminals and terminal_written:
         return
     if not terminals:
-        report.add("dead-end", "no stage is terminal, so no result ever returns",
-                   at=("stages",), key=True,
-                   hint="mark the stages whose results go back to the client `terminal: true`")
+        report.add(
+            "dead-end",
+            "no stage is terminal, so no result ever returns",
+            at=("stages",),
+            key=True,
+            hint="mark the stages whose results go back to the client `terminal: true`",
+        )
         return
     data = data_graph(by_name)
     reverse: Graph = {n: [] for n in by_name}
@@ -90,8 +105,12 @@ def check_terminals(by_name: dict[str, RawStage], report: Reporter,
     for name, stage in by_name.items():
         unrouted = stage.next is None and stage.route_fn is None  # reported by routing-mode
         if name not in reaches_terminal and not unrouted:
-            report.add("dead-end", f"no terminal stage can be reached from stage {name!r}",
-                       stage=stage, hint="its `next` chain must end at a `terminal: true` stage")
+            report.add(
+                "dead-end",
+                f"no terminal stage can be reached from stage {name!r}",
+                stage=stage,
+                hint="its `next` chain must end at a `terminal: true` stage",
+            )
 
 
 def _cycles(graph: Graph) -> list[list[str]]:
@@ -166,7 +185,12 @@ def check_cycles(by_name: dict[str, RawStage], report: Reporter) -> None:
         first = by_name[component[0]]
         also = [n for n in component if n not in loop]
         more = f" (also on it: {', '.join(also)})" if also else ""
-        report.add("cycle", f"the `next` graph has a cycle: {' -> '.join(loop)}{more}",
-                   stage=first,
-                   field="next", at=("next",), key=True,
-                   hint="results must flow one way; remove one of these `next` links")
+        report.add(
+            "cycle",
+            f"the `next` graph has a cycle: {' -> '.join(loop)}{more}",
+            stage=first,
+            field="next",
+            at=("next",),
+            key=True,
+            hint="results must flow one way; remove one of these `next` links",
+        )

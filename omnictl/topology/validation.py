@@ -9,12 +9,12 @@ from typing import Any
 
 from omnictl.exceptions import TopologyError, TopologyReadError
 from omnictl.topology import placement, rules, shape
+from omnictl.topology.causes import order_by_cause
 from omnictl.topology.derive import derive, on_cpu
 from omnictl.topology.imports import check_imports as check_stage_imports
 from omnictl.topology.imports import import_path, topology_dir
 from omnictl.topology.issues import Issue
 from omnictl.topology.model import ProcessKnobs, RelayKnobs, StageSpec, Topology
-from omnictl.topology.causes import order_by_cause
 from omnictl.topology.raw import RawStage, Reporter, read_processes, read_stages
 from omnictl.topology.schema import check_schema, load_schema
 from omnictl.topology.yamlnodes import Document, parse
@@ -47,13 +47,18 @@ def derived_json(topology: Topology) -> dict[str, Any]:
         "entry": topology.entry,
         "terminals": dict(topology.terminals),
         "processes": {
-            name: {"stages": list(p.stages), "gpus": list(p.gpus), "replicas": p.replicas,
-                   "instances": list(p.instances), "node": p.node, "cpus": p.cpus}
+            name: {
+                "stages": list(p.stages),
+                "gpus": list(p.gpus),
+                "replicas": p.replicas,
+                "instances": list(p.instances),
+                "node": p.node,
+                "cpus": p.cpus,
+            }
             for name, p in topology.processes.items()
         },
         "edges": [
-            {"from": e.src, "to": e.dst, "kind": e.kind.value, "transport": e.transport.value}
-            for e in topology.edges
+            {"from": e.src, "to": e.dst, "kind": e.kind.value, "transport": e.transport.value} for e in topology.edges
         ],
     }
 
@@ -80,7 +85,9 @@ def _stage_spec(stage: RawStage, line: int) -> StageSpec:
     )
 
 
-def _graph_issues(doc: Document, stages: list[RawStage], check_imports: bool, find_imports: bool = False) -> list[Issue]:
+def _graph_issues(
+    doc: Document, stages: list[RawStage], check_imports: bool, find_imports: bool = False
+) -> list[Issue]:
     report = Reporter(doc)
     by_name = rules.unique_stages(stages, report)
     names = list(by_name)
@@ -99,7 +106,8 @@ def _graph_issues(doc: Document, stages: list[RawStage], check_imports: bool, fi
     shape.check_entry_and_reach(by_name, report)
     entries = doc.data.get("stages") if isinstance(doc.data, dict) else None
     terminal_written = isinstance(entries, list) and any(
-        isinstance(e, dict) and e.get("terminal") is True for e in entries)
+        isinstance(e, dict) and e.get("terminal") is True for e in entries
+    )
     shape.check_terminals(by_name, report, terminal_written)
     shape.check_cycles(by_name, report)
     placement.check_processes(by_name, report)
@@ -107,8 +115,9 @@ def _graph_issues(doc: Document, stages: list[RawStage], check_imports: bool, fi
     return report.issues
 
 
-def validate_text(text: str, filename: str = "<string>", *,
-                  check_imports: bool = False, find_imports: bool = False) -> ValidationReport:
+def validate_text(
+    text: str, filename: str = "<string>", *, check_imports: bool = False, find_imports: bool = False
+) -> ValidationReport:
     """Every problem in ``text``; the derived Topology when there is none. Never raises.
 
     ``check_imports`` imports every dotted path the stages name; ``find_imports`` only finds
@@ -130,8 +139,9 @@ def validate_text(text: str, filename: str = "<string>", *,
         path = None if filename.startswith("<") else Path(filename)
         name = data.get("name") or (path.stem if path else "topology")
         knobs = {n: ProcessKnobs(p.replicas, p.node, p.cpus) for n, p in read_processes(doc).items()}
-        report.topology = derive(name, path, data.get("model_path"), stage_specs, knobs,
-                                 allow_pickle=data.get("allow_pickle") is True)
+        report.topology = derive(
+            name, path, data.get("model_path"), stage_specs, knobs, allow_pickle=data.get("allow_pickle") is True
+        )
     return report
 
 
@@ -143,8 +153,9 @@ def read_text(path: str | Path) -> str:
         with open(path, "rb") as file:
             raw = file.read(MAX_TOPOLOGY_BYTES + 1)
         if len(raw) > MAX_TOPOLOGY_BYTES:
-            raise TopologyReadError(str(path), f"the file is larger than {MAX_TOPOLOGY_BYTES // 1024} KiB; "
-                                    "a topology is a few KB")
+            raise TopologyReadError(
+                str(path), f"the file is larger than {MAX_TOPOLOGY_BYTES // 1024} KiB; a topology is a few KB"
+            )
         return raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise TopologyReadError(str(path), str(error)) from error

@@ -116,12 +116,18 @@ class _Builder:
                 line, column = _position(key_node)
                 # Inside a stage mapping, name the stage when its `name` came first.
                 stage = result.get("name") if len(path) == 2 and path[0] == "stages" else None
-                self.doc.issues.append(Issue(
-                    "duplicate-key", f"key {key!r} appears twice (first at line {first_line})",
-                    self.doc.file, line, column,
-                    stage=stage if isinstance(stage, str) else None, field=str(key),
-                    hint="YAML would silently keep only the last one; remove or rename one",
-                ))
+                self.doc.issues.append(
+                    Issue(
+                        "duplicate-key",
+                        f"key {key!r} appears twice (first at line {first_line})",
+                        self.doc.file,
+                        line,
+                        column,
+                        stage=stage if isinstance(stage, str) else None,
+                        field=str(key),
+                        hint="YAML would silently keep only the last one; remove or rename one",
+                    )
+                )
                 continue
             self.doc.keys[path + (key,)] = _position(key_node)
             result[key] = self.build(value_node, path + (key,))
@@ -170,8 +176,14 @@ def _syntax_issue(error: yaml.YAMLError, text: str, file: str) -> Issue:
         column = len(before) - (before.rfind("\n") + 1) + 1
     problem = error.problem if isinstance(error, yaml.MarkedYAMLError) else None
     message = problem or str(error).splitlines()[0]
-    return Issue("yaml-syntax", f"invalid YAML: {message}", file, line, column,
-                 hint="check indentation, quoting and the `key: value` form near this point")
+    return Issue(
+        "yaml-syntax",
+        f"invalid YAML: {message}",
+        file,
+        line,
+        column,
+        hint="check indentation, quoting and the `key: value` form near this point",
+    )
 
 
 def parse(text: str, file: str) -> Document:
@@ -191,10 +203,16 @@ def parse(text: str, file: str) -> Document:
         document.issues.append(Issue("yaml-syntax", "the document is nested too deeply", file, 1, 1))
     except YamlTooLarge:
         document.data = None
-        document.issues.append(Issue(
-            "yaml-syntax", f"the document expands to more than {MAX_VALUES} values", file, 1, 1,
-            hint="aliases (`*name`) repeat what they point to; a topology is far smaller than this",
-        ))
+        document.issues.append(
+            Issue(
+                "yaml-syntax",
+                f"the document expands to more than {MAX_VALUES} values",
+                file,
+                1,
+                1,
+                hint="aliases (`*name`) repeat what they point to; a topology is far smaller than this",
+            )
+        )
     finally:
         if loader is not None:
             loader.dispose()

@@ -54,8 +54,13 @@ class PayloadCodec:
         return None
 
 
-def decode(payload: EncodedPayload, reader: SegmentReader, allow_pickle: bool = False, *,
-           frames: list[memoryview] | None = None) -> Any:
+def decode(
+    payload: EncodedPayload,
+    reader: SegmentReader,
+    allow_pickle: bool = False,
+    *,
+    frames: list[memoryview] | None = None,
+) -> Any:
     """Rebuild the data; the caller sends ``SlotRelease(payload.shm)`` afterwards.
     ``frames``: the buffers that came after the message (``tcp``)."""
     if payload.frames:

@@ -24,4 +24,3 @@ class CudaIpcCodec(PayloadCodec):
             return buffer.getvalue()
 
         return dump
-

@@ -27,7 +27,7 @@ class CurveKeys:
     client_secret: bytes
 
     @classmethod
-    def generate(cls) -> "CurveKeys":
+    def generate(cls) -> CurveKeys:
         server_public, server_secret = zmq.curve_keypair()
         client_public, client_secret = zmq.curve_keypair()
         return cls(server_public, server_secret, client_public, client_secret)

@@ -43,8 +43,13 @@ class Drain:
     header into ``message``; ``frames`` are its tensor frames, zero-copy. Build on the loop;
     ``close`` stops watching (the socket is the caller's to close)."""
 
-    def __init__(self, socket: zmq.Socket, decode: Callable[[bytes], Any],
-                 handle: Callable[[Any, list[memoryview]], None], name: str) -> None:
+    def __init__(
+        self,
+        socket: zmq.Socket,
+        decode: Callable[[bytes], Any],
+        handle: Callable[[Any, list[memoryview]], None],
+        name: str,
+    ) -> None:
         self._socket = socket
         self._decode = decode
         self._handle = handle
@@ -94,8 +99,13 @@ class Drain:
                 while socket.getsockopt(zmq.RCVMORE):
                     socket.recv(copy=False)
                     dropped += 1
-                log.warning("%s: undecodable message (a peer speaking another protocol version?), "
-                            "dropped with the %d part(s) after it: %s", self._name, dropped, exc)
+                log.warning(
+                    "%s: undecodable message (a peer speaking another protocol version?), "
+                    "dropped with the %d part(s) after it: %s",
+                    self._name,
+                    dropped,
+                    exc,
+                )
                 return
             frames = [socket.recv(copy=False).buffer for _ in range(tensor_frames(message))]
             more = socket.getsockopt(zmq.RCVMORE)

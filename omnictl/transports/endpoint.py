@@ -149,8 +149,10 @@ class Endpoint:
             elif process in self.tcp_addresses:
                 address = self.tcp_addresses[process]
             else:
-                raise LookupError(f"no tcp address for process {process!r} on node "
-                                  f"{self._node_of.get(process)!r} yet (the coordinator sends them at start)")
+                raise LookupError(
+                    f"no tcp address for process {process!r} on node "
+                    f"{self._node_of.get(process)!r} yet (the coordinator sends them at start)"
+                )
             socket = self._peers[process] = self._push(address)
         return socket
 
@@ -190,8 +192,9 @@ class Endpoint:
         codec = self._codecs.get((stage, transport))
         if codec is None:
             relay = knobs or self.topology.stages[stage].relay
-            codec = self._codecs[(stage, transport)] = codec_for(transport, self.pool(stage, relay), relay,
-                                                                   self.topology.allow_pickle)
+            codec = self._codecs[(stage, transport)] = codec_for(
+                transport, self.pool(stage, relay), relay, self.topology.allow_pickle
+            )
         return codec
 
     def send(self, socket: zmq.Socket, message: Any, frames: Sequence[memoryview] = ()) -> None:
@@ -199,8 +202,14 @@ class Endpoint:
         it leaves at the end of this loop iteration, batched with the others."""
         self.out.send(socket, m.encode(message), list(frames))
 
-    def send_to(self, process: str, message: Any, frames: Sequence[memoryview] = (),
-                payload: m.EncodedPayload | None = None, lender: str | None = None) -> None:
+    def send_to(
+        self,
+        process: str,
+        message: Any,
+        frames: Sequence[memoryview] = (),
+        payload: m.EncodedPayload | None = None,
+        lender: str | None = None,
+    ) -> None:
         """Send to the peer ``process``; a ``payload`` in shared memory lent from ``lender``'s
         pool is taken back if that peer dies before releasing it."""
         if payload is not None and payload.shm is not None and lender is not None:

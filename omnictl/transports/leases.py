@@ -55,13 +55,15 @@ class ViewLeases:
         self.copied = 0  # payloads copied out because the budget was spent
         self._release = release
         # slots whose views died (on any thread), released on the loop in one call per burst
-        self._dead = Handoff(self._released,
-                             wake if wake is not None else asyncio.get_running_loop().call_soon_threadsafe)
+        self._dead = Handoff(
+            self._released, wake if wake is not None else asyncio.get_running_loop().call_soon_threadsafe
+        )
         self._warned = False
         self.closed = False
 
-    def decode(self, payload: EncodedPayload, allow_pickle: bool = False,
-               frames: list[memoryview] | None = None) -> Any:
+    def decode(
+        self, payload: EncodedPayload, allow_pickle: bool = False, frames: list[memoryview] | None = None
+    ) -> Any:
         """The payload's data; its slot (if any) is released now or when its views die.
         ``frames``: a ``tcp`` payload's tensor frames (its tensors are views of them)."""
         ref = payload.shm
@@ -88,7 +90,10 @@ class ViewLeases:
             log.warning(
                 "this process holds %d MiB of received tensors as views of their senders' shared memory "
                 "(budget %d MiB); copying further payloads out instead (slot of stage %r, owner %r)",
-                self.held_bytes >> 20, self.budget_bytes >> 20, ref.stage, ref.owner,
+                self.held_bytes >> 20,
+                self.budget_bytes >> 20,
+                ref.stage,
+                ref.owner,
             )
 
     def _died(self, ref: ShmRef) -> None:

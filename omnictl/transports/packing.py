@@ -125,7 +125,8 @@ class _Packer:
             f"{path}: a {cls.__module__}.{cls.__qualname__} cannot travel between processes; send "
             "tensors, arrays, bytes, str, numbers, bools, None, lists, dicts or typed outputs "
             "(or set `allow_pickle: true` in the topology, for trusted hosts only)",
-            path=path, type_name=f"{cls.__module__}.{cls.__qualname__}",
+            path=path,
+            type_name=f"{cls.__module__}.{cls.__qualname__}",
         )
 
 
@@ -182,8 +183,15 @@ def _mark_structs(data: Any) -> Any:
     return data
 
 
-def unpack(skeleton: bytes, layout: tuple[TensorLayout, ...], buffer: Any,
-           allow_pickle: bool = False, *, views: bool = False, base: int = 0) -> Any:
+def unpack(
+    skeleton: bytes,
+    layout: tuple[TensorLayout, ...],
+    buffer: Any,
+    allow_pickle: bool = False,
+    *,
+    views: bool = False,
+    base: int = 0,
+) -> Any:
     """Rebuild the data tree; tensors are copied out of ``buffer`` (so it can be reused),
     or, with ``views``, are views of ``buffer`` at ``base + offset`` (no copy: every
     tensor then holds a reference to ``buffer``, the exporter whose death frees the
@@ -196,8 +204,9 @@ def unpack(skeleton: bytes, layout: tuple[TensorLayout, ...], buffer: Any,
     return msgspec.msgpack.decode(skeleton, ext_hook=_Unpacker(leaves, allow_pickle).ext_hook)
 
 
-def unpack_frames(skeleton: bytes, layout: tuple[TensorLayout, ...], frames: list[memoryview],
-                  allow_pickle: bool = False) -> Any:
+def unpack_frames(
+    skeleton: bytes, layout: tuple[TensorLayout, ...], frames: list[memoryview], allow_pickle: bool = False
+) -> Any:
     """Rebuild the data tree from one buffer per tensor (ZeroMQ frames, each owned by its
     message alone): the tensors are views of the frames, not copies."""
     if len(frames) != len(layout):
@@ -228,8 +237,11 @@ class _Unpacker:
             return pickle.loads(raw)  # torch's CUDA IPC handle: sent by a cuda_ipc codec only
         if code == _PICKLE_EXT:
             if not self.allow_pickle:
-                raise UnsupportedPayload("a payload holds a pickled object and this topology does not set "
-                                         "`allow_pickle: true`", path="(payload)", type_name="pickle")
+                raise UnsupportedPayload(
+                    "a payload holds a pickled object and this topology does not set `allow_pickle: true`",
+                    path="(payload)",
+                    type_name="pickle",
+                )
             return pickle.loads(raw)
         raise ValueError(f"unknown payload extension code {code}")
 
@@ -255,7 +267,9 @@ def _view(entry: TensorLayout, exporter: Any, offset: int) -> Any:
         dtype = np.dtype(entry.dtype)
         if entry.nbytes == 0:
             return np.empty(entry.shape, dtype=dtype)
-        return np.frombuffer(exporter, dtype=dtype, count=entry.nbytes // dtype.itemsize, offset=offset).reshape(entry.shape)
+        return np.frombuffer(exporter, dtype=dtype, count=entry.nbytes // dtype.itemsize, offset=offset).reshape(
+            entry.shape
+        )
     import torch
 
     dtype = getattr(torch, entry.dtype)

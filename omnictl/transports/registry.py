@@ -70,8 +70,10 @@ def _discover() -> None:
         loaded = entry.load()
         plugin = loaded() if callable(loaded) and not isinstance(loaded, TransportPlugin) else loaded
         if not isinstance(plugin, TransportPlugin):
-            raise TypeError(f"entry point {entry.name!r} ({entry.value}) in group {ENTRY_POINT_GROUP!r} gave a "
-                            f"{type(plugin).__name__}, not a TransportPlugin")
+            raise TypeError(
+                f"entry point {entry.name!r} ({entry.value}) in group {ENTRY_POINT_GROUP!r} gave a "
+                f"{type(plugin).__name__}, not a TransportPlugin"
+            )
         register(plugin)
         log.debug("transport %r registered by %s", plugin.kind.value, entry.value)
 
@@ -87,8 +89,10 @@ def plugin(kind: Transport) -> TransportPlugin:
     found = _PLUGINS.get(kind)
     if found is None:
         known = ", ".join(sorted(k.value for k in _PLUGINS))
-        raise LookupError(f"no transport {kind.value!r} is registered in this process (registered: {known}); "
-                          f"is the plug-in that provides it installed here?")
+        raise LookupError(
+            f"no transport {kind.value!r} is registered in this process (registered: {known}); "
+            f"is the plug-in that provides it installed here?"
+        )
     return found
 
 

@@ -8,6 +8,7 @@ own (kept as a spare for reuse once released), so sending never blocks.
 
 from __future__ import annotations
 
+import _posixshmem  # CPython's POSIX shm binding, the one SharedMemory uses
 import ctypes
 import itertools
 import mmap
@@ -16,10 +17,7 @@ import uuid
 from collections import OrderedDict
 from multiprocessing import shared_memory
 
-import _posixshmem  # CPython's POSIX shm binding, the one SharedMemory uses
-
 from omnictl.messages import ShmRef
-
 
 _SPARE_SEGMENTS = 2  # large segments a pool keeps for reuse after release
 

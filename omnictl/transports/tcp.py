@@ -31,4 +31,3 @@ class TcpCodec(PayloadCodec):
 
     def encode(self, data: Any) -> EncodedPayload:
         raise TypeError("tcp payloads travel as frames: use encode_frames")
-

@@ -106,24 +106,28 @@ class Code2WavScheduler(Scheduler):
         try:
             if due:
                 await self._synthesize(rid, stream)
-        except Exception as exc:  # noqa: BLE001 - a vocoder error fails this request only
+        except Exception as exc:
             self._streams.pop(rid, None)
-            self.emit(OutgoingMessage(OutgoingKind.ERROR, rid, error=f"stage {self.stage_name}: vocoder failed: {exc!r}"))
+            self.emit(
+                OutgoingMessage(OutgoingKind.ERROR, rid, error=f"stage {self.stage_name}: vocoder failed: {exc!r}")
+            )
             return
         if final:
             self._streams.pop(rid, None)
             audio = np.concatenate(stream.pieces) if stream.pieces else np.zeros(0, dtype=np.float32)
             transcript = str(getattr(message.data, "transcript", ""))
-            self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, AudioResult(samples=audio, sample_rate=SAMPLE_RATE, transcript=transcript)))
+            self.emit(
+                OutgoingMessage(
+                    OutgoingKind.RESULT, rid, AudioResult(samples=audio, sample_rate=SAMPLE_RATE, transcript=transcript)
+                )
+            )
 
     async def _synthesize(self, rid: str, stream: _Stream) -> None:
         codes = torch.cat(stream.frames) if len(stream.frames) > 1 else stream.frames[0]
         stream.frames = [codes]
         end = stream.count
         loop = asyncio.get_running_loop()
-        piece, emitted = await loop.run_in_executor(
-            self._executor, self.vocoder.samples, codes, end, stream.emitted
-        )
+        piece, emitted = await loop.run_in_executor(self._executor, self.vocoder.samples, codes, end, stream.emitted)
         if rid not in self._streams:  # aborted meanwhile
             return
         stream.decoded_to = end

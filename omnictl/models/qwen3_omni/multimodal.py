@@ -47,9 +47,7 @@ class Preprocessor:
                     images.append(load_image(part))
             conversation.append({"role": message.role, "content": content})
         prompt = self.processor.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
-        features = self.processor(
-            text=[prompt], audio=audios or None, images=images or None, return_tensors="pt"
-        )
+        features = self.processor(text=[prompt], audio=audios or None, images=images or None, return_tensors="pt")
         # Only model inputs leave this stage: the decoded audio and images stay behind.
         out: dict[str, Any] = {"input_ids": features["input_ids"], "attention_mask": features["attention_mask"]}
         for key in ("input_features", "feature_attention_mask", "pixel_values", "image_grid_thw"):

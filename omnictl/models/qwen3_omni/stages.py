@@ -84,8 +84,14 @@ def talker_ar(
 
 
 def code2wav(
-    model_path: str | Path | None = None, device: str | None = None, chunk_frames: int = 10, left_context: int = 25,
+    model_path: str | Path | None = None,
+    device: str | None = None,
+    chunk_frames: int = 10,
+    left_context: int = 25,
     first_chunk_frames: int = 2,
 ) -> Code2WavScheduler:
-    return Code2WavScheduler(Vocoder(model_path, device, left_context=left_context), chunk_frames=chunk_frames,
-                             first_chunk_frames=first_chunk_frames)
+    return Code2WavScheduler(
+        Vocoder(model_path, device, left_context=left_context),
+        chunk_frames=chunk_frames,
+        first_chunk_frames=first_chunk_frames,
+    )

@@ -64,7 +64,9 @@ class TalkerRunner:
         self.eos = talker_config.codec_eos_token_id
         vocab = talker_config.text_config.vocab_size
         # transformers suppresses the top 1024 ids (codec specials) except end-of-speech.
-        self.suppressed = torch.tensor([i for i in range(max(vocab - 1024, 0), vocab) if i != self.eos], dtype=torch.long)
+        self.suppressed = torch.tensor(
+            [i for i in range(max(vocab - 1024, 0), vocab) if i != self.eos], dtype=torch.long
+        )
         self._fed: dict[str, _Fed] = {}
         self._running: dict[str, _Running] = {}
         self._frames: dict[str, list[torch.Tensor]] = {}

@@ -67,7 +67,11 @@ def build_talker_prompt(
     ids = prefix["prompt_ids"].to(device)
     hidden_size = talker_config.text_config.hidden_size
     mm_ids = torch.tensor(
-        [config.thinker_config.audio_token_id, config.thinker_config.image_token_id, config.thinker_config.video_token_id],
+        [
+            config.thinker_config.audio_token_id,
+            config.thinker_config.image_token_id,
+            config.thinker_config.video_token_id,
+        ],
         device=device,
     )
     multimodal = torch.isin(ids, mm_ids)
@@ -88,14 +92,16 @@ def build_talker_prompt(
     assistant_text = torch.cat([header[:, :3], tts_pad.expand(1, 4, -1), tts_bos, header[:, 3:4]], dim=1)
     speaker = _speaker_id(talker_config, prefix.get("voice"))
     codec_ids = torch.tensor(
-        [[
-            talker_config.codec_nothink_id,
-            talker_config.codec_think_bos_id,
-            talker_config.codec_think_eos_id,
-            speaker,
-            talker_config.codec_pad_id,
-            talker_config.codec_bos_id,
-        ]],
+        [
+            [
+                talker_config.codec_nothink_id,
+                talker_config.codec_think_bos_id,
+                talker_config.codec_think_eos_id,
+                speaker,
+                talker_config.codec_pad_id,
+                talker_config.codec_bos_id,
+            ]
+        ],
         device=device,
     )
     assistant_codec = torch.cat(

@@ -80,9 +80,15 @@ class ThinkerRunner(HFCausalLMRunner):
     def __init__(self, model_path: str | Path | None, device: str | None = None) -> None:
         config = load_config(model_path)
         self.mm_token_ids = torch.tensor(
-            [config.thinker_config.audio_token_id, config.thinker_config.image_token_id, config.thinker_config.video_token_id]
+            [
+                config.thinker_config.audio_token_id,
+                config.thinker_config.image_token_id,
+                config.thinker_config.video_token_id,
+            ]
         )
-        self.language_model = ThinkerLanguageModel(load_thinker(model_path, device), config.talker_config.accept_hidden_layer)
+        self.language_model = ThinkerLanguageModel(
+            load_thinker(model_path, device), config.talker_config.accept_hidden_layer
+        )
         tokenizer = load_processor(check_model_path(model_path)).tokenizer
         super().__init__(self.language_model, tokenizer, extra_stop_token_ids=[config.im_end_token_id])
         self._rope_delta = 0
@@ -122,7 +128,10 @@ class ThinkerRunner(HFCausalLMRunner):
         if hidden is None:
             raise RuntimeError("thinker prefill kept no prompt hidden states (internal error)")
         multimodal = torch.isin(prompt_ids, self.mm_token_ids)
-        prefix: dict[str, Any] = {"prompt_ids": prompt_ids, "mm_hidden": hidden[multimodal.to(hidden.device)].float().cpu()}
+        prefix: dict[str, Any] = {
+            "prompt_ids": prompt_ids,
+            "mm_hidden": hidden[multimodal.to(hidden.device)].float().cpu(),
+        }
         for key in ("image_grid_thw", "audio_feature_lengths", "voice"):
             if key in inputs:
                 prefix[key] = inputs[key]

@@ -54,7 +54,9 @@ def load_config(model_path: str | Path | None) -> Qwen3OmniMoeConfig:
     return _once(model_path, "config", "-", lambda path, _: Qwen3OmniMoeConfig.from_pretrained(path))
 
 
-def load_thinker(model_path: str | Path | None, device: str | None = None) -> Qwen3OmniMoeThinkerForConditionalGeneration:
+def load_thinker(
+    model_path: str | Path | None, device: str | None = None
+) -> Qwen3OmniMoeThinkerForConditionalGeneration:
     def build(path: Path, device: str) -> Any:
         thinker = Qwen3OmniMoeThinkerForConditionalGeneration.from_pretrained(
             path, dtype=torch.float32, local_files_only=True

@@ -39,7 +39,9 @@ def with_system_prompt(messages: Any, system_prompt: str | None) -> Any:
     return [{"role": "system", "content": system_prompt}, *messages]
 
 
-def penalize(logits: torch.Tensor, history: Sequence[int], repetition_penalty: float, no_repeat_ngram: int) -> torch.Tensor:
+def penalize(
+    logits: torch.Tensor, history: Sequence[int], repetition_penalty: float, no_repeat_ngram: int
+) -> torch.Tensor:
     """``logits`` with tokens of ``history`` made less likely, and n-gram repeats made impossible."""
     if not history:
         return logits

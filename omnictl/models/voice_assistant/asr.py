@@ -20,8 +20,8 @@ import numpy as np
 
 from omnictl.exceptions import InvalidRequest
 from omnictl.inputs import RecognitionOptions, resample
-from omnictl.outputs import TranscriptSegment, TranscriptWord
 from omnictl.models.voice_assistant.cache import build_lock, cache_dir, package_data_dir
+from omnictl.outputs import TranscriptSegment, TranscriptWord
 
 SAMPLE_RATE = 16_000  # what Whisper hears
 WHISPER_WINDOW_S = 30.0  # the audio window Whisper was trained on (3,000 feature frames)
@@ -98,7 +98,7 @@ class SpeechRecognizer:
         window_padding_s: float | None = None,
         cpu_threads: int = 0,
     ) -> None:
-        from faster_whisper import WhisperModel  # type: ignore[import-untyped]
+        from faster_whisper import WhisperModel
 
         if beam_size < 1:
             raise ValueError(f"beam_size: must be >= 1, got {beam_size}")
@@ -106,30 +106,46 @@ class SpeechRecognizer:
             raise ValueError(f"cpu_threads: must be >= 0 (0: every core), got {cpu_threads}")
         self.language = language
         self.beam_size = beam_size
-        self.temperatures = (float(temperatures),) if isinstance(temperatures, (int, float)) else tuple(float(t) for t in temperatures)
+        self.temperatures = (
+            (float(temperatures),) if isinstance(temperatures, (int, float)) else tuple(float(t) for t in temperatures)
+        )
         self.vad_filter = vad_filter
         self.initial_prompt = initial_prompt or None
         self.without_timestamps = without_timestamps
         if window_padding_s is not None:
             if not 0 <= window_padding_s < WHISPER_WINDOW_S:
-                raise ValueError(f"window_padding_s: must be in [0, {WHISPER_WINDOW_S:g}) seconds or null, got {window_padding_s}")
+                raise ValueError(
+                    f"window_padding_s: must be in [0, {WHISPER_WINDOW_S:g}) seconds or null, got {window_padding_s}"
+                )
             if language is None or len(self.temperatures) != 1:
-                raise ValueError("window_padding_s: needs a fixed language and a single temperature (null: Whisper's 30 s window)")
+                raise ValueError(
+                    "window_padding_s: needs a fixed language and a single temperature (null: Whisper's 30 s window)"
+                )
         self.window_padding_s = window_padding_s
         threads = cpu_threads or len(os.sched_getaffinity(0))
-        self.model = WhisperModel(str(model_dir or whisper_base_dir()), device="cpu", compute_type="int8", cpu_threads=threads)
+        self.model = WhisperModel(
+            str(model_dir or whisper_base_dir()), device="cpu", compute_type="int8", cpu_threads=threads
+        )
         self._short: _ShortWindow | None = None
         if window_padding_s is not None:
-            self._short = _ShortWindow(self.model, language or "en", beam_size, self.temperatures[0], self.initial_prompt, without_timestamps)
+            self._short = _ShortWindow(
+                self.model, language or "en", beam_size, self.temperatures[0], self.initial_prompt, without_timestamps
+            )
 
     def transcribe(self, samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> str:
         return self.recognize(samples, sample_rate)[0]
 
-    def recognize(self, samples: np.ndarray, sample_rate: int = SAMPLE_RATE, language: str | None = None) -> tuple[str, str]:
+    def recognize(
+        self, samples: np.ndarray, sample_rate: int = SAMPLE_RATE, language: str | None = None
+    ) -> tuple[str, str]:
         """What is said, and in which language (``language``: this request's, else the default)."""
         check_language(language)
         audio = resample(np.asarray(samples, dtype=np.float32), sample_rate, SAMPLE_RATE)
-        if self._short is not None and self.window_padding_s is not None and (language or self.language) == self.language:
+        if (
+            self._short is not None
+            and self.window_padding_s is not None
+            and (language or self.language) == self.language
+        ):
             frames = math.ceil((audio.size / SAMPLE_RATE + self.window_padding_s) * _FRAMES_PER_S)
             if frames <= WHISPER_WINDOW_S * _FRAMES_PER_S:
                 return self._short.transcribe(audio, frames), str(self.language)
@@ -145,9 +161,9 @@ class SpeechRecognizer:
         )
         return "".join(segment.text for segment in segments).strip(), str(info.language)
 
-
-    def decode(self, samples: np.ndarray, sample_rate: int, language: str | None,
-               options: RecognitionOptions) -> tuple[Iterator[TranscriptSegment], str]:
+    def decode(
+        self, samples: np.ndarray, sample_rate: int, language: str | None, options: RecognitionOptions
+    ) -> tuple[Iterator[TranscriptSegment], str]:
         """Whisper's segments, decoded one by one as the iterator is read (faster-whisper
         decodes lazily), and the language spoken (detected when ``language`` is None and
         the stage has no default). ``options`` (a transcription or translation request's)
@@ -173,21 +189,34 @@ class SpeechRecognizer:
 
 def check_language(language: str | None) -> None:
     """InvalidRequest naming ``language`` for a code Whisper does not know."""
-    from faster_whisper.tokenizer import _LANGUAGE_CODES  # type: ignore[import-untyped]
+    from faster_whisper.tokenizer import _LANGUAGE_CODES
 
     if language is not None and language not in _LANGUAGE_CODES:
-        raise InvalidRequest(f"language: {language!r} is not a language Whisper knows; use an ISO-639-1 code "
-                             "such as 'en', 'fr' or 'de'", field="language")
+        raise InvalidRequest(
+            f"language: {language!r} is not a language Whisper knows; use an ISO-639-1 code such as 'en', 'fr' or 'de'",
+            field="language",
+        )
 
 
 def _segment(index: int, segment: Any) -> TranscriptSegment:
-    words = [TranscriptWord(word=w.word, start=round(float(w.start), 3), end=round(float(w.end), 3),
-                            probability=float(w.probability)) for w in (segment.words or ())]
-    return TranscriptSegment(id=index, start=round(float(segment.start), 3), end=round(float(segment.end), 3),
-                             text=segment.text, tokens=list(segment.tokens), avg_logprob=float(segment.avg_logprob),
-                             compression_ratio=float(segment.compression_ratio),
-                             no_speech_prob=float(segment.no_speech_prob), temperature=float(segment.temperature or 0.0),
-                             words=words)
+    words = [
+        TranscriptWord(
+            word=w.word, start=round(float(w.start), 3), end=round(float(w.end), 3), probability=float(w.probability)
+        )
+        for w in (segment.words or ())
+    ]
+    return TranscriptSegment(
+        id=index,
+        start=round(float(segment.start), 3),
+        end=round(float(segment.end), 3),
+        text=segment.text,
+        tokens=list(segment.tokens),
+        avg_logprob=float(segment.avg_logprob),
+        compression_ratio=float(segment.compression_ratio),
+        no_speech_prob=float(segment.no_speech_prob),
+        temperature=float(segment.temperature or 0.0),
+        words=words,
+    )
 
 
 class _ShortWindow:
@@ -195,10 +224,17 @@ class _ShortWindow:
     called directly, as faster-whisper does for one 30 s segment without timestamps, but
     with the features padded only to ``frames``."""
 
-    def __init__(self, model: Any, language: str, beam_size: int, temperature: float,
-                 initial_prompt: str | None, without_timestamps: bool) -> None:
-        from faster_whisper.tokenizer import Tokenizer  # type: ignore[import-untyped]
-        from faster_whisper.transcribe import get_suppressed_tokens  # type: ignore[import-untyped]
+    def __init__(
+        self,
+        model: Any,
+        language: str,
+        beam_size: int,
+        temperature: float,
+        initial_prompt: str | None,
+        without_timestamps: bool,
+    ) -> None:
+        from faster_whisper.tokenizer import Tokenizer
+        from faster_whisper.transcribe import get_suppressed_tokens
 
         self._model = model
         self._tokenizer = Tokenizer(self._model.hf_tokenizer, True, task="transcribe", language=language)
@@ -214,7 +250,7 @@ class _ShortWindow:
         self._suppress = list(get_suppressed_tokens(self._tokenizer, [-1]))
 
     def transcribe(self, audio: np.ndarray, frames: int) -> str:
-        import ctranslate2  # type: ignore[import-untyped]
+        import ctranslate2
 
         features = self._model.feature_extractor(audio)[:, :frames]
         window = np.zeros((features.shape[0], frames), dtype=np.float32)

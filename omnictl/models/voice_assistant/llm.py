@@ -74,7 +74,7 @@ def smollm2_checkpoint(root: Path | None = None) -> Path:
     return target
 
 
-def load_smollm2(device: str = "cpu", path: Path | None = None) -> "tuple[PreTrainedModel, PreTrainedTokenizerBase]":
+def load_smollm2(device: str = "cpu", path: Path | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model (eval mode, float32) and its tokenizer, from ``path`` (default: the
     converted packaged checkpoint)."""
     import torch
@@ -97,9 +97,8 @@ def set_threads(threads: int | None) -> int:
     return int(torch.get_num_threads())
 
 
-def chat_prompt_ids(tokenizer: "PreTrainedTokenizerBase", messages: Sequence[Mapping[str, Any]]) -> list[int]:
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping[str, Any]]) -> list[int]:
     """Token ids of ``messages`` (role/content strings) under the model's chat template, ready to answer."""
     rendered = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
     encoded: Any = tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True, return_dict=True)
     return [int(token) for token in encoded["input_ids"]]
-

@@ -127,7 +127,9 @@ class SpeechMaker:
     def _espeak(self, text: str, voice: Voice) -> tuple[np.ndarray, int]:
         binary = shutil.which("espeak-ng")
         if binary is None:
-            raise FileNotFoundError("espeak-ng is not installed (apt-get install espeak-ng); it speaks the test questions")
+            raise FileNotFoundError(
+                "espeak-ng is not installed (apt-get install espeak-ng); it speaks the test questions"
+            )
         command = [binary, "--stdout", "-v", voice.voice, "-s", str(voice.speed), "-p", str(voice.pitch), text]
         done = subprocess.run(command, capture_output=True, check=True, timeout=60)
         return read_wav(done.stdout, field=f"espeak-ng {voice.name}")

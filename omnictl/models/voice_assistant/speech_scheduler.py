@@ -17,12 +17,12 @@ from typing import Callable
 
 import numpy as np
 
+from omnictl.exceptions import describe_error
 from omnictl.models.voice_assistant.text_stream import FollowedText, TextStreamFollower
 from omnictl.models.voice_assistant.tts import DEFAULT_VOICE, VOICES, PiperSpeaker, SentenceSplitter, speakable
 from omnictl.outputs import AudioChunk, AudioResult, TextResult
 from omnictl.profiling.events import EventKind
 from omnictl.schedulers.base import OutgoingKind, OutgoingMessage, SchedulerLoad
-from omnictl.exceptions import describe_error
 
 
 @dataclass(slots=True)
@@ -74,8 +74,12 @@ class SentenceSpeechScheduler(TextStreamFollower):
 
     def load(self) -> SchedulerLoad:
         # queued: sentences; waiting_requests: requests with sentences queued (backpressure counts those)
-        return SchedulerLoad(queued=self._work.qsize(), running=len(self._speech), stream_buffers=len(self.requests),
-                             waiting_requests=len(self._queued_of))
+        return SchedulerLoad(
+            queued=self._work.qsize(),
+            running=len(self._speech),
+            stream_buffers=len(self.requests),
+            waiting_requests=len(self._queued_of),
+        )
 
     def abort(self, request_id: str) -> None:
         super().abort(request_id)
@@ -104,8 +108,11 @@ class SentenceSpeechScheduler(TextStreamFollower):
         if speech is None:
             voice = state.params.get("voice") or self.default_voice
             if voice not in VOICES:
-                self.fail(request_id, f"voice {voice!r} is not installed; this stage speaks with: {', '.join(sorted(VOICES))}",
-                          field="audio.voice")
+                self.fail(
+                    request_id,
+                    f"voice {voice!r} is not installed; this stage speaks with: {', '.join(sorted(VOICES))}",
+                    field="audio.voice",
+                )
                 return None
             speed = state.params.get("speed") or 1.0
             speech = self._speech[request_id] = _Speech(voice, SentenceSplitter(self._max_sentence_chars), float(speed))
@@ -139,7 +146,7 @@ class SentenceSpeechScheduler(TextStreamFollower):
                 speaker = self.speaker(speech.voice)
                 with self.computing(request_id, "synthesis"):
                     audio = await asyncio.to_thread(speaker.synthesize, sentence, speech.speed)
-            except Exception as exc:  # noqa: BLE001 - a synthesis error fails this request only
+            except Exception as exc:
                 self._speech.pop(request_id, None)
                 self.fail(request_id, f"speaking {sentence!r} failed: {describe_error(exc)}")
                 continue
@@ -154,5 +161,7 @@ class SentenceSpeechScheduler(TextStreamFollower):
 
     def _finish(self, request_id: str, speech: _Speech) -> None:
         audio = np.concatenate(speech.audio) if speech.audio else np.zeros(0, dtype=np.float32)
-        result = AudioResult(samples=audio, sample_rate=self.speaker(speech.voice).sample_rate, transcript=" ".join(speech.transcript))
+        result = AudioResult(
+            samples=audio, sample_rate=self.speaker(speech.voice).sample_rate, transcript=" ".join(speech.transcript)
+        )
         self.emit(OutgoingMessage(OutgoingKind.RESULT, request_id, result))

@@ -19,13 +19,21 @@ asr replaces each placeholder by its transcript and drops the audio; the thinker
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Generator, Mapping
 
 import numpy as np
 
 from omnictl.exceptions import InvalidRequest
-from omnictl.inputs import (AudioPart, ChatRequest, ImagePart, RecognitionOptions, SpeechRequest, TextPart,
-                            as_chat_request, decode_audio)
+from omnictl.inputs import (
+    AudioPart,
+    ChatRequest,
+    ImagePart,
+    RecognitionOptions,
+    SpeechRequest,
+    TextPart,
+    as_chat_request,
+    decode_audio,
+)
 from omnictl.models.voice_assistant.asr import SAMPLE_RATE, SpeechRecognizer
 from omnictl.models.voice_assistant.speech_scheduler import SentenceSpeechScheduler
 from omnictl.models.voice_assistant.text_terminal import TextTerminalScheduler
@@ -39,7 +47,9 @@ Data = dict[str, Any]
 
 def _check_voice(voice: str | None) -> None:
     if voice is not None and voice not in VOICES:
-        raise InvalidRequest(f"voice: {voice!r} is not installed; choose one of {', '.join(sorted(VOICES))}", field="voice")
+        raise InvalidRequest(
+            f"voice: {voice!r} is not installed; choose one of {', '.join(sorted(VOICES))}", field="voice"
+        )
 
 
 def prepare_question(inputs: ChatRequest | SpeechRequest | Mapping[str, Any]) -> Data:
@@ -111,13 +121,18 @@ def transcribe_question(recognizer: SpeechRecognizer, data: Data) -> Data:
     return {"messages": messages, "transcript": Transcript(text=heard, language=language, duration=seconds)}
 
 
-def recognize_clip(recognizer: SpeechRecognizer, data: Data) -> Iterator[Transcript]:
+def recognize_clip(recognizer: SpeechRecognizer, data: Data) -> Generator[Transcript, None, Data]:
     """A transcription or translation request (``data["recognition"]``): Whisper's segments
     of the request's spoken part, each streamed as soon as it is decoded when the request
     asked for a stream; returns the data ``transcribe_question`` would, with the segments."""
     options: RecognitionOptions = data["recognition"]
-    keys = [part["key"] for message in data["messages"] if isinstance(message["content"], list)
-            for part in message["content"] if part["type"] == "audio"]
+    keys = [
+        part["key"]
+        for message in data["messages"]
+        if isinstance(message["content"], list)
+        for part in message["content"]
+        if part["type"] == "audio"
+    ]
     samples = np.asarray(data["audio"][keys[-1]])
     decoded, language = recognizer.decode(samples, SAMPLE_RATE, data.get("language"), options)
     segments = []
@@ -126,9 +141,13 @@ def recognize_clip(recognizer: SpeechRecognizer, data: Data) -> Iterator[Transcr
         if options.stream:
             yield Transcript(text=segment.text, language=language, segments=[segment], task=options.task)
     text = "".join(segment.text for segment in segments).strip()
-    heard = Transcript(text=text, language=language, duration=samples.size / SAMPLE_RATE,
-                       segments=segments if options.timestamps or options.words or options.stream else [],
-                       task=options.task)
+    heard = Transcript(
+        text=text,
+        language=language,
+        duration=samples.size / SAMPLE_RATE,
+        segments=segments if options.timestamps or options.words or options.stream else [],
+        task=options.task,
+    )
     return {"messages": [{"role": "user", "content": text}], "transcript": heard}
 
 
@@ -141,7 +160,7 @@ def asr(
     without_timestamps: bool = True,
     window_padding_s: float | None = None,
     cpu_threads: int = 0,
-) -> Callable[[Data], Data]:
+) -> Callable[[Data], Generator[Transcript, None, Data]]:
     """Whisper base; every decoding setting is a ``factory_args`` key (see :class:`SpeechRecognizer`)."""
     recognizer = SpeechRecognizer(
         language=language,
@@ -154,7 +173,7 @@ def asr(
         cpu_threads=cpu_threads,
     )
 
-    def run(data: Data) -> Iterator[Transcript]:  # a generator: a transcription may stream its segments
+    def run(data: Data) -> Generator[Transcript, None, Data]:  # a generator: a transcription may stream its segments
         if data.get("recognition") is not None:
             result: Data = yield from recognize_clip(recognizer, data)
             return result
@@ -223,8 +242,18 @@ def thinker(
     if engine not in ("hf", "vllm"):
         raise ValueError(f"factory_args.engine: must be 'hf' or 'vllm', got {engine!r}")
     if engine == "vllm":
-        return _vllm_thinker(model_path, device, max_tokens, temperature, system_prompt, repetition_penalty,
-                             no_repeat_ngram, max_sentences, stream_every, vllm)
+        return _vllm_thinker(
+            model_path,
+            device,
+            max_tokens,
+            temperature,
+            system_prompt,
+            repetition_penalty,
+            no_repeat_ngram,
+            max_sentences,
+            stream_every,
+            vllm,
+        )
     if vllm is not None:
         raise ValueError("factory_args.vllm: engine options apply to engine: vllm only (engine is 'hf')")
 
@@ -278,7 +307,9 @@ def _vllm_thinker(
 
     require_vllm()  # first: the one error a machine without vLLM gets
     if repetition_penalty != 1.0:
-        raise ValueError(f"factory_args.repetition_penalty: engine vllm supports 1.0 (off) only, got {repetition_penalty}")
+        raise ValueError(
+            f"factory_args.repetition_penalty: engine vllm supports 1.0 (off) only, got {repetition_penalty}"
+        )
     if no_repeat_ngram != 0:
         raise ValueError(f"factory_args.no_repeat_ngram: engine vllm supports 0 (off) only, got {no_repeat_ngram}")
     if max_sentences is not None and max_sentences < 1:

@@ -17,7 +17,14 @@ from typing import Any, Mapping
 
 from omnictl.outputs import TextDelta, TextResult
 from omnictl.recent import RecentIds
-from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind, OutgoingMessage, Scheduler, SchedulerLoad
+from omnictl.schedulers.base import (
+    IncomingKind,
+    IncomingMessage,
+    OutgoingKind,
+    OutgoingMessage,
+    Scheduler,
+    SchedulerLoad,
+)
 
 
 @dataclass(slots=True)
@@ -80,7 +87,9 @@ class TextStreamFollower(Scheduler):
 
     def fail(self, request_id: str, reason: str, field: str | None = None) -> None:
         self.forget(request_id)
-        self.emit(OutgoingMessage(OutgoingKind.ERROR, request_id, error=f"stage {self.stage_name}: {reason}", field=field))
+        self.emit(
+            OutgoingMessage(OutgoingKind.ERROR, request_id, error=f"stage {self.stage_name}: {reason}", field=field)
+        )
 
     @abstractmethod
     def on_text(self, request_id: str, state: FollowedText, delta: str) -> None:

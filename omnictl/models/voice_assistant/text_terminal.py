@@ -6,9 +6,8 @@ Streams :class:`~omnictl.outputs.TextDelta` and returns :class:`~omnictl.outputs
 
 from __future__ import annotations
 
-from omnictl.outputs import TextDelta, TextResult
-
 from omnictl.models.voice_assistant.text_stream import FollowedText, TextStreamFollower
+from omnictl.outputs import TextDelta, TextResult
 from omnictl.profiling.events import EventKind
 from omnictl.schedulers.base import OutgoingKind, OutgoingMessage
 

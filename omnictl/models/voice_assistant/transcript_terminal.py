@@ -14,7 +14,14 @@ from typing import Any, Mapping
 
 from omnictl.outputs import Transcript
 from omnictl.recent import RecentIds
-from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind, OutgoingMessage, Scheduler, SchedulerLoad
+from omnictl.schedulers.base import (
+    IncomingKind,
+    IncomingMessage,
+    OutgoingKind,
+    OutgoingMessage,
+    Scheduler,
+    SchedulerLoad,
+)
 
 
 class TranscriptTerminalScheduler(Scheduler):

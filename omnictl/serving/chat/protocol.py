@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from omnictl.exceptions import InvalidRequest
-from omnictl.inputs import parse_request
-from omnictl.serving.speech.encode import FORMATS as OUTPUT_FORMATS  # wav, pcm16, mp3, opus, aac, flac
 from omnictl.inputs import ChatRequest as PipelineRequest  # ChatRequest, here, is the HTTP envelope
+from omnictl.inputs import parse_request
 from omnictl.serving.common.jsonbody import decode_json
+from omnictl.serving.speech.encode import FORMATS as OUTPUT_FORMATS  # wav, pcm16, mp3, opus, aac, flac
 
 # OpenAI's own voice names. Clients such as the `openai` package insist on one of them,
 # so they mean "this topology's default voice" rather than failing at the speech stage.
@@ -178,13 +178,17 @@ def _no_tools(body: Mapping[str, Any]) -> None:
     if no tool had been offered."""
     for key in ("tools", "functions"):  # `functions` / `function_call`: the older spelling
         if body.get(key):
-            raise InvalidRequest(f"'{key}': this topology cannot call tools (no stage produces tool calls); "
-                                 "send the request without them", field=key)
+            raise InvalidRequest(
+                f"'{key}': this topology cannot call tools (no stage produces tool calls); "
+                "send the request without them",
+                field=key,
+            )
     for key in ("tool_choice", "function_call"):
         choice = body.get(key)
         if choice is not None and choice != "none":
-            raise InvalidRequest(f"'{key}' {choice!r}: this topology cannot call tools; only 'none' is accepted",
-                                 field=key)
+            raise InvalidRequest(
+                f"'{key}' {choice!r}: this topology cannot call tools; only 'none' is accepted", field=key
+            )
 
 
 def parse_chat_request(body: Any, produces: Mapping[str, str], limits: Limits = Limits()) -> ChatRequest:

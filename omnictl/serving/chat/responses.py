@@ -64,8 +64,18 @@ class ChunkTranslator:
         data = self.encoder.finish()
         if not data:
             return []
-        return [self._chunk({"audio": {"id": self.audio_id, "data": b64(data), "transcript": "",
-                                       "expires_at": self.created + AUDIO_TTL_S}})]
+        return [
+            self._chunk(
+                {
+                    "audio": {
+                        "id": self.audio_id,
+                        "data": b64(data),
+                        "transcript": "",
+                        "expires_at": self.created + AUDIO_TTL_S,
+                    }
+                }
+            )
+        ]
 
     def _chunk(self, delta: dict[str, Any], finish_reason: FinishReason | None = None) -> dict[str, Any]:
         return {
@@ -73,7 +83,9 @@ class ChunkTranslator:
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": None if finish_reason is None else finish_reason.value}],
+            "choices": [
+                {"index": 0, "delta": delta, "finish_reason": None if finish_reason is None else finish_reason.value}
+            ],
         }
 
     def first(self) -> dict[str, Any]:

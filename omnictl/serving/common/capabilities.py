@@ -30,18 +30,20 @@ class Capabilities:
         return self.chat
 
     def endpoints(self) -> list[str]:
-        served = [("/v1/chat/completions", self.chat), ("/v1/realtime", self.realtime),
-                  ("/v1/audio/speech", self.speech), ("/v1/audio/transcriptions", self.transcription),
-                  ("/v1/audio/translations", self.transcription)]
+        served = [
+            ("/v1/chat/completions", self.chat),
+            ("/v1/realtime", self.realtime),
+            ("/v1/audio/speech", self.speech),
+            ("/v1/audio/transcriptions", self.transcription),
+            ("/v1/audio/translations", self.transcription),
+        ]
         return [path for path, ok in served if ok]
 
 
 def capabilities(topology: Any) -> Capabilities:
     modalities = set(topology.terminals.values())
     entry = topology.stages[topology.entry]
-    speech = entry.route_fn is not None and any(
-        topology.terminals.get(target) == AUDIO for target in entry.next
-    )
+    speech = entry.route_fn is not None and any(topology.terminals.get(target) == AUDIO for target in entry.next)
     return Capabilities(chat=bool({TEXT, AUDIO} & modalities), speech=speech, transcription=TRANSCRIPT in modalities)
 
 

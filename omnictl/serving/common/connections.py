@@ -57,7 +57,7 @@ class ConnectionGuard:
     refused: int = 0  # closed at once: at the cap with none idle
     evicted: int = 0  # idle connections closed to make room
     timed_out: int = 0  # closed for not finishing their headers in time
-    idle: "collections.OrderedDict[Any, None]" = field(default_factory=collections.OrderedDict)
+    idle: collections.OrderedDict[Any, None] = field(default_factory=collections.OrderedDict)
     _said: dict[str, float] = field(default_factory=dict)
 
     def say(self, key: str, message: str, *args: Any) -> None:
@@ -75,8 +75,12 @@ class ConnectionGuard:
             oldest, _ = self.idle.popitem(last=False)
             if oldest.close_idle():
                 self.evicted += 1
-                self.say("evicted", "at the limit of %d open connections: closing idle ones to let new clients in "
-                         "(--max-connections; logged once a minute)", self.max_connections)
+                self.say(
+                    "evicted",
+                    "at the limit of %d open connections: closing idle ones to let new clients in "
+                    "(--max-connections; logged once a minute)",
+                    self.max_connections,
+                )
                 return True
         return False
 
@@ -87,8 +91,13 @@ class ConnectionGuard:
 
         def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
             if context.get("message", "").startswith("socket.accept() out of system resource"):
-                self.say("accept", "cannot accept connections: %s (open: %d; lower --max-connections or raise the "
-                         "open-files limit; logged once a minute)", context.get("exception"), self.open)
+                self.say(
+                    "accept",
+                    "cannot accept connections: %s (open: %d; lower --max-connections or raise the "
+                    "open-files limit; logged once a minute)",
+                    context.get("exception"),
+                    self.open,
+                )
                 return
             if previous is not None:
                 previous(loop, context)
@@ -110,8 +119,12 @@ class ConnectionGuard:
                 super().connection_made(transport)
                 if not guard.make_room():
                     guard.refused += 1
-                    guard.say("refused", "at the limit of %d open connections with none idle: refusing new ones "
-                              "(--max-connections; logged once a minute)", guard.max_connections)
+                    guard.say(
+                        "refused",
+                        "at the limit of %d open connections with none idle: refusing new ones "
+                        "(--max-connections; logged once a minute)",
+                        guard.max_connections,
+                    )
                     transport.close()
                     return
                 guard.open += 1
@@ -151,8 +164,11 @@ class ConnectionGuard:
 
             def on_response_complete(self) -> None:
                 super().on_response_complete()
-                if not self.transport.is_closing() and self.transport.get_protocol() is self and (
-                        self.cycle is None or self.cycle.response_complete):
+                if (
+                    not self.transport.is_closing()
+                    and self.transport.get_protocol() is self
+                    and (self.cycle is None or self.cycle.response_complete)
+                ):
                     self._wait_for_headers()
 
             def handle_websocket_upgrade(self, event: Any) -> None:

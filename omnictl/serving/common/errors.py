@@ -24,4 +24,6 @@ def invalid_response(exc: InvalidRequest) -> JSONResponse:
 
 
 def unauthorized() -> JSONResponse:
-    return error_response(401, "missing or wrong API key (send 'Authorization: Bearer <key>')", "authentication_error", "invalid_api_key")
+    return error_response(
+        401, "missing or wrong API key (send 'Authorization: Bearer <key>')", "authentication_error", "invalid_api_key"
+    )

@@ -52,8 +52,9 @@ class RequestGuard:
     allowed_origins: frozenset[str] = frozenset()
 
     @classmethod
-    def for_bind(cls, host: str, port: int, allowed_hosts: tuple[str, ...] = (),
-                 allowed_origins: tuple[str, ...] = ()) -> "RequestGuard":
+    def for_bind(
+        cls, host: str, port: int, allowed_hosts: tuple[str, ...] = (), allowed_origins: tuple[str, ...] = ()
+    ) -> RequestGuard:
         hosts = {h.strip().lower() for h in allowed_hosts if h.strip()}
         if not _is_ip(host.strip("[]")) and host not in _LOOPBACK_NAMES:
             hosts.add(host.lower())  # bound by name: that name is this server
@@ -65,7 +66,12 @@ class RequestGuard:
         host, _port = _split_host(header)
         if not host:
             return False
-        return _is_ip(host) or host in _LOOPBACK_NAMES or host in self.allowed_hosts or header.strip().lower() in self.allowed_hosts
+        return (
+            _is_ip(host)
+            or host in _LOOPBACK_NAMES
+            or host in self.allowed_hosts
+            or header.strip().lower() in self.allowed_hosts
+        )
 
     def origin_allowed(self, origin: str, host_header: str) -> bool:
         if "*" in self.allowed_origins:
@@ -94,11 +100,19 @@ class GuardMiddleware:
         origin = headers.get(b"origin")
         problem: tuple[int, str, str] | None = None
         if not self.guard.host_allowed(host):
-            problem = (421, f"Host {clip(host, 100)!r} is not this server's (use its address, or start it with "
-                            "--allowed-hosts NAME)", "misdirected_request")
+            problem = (
+                421,
+                f"Host {clip(host, 100)!r} is not this server's (use its address, or start it with "
+                "--allowed-hosts NAME)",
+                "misdirected_request",
+            )
         elif origin is not None and not self.guard.origin_allowed(origin.decode("latin-1"), host):
-            problem = (403, f"requests from the web origin {clip(origin.decode('latin-1'), 100)!r} are not allowed "
-                            "(start the server with --allowed-origins ORIGIN to allow it)", "forbidden_origin")
+            problem = (
+                403,
+                f"requests from the web origin {clip(origin.decode('latin-1'), 100)!r} are not allowed "
+                "(start the server with --allowed-origins ORIGIN to allow it)",
+                "forbidden_origin",
+            )
         if problem is None:
             await self.app(scope, receive, send)
             return
@@ -108,4 +122,5 @@ class GuardMiddleware:
             await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
             return
         await error_response(status, message, "invalid_request_error", code, "Origin" if status == 403 else "Host")(
-            scope, receive, send)
+            scope, receive, send
+        )

@@ -17,11 +17,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from omnictl.exceptions import AdmissionTimeout, InvalidRequest, Overloaded, PayloadTooLarge, PipelineDead
-from omnictl.serving.common.auth import authorized
-from omnictl.serving.common.capabilities import capabilities, cannot_serve
-from omnictl.serving.common.tracking import Tracked
-from omnictl.serving.common.errors import error_response, invalid_response, unauthorized
 from omnictl.serving.chat.protocol import Limits
+from omnictl.serving.common.auth import authorized
+from omnictl.serving.common.capabilities import cannot_serve, capabilities
+from omnictl.serving.common.errors import error_response, invalid_response, unauthorized
+from omnictl.serving.common.tracking import Tracked
 from omnictl.serving.state import PipelineLike, ServingState
 
 T = TypeVar("T")
@@ -76,8 +76,12 @@ def overloaded(state: ServingState, exc: Overloaded) -> Response:
     waited = isinstance(exc, AdmissionTimeout)
     state.metrics.outcome("rejected")
     state.metrics.overloaded.labels("queue_timeout" if waited else "over_limit").inc()
-    response = error_response(503 if waited else 429, str(exc), "server_error" if waited else "rate_limit_error",
-                              "queue_timeout" if waited else "overloaded")
+    response = error_response(
+        503 if waited else 429,
+        str(exc),
+        "server_error" if waited else "rate_limit_error",
+        "queue_timeout" if waited else "overloaded",
+    )
     response.headers["Retry-After"] = str(exc.retry_after)
     return response
 
@@ -86,20 +90,31 @@ def unresponsive(processes: list[str]) -> Response:
     """503 naming the stage processes that are up but do not answer (frozen, stuck): a
     request sent there would hang until --request-timeout and hold a slot meanwhile."""
     names = ", ".join(repr(p) for p in processes)
-    response = error_response(503, f"stage process {names} is not responding (see /health); retry later",
-                              "server_error", "stage_unresponsive")
+    response = error_response(
+        503, f"stage process {names} is not responding (see /health); retry later", "server_error", "stage_unresponsive"
+    )
     response.headers["Retry-After"] = "2"
     return response
 
 
-async def admit(state: ServingState, request: Request, parse: Parser[T], endpoint: str | None = None,
-                media_type: str = "application/json") -> Admitted[T] | Response:
+async def admit(
+    state: ServingState,
+    request: Request,
+    parse: Parser[T],
+    endpoint: str | None = None,
+    media_type: str = "application/json",
+) -> Admitted[T] | Response:
     """Check, parse and submit; a refusal is a Response. ``endpoint``: the capability it
     needs; ``media_type``: the Content-Type its body must have."""
     request_id: str = request.state.request_id
     if request.state.bad_request_id:
-        return error_response(400, "X-Request-Id must be 1-128 characters of A-Z a-z 0-9 . _ : -", "invalid_request_error",
-                              "invalid_request", "X-Request-Id")
+        return error_response(
+            400,
+            "X-Request-Id must be 1-128 characters of A-Z a-z 0-9 . _ : -",
+            "invalid_request_error",
+            "invalid_request",
+            "X-Request-Id",
+        )
     if not authorized(request.headers, state.api_key):
         state.metrics.outcome("rejected")
         return unauthorized()
@@ -108,8 +123,13 @@ async def admit(state: ServingState, request: Request, parse: Parser[T], endpoin
         # A web page may POST text/plain cross-origin without a preflight; refusing it
         # keeps a key-less server on localhost out of any browser tab's reach.
         state.metrics.outcome("rejected")
-        return error_response(415, f"Content-Type must be {media_type}, got {sent_type or 'none'!r}",
-                              "invalid_request_error", "unsupported_media_type", "Content-Type")
+        return error_response(
+            415,
+            f"Content-Type must be {media_type}, got {sent_type or 'none'!r}",
+            "invalid_request_error",
+            "unsupported_media_type",
+            "Content-Type",
+        )
     if state.pipeline is not None and state.unresponsive:
         state.metrics.outcome("rejected")
         return unresponsive(state.unresponsive)
@@ -128,31 +148,53 @@ async def admit(state: ServingState, request: Request, parse: Parser[T], endpoin
             return Response(status_code=400)
         if raw is None:
             state.metrics.outcome("rejected")
-            return error_response(408, f"the request body did not arrive within {state.limits.body_timeout_s:g} s",
-                                  "invalid_request_error", "request_timeout", "body")
+            return error_response(
+                408,
+                f"the request body did not arrive within {state.limits.body_timeout_s:g} s",
+                "invalid_request_error",
+                "request_timeout",
+                "body",
+            )
         pipe = state.pipeline
         if pipe is None:
             return error_response(503, "the pipeline is still starting; retry shortly", "server_error", "starting")
         if endpoint is not None and endpoint not in capabilities(pipe.topology).endpoints():
             state.metrics.outcome("rejected")
-            return error_response(404, cannot_serve(pipe.topology, endpoint), "invalid_request_error", "unsupported_endpoint")
+            return error_response(
+                404, cannot_serve(pipe.topology, endpoint), "invalid_request_error", "unsupported_endpoint"
+            )
         submission = await parse(request, raw, pipe)
         served = (state.model_name, *state.aliases)
         if submission.model and submission.model not in served:
             state.metrics.outcome("rejected")
-            return error_response(404, f"the model {submission.model!r} does not exist; this server serves "
-                                  f"{', '.join(repr(m) for m in served)}", "invalid_request_error", "model_not_found", "model")
+            return error_response(
+                404,
+                f"the model {submission.model!r} does not exist; this server serves "
+                f"{', '.join(repr(m) for m in served)}",
+                "invalid_request_error",
+                "model_not_found",
+                "model",
+            )
         try:
-            submitted = await pipe.submit(submission.inputs, submission.modalities, request_id=request_id,
-                                          traceparent=state.traceparent(request.headers))
+            submitted = await pipe.submit(
+                submission.inputs,
+                submission.modalities,
+                request_id=request_id,
+                traceparent=state.traceparent(request.headers),
+            )
         except InvalidRequest as exc:
             if exc.field != "request_id":
                 raise
             # The coordinator refuses an id it has seen: stages drop late messages of
             # finished ids, and ids key the trace store.
             state.metrics.outcome("rejected")
-            return error_response(409, f"request id {request_id!r} was already used", "invalid_request_error",
-                                  "duplicate_request_id", "X-Request-Id")
+            return error_response(
+                409,
+                f"request id {request_id!r} was already used",
+                "invalid_request_error",
+                "duplicate_request_id",
+                "X-Request-Id",
+            )
     except InvalidRequest as exc:
         state.metrics.outcome("rejected")
         return invalid_response(exc)
@@ -162,6 +204,8 @@ async def admit(state: ServingState, request: Request, parse: Parser[T], endpoin
     except Overloaded as exc:
         return overloaded(state, exc)
     state.metrics.in_flight.inc()
-    tracked = Tracked(submitted, state.metrics, state.active, submission.model or state.model_name, submission.audio_format)
+    tracked = Tracked(
+        submitted, state.metrics, state.active, submission.model or state.model_name, submission.audio_format
+    )
     state.active[submitted.id] = tracked
     return Admitted(tracked, submission, pipe)

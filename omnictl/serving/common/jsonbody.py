@@ -56,5 +56,6 @@ def _check_text(text: str, path: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise InvalidRequest(f"'{path}' holds a lone surrogate ({text[exc.start]!a}); send valid Unicode",
-                             field=path) from exc
+        raise InvalidRequest(
+            f"'{path}' holds a lone surrogate ({text[exc.start]!a}); send valid Unicode", field=path
+        ) from exc

@@ -15,7 +15,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 # the *_created series only add noise to every scrape
-disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
+disable_created_metrics()
 
 # seconds: from a few milliseconds (an in-process hop) to a minute (a long CPU answer)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -31,27 +31,36 @@ class ServerMetrics:
         )
         for outcome in OUTCOMES:  # export zeros so dashboards see every series from the start
             self.requests.labels(outcome)
-        self.in_flight = Gauge("omnictl_requests_in_flight", "Requests admitted and not finished", registry=self.registry)
+        self.in_flight = Gauge(
+            "omnictl_requests_in_flight", "Requests admitted and not finished", registry=self.registry
+        )
         self.overloaded = Counter(
-            "omnictl_admission_rejections", "Requests refused by admission control, by reason",
-            ["reason"], registry=self.registry,
+            "omnictl_admission_rejections",
+            "Requests refused by admission control, by reason",
+            ["reason"],
+            registry=self.registry,
         )
         for reason in ("over_limit", "queue_timeout"):
             self.overloaded.labels(reason)
         # Requests waiting for admission now; set by the server to its admission's count.
-        self.queue_depth = Gauge("omnictl_admission_queue_depth", "Requests waiting for a slot",
-                                 registry=self.registry)
+        self.queue_depth = Gauge("omnictl_admission_queue_depth", "Requests waiting for a slot", registry=self.registry)
         self.first_text = Histogram(
-            "omnictl_time_to_first_text_seconds", "Admission to first text delta",
-            buckets=LATENCY_BUCKETS, registry=self.registry,
+            "omnictl_time_to_first_text_seconds",
+            "Admission to first text delta",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
         )
         self.first_audio = Histogram(
-            "omnictl_time_to_first_audio_seconds", "Admission to first audio delta",
-            buckets=LATENCY_BUCKETS, registry=self.registry,
+            "omnictl_time_to_first_audio_seconds",
+            "Admission to first audio delta",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
         )
         self.e2e = Histogram(
-            "omnictl_request_latency_seconds", "Admission to the last result (end to end)",
-            buckets=LATENCY_BUCKETS, registry=self.registry,
+            "omnictl_request_latency_seconds",
+            "Admission to the last result (end to end)",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
         )
         self.profile = ProfileMetrics()
         self.registry.register(self.profile)
@@ -128,8 +137,7 @@ class ProcessMetrics(Collector):
         _, down = self.pipeline.health()
         for group in self.pipeline.topology.processes.values():
             for instance in group.instances:
-                up.add_sample(family, {"process": instance, "group": group.name},
-                              0.0 if instance in down else 1.0)
+                up.add_sample(family, {"process": instance, "group": group.name}, 0.0 if instance in down else 1.0)
         yield up
 
 

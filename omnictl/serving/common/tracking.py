@@ -23,9 +23,9 @@ from omnictl.outputs import AudioChunk, TextDelta, TextResult
 from omnictl.serving.common.eventstream import EventStreamResponse
 
 __all__ = ["EventStreamResponse", "Tracked", "complete", "end_in_flight", "results", "stream_response"]
-from omnictl.serving.common.metrics import ServerMetrics
 from omnictl.serving.chat.responses import ChunkTranslator, build_completion
 from omnictl.serving.chat.sse import DONE, error_body, sse_error, sse_event
+from omnictl.serving.common.metrics import ServerMetrics
 
 __all__ = ["EventStreamResponse", "Tracked", "complete", "results", "stream_response"]
 
@@ -53,7 +53,7 @@ class Tracked:
 
     request: PipelineRequest
     metrics: ServerMetrics
-    active: dict[str, "Tracked"]
+    active: dict[str, Tracked]
     model: str = ""
     audio_format: str = "wav"
     started: float = field(default_factory=time.perf_counter)
@@ -85,8 +85,12 @@ class Tracked:
             return
         self.outcome = outcome
         if outcome == "failed" and not logged:  # logged once, here: the request id, and where and why
-            log.warning("request %s failed: %s", self.request.id, why or "(no reason given)",
-                        extra={"request_id": self.request.id})
+            log.warning(
+                "request %s failed: %s",
+                self.request.id,
+                why or "(no reason given)",
+                extra={"request_id": self.request.id},
+            )
         self.metrics.outcome(outcome)
         self.metrics.in_flight.dec()
         if outcome == "completed":
@@ -238,8 +242,9 @@ def stream_response(tracked: Tracked, abort: Abort) -> EventStreamResponse:
             tracked.finish("aborted")
 
     closing = sse_error("the server failed to send the response", "server_error", "internal_error") + DONE
-    return EventStreamResponse(stream_chunks(tracked, translator), on_disconnect,
-                               on_failure=on_stream_failure(tracked, abort, closing))
+    return EventStreamResponse(
+        stream_chunks(tracked, translator), on_disconnect, on_failure=on_stream_failure(tracked, abort, closing)
+    )
 
 
 def on_stream_failure(tracked: Tracked, abort: Abort, closing: bytes) -> Callable[[BaseException], Awaitable[bytes]]:
@@ -248,8 +253,13 @@ def on_stream_failure(tracked: Tracked, abort: Abort, closing: bytes) -> Callabl
     ``closing`` (an error event where the format has one)."""
 
     async def on_failure(exc: BaseException) -> bytes:
-        log.error("request %s failed: producing its stream raised %s", tracked.request.id, type(exc).__name__,
-                  exc_info=exc, extra={"request_id": tracked.request.id})
+        log.error(
+            "request %s failed: producing its stream raised %s",
+            tracked.request.id,
+            type(exc).__name__,
+            exc_info=exc,
+            extra={"request_id": tracked.request.id},
+        )
         if tracked.outcome is None:
             await abort(tracked.request.id)
             tracked.finish("failed", logged=True)

@@ -139,8 +139,13 @@ class ResponseCancel(_ClientEvent, tag="response.cancel"):
 
 
 ClientEvent = Union[
-    SessionUpdate, InputAudioBufferAppend, InputAudioBufferCommit, InputAudioBufferClear,
-    ConversationItemCreate, ResponseCreate, ResponseCancel,
+    SessionUpdate,
+    InputAudioBufferAppend,
+    InputAudioBufferCommit,
+    InputAudioBufferClear,
+    ConversationItemCreate,
+    ResponseCreate,
+    ResponseCancel,
 ]
 CLIENT_EVENT_TYPES = tuple(cls.__struct_config__.tag for cls in ClientEvent.__args__)  # type: ignore[attr-defined]
 
@@ -173,8 +178,12 @@ def decode_client_event(raw: str | bytes) -> ClientEvent:
         raise EventError(f"'event_id' must be at most {MAX_EVENT_ID} ASCII characters", "invalid_value", "event_id")
     kind = obj.get("type")
     if kind not in CLIENT_EVENT_TYPES:
-        raise EventError(f"unknown event type {clip_repr(kind, 64)}; this server takes {', '.join(CLIENT_EVENT_TYPES)}",
-                         "invalid_event_type", "type", event_id)
+        raise EventError(
+            f"unknown event type {clip_repr(kind, 64)}; this server takes {', '.join(CLIENT_EVENT_TYPES)}",
+            "invalid_event_type",
+            "type",
+            event_id,
+        )
     try:
         check_json(obj)
     except InvalidRequest as exc:
@@ -240,7 +249,6 @@ class ErrorDetail(msgspec.Struct):
 class DurationUsage(msgspec.Struct):
     seconds: float
     type: str = "duration"
-
 
 
 class _ServerEvent(msgspec.Struct, tag_field="type", kw_only=True):
@@ -355,9 +363,28 @@ class ErrorEvent(_ServerEvent, tag="error"):
 
 
 ServerEvent = Union[
-    SessionCreated, SessionUpdated, SpeechStartedEvent, SpeechStoppedEvent, Committed, Cleared, ItemAdded, ItemDone,
-    TranscriptionCompleted, ResponseCreated, ResponseDone, OutputItemAdded, OutputItemDone, ContentPartAdded,
-    ContentPartDone, TextDelta, TextDone, AudioDelta, AudioDone, AudioTranscriptDelta, AudioTranscriptDone, ErrorEvent,
+    SessionCreated,
+    SessionUpdated,
+    SpeechStartedEvent,
+    SpeechStoppedEvent,
+    Committed,
+    Cleared,
+    ItemAdded,
+    ItemDone,
+    TranscriptionCompleted,
+    ResponseCreated,
+    ResponseDone,
+    OutputItemAdded,
+    OutputItemDone,
+    ContentPartAdded,
+    ContentPartDone,
+    TextDelta,
+    TextDone,
+    AudioDelta,
+    AudioDone,
+    AudioTranscriptDelta,
+    AudioTranscriptDone,
+    ErrorEvent,
 ]
 SERVER_EVENT_TYPES = tuple(cls.__struct_config__.tag for cls in ServerEvent.__args__)  # type: ignore[attr-defined]
 
@@ -370,7 +397,12 @@ def encode(event: ServerEvent) -> str:
 
 def error_event(error: EventError) -> ErrorEvent:
     """The ``error`` event answering ``error``; every text in it is bounded and encodable."""
-    return ErrorEvent(error=ErrorDetail(
-        type=error.kind, code=error.code, message=clip(error.message, 4 * ECHO_CHARS),
-        param=clip(error.param, ECHO_CHARS) if error.param else None,
-        event_id=clip(error.event_id, MAX_EVENT_ID) if error.event_id else None))
+    return ErrorEvent(
+        error=ErrorDetail(
+            type=error.kind,
+            code=error.code,
+            message=clip(error.message, 4 * ECHO_CHARS),
+            param=clip(error.param, ECHO_CHARS) if error.param else None,
+            event_id=clip(error.event_id, MAX_EVENT_ID) if error.event_id else None,
+        )
+    )

@@ -20,12 +20,13 @@ from typing import Any, Callable
 from omnictl.coordinator.request import RequestEventKind
 from omnictl.exceptions import InvalidRequest, Overloaded, PipelineDead
 from omnictl.inputs import ChatRequest
-from omnictl.outputs import AUDIO, TEXT, AudioChunk, AudioResult, TextDelta as PipelineTextDelta, TextResult
-from omnictl.serving.speech.encode import AudioStreamEncoder, b64
-from omnictl.serving.common.tracking import Tracked
+from omnictl.outputs import AUDIO, TEXT, AudioChunk, AudioResult, TextResult
+from omnictl.outputs import TextDelta as PipelineTextDelta
 from omnictl.serving.common.echo import clip
+from omnictl.serving.common.tracking import Tracked
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.turns import Conversation, Turn
+from omnictl.serving.speech.encode import AudioStreamEncoder, b64
 from omnictl.serving.state import PipelineLike, ServingState
 
 Send = Callable[[ev.ServerEvent], None]
@@ -55,8 +56,14 @@ class ResponseRun:
 
     def response(self, status: str, details: ev.StatusDetails | None = None) -> ev.Response:
         output = [self.turn.item()] if self.turn is not None else []
-        return ev.Response(id=self.id, status=status, output_modalities=self.modalities, output=output,  # type: ignore[arg-type]
-                           status_details=details, usage=self.usage if status != "in_progress" else None)
+        return ev.Response(
+            id=self.id,
+            status=status,  # type: ignore[arg-type]  # the protocol's statuses: callers pass those literals
+            output_modalities=self.modalities,
+            output=output,
+            status_details=details,
+            usage=self.usage if status != "in_progress" else None,
+        )
 
     async def cancel(self, reason: str) -> None:
         """Stop this response now: no delta after this call; the pipeline drops the request."""
@@ -89,12 +96,15 @@ class ResponseRun:
             outcome, error = await self._stream()
             self._done(outcome, error)
         except Overloaded as exc:  # admission control: the client hears why and when to retry
-            self.send(ev.error_event(ev.EventError(f"{exc} (retry after {exc.retry_after} s)", "overloaded",
-                                                   kind="rate_limit_error")))
+            self.send(
+                ev.error_event(
+                    ev.EventError(f"{exc} (retry after {exc.retry_after} s)", "overloaded", kind="rate_limit_error")
+                )
+            )
             self._done("failed", f"the server is overloaded: {exc}")
         except (InvalidRequest, PipelineDead) as exc:
             self._done("failed", f"the pipeline refused the response: {clip(str(exc))}")
-        except Exception as exc:  # noqa: BLE001 - whatever went wrong, response.created gets its response.done
+        except Exception as exc:
             log.exception("realtime response %s failed before it finished", self.id)
             self._done("failed", f"the server could not run this response ({type(exc).__name__})")
         finally:
@@ -113,14 +123,19 @@ class ResponseRun:
 
     async def _submit(self, request: ChatRequest) -> None:
         self.request_id = ev.new_id("resp_req")
-        submitted = await self.pipeline.submit(request, self._pipeline_modalities(), request_id=self.request_id,
-                                               traceparent=self.traceparent)
+        submitted = await self.pipeline.submit(
+            request, self._pipeline_modalities(), request_id=self.request_id, traceparent=self.traceparent
+        )
         self.state.metrics.in_flight.inc()
         self.tracked = Tracked(submitted, self.state.metrics, self.state.active, self.state.model_name, "pcm16")
         self.state.active[submitted.id] = self.tracked
 
     def _part(self) -> ev.Content:
-        return ev.Content(type="output_audio", transcript="") if AUDIO in self.modalities else ev.Content(type="output_text", text="")
+        return (
+            ev.Content(type="output_audio", transcript="")
+            if AUDIO in self.modalities
+            else ev.Content(type="output_text", text="")
+        )
 
     async def _stream(self) -> tuple[str, str | None]:
         assert self.tracked is not None and self.turn is not None
@@ -134,13 +149,20 @@ class ResponseRun:
                 break
             if event.kind is RequestEventKind.ERROR:
                 tracked.finish("failed")
-                log.warning("realtime response %s (request %s) failed in stage %r: %s", self.id, tracked.request.id,
-                            event.stage, event.error)
+                log.warning(
+                    "realtime response %s (request %s) failed in stage %r: %s",
+                    self.id,
+                    tracked.request.id,
+                    event.stage,
+                    event.error,
+                )
                 return "failed", f"stage {event.stage!r}: {event.error}"
             data: Any = event.data
             if isinstance(data, TextResult):
-                self.usage = ev.Usage(data.prompt_tokens, data.completion_tokens, data.prompt_tokens + data.completion_tokens)
-                rest = data.text[len(turn.text or ""):] if data.text.startswith(turn.text or "") else ""
+                self.usage = ev.Usage(
+                    data.prompt_tokens, data.completion_tokens, data.prompt_tokens + data.completion_tokens
+                )
+                rest = data.text[len(turn.text or "") :] if data.text.startswith(turn.text or "") else ""
                 if rest:
                     self._text(rest)
                 turn.text = data.text
@@ -151,8 +173,11 @@ class ResponseRun:
                     continue
                 streamed_audio = streamed_audio or event.kind is RequestEventKind.STREAM
                 tracked.saw(data)
-                self.send(ev.AudioDelta(response_id=self.id, item_id=turn.id,
-                                        delta=b64(encoder.encode(data.samples, data.sample_rate))))
+                self.send(
+                    ev.AudioDelta(
+                        response_id=self.id, item_id=turn.id, delta=b64(encoder.encode(data.samples, data.sample_rate))
+                    )
+                )
                 words = data.transcript if not transcript else " " + data.transcript
                 transcript.append(words)
                 self.send(ev.AudioTranscriptDelta(response_id=self.id, item_id=turn.id, delta=words))
@@ -185,7 +210,11 @@ class ResponseRun:
             if AUDIO in self.modalities:
                 self.send(ev.AudioDone(response_id=self.id, item_id=turn.id))
                 self.send(ev.AudioTranscriptDone(response_id=self.id, item_id=turn.id, transcript=spoken))
-            part = ev.Content(type="output_audio", transcript=spoken) if AUDIO in self.modalities else ev.Content(type="output_text", text=spoken)
+            part = (
+                ev.Content(type="output_audio", transcript=spoken)
+                if AUDIO in self.modalities
+                else ev.Content(type="output_text", text=spoken)
+            )
             self.send(ev.ContentPartDone(response_id=self.id, item_id=turn.id, part=part))
             item = turn.item()
             if outcome != "completed":
@@ -196,5 +225,7 @@ class ResponseRun:
         if outcome == "cancelled":
             details = ev.StatusDetails(type="cancelled", reason=self.cancel_reason or "client_cancelled")
         elif outcome == "failed":
-            details = ev.StatusDetails(type="failed", error={"type": "server_error", "code": "stage_failed", "message": error or ""})
+            details = ev.StatusDetails(
+                type="failed", error={"type": "server_error", "code": "stage_failed", "message": error or ""}
+            )
         self.send(ev.ResponseDone(response=self.response(outcome, details)))

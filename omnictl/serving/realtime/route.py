@@ -43,8 +43,10 @@ def _allowed(websocket: WebSocket, api_key: str | None) -> bool:
     if authorized(websocket.headers, api_key):
         return True
     assert api_key is not None
-    return any(p.startswith(KEY_PROTOCOL) and hmac.compare_digest(p[len(KEY_PROTOCOL):].encode(), api_key.encode())
-               for p in _offered_protocols(websocket))
+    return any(
+        p.startswith(KEY_PROTOCOL) and hmac.compare_digest(p[len(KEY_PROTOCOL) :].encode(), api_key.encode())
+        for p in _offered_protocols(websocket)
+    )
 
 
 class _Silero:
@@ -117,7 +119,9 @@ def realtime_endpoint(state: ServingState) -> Callable[[WebSocket], Awaitable[No
             await websocket.close(code=CLOSE_TRY_LATER, reason="the pipeline is still starting; retry shortly")
             return
         if not capabilities(pipe.topology).realtime:
-            await websocket.close(code=CLOSE_POLICY, reason=f"topology {pipe.topology.name!r} has no text or audio terminal")
+            await websocket.close(
+                code=CLOSE_POLICY, reason=f"topology {pipe.topology.name!r} has no text or audio terminal"
+            )
             return
         # a browser that sent its key as a subprotocol needs one echoed back
         offered = [p for p in _offered_protocols(websocket) if p == "realtime"] or None
@@ -126,9 +130,12 @@ def realtime_endpoint(state: ServingState) -> Callable[[WebSocket], Awaitable[No
         if sessions.open >= limits.max_realtime_sessions:
             # Refused in the protocol's own words, then closed: "try again later".
             state.metrics.outcome("rejected")
-            error = ev.EventError(f"this server runs at most {limits.max_realtime_sessions} realtime sessions at once "
-                                  "(--max-realtime-sessions); retry later", "session_limit_reached",
-                                  kind="rate_limit_error")
+            error = ev.EventError(
+                f"this server runs at most {limits.max_realtime_sessions} realtime sessions at once "
+                "(--max-realtime-sessions); retry later",
+                "session_limit_reached",
+                kind="rate_limit_error",
+            )
             with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
                 await websocket.send_text(ev.encode(ev.error_event(error)))
                 await websocket.close(code=CLOSE_TRY_LATER, reason="too many realtime sessions")
@@ -136,7 +143,9 @@ def realtime_endpoint(state: ServingState) -> Callable[[WebSocket], Awaitable[No
         sessions.open += 1
         outbox = Outbox(limits.max_realtime_outbox_bytes)
         model = websocket.query_params.get("model") or state.model_name
-        session = RealtimeSession(state, pipe, outbox.put, model, silero, traceparent=state.traceparent(websocket.headers))
+        session = RealtimeSession(
+            state, pipe, outbox.put, model, silero, traceparent=state.traceparent(websocket.headers)
+        )
         writer = asyncio.create_task(_write(websocket, outbox))
         receiver = asyncio.create_task(_receive(websocket, session, limits.max_realtime_message_bytes, limiter))
         overflow = asyncio.create_task(outbox.overflowed.wait())
@@ -144,9 +153,14 @@ def realtime_endpoint(state: ServingState) -> Callable[[WebSocket], Awaitable[No
         try:
             await asyncio.wait({receiver, overflow, writer}, return_when=asyncio.FIRST_COMPLETED)
             if outbox.overflowed.is_set():
-                log.warning("realtime session %s: the client is not reading its events (%d characters waiting, the "
-                            "limit is %d): closing it with code %d", session.id, outbox.pending, outbox.limit,
-                            CLOSE_NOT_READING)
+                log.warning(
+                    "realtime session %s: the client is not reading its events (%d characters waiting, the "
+                    "limit is %d): closing it with code %d",
+                    session.id,
+                    outbox.pending,
+                    outbox.limit,
+                    CLOSE_NOT_READING,
+                )
                 _hang_up(websocket, CLOSE_NOT_READING, "the client is not reading its events")
         finally:
             sessions.open -= 1
@@ -200,17 +214,32 @@ async def _receive(websocket: WebSocket, session: RealtimeSession, limit: int, l
         try:
             size = _size(raw)
             if size > limit:
-                raise ev.EventError(f"the message is {size} bytes; this server takes events up to {limit} bytes "
-                                    "(send audio in smaller appends)", "message_too_large")
+                raise ev.EventError(
+                    f"the message is {size} bytes; this server takes events up to {limit} bytes "
+                    "(send audio in smaller appends)",
+                    "message_too_large",
+                )
             await session.handle(ev.decode_client_event(raw))
         except ev.EventError as error:
             allowed, suppressed = limiter.allow(f"{session.id}:{error.code}")
             if allowed:  # a client repeating one mistake logs it once per interval, clipped
                 more = f" ({suppressed} more like it not logged)" if suppressed else ""
-                log.info("realtime session %s: %s (event %s)%s", session.id, clip(error.message),
-                         clip(error.event_id or "-", 64), more)
+                log.info(
+                    "realtime session %s: %s (event %s)%s",
+                    session.id,
+                    clip(error.message),
+                    clip(error.event_id or "-", 64),
+                    more,
+                )
             session.send(ev.error_event(error))
-        except Exception as exc:  # noqa: BLE001 - a bug in a handler must not drop the session unanswered
+        except Exception as exc:
             log.exception("realtime session %s: handling a %s event failed", session.id, clip(type(exc).__name__))
-            session.send(ev.error_event(ev.EventError(f"the server could not handle this event ({type(exc).__name__})",
-                                                      "server_error", kind="server_error")))
+            session.send(
+                ev.error_event(
+                    ev.EventError(
+                        f"the server could not handle this event ({type(exc).__name__})",
+                        "server_error",
+                        kind="server_error",
+                    )
+                )
+            )

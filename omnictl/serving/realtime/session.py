@@ -26,9 +26,9 @@ from omnictl.coordinator.request import RequestEventKind
 from omnictl.exceptions import InvalidRequest, Overloaded, PipelineDead
 from omnictl.inputs import PCM16_RATE, AudioPart, ChatMessage, ChatRequest, SamplingParams
 from omnictl.outputs import TRANSCRIPT, Transcript
+from omnictl.serving.chat.protocol import OPENAI_VOICES
 from omnictl.serving.common.capabilities import capabilities
 from omnictl.serving.common.tracking import Tracked
-from omnictl.serving.chat.protocol import OPENAI_VOICES
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.responses import ResponseRun
 from omnictl.serving.realtime.turns import Conversation, Turn
@@ -82,8 +82,15 @@ class AudioRate:
 
 
 class RealtimeSession:
-    def __init__(self, state: ServingState, pipeline: PipelineLike, send: Callable[[ev.ServerEvent], None], model: str,
-                 silero: Callable[[], SileroModel], traceparent: str | None = None) -> None:
+    def __init__(
+        self,
+        state: ServingState,
+        pipeline: PipelineLike,
+        send: Callable[[ev.ServerEvent], None],
+        model: str,
+        silero: Callable[[], SileroModel],
+        traceparent: str | None = None,
+    ) -> None:
         self.state, self.pipeline, self.send, self.model = state, pipeline, send, model
         self.traceparent = traceparent  # the handshake's: every request of the session is its child
         self.id = ev.new_id("sess")
@@ -109,44 +116,75 @@ class RealtimeSession:
         s = self.settings
         audio_format = {"type": "audio/pcm", "rate": PCM16_RATE}
         turn_detection = None if s.vad is None else msgspec.to_builtins(s.vad)
-        audio = {"input": {"format": audio_format, "turn_detection": turn_detection, "transcription": None, "noise_reduction": None},
-                 "output": {"format": audio_format, "voice": s.voice, "speed": 1.0}}
-        return ev.SessionObject(id=self.id, model=self.model, instructions=s.instructions,
-                                output_modalities=s.output_modalities, audio=audio, max_output_tokens=s.max_output_tokens)  # type: ignore[arg-type]
+        audio = {
+            "input": {
+                "format": audio_format,
+                "turn_detection": turn_detection,
+                "transcription": None,
+                "noise_reduction": None,
+            },
+            "output": {"format": audio_format, "voice": s.voice, "speed": 1.0},
+        }
+        return ev.SessionObject(
+            id=self.id,
+            model=self.model,
+            instructions=s.instructions,
+            output_modalities=s.output_modalities,
+            audio=audio,
+            max_output_tokens=s.max_output_tokens,  # type: ignore[arg-type]  # an int, or "inf" (checked on update)
+        )
 
     def _reset_vad(self) -> None:
         vad = self.settings.vad
         self._vad = None if vad is None else SileroVad(self._silero(), PCM16_RATE)
-        self._turns = None if vad is None else TurnDetector(VadSettings(vad.threshold, vad.prefix_padding_ms, vad.silence_duration_ms))
+        self._turns = (
+            None
+            if vad is None
+            else TurnDetector(VadSettings(vad.threshold, vad.prefix_padding_ms, vad.silence_duration_ms))
+        )
         self._speech_item = None
 
     async def session_update(self, event: ev.SessionUpdate) -> None:
         config, s = event.session, self.settings
         if config.type not in ("realtime",):
-            raise ev.EventError(f"session.type {config.type!r} is not supported; this server runs 'realtime' sessions",
-                                "unsupported_session_type", "session.type", event.event_id)
+            raise ev.EventError(
+                f"session.type {config.type!r} is not supported; this server runs 'realtime' sessions",
+                "unsupported_session_type",
+                "session.type",
+                event.event_id,
+            )
         if config.output_modalities is not msgspec.UNSET:
-            s.output_modalities = self._modalities(config.output_modalities, "session.output_modalities", event.event_id)
+            s.output_modalities = self._modalities(
+                config.output_modalities, "session.output_modalities", event.event_id
+            )
         if config.audio is not msgspec.UNSET:
             self._audio(config.audio, event.event_id)
         if config.instructions is not msgspec.UNSET:
             s.instructions = config.instructions
         if config.max_output_tokens is not msgspec.UNSET:
-            s.max_output_tokens = self._max_tokens(config.max_output_tokens, "session.max_output_tokens", event.event_id)
+            s.max_output_tokens = self._max_tokens(
+                config.max_output_tokens, "session.max_output_tokens", event.event_id
+            )
         self.send(ev.SessionUpdated(session=self.session_object()))
 
     def _modalities(self, wanted: Sequence[str], param: str, event_id: str | None) -> list[str]:
         produces = set(self.pipeline.topology.terminals.values())
         missing = [m for m in wanted if m not in produces]
         if not wanted or missing:
-            raise ev.EventError(f"{param}: this topology produces {', '.join(sorted(produces))}; cannot give {wanted!r}",
-                                "invalid_value", param, event_id)
+            raise ev.EventError(
+                f"{param}: this topology produces {', '.join(sorted(produces))}; cannot give {wanted!r}",
+                "invalid_value",
+                param,
+                event_id,
+            )
         return list(dict.fromkeys(wanted))
 
     @staticmethod
     def _max_tokens(value: int | str, param: str, event_id: str | None) -> int | str:
         if value != "inf" and (not isinstance(value, int) or value < 1):
-            raise ev.EventError(f"{param} must be a positive integer or 'inf', got {value!r}", "invalid_value", param, event_id)
+            raise ev.EventError(
+                f"{param} must be a positive integer or 'inf', got {value!r}", "invalid_value", param, event_id
+            )
         return value
 
     def _audio(self, audio: ev.AudioConfig, event_id: str | None) -> None:
@@ -155,9 +193,13 @@ class RealtimeSession:
                 continue
             fmt = config.format
             if fmt.type != "audio/pcm" or fmt.rate != PCM16_RATE:
-                raise ev.EventError(f"session.audio.{side}.format: only audio/pcm at {PCM16_RATE} Hz is supported, got "
-                                    f"{fmt.type} at {fmt.rate} Hz", "unsupported_audio_format",
-                                    f"session.audio.{side}.format.type", event_id)
+                raise ev.EventError(
+                    f"session.audio.{side}.format: only audio/pcm at {PCM16_RATE} Hz is supported, got "
+                    f"{fmt.type} at {fmt.rate} Hz",
+                    "unsupported_audio_format",
+                    f"session.audio.{side}.format.type",
+                    event_id,
+                )
         if audio.output is not msgspec.UNSET and audio.output.voice is not msgspec.UNSET:
             self.settings.voice = audio.output.voice
         if audio.input is not msgspec.UNSET and audio.input.turn_detection is not msgspec.UNSET:
@@ -170,25 +212,48 @@ class RealtimeSession:
         size = len(event.audio) * 3 // 4 - event.audio[-2:].count("=")  # bytes, before decoding
         limit = self.state.limits.max_realtime_buffer_bytes
         if len(self.buffer) + size > limit:
-            raise ev.EventError(f"the input audio buffer is limited to {limit} bytes ({limit / 2 / PCM16_RATE:.0f} s of audio); "
-                                "commit or clear it", "input_audio_buffer_too_large", "audio", event.event_id)
+            raise ev.EventError(
+                f"the input audio buffer is limited to {limit} bytes ({limit / 2 / PCM16_RATE:.0f} s of audio); "
+                "commit or clear it",
+                "input_audio_buffer_too_large",
+                "audio",
+                event.event_id,
+            )
         if not self._audio_rate.take(size / 2 / PCM16_RATE):
             limits = self.state.limits
-            raise ev.EventError(f"input_audio_buffer.append: audio arrives faster than this server takes it (at most "
-                                f"{limits.realtime_audio_speed:g}x real time after the first {limits.realtime_audio_burst_s:g} s); "
-                                "this append was dropped", "input_audio_rate_exceeded", "audio", event.event_id)
+            raise ev.EventError(
+                f"input_audio_buffer.append: audio arrives faster than this server takes it (at most "
+                f"{limits.realtime_audio_speed:g}x real time after the first {limits.realtime_audio_burst_s:g} s); "
+                "this append was dropped",
+                "input_audio_rate_exceeded",
+                "audio",
+                event.event_id,
+            )
         try:
             raw = base64.b64decode(event.audio, validate=True)
         except (binascii.Error, ValueError) as exc:
-            raise ev.EventError(f"input_audio_buffer.append: 'audio' is not valid base64 ({exc})", "invalid_base64",
-                                "audio", event.event_id) from exc
+            raise ev.EventError(
+                f"input_audio_buffer.append: 'audio' is not valid base64 ({exc})",
+                "invalid_base64",
+                "audio",
+                event.event_id,
+            ) from exc
         if len(raw) % 2:
-            raise ev.EventError(f"input_audio_buffer.append: pcm16 audio must hold whole 16-bit samples, got {len(raw)} bytes",
-                                "invalid_audio", "audio", event.event_id)
+            raise ev.EventError(
+                f"input_audio_buffer.append: pcm16 audio must hold whole 16-bit samples, got {len(raw)} bytes",
+                "invalid_audio",
+                "audio",
+                event.event_id,
+            )
         limit = self.state.limits.max_realtime_buffer_bytes
         if len(self.buffer) + len(raw) > limit:
-            raise ev.EventError(f"the input audio buffer is limited to {limit} bytes ({limit / 2 / PCM16_RATE:.0f} s of audio); "
-                                "commit or clear it", "input_audio_buffer_too_large", "audio", event.event_id)
+            raise ev.EventError(
+                f"the input audio buffer is limited to {limit} bytes ({limit / 2 / PCM16_RATE:.0f} s of audio); "
+                "commit or clear it",
+                "input_audio_buffer_too_large",
+                "audio",
+                event.event_id,
+            )
         self.buffer += raw
         self.audio_ms += len(raw) / 2 / PCM16_RATE * 1000
         if self._vad is not None and self._turns is not None:
@@ -200,10 +265,15 @@ class RealtimeSession:
             if vad is not self._vad:  # cleared or reconfigured meanwhile
                 return
             for turn in self._turns.feed(probabilities):
-                await (self._speech_started(turn.audio_start_ms) if isinstance(turn, SpeechStarted)
-                       else self._speech_stopped(turn.audio_end_ms))
+                await (
+                    self._speech_started(turn.audio_start_ms)
+                    if isinstance(turn, SpeechStarted)
+                    else self._speech_stopped(turn.audio_end_ms)
+                )
             if self._turns is not None and not self._turns.speaking and self.settings.vad is not None:
-                keep = int((self.settings.vad.prefix_padding_ms + 100) * PCM16_RATE / 1000) * 2  # what prefix padding may need
+                keep = (
+                    int((self.settings.vad.prefix_padding_ms + 100) * PCM16_RATE / 1000) * 2
+                )  # what prefix padding may need
                 del self.buffer[: max(0, len(self.buffer) - keep)]
 
     async def _speech_started(self, audio_start_ms: int) -> None:
@@ -232,8 +302,13 @@ class RealtimeSession:
     def _commit(self, item_id: str, event_id: str | None) -> None:
         ms = len(self.buffer) / 2 / PCM16_RATE * 1000
         if ms < MIN_COMMIT_MS:
-            raise ev.EventError(f"input_audio_buffer.commit: the buffer holds {ms:.0f} ms of audio; at least {MIN_COMMIT_MS} ms "
-                                "is needed", "input_audio_buffer_commit_empty", None, event_id)
+            raise ev.EventError(
+                f"input_audio_buffer.commit: the buffer holds {ms:.0f} ms of audio; at least {MIN_COMMIT_MS} ms "
+                "is needed",
+                "input_audio_buffer_commit_empty",
+                None,
+                event_id,
+            )
         samples = np.frombuffer(bytes(self.buffer), "<i2").astype(np.float32) / 32768.0
         self.buffer.clear()
         self._check_memory(samples.nbytes, event_id)
@@ -252,23 +327,42 @@ class RealtimeSession:
 
     async def item_create(self, event: ev.ConversationItemCreate) -> None:
         item, where = event.item, "item.content"
-        allowed = {"user": ("input_text", "input_audio"), "system": ("input_text",), "assistant": ("output_text", "output_audio")}[item.role]
+        allowed = {
+            "user": ("input_text", "input_audio"),
+            "system": ("input_text",),
+            "assistant": ("output_text", "output_audio"),
+        }[item.role]
         if len(item.content) != 1:
-            raise ev.EventError(f"{where} must hold exactly one part, got {len(item.content)}", "invalid_value", where, event.event_id)
+            raise ev.EventError(
+                f"{where} must hold exactly one part, got {len(item.content)}", "invalid_value", where, event.event_id
+            )
         part = item.content[0]
         if part.type not in allowed:
-            raise ev.EventError(f"{where}[0].type: a {item.role} item takes {', '.join(allowed)}, got {part.type!r}",
-                                "invalid_value", f"{where}[0].type", event.event_id)
+            raise ev.EventError(
+                f"{where}[0].type: a {item.role} item takes {', '.join(allowed)}, got {part.type!r}",
+                "invalid_value",
+                f"{where}[0].type",
+                event.event_id,
+            )
         previous = self.conversation.last_id()
         if part.type == "input_audio":
             try:
                 raw = base64.b64decode(part.audio or "", validate=True)
             except (binascii.Error, ValueError) as exc:
-                raise ev.EventError(f"{where}[0].audio is not valid base64 ({exc})", "invalid_base64", f"{where}[0].audio",
-                                    event.event_id) from exc
+                raise ev.EventError(
+                    f"{where}[0].audio is not valid base64 ({exc})",
+                    "invalid_base64",
+                    f"{where}[0].audio",
+                    event.event_id,
+                ) from exc
             if len(raw) < 2 or len(raw) % 2 or len(raw) > self.state.limits.max_realtime_buffer_bytes:
-                raise ev.EventError(f"{where}[0].audio must be pcm16 at 24 kHz, up to {self.state.limits.max_realtime_buffer_bytes} "
-                                    f"bytes, got {len(raw)} bytes", "invalid_audio", f"{where}[0].audio", event.event_id)
+                raise ev.EventError(
+                    f"{where}[0].audio must be pcm16 at 24 kHz, up to {self.state.limits.max_realtime_buffer_bytes} "
+                    f"bytes, got {len(raw)} bytes",
+                    "invalid_audio",
+                    f"{where}[0].audio",
+                    event.event_id,
+                )
             self._check_memory(len(raw) * 2, event.event_id)
             turn = self.conversation.user_audio(np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0, item.id)
             self.send(ev.ItemAdded(item=turn.item(), previous_item_id=previous))
@@ -283,16 +377,22 @@ class RealtimeSession:
     def held_bytes(self) -> int:
         """What this session holds: its input buffer, the conversation's audio and text, audio being transcribed."""
         turns = {id(t): t for t in (*self.conversation.turns, *self._transcribing.values())}
-        return len(self.buffer) + sum((t.audio.nbytes if t.audio is not None else 0) + len(t.text or "")
-                                      for t in turns.values())
+        return len(self.buffer) + sum(
+            (t.audio.nbytes if t.audio is not None else 0) + len(t.text or "") for t in turns.values()
+        )
 
     def _check_memory(self, adding: int, event_id: str | None) -> None:
         limit = self.state.limits.max_realtime_session_bytes
         held = self.held_bytes()
         if held + adding > limit:
-            raise ev.EventError(f"this session holds {held / 2**20:.1f} MiB of audio and text; {adding / 2**20:.1f} MiB more "
-                                f"would pass its limit of {limit / 2**20:.0f} MiB (wait for transcriptions to finish, or "
-                                "start a new session)", "session_memory_limit", None, event_id)
+            raise ev.EventError(
+                f"this session holds {held / 2**20:.1f} MiB of audio and text; {adding / 2**20:.1f} MiB more "
+                f"would pass its limit of {limit / 2**20:.0f} MiB (wait for transcriptions to finish, or "
+                "start a new session)",
+                "session_memory_limit",
+                None,
+                event_id,
+            )
 
     def _transcribe(self, turn: Turn) -> None:
         """What the user said, by the topology's own speech recognition, as soon as it is committed."""
@@ -304,12 +404,18 @@ class RealtimeSession:
 
     async def _transcription(self, turn: Turn) -> None:
         assert turn.audio is not None
-        request = ChatRequest(messages=(ChatMessage(role="user", parts=(AudioPart(samples=turn.audio, sample_rate=PCM16_RATE,
-                                                                                   field=f"item {turn.id}"),)),))
+        request = ChatRequest(
+            messages=(
+                ChatMessage(
+                    role="user", parts=(AudioPart(samples=turn.audio, sample_rate=PCM16_RATE, field=f"item {turn.id}"),)
+                ),
+            )
+        )
         tracked: Tracked | None = None
         try:
-            submitted = await self.pipeline.submit(request, [TRANSCRIPT], request_id=ev.new_id("transcribe"),
-                                                   traceparent=self.traceparent)
+            submitted = await self.pipeline.submit(
+                request, [TRANSCRIPT], request_id=ev.new_id("transcribe"), traceparent=self.traceparent
+            )
             self.state.metrics.in_flight.inc()
             tracked = Tracked(submitted, self.state.metrics, self.state.active, self.model)
             self.state.active[submitted.id] = tracked
@@ -319,22 +425,45 @@ class RealtimeSession:
                     heard = event.data
                 elif event.kind in (RequestEventKind.ERROR, RequestEventKind.ABORTED):
                     tracked.finish("failed" if event.kind is RequestEventKind.ERROR else "aborted")
-                    log.warning("realtime session %s: transcribing item %s (request %s) failed: %s", self.id, turn.id,
-                                submitted.id, event.error)
-                    self.send(ev.error_event(ev.EventError(f"transcribing item {turn.id} failed: {event.error}",
-                                                           "transcription_failed", kind="server_error")))
+                    log.warning(
+                        "realtime session %s: transcribing item %s (request %s) failed: %s",
+                        self.id,
+                        turn.id,
+                        submitted.id,
+                        event.error,
+                    )
+                    self.send(
+                        ev.error_event(
+                            ev.EventError(
+                                f"transcribing item {turn.id} failed: {event.error}",
+                                "transcription_failed",
+                                kind="server_error",
+                            )
+                        )
+                    )
                     return
             tracked.finish("completed")
             if heard is not None:
                 turn.text = heard.text
                 turn.release_audio()  # the transcript is what later responses hear
                 self.conversation.trim()  # a transcript may weigh less (or more) than its audio did
-                self.send(ev.TranscriptionCompleted(item_id=turn.id, content_index=0, transcript=heard.text,
-                                                    usage=ev.DurationUsage(seconds=round(heard.duration, 3))))
+                self.send(
+                    ev.TranscriptionCompleted(
+                        item_id=turn.id,
+                        content_index=0,
+                        transcript=heard.text,
+                        usage=ev.DurationUsage(seconds=round(heard.duration, 3)),
+                    )
+                )
             self.send(ev.ItemDone(item=turn.item()))
         except (InvalidRequest, Overloaded, PipelineDead) as exc:
-            self.send(ev.error_event(ev.EventError(f"transcribing item {turn.id} failed: {exc}", "transcription_failed",
-                                                   kind="server_error")))
+            self.send(
+                ev.error_event(
+                    ev.EventError(
+                        f"transcribing item {turn.id} failed: {exc}", "transcription_failed", kind="server_error"
+                    )
+                )
+            )
         finally:
             if tracked is not None and tracked.outcome is None:  # the session closed meanwhile
                 await self.pipeline.abort(tracked.request.id)
@@ -346,8 +475,12 @@ class RealtimeSession:
 
     async def response_create(self, event: ev.ResponseCreate) -> None:
         if self.response is not None:
-            raise ev.EventError(f"response {self.response[0].id} is still in progress; cancel it or wait for response.done",
-                                "conversation_already_has_active_response", None, event.event_id)
+            raise ev.EventError(
+                f"response {self.response[0].id} is still in progress; cancel it or wait for response.done",
+                "conversation_already_has_active_response",
+                None,
+                event.event_id,
+            )
         self._start_response(event.response, event.event_id)
 
     def _start_response(self, config: ev.ResponseConfig, event_id: str | None) -> None:
@@ -361,8 +494,9 @@ class RealtimeSession:
         instructions = s.instructions if config.instructions is msgspec.UNSET else config.instructions
         voice = None if s.voice in OPENAI_VOICES else s.voice
         sampling = s.sampling(limit)
-        run = ResponseRun(ev.new_id("resp"), modalities, self.send, self.state, self.pipeline,
-                          traceparent=self.traceparent)
+        run = ResponseRun(
+            ev.new_id("resp"), modalities, self.send, self.state, self.pipeline, traceparent=self.traceparent
+        )
 
         async def respond() -> None:
             try:
@@ -375,9 +509,14 @@ class RealtimeSession:
 
     async def response_cancel(self, event: ev.ResponseCancel) -> None:
         if self.response is None or (event.response_id and event.response_id != self.response[0].id):
-            raise ev.EventError("there is no response in progress to cancel" if self.response is None else
-                                f"response {event.response_id} is not in progress", "response_cancel_not_active",
-                                "response_id" if event.response_id else None, event.event_id)
+            raise ev.EventError(
+                "there is no response in progress to cancel"
+                if self.response is None
+                else f"response {event.response_id} is not in progress",
+                "response_cancel_not_active",
+                "response_id" if event.response_id else None,
+                event.event_id,
+            )
         run, task = self.response
         await run.cancel("client_cancelled")
         await asyncio.shield(task)
@@ -392,9 +531,12 @@ class RealtimeSession:
 
     async def handle(self, event: ev.ClientEvent) -> None:
         handlers = {
-            ev.SessionUpdate: self.session_update, ev.InputAudioBufferAppend: self.append,
-            ev.InputAudioBufferCommit: self.commit, ev.InputAudioBufferClear: self.clear,
-            ev.ConversationItemCreate: self.item_create, ev.ResponseCreate: self.response_create,
+            ev.SessionUpdate: self.session_update,
+            ev.InputAudioBufferAppend: self.append,
+            ev.InputAudioBufferCommit: self.commit,
+            ev.InputAudioBufferClear: self.clear,
+            ev.ConversationItemCreate: self.item_create,
+            ev.ResponseCreate: self.response_create,
             ev.ResponseCancel: self.response_cancel,
         }
         await handlers[type(event)](event)  # type: ignore[operator]

@@ -27,7 +27,7 @@ AUDIO_TOKENS_PER_S = 25  # what an omni model's audio encoder makes of a second 
 TOKENS_PER_ITEM = 4  # the chat template's role markers
 
 
-def estimated_tokens(turn: "Turn") -> int:
+def estimated_tokens(turn: Turn) -> int:
     if turn.text is None and turn.audio is not None:
         return TOKENS_PER_ITEM + int(turn.audio.size / PCM16_RATE * AUDIO_TOKENS_PER_S)
     return TOKENS_PER_ITEM + len(turn.text or "") // CHARS_PER_TOKEN
@@ -60,8 +60,12 @@ class Turn:
             content = [Content(type="input_audio", transcript=self.text)]
         else:
             content = [Content(type="input_text", text=self.text or "")]
-        return Item(id=self.id, role=self.role, content=content,  # type: ignore[arg-type]
-                    status="completed" if self.complete else "in_progress")
+        return Item(
+            id=self.id,
+            role=self.role,  # type: ignore[arg-type]  # user, assistant or system: what this turn was made with
+            content=content,
+            status="completed" if self.complete else "in_progress",
+        )
 
 
 @dataclass
@@ -107,7 +111,9 @@ class Conversation:
         messages = [ChatMessage(role="system", parts=(TextPart(text=instructions),))] if instructions else []
         for turn in self.turns:
             if turn.text is None and turn.audio is not None:
-                part: TextPart | AudioPart = AudioPart(samples=turn.audio, sample_rate=PCM16_RATE, field=f"item {turn.id}")
+                part: TextPart | AudioPart = AudioPart(
+                    samples=turn.audio, sample_rate=PCM16_RATE, field=f"item {turn.id}"
+                )
             else:
                 part = TextPart(text=turn.text or "")
             messages.append(ChatMessage(role=turn.role, parts=(part,)))

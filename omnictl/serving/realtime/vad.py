@@ -30,7 +30,9 @@ def silero_model_path() -> Path:
     """The Silero VAD ONNX file inside the installed faster-whisper package."""
     spec = importlib.util.find_spec("faster_whisper")
     if spec is None or spec.origin is None:
-        raise LaunchError("realtime", "server VAD needs faster-whisper (pip install faster-whisper): it ships the Silero VAD model")
+        raise LaunchError(
+            "realtime", "server VAD needs faster-whisper (pip install faster-whisper): it ships the Silero VAD model"
+        )
     assets = Path(spec.origin).parent / "assets"
     found = sorted(assets.glob("silero_vad*.onnx"))
     if not found:
@@ -60,10 +62,13 @@ class SileroModel:
         options.inter_op_num_threads = 1
         options.intra_op_num_threads = 1  # a frame costs ~0.2 ms; threads would cost more than they save
         options.log_severity_level = 4
-        self.session = onnxruntime.InferenceSession(str(path or silero_model_path()), providers=["CPUExecutionProvider"],
-                                                    sess_options=options)
+        self.session = onnxruntime.InferenceSession(
+            str(path or silero_model_path()), providers=["CPUExecutionProvider"], sess_options=options
+        )
 
-    def run(self, frame: np.ndarray, context: np.ndarray, h: np.ndarray, c: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+    def run(
+        self, frame: np.ndarray, context: np.ndarray, h: np.ndarray, c: np.ndarray
+    ) -> tuple[float, np.ndarray, np.ndarray]:
         window = np.concatenate([context, frame])[None, :].astype(np.float32, copy=False)
         probs, h, c = self.session.run(None, {"input": window, "h": h, "c": c})
         return float(np.asarray(probs).reshape(-1)[0]), h, c

@@ -31,7 +31,6 @@ import numpy as np
 from omnictl.inputs import PCM16_RATE  # one definition for audio in and out
 
 
-
 @dataclass(frozen=True)
 class Codec:
     """How PyAV writes one format: container, encoder, fixed rate (None: the stage's), bit rate."""
@@ -137,8 +136,9 @@ class _Muxed:
             samples = resample(samples, sample_rate, self.input_rate)
         if samples.size:
             clipped = np.clip(samples, -1.0, 1.0).astype(np.float32, copy=False)
-            frame = self._av.AudioFrame.from_ndarray(np.ascontiguousarray(clipped)[None, :], format="flt",
-                                                     layout="mono")
+            frame = self._av.AudioFrame.from_ndarray(
+                np.ascontiguousarray(clipped)[None, :], format="flt", layout="mono"
+            )
             frame.sample_rate = self.input_rate
             self._write(self._resampler.resample(frame))
         return self._sink.drain()

@@ -29,14 +29,14 @@ from starlette.responses import JSONResponse, Response
 from omnictl.coordinator.request import RequestEventKind
 from omnictl.inputs import SpeechRequest
 from omnictl.outputs import AUDIO, AudioChunk, AudioResult
+from omnictl.serving.chat.protocol import OPENAI_VOICES
+from omnictl.serving.chat.sse import error_body, sse_error, sse_event
 from omnictl.serving.common import tracking as chat
-from omnictl.serving.common.intake import Admitted, Submission, admit
-from omnictl.serving.speech.encode import MEDIA_TYPES, AudioStreamEncoder, b64
 from omnictl.serving.common.errors import field_error
 from omnictl.serving.common.eventstream import EventStreamResponse
-from omnictl.serving.chat.protocol import OPENAI_VOICES
+from omnictl.serving.common.intake import Admitted, Submission, admit
 from omnictl.serving.common.jsonbody import decode_json
-from omnictl.serving.chat.sse import error_body, sse_error, sse_event
+from omnictl.serving.speech.encode import MEDIA_TYPES, AudioStreamEncoder, b64
 from omnictl.serving.state import PipelineLike, ServingState
 
 ENDPOINT = "/v1/audio/speech"
@@ -80,8 +80,12 @@ def parse_speech(body: Any) -> tuple[SpeechRequest, str, bool, str, bool]:
     speed = body.get("speed", 1.0)
     if speed is None:
         speed = 1.0
-    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not math.isfinite(speed) \
-            or not MIN_SPEED <= speed <= MAX_SPEED:
+    if (
+        isinstance(speed, bool)
+        or not isinstance(speed, (int, float))
+        or not math.isfinite(speed)
+        or not MIN_SPEED <= speed <= MAX_SPEED
+    ):
         raise field_error("speed", f"must be a number from {MIN_SPEED} to {MAX_SPEED}, got {speed!r}")
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
@@ -90,7 +94,13 @@ def parse_speech(body: Any) -> tuple[SpeechRequest, str, bool, str, bool]:
     if not isinstance(model, str):
         raise field_error("model", "must be a string")
     chosen = None if voice is None or voice in OPENAI_VOICES else voice
-    return SpeechRequest(text=text, voice=chosen, speed=float(speed)), fmt, stream_format == "sse", model, bool(instructions)
+    return (
+        SpeechRequest(text=text, voice=chosen, speed=float(speed)),
+        fmt,
+        stream_format == "sse",
+        model,
+        bool(instructions),
+    )
 
 
 async def _parse(request: Request, raw: bytes, pipe: PipelineLike) -> Submission[tuple[str, bool, bool]]:
@@ -123,23 +133,27 @@ async def _audio(tracked: chat.Tracked) -> AsyncIterator[AudioChunk | chat.Pipel
 def _refusal(tracked: chat.Tracked, event: chat.PipelineEvent) -> JSONResponse:
     """The JSON error for a request that ended before its first audio."""
     if event.kind is RequestEventKind.ERROR and event.field is not None:  # the stage found the input bad
-        return JSONResponse(error_body(chat.error_of(event), "invalid_request_error",
-                                       "invalid_request", event.field), status_code=400)
+        return JSONResponse(
+            error_body(chat.error_of(event), "invalid_request_error", "invalid_request", event.field), status_code=400
+        )
     if event.kind is RequestEventKind.ERROR:
-        return JSONResponse(error_body(chat.error_of(event), "server_error", "stage_failed"),
-                            status_code=500)
+        return JSONResponse(error_body(chat.error_of(event), "server_error", "stage_failed"), status_code=500)
     if tracked.ended_by_server:
         return JSONResponse(error_body(tracked.ended_by_server, "server_error", "server_shutdown"), status_code=503)
     return JSONResponse(error_body("the request was aborted", "server_error", "aborted"), status_code=409)
 
 
-async def _sse(tracked: chat.Tracked, first: AudioChunk | None, rest: AsyncIterator[Any], characters: int) -> AsyncIterator[bytes]:
+async def _sse(
+    tracked: chat.Tracked, first: AudioChunk | None, rest: AsyncIterator[Any], characters: int
+) -> AsyncIterator[bytes]:
     encoder = AudioStreamEncoder(tracked.audio_format)
     item: Any = first
     while item is not None:
         if not isinstance(item, AudioChunk):
             if item.kind is RequestEventKind.ERROR:
-                kind, code = ("invalid_request_error", "invalid_request") if item.field else ("server_error", "stage_failed")
+                kind, code = (
+                    ("invalid_request_error", "invalid_request") if item.field else ("server_error", "stage_failed")
+                )
                 yield sse_event(error_body(chat.error_of(item), kind, code, item.field))
             else:
                 yield sse_error("the request was aborted", "server_error", "aborted")
@@ -153,8 +167,13 @@ async def _sse(tracked: chat.Tracked, first: AudioChunk | None, rest: AsyncItera
         yield sse_event({"type": "speech.audio.delta", "audio": b64(last)})
     # Piper reads characters (as phonemes) and writes samples: it has no tokens to bill. The
     # token counts are zero, and what it did use is given beside them.
-    usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "input_characters": characters,
-             "output_seconds": round(encoder.seconds, 3)}
+    usage = {
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "total_tokens": 0,
+        "input_characters": characters,
+        "output_seconds": round(encoder.seconds, 3),
+    }
     yield sse_event({"type": "speech.audio.done", "usage": usage, "seconds": round(encoder.seconds, 3)})
 
 
@@ -199,10 +218,18 @@ def endpoint(state: ServingState) -> Callable[[Request], Awaitable[Response | Ev
         if sse:
             closing = sse_error("the server failed to send the audio", "server_error", "internal_error")
             characters = len(admitted.submission.inputs.text)
-            return EventStreamResponse(_sse(tracked, first, items, characters), on_disconnect, headers=headers,
-                                       on_failure=chat.on_stream_failure(tracked, abort, closing))
-        return EventStreamResponse(_bytes(tracked, first, items), on_disconnect, headers=headers,
-                                   media_type=MEDIA_TYPES[FORMATS[fmt]],
-                                   on_failure=chat.on_stream_failure(tracked, abort, b""))
+            return EventStreamResponse(
+                _sse(tracked, first, items, characters),
+                on_disconnect,
+                headers=headers,
+                on_failure=chat.on_stream_failure(tracked, abort, closing),
+            )
+        return EventStreamResponse(
+            _bytes(tracked, first, items),
+            on_disconnect,
+            headers=headers,
+            media_type=MEDIA_TYPES[FORMATS[fmt]],
+            on_failure=chat.on_stream_failure(tracked, abort, b""),
+        )
 
     return speech

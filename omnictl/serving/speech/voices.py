@@ -16,9 +16,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from omnictl.outputs import AUDIO
+from omnictl.serving.chat.protocol import OPENAI_VOICES
 from omnictl.serving.common.auth import authorized
 from omnictl.serving.common.errors import error_response, unauthorized
-from omnictl.serving.chat.protocol import OPENAI_VOICES
 from omnictl.serving.state import ServingState
 from omnictl.topology.imports import resolve_callable
 
@@ -50,8 +50,13 @@ def endpoint(state: ServingState) -> Callable[[Request], Awaitable[Response]]:
             return error_response(503, "the server is starting", "server_error", "starting")
         names = installed_voices(pipe.topology)
         if names is None:
-            return error_response(404, f"topology {pipe.topology.name!r} does not list its voices (no audio terminal "
-                                  "whose factory has a 'voices' attribute)", "invalid_request_error", "not_found")
+            return error_response(
+                404,
+                f"topology {pipe.topology.name!r} does not list its voices (no audio terminal "
+                "whose factory has a 'voices' attribute)",
+                "invalid_request_error",
+                "not_found",
+            )
         data = [{"id": name, "object": "voice", "name": name} for name in names]
         return JSONResponse({"object": "list", "data": data, "aliases": sorted(OPENAI_VOICES)})
 

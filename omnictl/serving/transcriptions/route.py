@@ -39,14 +39,14 @@ from omnictl.coordinator.request import RequestEventKind
 from omnictl.exceptions import InvalidRequest, PayloadTooLarge
 from omnictl.inputs import RecognitionOptions, parse_request
 from omnictl.outputs import TRANSCRIPT, Transcript, TranscriptSegment
-from omnictl.serving.common import tracking as chat
-from omnictl.serving.common.intake import Admitted, Submission, admit
-from omnictl.serving.transcriptions.audiofile import decode_audio_file
-from omnictl.serving.common.errors import field_error
-from omnictl.serving.common.eventstream import EventStreamResponse
 from omnictl.serving.chat.protocol import Limits
 from omnictl.serving.chat.sse import error_body, sse_error, sse_event
+from omnictl.serving.common import tracking as chat
+from omnictl.serving.common.errors import field_error
+from omnictl.serving.common.eventstream import EventStreamResponse
+from omnictl.serving.common.intake import Admitted, Submission, admit
 from omnictl.serving.state import PipelineLike, ServingState
+from omnictl.serving.transcriptions.audiofile import decode_audio_file
 
 TRANSCRIPTIONS = "/v1/audio/transcriptions"
 TRANSLATIONS = "/v1/audio/translations"
@@ -140,12 +140,14 @@ def _options(form: Any, task: str) -> tuple[Answer, RecognitionOptions | None, s
         raise field_error("include[]", "'logprobs' needs response_format 'json' (as OpenAI's)")
     chunking = _field(form, "chunking_strategy")
     if chunking is not None and chunking != "auto":
-        raise field_error("chunking_strategy", f"only 'auto' is supported (Whisper's own 30 s windows), got {chunking!r}")
+        raise field_error(
+            "chunking_strategy", f"only 'auto' is supported (Whisper's own 30 s windows), got {chunking!r}"
+        )
     temperature: float | None = None
     raw_temperature = _field(form, "temperature")
     if raw_temperature not in (None, ""):
         try:
-            temperature = float(raw_temperature)  # type: ignore[arg-type]
+            temperature = float(raw_temperature)
         except ValueError:
             raise field_error("temperature", f"must be a number from 0 to 1, got {raw_temperature!r}") from None
         if not math.isfinite(temperature) or not 0 <= temperature <= 1:
@@ -158,8 +160,13 @@ def _options(form: Any, task: str) -> tuple[Answer, RecognitionOptions | None, s
     answer = Answer(task, fmt, stream, words, segments, logprobs)
     needs_options = task == "translate" or segments or words or stream or prompt is not None or temperature is not None
     # streamed: with timestamps, Whisper ends a segment at each phrase, not at each 30 s window
-    options = RecognitionOptions(task=task, prompt=prompt, temperature=temperature, timestamps=segments or stream, words=words,
-                                 stream=stream) if needs_options else None
+    options = (
+        RecognitionOptions(
+            task=task, prompt=prompt, temperature=temperature, timestamps=segments or stream, words=words, stream=stream
+        )
+        if needs_options
+        else None
+    )
     return answer, options, language
 
 
@@ -202,8 +209,10 @@ def _timestamp(seconds: float, separator: str) -> str:
 
 
 def srt(segments: list[TranscriptSegment]) -> str:
-    cues = [f"{i}\n{_timestamp(s.start, ',')} --> {_timestamp(s.end, ',')}\n{s.text.strip()}\n"
-            for i, s in enumerate(segments, start=1)]
+    cues = [
+        f"{i}\n{_timestamp(s.start, ',')} --> {_timestamp(s.end, ',')}\n{s.text.strip()}\n"
+        for i, s in enumerate(segments, start=1)
+    ]
     return "\n".join(cues)
 
 
@@ -214,17 +223,35 @@ def vtt(segments: list[TranscriptSegment]) -> str:
 
 def _logprobs(segments: list[TranscriptSegment]) -> list[dict[str, Any]]:
     """Per word (faster-whisper gives a word's probability, the mean of its tokens')."""
-    return [{"token": w.word, "logprob": math.log(max(w.probability, 1e-12)), "bytes": list(w.word.encode())}
-            for s in segments for w in s.words]
+    return [
+        {"token": w.word, "logprob": math.log(max(w.probability, 1e-12)), "bytes": list(w.word.encode())}
+        for s in segments
+        for w in s.words
+    ]
 
 
 def _verbose(heard: Transcript, answer: Answer) -> dict[str, Any]:
-    body: dict[str, Any] = {"task": answer.task, "language": heard.language or "", "duration": heard.duration,
-                            "text": heard.text}
-    body["segments"] = [{"id": s.id, "seek": int(s.start * 100), "start": s.start, "end": s.end, "text": s.text,
-                         "tokens": s.tokens, "temperature": s.temperature, "avg_logprob": s.avg_logprob,
-                         "compression_ratio": s.compression_ratio, "no_speech_prob": s.no_speech_prob}
-                        for s in heard.segments]
+    body: dict[str, Any] = {
+        "task": answer.task,
+        "language": heard.language or "",
+        "duration": heard.duration,
+        "text": heard.text,
+    }
+    body["segments"] = [
+        {
+            "id": s.id,
+            "seek": int(s.start * 100),
+            "start": s.start,
+            "end": s.end,
+            "text": s.text,
+            "tokens": s.tokens,
+            "temperature": s.temperature,
+            "avg_logprob": s.avg_logprob,
+            "compression_ratio": s.compression_ratio,
+            "no_speech_prob": s.no_speech_prob,
+        }
+        for s in heard.segments
+    ]
     if answer.words:
         body["words"] = [{"word": w.word, "start": w.start, "end": w.end} for s in heard.segments for w in s.words]
     if answer.task == "transcribe":
@@ -268,12 +295,12 @@ async def _events(tracked: chat.Tracked) -> AsyncIterator[Transcript | _Final | 
 def _refusal(tracked: chat.Tracked, event: chat.PipelineEvent) -> JSONResponse:
     if event.kind is RequestEventKind.ERROR and event.field is not None:  # the stage found the input bad
         tracked.finish("rejected", str(event.error))
-        return JSONResponse(error_body(chat.error_of(event), "invalid_request_error",
-                                       "invalid_request", event.field), status_code=400)
+        return JSONResponse(
+            error_body(chat.error_of(event), "invalid_request_error", "invalid_request", event.field), status_code=400
+        )
     if event.kind is RequestEventKind.ERROR:
         tracked.finish("failed", chat.error_of(event))
-        return JSONResponse(error_body(chat.error_of(event), "server_error", "stage_failed"),
-                            status_code=500)
+        return JSONResponse(error_body(chat.error_of(event), "server_error", "stage_failed"), status_code=500)
     tracked.finish("aborted")
     if tracked.ended_by_server:
         return JSONResponse(error_body(tracked.ended_by_server, "server_error", "server_shutdown"), status_code=503)
@@ -307,7 +334,9 @@ async def _sse(tracked: chat.Tracked, first: Any, rest: AsyncIterator[Any], answ
             return
         if not isinstance(item, Transcript):
             if item.kind is RequestEventKind.ERROR:
-                kind, code = ("invalid_request_error", "invalid_request") if item.field else ("server_error", "stage_failed")
+                kind, code = (
+                    ("invalid_request_error", "invalid_request") if item.field else ("server_error", "stage_failed")
+                )
                 tracked.finish("rejected" if item.field else "failed", str(item.error))
                 yield sse_event(error_body(chat.error_of(item), kind, code, item.field))
             else:
@@ -324,7 +353,9 @@ async def _sse(tracked: chat.Tracked, first: Any, rest: AsyncIterator[Any], answ
     yield sse_error("the recognizer ended without a result", "server_error", "stage_failed")
 
 
-def endpoint(state: ServingState, task: str = "transcribe") -> Callable[[Request], Awaitable[Response | EventStreamResponse]]:
+def endpoint(
+    state: ServingState, task: str = "transcribe"
+) -> Callable[[Request], Awaitable[Response | EventStreamResponse]]:
     path = TRANSCRIPTIONS if task == "transcribe" else TRANSLATIONS
 
     async def parse(request: Request, raw: bytes, pipe: PipelineLike) -> Submission[Answer]:
@@ -352,8 +383,11 @@ def endpoint(state: ServingState, task: str = "transcribe") -> Callable[[Request
                     tracked.finish("aborted")
 
             closing = sse_error("the server failed to send the transcript", "server_error", "internal_error")
-            return EventStreamResponse(_sse(tracked, first, items, answer), on_disconnect,
-                                       on_failure=chat.on_stream_failure(tracked, abort, closing))
+            return EventStreamResponse(
+                _sse(tracked, first, items, answer),
+                on_disconnect,
+                on_failure=chat.on_stream_failure(tracked, abort, closing),
+            )
         outcome = await chat.results(tracked, request, abort)
         if isinstance(outcome, Response):
             return outcome
