@@ -264,7 +264,7 @@ def serve_command(
         raise typer.Exit(1) from exc
     finally:
         for dashboard in dashboards:
-            dashboard.stop()  # type: ignore[attr-defined]
+            dashboard.stop()  # type: ignore[attr-defined]  # the dashboard object is only known to have stop() at run time (live or plain)
     console.print("omnictl serve: stopped")
 
 

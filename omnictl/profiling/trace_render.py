@@ -132,7 +132,7 @@ def _hops_table(trace: RequestTrace, width: int) -> Text:
         latencies = sorted(s.duration_ns for s in spans if s.meta.get("received", True))
         transport = str(spans[0].meta.get("transport", "?"))
         sizes = [s.meta["bytes"] for s in spans if isinstance(s.meta.get("bytes"), (int, float))]
-        size = format_bytes(sum(sizes)) if sizes else "-"  # type: ignore[arg-type]
+        size = format_bytes(sum(sizes)) if sizes else "-"  # type: ignore[arg-type]  # numbers only (filtered above); the list is typed by the meta values, which may be str
         if not latencies:
             latency = "not received"
         elif kind == "stream":

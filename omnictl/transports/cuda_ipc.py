@@ -16,7 +16,7 @@ from omnictl.transports.codec import PayloadCodec
 
 class CudaIpcCodec(PayloadCodec):
     def _device_leaf(self) -> Callable[[Any], bytes]:
-        from torch.multiprocessing.reductions import ForkingPickler  # type: ignore[attr-defined]
+        from torch.multiprocessing.reductions import ForkingPickler  # type: ignore[attr-defined]  # torch does not export ForkingPickler in its stubs
 
         def dump(tensor: Any) -> bytes:
             buffer = io.BytesIO()

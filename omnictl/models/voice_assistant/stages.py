@@ -340,4 +340,4 @@ def tts_voices() -> list[str]:
     return sorted(VOICES)
 
 
-tts.voices = tts_voices  # type: ignore[attr-defined]
+tts.voices = tts_voices  # type: ignore[attr-defined]  # a factory function carries its voices as an attribute (read by /v1/audio/voices)

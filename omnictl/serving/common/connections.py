@@ -115,7 +115,7 @@ class ConnectionGuard:
             _timer: asyncio.TimerHandle | None = None
             _counted = False
 
-            def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn types the transport as BaseTransport; it is always an asyncio.Transport here
                 super().connection_made(transport)
                 if not guard.make_room():
                     guard.refused += 1

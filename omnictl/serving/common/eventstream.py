@@ -67,5 +67,5 @@ class EventStreamResponse:
             return
         if client_left:
             with contextlib.suppress(RuntimeError):  # generator already closed by cancellation
-                await self.chunks.aclose()  # type: ignore[attr-defined]
+                await self.chunks.aclose()  # type: ignore[attr-defined]  # an async generator (checked above) has aclose; AsyncIterator does not say so
             await self.on_disconnect()

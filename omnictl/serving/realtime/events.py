@@ -147,7 +147,7 @@ ClientEvent = Union[
     ResponseCreate,
     ResponseCancel,
 ]
-CLIENT_EVENT_TYPES = tuple(cls.__struct_config__.tag for cls in ClientEvent.__args__)  # type: ignore[attr-defined]
+CLIENT_EVENT_TYPES = tuple(cls.__struct_config__.tag for cls in ClientEvent.__args__)  # type: ignore[attr-defined]  # a Union alias has __args__ at run time; msgspec structs have __struct_config__
 
 
 EventError = RealtimeEventError  # the name used across this package
@@ -386,7 +386,7 @@ ServerEvent = Union[
     AudioTranscriptDone,
     ErrorEvent,
 ]
-SERVER_EVENT_TYPES = tuple(cls.__struct_config__.tag for cls in ServerEvent.__args__)  # type: ignore[attr-defined]
+SERVER_EVENT_TYPES = tuple(cls.__struct_config__.tag for cls in ServerEvent.__args__)  # type: ignore[attr-defined]  # a Union alias has __args__ at run time; msgspec structs have __struct_config__
 
 _encoder = msgspec.json.Encoder()
 

@@ -539,7 +539,7 @@ class RealtimeSession:
             ev.ResponseCreate: self.response_create,
             ev.ResponseCancel: self.response_cancel,
         }
-        await handlers[type(event)](event)  # type: ignore[operator]
+        await handlers[type(event)](event)  # type: ignore[operator]  # the handler table maps each event type to the handler taking it
 
     async def close(self) -> None:
         """The socket closed: cancel the response, abort every pipeline request of this session."""
