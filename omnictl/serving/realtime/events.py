@@ -94,6 +94,8 @@ class SessionConfig(msgspec.Struct):
     audio: AudioConfig | UnsetType = UNSET
     max_output_tokens: int | Literal["inf"] | UnsetType = UNSET
     model: str | UnsetType = UNSET
+    tools: list[Any] | UnsetType = UNSET  # read to refuse them: no stage produces tool calls
+    tool_choice: Any = UNSET
 
 
 class ResponseConfig(msgspec.Struct):
@@ -103,6 +105,8 @@ class ResponseConfig(msgspec.Struct):
     output_modalities: list[Literal["text", "audio"]] | UnsetType = UNSET
     max_output_tokens: int | Literal["inf"] | UnsetType = UNSET
     conversation: str | UnsetType = UNSET
+    tools: list[Any] | UnsetType = UNSET
+    tool_choice: Any = UNSET
 
 
 class _ClientEvent(msgspec.Struct, tag_field="type"):

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import msgspec
 import numpy as np
@@ -28,6 +28,7 @@ from omnictl.inputs import PCM16_RATE, AudioPart, ChatMessage, ChatRequest, Samp
 from omnictl.outputs import TRANSCRIPT, Transcript
 from omnictl.serving.chat.protocol import OPENAI_VOICES
 from omnictl.serving.common.capabilities import capabilities
+from omnictl.serving.common.echo import clip_repr
 from omnictl.serving.common.tracking import Tracked
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.responses import ResponseRun
@@ -153,6 +154,7 @@ class RealtimeSession:
                 "session.type",
                 event.event_id,
             )
+        _no_tools(config.tools, config.tool_choice, "session", event.event_id)
         if config.output_modalities is not msgspec.UNSET:
             s.output_modalities = self._modalities(
                 config.output_modalities, "session.output_modalities", event.event_id
@@ -484,6 +486,7 @@ class RealtimeSession:
         self._start_response(event.response, event.event_id)
 
     def _start_response(self, config: ev.ResponseConfig, event_id: str | None) -> None:
+        _no_tools(config.tools, config.tool_choice, "response", event_id)
         s = self.settings
         modalities = s.output_modalities
         if config.output_modalities is not msgspec.UNSET:
@@ -550,3 +553,23 @@ class RealtimeSession:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _no_tools(tools: Any, choice: Any, where: str, event_id: str | None) -> None:
+    """Tools offered are refused, not ignored (as on chat completions): no omnictl terminal
+    produces tool calls. An empty list and ``auto`` / ``none`` (what clients send by
+    default) ask for nothing and pass."""
+    if tools is not msgspec.UNSET and tools:
+        raise ev.EventError(
+            f"{where}.tools: this topology cannot call tools (no stage produces tool calls); send no tools",
+            "invalid_value",
+            f"{where}.tools",
+            event_id,
+        )
+    if choice is not msgspec.UNSET and choice not in ("auto", "none"):
+        raise ev.EventError(
+            f"{where}.tool_choice {clip_repr(choice)}: this topology cannot call tools; only 'auto' or 'none'",
+            "invalid_value",
+            f"{where}.tool_choice",
+            event_id,
+        )

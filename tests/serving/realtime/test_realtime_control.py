@@ -117,6 +117,13 @@ def test_response_cancel_and_a_second_response_while_one_runs(raw: Any) -> None:
          '"content": [{"type": "input_audio", "audio": "AAAA"}]}}', "invalid_value", "item.content[0].type"),
         ("[1, 2, 3]", "invalid_event", None),
         ("{not json", "invalid_json", None),
+        # tools are refused, not ignored: no stage produces tool calls
+        ('{"type": "session.update", "event_id": "e1", "session": {"tools": [{"type": "function", "name": "f"}]}}',
+         "invalid_value", "session.tools"),
+        ('{"type": "session.update", "event_id": "e1", "session": {"tool_choice": "required"}}',
+         "invalid_value", "session.tool_choice"),
+        ('{"type": "response.create", "event_id": "e1", "response": {"tools": [{"type": "function", "name": "f"}]}}',
+         "invalid_value", "response.tools"),
     ],
 )
 def test_a_malformed_event_gets_an_error_naming_it_and_the_session_goes_on(raw: Any, message: str, code: str, param: str | None) -> None:
@@ -153,3 +160,8 @@ def test_the_api_key_is_required(voice_server: ServerProcess) -> None:
     # a browser cannot set headers: it sends the key as a subprotocol, as OpenAI's browser clients do
     with connect(url, subprotocols=["realtime", f"openai-insecure-api-key.{API_KEY}"]) as ws:  # type: ignore[list-item]
         assert json.loads(ws.recv())["type"] == "session.created"
+
+
+def test_what_clients_send_by_default_about_tools_is_accepted(raw: Any) -> None:
+    raw.send(json.dumps({"type": "session.update", "event_id": "e1", "session": {"tools": [], "tool_choice": "auto"}}))
+    assert _next_of(raw, "session.updated")
