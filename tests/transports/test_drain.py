@@ -162,6 +162,9 @@ def test_a_burst_larger_than_one_wake_up_arrives_whole_in_order_and_lets_the_loo
 
     received = run_pair(scenario)
     assert [message.dst for message, _ in received] == [f"b{seq}" for seq in range(1000)]
-    steps = [later - earlier for earlier, later in zip(seen, seen[1:])]
-    assert max(steps) <= 256, steps  # never more than one wake-up's share (_PER_WAKEUP) between two turns
+    steps = [later - earlier for earlier, later in seen and zip([0, *seen], seen)]
+    # Between two turns of another callback, at most two wake-ups' shares (_PER_WAKEUP, 256):
+    # the one the drain schedules itself and one from the descriptor may run in the same loop
+    # iteration. Without the limit, one wake-up reads all 1,000.
+    assert max(steps) <= 2 * 256, steps
     assert max(steps) > 1  # and a wake-up does read more than one message
