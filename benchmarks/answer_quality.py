@@ -1,6 +1,6 @@
 """Does the embedded voice assistant answer right? Typed and spoken, through the real pipeline.
 
-Asks the short factual questions of :mod:`omnictl.models.voice_assistant.quality` (each
+Asks the short factual questions of :mod:`benchmarks.eval.quality` (each
 with accepted answers) of ``omnictl/data/voice-assistant.yaml`` through
 ``omnictl.Pipeline``: typed, and spoken in several ``espeak-ng`` voices, speeds and
 pitches plus the Piper voice (audio made by this script and cached under a temporary
@@ -34,9 +34,12 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+if __package__ in (None, ""):  # run as a script: benchmarks.* (the evaluation data) imports from this checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from omnictl.data import data_path
 from omnictl.models.voice_assistant.asr import SpeechRecognizer
-from omnictl.models.voice_assistant.quality import (
+from benchmarks.eval.quality import (
     QUESTIONS,
     VOICES,
     Question,

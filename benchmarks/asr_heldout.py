@@ -1,6 +1,6 @@
 """Whisper's decoding settings chosen on voices they were not tuned on.
 
-Speaks the held-out questions of :mod:`omnictl.models.voice_assistant.heldout` (32, each
+Speaks the held-out questions of :mod:`benchmarks.eval.heldout` (32, each
 with known answers) in five ``espeak-ng`` voices none of the earlier tuning used
 (accents, speeds and pitches) and in the Piper voice; the audio is made at run time.
 Every clip is transcribed by every candidate setting in turn (side by side, so a load
@@ -33,11 +33,14 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+if __package__ in (None, ""):  # run as a script: benchmarks.* (the evaluation data) imports from this checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from omnictl.data import data_path
 from omnictl.models.voice_assistant.asr import SpeechRecognizer
-from omnictl.models.voice_assistant.heldout import HELDOUT_QUESTIONS, HELDOUT_VOICES
+from benchmarks.eval.heldout import HELDOUT_QUESTIONS, HELDOUT_VOICES
 from omnictl.models.voice_assistant.llm import set_threads
-from omnictl.models.voice_assistant.quality import Question, SpeechMaker, is_correct, normalize, word_errors
+from benchmarks.eval.quality import Question, SpeechMaker, is_correct, normalize, word_errors
 
 TOPOLOGY = data_path("voice-assistant.yaml")
 

@@ -31,6 +31,8 @@ Run: ``python benchmarks/engine.py [--quick] [--first-audio] [--eager/--no-eager
 
 from __future__ import annotations
 
+import sys
+
 import argparse
 import asyncio
 import itertools
@@ -44,10 +46,13 @@ from typing import Any, Awaitable, Callable
 
 import yaml
 
+if __package__ in (None, ""):  # run as a script: benchmarks.* (the evaluation data) imports from this checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from omnictl.data import data_path
 from omnictl.models.voice_assistant.llm import smollm2_checkpoint
-from omnictl.models.voice_assistant.quality import QUESTIONS as QUALITY_QUESTIONS
-from omnictl.models.voice_assistant.samples import QUESTIONS as SAMPLE_QUESTIONS
+from benchmarks.eval.quality import QUESTIONS as QUALITY_QUESTIONS
+from benchmarks.eval.samples import QUESTIONS as SAMPLE_QUESTIONS
 from omnictl.pipeline import Pipeline
 
 MAX_TOKENS = 32
@@ -197,7 +202,7 @@ def voice_assistant(tmp: Path, engine: str, engine_options: dict[str, Any]) -> P
 
 async def first_audio(path: Path, plan: dict[int, int]) -> dict[int, list[float]]:
     """First audio (seconds) of spoken sample questions, per concurrency."""
-    from omnictl.models.voice_assistant.samples import sample_names, sample_request
+    from benchmarks.eval.samples import sample_names, sample_request
 
     pipe = await Pipeline.launch(path, profile=False, ready_timeout=900.0)
     names = itertools.cycle(sample_names())

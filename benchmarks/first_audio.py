@@ -24,6 +24,8 @@ Run: ``python benchmarks/first_audio.py [--rounds 2] [--questions a,b] [--length
 
 from __future__ import annotations
 
+import sys
+
 import argparse
 import asyncio
 import statistics
@@ -38,11 +40,14 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+if __package__ in (None, ""):  # run as a script: benchmarks.* (the evaluation data) imports from this checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from omnictl.data import data_path
 from omnictl.models.voice_assistant.answer_runner import SpokenAnswerRunner, sentences_ended, with_system_prompt
 from omnictl.models.voice_assistant.asr import SpeechRecognizer
 from omnictl.models.voice_assistant.llm import load_smollm2, set_threads
-from omnictl.models.voice_assistant.samples import sample_names, sample_question, sample_request
+from benchmarks.eval.samples import sample_names, sample_question, sample_request
 from omnictl.models.voice_assistant.tts import PiperSpeaker, SentenceSplitter, speakable
 from omnictl.pipeline import Pipeline
 

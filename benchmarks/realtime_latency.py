@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tests.serving.harness starts and stops the server
 
 from omnictl.inputs import PCM16_RATE, resample  # noqa: E402
-from omnictl.models.voice_assistant.samples import sample_names, sample_path, sample_question  # noqa: E402
+from benchmarks.eval.samples import sample_names, sample_path, sample_question  # noqa: E402
 from tests.serving.harness import start_server, stop_server  # noqa: E402
 
 CHUNK_MS = 100

@@ -18,6 +18,8 @@ Run: ``python benchmarks/replicas.py [--requests 600] [--voice] [--voice-request
 
 from __future__ import annotations
 
+import sys
+
 import argparse
 import asyncio
 import tempfile
@@ -29,6 +31,9 @@ from typing import Any, Callable
 import yaml
 from rich.console import Console
 from rich.table import Table
+
+if __package__ in (None, ""):  # run as a script: benchmarks.* (the evaluation data) imports from this checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from omnictl.pipeline import Pipeline
 from omnictl.profiling.units import format_seconds
@@ -132,7 +137,7 @@ async def main(args: argparse.Namespace) -> None:
                       f"{'met' if speedup >= GOAL else 'NOT met'}); one replica's ceiling is "
                       f"{ideal:.0f} requests/s")
         if args.voice:
-            from omnictl.models.voice_assistant.samples import sample_names, sample_request
+            from benchmarks.eval.samples import sample_names, sample_request
 
             names = sample_names()
 

@@ -17,6 +17,8 @@ Run: ``python benchmarks/voice_assistant.py [--rounds 2] [--max-tokens 96] [--qu
 
 from __future__ import annotations
 
+import sys
+
 import argparse
 import asyncio
 import statistics
@@ -29,10 +31,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+if __package__ in (None, ""):  # run as a script: benchmarks.* (the evaluation data) imports from this checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from omnictl.pipeline import Pipeline
 from omnictl.models.voice_assistant.asr import SpeechRecognizer
 from omnictl.models.voice_assistant.llm import chat_prompt_ids, load_smollm2
-from omnictl.models.voice_assistant.samples import sample_names, sample_question, sample_request
+from benchmarks.eval.samples import sample_names, sample_question, sample_request
 from omnictl.models.voice_assistant.tts import PiperSpeaker
 
 TOPOLOGY = Path(__file__).resolve().parents[1] / "topologies" / "voice-assistant.yaml"

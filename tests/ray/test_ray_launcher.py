@@ -181,7 +181,7 @@ else:
 
         from omnictl.models.voice_assistant.asr import SpeechRecognizer, whisper_base_dir
         from omnictl.models.voice_assistant.llm import smollm2_checkpoint
-        from omnictl.models.voice_assistant.samples import sample_request
+        from benchmarks.eval.samples import sample_request
         from omnictl.outputs import AudioResult, TextResult
         from omnictl.topology.model import Transport
 

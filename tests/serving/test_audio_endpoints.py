@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from omnictl.inputs import read_wav
-from omnictl.models.voice_assistant.samples import sample_path
+from benchmarks.eval.samples import sample_path
 from tests.serving.harness import API_KEY, ServerProcess
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."

@@ -18,7 +18,7 @@ import pytest
 from openai.types.audio import TranscriptionTextDeltaEvent, TranscriptionTextDoneEvent
 
 from omnictl.inputs import read_wav
-from omnictl.models.voice_assistant.samples import sample_path
+from benchmarks.eval.samples import sample_path
 from omnictl.serving.speech.encode import encode_whole
 from omnictl.serving.transcriptions.audiofile import decode_audio_file
 from tests.serving.ffprobe import CODEC_NAMES, convert, needs_ffmpeg, probe

@@ -11,7 +11,7 @@ import pytest
 
 from omnictl.exceptions import InvalidRequest, PayloadTooLarge
 from omnictl.inputs import read_wav
-from omnictl.models.voice_assistant.samples import sample_path
+from benchmarks.eval.samples import sample_path
 from tests.serving.ffprobe import FFMPEG, convert, needs_ffmpeg
 
 pytestmark = needs_ffmpeg

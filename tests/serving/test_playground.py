@@ -17,7 +17,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from omnictl.models.voice_assistant.samples import sample_question, wav_bytes
+from benchmarks.eval.samples import sample_question, wav_bytes
 from tests.serving.harness import API_KEY, ServerProcess
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from omnictl.models.voice_assistant.samples import wav_bytes
+from benchmarks.eval.samples import wav_bytes
 from tests.serving.fast_stages import tone
 from tests.serving.harness import API_KEY, ServerProcess, start_server, stop_server, wait_until
 from tests.serving.realtime.speech import collect_until_done

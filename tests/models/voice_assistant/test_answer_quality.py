@@ -18,7 +18,7 @@ import pytest
 from omnictl.data import data_path
 from omnictl.models.voice_assistant.asr import whisper_base_dir
 from omnictl.models.voice_assistant.llm import smollm2_checkpoint
-from omnictl.models.voice_assistant.quality import QUESTIONS, VOICES, SpeechMaker, ask, is_correct, spoken_request, typed_request
+from benchmarks.eval.quality import QUESTIONS, VOICES, SpeechMaker, ask, is_correct, spoken_request, typed_request
 from omnictl.pipeline import Pipeline
 
 # real models end to end; runs by default. 20 asks through the real pipeline: about a minute on

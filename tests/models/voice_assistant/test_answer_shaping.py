@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from omnictl.models.voice_assistant.answer_runner import penalize, sentences_ended, with_system_prompt
-from omnictl.models.voice_assistant.quality import Question, first_sentence, is_correct, word_errors
+from benchmarks.eval.quality import Question, first_sentence, is_correct, word_errors
 
 
 def test_a_sentence_ends_at_its_punctuation_not_inside_a_number() -> None:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from omnictl.models.voice_assistant.asr import SpeechRecognizer, whisper_base_dir
-from omnictl.models.voice_assistant.quality import word_errors
-from omnictl.models.voice_assistant.samples import sample_names, sample_question, sample_text
+from benchmarks.eval.quality import word_errors
+from benchmarks.eval.samples import sample_names, sample_question, sample_text
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omnictl.models.voice_assistant.heldout import HELDOUT_QUESTIONS, HELDOUT_VOICES
-from omnictl.models.voice_assistant.quality import QUESTIONS, VOICES, SpeechMaker, normalize
+from benchmarks.eval.heldout import HELDOUT_QUESTIONS, HELDOUT_VOICES
+from benchmarks.eval.quality import QUESTIONS, VOICES, SpeechMaker, normalize
 
 
 def test_at_least_thirty_questions_none_of_them_tuned_on_each_with_an_answer() -> None:

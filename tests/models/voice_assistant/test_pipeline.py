@@ -17,7 +17,7 @@ from omnictl.coordinator.request import RequestEventKind
 from omnictl.inputs import ChatRequest, parse_request
 from omnictl.models.voice_assistant.asr import SpeechRecognizer, whisper_base_dir
 from omnictl.models.voice_assistant.llm import smollm2_checkpoint
-from omnictl.models.voice_assistant.samples import sample_request
+from benchmarks.eval.samples import sample_request
 from omnictl.outputs import AudioChunk, AudioResult, FinishReason, TextDelta, TextResult, Transcript
 from omnictl.pipeline import Pipeline
 from tests.support.loop import LoopThread

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from omnictl.inputs import parse_request
-from omnictl.models.voice_assistant.samples import sample_names, sample_path, sample_question, sample_request, sample_text
+from benchmarks.eval.samples import sample_names, sample_path, sample_question, sample_request, sample_text
 
 
 def test_every_sample_is_a_small_16khz_recording_of_its_question() -> None:

@@ -10,7 +10,7 @@ import pytest
 from omnictl.exceptions import InvalidRequest
 from omnictl.inputs import SpeechRequest, parse_request
 from omnictl.models.voice_assistant import stages
-from omnictl.models.voice_assistant.samples import sample_question, sample_request
+from benchmarks.eval.samples import sample_question, sample_request
 from omnictl.outputs import TextResult, Transcript
 
 

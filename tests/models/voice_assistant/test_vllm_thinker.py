@@ -16,7 +16,7 @@ pytest.importorskip("vllm", reason="needs the vllm extra (pip install -e '.[vllm
 
 from omnictl.data import data_path  # noqa: E402
 from omnictl.models.voice_assistant import stages  # noqa: E402
-from omnictl.models.voice_assistant.samples import QUESTIONS  # noqa: E402
+from benchmarks.eval.samples import QUESTIONS  # noqa: E402
 from omnictl.outputs import FinishReason, TokenDelta, TokenResult  # noqa: E402
 from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind, OutgoingMessage, Scheduler  # noqa: E402
 from omnictl.schedulers.vllm_engine import VllmScheduler  # noqa: E402

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from omnictl.inputs import PCM16_RATE, read_wav, resample
-from omnictl.models.voice_assistant.samples import sample_question
+from benchmarks.eval.samples import sample_question
 
 CHUNK_MS = 100
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from omnictl.models.voice_assistant.samples import sample_question
+from benchmarks.eval.samples import sample_question
 from omnictl.serving.realtime.vad import SileroModel, SileroVad, SpeechStarted, SpeechStopped, TurnDetector, VadSettings
 
 

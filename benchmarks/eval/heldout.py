@@ -10,7 +10,7 @@ committed). None of these questions is in :data:`.quality.QUESTIONS`.
 
 from __future__ import annotations
 
-from omnictl.models.voice_assistant.quality import Question, Voice
+from benchmarks.eval.quality import Question, Voice
 
 HELDOUT_QUESTIONS: tuple[Question, ...] = (
     Question("What is the capital of Portugal?", ("Lisbon",)),

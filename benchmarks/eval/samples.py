@@ -1,7 +1,7 @@
 """Spoken sample questions for tests, benchmarks and the README.
 
 Small 16 kHz mono WAV files shipped in ``omnictl/data/samples`` (spoken by the Piper
-voice). Regenerate them with ``python -m omnictl.models.voice_assistant.samples [OUT_DIR]``.
+voice). Regenerate them with ``python -m benchmarks.eval.samples [OUT_DIR]``.
 """
 
 from __future__ import annotations

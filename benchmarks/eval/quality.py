@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from omnictl.inputs import read_wav, resample
-from omnictl.models.voice_assistant.samples import wav_bytes
+from benchmarks.eval.samples import wav_bytes
 
 SAMPLE_RATE = 16_000
 
