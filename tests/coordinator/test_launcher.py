@@ -1,8 +1,12 @@
-"""The launchers' decisions that need no process: exit descriptions, thread budgets, labels."""
+"""The launchers: exit descriptions, thread budgets and labels alone, and the local launcher over
+real (no-op) stage processes."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -76,8 +80,6 @@ def test_a_labelled_process_without_a_tcp_coordinator_is_refused_naming_it() -> 
         with pytest.raises(LaunchError, match="process 'far' is on node 'gpu-box' but the coordinator takes no tcp"):
             launcher(LABELLED).start("far")
 
-    import asyncio
-
     asyncio.run(go())
 
 
@@ -103,3 +105,51 @@ def test_a_label_no_node_carries_fails_the_launch_naming_process_label_and_what_
     assert error.value.stage == "b"
     with pytest.raises(LaunchError, match=r"labels in the cluster: none"):
         check_labels(topology, [])
+
+
+def test_the_local_launcher_starts_watches_restarts_and_stops_real_processes(tmp_path: Path) -> None:
+    # One real stage process per replica (a no-op stage: no model, no torch), the real
+    # coordinator: start, serve, a SIGKILL reported by the pidfd watch, the restart, the stop.
+    from omnictl.coordinator.coordinator import Coordinator
+    from omnictl.topology import load
+    from tests.support import topo
+
+    path = topo.write(tmp_path / "t.yaml", [
+        {"name": "a", "factory": "omnictl.models.examples.identity", "next": ["b"]},
+        {"name": "b", "factory": "omnictl.models.examples.identity", "terminal": True, "process": "rep"},
+    ], processes={"rep": {"replicas": 2}})
+
+    async def main() -> None:
+        exits: list[tuple[str, str]] = []
+        c = Coordinator(load(path), LaunchConfig(ready_timeout=60.0, max_restarts=1, run_dir=tmp_path / "run"))
+        launcher = c.launcher
+        assert isinstance(launcher, Launcher)
+        watched = c.on_process_exit
+
+        def on_exit(name: str, how: str) -> None:
+            exits.append((name, how))
+            watched(name, how)
+
+        launcher.on_exit = on_exit
+        try:
+            await c.start()
+            assert sorted(launcher.handles) == ["a", "rep#0", "rep#1"]
+            first = launcher.handles["rep#1"]
+            assert first.alive() and first.restarts == 0 and first.describe_exit() == "still running"
+            assert (tmp_path / "run" / "logs" / "rep#1.log").exists()  # each replica logs to the run directory
+            handle = await c.submit({"x": 1})
+            assert await asyncio.wait_for(handle.result(), 30) == {"b": {"x": 1}}
+            os.kill(first.pid, signal.SIGKILL)
+            deadline = asyncio.get_running_loop().time() + 30
+            while not (launcher.handles["rep#1"] is not first and c.healthy):
+                assert asyncio.get_running_loop().time() < deadline, (exits, c.down)
+                await asyncio.sleep(0.05)
+            assert exits == [("rep#1", "killed by SIGKILL")] and first.pidfd == -1
+            again = launcher.handles["rep#1"]
+            assert again.restarts == 1 and again.pid != first.pid and again.alive()
+        finally:
+            await c.close()
+        assert not any(h.alive() for h in launcher.handles.values())
+        assert exits == [("rep#1", "killed by SIGKILL")]  # a stop is not reported as a death
+
+    asyncio.run(main())
