@@ -71,7 +71,9 @@ class Coordinator:
         self.max_restarts = config.max_restarts
         # Removed on close. Short paths: ipc:// addresses are limited to ~100 bytes.
         self.socket_dir = socket_dir or Path(tempfile.mkdtemp(prefix="omnictl-"))
-        self._process_addresses = {name: f"ipc://{self.socket_dir}/p{i}" for i, name in enumerate(topology.instances())}
+        self.process_addresses = {name: f"ipc://{self.socket_dir}/p{i}" for i, name in enumerate(topology.instances())}
+        self.control_address = f"ipc://{self.socket_dir}/control"
+        self.broadcast_address = f"ipc://{self.socket_dir}/broadcast"
         override = config.data_host or os.environ.get("OMNICTL_DATA_HOST")
         self.data_host = resolve_data_host(config.data_host, config.launcher)
         self.remote = config.remote  # every process is reached over tcp
@@ -80,11 +82,10 @@ class Coordinator:
             self.curve = curve or CurveKeys.generate()  # this launch's; workers get them with their config
         # Under Ray every process is reached over tcp: no ipc address book.
         self.endpoint = Endpoint(
-            m.COORDINATOR, topology, ipc_addresses={} if self.remote else self._process_addresses, curve=self.curve
+            m.COORDINATOR, topology, ipc_addresses={} if self.remote else self.process_addresses, curve=self.curve
         )
-        self._control = self.endpoint.pull(f"ipc://{self.socket_dir}/control")
-        self._broadcast = self.endpoint.publisher(f"ipc://{self.socket_dir}/broadcast")
-        self.process_addresses = self._process_addresses
+        self._control = self.endpoint.pull(self.control_address)
+        self._broadcast = self.endpoint.publisher(self.broadcast_address)
         tcp_coordinator: tuple[str, str] | None = None
         if self.curve is not None:
             tcp_coordinator = (
@@ -107,8 +108,6 @@ class Coordinator:
         # tells admission to hold new requests (Pipeline wires it to Admission.hold).
         self.on_backpressure: Callable[[bool], None] = lambda full: None
         self._tasks: list[asyncio.Task[None]] = []
-        self.control_address = f"ipc://{self.socket_dir}/control"
-        self.broadcast_address = f"ipc://{self.socket_dir}/broadcast"
         self.launcher: ProcessLauncher
         if launcher is not None:
             self.launcher = launcher(self)
@@ -128,7 +127,7 @@ class Coordinator:
             self.launcher = Launcher(
                 topology,
                 config,
-                process_addresses=self._process_addresses,
+                process_addresses=self.process_addresses,
                 coordinator_address=self.control_address,
                 broadcast_address=self.broadcast_address,
                 profile_address=profile_address,

@@ -162,7 +162,7 @@ def test_a_burst_larger_than_one_wake_up_arrives_whole_in_order_and_lets_the_loo
 
     received = run_pair(scenario)
     assert [message.dst for message, _ in received] == [f"b{seq}" for seq in range(1000)]
-    steps = [later - earlier for earlier, later in seen and zip([0, *seen], seen)]
+    steps = [later - earlier for earlier, later in zip([0, *seen], seen)]
     # Between two turns of another callback, at most two wake-ups' shares (_PER_WAKEUP, 256):
     # the one the drain schedules itself and one from the descriptor may run in the same loop
     # iteration. Without the limit, one wake-up reads all 1,000.
