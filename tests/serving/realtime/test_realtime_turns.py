@@ -3,6 +3,7 @@ real `omnictl serve` of the embedded voice assistant: spoken questions in, answe
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any, Iterator
 
@@ -31,8 +32,19 @@ def manual(client: openai.OpenAI) -> Iterator[Any]:
         yield connection
 
 
+_NUMBERS = dict(enumerate("zero one two three four five six seven eight nine ten eleven twelve".split()))
+
+
 def words(text: str) -> set[str]:
-    return set(re.findall(r"[a-z]+", text.lower()))
+    """The words in ``text``, lower case, numerals spelled out (Whisper writes "8" for "eight")."""
+    text = re.sub(r"\d+", lambda m: f" {_NUMBERS.get(int(m.group()), m.group())} ", text.lower())
+    return set(re.findall(r"[a-z]+", text))
+
+
+def heard_as(heard: set[str], said: set[str]) -> set[str]:
+    """The words of ``heard`` that are, or sound like, words of ``said``: Piper's voice varies from
+    one synthesis to the next, so Whisper may hear "legs" as "lugs"."""
+    return {w for w in heard if w in said or difflib.get_close_matches(w, said, n=1, cutoff=0.75)}
 
 
 def test_a_spoken_question_committed_by_hand_is_heard_and_answered_in_text_and_speech(manual: Any, whisper: Any) -> None:
@@ -55,7 +67,7 @@ def test_a_spoken_question_committed_by_hand_is_heard_and_answered_in_text_and_s
     assert audio and words(spoken) <= words(text)
     # the audio says the text's answer: most of what Whisper hears in it is words of the text
     heard_in_answer = words(whisper.transcribe(samples_of(audio), 24_000))
-    assert len(heard_in_answer & words(text)) >= 0.6 * len(heard_in_answer), (heard_in_answer, text)
+    assert len(heard_as(heard_in_answer, words(text))) >= 0.6 * len(heard_in_answer), (heard_in_answer, text)
     done = next(e for e in events if e.type == "response.done").response
     assert done.status == "completed" and done.usage.output_tokens > 0 and done.usage.input_tokens > 0
     assert done.output[0].role == "assistant" and done.output[0].content[0].transcript == spoken
