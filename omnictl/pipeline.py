@@ -64,7 +64,10 @@ class Pipeline:
         the import path.
         ``max_restarts`` > 0 restarts a stage process (each replica on its own) that dies;
         otherwise it stays down: requests go to the process's other replicas, and once a
-        process has none left the pipeline refuses new work. ``profile`` records every request
+        process has none left the pipeline refuses new work. ``replay_limit`` (default 1):
+        how often a request pinned to a process that died, whose caller had seen no output
+        yet, is re-run from the entry on a live (or the restarted) replica before it fails
+        naming the stage (0: it fails with the process). ``profile`` records every request
         stage by stage into ``run_dir`` (a fresh directory under the user state dir by default);
         with a run directory, every stage process's log records also go to ``run_dir/logs/``
         (``NAME.log`` or ``NAME#i.log``), and this process's to ``server.log`` once

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from omnictl import messages as m
-from omnictl.coordinator.core import Broadcast, CoordinatorCore
+from omnictl.coordinator.core import Admitted, Broadcast, CoordinatorCore
 from omnictl.coordinator.launcher import Launcher
 from omnictl.coordinator.launching import ProcessLauncher
 from omnictl.coordinator.placement import ReplicaPlacement
@@ -66,7 +66,9 @@ class Coordinator:
         self.topology = topology
         self.model_path = config.model_path_for(topology)
         self.profiler = profiler or NullProfiler()
-        self.core = CoordinatorCore(topology, request_timeout=config.request_timeout, profiler=self.profiler)
+        self.core = CoordinatorCore(
+            topology, request_timeout=config.request_timeout, profiler=self.profiler, replay_limit=config.replay_limit
+        )
         self.ready_timeout = config.ready_timeout
         self.max_restarts = config.max_restarts
         # Removed on close. Short paths: ipc:// addresses are limited to ~100 bytes.
@@ -257,7 +259,11 @@ class Coordinator:
         except BaseException:
             self.core.withdraw(admitted)
             raise
-        self.core.commit(admitted)
+        self.core.commit(admitted, inputs)
+        self._send_submit(admitted, payload, frames)
+        return RequestHandle(admitted.record, self.abort)
+
+    def _send_submit(self, admitted: Admitted, payload: m.EncodedPayload, frames: list[memoryview]) -> None:
         # a shm payload's slot is taken back if that process dies before releasing it
         self.endpoint.send_to(
             admitted.instance,
@@ -266,7 +272,17 @@ class Coordinator:
             payload,
             lender=m.COORDINATOR,
         )
-        return RequestHandle(admitted.record, self.abort)
+
+    def _replay(self) -> None:
+        """Send every replay the core could place (arrival order: before any new request,
+        which waits for this loop turn to end)."""
+        for admitted in self.core.take_replays():
+            try:
+                payload, frames = self._codec.encode_frames(admitted.record.inputs)
+            except Exception as exc:  # encoded once already; a slot shortage or a changed object
+                self._broadcast_all(self.core.replay_failed(admitted, describe_error(exc)))
+                continue
+            self._send_submit(admitted, payload, frames)
 
     async def abort(self, request_id: str) -> None:
         self._broadcast_all(self.core.abort(request_id))
@@ -366,24 +382,25 @@ class Coordinator:
         self.endpoint.lost(instance)
         self._broadcast_all(death.broadcasts)
         # Logged once, here: the death, what it cost and what happens next (each request it
-        # failed is logged by whoever answers it).
+        # failed is logged by whoever answers it; each replay here, naming request and stage).
+        cost = f"{len(failed)} request(s) pinned to it failed, {len(death.replayed)} replayed"
         if handle.restarts < self.max_restarts:
-            log.error(
-                "%s; %d request(s) pinned to it failed; restarting it (restart %d of %d)",
-                why,
-                len(failed),
-                handle.restarts + 1,
-                self.max_restarts,
-            )
-            asyncio.get_running_loop().create_task(self._restart(instance, failed))
+            log.error("%s; %s; restarting it (restart %d of %d)", why, cost, handle.restarts + 1, self.max_restarts)
+            asyncio.get_running_loop().create_task(self._restart(instance, death.dropped))
         else:
-            log.error(
-                "%s; %d request(s) pinned to it failed; no restart left (max_restarts %d)",
-                why,
-                len(failed),
-                self.max_restarts,
-            )
+            log.error("%s; %s; no restart left (max_restarts %d)", why, cost, self.max_restarts)
             self.core.lose(instance, why)
+        for replayed in death.replayed:
+            log.warning(
+                "request %s: replayed from the entry (replay %d of %d): stage %r lost it: %s",
+                replayed.request_id,
+                replayed.attempt,
+                self.core.replay_limit,
+                replayed.stage,
+                why,
+            )
+        self._broadcast_all(self.core.fail_waiting_replays())
+        self._replay()
 
     async def _restart(self, instance: str, failed: list[str]) -> None:
         handle = self.launcher.start(instance)
@@ -396,9 +413,11 @@ class Coordinator:
             log.error("stage process %r could not be restarted: %s", instance, exc)
             if handle.restarts >= self.max_restarts:
                 self.core.lose(instance, f"stage process {instance!r} could not be restarted: {exc}")
+                self._broadcast_all(self.core.fail_waiting_replays())
             return  # otherwise its exit starts the next restart
         self._broadcast_all(self.core.process_back(instance, failed))
         log.info("stage process %r is back", instance)
+        self._replay()  # the replays that waited for it
 
     # --- introspection ----------------------------------------------------------------
 

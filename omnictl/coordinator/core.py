@@ -11,7 +11,7 @@ it returns, as vLLM splits ``EngineCore`` (what to do) from ``EngineCoreProc`` (
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Container, Mapping, Sequence, Union
 
 from omnictl import messages as m
@@ -47,14 +47,27 @@ class Admitted:
 
 
 @dataclass(frozen=True)
+class Replayed:
+    """A request a death sends back to the entry: its id, the stage of the dead process it
+    was using, and which replay this is (1 for the first)."""
+
+    request_id: str
+    stage: str
+    attempt: int
+
+
+@dataclass(frozen=True)
 class ProcessDeath:
     """What a dead process cost: why (one sentence naming it), the requests pinned to it
-    (failed, in submit order), and what to broadcast."""
+    that failed and those queued for a replay (each in submit order), the ids the stages
+    knew them by (a restarted process must drop those), and what to broadcast."""
 
     why: str
     failed: list[str]
     broadcasts: list[Broadcast]
     backpressure: bool | None  # as inbox_state: admission's new hold, if its queue's death changed it
+    replayed: list[Replayed] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
 
 
 class CoordinatorCore:
@@ -69,8 +82,14 @@ class CoordinatorCore:
         request_timeout: float = 300.0,
         profiler: Profiler | None = None,
         recent_ids: int = RECENT_IDS,
+        replay_limit: int = 1,
     ) -> None:
+        """``replay_limit``: how often a request that had sent its caller nothing yet is re-run
+        from the entry after a process it was pinned to died (0: it fails at once)."""
+        if replay_limit < 0:
+            raise ValueError(f"replay_limit must be >= 0, not {replay_limit!r}")
         self.topology = topology
+        self.replay_limit = replay_limit
         self.request_timeout = request_timeout
         self.profiler = profiler or NullProfiler()
         self.requests: dict[str, RequestRecord] = {}
@@ -86,6 +105,10 @@ class CoordinatorCore:
         self.full_inboxes: set[tuple[str, str]] = set()
         self._active: dict[tuple[str, ...], tuple[str, ...]] = {}  # terminals -> stages that run
         self.process_of = {name: p.name for p in topology.processes.values() for name in p.instances}
+        # Replays: the wire id of each replayed attempt -> its request id; the requests
+        # waiting for a replica to re-run on (in arrival order), each with the stage it lost.
+        self._wire: dict[str, str] = {}
+        self._replays: dict[str, str] = {}
 
     # --- health -----------------------------------------------------------------------
 
@@ -124,7 +147,7 @@ class CoordinatorCore:
         if active is None:  # one graph walk per selection of terminals, not per request
             active = self._active[terminals] = active_stages(self.topology, terminals)
         rid = request_id or uuid.uuid4().hex
-        if rid in self.requests or rid in self.recent:
+        if rid in self.requests or rid in self.recent or rid in self._wire:
             # Stages drop late messages of finished ids, so a reused id would never complete.
             raise InvalidRequest(f"request id {rid!r} was already used; ids must be unique", field="request_id")
         context_params = {**(params or {}), "modalities": sorted({self.topology.terminals[t] for t in terminals})}
@@ -135,7 +158,7 @@ class CoordinatorCore:
         entry = self.topology.entry
         process = self.topology.processes[self.topology.process_of(entry)]
         instance = process.instances[replicas.get(process.name, 0)]
-        record = RequestRecord(rid, set(terminals), active, now + self.request_timeout)
+        record = RequestRecord(rid, set(terminals), active, now + self.request_timeout, params=context_params)
         return Admitted(
             record,
             m.RequestContext(rid, context_params, active, replicas),
@@ -145,9 +168,13 @@ class CoordinatorCore:
             dict(trace_parent or {}),
         )
 
-    def commit(self, admitted: Admitted) -> None:
-        """The admitted request's submit is on its way: it is running from now on."""
+    def commit(self, admitted: Admitted, inputs: Any = None) -> None:
+        """The admitted request's submit is on its way: it is running from now on. Its
+        ``inputs`` are held for a replay (see :meth:`process_died`) until its caller sees
+        output."""
         record = admitted.record
+        if self.replay_limit:
+            record.inputs = inputs
         self.requests[record.request_id] = record
         self.profiler.record(
             EventKind.ADMITTED, record.request_id, None, terminals=",".join(admitted.terminals), **admitted.trace_parent
@@ -179,19 +206,31 @@ class CoordinatorCore:
     def fail(
         self, request_id: str, stage: str | None, message: str, rejected: bool = False, field: str | None = None
     ) -> list[Broadcast]:
-        """``request_id`` failed (a stage said so, or the coordinator found out); a finished
-        or unknown id is ignored."""
-        record = self.requests.get(request_id)
+        """``request_id`` (the id the stages know: see :attr:`RequestRecord.wire_id`) failed
+        (a stage said so, or the coordinator found out); a finished, unknown or superseded
+        id (an attempt that was replayed) is ignored."""
+        record = self._attempt(request_id)
         if record is None:
             return []
-        return self._finish(record, RequestState.FAILED, RequestFailed(request_id, message, stage, field), rejected)
+        return self._fail(record, stage, message, rejected, field)
+
+    def _fail(
+        self, record: RequestRecord, stage: str | None, message: str, rejected: bool = False, field: str | None = None
+    ) -> list[Broadcast]:
+        error = RequestFailed(record.request_id, message, stage, field)
+        return self._finish(record, RequestState.FAILED, error, rejected)
+
+    def _attempt(self, wire_id: str) -> RequestRecord | None:
+        """The running request whose current attempt the stages know as ``wire_id``."""
+        record = self.requests.get(self._wire.get(wire_id, wire_id))
+        return record if record is not None and record.wire_id == wire_id else None
 
     def expire(self, now: float) -> list[Broadcast]:
         """Fail every request whose deadline has passed at loop time ``now``."""
         broadcasts: list[Broadcast] = []
         for record in [r for r in self.requests.values() if r.deadline <= now]:
-            broadcasts += self.fail(
-                record.request_id,
+            broadcasts += self._fail(
+                record,
                 None,
                 f"request {record.request_id} missed its deadline of {self.request_timeout:g}s; "
                 f"terminals still expected: {sorted(record.expected)}",
@@ -210,12 +249,17 @@ class CoordinatorCore:
         self.requests.pop(record.request_id, None)
         self.placement.release(record.request_id)
         self.recent.add(record.request_id)
+        self._replays.pop(record.request_id, None)
+        running = bool(record.wire_id)  # a replay waiting for a replica has no attempt running
+        if running and record.wire_id != record.request_id:
+            del self._wire[record.wire_id]
+            self.recent.add(record.wire_id)  # a client may not take it for a request of its own
         broadcasts: list[Broadcast] = []
         if state is RequestState.COMPLETED:
             self.profiler.record(EventKind.COMPLETED, record.request_id, None)
         else:
-            # Every stage drops what it holds for this request, at once.
-            broadcasts.append(m.Abort((record.request_id,)))
+            if running:  # every stage drops what it holds for this request, at once
+                broadcasts.append(m.Abort((record.wire_id,)))
             kind = EventKind.ABORTED if state is RequestState.ABORTED else EventKind.FAILED
             # `rejected`: the stage refused the input; the dashboard counts it apart from failures
             meta: dict[str, MetaValue] = {"error": str(error), "rejected": True} if rejected else {"error": str(error)}
@@ -228,7 +272,7 @@ class CoordinatorCore:
     def stage_message(self, message: m.StageFailed | m.TerminalSkipped) -> list[Broadcast]:
         if isinstance(message, m.StageFailed):
             return self.fail(message.request_id, message.stage, message.error, message.rejected, message.field)
-        record = self.requests.get(message.request_id)
+        record = self._attempt(message.request_id)
         if record is None:
             return []
         record.expected.discard(message.stage)
@@ -236,9 +280,12 @@ class CoordinatorCore:
 
     def terminal_output(self, request_id: str, stage: str, seq: int, final: bool, data: Any) -> list[Broadcast]:
         """A terminal stage's stream chunk (``final`` false) or result, decoded."""
-        record = self.requests.get(request_id)
+        record = self._attempt(request_id)
         if record is None:
-            return []  # finished (aborted, failed) while this was in flight
+            return []  # finished (aborted, failed) or replayed while this was in flight
+        request_id = record.request_id
+        # From now on the caller has seen output: a replay would show it twice.
+        record.output_sent, record.inputs = True, None
         if seq == 0:  # the terminal's first output: its first chunk, or a result that never streamed
             modality = self.topology.terminals[stage]
             if modality == "text":
@@ -259,7 +306,7 @@ class CoordinatorCore:
             return []
         if record.results:
             return self._finish(record, RequestState.COMPLETED)
-        return self.fail(record.request_id, None, "no terminal produced a result: every branch was skipped")
+        return self._fail(record, None, "no terminal produced a result: every branch was skipped")
 
     def inbox_state(self, process: str, stage: str, full: bool) -> bool | None:
         """A stage inbox filled up or drained. Returns whether admission must now hold
@@ -275,9 +322,11 @@ class CoordinatorCore:
     # --- faults -----------------------------------------------------------------------
 
     def process_died(self, instance: str, exit_description: str) -> ProcessDeath:
-        """``instance`` (a process, or one replica of it) died: it is down, the requests
-        pinned to it fail (naming the first of its stages each was using), and every stage
-        process must drop what it holds from it. Whether it restarts is the shell's call."""
+        """``instance`` (a process, or one replica of it) died: it is down, and every stage
+        process must drop what it holds from it. Each request pinned to it that has sent its
+        caller nothing yet, and was replayed fewer than ``replay_limit`` times, is queued to
+        re-run from the entry (:meth:`take_replays`); the others fail, naming the first of
+        its stages each was using. Whether it restarts is the shell's call."""
         process = self.topology.processes[self.process_of[instance]]
         label = f"replica {instance!r}" if process.replicas > 1 else f"stage process {instance!r}"
         where = f", node {process.node!r}" if process.node is not None else ""
@@ -286,22 +335,90 @@ class CoordinatorCore:
         was_full = bool(self.full_inboxes)
         self.full_inboxes = {key for key in self.full_inboxes if key[0] != instance}  # its queues died with it
         backpressure = False if was_full and not self.full_inboxes else None
-        failed = self.placement.holders(instance)
+        failed: list[str] = []
+        replayed: list[Replayed] = []
+        dropped: list[str] = []
         broadcasts: list[Broadcast] = []
-        for request_id in failed:
+        for request_id in self.placement.holders(instance):
             record = self.requests.get(request_id)
             if record is None:
                 continue
             stage = next((s for s in process.stages if s in record.active), process.stages[0])
-            broadcasts += self.fail(request_id, stage, f"stage {stage!r} failed: {why}")
+            dropped.append(record.wire_id)
+            if record.output_sent or record.replays >= self.replay_limit:
+                failed.append(request_id)
+                if record.output_sent and self.replay_limit:
+                    reason = "not replayed: its caller already received output"
+                elif record.replays:
+                    reason = f"replayed {record.replays} time(s) already (replay limit {self.replay_limit})"
+                else:
+                    reason = ""
+                broadcasts += self._fail(
+                    record, stage, f"stage {stage!r} failed: {why}" + (f"; {reason}" if reason else "")
+                )
+                continue
+            # Replayed: every stage drops the attempt it knew, and the request waits for a
+            # replica (it keeps its deadline, and an abort still ends it).
+            broadcasts.append(m.Abort((record.wire_id,)))
+            self.placement.release(request_id)
+            self._retire_attempt(record)
+            record.replays += 1
+            self._replays[request_id] = stage
+            replayed.append(Replayed(request_id, stage, record.replays))
         # After the aborts: every process takes back the slots it lent the dead one.
         broadcasts.append(m.ProcessLost(instance))
-        return ProcessDeath(why, failed, broadcasts, backpressure)
+        return ProcessDeath(why, failed, broadcasts, backpressure, replayed, dropped)
+
+    def _retire_attempt(self, record: RequestRecord) -> None:
+        """The stages' id for this attempt is finished: late messages carrying it are dropped."""
+        if record.wire_id != record.request_id:
+            del self._wire[record.wire_id]
+        self.recent.add(record.wire_id)
+        record.wire_id = ""  # no attempt runs until take_replays places one
+
+    def take_replays(self) -> list[Admitted]:
+        """Place every queued replay that has a replica up, in arrival order (the shell sends
+        them before any new request, as ``Submit`` with the :class:`Admitted`'s context and
+        the record's held inputs). Those with no replica up stay queued (for
+        :meth:`process_back`)."""
+        placed: list[Admitted] = []
+        for request_id in list(self._replays):
+            record = self.requests[request_id]
+            try:
+                replicas = self.placement.assign(request_id, record.active, _Either(self.down, self.unresponsive))
+            except PipelineDead:
+                continue
+            del self._replays[request_id]
+            record.wire_id = self._fresh_wire_id(record)
+            self._wire[record.wire_id] = request_id
+            entry = self.topology.entry
+            process = self.topology.processes[self.topology.process_of(entry)]
+            instance = process.instances[replicas.get(process.name, 0)]
+            context = m.RequestContext(record.wire_id, record.params, record.active, replicas)
+            terminals = tuple(t for t in self.topology.terminals if t in record.expected)
+            placed.append(Admitted(record, context, entry, instance, terminals, {}))
+        return placed
+
+    def _fresh_wire_id(self, record: RequestRecord) -> str:
+        attempt = record.replays
+        while True:
+            wire_id = f"{record.request_id}~{attempt}"
+            if wire_id not in self.requests and wire_id not in self.recent and wire_id not in self._wire:
+                return wire_id
+            attempt += 1
+
+    def replay_failed(self, admitted: Admitted, why: str) -> list[Broadcast]:
+        """A placed replay could not be sent (its inputs no longer encode): it fails, naming
+        the stage it lost."""
+        return self._fail(
+            admitted.record, admitted.entry, f"request {admitted.record.request_id} could not be replayed: {why}"
+        )
 
     def process_back(self, instance: str, failed: Sequence[str]) -> list[Broadcast]:
         """``instance`` restarted and answered. The new process never heard the aborts for
-        what its predecessor held: data for those requests still in flight must not build
-        state there."""
+        what its predecessor held (``failed``: the ids the stages knew them by): data for
+        those requests still in flight must not build state there. Replays waiting for it
+        are placed by the next :meth:`take_replays`."""
         self.down.pop(instance, None)
         return [m.Abort(tuple(failed))] if failed else []
 
@@ -313,6 +430,23 @@ class CoordinatorCore:
         if all(name in self.lost for name in process.instances):
             self.dead_reason = why
 
+    def fail_waiting_replays(self) -> list[Broadcast]:
+        """Fail the queued replays that can no longer be placed (some process they need has
+        no replica up and none coming back), naming the stage each lost."""
+        broadcasts: list[Broadcast] = []
+        for request_id, stage in list(self._replays.items()):
+            record = self.requests[request_id]
+            processes = {self.topology.process_of(s) for s in record.active}
+            hopeless = self.dead_reason is not None or any(
+                all(name in self.lost for name in self.topology.processes[p].instances) for p in processes
+            )
+            if hopeless:
+                why = self.dead_reason or "; ".join(self.down[n] for n in self.lost if n in self.down)
+                broadcasts += self._fail(
+                    record, stage, f"stage {stage!r} failed: {why}; no replica left to replay it on"
+                )
+        return broadcasts
+
     # --- introspection ----------------------------------------------------------------
 
     def held(self) -> dict[str, int]:
@@ -322,6 +456,7 @@ class CoordinatorCore:
             "requests": len(self.requests),
             "placed": self.placement.placed(),
             "replica_in_flight": sum(self.placement.in_flight.values()),
+            "replays_waiting": len(self._replays),
         }
 
 
