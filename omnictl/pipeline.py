@@ -159,6 +159,22 @@ class Pipeline:
         process still has a replica up, down when some process has none."""
         return self._coordinator.health()
 
+    def scaling(self) -> dict[str, dict[str, int]]:
+        """Per elastic process (`replicas: {min, max}`): ``replicas`` running now, and the
+        autoscaler's decisions so far (``scaled_up``, ``scaled_down``)."""
+        return self._coordinator.scaling()
+
+    @property
+    def standby(self) -> frozenset[str]:
+        """The replicas of elastic processes not running now (started when load rises)."""
+        return frozenset(self._coordinator.core.standby)
+
+    @property
+    def replayed(self) -> int:
+        """Requests re-run from the entry after a process they were pinned to died (each
+        replay counts once)."""
+        return self._coordinator.core.replayed
+
     @property
     def profile(self) -> Any | None:
         """The profiling collector (aggregates and trace store), or None when off."""

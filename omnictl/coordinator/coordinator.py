@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from omnictl import messages as m
+from omnictl.coordinator.autoscale import Autoscaler, ScaleDecision
 from omnictl.coordinator.core import Admitted, Broadcast, CoordinatorCore
 from omnictl.coordinator.launcher import Launcher
 from omnictl.coordinator.launching import ProcessLauncher
@@ -39,6 +40,7 @@ from omnictl.transports.registry import Placement
 from omnictl.transports.shm import SegmentReader
 
 _LAUNCH_REPORT_GRACE_S = 0.5  # how long a dead process's launch report may still arrive
+_AUTOSCALE_TICK_S = 0.25  # how often the autoscaler looks (its windows are seconds)
 log = logging.getLogger(__name__)
 
 
@@ -110,6 +112,9 @@ class Coordinator:
         # tells admission to hold new requests (Pipeline wires it to Admission.hold).
         self.on_backpressure: Callable[[bool], None] = lambda full: None
         self._tasks: list[asyncio.Task[None]] = []
+        self.autoscaler = Autoscaler(topology)
+        self._starting: set[str] = set()  # standby replicas the autoscaler is starting
+        self._retiring: set[str] = set()  # drained replicas being stopped
         self.launcher: ProcessLauncher
         if launcher is not None:
             self.launcher = launcher(self)
@@ -145,7 +150,10 @@ class Coordinator:
     async def start(self) -> None:
         self._drain = Drain(self._control, m.coordinator_decoder.decode, self._receive, "coordinator")
         self._tasks.append(asyncio.create_task(self._enforce_deadlines(), name="coordinator.deadlines"))
-        instances = list(self.topology.instances())
+        if self.autoscaler.processes:
+            self._tasks.append(asyncio.create_task(self._autoscale(), name="coordinator.autoscale"))
+        # an elastic process starts with its `min` replicas; the others wait in standby
+        instances = [name for name in self.topology.instances() if name not in self.core.standby]
         handles = [self.launcher.start(name) for name in instances]
 
         async def all_ready() -> None:
@@ -328,7 +336,7 @@ class Coordinator:
             if waiter is not None:
                 done, replies = waiter
                 replies[message.process] = message
-                live = {p for p in self.launcher.process_of if p not in self.down}
+                live = {p for p in self.launcher.handles if p not in self.down}
                 if live <= set(replies) and not done.done():
                     done.set_result(None)
 
@@ -365,6 +373,11 @@ class Coordinator:
         it, restart it if the policy allows; the other replicas keep serving."""
         process = self.topology.processes[self.launcher.process_of[instance]]
         self._reader.drop_dead()  # its segments are unlinked: unmap them here, or their memory stays
+        if instance in self.core.standby:  # a replica the autoscaler was starting: it held nothing
+            handle = self.launcher.handles[instance]
+            why = f"replica {instance!r} (stages {', '.join(process.stages)}) died while starting: {exit_description}"
+            _fail_launch(handle.ready, LaunchError(process.stages[0], why))
+            return  # _scale_up logs it; the replica stays in standby
         death = self.core.process_died(instance, exit_description)
         why, failed = death.why, death.failed
         self._backpressure(death.backpressure)
@@ -384,7 +397,10 @@ class Coordinator:
         # Logged once, here: the death, what it cost and what happens next (each request it
         # failed is logged by whoever answers it; each replay here, naming request and stage).
         cost = f"{len(failed)} request(s) pinned to it failed, {len(death.replayed)} replayed"
-        if handle.restarts < self.max_restarts:
+        if instance in self.core.draining:  # the autoscaler was removing it anyway: not restarted
+            log.error("%s while draining; %s; it stays removed", why, cost)
+            self.core.replica_removed(instance)
+        elif handle.restarts < self.max_restarts:
             log.error("%s; %s; restarting it (restart %d of %d)", why, cost, handle.restarts + 1, self.max_restarts)
             asyncio.get_running_loop().create_task(self._restart(instance, death.dropped))
         else:
@@ -419,6 +435,89 @@ class Coordinator:
         log.info("stage process %r is back", instance)
         self._replay()  # the replays that waited for it
 
+    # --- elastic replicas ---------------------------------------------------------------
+
+    async def _autoscale(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(_AUTOSCALE_TICK_S)
+            running = {p.name: self.core.running(p.name) for p in self.autoscaler.processes}
+            decisions = self.autoscaler.decide(
+                loop.time(), self.core.placement.in_flight, running, self.core.standby, self._starting
+            )
+            for decision in decisions:
+                self._scale(decision)
+            for instance in self.core.drained():
+                if instance not in self._retiring:
+                    self._retiring.add(instance)
+                    loop.create_task(self._remove(instance))
+
+    def _scale(self, decision: ScaleDecision) -> None:
+        # Logged once, here: the decision with the figure that triggered it.
+        count = len(self.core.running(decision.process))
+        maximum = self.topology.processes[decision.process].replicas
+        if decision.up:
+            log.info(
+                "scaling process %r up: %s; starting %r (%d -> %d of max %d)",
+                decision.process,
+                decision.why,
+                decision.instance,
+                count,
+                count + 1,
+                maximum,
+            )
+            self._starting.add(decision.instance)
+            asyncio.get_running_loop().create_task(self._scale_up(decision.instance))
+        else:
+            log.info(
+                "scaling process %r down: %r %s; draining it (%d -> %d)",
+                decision.process,
+                decision.instance,
+                decision.why,
+                count,
+                count - 1,
+            )
+            self.core.drain(decision.instance)
+
+    async def _scale_up(self, instance: str) -> None:
+        try:
+            handle = self.launcher.start(instance)
+            await asyncio.wait_for(handle.ready, self.ready_timeout)
+            await asyncio.wait_for(self._handshake([instance]), self.ready_timeout)
+        except (LaunchError, asyncio.TimeoutError) as exc:
+            log.error("replica %r could not be started (scale up): %s; it stays in standby", instance, exc)
+            if instance in self.launcher.handles:
+                await self.launcher.retire(instance)
+            return
+        finally:
+            self._starting.discard(instance)
+        self.core.replica_added(instance)
+        self._replay()  # replays waiting for a replica of this process can go now
+
+    async def _remove(self, instance: str) -> None:
+        """Stop a drained replica: it holds no request, so nothing is lost."""
+        try:
+            await self.launcher.retire(instance)
+            # Like a death, minus the aborts (it held nothing): every process takes back the
+            # slots it lent it and drops its socket to it.
+            self.endpoint.lost(instance)
+            self._broadcast_all([m.ProcessLost(instance)])
+            self.core.replica_removed(instance)
+            log.info("replica %r drained and stopped", instance)
+        finally:
+            self._retiring.discard(instance)
+
+    def scaling(self) -> dict[str, dict[str, int]]:
+        """Per elastic process: replicas running now, and the scaling decisions so far."""
+        return {
+            p.name: {
+                "replicas": len(self.core.running(p.name)),
+                "scaled_up": self.autoscaler.counts[(p.name, "up")],
+                "scaled_down": self.autoscaler.counts[(p.name, "down")],
+            }
+            for p in self.autoscaler.processes
+        }
+
     # --- introspection ----------------------------------------------------------------
 
     def held(self) -> dict[str, int]:
@@ -427,7 +526,7 @@ class Coordinator:
 
     def nodes(self) -> dict[str, dict[str, Any]]:
         """Per node label: its OS processes and whether they are up (see node_stats)."""
-        return node_stats(self.topology, self.down)
+        return node_stats(self.topology, self.down, self.core.standby)
 
     async def stats(self, timeout: float = 5.0) -> dict[str, dict[str, Any]]:
         """Per stage: status and the state it holds, over its replicas (see stage_stats)."""
@@ -436,14 +535,14 @@ class Coordinator:
         replies: dict[str, m.StatsReply] = {}
         self._stats_waiters[seq] = (done, replies)
         try:
-            if set(self.launcher.process_of) - set(self.down):
+            if set(self.launcher.handles) - set(self.down):
                 await self._broadcast.send(m.encode(m.StatsRequest(seq)))
                 await asyncio.wait_for(done, timeout)
         except asyncio.TimeoutError:
             pass  # report what answered; the rest shows as unknown
         finally:
             del self._stats_waiters[seq]
-        return stage_stats(self.topology, replies, self.down)
+        return stage_stats(self.topology, replies, self.down, self.core.standby)
 
 
 def _fail_launch(ready: asyncio.Future[None], error: LaunchError) -> None:

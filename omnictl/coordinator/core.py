@@ -100,6 +100,11 @@ class CoordinatorCore:
         # check sets this): new requests are pinned to the other replicas, as if down.
         self.unresponsive: frozenset[str] = frozenset()
         self.lost: set[str] = set()  # replicas down for good (no restart left)
+        # Elastic processes (`replicas: {min, max}`): replicas not running (never started, or
+        # removed by the autoscaler), and those draining (no new request; removed once empty).
+        self.standby: set[str] = {n for p in topology.processes.values() for n in p.instances[p.initial :]}
+        self.draining: set[str] = set()
+        self.replayed = 0  # requests re-run from the entry (each replay counts)
         self.dead_reason: str | None = None
         # Backpressure: (OS process, stage) whose inbox is full; admission holds while any is.
         self.full_inboxes: set[tuple[str, str]] = set()
@@ -122,7 +127,8 @@ class CoordinatorCore:
         down; ``down`` when some process has none (or the pipeline is dead). With the
         down replicas and why."""
         if self.dead_reason is not None or any(
-            all(name in self.down for name in p.instances) for p in self.topology.processes.values()
+            all(name in self.down or name in self.standby for name in p.instances)
+            for p in self.topology.processes.values()
         ):
             return "down", dict(self.down)
         return ("degraded" if self.down else "ok"), dict(self.down)
@@ -152,7 +158,7 @@ class CoordinatorCore:
             raise InvalidRequest(f"request id {rid!r} was already used; ids must be unique", field="request_id")
         context_params = {**(params or {}), "modalities": sorted({self.topology.terminals[t] for t in terminals})}
         try:
-            replicas = self.placement.assign(rid, active, _Either(self.down, self.unresponsive))
+            replicas = self.placement.assign(rid, active, self._unavailable())
         except PipelineDead as exc:
             raise PipelineDead(f"{exc}: {'; '.join(self.down.values())}") from exc
         entry = self.topology.entry
@@ -364,6 +370,7 @@ class CoordinatorCore:
             self._retire_attempt(record)
             record.replays += 1
             self._replays[request_id] = stage
+            self.replayed += 1
             replayed.append(Replayed(request_id, stage, record.replays))
         # After the aborts: every process takes back the slots it lent the dead one.
         broadcasts.append(m.ProcessLost(instance))
@@ -385,7 +392,7 @@ class CoordinatorCore:
         for request_id in list(self._replays):
             record = self.requests[request_id]
             try:
-                replicas = self.placement.assign(request_id, record.active, _Either(self.down, self.unresponsive))
+                replicas = self.placement.assign(request_id, record.active, self._unavailable())
             except PipelineDead:
                 continue
             del self._replays[request_id]
@@ -426,8 +433,7 @@ class CoordinatorCore:
         """No restart left for ``instance``: the pipeline is dead once a process has lost
         every replica."""
         self.lost.add(instance)
-        process = self.topology.processes[self.process_of[instance]]
-        if all(name in self.lost for name in process.instances):
+        if self._gone(self.process_of[instance]):
             self.dead_reason = why
 
     def fail_waiting_replays(self) -> list[Broadcast]:
@@ -437,15 +443,48 @@ class CoordinatorCore:
         for request_id, stage in list(self._replays.items()):
             record = self.requests[request_id]
             processes = {self.topology.process_of(s) for s in record.active}
-            hopeless = self.dead_reason is not None or any(
-                all(name in self.lost for name in self.topology.processes[p].instances) for p in processes
-            )
+            hopeless = self.dead_reason is not None or any(self._gone(p) for p in processes)
             if hopeless:
                 why = self.dead_reason or "; ".join(self.down[n] for n in self.lost if n in self.down)
                 broadcasts += self._fail(
                     record, stage, f"stage {stage!r} failed: {why}; no replica left to replay it on"
                 )
         return broadcasts
+
+    # --- elastic replicas ---------------------------------------------------------------
+
+    def _unavailable(self) -> _Either:
+        """The replicas no new request (or replay) may be pinned to."""
+        return _Either(self.down, self.unresponsive, self.standby, self.draining)
+
+    def running(self, process: str) -> list[str]:
+        """The replicas of ``process`` that take new requests, in replica order."""
+        unavailable = self._unavailable()
+        return [name for name in self.topology.processes[process].instances if name not in unavailable]
+
+    def replica_added(self, instance: str) -> None:
+        """A standby replica was started and answered: it takes requests from now on."""
+        self.standby.discard(instance)
+        self.down.pop(instance, None)
+
+    def drain(self, instance: str) -> None:
+        """``instance`` takes no new request; :meth:`drained` says when its last one ended."""
+        self.draining.add(instance)
+
+    def drained(self) -> list[str]:
+        """The draining replicas that hold no request any more: ready to be stopped."""
+        return [name for name in sorted(self.draining) if self.placement.in_flight[name] == 0]
+
+    def replica_removed(self, instance: str) -> None:
+        """A drained replica was stopped (or died while draining): it is standby again."""
+        self.draining.discard(instance)
+        self.standby.add(instance)
+        self.down.pop(instance, None)
+
+    def _gone(self, process: str) -> bool:
+        """Every replica of ``process`` is lost for good (standby ones do not count)."""
+        instances = [n for n in self.topology.processes[process].instances if n not in self.standby]
+        return all(name in self.lost for name in instances)
 
     # --- introspection ----------------------------------------------------------------
 
@@ -461,12 +500,13 @@ class CoordinatorCore:
 
 
 class _Either:
-    """``name in _Either(a, b)``: in either container (without building their union per request)."""
+    """``name in _Either(a, b, ...)``: in any of the containers (without building their union
+    per request)."""
 
-    __slots__ = ("a", "b")
+    __slots__ = ("containers",)
 
-    def __init__(self, a: Container[str], b: Container[str]) -> None:
-        self.a, self.b = a, b
+    def __init__(self, *containers: Container[str]) -> None:
+        self.containers = containers
 
     def __contains__(self, name: object) -> bool:
-        return name in self.a or name in self.b
+        return any(name in container for container in self.containers)

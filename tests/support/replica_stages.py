@@ -76,3 +76,13 @@ def pid_after(seconds: float) -> Callable[[dict[str, Any]], dict[str, Any]]:
         return {**data, "work_pid": os.getpid()}
 
     return run
+
+
+def pid_after_asked(seconds: float = 0.1) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Holds each request for its ``seconds`` (default ``seconds``), then stamps its pid."""
+
+    def run(data: dict[str, Any]) -> dict[str, Any]:
+        time.sleep(float(data.get("seconds", seconds)))
+        return {**data, "work_pid": os.getpid()}
+
+    return run
