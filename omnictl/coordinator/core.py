@@ -356,11 +356,11 @@ class CoordinatorCore:
                 if record.output_sent and self.replay_limit:
                     reason = "not replayed: its caller already received output"
                 elif record.replays:
-                    reason = f"replayed {record.replays} time(s) already (replay limit {self.replay_limit})"
+                    reason = f"replayed {record.replays} time(s) already, the replay limit"
                 else:
                     reason = ""
                 broadcasts += self._fail(
-                    record, stage, f"stage {stage!r} failed: {why}" + (f"; {reason}" if reason else "")
+                    record, stage, f"stage {stage!r} failed: {why}" + (f" ({reason})" if reason else "")
                 )
                 continue
             # Replayed: every stage drops the attempt it knew, and the request waits for a
@@ -368,6 +368,8 @@ class CoordinatorCore:
             broadcasts.append(m.Abort((record.wire_id,)))
             self.placement.release(request_id)
             self._retire_attempt(record)
+            # a terminal may have been skipped (that is no output): the replay expects them all again
+            record.expected = {t for t in self.topology.terminals if t in record.active}
             record.replays += 1
             self._replays[request_id] = stage
             self.replayed += 1
@@ -447,7 +449,7 @@ class CoordinatorCore:
             if hopeless:
                 why = self.dead_reason or "; ".join(self.down[n] for n in self.lost if n in self.down)
                 broadcasts += self._fail(
-                    record, stage, f"stage {stage!r} failed: {why}; no replica left to replay it on"
+                    record, stage, f"stage {stage!r} failed: {why} (no replica left to replay it on)"
                 )
         return broadcasts
 

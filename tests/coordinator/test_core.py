@@ -482,6 +482,7 @@ def test_a_dead_replica_replays_what_its_caller_saw_nothing_of_on_the_other_one(
         c, _ = core(replay_limit=1)
         on0, on1 = started(c, "on0"), started(c, "on1")
         assert on0.context.replicas == {"voice": 0}
+        c.stage_message(m.TerminalSkipped("on0", "text"))  # not output: the replay runs every branch again
         death = c.process_died("voice#0", "killed by SIGKILL")
         assert (death.failed, death.replayed, death.dropped) == ([], [Replayed("on0", "tts", 1)], ["on0"])
         assert death.broadcasts == [m.Abort(("on0",)), m.ProcessLost("voice#0")]
@@ -516,7 +517,7 @@ def test_a_request_whose_caller_saw_output_fails_naming_the_stage_and_why_not_re
         assert death.failed == ["r1"] and death.replayed == []
         error = admitted.record.outcome.exception()
         assert isinstance(error, RequestFailed) and error.stage == "tts"
-        assert str(error).endswith("not replayed: its caller already received output")
+        assert str(error).endswith("(not replayed: its caller already received output)")
 
     run(body)
 
@@ -536,7 +537,7 @@ def test_a_request_is_replayed_at_most_replay_limit_times_then_fails_naming_the_
         assert death.failed == ["r1"] and death.dropped == ["r1~2"]
         error = admitted.record.outcome.exception()
         assert isinstance(error, RequestFailed) and error.stage == "thinker"
-        assert str(error).endswith("died: killed by SIGKILL; replayed 2 time(s) already (replay limit 2)")
+        assert str(error).endswith("died: killed by SIGKILL (replayed 2 time(s) already, the replay limit)")
         assert_holds_nothing(c)
 
     run(body)

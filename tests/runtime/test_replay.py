@@ -66,7 +66,7 @@ def test_a_killed_replica_s_queued_requests_complete_on_the_other_and_its_stream
         index, failure = failed[0]
         assert index < 5 and failure.stage == "speak"
         assert "replica 'work#1' (stages speak) died: killed by SIGKILL" in str(failure)
-        assert str(failure).endswith("not replayed: its caller already received output")
+        assert str(failure).endswith("(not replayed: its caller already received output)")
         for i, (text, result) in enumerate(outcomes):
             if i == index:
                 continue
