@@ -186,6 +186,7 @@ class Pipeline:
         modalities: Sequence[str] | None = None,
         request_id: str | None = None,
         traceparent: str | None = None,
+        stream: bool = True,
     ) -> RequestHandle:
         """Start a request. ``modalities`` selects terminals by modality (None: all).
 
@@ -196,6 +197,9 @@ class Pipeline:
         control refuses it; the slot it takes is freed when the request ends, however it ends.
         ``traceparent`` (a W3C header value) makes the request's exported trace a child of the
         caller's span; ignored when the pipeline exports no traces, or when it is malformed.
+        ``stream`` False: the caller reads only the results (it ignores stream events), so a
+        replay after a replica died stays possible until the request completes (True: only
+        until its first stream chunk or result).
         """
         params = request_params(inputs)
         trace_parent = None
@@ -206,7 +210,7 @@ class Pipeline:
         ticket = await self.admission.admit()
         try:
             handle = await self._coordinator.submit(
-                inputs, modalities, request_id, params=params, trace_parent=trace_parent
+                inputs, modalities, request_id, params=params, trace_parent=trace_parent, stream=stream
             )
         except BaseException:
             ticket.release()

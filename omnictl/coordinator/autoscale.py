@@ -10,12 +10,14 @@ or running, which the coordinator knows without asking the stages.
 - up: that figure stays above the process's ``queue`` for ``window`` seconds while fewer
   than ``max`` replicas run (one at a time: not while another is starting);
 - down: more than ``min`` replicas run and the figure stays at or below half the ``queue``
-  for ``idle`` seconds: the replica holding fewest requests is drained (one at a time; the
-  requests it still holds complete there, then it stops).
+  for ``idle`` seconds: as many replicas as that load leaves idle (at least one), those
+  holding fewest requests, are drained (the requests they still hold complete there, then
+  they stop).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Collection, Mapping, Sequence
 
@@ -76,13 +78,18 @@ class Autoscaler:
             since = self._calm_since.setdefault(process.name, now)
             if now - since >= elastic.idle:
                 del self._calm_since[process.name]
-                # the replica holding least (the highest-numbered of those): its requests end soonest
-                name = min(reversed(live), key=lambda n: in_flight.get(n, 0))
+                # As many as the load allows at once (back to `min` within one idle window when
+                # nothing runs), those holding least first (the highest-numbered of equals):
+                # their requests end soonest.
+                total = sum(in_flight.get(name, 0) for name in live)
+                needed = max(elastic.min, math.ceil(total / (elastic.queue / 2)))
                 why = (
                     f"{load:.1f} requests in flight per replica for {now - since:.1f}s "
                     f"(at most {elastic.queue / 2:g}, half the threshold, for the idle window {elastic.idle:g}s)"
                 )
-                decisions.append(ScaleDecision(process.name, name, False, load, why))
+                fewest = sorted(reversed(live), key=lambda n: in_flight.get(n, 0))
+                for name in fewest[: max(1, len(live) - needed)]:
+                    decisions.append(ScaleDecision(process.name, name, False, load, why))
         for decision in decisions:
             self.counts[(decision.process, "up" if decision.up else "down")] += 1
         return decisions

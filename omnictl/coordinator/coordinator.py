@@ -255,6 +255,7 @@ class Coordinator:
         request_id: str | None = None,
         params: Mapping[str, Any] | None = None,
         trace_parent: Mapping[str, MetaValue] | None = None,
+        stream: bool = True,
     ) -> RequestHandle:
         """``params`` (msgpack-plain): what every stage sees of the request besides its data
         (``sampling``, ``voice``); :meth:`Pipeline.submit` derives them from the inputs.
@@ -267,7 +268,7 @@ class Coordinator:
         except BaseException:
             self.core.withdraw(admitted)
             raise
-        self.core.commit(admitted, inputs)
+        self.core.commit(admitted, inputs, stream)
         self._send_submit(admitted, payload, frames)
         return RequestHandle(admitted.record, self.abort)
 

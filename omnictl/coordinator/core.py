@@ -174,11 +174,13 @@ class CoordinatorCore:
             dict(trace_parent or {}),
         )
 
-    def commit(self, admitted: Admitted, inputs: Any = None) -> None:
+    def commit(self, admitted: Admitted, inputs: Any = None, stream: bool = True) -> None:
         """The admitted request's submit is on its way: it is running from now on. Its
         ``inputs`` are held for a replay (see :meth:`process_died`) until its caller sees
-        output."""
+        output: its first stream chunk or result, or (``stream`` False: the caller reads
+        only the results, all at the end) its completion."""
         record = admitted.record
+        record.caller_streams = stream
         if self.replay_limit:
             record.inputs = inputs
         self.requests[record.request_id] = record
@@ -290,8 +292,8 @@ class CoordinatorCore:
         if record is None:
             return []  # finished (aborted, failed) or replayed while this was in flight
         request_id = record.request_id
-        # From now on the caller has seen output: a replay would show it twice.
-        record.output_sent, record.inputs = True, None
+        if record.caller_streams:  # from now on the caller has seen output: a replay would show it twice
+            record.output_sent, record.inputs = True, None
         if seq == 0:  # the terminal's first output: its first chunk, or a result that never streamed
             modality = self.topology.terminals[stage]
             if modality == "text":
@@ -370,6 +372,7 @@ class CoordinatorCore:
             self._retire_attempt(record)
             # a terminal may have been skipped (that is no output): the replay expects them all again
             record.expected = {t for t in self.topology.terminals if t in record.active}
+            record.results.clear()  # a caller that reads only results: none from the lost attempt
             record.replays += 1
             self._replays[request_id] = stage
             self.replayed += 1

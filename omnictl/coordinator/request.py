@@ -57,6 +57,7 @@ class RequestRecord:
     inputs: Any = None
     replays: int = 0  # how often it was re-run from the entry after a replica died
     output_sent: bool = False  # the caller has seen a stream chunk or a result
+    caller_streams: bool = True  # False: the caller reads only the results, at the end
     results: dict[str, Any] = field(default_factory=dict)
     events: asyncio.Queue[RequestEvent | None] = field(default_factory=asyncio.Queue)  # None closes it
     outcome: asyncio.Future[dict[str, Any]] = field(default_factory=lambda: asyncio.get_running_loop().create_future())

@@ -48,10 +48,13 @@ def test_a_calm_process_beyond_min_drains_the_replica_holding_least_after_the_id
     assert scaler.decide(10.0, calm, running, {"work#1"}, set()) == []
     (down,) = scaler.decide(15.0, calm, running, {"work#1"}, set())
     assert down.instance == "work#2"  # a tie: the highest-numbered goes; its request completes first
+    # nothing in flight: back to min in one idle window
+    assert scaler.decide(20.0, {}, {"work": list(W)}, set(), set()) == []
+    assert [d.instance for d in scaler.decide(25.0, {}, {"work": list(W)}, set(), set())] == ["work#2", "work#1"]
     # at min, a calm replica stays
     assert scaler.decide(99.0, {"work#0": 0}, {"work": ["work#0"]}, {"work#1", "work#2"}, set()) == []
     assert scaler.decide(199.0, {"work#0": 0}, {"work": ["work#0"]}, {"work#1", "work#2"}, set()) == []
-    assert scaler.counts == {("work", "up"): 0, ("work", "down"): 2}
+    assert scaler.counts == {("work", "up"): 0, ("work", "down"): 4}
 
 
 def test_a_fixed_count_is_never_scaled() -> None:

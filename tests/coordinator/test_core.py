@@ -574,3 +574,23 @@ def test_waiting_replays_fail_naming_the_stage_once_no_replica_can_come_back() -
         assert_holds_nothing(c)
 
     run(body)
+
+
+def test_a_caller_that_reads_only_results_is_replayed_after_chunks_and_a_partial_result() -> None:
+    async def body() -> None:
+        c, _ = core(replay_limit=1)
+        admitted = c.admit(0.0, None, "r1")
+        c.commit(admitted, {"in": 1}, stream=False)
+        c.terminal_output("r1", "text", 0, False, "hel")
+        c.terminal_output("r1", "text", 1, True, "hello")  # one terminal done, the other still running
+        assert admitted.record.inputs == {"in": 1}  # still held: the caller has seen nothing
+        voice = f"voice#{admitted.context.replicas['voice']}"
+        death = c.process_died(voice, "killed by SIGKILL")
+        assert death.replayed == [Replayed("r1", "tts", 1)] and admitted.record.results == {}
+        assert admitted.record.expected == {"text", "tts"}
+        (replay,) = c.take_replays()
+        c.terminal_output("r1~1", "text", 0, True, "hello")
+        c.terminal_output("r1~1", "tts", 0, True, b"wav")
+        assert await asyncio.wait_for(admitted.record.outcome, 1) == {"text": "hello", "tts": b"wav"}
+
+    run(body)
