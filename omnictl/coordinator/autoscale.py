@@ -8,7 +8,8 @@ requests in flight per running replica of the process: every request pinned to i
 or running, which the coordinator knows without asking the stages.
 
 - up: that figure stays above the process's ``queue`` for ``window`` seconds while fewer
-  than ``max`` replicas run (one at a time: not while another is starting);
+  than ``max`` replicas run: as many are started at once as bring it back to ``queue`` (none
+  while others are starting);
 - down: more than ``min`` replicas run and the figure stays at or below half the ``queue``
   for ``idle`` seconds: as many replicas as that load leaves idle (at least one), those
   holding fewest requests, are drained (the requests they still hold complete there, then
@@ -68,7 +69,12 @@ class Autoscaler:
                         f"{load:.1f} requests in flight per replica for {now - since:.1f}s "
                         f"(above {elastic.queue:g} for {elastic.window:g}s)"
                     )
-                    decisions.append(ScaleDecision(process.name, free[0], True, load, why))
+                    # as many as bring the figure back to the threshold, at once (a ramp one
+                    # replica per window would leave a burst queued for several windows)
+                    total = sum(in_flight.get(name, 0) for name in live)
+                    wanted = max(1, math.ceil(total / elastic.queue) - len(live))
+                    for name in free[:wanted]:
+                        decisions.append(ScaleDecision(process.name, name, True, load, why))
             else:
                 self._busy_since.pop(process.name, None)
             calm = load <= elastic.queue / 2 and len(live) > elastic.min and not pending

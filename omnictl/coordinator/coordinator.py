@@ -493,7 +493,13 @@ class Coordinator:
         finally:
             self._starting.discard(instance)
         self.core.replica_added(instance)
-        self._replay()  # replays waiting for a replica of this process can go now
+        broadcasts, moved = self.core.rebalance(instance)
+        self._broadcast_all(broadcasts)
+        if moved:
+            log.info("replica %r is up; %d queued request(s) moved to it, re-run from the entry", instance, len(moved))
+        else:
+            log.info("replica %r is up", instance)
+        self._replay()  # the moved requests, and replays waiting for a replica of this process
 
     async def _remove(self, instance: str) -> None:
         """Stop a drained replica: it holds no request, so nothing is lost."""

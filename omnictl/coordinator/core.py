@@ -181,8 +181,7 @@ class CoordinatorCore:
         only the results, all at the end) its completion."""
         record = admitted.record
         record.caller_streams = stream
-        if self.replay_limit:
-            record.inputs = inputs
+        record.inputs = inputs  # also what moves a queued request to a replica the autoscaler added
         self.requests[record.request_id] = record
         self.profiler.record(
             EventKind.ADMITTED, record.request_id, None, terminals=",".join(admitted.terminals), **admitted.trace_parent
@@ -367,19 +366,55 @@ class CoordinatorCore:
                 continue
             # Replayed: every stage drops the attempt it knew, and the request waits for a
             # replica (it keeps its deadline, and an abort still ends it).
-            broadcasts.append(m.Abort((record.wire_id,)))
-            self.placement.release(request_id)
-            self._retire_attempt(record)
-            # a terminal may have been skipped (that is no output): the replay expects them all again
-            record.expected = {t for t in self.topology.terminals if t in record.active}
-            record.results.clear()  # a caller that reads only results: none from the lost attempt
+            broadcasts += self._requeue(record, stage)
             record.replays += 1
-            self._replays[request_id] = stage
             self.replayed += 1
             replayed.append(Replayed(request_id, stage, record.replays))
         # After the aborts: every process takes back the slots it lent the dead one.
         broadcasts.append(m.ProcessLost(instance))
         return ProcessDeath(why, failed, broadcasts, backpressure, replayed, dropped)
+
+    def _requeue(self, record: RequestRecord, stage: str) -> list[Broadcast]:
+        """End the running attempt of ``record`` everywhere and queue it to re-run from the
+        entry (:meth:`take_replays`)."""
+        broadcasts: list[Broadcast] = [m.Abort((record.wire_id,))]
+        self.placement.release(record.request_id)
+        self._retire_attempt(record)
+        # a terminal may have been skipped (that is no output): the replay expects them all again
+        record.expected = {t for t in self.topology.terminals if t in record.active}
+        record.results.clear()  # a caller that reads only results: none from the lost attempt
+        self._replays[record.request_id] = stage
+        return broadcasts
+
+    def rebalance(self, instance: str) -> tuple[list[Broadcast], list[str]]:
+        """``instance`` was just added to its process: requests are pinned at submit, so the
+        backlog queued on the other replicas would stay there. Move the newest of each
+        replica's excess over an even share (those that have shown their caller nothing) by
+        re-running them from the entry (:meth:`take_replays`, arrival order); not counted as
+        replays. Returns the broadcasts and the ids moved."""
+        process = self.topology.processes[self.process_of[instance]]
+        live = self.running(process.name)
+        in_flight = self.placement.in_flight
+        share = -(-sum(in_flight[name] for name in live) // len(live))  # ceil
+        moved: set[str] = set()
+        for name in live:
+            excess = in_flight[name] - share
+            if name == instance or excess <= 0:
+                continue
+            for request_id in reversed(self.placement.holders(name)):  # the newest: queued last
+                record = self.requests.get(request_id)
+                if record is None or record.output_sent or record.inputs is None or not record.wire_id:
+                    continue
+                moved.add(request_id)
+                excess -= 1
+                if excess == 0:
+                    break
+        broadcasts: list[Broadcast] = []
+        order = [rid for rid in self.requests if rid in moved]  # arrival order
+        stage = process.stages[0]
+        for request_id in order:
+            broadcasts += self._requeue(self.requests[request_id], stage)
+        return broadcasts, order
 
     def _retire_attempt(self, record: RequestRecord) -> None:
         """The stages' id for this attempt is finished: late messages carrying it are dropped."""

@@ -19,18 +19,26 @@ def test_a_queue_past_the_threshold_for_the_window_adds_one_replica_at_a_time() 
     scaler = Autoscaler(loads(TOPOLOGY))
     running = {"work": ["work#0"]}
     standby = {"work#1", "work#2"}
-    busy = {"work#0": 5}
+    busy = {"work#0": 3}
     assert scaler.decide(0.0, busy, running, standby, set()) == []
     assert scaler.decide(0.5, {"work#0": 1}, running, standby, set()) == []  # fell back: the window restarts
     assert scaler.decide(0.6, busy, running, standby, set()) == []
     assert scaler.decide(1.5, busy, running, standby, set()) == []
-    (up,) = scaler.decide(1.6, busy, running, standby, set())
-    assert (up.process, up.instance, up.up, up.figure) == ("work", "work#1", True, 5.0)
-    assert up.why == "5.0 requests in flight per replica for 1.0s (above 2 for 1s)"
+    (up,) = scaler.decide(1.6, busy, running, standby, set())  # 3 in flight, threshold 2: one more does
+    assert (up.process, up.instance, up.up, up.figure) == ("work", "work#1", True, 3.0)
+    assert up.why == "3.0 requests in flight per replica for 1.0s (above 2 for 1s)"
     assert scaler.decide(5.0, busy, running, standby, {"work#1"}) == []  # not while one is starting
     running = {"work": ["work#0", "work#1", "work#2"]}
     assert scaler.decide(9.0, dict.fromkeys(W, 9), running, set(), set()) == []  # at max
     assert scaler.counts == {("work", "up"): 1, ("work", "down"): 0}
+
+
+def test_a_burst_starts_as_many_replicas_as_bring_the_queue_back_to_the_threshold_at_once() -> None:
+    scaler = Autoscaler(loads(TOPOLOGY))
+    running = {"work": ["work#0"]}
+    assert scaler.decide(0.0, {"work#0": 30}, running, {"work#1", "work#2"}, set()) == []
+    ups = scaler.decide(1.0, {"work#0": 30}, running, {"work#1", "work#2"}, set())
+    assert [(d.instance, d.up) for d in ups] == [("work#1", True), ("work#2", True)]  # 15 wanted, 2 left
 
 
 def test_a_calm_process_beyond_min_drains_the_replica_holding_least_after_the_idle_window() -> None:

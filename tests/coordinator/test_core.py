@@ -594,3 +594,21 @@ def test_a_caller_that_reads_only_results_is_replayed_after_chunks_and_a_partial
         assert await asyncio.wait_for(admitted.record.outcome, 1) == {"text": "hello", "tts": b"wav"}
 
     run(body)
+
+
+def test_a_new_replica_takes_the_newest_of_the_backlog_that_showed_nothing_to_its_caller() -> None:
+    async def body() -> None:
+        c, _ = core()  # moving is not a replay: no replay limit needed
+        c.unresponsive = frozenset({"voice#1"})  # as if voice#1 were not up yet: everything on voice#0
+        records = {rid: started(c, rid).record for rid in ("a", "b", "c", "d", "e")}
+        c.terminal_output("e", "text", 0, False, "seen")  # e's caller saw output: it stays
+        c.unresponsive = frozenset()
+        broadcasts, moved = c.rebalance("voice#1")
+        assert moved == ["c", "d"]  # 5 on one replica, share 3: the two newest that can move
+        assert broadcasts == [m.Abort(("c",)), m.Abort(("d",))]
+        assert [a.context.request_id for a in c.take_replays()] == ["c~0", "d~0"]
+        assert {rid: c.placement._assigned[rid]["voice"] for rid in records} == {
+            "a": "voice#0", "b": "voice#0", "c": "voice#1", "d": "voice#1", "e": "voice#0"}
+        assert all(r.replays == 0 for r in records.values()) and c.replayed == 0
+
+    run(body)
