@@ -63,6 +63,7 @@ class SoakReport:
     seconds: float  # the load's duration
     server_output: Path
     replayed: int = 0  # requests the server re-ran from the entry (its /metrics counter)
+    resumed: int = 0  # of those, autoregressive streams resumed (none here: this topology's terminals are not)
 
     @property
     def leaked(self) -> int:
@@ -88,7 +89,7 @@ async def _soak(server: Server, config: SoakConfig, rng: random.Random) -> SoakR
     )
     seconds = time.monotonic() - started
     health = await settle(server.url, watch, config.settle_s)
-    replayed = await _replayed(server.url)
+    replayed, resumed = await _replayed(server.url)
     # Closing happens after the fact (a client's connection, a killed process's helper
     # finishing its clean-up): look again for a few seconds before calling anything a leak.
     deadline = time.monotonic() + _RECHECK_S
@@ -102,14 +103,19 @@ async def _soak(server: Server, config: SoakConfig, rng: random.Random) -> SoakR
             break
         await asyncio.sleep(0.5)
     return SoakReport(config, outcomes, kills, watch.restarts - restarts_before, baseline, after, health, leaks,
-                      orphans, seconds, server.output, replayed)
+                      orphans, seconds, server.output, replayed, resumed)
 
 
-async def _replayed(url: str) -> int:
+async def _replayed(url: str) -> tuple[int, int]:
+    """The server's replayed and resumed counters (/metrics)."""
     async with httpx.AsyncClient() as client:
         metrics = (await client.get(url + "/metrics", timeout=10)).text
-    found = re.search(r"^omnictl_requests_replayed_total (\S+)$", metrics, re.MULTILINE)
-    return int(float(found.group(1))) if found else 0
+
+    def counter(name: str) -> int:
+        found = re.search(rf"^{name}_total (\S+)$", metrics, re.MULTILINE)
+        return int(float(found.group(1))) if found else 0
+
+    return counter("omnictl_requests_replayed"), counter("omnictl_requests_resumed")
 
 
 def run_soak(config: SoakConfig) -> SoakReport:
@@ -137,9 +143,9 @@ def render(report: SoakReport) -> str:
         f"  sent {o.sent}   completed {o.completed}   failed {o.failed_total}   wrong {len(o.wrong)}   "
         f"hung {len(o.hung)}   ended by the server's deadline {o.deadline_ended}",
         f"  failed by reason: {failed}",
-        f"  replayed {report.replayed} (re-run from the entry, --replay-limit {c.replay_limit})   resumed 0 "
-        f"(resuming a stream is not implemented)   failed before any output {o.failed_before_output}   "
-        f"failed after output {o.failed_after_output}",
+        f"  replayed {report.replayed} (re-run from the entry, --replay-limit {c.replay_limit}; resumed among "
+        f"them {report.resumed}: this topology's terminals are not autoregressive, so a stream cut mid-answer "
+        f"fails)   failed before any output {o.failed_before_output}   failed after output {o.failed_after_output}",
         f"  kills {len(report.kills)}   restarts {report.restarts}",
         f"  after: in-flight {report.health.get('in_flight')} (pipeline {report.health.get('pipeline_in_flight')}), "
         f"health {report.health.get('status')!r}, stage state held: {', '.join(stage_state(report.health)) or 'none'}",

@@ -53,7 +53,8 @@ class Outcomes:
     wrong: list[str] = field(default_factory=list)  # request ids answered with another answer
     hung: list[str] = field(default_factory=list)  # request ids with no outcome by the deadline
     # failures of streamed requests whose client had already received text (the server cannot
-    # replay those; resuming them is not implemented): the rest had shown nothing yet
+    # replay those; only autoregressive streams resume, and this topology has none): the rest
+    # had shown nothing yet
     failed_after_output: int = 0
 
     @property

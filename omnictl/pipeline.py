@@ -165,6 +165,11 @@ class Pipeline:
         return self._coordinator.scaling()
 
     @property
+    def resumed(self) -> int:
+        """Of the replays, the streams resumed with the tokens their caller had forced."""
+        return self._coordinator.core.resumed
+
+    @property
     def standby(self) -> frozenset[str]:
         """The replicas of elastic processes not running now (started when load rises)."""
         return frozenset(self._coordinator.core.standby)

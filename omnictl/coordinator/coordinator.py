@@ -409,8 +409,9 @@ class Coordinator:
             self.core.lose(instance, why)
         for replayed in death.replayed:
             log.warning(
-                "request %s: replayed from the entry (replay %d of %d): stage %r lost it: %s",
+                "request %s: %s from the entry (replay %d of %d): stage %r lost it: %s",
                 replayed.request_id,
+                "resumed with the tokens its caller has forced" if replayed.resumed else "replayed",
                 replayed.attempt,
                 self.core.replay_limit,
                 replayed.stage,

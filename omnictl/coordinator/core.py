@@ -19,6 +19,7 @@ from omnictl.coordinator.placement import ReplicaPlacement
 from omnictl.coordinator.pruning import active_stages, select_terminals
 from omnictl.coordinator.request import RequestEvent, RequestEventKind, RequestRecord, RequestState
 from omnictl.exceptions import InvalidRequest, PipelineDead, RequestAborted, RequestFailed
+from omnictl.outputs import TokenDelta
 from omnictl.profiling.events import EventKind, MetaValue, NullProfiler, Profiler
 from omnictl.recent import RecentIds
 from omnictl.topology.model import Topology
@@ -54,6 +55,7 @@ class Replayed:
     request_id: str
     stage: str
     attempt: int
+    resumed: bool = False  # its caller had streamed text: it resumes with those tokens forced
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,7 @@ class CoordinatorCore:
         self.standby: set[str] = {n for p in topology.processes.values() for n in p.instances[p.initial :]}
         self.draining: set[str] = set()
         self.replayed = 0  # requests re-run from the entry (each replay counts)
+        self.resumed = 0  # of those, streams resumed with the tokens their caller had forced
         self.dead_reason: str | None = None
         # Backpressure: (OS process, stage) whose inbox is full; admission holds while any is.
         self.full_inboxes: set[tuple[str, str]] = set()
@@ -292,7 +295,12 @@ class CoordinatorCore:
             return []  # finished (aborted, failed) or replayed while this was in flight
         request_id = record.request_id
         if record.caller_streams:  # from now on the caller has seen output: a replay would show it twice
-            record.output_sent, record.inputs = True, None
+            record.output_sent = True
+            if not final and isinstance(data, TokenDelta) and record.sent_tokens is not None:
+                # an autoregressive stream: resumable with these tokens forced (inputs kept)
+                record.sent_tokens.setdefault(stage, []).extend(int(t) for t in data.token_ids)
+            else:
+                record.sent_tokens, record.inputs = None, None
         if seq == 0:  # the terminal's first output: its first chunk, or a result that never streamed
             modality = self.topology.terminals[stage]
             if modality == "text":
@@ -352,10 +360,11 @@ class CoordinatorCore:
                 continue
             stage = next((s for s in process.stages if s in record.active), process.stages[0])
             dropped.append(record.wire_id)
-            if record.output_sent or record.replays >= self.replay_limit:
+            resumable = bool(record.sent_tokens) and record.inputs is not None
+            if (record.output_sent and not resumable) or record.replays >= self.replay_limit:
                 failed.append(request_id)
-                if record.output_sent and self.replay_limit:
-                    reason = "not replayed: its caller already received output"
+                if record.output_sent and not resumable and self.replay_limit:
+                    reason = "not replayed: its caller already received output it cannot resume from"
                 elif record.replays:
                     reason = f"replayed {record.replays} time(s) already, the replay limit"
                 else:
@@ -369,7 +378,10 @@ class CoordinatorCore:
             broadcasts += self._requeue(record, stage)
             record.replays += 1
             self.replayed += 1
-            replayed.append(Replayed(request_id, stage, record.replays))
+            if record.output_sent:  # its autoregressive stream resumes where the caller stopped
+                record.resumes += 1
+                self.resumed += 1
+            replayed.append(Replayed(request_id, stage, record.replays, record.output_sent))
         # After the aborts: every process takes back the slots it lent the dead one.
         broadcasts.append(m.ProcessLost(instance))
         return ProcessDeath(why, failed, broadcasts, backpressure, replayed, dropped)
@@ -441,7 +453,10 @@ class CoordinatorCore:
             entry = self.topology.entry
             process = self.topology.processes[self.topology.process_of(entry)]
             instance = process.instances[replicas.get(process.name, 0)]
-            context = m.RequestContext(record.wire_id, record.params, record.active, replicas)
+            params = record.params
+            if record.output_sent and record.sent_tokens:  # a resume: the tokens the caller has, forced
+                params = {**params, m.RESUME_PARAM: {s: list(t) for s, t in record.sent_tokens.items()}}
+            context = m.RequestContext(record.wire_id, params, record.active, replicas)
             terminals = tuple(t for t in self.topology.terminals if t in record.expected)
             placed.append(Admitted(record, context, entry, instance, terminals, {}))
         return placed

@@ -58,6 +58,11 @@ class RequestRecord:
     replays: int = 0  # how often it was re-run from the entry after a replica died
     output_sent: bool = False  # the caller has seen a stream chunk or a result
     caller_streams: bool = True  # False: the caller reads only the results, at the end
+    # What the caller has of each autoregressive terminal (its TokenDelta chunks' token ids),
+    # while every output it saw was such a chunk: a death then resumes the stream with them
+    # forced as the prefix. None: it saw something else (a result, another chunk): no resume.
+    sent_tokens: dict[str, list[int]] | None = field(default_factory=dict)
+    resumes: int = 0  # how many of its replays were resumes
     results: dict[str, Any] = field(default_factory=dict)
     events: asyncio.Queue[RequestEvent | None] = field(default_factory=asyncio.Queue)  # None closes it
     outcome: asyncio.Future[dict[str, Any]] = field(default_factory=lambda: asyncio.get_running_loop().create_future())

@@ -517,7 +517,7 @@ def test_a_request_whose_caller_saw_output_fails_naming_the_stage_and_why_not_re
         assert death.failed == ["r1"] and death.replayed == []
         error = admitted.record.outcome.exception()
         assert isinstance(error, RequestFailed) and error.stage == "tts"
-        assert str(error).endswith("(not replayed: its caller already received output)")
+        assert str(error).endswith("(not replayed: its caller already received output it cannot resume from)")
 
     run(body)
 
@@ -610,5 +610,31 @@ def test_a_new_replica_takes_the_newest_of_the_backlog_that_showed_nothing_to_it
         assert {rid: c.placement._assigned[rid]["voice"] for rid in records} == {
             "a": "voice#0", "b": "voice#0", "c": "voice#1", "d": "voice#1", "e": "voice#0"}
         assert all(r.replays == 0 for r in records.values()) and c.replayed == 0
+
+    run(body)
+
+
+def test_a_caller_that_streamed_autoregressive_tokens_resumes_with_them_forced() -> None:
+    from omnictl.outputs import TokenDelta
+
+    async def body() -> None:
+        c, _ = core(replay_limit=1)
+        admitted = started(c, "r1", ["text"])  # prep and brain: the text terminal alone
+        c.terminal_output("r1", "text", 0, False, TokenDelta(text="he", token_ids=[104, 101]))
+        c.terminal_output("r1", "text", 1, False, TokenDelta(text="l", token_ids=[108]))
+        death = c.process_died("brain", "killed by SIGKILL")
+        assert death.replayed == [Replayed("r1", "thinker", 1, resumed=True)] and death.failed == []
+        c.process_back("brain", death.dropped)
+        (replay,) = c.take_replays()
+        assert replay.context.params[m.RESUME_PARAM] == {"text": [104, 101, 108]}
+        c.terminal_output("r1~1", "text", 0, False, TokenDelta(text="lo", token_ids=[108, 111]))
+        assert admitted.record.sent_tokens == {"text": [104, 101, 108, 108, 111]}  # a second resume has them all
+        assert (c.replayed, c.resumed) == (1, 1)
+        # a chunk that is not an autoregressive increment: nothing to force, it fails
+        other = started(c, "r2", ["text"])
+        c.terminal_output("r2", "text", 0, False, {"text": "he"})
+        c.process_died("brain", "killed by SIGKILL")
+        error = other.record.outcome.exception()
+        assert isinstance(error, RequestFailed) and "it cannot resume from" in str(error)
 
     run(body)

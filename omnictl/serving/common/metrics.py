@@ -131,6 +131,12 @@ class ProcessMetrics(Collector):
             ("group", "direction"),
         ),
         ("omnictl_requests_replayed", "counter", "Requests re-run from the entry after a replica died", ()),
+        (
+            "omnictl_requests_resumed",
+            "counter",
+            "Of the replays, autoregressive streams resumed with the tokens their caller had forced",
+            (),
+        ),
     )
 
     def __init__(self) -> None:
@@ -142,7 +148,7 @@ class ProcessMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         if self.pipeline is None:
             return
-        (family, kind, documentation, _), replicas, decisions, replayed = self.FAMILIES
+        (family, kind, documentation, _), replicas, decisions, replayed, resumed = self.FAMILIES
         up = Metric(family, documentation, kind)
         _, down = self.pipeline.health()
         scaling = self.pipeline.scaling()
@@ -168,6 +174,9 @@ class ProcessMetrics(Collector):
         total = Metric(replayed[0], replayed[2], replayed[1])
         total.add_sample(f"{replayed[0]}_total", {}, float(self.pipeline.replayed))
         yield total
+        streams = Metric(resumed[0], resumed[2], resumed[1])
+        streams.add_sample(f"{resumed[0]}_total", {}, float(self.pipeline.resumed))
+        yield streams
 
 
 def _quantiles(metric: Metric, name: str, labels: dict[str, str], p50: float | None, p99: float | None) -> None:
