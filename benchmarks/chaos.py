@@ -29,12 +29,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import re
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 if __package__ in (None, ""):  # run as a script (python benchmarks/chaos.py): its modules import as benchmarks.*
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -59,6 +62,8 @@ class SoakReport:
     orphans: list[int]  # pids that were under the server, are alive and no longer are
     seconds: float  # the load's duration
     server_output: Path
+    replayed: int = 0  # requests the server re-ran from the entry (its /metrics counter)
+    resumed: int = 0  # of those, autoregressive streams resumed (none here: this topology's terminals are not)
 
     @property
     def leaked(self) -> int:
@@ -84,6 +89,7 @@ async def _soak(server: Server, config: SoakConfig, rng: random.Random) -> SoakR
     )
     seconds = time.monotonic() - started
     health = await settle(server.url, watch, config.settle_s)
+    replayed, resumed = await _replayed(server.url)
     # Closing happens after the fact (a client's connection, a killed process's helper
     # finishing its clean-up): look again for a few seconds before calling anything a leak.
     deadline = time.monotonic() + _RECHECK_S
@@ -97,7 +103,19 @@ async def _soak(server: Server, config: SoakConfig, rng: random.Random) -> SoakR
             break
         await asyncio.sleep(0.5)
     return SoakReport(config, outcomes, kills, watch.restarts - restarts_before, baseline, after, health, leaks,
-                      orphans, seconds, server.output)
+                      orphans, seconds, server.output, replayed, resumed)
+
+
+async def _replayed(url: str) -> tuple[int, int]:
+    """The server's replayed and resumed counters (/metrics)."""
+    async with httpx.AsyncClient() as client:
+        metrics = (await client.get(url + "/metrics", timeout=10)).text
+
+    def counter(name: str) -> int:
+        found = re.search(rf"^{name}_total (\S+)$", metrics, re.MULTILINE)
+        return int(float(found.group(1))) if found else 0
+
+    return counter("omnictl_requests_replayed"), counter("omnictl_requests_resumed")
 
 
 def run_soak(config: SoakConfig) -> SoakReport:
@@ -125,6 +143,9 @@ def render(report: SoakReport) -> str:
         f"  sent {o.sent}   completed {o.completed}   failed {o.failed_total}   wrong {len(o.wrong)}   "
         f"hung {len(o.hung)}   ended by the server's deadline {o.deadline_ended}",
         f"  failed by reason: {failed}",
+        f"  replayed {report.replayed} (re-run from the entry, --replay-limit {c.replay_limit}; resumed among "
+        f"them {report.resumed}: this topology's terminals are not autoregressive, so a stream cut mid-answer "
+        f"fails)   failed before any output {o.failed_before_output}   failed after output {o.failed_after_output}",
         f"  kills {len(report.kills)}   restarts {report.restarts}",
         f"  after: in-flight {report.health.get('in_flight')} (pipeline {report.health.get('pipeline_in_flight')}), "
         f"health {report.health.get('status')!r}, stage state held: {', '.join(stage_state(report.health)) or 'none'}",
@@ -141,6 +162,9 @@ def render(report: SoakReport) -> str:
             for name in report.after.rss),
         f"  leaked: {report.leaked}" + ("" if not report.leaks else " — " + "; ".join(report.leaks)),
     ]
+    goal = o.failed_before_output == 0 and not o.hung and not report.leaks
+    lines.append(f"  goal (0 failed among requests with no output yet, 0 hung, 0 leaked): {'met' if goal else 'not met'}"
+                 + ("" if o.failed_before_output == 0 else f" — {o.failed_before_output} failed before any output"))
     if o.hung:
         lines.append(f"  hung requests (omnictl trace ID --run-dir {report.server_output.parent / 'run'}): "
                      f"{', '.join(o.hung[:10])}")
@@ -157,10 +181,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8, help="closed-loop clients")
     parser.add_argument("--replicas", type=int, default=2, help="replicas of the entry process (the other gets one more)")
     parser.add_argument("--seed", type=int, default=None, help="for the choice of requests and victims")
+    parser.add_argument("--replay-limit", type=int, default=1, help="the server's --replay-limit (0: no replays)")
     parser.add_argument("--work-dir", type=Path, default=None, help="server output and run directory (default: a temporary one)")
     args = parser.parse_args()
     report = run_soak(SoakConfig(seconds=args.seconds, kill_every=args.kill_every, concurrency=args.concurrency,
-                                 replicas=args.replicas, seed=args.seed, work_dir=args.work_dir))
+                                 replicas=args.replicas, seed=args.seed, work_dir=args.work_dir,
+                                 replay_limit=args.replay_limit))
     print(render(report))
     o = report.outcomes
     sys.exit(0 if not (o.hung or o.deadline_ended or o.wrong or report.leaks) else 1)

@@ -40,6 +40,7 @@ class SoakConfig:
     request_timeout_s: float = 20.0  # the server's (--request-timeout): shorter, so it answers first
     settle_s: float = 60.0  # after the run: how long processes may take to be back and idle
     max_restarts: int = 100_000
+    replay_limit: int = 1  # --replay-limit: 0 fails every request a killed replica held, as before replays
     seed: int | None = None
     work_dir: Path | None = None  # server output and run directory; a temporary one if None
 
@@ -51,10 +52,19 @@ class Outcomes:
     failed: collections.Counter[str] = field(default_factory=collections.Counter)  # why -> count
     wrong: list[str] = field(default_factory=list)  # request ids answered with another answer
     hung: list[str] = field(default_factory=list)  # request ids with no outcome by the deadline
+    # failures of streamed requests whose client had already received text (the server cannot
+    # replay those; only autoregressive streams resume, and this topology has none): the rest
+    # had shown nothing yet
+    failed_after_output: int = 0
 
     @property
     def failed_total(self) -> int:
         return sum(self.failed.values())
+
+    @property
+    def failed_before_output(self) -> int:
+        """Failures of requests whose client had received nothing: what a replay should save."""
+        return self.failed_total - self.failed_after_output
 
     @property
     def deadline_ended(self) -> int:
@@ -105,6 +115,7 @@ def start_server(config: SoakConfig, work_dir: Path, ready_timeout: float = 180.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, "-m", "omnictl.cli.main", "serve", str(topology), "--port", "0", "--no-dashboard",
                "--max-restarts", str(config.max_restarts), "--request-timeout", str(config.request_timeout_s),
+               "--replay-limit", str(config.replay_limit),
                "--run-dir", str(work_dir / "run"), "--log-level", "warning"]
     with open(output, "wb") as sink:
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
@@ -150,12 +161,12 @@ async def _streamed(client: httpx.AsyncClient, url: str, rid: str, body: dict[st
                 return "done", "".join(text) if audio else ""
             event = json.loads(line[6:])
             if "error" in event:
-                return "failed", _why(200, event)
+                return ("failed after output" if any(text) or audio else "failed"), _why(200, event)
             for choice in event.get("choices", ()):
                 delta = choice.get("delta", {})
                 text.append(delta.get("content") or "")
                 audio += bool(delta.get("audio"))
-        return "failed", "stream cut (no [DONE])"
+        return ("failed after output" if any(text) or audio else "failed"), "stream cut (no [DONE])"
 
 
 async def _whole(client: httpx.AsyncClient, url: str, rid: str, body: dict[str, Any]) -> tuple[str, str]:
@@ -194,8 +205,9 @@ async def load_loop(url: str, until: float, outcomes: Outcomes, config: SoakConf
             except httpx.HTTPError as exc:  # the server closed the connection: an outcome, not a hang
                 outcomes.failed[f"connection: {type(exc).__name__}"] += 1
                 continue
-            if kind == "failed":
+            if kind.startswith("failed"):
                 outcomes.failed[detail] += 1
+                outcomes.failed_after_output += kind == "failed after output"
             elif detail == "echo: " + " ".join(words):
                 outcomes.completed += 1
             else:

@@ -30,6 +30,9 @@ class LaunchConfig:
     request_timeout: float = 300.0  # seconds a request may take before it fails
     ready_timeout: float = 120.0  # seconds every stage process may take to load
     max_restarts: int = 0  # per replica: how often a dead stage process is started again
+    # how often a request its caller saw nothing of yet is re-run from the entry after a
+    # process it was pinned to died (0: it fails with the process)
+    replay_limit: int = 1
     max_in_flight: int | None = None  # admission control; None: no limit
     max_queue_wait: float = 0.0  # seconds a request may wait for an admission slot
     otlp_endpoint: str | None = None  # an OTLP/HTTP collector's URL; None: no trace export
@@ -45,8 +48,9 @@ class LaunchConfig:
         for name in ("request_timeout", "ready_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, not {getattr(self, name)!r}")
-        if self.max_restarts < 0:
-            raise ValueError(f"max_restarts must be >= 0, not {self.max_restarts!r}")
+        for name in ("max_restarts", "replay_limit"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, not {getattr(self, name)!r}")
 
     def model_path_for(self, topology: Topology) -> str | None:
         """Where the weights are: this config's ``model_path``, else the topology's."""

@@ -13,6 +13,9 @@ from typing import Any, Union
 import msgspec
 
 COORDINATOR = "coordinator"  # the owner name of buffers the coordinator sends (Submit)
+# The request param that resumes an autoregressive stream after a replica died: stage name ->
+# the token ids its caller already received (forced as the continuation's prefix).
+RESUME_PARAM = "resume"
 
 
 class TensorLayout(msgspec.Struct, array_like=True, frozen=True):

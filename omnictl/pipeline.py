@@ -64,7 +64,10 @@ class Pipeline:
         the import path.
         ``max_restarts`` > 0 restarts a stage process (each replica on its own) that dies;
         otherwise it stays down: requests go to the process's other replicas, and once a
-        process has none left the pipeline refuses new work. ``profile`` records every request
+        process has none left the pipeline refuses new work. ``replay_limit`` (default 1):
+        how often a request pinned to a process that died, whose caller had seen no output
+        yet, is re-run from the entry on a live (or the restarted) replica before it fails
+        naming the stage (0: it fails with the process). ``profile`` records every request
         stage by stage into ``run_dir`` (a fresh directory under the user state dir by default);
         with a run directory, every stage process's log records also go to ``run_dir/logs/``
         (``NAME.log`` or ``NAME#i.log``), and this process's to ``server.log`` once
@@ -156,6 +159,27 @@ class Pipeline:
         process still has a replica up, down when some process has none."""
         return self._coordinator.health()
 
+    def scaling(self) -> dict[str, dict[str, int]]:
+        """Per elastic process (`replicas: {min, max}`): ``replicas`` running now, and the
+        autoscaler's decisions so far (``scaled_up``, ``scaled_down``)."""
+        return self._coordinator.scaling()
+
+    @property
+    def resumed(self) -> int:
+        """Of the replays, the streams resumed with the tokens their caller had forced."""
+        return self._coordinator.core.resumed
+
+    @property
+    def standby(self) -> frozenset[str]:
+        """The replicas of elastic processes not running now (started when load rises)."""
+        return frozenset(self._coordinator.core.standby)
+
+    @property
+    def replayed(self) -> int:
+        """Requests re-run from the entry after a process they were pinned to died (each
+        replay counts once)."""
+        return self._coordinator.core.replayed
+
     @property
     def profile(self) -> Any | None:
         """The profiling collector (aggregates and trace store), or None when off."""
@@ -167,6 +191,7 @@ class Pipeline:
         modalities: Sequence[str] | None = None,
         request_id: str | None = None,
         traceparent: str | None = None,
+        stream: bool = True,
     ) -> RequestHandle:
         """Start a request. ``modalities`` selects terminals by modality (None: all).
 
@@ -177,6 +202,9 @@ class Pipeline:
         control refuses it; the slot it takes is freed when the request ends, however it ends.
         ``traceparent`` (a W3C header value) makes the request's exported trace a child of the
         caller's span; ignored when the pipeline exports no traces, or when it is malformed.
+        ``stream`` False: the caller reads only the results (it ignores stream events), so a
+        replay after a replica died stays possible until the request completes (True: only
+        until its first stream chunk or result).
         """
         params = request_params(inputs)
         trace_parent = None
@@ -187,7 +215,7 @@ class Pipeline:
         ticket = await self.admission.admit()
         try:
             handle = await self._coordinator.submit(
-                inputs, modalities, request_id, params=params, trace_parent=trace_parent
+                inputs, modalities, request_id, params=params, trace_parent=trace_parent, stream=stream
             )
         except BaseException:
             ticket.release()

@@ -21,6 +21,7 @@ def test_defaults_are_those_of_pipeline_launch() -> None:
     config = LaunchConfig()
     assert (config.profile, config.request_timeout, config.ready_timeout, config.max_restarts) == (True, 300.0, 120.0, 0)
     assert (config.launcher, config.remote, config.max_in_flight, config.max_queue_wait) == ("local", False, None, 0.0)
+    assert config.replay_limit == 1
 
 
 @pytest.mark.parametrize(
@@ -30,6 +31,7 @@ def test_defaults_are_those_of_pipeline_launch() -> None:
         ({"request_timeout": 0}, "request_timeout must be > 0 seconds, not 0"),
         ({"ready_timeout": -1.0}, "ready_timeout must be > 0 seconds, not -1.0"),
         ({"max_restarts": -1}, "max_restarts must be >= 0, not -1"),
+        ({"replay_limit": -2}, "replay_limit must be >= 0, not -2"),
     ],
 )
 def test_a_bad_knob_is_refused_naming_it(changes: dict[str, object], message: str) -> None:

@@ -93,6 +93,16 @@ def serve_command(
             help="Restart a stage process (each replica on its own) up to N times after it dies; 0: it stays down.",
         ),
     ] = 0,
+    replay_limit: Annotated[
+        int,
+        typer.Option(
+            "--replay-limit",
+            min=0,
+            metavar="N",
+            help="Re-run a request from the entry up to N times when a process it was pinned to dies before "
+            "its caller saw any output; 0: it fails with the process.",
+        ),
+    ] = 1,
     otlp_endpoint: Annotated[
         str | None,
         typer.Option(
@@ -193,6 +203,7 @@ def serve_command(
         run_dir=str(run_dir) if run_dir else None,
         request_timeout=request_timeout,
         max_restarts=max_restarts,
+        replay_limit=replay_limit,
         limits=Limits(
             int(max_body_mb * 1024 * 1024),
             int(max_audio_mb * 1024 * 1024),

@@ -77,7 +77,8 @@ def summary(topology: Topology) -> Group:
         processes.add_column(column)
     for process in topology.processes.values():
         gpus = ", ".join(str(g) for g in process.gpus) or "cpu"
-        row = [process.name, ", ".join(process.stages), gpus, str(process.replicas)]
+        count = f"{process.elastic.min}-{process.replicas}" if process.elastic is not None else str(process.replicas)
+        row = [process.name, ", ".join(process.stages), gpus, count]
         if multi_node:  # "-": the coordinator's machine
             row += [process.node or "-", f"{process.cpus:g}"]
         processes.add_row(*row)

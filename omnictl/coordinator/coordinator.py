@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from omnictl import messages as m
-from omnictl.coordinator.core import Broadcast, CoordinatorCore
+from omnictl.coordinator.autoscale import Autoscaler, ScaleDecision
+from omnictl.coordinator.core import Admitted, Broadcast, CoordinatorCore
 from omnictl.coordinator.launcher import Launcher
 from omnictl.coordinator.launching import ProcessLauncher
 from omnictl.coordinator.placement import ReplicaPlacement
@@ -39,6 +40,7 @@ from omnictl.transports.registry import Placement
 from omnictl.transports.shm import SegmentReader
 
 _LAUNCH_REPORT_GRACE_S = 0.5  # how long a dead process's launch report may still arrive
+_AUTOSCALE_TICK_S = 0.25  # how often the autoscaler looks (its windows are seconds)
 log = logging.getLogger(__name__)
 
 
@@ -66,7 +68,9 @@ class Coordinator:
         self.topology = topology
         self.model_path = config.model_path_for(topology)
         self.profiler = profiler or NullProfiler()
-        self.core = CoordinatorCore(topology, request_timeout=config.request_timeout, profiler=self.profiler)
+        self.core = CoordinatorCore(
+            topology, request_timeout=config.request_timeout, profiler=self.profiler, replay_limit=config.replay_limit
+        )
         self.ready_timeout = config.ready_timeout
         self.max_restarts = config.max_restarts
         # Removed on close. Short paths: ipc:// addresses are limited to ~100 bytes.
@@ -108,6 +112,9 @@ class Coordinator:
         # tells admission to hold new requests (Pipeline wires it to Admission.hold).
         self.on_backpressure: Callable[[bool], None] = lambda full: None
         self._tasks: list[asyncio.Task[None]] = []
+        self.autoscaler = Autoscaler(topology)
+        self._starting: set[str] = set()  # standby replicas the autoscaler is starting
+        self._retiring: set[str] = set()  # drained replicas being stopped
         self.launcher: ProcessLauncher
         if launcher is not None:
             self.launcher = launcher(self)
@@ -143,7 +150,10 @@ class Coordinator:
     async def start(self) -> None:
         self._drain = Drain(self._control, m.coordinator_decoder.decode, self._receive, "coordinator")
         self._tasks.append(asyncio.create_task(self._enforce_deadlines(), name="coordinator.deadlines"))
-        instances = list(self.topology.instances())
+        if self.autoscaler.processes:
+            self._tasks.append(asyncio.create_task(self._autoscale(), name="coordinator.autoscale"))
+        # an elastic process starts with its `min` replicas; the others wait in standby
+        instances = [name for name in self.topology.instances() if name not in self.core.standby]
         handles = [self.launcher.start(name) for name in instances]
 
         async def all_ready() -> None:
@@ -245,6 +255,7 @@ class Coordinator:
         request_id: str | None = None,
         params: Mapping[str, Any] | None = None,
         trace_parent: Mapping[str, MetaValue] | None = None,
+        stream: bool = True,
     ) -> RequestHandle:
         """``params`` (msgpack-plain): what every stage sees of the request besides its data
         (``sampling``, ``voice``); :meth:`Pipeline.submit` derives them from the inputs.
@@ -257,7 +268,11 @@ class Coordinator:
         except BaseException:
             self.core.withdraw(admitted)
             raise
-        self.core.commit(admitted)
+        self.core.commit(admitted, inputs, stream)
+        self._send_submit(admitted, payload, frames)
+        return RequestHandle(admitted.record, self.abort)
+
+    def _send_submit(self, admitted: Admitted, payload: m.EncodedPayload, frames: list[memoryview]) -> None:
         # a shm payload's slot is taken back if that process dies before releasing it
         self.endpoint.send_to(
             admitted.instance,
@@ -266,7 +281,17 @@ class Coordinator:
             payload,
             lender=m.COORDINATOR,
         )
-        return RequestHandle(admitted.record, self.abort)
+
+    def _replay(self) -> None:
+        """Send every replay the core could place (arrival order: before any new request,
+        which waits for this loop turn to end)."""
+        for admitted in self.core.take_replays():
+            try:
+                payload, frames = self._codec.encode_frames(admitted.record.inputs)
+            except Exception as exc:  # encoded once already; a slot shortage or a changed object
+                self._broadcast_all(self.core.replay_failed(admitted, describe_error(exc)))
+                continue
+            self._send_submit(admitted, payload, frames)
 
     async def abort(self, request_id: str) -> None:
         self._broadcast_all(self.core.abort(request_id))
@@ -312,7 +337,7 @@ class Coordinator:
             if waiter is not None:
                 done, replies = waiter
                 replies[message.process] = message
-                live = {p for p in self.launcher.process_of if p not in self.down}
+                live = {p for p in self.launcher.handles if p not in self.down}
                 if live <= set(replies) and not done.done():
                     done.set_result(None)
 
@@ -349,6 +374,11 @@ class Coordinator:
         it, restart it if the policy allows; the other replicas keep serving."""
         process = self.topology.processes[self.launcher.process_of[instance]]
         self._reader.drop_dead()  # its segments are unlinked: unmap them here, or their memory stays
+        if instance in self.core.standby:  # a replica the autoscaler was starting: it held nothing
+            handle = self.launcher.handles[instance]
+            why = f"replica {instance!r} (stages {', '.join(process.stages)}) died while starting: {exit_description}"
+            _fail_launch(handle.ready, LaunchError(process.stages[0], why))
+            return  # _scale_up logs it; the replica stays in standby
         death = self.core.process_died(instance, exit_description)
         why, failed = death.why, death.failed
         self._backpressure(death.backpressure)
@@ -366,24 +396,29 @@ class Coordinator:
         self.endpoint.lost(instance)
         self._broadcast_all(death.broadcasts)
         # Logged once, here: the death, what it cost and what happens next (each request it
-        # failed is logged by whoever answers it).
-        if handle.restarts < self.max_restarts:
-            log.error(
-                "%s; %d request(s) pinned to it failed; restarting it (restart %d of %d)",
-                why,
-                len(failed),
-                handle.restarts + 1,
-                self.max_restarts,
-            )
-            asyncio.get_running_loop().create_task(self._restart(instance, failed))
+        # failed is logged by whoever answers it; each replay here, naming request and stage).
+        cost = f"{len(failed)} request(s) pinned to it failed, {len(death.replayed)} replayed"
+        if instance in self.core.draining:  # the autoscaler was removing it anyway: not restarted
+            log.error("%s while draining; %s; it stays removed", why, cost)
+            self.core.replica_removed(instance)
+        elif handle.restarts < self.max_restarts:
+            log.error("%s; %s; restarting it (restart %d of %d)", why, cost, handle.restarts + 1, self.max_restarts)
+            asyncio.get_running_loop().create_task(self._restart(instance, death.dropped))
         else:
-            log.error(
-                "%s; %d request(s) pinned to it failed; no restart left (max_restarts %d)",
-                why,
-                len(failed),
-                self.max_restarts,
-            )
+            log.error("%s; %s; no restart left (max_restarts %d)", why, cost, self.max_restarts)
             self.core.lose(instance, why)
+        for replayed in death.replayed:
+            log.warning(
+                "request %s: %s from the entry (replay %d of %d): stage %r lost it: %s",
+                replayed.request_id,
+                "resumed with the tokens its caller has forced" if replayed.resumed else "replayed",
+                replayed.attempt,
+                self.core.replay_limit,
+                replayed.stage,
+                why,
+            )
+        self._broadcast_all(self.core.fail_waiting_replays())
+        self._replay()
 
     async def _restart(self, instance: str, failed: list[str]) -> None:
         handle = self.launcher.start(instance)
@@ -396,9 +431,100 @@ class Coordinator:
             log.error("stage process %r could not be restarted: %s", instance, exc)
             if handle.restarts >= self.max_restarts:
                 self.core.lose(instance, f"stage process {instance!r} could not be restarted: {exc}")
+                self._broadcast_all(self.core.fail_waiting_replays())
             return  # otherwise its exit starts the next restart
         self._broadcast_all(self.core.process_back(instance, failed))
         log.info("stage process %r is back", instance)
+        self._replay()  # the replays that waited for it
+
+    # --- elastic replicas ---------------------------------------------------------------
+
+    async def _autoscale(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(_AUTOSCALE_TICK_S)
+            running = {p.name: self.core.running(p.name) for p in self.autoscaler.processes}
+            decisions = self.autoscaler.decide(
+                loop.time(), self.core.placement.in_flight, running, self.core.standby, self._starting
+            )
+            for decision in decisions:
+                self._scale(decision)
+            for instance in self.core.drained():
+                if instance not in self._retiring:
+                    self._retiring.add(instance)
+                    loop.create_task(self._remove(instance))
+
+    def _scale(self, decision: ScaleDecision) -> None:
+        # Logged once, here: the decision with the figure that triggered it.
+        count = len(self.core.running(decision.process))
+        maximum = self.topology.processes[decision.process].replicas
+        if decision.up:
+            log.info(
+                "scaling process %r up: %s; starting %r (%d -> %d of max %d)",
+                decision.process,
+                decision.why,
+                decision.instance,
+                count,
+                count + 1,
+                maximum,
+            )
+            self._starting.add(decision.instance)
+            asyncio.get_running_loop().create_task(self._scale_up(decision.instance))
+        else:
+            log.info(
+                "scaling process %r down: %r %s; draining it (%d -> %d)",
+                decision.process,
+                decision.instance,
+                decision.why,
+                count,
+                count - 1,
+            )
+            self.core.drain(decision.instance)
+
+    async def _scale_up(self, instance: str) -> None:
+        try:
+            handle = self.launcher.start(instance)
+            await asyncio.wait_for(handle.ready, self.ready_timeout)
+            await asyncio.wait_for(self._handshake([instance]), self.ready_timeout)
+        except (LaunchError, asyncio.TimeoutError) as exc:
+            log.error("replica %r could not be started (scale up): %s; it stays in standby", instance, exc)
+            if instance in self.launcher.handles:
+                await self.launcher.retire(instance)
+            return
+        finally:
+            self._starting.discard(instance)
+        self.core.replica_added(instance)
+        broadcasts, moved = self.core.rebalance(instance)
+        self._broadcast_all(broadcasts)
+        if moved:
+            log.info("replica %r is up; %d queued request(s) moved to it, re-run from the entry", instance, len(moved))
+        else:
+            log.info("replica %r is up", instance)
+        self._replay()  # the moved requests, and replays waiting for a replica of this process
+
+    async def _remove(self, instance: str) -> None:
+        """Stop a drained replica: it holds no request, so nothing is lost."""
+        try:
+            await self.launcher.retire(instance)
+            # Like a death, minus the aborts (it held nothing): every process takes back the
+            # slots it lent it and drops its socket to it.
+            self.endpoint.lost(instance)
+            self._broadcast_all([m.ProcessLost(instance)])
+            self.core.replica_removed(instance)
+            log.info("replica %r drained and stopped", instance)
+        finally:
+            self._retiring.discard(instance)
+
+    def scaling(self) -> dict[str, dict[str, int]]:
+        """Per elastic process: replicas running now, and the scaling decisions so far."""
+        return {
+            p.name: {
+                "replicas": len(self.core.running(p.name)),
+                "scaled_up": self.autoscaler.counts[(p.name, "up")],
+                "scaled_down": self.autoscaler.counts[(p.name, "down")],
+            }
+            for p in self.autoscaler.processes
+        }
 
     # --- introspection ----------------------------------------------------------------
 
@@ -408,7 +534,7 @@ class Coordinator:
 
     def nodes(self) -> dict[str, dict[str, Any]]:
         """Per node label: its OS processes and whether they are up (see node_stats)."""
-        return node_stats(self.topology, self.down)
+        return node_stats(self.topology, self.down, self.core.standby)
 
     async def stats(self, timeout: float = 5.0) -> dict[str, dict[str, Any]]:
         """Per stage: status and the state it holds, over its replicas (see stage_stats)."""
@@ -417,14 +543,14 @@ class Coordinator:
         replies: dict[str, m.StatsReply] = {}
         self._stats_waiters[seq] = (done, replies)
         try:
-            if set(self.launcher.process_of) - set(self.down):
+            if set(self.launcher.handles) - set(self.down):
                 await self._broadcast.send(m.encode(m.StatsRequest(seq)))
                 await asyncio.wait_for(done, timeout)
         except asyncio.TimeoutError:
             pass  # report what answered; the rest shows as unknown
         finally:
             del self._stats_waiters[seq]
-        return stage_stats(self.topology, replies, self.down)
+        return stage_stats(self.topology, replies, self.down, self.core.standby)
 
 
 def _fail_launch(ready: asyncio.Future[None], error: LaunchError) -> None:

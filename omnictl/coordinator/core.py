@@ -11,7 +11,7 @@ it returns, as vLLM splits ``EngineCore`` (what to do) from ``EngineCoreProc`` (
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Container, Mapping, Sequence, Union
 
 from omnictl import messages as m
@@ -19,6 +19,7 @@ from omnictl.coordinator.placement import ReplicaPlacement
 from omnictl.coordinator.pruning import active_stages, select_terminals
 from omnictl.coordinator.request import RequestEvent, RequestEventKind, RequestRecord, RequestState
 from omnictl.exceptions import InvalidRequest, PipelineDead, RequestAborted, RequestFailed
+from omnictl.outputs import TokenDelta
 from omnictl.profiling.events import EventKind, MetaValue, NullProfiler, Profiler
 from omnictl.recent import RecentIds
 from omnictl.topology.model import Topology
@@ -47,14 +48,28 @@ class Admitted:
 
 
 @dataclass(frozen=True)
+class Replayed:
+    """A request a death sends back to the entry: its id, the stage of the dead process it
+    was using, and which replay this is (1 for the first)."""
+
+    request_id: str
+    stage: str
+    attempt: int
+    resumed: bool = False  # its caller had streamed text: it resumes with those tokens forced
+
+
+@dataclass(frozen=True)
 class ProcessDeath:
     """What a dead process cost: why (one sentence naming it), the requests pinned to it
-    (failed, in submit order), and what to broadcast."""
+    that failed and those queued for a replay (each in submit order), the ids the stages
+    knew them by (a restarted process must drop those), and what to broadcast."""
 
     why: str
     failed: list[str]
     broadcasts: list[Broadcast]
     backpressure: bool | None  # as inbox_state: admission's new hold, if its queue's death changed it
+    replayed: list[Replayed] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
 
 
 class CoordinatorCore:
@@ -69,8 +84,14 @@ class CoordinatorCore:
         request_timeout: float = 300.0,
         profiler: Profiler | None = None,
         recent_ids: int = RECENT_IDS,
+        replay_limit: int = 1,
     ) -> None:
+        """``replay_limit``: how often a request that had sent its caller nothing yet is re-run
+        from the entry after a process it was pinned to died (0: it fails at once)."""
+        if replay_limit < 0:
+            raise ValueError(f"replay_limit must be >= 0, not {replay_limit!r}")
         self.topology = topology
+        self.replay_limit = replay_limit
         self.request_timeout = request_timeout
         self.profiler = profiler or NullProfiler()
         self.requests: dict[str, RequestRecord] = {}
@@ -81,11 +102,21 @@ class CoordinatorCore:
         # check sets this): new requests are pinned to the other replicas, as if down.
         self.unresponsive: frozenset[str] = frozenset()
         self.lost: set[str] = set()  # replicas down for good (no restart left)
+        # Elastic processes (`replicas: {min, max}`): replicas not running (never started, or
+        # removed by the autoscaler), and those draining (no new request; removed once empty).
+        self.standby: set[str] = {n for p in topology.processes.values() for n in p.instances[p.initial :]}
+        self.draining: set[str] = set()
+        self.replayed = 0  # requests re-run from the entry (each replay counts)
+        self.resumed = 0  # of those, streams resumed with the tokens their caller had forced
         self.dead_reason: str | None = None
         # Backpressure: (OS process, stage) whose inbox is full; admission holds while any is.
         self.full_inboxes: set[tuple[str, str]] = set()
         self._active: dict[tuple[str, ...], tuple[str, ...]] = {}  # terminals -> stages that run
         self.process_of = {name: p.name for p in topology.processes.values() for name in p.instances}
+        # Replays: the wire id of each replayed attempt -> its request id; the requests
+        # waiting for a replica to re-run on (in arrival order), each with the stage it lost.
+        self._wire: dict[str, str] = {}
+        self._replays: dict[str, str] = {}
 
     # --- health -----------------------------------------------------------------------
 
@@ -99,7 +130,8 @@ class CoordinatorCore:
         down; ``down`` when some process has none (or the pipeline is dead). With the
         down replicas and why."""
         if self.dead_reason is not None or any(
-            all(name in self.down for name in p.instances) for p in self.topology.processes.values()
+            all(name in self.down or name in self.standby for name in p.instances)
+            for p in self.topology.processes.values()
         ):
             return "down", dict(self.down)
         return ("degraded" if self.down else "ok"), dict(self.down)
@@ -124,18 +156,18 @@ class CoordinatorCore:
         if active is None:  # one graph walk per selection of terminals, not per request
             active = self._active[terminals] = active_stages(self.topology, terminals)
         rid = request_id or uuid.uuid4().hex
-        if rid in self.requests or rid in self.recent:
+        if rid in self.requests or rid in self.recent or rid in self._wire:
             # Stages drop late messages of finished ids, so a reused id would never complete.
             raise InvalidRequest(f"request id {rid!r} was already used; ids must be unique", field="request_id")
         context_params = {**(params or {}), "modalities": sorted({self.topology.terminals[t] for t in terminals})}
         try:
-            replicas = self.placement.assign(rid, active, _Either(self.down, self.unresponsive))
+            replicas = self.placement.assign(rid, active, self._unavailable())
         except PipelineDead as exc:
             raise PipelineDead(f"{exc}: {'; '.join(self.down.values())}") from exc
         entry = self.topology.entry
         process = self.topology.processes[self.topology.process_of(entry)]
         instance = process.instances[replicas.get(process.name, 0)]
-        record = RequestRecord(rid, set(terminals), active, now + self.request_timeout)
+        record = RequestRecord(rid, set(terminals), active, now + self.request_timeout, params=context_params)
         return Admitted(
             record,
             m.RequestContext(rid, context_params, active, replicas),
@@ -145,9 +177,14 @@ class CoordinatorCore:
             dict(trace_parent or {}),
         )
 
-    def commit(self, admitted: Admitted) -> None:
-        """The admitted request's submit is on its way: it is running from now on."""
+    def commit(self, admitted: Admitted, inputs: Any = None, stream: bool = True) -> None:
+        """The admitted request's submit is on its way: it is running from now on. Its
+        ``inputs`` are held for a replay (see :meth:`process_died`) until its caller sees
+        output: its first stream chunk or result, or (``stream`` False: the caller reads
+        only the results, all at the end) its completion."""
         record = admitted.record
+        record.caller_streams = stream
+        record.inputs = inputs  # also what moves a queued request to a replica the autoscaler added
         self.requests[record.request_id] = record
         self.profiler.record(
             EventKind.ADMITTED, record.request_id, None, terminals=",".join(admitted.terminals), **admitted.trace_parent
@@ -179,19 +216,31 @@ class CoordinatorCore:
     def fail(
         self, request_id: str, stage: str | None, message: str, rejected: bool = False, field: str | None = None
     ) -> list[Broadcast]:
-        """``request_id`` failed (a stage said so, or the coordinator found out); a finished
-        or unknown id is ignored."""
-        record = self.requests.get(request_id)
+        """``request_id`` (the id the stages know: see :attr:`RequestRecord.wire_id`) failed
+        (a stage said so, or the coordinator found out); a finished, unknown or superseded
+        id (an attempt that was replayed) is ignored."""
+        record = self._attempt(request_id)
         if record is None:
             return []
-        return self._finish(record, RequestState.FAILED, RequestFailed(request_id, message, stage, field), rejected)
+        return self._fail(record, stage, message, rejected, field)
+
+    def _fail(
+        self, record: RequestRecord, stage: str | None, message: str, rejected: bool = False, field: str | None = None
+    ) -> list[Broadcast]:
+        error = RequestFailed(record.request_id, message, stage, field)
+        return self._finish(record, RequestState.FAILED, error, rejected)
+
+    def _attempt(self, wire_id: str) -> RequestRecord | None:
+        """The running request whose current attempt the stages know as ``wire_id``."""
+        record = self.requests.get(self._wire.get(wire_id, wire_id))
+        return record if record is not None and record.wire_id == wire_id else None
 
     def expire(self, now: float) -> list[Broadcast]:
         """Fail every request whose deadline has passed at loop time ``now``."""
         broadcasts: list[Broadcast] = []
         for record in [r for r in self.requests.values() if r.deadline <= now]:
-            broadcasts += self.fail(
-                record.request_id,
+            broadcasts += self._fail(
+                record,
                 None,
                 f"request {record.request_id} missed its deadline of {self.request_timeout:g}s; "
                 f"terminals still expected: {sorted(record.expected)}",
@@ -210,12 +259,17 @@ class CoordinatorCore:
         self.requests.pop(record.request_id, None)
         self.placement.release(record.request_id)
         self.recent.add(record.request_id)
+        self._replays.pop(record.request_id, None)
+        running = bool(record.wire_id)  # a replay waiting for a replica has no attempt running
+        if running and record.wire_id != record.request_id:
+            del self._wire[record.wire_id]
+            self.recent.add(record.wire_id)  # a client may not take it for a request of its own
         broadcasts: list[Broadcast] = []
         if state is RequestState.COMPLETED:
             self.profiler.record(EventKind.COMPLETED, record.request_id, None)
         else:
-            # Every stage drops what it holds for this request, at once.
-            broadcasts.append(m.Abort((record.request_id,)))
+            if running:  # every stage drops what it holds for this request, at once
+                broadcasts.append(m.Abort((record.wire_id,)))
             kind = EventKind.ABORTED if state is RequestState.ABORTED else EventKind.FAILED
             # `rejected`: the stage refused the input; the dashboard counts it apart from failures
             meta: dict[str, MetaValue] = {"error": str(error), "rejected": True} if rejected else {"error": str(error)}
@@ -228,7 +282,7 @@ class CoordinatorCore:
     def stage_message(self, message: m.StageFailed | m.TerminalSkipped) -> list[Broadcast]:
         if isinstance(message, m.StageFailed):
             return self.fail(message.request_id, message.stage, message.error, message.rejected, message.field)
-        record = self.requests.get(message.request_id)
+        record = self._attempt(message.request_id)
         if record is None:
             return []
         record.expected.discard(message.stage)
@@ -236,9 +290,17 @@ class CoordinatorCore:
 
     def terminal_output(self, request_id: str, stage: str, seq: int, final: bool, data: Any) -> list[Broadcast]:
         """A terminal stage's stream chunk (``final`` false) or result, decoded."""
-        record = self.requests.get(request_id)
+        record = self._attempt(request_id)
         if record is None:
-            return []  # finished (aborted, failed) while this was in flight
+            return []  # finished (aborted, failed) or replayed while this was in flight
+        request_id = record.request_id
+        if record.caller_streams:  # from now on the caller has seen output: a replay would show it twice
+            record.output_sent = True
+            if not final and isinstance(data, TokenDelta) and record.sent_tokens is not None:
+                # an autoregressive stream: resumable with these tokens forced (inputs kept)
+                record.sent_tokens.setdefault(stage, []).extend(int(t) for t in data.token_ids)
+            else:
+                record.sent_tokens, record.inputs = None, None
         if seq == 0:  # the terminal's first output: its first chunk, or a result that never streamed
             modality = self.topology.terminals[stage]
             if modality == "text":
@@ -259,7 +321,7 @@ class CoordinatorCore:
             return []
         if record.results:
             return self._finish(record, RequestState.COMPLETED)
-        return self.fail(record.request_id, None, "no terminal produced a result: every branch was skipped")
+        return self._fail(record, None, "no terminal produced a result: every branch was skipped")
 
     def inbox_state(self, process: str, stage: str, full: bool) -> bool | None:
         """A stage inbox filled up or drained. Returns whether admission must now hold
@@ -275,9 +337,11 @@ class CoordinatorCore:
     # --- faults -----------------------------------------------------------------------
 
     def process_died(self, instance: str, exit_description: str) -> ProcessDeath:
-        """``instance`` (a process, or one replica of it) died: it is down, the requests
-        pinned to it fail (naming the first of its stages each was using), and every stage
-        process must drop what it holds from it. Whether it restarts is the shell's call."""
+        """``instance`` (a process, or one replica of it) died: it is down, and every stage
+        process must drop what it holds from it. Each request pinned to it that has sent its
+        caller nothing yet, and was replayed fewer than ``replay_limit`` times, is queued to
+        re-run from the entry (:meth:`take_replays`); the others fail, naming the first of
+        its stages each was using. Whether it restarts is the shell's call."""
         process = self.topology.processes[self.process_of[instance]]
         label = f"replica {instance!r}" if process.replicas > 1 else f"stage process {instance!r}"
         where = f", node {process.node!r}" if process.node is not None else ""
@@ -286,22 +350,137 @@ class CoordinatorCore:
         was_full = bool(self.full_inboxes)
         self.full_inboxes = {key for key in self.full_inboxes if key[0] != instance}  # its queues died with it
         backpressure = False if was_full and not self.full_inboxes else None
-        failed = self.placement.holders(instance)
+        failed: list[str] = []
+        replayed: list[Replayed] = []
+        dropped: list[str] = []
         broadcasts: list[Broadcast] = []
-        for request_id in failed:
+        for request_id in self.placement.holders(instance):
             record = self.requests.get(request_id)
             if record is None:
                 continue
             stage = next((s for s in process.stages if s in record.active), process.stages[0])
-            broadcasts += self.fail(request_id, stage, f"stage {stage!r} failed: {why}")
+            dropped.append(record.wire_id)
+            resumable = bool(record.sent_tokens) and record.inputs is not None
+            if (record.output_sent and not resumable) or record.replays >= self.replay_limit:
+                failed.append(request_id)
+                if record.output_sent and not resumable and self.replay_limit:
+                    reason = "not replayed: its caller already received output it cannot resume from"
+                elif record.replays:
+                    reason = f"replayed {record.replays} time(s) already, the replay limit"
+                else:
+                    reason = ""
+                broadcasts += self._fail(
+                    record, stage, f"stage {stage!r} failed: {why}" + (f" ({reason})" if reason else "")
+                )
+                continue
+            # Replayed: every stage drops the attempt it knew, and the request waits for a
+            # replica (it keeps its deadline, and an abort still ends it).
+            broadcasts += self._requeue(record, stage)
+            record.replays += 1
+            self.replayed += 1
+            if record.output_sent:  # its autoregressive stream resumes where the caller stopped
+                record.resumes += 1
+                self.resumed += 1
+            replayed.append(Replayed(request_id, stage, record.replays, record.output_sent))
         # After the aborts: every process takes back the slots it lent the dead one.
         broadcasts.append(m.ProcessLost(instance))
-        return ProcessDeath(why, failed, broadcasts, backpressure)
+        return ProcessDeath(why, failed, broadcasts, backpressure, replayed, dropped)
+
+    def _requeue(self, record: RequestRecord, stage: str) -> list[Broadcast]:
+        """End the running attempt of ``record`` everywhere and queue it to re-run from the
+        entry (:meth:`take_replays`)."""
+        broadcasts: list[Broadcast] = [m.Abort((record.wire_id,))]
+        self.placement.release(record.request_id)
+        self._retire_attempt(record)
+        # a terminal may have been skipped (that is no output): the replay expects them all again
+        record.expected = {t for t in self.topology.terminals if t in record.active}
+        record.results.clear()  # a caller that reads only results: none from the lost attempt
+        self._replays[record.request_id] = stage
+        return broadcasts
+
+    def rebalance(self, instance: str) -> tuple[list[Broadcast], list[str]]:
+        """``instance`` was just added to its process: requests are pinned at submit, so the
+        backlog queued on the other replicas would stay there. Move the newest of each
+        replica's excess over an even share (those that have shown their caller nothing) by
+        re-running them from the entry (:meth:`take_replays`, arrival order); not counted as
+        replays. Returns the broadcasts and the ids moved."""
+        process = self.topology.processes[self.process_of[instance]]
+        live = self.running(process.name)
+        in_flight = self.placement.in_flight
+        share = -(-sum(in_flight[name] for name in live) // len(live))  # ceil
+        moved: set[str] = set()
+        for name in live:
+            excess = in_flight[name] - share
+            if name == instance or excess <= 0:
+                continue
+            for request_id in reversed(self.placement.holders(name)):  # the newest: queued last
+                record = self.requests.get(request_id)
+                if record is None or record.output_sent or record.inputs is None or not record.wire_id:
+                    continue
+                moved.add(request_id)
+                excess -= 1
+                if excess == 0:
+                    break
+        broadcasts: list[Broadcast] = []
+        order = [rid for rid in self.requests if rid in moved]  # arrival order
+        stage = process.stages[0]
+        for request_id in order:
+            broadcasts += self._requeue(self.requests[request_id], stage)
+        return broadcasts, order
+
+    def _retire_attempt(self, record: RequestRecord) -> None:
+        """The stages' id for this attempt is finished: late messages carrying it are dropped."""
+        if record.wire_id != record.request_id:
+            del self._wire[record.wire_id]
+        self.recent.add(record.wire_id)
+        record.wire_id = ""  # no attempt runs until take_replays places one
+
+    def take_replays(self) -> list[Admitted]:
+        """Place every queued replay that has a replica up, in arrival order (the shell sends
+        them before any new request, as ``Submit`` with the :class:`Admitted`'s context and
+        the record's held inputs). Those with no replica up stay queued (for
+        :meth:`process_back`)."""
+        placed: list[Admitted] = []
+        for request_id in list(self._replays):
+            record = self.requests[request_id]
+            try:
+                replicas = self.placement.assign(request_id, record.active, self._unavailable())
+            except PipelineDead:
+                continue
+            del self._replays[request_id]
+            record.wire_id = self._fresh_wire_id(record)
+            self._wire[record.wire_id] = request_id
+            entry = self.topology.entry
+            process = self.topology.processes[self.topology.process_of(entry)]
+            instance = process.instances[replicas.get(process.name, 0)]
+            params = record.params
+            if record.output_sent and record.sent_tokens:  # a resume: the tokens the caller has, forced
+                params = {**params, m.RESUME_PARAM: {s: list(t) for s, t in record.sent_tokens.items()}}
+            context = m.RequestContext(record.wire_id, params, record.active, replicas)
+            terminals = tuple(t for t in self.topology.terminals if t in record.expected)
+            placed.append(Admitted(record, context, entry, instance, terminals, {}))
+        return placed
+
+    def _fresh_wire_id(self, record: RequestRecord) -> str:
+        attempt = record.replays
+        while True:
+            wire_id = f"{record.request_id}~{attempt}"
+            if wire_id not in self.requests and wire_id not in self.recent and wire_id not in self._wire:
+                return wire_id
+            attempt += 1
+
+    def replay_failed(self, admitted: Admitted, why: str) -> list[Broadcast]:
+        """A placed replay could not be sent (its inputs no longer encode): it fails, naming
+        the stage it lost."""
+        return self._fail(
+            admitted.record, admitted.entry, f"request {admitted.record.request_id} could not be replayed: {why}"
+        )
 
     def process_back(self, instance: str, failed: Sequence[str]) -> list[Broadcast]:
         """``instance`` restarted and answered. The new process never heard the aborts for
-        what its predecessor held: data for those requests still in flight must not build
-        state there."""
+        what its predecessor held (``failed``: the ids the stages knew them by): data for
+        those requests still in flight must not build state there. Replays waiting for it
+        are placed by the next :meth:`take_replays`."""
         self.down.pop(instance, None)
         return [m.Abort(tuple(failed))] if failed else []
 
@@ -309,9 +488,58 @@ class CoordinatorCore:
         """No restart left for ``instance``: the pipeline is dead once a process has lost
         every replica."""
         self.lost.add(instance)
-        process = self.topology.processes[self.process_of[instance]]
-        if all(name in self.lost for name in process.instances):
+        if self._gone(self.process_of[instance]):
             self.dead_reason = why
+
+    def fail_waiting_replays(self) -> list[Broadcast]:
+        """Fail the queued replays that can no longer be placed (some process they need has
+        no replica up and none coming back), naming the stage each lost."""
+        broadcasts: list[Broadcast] = []
+        for request_id, stage in list(self._replays.items()):
+            record = self.requests[request_id]
+            processes = {self.topology.process_of(s) for s in record.active}
+            hopeless = self.dead_reason is not None or any(self._gone(p) for p in processes)
+            if hopeless:
+                why = self.dead_reason or "; ".join(self.down[n] for n in self.lost if n in self.down)
+                broadcasts += self._fail(
+                    record, stage, f"stage {stage!r} failed: {why} (no replica left to replay it on)"
+                )
+        return broadcasts
+
+    # --- elastic replicas ---------------------------------------------------------------
+
+    def _unavailable(self) -> _Either:
+        """The replicas no new request (or replay) may be pinned to."""
+        return _Either(self.down, self.unresponsive, self.standby, self.draining)
+
+    def running(self, process: str) -> list[str]:
+        """The replicas of ``process`` that take new requests, in replica order."""
+        unavailable = self._unavailable()
+        return [name for name in self.topology.processes[process].instances if name not in unavailable]
+
+    def replica_added(self, instance: str) -> None:
+        """A standby replica was started and answered: it takes requests from now on."""
+        self.standby.discard(instance)
+        self.down.pop(instance, None)
+
+    def drain(self, instance: str) -> None:
+        """``instance`` takes no new request; :meth:`drained` says when its last one ended."""
+        self.draining.add(instance)
+
+    def drained(self) -> list[str]:
+        """The draining replicas that hold no request any more: ready to be stopped."""
+        return [name for name in sorted(self.draining) if self.placement.in_flight[name] == 0]
+
+    def replica_removed(self, instance: str) -> None:
+        """A drained replica was stopped (or died while draining): it is standby again."""
+        self.draining.discard(instance)
+        self.standby.add(instance)
+        self.down.pop(instance, None)
+
+    def _gone(self, process: str) -> bool:
+        """Every replica of ``process`` is lost for good (standby ones do not count)."""
+        instances = [n for n in self.topology.processes[process].instances if n not in self.standby]
+        return all(name in self.lost for name in instances)
 
     # --- introspection ----------------------------------------------------------------
 
@@ -322,16 +550,18 @@ class CoordinatorCore:
             "requests": len(self.requests),
             "placed": self.placement.placed(),
             "replica_in_flight": sum(self.placement.in_flight.values()),
+            "replays_waiting": len(self._replays),
         }
 
 
 class _Either:
-    """``name in _Either(a, b)``: in either container (without building their union per request)."""
+    """``name in _Either(a, b, ...)``: in any of the containers (without building their union
+    per request)."""
 
-    __slots__ = ("a", "b")
+    __slots__ = ("containers",)
 
-    def __init__(self, a: Container[str], b: Container[str]) -> None:
-        self.a, self.b = a, b
+    def __init__(self, *containers: Container[str]) -> None:
+        self.containers = containers
 
     def __contains__(self, name: object) -> bool:
-        return name in self.a or name in self.b
+        return any(name in container for container in self.containers)

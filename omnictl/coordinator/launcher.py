@@ -195,6 +195,20 @@ class Launcher:
             os.close(handle.pidfd)
             handle.pidfd = -1
 
+    async def retire(self, name: str, timeout: float = 5.0) -> None:
+        """SIGTERM the replica ``name`` (SIGKILL after ``timeout``); forgotten first, so its
+        exit is not reported as a death."""
+        handle = self.handles.pop(name)
+        self._forget(handle)
+        if handle.alive():
+            handle.process.terminate()
+        deadline = asyncio.get_running_loop().time() + timeout
+        while handle.alive() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+        if handle.alive():
+            handle.process.kill()
+        handle.process.wait()
+
     async def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM every process (workers shut down cleanly on it), then SIGKILL stragglers."""
         self._stopping = True

@@ -52,6 +52,11 @@ class ProcessLauncher(Protocol):
         """Start (or restart) the replica ``name``."""
         ...
 
+    async def retire(self, name: str, timeout: float = 5.0) -> None:
+        """Stop the replica ``name`` on purpose (the autoscaler removes it): its exit is not
+        reported, and a later :meth:`start` of it is a fresh start, not a restart."""
+        ...
+
     async def stop(self, timeout: float = 5.0) -> None:
         """Stop every replica; none is left behind."""
         ...

@@ -201,6 +201,19 @@ class RayLauncher:
         if not self._stopping and self.handles.get(handle.name) is handle:
             self.on_exit(handle.name, handle.exit_reason)
 
+    async def retire(self, name: str, timeout: float = 5.0) -> None:
+        """Ask the replica's worker to stop, then kill its actor; forgotten first, so its end
+        is not reported as a death."""
+        import ray
+
+        handle = self.handles.pop(name)
+        if handle.alive():
+            handle.actor.stop.remote()
+        if handle.watcher is not None:
+            await asyncio.wait([handle.watcher], timeout=timeout)
+            handle.watcher.cancel()
+        ray.kill(handle.actor, no_restart=True)
+
     async def stop(self, timeout: float = 5.0) -> None:
         """Ask every worker to stop cleanly, then kill every actor: none is left behind."""
         import ray

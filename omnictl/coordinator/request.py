@@ -48,9 +48,27 @@ class RequestRecord:
     active: tuple[str, ...]
     deadline: float  # loop time
     state: RequestState = RequestState.PENDING
+    # The id the stages know this attempt by: the request id, then ``ID~N`` for its Nth
+    # replay (the stages remember every aborted id as finished and drop what carries it).
+    wire_id: str = ""
+    params: dict[str, Any] = field(default_factory=dict)  # the context's params, for a replay
+    # The entry's inputs, held while a replay could still need them: until the caller has
+    # seen output (then a replay would repeat it) or the request ends.
+    inputs: Any = None
+    replays: int = 0  # how often it was re-run from the entry after a replica died
+    output_sent: bool = False  # the caller has seen a stream chunk or a result
+    caller_streams: bool = True  # False: the caller reads only the results, at the end
+    # What the caller has of each autoregressive terminal (its TokenDelta chunks' token ids),
+    # while every output it saw was such a chunk: a death then resumes the stream with them
+    # forced as the prefix. None: it saw something else (a result, another chunk): no resume.
+    sent_tokens: dict[str, list[int]] | None = field(default_factory=dict)
+    resumes: int = 0  # how many of its replays were resumes
     results: dict[str, Any] = field(default_factory=dict)
     events: asyncio.Queue[RequestEvent | None] = field(default_factory=asyncio.Queue)  # None closes it
     outcome: asyncio.Future[dict[str, Any]] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    def __post_init__(self) -> None:
+        self.wire_id = self.wire_id or self.request_id
 
     @property
     def finished(self) -> bool:
@@ -58,6 +76,7 @@ class RequestRecord:
 
     def finish(self, state: RequestState, error: RequestError | None = None) -> None:
         self.state = state
+        self.inputs = None
         if error is None:
             self.outcome.set_result(dict(self.results))
         else:

@@ -11,17 +11,21 @@ from omnictl.topology.model import Topology
 
 
 def stage_stats(
-    topology: Topology, replies: Mapping[str, m.StatsReply], down: Container[str]
+    topology: Topology, replies: Mapping[str, m.StatsReply], down: Container[str], standby: Container[str] = ()
 ) -> dict[str, dict[str, Any]]:
     """Per stage: status, its process, and the state counters summed over the replicas that
     answered; for a replicated process, ``replicas`` has the same per OS process (``tts#0``, ...). Status: ``up``,
-    ``down`` (every replica), ``degraded`` (some replica down) or ``unknown`` (no answer)."""
+    ``down`` (every replica), ``degraded`` (some replica down) or ``unknown`` (no answer). A
+    ``standby`` replica of an elastic process (not running by design) counts for none."""
     result: dict[str, dict[str, Any]] = {}
     for process, spec in topology.processes.items():
         for stage in spec.stages:
-            per_replica = {name: _replica(name, replies.get(name), stage, down) for name in spec.instances}
+            per_replica = {
+                name: {"status": "standby"} if name in standby else _replica(name, replies.get(name), stage, down)
+                for name in spec.instances
+            }
             entry = result[stage] = {
-                "status": _combined([r["status"] for r in per_replica.values()]),
+                "status": _combined([r["status"] for r in per_replica.values() if r["status"] != "standby"]),
                 "process": process,
                 **_summed(per_replica.values()),
             }
@@ -32,13 +36,13 @@ def stage_stats(
     return result
 
 
-def node_stats(topology: Topology, down: Container[str]) -> dict[str, dict[str, Any]]:
+def node_stats(topology: Topology, down: Container[str], standby: Container[str] = ()) -> dict[str, dict[str, Any]]:
     """Per node label (``-``: the coordinator's machine): ``up`` when every OS process placed
     there is up, ``down`` when none is, else ``degraded``; with those processes."""
     result: dict[str, dict[str, Any]] = {}
     for spec in topology.processes.values():
         entry = result.setdefault(spec.node or "-", {"processes": []})
-        entry["processes"].extend(spec.instances)
+        entry["processes"].extend(name for name in spec.instances if name not in standby)
     for entry in result.values():
         entry["status"] = _combined(["down" if name in down else "up" for name in entry["processes"]])
     return result

@@ -89,7 +89,8 @@ class DashboardView:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
-        header = _wrap_items(_header_items(self.snapshot, self.topology, self.rejected), width)
+        items = _header_items(self.snapshot, self.topology, self.rejected) + _scaling_items(self.topology, self.live)
+        header = _wrap_items(items, width)
         if self.where:  # one line, always: shortened from the left of each item if it must be
             header = Text.assemble(_where_line(self.where, width), "\n", header)
         yield header
@@ -150,6 +151,23 @@ def _header_items(snapshot: ProfileSnapshot, topology: Topology | None, rejected
     ]
     if h.dropped_events:
         items.append(Text(f"dropped events {h.dropped_events}", style="bold red"))
+    return items
+
+
+def _scaling_items(topology: Topology | None, live: LiveStats) -> list[Text]:
+    """Per elastic process (`replicas: {min, max}`): the replicas running now, from the live
+    stats (a standby or down replica does not count; ``?`` while no stats came)."""
+    items: list[Text] = []
+    for process in topology.processes.values() if topology is not None else ():
+        if process.elastic is None:
+            continue
+        replicas = live.get(process.stages[0], {}).get("replicas")
+        running = (
+            str(sum(1 for r in replicas.values() if r.get("status") not in ("standby", "down")))
+            if isinstance(replicas, Mapping)
+            else "?"
+        )
+        items.append(Text(f"{process.name} replicas {running} ({process.elastic.min}-{process.replicas})"))
     return items
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 
@@ -14,8 +14,14 @@ if TYPE_CHECKING:
 
 
 class ArRequest:
-    def __init__(self, request_id: str, inputs: Mapping[str, Any], params: SamplingParams) -> None:
+    def __init__(
+        self, request_id: str, inputs: Mapping[str, Any], params: SamplingParams, forced: Sequence[int] = ()
+    ) -> None:
+        """``forced``: tokens a caller already received from a lost attempt of this request
+        (a replica died mid-stream): taken in order instead of sampling, and never streamed
+        again, so the caller's text continues where it stopped."""
         self.request_id = request_id
+        self.forced = list(forced)
         self.inputs = inputs
         self.params = params
         self.sampler = Sampler(params)
@@ -36,6 +42,9 @@ class ArRequest:
 
     def take(self, output: StepOutput, runner: AutoregressiveRunner, stop_ids: set[int]) -> None:
         """Sample the next token from ``output`` and decide whether the request is done."""
+        if self.forced:
+            self._force(output, runner)
+            return
         token = self.sampler.sample(output.logits)
         self.completion_tokens += 1
         self.steps_since_emit += 1
@@ -54,6 +63,22 @@ class ArRequest:
                 self.finish_reason = FinishReason.STOP
                 self.final_text = text
                 return
+        if self.completion_tokens >= self.params.max_tokens:
+            self.finish_reason = FinishReason.LENGTH
+
+    def _force(self, output: StepOutput, runner: AutoregressiveRunner) -> None:
+        """Teacher forcing: the next token is the next one the caller already has; it counts
+        as sent (what was streamed of it is what the text was then)."""
+        token = self.forced.pop(0)
+        self.completion_tokens += 1
+        self.last_token = token
+        self.token_ids.append(token)
+        if output.hidden is not None:
+            self.hidden_size = int(output.hidden.shape[-1])
+            self.hidden_rows.append(output.hidden)
+        self.sent_tokens = len(self.token_ids)
+        self.sent_text = streamable_prefix(runner.detokenize(self.token_ids), self.params.stop)
+        self.steps_since_emit = 0
         if self.completion_tokens >= self.params.max_tokens:
             self.finish_reason = FinishReason.LENGTH
 

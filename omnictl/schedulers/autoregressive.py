@@ -61,6 +61,7 @@ from functools import partial
 from typing import Any, Literal, Mapping
 
 from omnictl.exceptions import InvalidRequest
+from omnictl.messages import RESUME_PARAM
 from omnictl.outputs import TokenDelta, TokenResult
 from omnictl.profiling.events import EventKind
 from omnictl.recent import RecentIds
@@ -259,10 +260,17 @@ class AutoregressiveScheduler(Scheduler):
         if not isinstance(inputs, Mapping):
             self._refuse(message.request_id, f"expected a dict as input, got {type(inputs).__name__}")
             return False
+        # A resumed request (a replica died while it streamed, see the coordinator's core):
+        # the tokens its caller already has, by stage.
+        resume = message.params.get(RESUME_PARAM)
+        forced = resume.get(self.stage_name, ()) if isinstance(resume, Mapping) and self.stage_name else ()
+        if not (isinstance(forced, (list, tuple)) and all(isinstance(t, int) for t in forced)):
+            self._refuse(message.request_id, f"{RESUME_PARAM!r} must map stage names to lists of token ids")
+            return False
         with self._wake:
             self._active.add(message.request_id)
             self._queued_count += 1
-        self._send(_NewRequest(ArRequest(message.request_id, inputs, params)))
+        self._send(_NewRequest(ArRequest(message.request_id, inputs, params, forced)))
         return True
 
     def _refuse(self, request_id: str, reason: str, field: str | None = None) -> None:

@@ -45,6 +45,7 @@ class ServeOptions:
     run_dir: str | None = None
     request_timeout: float = 300.0
     max_restarts: int = 0  # per replica: how often a dead stage process is started again
+    replay_limit: int = 1  # how often a request its caller saw nothing of is re-run after a replica died
     limits: Limits = field(default_factory=Limits)
     served_model_names: tuple[str, ...] = ()  # model ids accepted besides the topology's name
     max_in_flight: int | None = DEFAULT_MAX_IN_FLIGHT  # admission control; None: no limit (429 over it)
@@ -68,6 +69,7 @@ class ServeOptions:
             profile=True,
             request_timeout=self.request_timeout,
             max_restarts=self.max_restarts,
+            replay_limit=self.replay_limit,
             max_in_flight=self.max_in_flight,
             max_queue_wait=self.max_queue_wait,
             otlp_endpoint=self.otlp_endpoint,

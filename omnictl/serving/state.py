@@ -30,6 +30,7 @@ class PipelineLike(Protocol):
         modalities: list[str] | None = None,
         request_id: str | None = None,
         traceparent: str | None = None,
+        stream: bool = True,
     ) -> Any: ...
 
     async def abort(self, request_id: str) -> Any: ...

@@ -98,6 +98,10 @@ RULES: dict[str, Rule] = {
         "a key of `processes` that no stage runs in",
         "stages:\n  - {name: a, factory: m.a, next: [b]}\n" + _OK + "processes:\n  c: {replicas: 2}\n",
     ),
+    "replica-bounds": Rule(
+        "`replicas: {min, max}` with `min` above `max`",
+        "stages:\n  - {name: a, factory: m.a, next: [b]}\n" + _OK + "processes:\n  a: {replicas: {min: 3, max: 2}}\n",
+    ),
     "import": Rule(
         "(`--check-imports`) a factory, route_fn, merge_fn or projection cannot be imported or is not callable",
         "stages:\n  - {name: a, factory: omnictl_no_such_module.a, terminal: true}\n",

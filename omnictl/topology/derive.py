@@ -58,7 +58,7 @@ def derive_processes(
     specs: dict[str, ProcessSpec] = {}
     for name, names in members.items():
         k = declared.get(name, ProcessKnobs())
-        specs[name] = ProcessSpec(name, tuple(names), tuple(gpus.get(name, ())), k.replicas, k.node, k.cpus)
+        specs[name] = ProcessSpec(name, tuple(names), tuple(gpus.get(name, ())), k.replicas, k.node, k.cpus, k.elastic)
     return specs
 
 
@@ -99,4 +99,4 @@ def on_cpu(topology: Topology) -> Topology:
 
 def knobs_of(topology: Topology) -> dict[str, ProcessKnobs]:
     """The `processes` knobs the topology was derived with."""
-    return {name: ProcessKnobs(p.replicas, p.node, p.cpus) for name, p in topology.processes.items()}
+    return {name: ProcessKnobs(p.replicas, p.node, p.cpus, p.elastic) for name, p in topology.processes.items()}

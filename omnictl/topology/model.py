@@ -108,12 +108,24 @@ def replica_name(process: str, index: int, replicas: int) -> str:
 
 
 @dataclass(frozen=True)
+class Elastic:
+    """`replicas: {min, max, queue, window, idle}`: the autoscaler's bounds and triggers (the
+    process's ``replicas`` is ``max``)."""
+
+    min: int
+    queue: float = 4.0  # requests in flight per running replica above which it adds one
+    window: float = 2.0  # seconds the queue must stay above `queue` before a replica is added
+    idle: float = 10.0  # seconds at or below half of `queue` before a replica is drained and removed
+
+
+@dataclass(frozen=True)
 class ProcessKnobs:
     """One entry of the top-level `processes` mapping, as declared."""
 
     replicas: int = 1
     node: str | None = None
     cpus: float = 1.0
+    elastic: Elastic | None = None  # None: `replicas` is a fixed count
 
 
 @dataclass(frozen=True)
@@ -124,6 +136,12 @@ class ProcessSpec:
     replicas: int = 1  # copies, each its own OS process (`processes: {NAME: {replicas: N}}`)
     node: str | None = None  # `node` label: same label, same machine; None: the coordinator's
     cpus: float = 1.0  # CPUs a cluster launcher reserves for each replica
+    elastic: Elastic | None = None  # None: all `replicas` run; else between elastic.min and `replicas`
+
+    @property
+    def initial(self) -> int:
+        """How many replicas start with the pipeline."""
+        return self.elastic.min if self.elastic is not None else self.replicas
 
     @cached_property  # read for every request (replica placement): computed once
     def instances(self) -> tuple[str, ...]:

@@ -99,6 +99,14 @@ def check_declared_processes(processes: dict[str, RawProcess], stages: list[RawS
     if any("process" in s.malformed for s in stages):
         return  # a malformed `process` may be the one this key names: the schema said why
     for name, process in processes.items():
+        if process.min_over_max:
+            report.add(
+                "replica-bounds",
+                f"process {name!r}: `replicas` has `min` above `max`",
+                field="replicas",
+                at=process.path + ("replicas", "min"),
+                hint="the autoscaler runs between `min` and `max` replicas: use min <= max",
+            )
         if name in used:
             continue
         close = difflib.get_close_matches(name, used, n=1)

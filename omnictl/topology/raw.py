@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, TypeGuard
 
 from omnictl.topology.issues import Issue
+from omnictl.topology.model import Elastic
 from omnictl.topology.yamlnodes import Document, Path, Position
 
 NAME_LISTS = ("next", "wait_for", "stream_to")
@@ -128,6 +129,23 @@ class RawProcess:
     replicas: int = 1
     node: str | None = None
     cpus: float = 1.0
+    elastic: Elastic | None = None
+    min_over_max: bool = False  # `replicas: {min, max}` with min > max (a rule reports it)
+
+
+def _read_elastic(process: RawProcess, replicas: dict[Any, Any]) -> None:
+    low, high = replicas.get("min"), replicas.get("max")
+    if not (_is_int(low) and _is_int(high) and low >= 1 and high >= 1):
+        return  # the schema check reported it
+    if low > high:
+        process.min_over_max = True
+        return
+    triggers: dict[str, float] = {}
+    for key in ("queue", "window", "idle"):
+        value = replicas.get(key)
+        if (_is_int(value) or isinstance(value, float)) and value > 0:
+            triggers[key] = float(value)
+    process.replicas, process.elastic = high, Elastic(low, **triggers)
 
 
 def read_processes(doc: Document) -> dict[str, RawProcess]:
@@ -145,6 +163,8 @@ def read_processes(doc: Document) -> dict[str, RawProcess]:
         replicas, node, cpus = knobs.get("replicas"), knobs.get("node"), knobs.get("cpus")
         if _is_int(replicas) and replicas >= 1:
             process.replicas = replicas
+        elif isinstance(replicas, dict):
+            _read_elastic(process, replicas)
         if isinstance(node, str):
             process.node = node
         if (_is_int(cpus) or isinstance(cpus, float)) and cpus > 0:

@@ -40,7 +40,8 @@ FIELD_EXPECTS: dict[str, str] = {
     "inline_bytes": "an integer number of bytes, at least 0",
     "inbox": "an integer number of queued requests, at least 1",
     "processes": "a mapping from process name to its knobs, like `tts: {replicas: 2}`",
-    "replicas": "an integer number of replicas, at least 1",
+    "replicas": "an integer number of replicas, at least 1, or `{min: N, max: M}` (1 <= N <= M; optional `queue`, "
+    "`window`, `idle`: numbers greater than 0)",
     "node": "a node label made of letters, digits, '_' and '-'",
     "cpus": "a number of CPUs greater than 0",
 }

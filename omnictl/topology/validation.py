@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,8 @@ def derived_json(topology: Topology) -> dict[str, Any]:
                 "instances": list(p.instances),
                 "node": p.node,
                 "cpus": p.cpus,
+                # `replicas: {min, max}`: the autoscaler's bounds and triggers (None: fixed)
+                "elastic": dataclasses.asdict(p.elastic) if p.elastic is not None else None,
             }
             for name, p in topology.processes.items()
         },
@@ -138,7 +141,7 @@ def validate_text(
         stage_specs = {s.name: _stage_spec(s, doc.position(s.path)[0]) for s in stages}
         path = None if filename.startswith("<") else Path(filename)
         name = data.get("name") or (path.stem if path else "topology")
-        knobs = {n: ProcessKnobs(p.replicas, p.node, p.cpus) for n, p in read_processes(doc).items()}
+        knobs = {n: ProcessKnobs(p.replicas, p.node, p.cpus, p.elastic) for n, p in read_processes(doc).items()}
         report.topology = derive(
             name, path, data.get("model_path"), stage_specs, knobs, allow_pickle=data.get("allow_pickle") is True
         )

@@ -91,7 +91,7 @@ def test_json_for_several_files_is_a_list_with_derived_topologies(app: typer.Typ
     assert good["derived"]["entry"] == "preprocessing"
     assert good["derived"]["processes"]["talker"] == {"stages": ["talker_ar", "code2wav"],
                                                       "gpus": [1], "replicas": 1,
-                                                      "instances": ["talker"], "node": None, "cpus": 1.0}
+                                                      "instances": ["talker"], "node": None, "cpus": 1.0, "elastic": None}
     assert {"from": "thinker", "to": "decode", "kind": "stream",
             "transport": "inproc"} in good["derived"]["edges"]
     assert bad["valid"] is False

@@ -28,6 +28,7 @@ from omnictl.launch_config import LaunchConfig
 from omnictl.topology import loads
 from omnictl.topology.model import RelayKnobs, Transport
 from omnictl.transports.codec import decode
+from omnictl.transports.drain import tensor_frames
 from omnictl.transports.registry import codec_for
 from omnictl.transports.shm import SegmentReader, SlotPool
 
@@ -106,7 +107,12 @@ class StubProcess:
     async def _read(self) -> None:
         while True:
             parts = await self.inbound.recv_multipart()
-            self.received.append((m.inbound_decoder.decode(parts[0]), parts[1:]))
+            # one multipart carries every message queued in one loop turn: header, its frames, ...
+            while parts:
+                message = m.inbound_decoder.decode(parts[0])
+                count = tensor_frames(message)
+                self.received.append((message, parts[1:1 + count]))
+                parts = parts[1 + count:]
 
     def close(self) -> None:
         for task in self._tasks:
@@ -256,7 +262,7 @@ def test_a_submit_reaches_the_entry_process_and_its_result_completes_the_request
         assert await asyncio.wait_for(handle.result(), 3) == {"talk": {"text": "hello"}}
         kinds = [event.kind async for event in handle.events()]
         assert kinds == [RequestEventKind.STREAM, RequestEventKind.RESULT]
-        assert c.core.held() == {"requests": 0, "placed": 0, "replica_in_flight": 0}
+        assert c.core.held() == {"requests": 0, "placed": 0, "replica_in_flight": 0, "replays_waiting": 0}
 
     run(body)
 
@@ -279,7 +285,7 @@ def test_inputs_that_cannot_be_encoded_leave_no_request_behind() -> None:
     async def body(c: Coordinator, stub: StubLauncher) -> None:
         with pytest.raises(Exception, match="pickle|serial|encode|object"):
             await c.submit({"f": object()}, request_id="r1")
-        assert c.core.held() == {"requests": 0, "placed": 0, "replica_in_flight": 0}
+        assert c.core.held() == {"requests": 0, "placed": 0, "replica_in_flight": 0, "replays_waiting": 0}
         await c.submit({"ok": 1}, request_id="r1")  # the id was never used
 
     run(body)
@@ -388,6 +394,32 @@ def test_a_dead_replica_fails_its_requests_and_the_others_keep_serving() -> None
         late = await c.submit({}, request_id="c")
         assert c.placement._assigned[late.id]["voice"] == "voice#1"
         assert c.lost == {"voice#0"}  # no restart allowed (max_restarts 0)
+
+    run(body, LaunchConfig(ready_timeout=5.0, replay_limit=0))
+
+
+def test_a_dead_replica_s_unseen_requests_are_replayed_from_the_entry_on_the_other() -> None:
+    async def body(c: Coordinator, stub: StubLauncher) -> None:
+        handles = [await c.submit({"n": i}, request_id=f"r{i}") for i in range(4)]
+        doomed = [rid for rid, chosen in c.placement._assigned.items() if chosen["voice"] == "voice#0"]
+        assert len(doomed) == 2
+        stub.die("voice#0")
+        prep = stub.processes["prep"]
+        await until(lambda: len(prep.received) >= 6)
+        replays = [message for message, _ in prep.received[4:]]
+        # arrival order, from the entry, with the inputs the caller gave, on the live replica
+        assert [s.ctx.request_id for s in replays] == [f"{rid}~1" for rid in doomed]
+        assert all(s.dst == "prep" and s.ctx.replicas == {"voice": 1} for s in replays)
+        assert [decode(s.payload, SegmentReader(), False) for s in replays] == [
+            {"n": int(rid[1:])} for rid in doomed]
+        await until(lambda: m.ProcessLost("voice#0") in prep.heard)
+        assert prep.heard.index(m.Abort((doomed[0],))) < prep.heard.index(m.ProcessLost("voice#0"))
+        for handle in handles:
+            wire = f"{handle.id}~1" if handle.id in doomed else handle.id
+            stub.processes["voice#1"].send(result(wire, {"text": handle.id}))
+        outcomes = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 3)
+        assert outcomes == [{"talk": {"text": f"r{i}"}} for i in range(4)]
+        assert c.core.held()["requests"] == 0
 
     run(body)
 

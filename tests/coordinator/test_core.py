@@ -12,7 +12,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 import pytest
 
 from omnictl import messages as m
-from omnictl.coordinator.core import Admitted, CoordinatorCore
+from omnictl.coordinator.core import Admitted, CoordinatorCore, Replayed
 from omnictl.coordinator.request import RequestEvent, RequestEventKind, RequestState
 from omnictl.exceptions import InvalidRequest, PipelineDead, RequestAborted, RequestFailed
 from omnictl.profiling.events import EventKind, MetaValue
@@ -50,14 +50,16 @@ def run(body: Callable[[], Awaitable[T]]) -> T:
     return asyncio.run(body())  # type: ignore[arg-type]  # asyncio.run takes any awaitable's coroutine
 
 
-def core(request_timeout: float = 10.0) -> tuple[CoordinatorCore, Recorder]:
+def core(request_timeout: float = 10.0, replay_limit: int = 0) -> tuple[CoordinatorCore, Recorder]:
+    """``replay_limit`` 0 unless a test is about replays: a death then fails what it held."""
     recorder = Recorder()
-    return CoordinatorCore(loads(TOPOLOGY), request_timeout=request_timeout, profiler=recorder), recorder
+    c = CoordinatorCore(loads(TOPOLOGY), request_timeout=request_timeout, profiler=recorder, replay_limit=replay_limit)
+    return c, recorder
 
 
 def started(c: CoordinatorCore, request_id: str, modalities: list[str] | None = None, now: float = 0.0) -> Admitted:
     admitted = c.admit(now, modalities, request_id)
-    c.commit(admitted)
+    c.commit(admitted, {"inputs of": request_id})
     return admitted
 
 
@@ -67,7 +69,7 @@ def events(c: CoordinatorCore, admitted: Admitted) -> list[RequestEvent | None]:
 
 
 def assert_holds_nothing(c: CoordinatorCore) -> None:
-    assert c.held() == {"requests": 0, "placed": 0, "replica_in_flight": 0}
+    assert c.held() == {"requests": 0, "placed": 0, "replica_in_flight": 0, "replays_waiting": 0}
 
 
 # --- submit ---------------------------------------------------------------------------
@@ -90,7 +92,7 @@ def test_admit_places_the_request_and_commit_makes_it_running() -> None:
         assert c.requests["r1"] is admitted.record
         assert admitted.record.state is RequestState.RUNNING
         assert rec.events == [(EventKind.ADMITTED, "r1", None, {"terminals": "text,tts"})]
-        assert c.held() == {"requests": 1, "placed": 1, "replica_in_flight": 3}
+        assert c.held() == {"requests": 1, "placed": 1, "replica_in_flight": 3, "replays_waiting": 0}
 
     run(body)
 
@@ -468,5 +470,171 @@ def test_an_unresponsive_replica_gets_no_new_request_while_another_answers() -> 
         with pytest.raises(PipelineDead, match="every replica of process 'voice'"):
             c.admit(0.0, None, "late")
         assert c.health() == ("ok", {})  # unresponsive is not down: health is the server's liveness check
+
+    run(body)
+
+
+# --- replays -------------------------------------------------------------------------------
+
+
+def test_a_dead_replica_replays_what_its_caller_saw_nothing_of_on_the_other_one() -> None:
+    async def body() -> None:
+        c, _ = core(replay_limit=1)
+        on0, on1 = started(c, "on0"), started(c, "on1")
+        assert on0.context.replicas == {"voice": 0}
+        c.stage_message(m.TerminalSkipped("on0", "text"))  # not output: the replay runs every branch again
+        death = c.process_died("voice#0", "killed by SIGKILL")
+        assert (death.failed, death.replayed, death.dropped) == ([], [Replayed("on0", "tts", 1)], ["on0"])
+        assert death.broadcasts == [m.Abort(("on0",)), m.ProcessLost("voice#0")]
+        assert on0.record.state is RequestState.RUNNING and c.held()["replays_waiting"] == 1
+        (replay,) = c.take_replays()
+        assert c.take_replays() == []  # placed once
+        assert replay.record is on0.record and replay.instance == "prep" and replay.entry == "prep"
+        assert replay.context.request_id == "on0~1" and replay.context.replicas == {"voice": 1}
+        assert replay.context.params == on0.context.params and replay.record.inputs == {"inputs of": "on0"}
+        # what the first attempt still had in flight is dropped; the replay's output counts
+        assert c.terminal_output("on0", "text", 0, True, "stale") == []
+        assert c.fail("on0", "tts", "stale failure") == []
+        c.terminal_output("on0~1", "text", 0, True, "hello")
+        c.terminal_output("on0~1", "tts", 0, True, b"wav")
+        assert await asyncio.wait_for(on0.record.outcome, 1) == {"text": "hello", "tts": b"wav"}
+        c.terminal_output("on1", "text", 0, True, "x")
+        c.terminal_output("on1", "tts", 0, True, b"y")
+        assert_holds_nothing(c)
+        with pytest.raises(InvalidRequest, match="'on0~1' was already used"):
+            c.admit(0.0, None, "on0~1")  # the stages remember the attempt's id as finished
+
+    run(body)
+
+
+def test_a_request_whose_caller_saw_output_fails_naming_the_stage_and_why_not_replayed() -> None:
+    async def body() -> None:
+        c, _ = core(replay_limit=1)
+        admitted = started(c, "r1")
+        c.terminal_output("r1", "text", 0, False, "hel")
+        assert admitted.record.inputs is None  # no longer held: nothing could replay it
+        death = c.process_died("voice#0" if admitted.context.replicas["voice"] == 0 else "voice#1", "exit code 1")
+        assert death.failed == ["r1"] and death.replayed == []
+        error = admitted.record.outcome.exception()
+        assert isinstance(error, RequestFailed) and error.stage == "tts"
+        assert str(error).endswith("(not replayed: its caller already received output it cannot resume from)")
+
+    run(body)
+
+
+def test_a_request_is_replayed_at_most_replay_limit_times_then_fails_naming_the_stage() -> None:
+    async def body() -> None:
+        c, _ = core(replay_limit=2)
+        admitted = started(c, "r1", ["text"])  # runs in prep and brain, one replica each
+        for attempt in (1, 2):
+            death = c.process_died("brain", "killed by SIGKILL")
+            assert death.replayed == [Replayed("r1", "thinker", attempt)]
+            assert c.take_replays() == []  # no replica of brain is up: it waits
+            c.process_back("brain", death.dropped)
+            (replay,) = c.take_replays()
+            assert replay.context.request_id == f"r1~{attempt}"
+        death = c.process_died("brain", "killed by SIGKILL")
+        assert death.failed == ["r1"] and death.dropped == ["r1~2"]
+        error = admitted.record.outcome.exception()
+        assert isinstance(error, RequestFailed) and error.stage == "thinker"
+        assert str(error).endswith("died: killed by SIGKILL (replayed 2 time(s) already, the replay limit)")
+        assert_holds_nothing(c)
+
+    run(body)
+
+
+def test_waiting_replays_go_in_arrival_order_and_aborts_and_deadlines_win() -> None:
+    async def body() -> None:
+        c, _ = core(request_timeout=5.0, replay_limit=1)
+        records = {rid: started(c, rid, ["text"], now=now).record for rid, now in
+                   [("a", 0.0), ("b", 0.0), ("late", 3.0), ("c", 0.0)]}
+        death = c.process_died("prep", "killed by SIGKILL")
+        assert [r.request_id for r in death.replayed] == ["a", "b", "late", "c"]
+        assert c.abort("b") == []  # nothing runs: no stage to tell
+        assert c.expire(6.0) == []  # a and c missed their deadline while waiting
+        assert {rid: r.state for rid, r in records.items()} == {
+            "a": RequestState.FAILED, "b": RequestState.ABORTED, "late": RequestState.RUNNING, "c": RequestState.FAILED}
+        assert c.process_back("prep", death.dropped) == [m.Abort(("a", "b", "late", "c"))]
+        assert [a.record.request_id for a in c.take_replays()] == ["late"]
+
+    run(body)
+
+
+def test_waiting_replays_fail_naming_the_stage_once_no_replica_can_come_back() -> None:
+    async def body() -> None:
+        c, _ = core(replay_limit=1)
+        admitted = started(c, "r1", ["text"])
+        c.process_died("prep", "killed by SIGKILL")
+        assert c.fail_waiting_replays() == []  # it may restart
+        c.lose("prep", "prep is gone")
+        assert c.fail_waiting_replays() == []  # failed; nothing ran to abort
+        error = admitted.record.outcome.exception()
+        assert isinstance(error, RequestFailed) and error.stage == "prep"
+        assert "no replica left to replay it on" in str(error)
+        assert_holds_nothing(c)
+
+    run(body)
+
+
+def test_a_caller_that_reads_only_results_is_replayed_after_chunks_and_a_partial_result() -> None:
+    async def body() -> None:
+        c, _ = core(replay_limit=1)
+        admitted = c.admit(0.0, None, "r1")
+        c.commit(admitted, {"in": 1}, stream=False)
+        c.terminal_output("r1", "text", 0, False, "hel")
+        c.terminal_output("r1", "text", 1, True, "hello")  # one terminal done, the other still running
+        assert admitted.record.inputs == {"in": 1}  # still held: the caller has seen nothing
+        voice = f"voice#{admitted.context.replicas['voice']}"
+        death = c.process_died(voice, "killed by SIGKILL")
+        assert death.replayed == [Replayed("r1", "tts", 1)] and admitted.record.results == {}
+        assert admitted.record.expected == {"text", "tts"}
+        (replay,) = c.take_replays()
+        c.terminal_output("r1~1", "text", 0, True, "hello")
+        c.terminal_output("r1~1", "tts", 0, True, b"wav")
+        assert await asyncio.wait_for(admitted.record.outcome, 1) == {"text": "hello", "tts": b"wav"}
+
+    run(body)
+
+
+def test_a_new_replica_takes_the_newest_of_the_backlog_that_showed_nothing_to_its_caller() -> None:
+    async def body() -> None:
+        c, _ = core()  # moving is not a replay: no replay limit needed
+        c.unresponsive = frozenset({"voice#1"})  # as if voice#1 were not up yet: everything on voice#0
+        records = {rid: started(c, rid).record for rid in ("a", "b", "c", "d", "e")}
+        c.terminal_output("e", "text", 0, False, "seen")  # e's caller saw output: it stays
+        c.unresponsive = frozenset()
+        broadcasts, moved = c.rebalance("voice#1")
+        assert moved == ["c", "d"]  # 5 on one replica, share 3: the two newest that can move
+        assert broadcasts == [m.Abort(("c",)), m.Abort(("d",))]
+        assert [a.context.request_id for a in c.take_replays()] == ["c~0", "d~0"]
+        assert {rid: c.placement._assigned[rid]["voice"] for rid in records} == {
+            "a": "voice#0", "b": "voice#0", "c": "voice#1", "d": "voice#1", "e": "voice#0"}
+        assert all(r.replays == 0 for r in records.values()) and c.replayed == 0
+
+    run(body)
+
+
+def test_a_caller_that_streamed_autoregressive_tokens_resumes_with_them_forced() -> None:
+    from omnictl.outputs import TokenDelta
+
+    async def body() -> None:
+        c, _ = core(replay_limit=1)
+        admitted = started(c, "r1", ["text"])  # prep and brain: the text terminal alone
+        c.terminal_output("r1", "text", 0, False, TokenDelta(text="he", token_ids=[104, 101]))
+        c.terminal_output("r1", "text", 1, False, TokenDelta(text="l", token_ids=[108]))
+        death = c.process_died("brain", "killed by SIGKILL")
+        assert death.replayed == [Replayed("r1", "thinker", 1, resumed=True)] and death.failed == []
+        c.process_back("brain", death.dropped)
+        (replay,) = c.take_replays()
+        assert replay.context.params[m.RESUME_PARAM] == {"text": [104, 101, 108]}
+        c.terminal_output("r1~1", "text", 0, False, TokenDelta(text="lo", token_ids=[108, 111]))
+        assert admitted.record.sent_tokens == {"text": [104, 101, 108, 108, 111]}  # a second resume has them all
+        assert (c.replayed, c.resumed) == (1, 1)
+        # a chunk that is not an autoregressive increment: nothing to force, it fails
+        other = started(c, "r2", ["text"])
+        c.terminal_output("r2", "text", 0, False, {"text": "he"})
+        c.process_died("brain", "killed by SIGKILL")
+        error = other.record.outcome.exception()
+        assert isinstance(error, RequestFailed) and "it cannot resume from" in str(error)
 
     run(body)

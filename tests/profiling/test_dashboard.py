@@ -311,3 +311,21 @@ def test_edge_rates_pick_their_unit_by_size() -> None:
     _, rows = _table(_render(render_dashboard(_aggregator(now, requests=12).snapshot(now), TOPOLOGY), width=160), "edges")
     rates = [cells[-1] for cells in rows.values()]
     assert any(rate not in ("-", "0 B/s") for rate in rates) and not any(rate == "0.00" for rate in rates), rates
+
+
+def test_the_header_shows_each_elastic_process_s_running_replicas_from_the_live_stats() -> None:
+    from omnictl.topology import loads
+
+    topology = loads("""
+stages:
+  - {name: a, factory: m.a, next: [work]}
+  - {name: work, factory: m.w, terminal: true}
+processes:
+  work: {replicas: {min: 1, max: 4}}
+""")
+    now = 100 * S
+    snapshot = _aggregator(now).snapshot(now)
+    statuses = {"work#0": "up", "work#1": "up", "work#2": "down", "work#3": "standby"}
+    live = {"work": {"status": "degraded", "replicas": {n: {"status": st} for n, st in statuses.items()}}}
+    assert "work replicas 2 (1-4)" in _render(render_dashboard(snapshot, topology, live), width=200)
+    assert "work replicas ? (1-4)" in _render(render_dashboard(snapshot, topology), width=200)

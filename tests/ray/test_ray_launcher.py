@@ -227,7 +227,9 @@ else:
             {"name": "work", "factory": "omnictl.models.examples.sleep", "factory_args": {"seconds": seconds},
              "terminal": True},
         ], processes={"work": RACK})
-        pipe = launch(loop, path, profile=False, launcher="ray", ready_timeout=240, max_restarts=max_restarts)
+        # replay_limit 0: these tests are about what a death costs without replays
+        pipe = launch(loop, path, profile=False, launcher="ray", ready_timeout=240, max_restarts=max_restarts,
+                      replay_limit=0)
         handles = pipe._coordinator.launcher.handles
         nodes = {_node_of(handles["work#0"]), _node_of(handles["work#1"])}
         labels = _label_of_node()
@@ -291,6 +293,48 @@ else:
         finally:
             loop.run(pipe.close())
         _assert_no_actor_left(launcher)  # the killed actor's successor too
+
+    def test_an_elastic_process_scales_up_an_actor_on_its_label_and_scale_down_removes_it(
+            cluster: Any, loop: LoopThread, tmp_path: Path) -> None:
+        from ray._private.state import actors
+
+        elastic = {"node": "box-c", "cpus": 2, "replicas": {"min": 1, "max": 2, "queue": 1, "window": 0.5, "idle": 2}}
+        path = topo.write(tmp_path / "elastic.yaml", [
+            {"name": "front", "factory": "omnictl.models.examples.identity", "next": "work"},
+            {"name": "work", "factory": "omnictl.models.examples.sleep", "factory_args": {"seconds": 0.2},
+             "terminal": True},
+        ], processes={"work": elastic})
+        pipe = launch(loop, path, profile=False, launcher="ray", ready_timeout=240)
+        launcher = pipe._coordinator.launcher
+        try:
+            assert set(launcher.handles) == {"front", "work#0"} and pipe.standby == {"work#1"}
+
+            async def client(c: int) -> list[Any]:  # closed loop: the added replica takes new requests
+                return [await (await pipe.submit({"text": f"{c}-{i}"})).result() for i in range(10)]
+
+            async def flood() -> list[Any]:
+                return [o for batch in await asyncio.gather(*(client(c) for c in range(4))) for o in batch]
+
+            outputs = loop.run(flood(), timeout=180)
+            assert len(outputs) == 40 and all(set(o) == {"work"} for o in outputs)
+            assert pipe.scaling()["work"]["scaled_up"] == 1
+            added = launcher.handles["work#1"]
+            labels = _label_of_node()
+            assert labels[_node_of(added)] == "box-c"  # on its label, the other box-c machine
+            assert _node_of(added) != _node_of(launcher.handles["work#0"])
+            deadline = time.monotonic() + 60  # calm: drained and removed after the idle window
+            while "work#1" in launcher.handles and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert "work#1" not in launcher.handles and pipe.standby == {"work#1"}
+            assert pipe.scaling()["work"] == {"replicas": 1, "scaled_up": 1, "scaled_down": 1}
+            actor_id = added.actor._actor_id.hex()
+            while actors().get(actor_id, {}).get("State") != "DEAD" and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert actors()[actor_id]["State"] == "DEAD"  # the actor is gone, not just forgotten
+            assert _run(loop, pipe, {"text": "after"}) == {"work": {"text": "after"}}
+        finally:
+            loop.run(pipe.close())
+        _assert_no_actor_left(launcher)
 
     def test_removing_a_node_fails_exactly_its_requests_naming_stage_replica_and_node(
             cluster: Any, loop: LoopThread, tmp_path: Path) -> None:

@@ -19,6 +19,9 @@ def test_a_minute_of_sigkills_leaves_nothing_hung_and_nothing_leaked(tmp_path: P
     assert report.outcomes.hung == [], summary
     assert report.outcomes.deadline_ended == 0, summary  # failed at once, never by waiting for the timeout
     assert report.outcomes.wrong == [], summary
+    # a request that had shown its client nothing was replayed, never failed
+    assert report.outcomes.failed_before_output == 0, summary
+    assert report.replayed > 0, summary
     assert report.leaks == [], summary
     assert report.restarts > 0 and len(report.kills) > 0, summary
     assert report.outcomes.completed > 0, summary

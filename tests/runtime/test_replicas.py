@@ -80,7 +80,7 @@ async def _outcome(request: Any) -> Any:
 
 
 def test_a_killed_replica_fails_only_its_requests_and_comes_back(loop: LoopThread, tmp_path: Path) -> None:
-    pipe = launch(loop, work_topology(tmp_path, 0.1), profile=False, max_restarts=1)
+    pipe = launch(loop, work_topology(tmp_path, 0.1), profile=False, max_restarts=1, replay_limit=0)
     try:
         pids = pipe.process_ids()
         victim, survivor = pids["work#1"], pids["work#0"]

@@ -294,3 +294,36 @@ def test_a_crashed_worker_fails_held_and_new_requests_instead_of_hanging(runner:
     outcomes = run(scenario())
     assert "worker crashed" in outcomes["held"].error and "ready() is broken" in outcomes["held"].error
     assert "worker crashed" in outcomes["later"].error
+
+
+def test_a_resumed_request_takes_the_tokens_its_caller_has_and_streams_only_what_follows(
+    runner: HFCausalLMRunner,
+) -> None:
+    from omnictl.messages import RESUME_PARAM
+    from omnictl.schedulers.base import IncomingKind, IncomingMessage
+
+    sampling = {"max_tokens": 16, "temperature": 0}
+    clean = run(solo(runner, PROMPTS["medium"], **sampling))
+    seen = [t for chunk in clean.chunks for t in chunk.token_ids][:6]  # what a caller had when its replica died
+
+    async def resumed() -> Outcome:
+        scheduler = AutoregressiveScheduler(runner)
+        scheduler.stage_name = "think"
+        await scheduler.start()
+        outcomes: dict[str, Outcome] = {}
+        try:
+            params = {"sampling": sampling, RESUME_PARAM: {"think": seen, "other": [1, 2]}}
+            scheduler.inbox.put_nowait(IncomingMessage(IncomingKind.NEW_REQUEST, "r", {"prompt": PROMPTS["medium"]},
+                                                       params=params))
+            await pump(scheduler, outcomes, lambda: "r" in outcomes and outcomes["r"].done)
+        finally:
+            await scheduler.stop()
+        return outcomes["r"]
+
+    again = run(resumed())
+    assert again.result.token_ids == clean.result.token_ids and again.result.text == clean.result.text
+    assert again.result.completion_tokens == clean.result.completion_tokens  # the forced ones count
+    assert [t for chunk in again.chunks for t in chunk.token_ids] == clean.result.token_ids[6:]
+    # the caller's text, joined: what it had, then the continuation, no word twice or missing
+    had = "".join(c.text for c in clean.chunks)[: len(runner.detokenize(seen))]
+    assert had + "".join(c.text for c in again.chunks) == clean.result.text

@@ -37,7 +37,7 @@ class RecordingPipeline:
         self.submitted: list[tuple[Any, list[str] | None, int]] = []
 
     async def submit(self, inputs: Any, modalities: list[str] | None = None, request_id: str | None = None,
-                     traceparent: str | None = None) -> Any:
+                     traceparent: str | None = None, stream: bool = True) -> Any:
         self.submitted.append((inputs, modalities, threading.get_ident()))
         raise PipelineDead("test pipeline: stops at submit")
 

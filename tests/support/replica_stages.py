@@ -11,6 +11,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from omnictl.schedulers.base import IncomingKind, OutgoingKind, OutgoingMessage, Scheduler, SchedulerLoad
+from omnictl.schedulers.runner import StepOutput
 
 
 def tokens(count: int = 4, delay: float = 0.0) -> Callable[[dict[str, Any]], Iterator[dict[str, Any]]]:
@@ -76,3 +77,61 @@ def pid_after(seconds: float) -> Callable[[dict[str, Any]], dict[str, Any]]:
         return {**data, "work_pid": os.getpid()}
 
     return run
+
+
+def pid_after_asked(seconds: float = 0.1) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Holds each request for its ``seconds`` (default ``seconds``), then stamps its pid."""
+
+    def run(data: dict[str, Any]) -> dict[str, Any]:
+        time.sleep(float(data.get("seconds", seconds)))
+        return {**data, "work_pid": os.getpid()}
+
+    return run
+
+
+class _EchoRunner:
+    """An autoregressive runner whose next token is always the prompt's next byte (greedy:
+    certain), taking ``delay`` seconds per decode step: a deterministic text stream slow
+    enough to kill its replica in the middle of it."""
+
+    EOS = 256
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self._caches: dict[str, list[int]] = {}  # request -> [position, *prompt]
+
+    def prefill(self, request_id: str, inputs: Any) -> Any:
+        cache = self._caches[request_id] = [0, *inputs["prompt"]]
+        return StepOutput(logits=self._next(cache), prompt_tokens=len(cache) - 1)
+
+    def decode(self, request_ids: Any, token_ids: Any) -> list[Any]:
+        time.sleep(self.delay)
+        return [StepOutput(logits=self._next(self._caches[rid])) for rid in request_ids]
+
+    def _next(self, cache: list[int]) -> Any:
+        import torch
+
+        position = cache[0] = cache[0] + 1
+        token = cache[position] if position < len(cache) else self.EOS
+        logits = torch.full((self.EOS + 1,), float("-inf"))
+        logits[token] = 0.0
+        return logits
+
+    def release(self, request_id: str) -> None:
+        self._caches.pop(request_id, None)
+
+    def stop_token_ids(self) -> set[int]:
+        return {self.EOS}
+
+    def detokenize(self, token_ids: Any) -> str:
+        return bytes(token_ids).decode("utf-8", errors="replace")
+
+    def kv_slots(self) -> int:
+        return len(self._caches)
+
+
+def slow_echo(delay: float = 0.01, stream_every: int = 2) -> Any:
+    """An autoregressive text terminal repeating ``data["prompt"]`` (byte ids), ``delay`` s a token."""
+    from omnictl.schedulers.autoregressive import AutoregressiveScheduler
+
+    return AutoregressiveScheduler(_EchoRunner(delay), stream_every=stream_every)

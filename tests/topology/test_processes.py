@@ -28,8 +28,33 @@ def test_replicas_derive_one_instance_name_per_replica() -> None:
     assert topology.instances() == ("front", "llm", "tts#0", "tts#1")
     derived = json.loads(json.dumps(report.to_json()))["derived"]
     assert derived["processes"]["tts"] == {"stages": ["tts"], "gpus": [], "replicas": 2, "node": None, "cpus": 1.0,
-                                           "instances": ["tts#0", "tts#1"]}
+                                           "instances": ["tts#0", "tts#1"], "elastic": None}
     assert derived["processes"]["llm"]["replicas"] == 1
+
+
+def test_elastic_replicas_run_between_min_and_max_named_up_to_max(lint) -> None:
+    report = validate_text(BASE.lstrip("\n") + "  tts: {replicas: {min: 1, max: 3, idle: 5}}\n", "t.yaml")
+    assert report.valid, [i.format() for i in report.issues]
+    assert report.topology is not None
+    tts = report.topology.processes["tts"]
+    assert (tts.replicas, tts.initial, tts.instances) == (3, 1, ("tts#0", "tts#1", "tts#2"))
+    assert report.to_json()["derived"]["processes"]["tts"]["elastic"] == {"min": 1, "queue": 4.0, "window": 2.0,
+                                                                         "idle": 5.0}
+    assert report.topology.processes["llm"].elastic is None and report.topology.processes["llm"].initial == 1
+
+
+@pytest.mark.parametrize(("value", "field", "message"), [
+    ("{min: 0, max: 2}", "replicas", "process 'tts': `replicas`"),
+    ("{min: 1}", "replicas", "process 'tts': `replicas`"),
+    ("{min: 1, max: 2, idle: -1}", "replicas", "process 'tts': `replicas`"),
+    ("{min: 1, max: 2, most: 3}", "replicas", "process 'tts': `replicas`"),
+    ("{min: 3, max: 2}", "replicas", "process 'tts': `replicas` has `min` above `max`"),
+])
+def test_bad_elastic_replicas_are_reported_at_their_line(lint, value: str, field: str, message: str) -> None:
+    issues = lint(BASE + f"  tts: {{replicas: {value}}}\n")
+    assert [(i.line, i.field) for i in issues] == [(6, field)], [i.format() for i in issues]
+    assert issues[0].message.startswith(message), issues[0].message
+    assert issues[0].file == "t.yaml" or issues[0].file
 
 
 def test_unknown_process_is_reported_at_its_key_with_a_suggestion(lint) -> None:

@@ -126,7 +126,7 @@ def test_report_json_shape() -> None:
     assert good["derived"]["terminals"] == {"audio_head": "audio", "video_head": "video"}
     assert good["derived"]["processes"]["heads"] == {"stages": ["audio_head", "video_head"],
                                                      "gpus": [], "replicas": 1,
-                                                     "instances": ["heads"], "node": None, "cpus": 1.0}
+                                                     "instances": ["heads"], "node": None, "cpus": 1.0, "elastic": None}
     assert {"from": "backbone", "to": "video_head", "kind": "data",
             "transport": "shm"} in good["derived"]["edges"]
     bad = validate_text("stages: 3\n", "b.yaml").to_json()

@@ -18,7 +18,9 @@ def endpoint(state: ServingState) -> Callable[[Request], Awaitable[Response | Ev
     async def parse_chat(request: Request, raw: bytes, pipe: PipelineLike) -> Submission[bool]:
         # JSON, envelope and messages; input audio is decoded here, once (off the loop when large)
         parsed = await parse_chat_body(raw, pipe.topology.terminals, state.limits)
-        return Submission(parsed.inputs, parsed.modalities, parsed.model, parsed.stream, parsed.audio_format)
+        return Submission(
+            parsed.inputs, parsed.modalities, parsed.model, parsed.stream, parsed.audio_format, stream=parsed.stream
+        )
 
     async def chat_completions(request: Request) -> Response | EventStreamResponse:
         admitted = await admit(state, request, parse_chat)

@@ -38,6 +38,9 @@ class Submission(Generic[T]):
     model: str
     extra: T
     audio_format: str = "wav"
+    # the caller gets stream chunks as they come (SSE); False: only the final answer, so a
+    # request that streamed internally can still be replayed after a replica died
+    stream: bool = True
 
 
 Parser = Callable[[Request, bytes, PipelineLike], Awaitable[Submission[T]]]
@@ -181,6 +184,7 @@ async def admit(
                 submission.modalities,
                 request_id=request_id,
                 traceparent=state.traceparent(request.headers),
+                stream=submission.stream,
             )
         except InvalidRequest as exc:
             if exc.field != "request_id":

@@ -121,7 +121,23 @@ class ProcessMetrics(Collector):
     """``omnictl_process_up{process="tts#1", group="tts"}``: 1 per stage process (each
     replica on its own) that is up, 0 while it is down. ``pipeline`` is set once it is up."""
 
-    FAMILIES = (("omnictl_process_up", "gauge", "Stage process (replica) up: 1, down: 0", ("process", "group")),)
+    FAMILIES = (
+        ("omnictl_process_up", "gauge", "Stage process (replica) up: 1, down: 0", ("process", "group")),
+        ("omnictl_replicas", "gauge", "Replicas of an elastic process running now", ("group",)),
+        (
+            "omnictl_scaling_decisions",
+            "counter",
+            "The autoscaler's decisions for an elastic process, by direction (up, down)",
+            ("group", "direction"),
+        ),
+        ("omnictl_requests_replayed", "counter", "Requests re-run from the entry after a replica died", ()),
+        (
+            "omnictl_requests_resumed",
+            "counter",
+            "Of the replays, autoregressive streams resumed with the tokens their caller had forced",
+            (),
+        ),
+    )
 
     def __init__(self) -> None:
         self.pipeline: Any | None = None
@@ -132,13 +148,35 @@ class ProcessMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         if self.pipeline is None:
             return
-        family, kind, documentation, _ = self.FAMILIES[0]
+        (family, kind, documentation, _), replicas, decisions, replayed, resumed = self.FAMILIES
         up = Metric(family, documentation, kind)
         _, down = self.pipeline.health()
+        scaling = self.pipeline.scaling()
+        standby = self.pipeline.standby
         for group in self.pipeline.topology.processes.values():
             for instance in group.instances:
+                if instance in standby:  # an elastic process's replica not running by design: no series
+                    continue
                 up.add_sample(family, {"process": instance, "group": group.name}, 0.0 if instance in down else 1.0)
         yield up
+        count = Metric(replicas[0], replicas[2], replicas[1])
+        decided = Metric(decisions[0], decisions[2], decisions[1])
+        for name, figures in scaling.items():
+            count.add_sample(replicas[0], {"group": name}, float(figures["replicas"]))
+            for direction in ("up", "down"):
+                decided.add_sample(
+                    f"{decisions[0]}_total",
+                    {"group": name, "direction": direction},
+                    float(figures[f"scaled_{direction}"]),
+                )
+        yield count
+        yield decided
+        total = Metric(replayed[0], replayed[2], replayed[1])
+        total.add_sample(f"{replayed[0]}_total", {}, float(self.pipeline.replayed))
+        yield total
+        streams = Metric(resumed[0], resumed[2], resumed[1])
+        streams.add_sample(f"{resumed[0]}_total", {}, float(self.pipeline.resumed))
+        yield streams
 
 
 def _quantiles(metric: Metric, name: str, labels: dict[str, str], p50: float | None, p99: float | None) -> None:

@@ -1,0 +1,211 @@
+"""Elastic replicas: a load step (low -> high -> low) against `replicas: {min: 1, max: 4}`,
+side by side with a fixed 1 and a fixed 4 replicas, in one run.
+
+The pipeline: ``front`` (identity) -> ``work`` (waits ``--work-ms`` per request with the GIL
+released, standing in for an accelerator kernel; the process that scales) -> result.
+Open-loop arrivals at a fixed rate per phase: low (a fifth of one replica's capacity), high
+(about three replicas' worth), low again. Printed per setting: replica count, requests in
+flight and p50 / p99 latency per phase, and a timeline (every second: replicas, in flight).
+
+Goals (from the issue): during the high phase the elastic p99 within 1.5x of fixed 4's; in
+the last low phase back to ``min`` replicas within the idle window (counted from the moment
+the high phase's requests have drained); 0 requests failed.
+
+Run: ``python benchmarks/elastic.py [--low-s 6] [--high-s 12] [--work-ms 50] [--idle-s 3]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+if __package__ in (None, ""):  # run as a script: benchmarks.* imports from this checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from omnictl.exceptions import RequestError
+from omnictl.pipeline import Pipeline
+
+E = "omnictl.models.examples"
+P99_GOAL = 1.5
+RAMP_S = 5.0  # the high phase's first seconds, left out of the informational after-ramp p99
+
+
+@dataclass
+class Phase:
+    name: str
+    rate: float  # arrivals per second
+    seconds: float
+    latencies: list[float] = field(default_factory=list)
+    arrived: list[float] = field(default_factory=list)  # seconds into the phase, beside each latency
+    replicas: list[int] = field(default_factory=list)  # sampled
+    in_flight: list[int] = field(default_factory=list)  # sampled
+
+    def quantile(self, q: float, after: float = 0.0) -> float:
+        """Over the requests that arrived ``after`` seconds into the phase or later."""
+        ordered = sorted(lat for lat, at in zip(self.latencies, self.arrived) if at >= after)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+@dataclass
+class Run:
+    label: str
+    phases: list[Phase]
+    failed: int
+    timeline: list[tuple[float, int, int]]  # (seconds into the run, replicas running, requests in flight)
+    back_to_min_s: float | None  # last phase: seconds from the high phase's drain to `min` replicas
+
+
+def topology(directory: Path, replicas: Any, work_s: float) -> Path:
+    stages = [
+        {"name": "front", "factory": f"{E}.identity", "next": ["work"]},
+        {"name": "work", "factory": f"{E}.sleep", "factory_args": {"seconds": work_s}, "terminal": True},
+    ]
+    label = replicas if isinstance(replicas, int) else "elastic"
+    path = directory / f"elastic-{label}.yaml"
+    document = {"name": f"work-{label}", "stages": stages, "processes": {"work": {"replicas": replicas}}}
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def _running(pipe: Pipeline) -> int:
+    scaling = pipe.scaling()
+    if "work" in scaling:
+        return scaling["work"]["replicas"]
+    _, down = pipe.health()
+    return sum(1 for name in pipe.topology.processes["work"].instances if name not in down)
+
+
+async def measure(label: str, path: Path, phases: list[Phase], minimum: int) -> Run:
+    async with Pipeline.launch(path, profile=False, request_timeout=120.0) as pipe:
+        failed = 0
+        pending: set[asyncio.Task[None]] = set()
+        timeline: list[tuple[float, int, int]] = []
+        origin = time.perf_counter()
+        current: list[Phase] = [phases[0]]
+
+        async def one(phase: Phase, i: int, at: float) -> None:
+            nonlocal failed
+            begin = time.perf_counter()
+            try:
+                await (await pipe.submit({"i": i})).result()
+            except RequestError:
+                failed += 1
+                return
+            phase.latencies.append(time.perf_counter() - begin)
+            phase.arrived.append(at)
+
+        async def sample() -> None:
+            tick = 0
+            while True:
+                await asyncio.sleep(0.25)
+                running, flying = _running(pipe), pipe.admission.in_flight
+                current[0].replicas.append(running)
+                current[0].in_flight.append(flying)
+                tick += 1
+                if tick % 4 == 0:
+                    timeline.append((time.perf_counter() - origin, running, flying))
+
+        async def back_to_min(high: list[asyncio.Task[None]]) -> float | None:
+            """Seconds from when the high phase's requests had all ended to `min` replicas."""
+            await asyncio.gather(*high)
+            drained = time.perf_counter()
+            while time.perf_counter() < drained + 30.0:
+                if _running(pipe) <= minimum:
+                    return time.perf_counter() - drained
+                await asyncio.sleep(0.1)
+            return None
+
+        sampler = asyncio.create_task(sample())
+        count = 0
+        for phase in phases:
+            current[0] = phase
+            start = time.perf_counter()
+            for k in range(int(phase.rate * phase.seconds)):
+                await asyncio.sleep(max(0.0, start + k / phase.rate - time.perf_counter()))
+                task = asyncio.create_task(one(phase, count, k / phase.rate))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+                count += 1
+            if phase is phases[1]:
+                # the high phase's backlog drains into the next phase: the idle clock starts after it
+                watcher = asyncio.create_task(back_to_min(list(pending)))
+        await asyncio.gather(*list(pending))
+        back = await watcher
+        sampler.cancel()
+    return Run(label, phases, failed, timeline, back)
+
+
+def _phases(args: argparse.Namespace) -> list[Phase]:
+    capacity = 1.0 / (args.work_ms / 1000.0)  # requests/s one replica serves
+    return [Phase("low", capacity * 0.2, args.low_s), Phase("high", capacity * 3.0, args.high_s),
+            Phase("low", capacity * 0.2, args.low_s + args.idle_s * 2)]
+
+
+def render(runs: list[Run], idle_s: float) -> str:
+    lines = []
+    header = f"  {'setting':<10} {'phase':<6} {'req/s':>6} {'replicas':>14} {'in flight':>14} {'p50':>8} {'p99':>8}"
+    lines.append(header)
+    for run in runs:
+        for phase in run.phases:
+            reps = f"{min(phase.replicas, default=0)}-{max(phase.replicas, default=0)}"
+            flying = f"{sum(phase.in_flight) / max(1, len(phase.in_flight)):.1f} (max {max(phase.in_flight, default=0)})"
+            lines.append(f"  {run.label:<10} {phase.name:<6} {phase.rate:>6.1f} {reps:>14} {flying:>14} "
+                         f"{phase.quantile(0.5) * 1000:>6.0f}ms {phase.quantile(0.99) * 1000:>6.0f}ms")
+        lines.append(f"  {run.label:<10} failed {run.failed}")
+    for run in runs:
+        lines.append(f"  timeline {run.label} (s: replicas/in flight): "
+                     + " ".join(f"{t:.0f}:{r}/{f}" for t, r, f in run.timeline))
+    elastic, fixed4 = runs[0], runs[2]
+    ratio = elastic.phases[1].quantile(0.99) / fixed4.phases[1].quantile(0.99)
+    lines.append(f"  high phase p99: elastic {elastic.phases[1].quantile(0.99) * 1000:.0f} ms vs fixed 4 "
+                 f"{fixed4.phases[1].quantile(0.99) * 1000:.0f} ms = {ratio:.2f}x (goal <= {P99_GOAL}x): "
+                 f"{'met' if ratio <= P99_GOAL else 'not met'}")
+    ramp = elastic.phases[1].quantile(0.99, RAMP_S), fixed4.phases[1].quantile(0.99, RAMP_S)
+    lines.append(f"  (for information) high phase p99 of arrivals after its first {RAMP_S:g} s (the ramp: window, "
+                 f"start, backlog): elastic {ramp[0] * 1000:.0f} ms vs fixed 4 {ramp[1] * 1000:.0f} ms = "
+                 f"{ramp[0] / ramp[1]:.2f}x")
+    back = elastic.back_to_min_s
+    lines.append(f"  back to min after the high phase drained: "
+                 f"{'never (30 s)' if back is None else f'{back:.1f} s'} (goal <= idle window {idle_s:g} s + 1 s of ticks): "
+                 f"{'met' if back is not None and back <= idle_s + 1.0 else 'not met'}")
+    failed = sum(run.failed for run in runs)
+    lines.append(f"  failed requests: {failed} (goal 0): {'met' if failed == 0 else 'not met'}")
+    return "\n".join(lines)
+
+
+async def main_async(args: argparse.Namespace) -> list[Run]:
+    work_s = args.work_ms / 1000.0
+    elastic = {"min": 1, "max": 4, "queue": args.queue, "window": args.window_s, "idle": args.idle_s}
+    with tempfile.TemporaryDirectory(prefix="omnictl-elastic-") as tmp:
+        directory = Path(tmp)
+        runs = [await measure("elastic", topology(directory, elastic, work_s), _phases(args), 1)]
+        for fixed in (1, 4):
+            runs.append(await measure(f"fixed {fixed}", topology(directory, fixed, work_s), _phases(args), fixed))
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--low-s", type=float, default=6.0, help="seconds of each low phase (the last one gets 2 idle windows more)")
+    parser.add_argument("--high-s", type=float, default=12.0, help="seconds of the high phase")
+    parser.add_argument("--work-ms", type=float, default=50.0, help="what the scaled stage waits per request")
+    parser.add_argument("--queue", type=float, default=2.0, help="the autoscaler's threshold: requests in flight per replica")
+    parser.add_argument("--window-s", type=float, default=1.0, help="seconds past the threshold before a replica is added")
+    parser.add_argument("--idle-s", type=float, default=3.0, help="the idle window: seconds calm before replicas are drained")
+    args = parser.parse_args()
+    runs = asyncio.run(main_async(args))
+    print(f"elastic replicas: min 1, max 4 (queue {args.queue:g}, window {args.window_s:g} s, idle {args.idle_s:g} s) "
+          f"vs fixed 1 and fixed 4; work {args.work_ms:g} ms per request")
+    print(render(runs, args.idle_s))
+
+
+if __name__ == "__main__":
+    main()

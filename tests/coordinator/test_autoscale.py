@@ -1,0 +1,71 @@
+"""The autoscaler's decisions alone: fed the clock and the requests in flight per replica."""
+
+from __future__ import annotations
+
+from omnictl.coordinator.autoscale import Autoscaler
+from omnictl.topology import loads
+
+TOPOLOGY = """
+stages:
+  - {name: prep, factory: m.prep, next: [work]}
+  - {name: work, factory: m.work, terminal: true}
+processes:
+  work: {replicas: {min: 1, max: 3, queue: 2, window: 1, idle: 5}}
+"""
+W = ("work#0", "work#1", "work#2")
+
+
+def test_a_queue_past_the_threshold_for_the_window_adds_one_replica_at_a_time() -> None:
+    scaler = Autoscaler(loads(TOPOLOGY))
+    running = {"work": ["work#0"]}
+    standby = {"work#1", "work#2"}
+    busy = {"work#0": 3}
+    assert scaler.decide(0.0, busy, running, standby, set()) == []
+    assert scaler.decide(0.5, {"work#0": 1}, running, standby, set()) == []  # fell back: the window restarts
+    assert scaler.decide(0.6, busy, running, standby, set()) == []
+    assert scaler.decide(1.5, busy, running, standby, set()) == []
+    (up,) = scaler.decide(1.6, busy, running, standby, set())  # 3 in flight, threshold 2: one more does
+    assert (up.process, up.instance, up.up, up.figure) == ("work", "work#1", True, 3.0)
+    assert up.why == "3.0 requests in flight per replica for 1.0s (above 2 for 1s)"
+    assert scaler.decide(5.0, busy, running, standby, {"work#1"}) == []  # not while one is starting
+    running = {"work": ["work#0", "work#1", "work#2"]}
+    assert scaler.decide(9.0, dict.fromkeys(W, 9), running, set(), set()) == []  # at max
+    assert scaler.counts == {("work", "up"): 1, ("work", "down"): 0}
+
+
+def test_a_burst_starts_as_many_replicas_as_bring_the_queue_back_to_the_threshold_at_once() -> None:
+    scaler = Autoscaler(loads(TOPOLOGY))
+    running = {"work": ["work#0"]}
+    assert scaler.decide(0.0, {"work#0": 30}, running, {"work#1", "work#2"}, set()) == []
+    ups = scaler.decide(1.0, {"work#0": 30}, running, {"work#1", "work#2"}, set())
+    assert [(d.instance, d.up) for d in ups] == [("work#1", True), ("work#2", True)]  # 15 wanted, 2 left
+
+
+def test_a_calm_process_beyond_min_drains_the_replica_holding_least_after_the_idle_window() -> None:
+    scaler = Autoscaler(loads(TOPOLOGY))
+    running = {"work": list(W)}
+    calm = {"work#0": 1, "work#1": 0, "work#2": 1}  # 0.7 per replica: at most half of 2
+    assert scaler.decide(0.0, calm, running, set(), set()) == []
+    assert scaler.decide(4.0, {**calm, "work#1": 2}, running, set(), set()) == []  # 1.3: the window restarts
+    assert scaler.decide(4.5, calm, running, set(), set()) == []
+    (down,) = scaler.decide(9.5, calm, running, set(), set())
+    assert (down.instance, down.up) == ("work#1", False)
+    assert down.why == ("0.7 requests in flight per replica for 5.0s "
+                        "(at most 1, half the threshold, for the idle window 5s)")
+    running = {"work": ["work#0", "work#2"]}
+    assert scaler.decide(10.0, calm, running, {"work#1"}, set()) == []
+    (down,) = scaler.decide(15.0, calm, running, {"work#1"}, set())
+    assert down.instance == "work#2"  # a tie: the highest-numbered goes; its request completes first
+    # nothing in flight: back to min in one idle window
+    assert scaler.decide(20.0, {}, {"work": list(W)}, set(), set()) == []
+    assert [d.instance for d in scaler.decide(25.0, {}, {"work": list(W)}, set(), set())] == ["work#2", "work#1"]
+    # at min, a calm replica stays
+    assert scaler.decide(99.0, {"work#0": 0}, {"work": ["work#0"]}, {"work#1", "work#2"}, set()) == []
+    assert scaler.decide(199.0, {"work#0": 0}, {"work": ["work#0"]}, {"work#1", "work#2"}, set()) == []
+    assert scaler.counts == {("work", "up"): 0, ("work", "down"): 4}
+
+
+def test_a_fixed_count_is_never_scaled() -> None:
+    scaler = Autoscaler(loads(TOPOLOGY.replace("{min: 1, max: 3, queue: 2, window: 1, idle: 5}", "3")))
+    assert scaler.processes == []
+    assert scaler.decide(100.0, dict.fromkeys(W, 50), {}, set(), set()) == []
