@@ -28,7 +28,7 @@ import msgspec
 import numpy as np
 
 from omnictl.coordinator.request import RequestEventKind
-from omnictl.exceptions import InvalidRequest, Overloaded, PipelineDead
+from omnictl.exceptions import InvalidRequest, LaunchError, Overloaded, PipelineDead
 from omnictl.inputs import PCM16_RATE, AudioPart, ChatMessage, ChatRequest, SamplingParams
 from omnictl.outputs import TRANSCRIPT, Transcript
 from omnictl.serving.chat.protocol import OPENAI_VOICES
@@ -38,8 +38,19 @@ from omnictl.serving.common.tracking import Tracked
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.formats import PCM, AudioCodec, codec_for
 from omnictl.serving.realtime.responses import ResponseRun
+from omnictl.serving.realtime.smart_turn import SemanticTurnDetector, shared_model
 from omnictl.serving.realtime.turns import Conversation, Turn
-from omnictl.serving.realtime.vad import SileroModel, SileroVad, SpeechStarted, TurnDetector, VadSettings, vad_executor
+from omnictl.serving.realtime.vad import (
+    VAD_RATE,
+    SileroModel,
+    SileroVad,
+    SpeechStarted,
+    SpeechStopped,
+    TurnDetector,
+    VadSettings,
+    to_vad_rate,
+    vad_executor,
+)
 from omnictl.serving.state import PipelineLike, ServingState
 
 log = logging.getLogger("omnictl.serving.realtime")
@@ -71,6 +82,11 @@ class Settings:
 
 def _vad_feed(vad: SileroVad, raw: bytes) -> list[float]:
     return vad.feed(np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0)
+
+
+def _semantic_feed(vad: SileroVad, turns: SemanticTurnDetector, raw: bytes) -> list[SpeechStarted | SpeechStopped]:
+    audio = to_vad_rate(np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0, PCM16_RATE)
+    return turns.feed(vad.feed(audio), audio)
 
 
 @dataclass
@@ -119,7 +135,7 @@ class RealtimeSession:
         self.audio_ms = 0.0  # audio appended over the whole session
         self._silero = silero
         self._vad: SileroVad | None = None
-        self._turns: TurnDetector | None = None
+        self._turns: TurnDetector | SemanticTurnDetector | None = None
         self._speech_item: str | None = None
         self.response: tuple[ResponseRun, asyncio.Task[None]] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -165,6 +181,9 @@ class RealtimeSession:
         self._turns = None
         if isinstance(vad, ev.ServerVad):
             self._turns = TurnDetector(VadSettings(vad.threshold, vad.prefix_padding_ms, vad.silence_duration_ms))
+        elif isinstance(vad, ev.SemanticVad):
+            self._vad = SileroVad(self._silero(), VAD_RATE)  # fed 16 kHz: the turn model hears the same audio
+            self._turns = SemanticTurnDetector(shared_model(), vad.eagerness)
         self._speech_item = None
 
     async def session_update(self, event: ev.SessionUpdate) -> None:
@@ -199,7 +218,7 @@ class RealtimeSession:
                 config.output_modalities, "session.output_modalities", event.event_id
             )
         if config.audio is not msgspec.UNSET:
-            self._audio(config.audio, event.event_id)
+            await self._audio(config.audio, event.event_id)
         if config.instructions is not msgspec.UNSET:
             s.instructions = config.instructions
         if config.max_output_tokens is not msgspec.UNSET:
@@ -229,7 +248,7 @@ class RealtimeSession:
             )
         return value
 
-    def _audio(self, audio: ev.AudioConfig, event_id: str | None) -> None:
+    async def _audio(self, audio: ev.AudioConfig, event_id: str | None) -> None:
         """Checks every field before changing any: a refused update changes nothing."""
         s, inp, out = self.settings, audio.input, audio.output
         input_codec, output_codec = s.input_codec, s.output_codec
@@ -249,13 +268,15 @@ class RealtimeSession:
                 )
             transcription = inp.transcription is not None
         if inp is not msgspec.UNSET and isinstance(inp.turn_detection, ev.SemanticVad):
-            raise ev.EventError(
-                "session.audio.input.turn_detection.type 'semantic_vad' is not available on this server; "
-                "use 'server_vad' or null",
-                "invalid_value",
-                "session.audio.input.turn_detection.type",
-                event_id,
-            )
+            try:  # loaded once per server, off the event loop
+                await asyncio.get_running_loop().run_in_executor(vad_executor(), shared_model)
+            except LaunchError as exc:
+                raise ev.EventError(
+                    f"session.audio.input.turn_detection.type 'semantic_vad': {exc}; use 'server_vad' or null",
+                    "invalid_value",
+                    "session.audio.input.turn_detection.type",
+                    event_id,
+                ) from exc
         s.input_codec, s.output_codec, s.transcription = input_codec, output_codec, transcription
         if out is not msgspec.UNSET and out.voice is not msgspec.UNSET:
             s.voice = out.voice
@@ -320,11 +341,15 @@ class RealtimeSession:
             # Resampling and Silero run in a worker thread: on the event loop, a flood of
             # appends once held /health for 41 s. This session waits for its own audio (and
             # so reads no more from its socket meanwhile); every other request goes on.
-            vad = self._vad
-            probabilities = await asyncio.get_running_loop().run_in_executor(vad_executor(), _vad_feed, vad, raw)
+            vad, turns, loop = self._vad, self._turns, asyncio.get_running_loop()
+            if isinstance(turns, SemanticTurnDetector):  # the turn model runs in the worker too
+                found = await loop.run_in_executor(vad_executor(), _semantic_feed, vad, turns, raw)
+            else:
+                probabilities = await loop.run_in_executor(vad_executor(), _vad_feed, vad, raw)
+                found = [] if vad is not self._vad else turns.feed(probabilities)
             if vad is not self._vad:  # cleared or reconfigured meanwhile
                 return
-            for turn in self._turns.feed(probabilities):
+            for turn in found:
                 await (
                     self._speech_started(turn.audio_start_ms)
                     if isinstance(turn, SpeechStarted)

@@ -128,3 +128,25 @@ def test_g711_in_and_out_round_trips_speech_whisper_still_transcribes(client: op
     pcm = ulaw_decode(np.frombuffer(answer, np.uint8)).astype(np.float32) / 32768.0  # 8 kHz mu-law
     heard_in_answer = words(whisper.transcribe(pcm, 8_000))
     assert heard_in_answer and len(heard_as(heard_in_answer, words(said))) >= 0.6 * len(heard_in_answer), (heard_in_answer, said)
+
+
+def test_semantic_vad_keeps_a_paused_question_one_turn_and_answers_it(client: openai.OpenAI) -> None:
+    from benchmarks.realtime_turn_detection import question, with_pause
+
+    paused = with_pause(question("spider_legs"), 900)  # "How many legs does a spider ... have?"
+    pcm = (np.clip(paused, -1, 1) * 32767).astype("<i2").tobytes()
+    with client.realtime.connect(model="voice-assistant") as connection:
+        assert connection.recv().type == "session.created"
+        connection.session.update(session={"type": "realtime", "output_modalities": ["text"], "max_output_tokens": 20,
+                                           "audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "auto"}}}})
+        updated = connection.recv()
+        assert updated.type == "session.updated", updated
+        assert updated.session.audio.input.turn_detection.type == "semantic_vad"
+        for audio in chunks(silence(300) + pcm + silence(1500)):
+            connection.input_audio_buffer.append(audio=audio)
+        events = collect_until_done(connection, also=("conversation.item.input_audio_transcription.completed",))
+    types = [e.type for e in events]
+    assert types.count("input_audio_buffer.committed") == 1, types
+    heard = next(e for e in events if e.type == "conversation.item.input_audio_transcription.completed").transcript
+    assert {"spider", "have"} <= words(heard), heard
+    assert next(e for e in events if e.type == "response.done").response.status == "completed"
