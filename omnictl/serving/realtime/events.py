@@ -87,6 +87,7 @@ class AudioInputConfig(msgspec.Struct):
     turn_detection: TurnDetection | None | UnsetType = UNSET
     transcription: dict[str, Any] | None | UnsetType = UNSET
     noise_reduction: dict[str, Any] | None | UnsetType = UNSET
+    echo_guard: bool | UnsetType = UNSET  # omnictl's: false for a client that cancels echo itself
 
 
 class AudioOutputConfig(msgspec.Struct):

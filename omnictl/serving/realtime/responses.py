@@ -52,6 +52,7 @@ class ResponseRun:
     pipeline: PipelineLike
     traceparent: str | None = None  # the session's caller span (W3C), for the exported trace
     codec: AudioCodec = PCM  # the session's output audio format
+    on_audio: Callable[[bytes], None] | None = None  # told each audio delta sent (pcm16, 24 kHz): the echo guard
     cancel_reason: str | None = None
     request_id: str | None = None
     tracked: Tracked | None = None
@@ -201,6 +202,8 @@ class ResponseRun:
                 self.send(ev.AudioDelta(response_id=self.id, item_id=turn.id, delta=b64(self.codec.from_pcm16(pcm))))
                 if self._first_audio_at is None:
                     self._first_audio_at = time.monotonic()
+                if self.on_audio is not None:
+                    self.on_audio(pcm)
                 words = data.transcript if not transcript else " " + data.transcript
                 transcript.append(words)
                 self.send(ev.AudioTranscriptDelta(response_id=self.id, item_id=turn.id, delta=words))

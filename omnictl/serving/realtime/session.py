@@ -36,6 +36,7 @@ from omnictl.serving.common.capabilities import capabilities
 from omnictl.serving.common.echo import clip_repr
 from omnictl.serving.common.tracking import Tracked
 from omnictl.serving.realtime import events as ev
+from omnictl.serving.realtime.echo_guard import ECHO_SHARE, WINDOW_MS, EchoGuard
 from omnictl.serving.realtime.formats import PCM, AudioCodec, codec_for
 from omnictl.serving.realtime.responses import ResponseRun
 from omnictl.serving.realtime.smart_turn import SemanticTurnDetector, shared_model
@@ -80,13 +81,15 @@ class Settings:
         return SamplingParams(max_tokens=limit if isinstance(limit, int) else None)
 
 
-def _vad_feed(vad: SileroVad, raw: bytes) -> list[float]:
-    return vad.feed(np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0)
-
-
-def _semantic_feed(vad: SileroVad, turns: SemanticTurnDetector, raw: bytes) -> list[SpeechStarted | SpeechStopped]:
+def _detect(
+    vad: SileroVad, turns: TurnDetector | SemanticTurnDetector, raw: bytes
+) -> tuple[np.ndarray, list[SpeechStarted | SpeechStopped]]:
+    """pcm16 at 24 kHz: (the audio at 16 kHz, the turns it starts or ends)."""
     audio = to_vad_rate(np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0, PCM16_RATE)
-    return turns.feed(vad.feed(audio), audio)
+    probabilities = vad.feed(audio)
+    if isinstance(turns, SemanticTurnDetector):  # the turn model hears the same audio
+        return audio, turns.feed(probabilities, audio)
+    return audio, turns.feed(probabilities)
 
 
 @dataclass
@@ -137,6 +140,8 @@ class RealtimeSession:
         self._vad: SileroVad | None = None
         self._turns: TurnDetector | SemanticTurnDetector | None = None
         self._speech_item: str | None = None
+        self.echo = EchoGuard()
+        self._held_start: tuple[int, float] | None = None  # speech held for the echo guard: (start ms, at audio ms)
         self.response: tuple[ResponseRun, asyncio.Task[None]] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.can_transcribe = capabilities(pipeline.topology).transcription
@@ -162,6 +167,7 @@ class RealtimeSession:
             "turn_detection": turn_detection,
             "transcription": {"model": transcriber} if s.transcription and transcriber else None,
             "noise_reduction": None,
+            "echo_guard": self.echo.enabled,
         }
         if s.type == "transcription":
             return ev.TranscriptionSessionObject(id=self.id, audio={"input": audio_input})
@@ -177,12 +183,12 @@ class RealtimeSession:
 
     def _reset_vad(self) -> None:
         vad = self.settings.vad
-        self._vad = None if vad is None else SileroVad(self._silero(), PCM16_RATE)
+        self._vad = None if vad is None else SileroVad(self._silero(), VAD_RATE)  # fed 16 kHz (_detect)
         self._turns = None
+        self._held_start = None
         if isinstance(vad, ev.ServerVad):
             self._turns = TurnDetector(VadSettings(vad.threshold, vad.prefix_padding_ms, vad.silence_duration_ms))
         elif isinstance(vad, ev.SemanticVad):
-            self._vad = SileroVad(self._silero(), VAD_RATE)  # fed 16 kHz: the turn model hears the same audio
             self._turns = SemanticTurnDetector(shared_model(), vad.eagerness)
         self._speech_item = None
 
@@ -278,6 +284,8 @@ class RealtimeSession:
                     event_id,
                 ) from exc
         s.input_codec, s.output_codec, s.transcription = input_codec, output_codec, transcription
+        if inp is not msgspec.UNSET and inp.echo_guard is not msgspec.UNSET:
+            self.echo.enabled = inp.echo_guard
         if out is not msgspec.UNSET and out.voice is not msgspec.UNSET:
             s.voice = out.voice
         if inp is not msgspec.UNSET and inp.turn_detection is not msgspec.UNSET:
@@ -341,31 +349,52 @@ class RealtimeSession:
             # Resampling and Silero run in a worker thread: on the event loop, a flood of
             # appends once held /health for 41 s. This session waits for its own audio (and
             # so reads no more from its socket meanwhile); every other request goes on.
-            vad, turns, loop = self._vad, self._turns, asyncio.get_running_loop()
-            if isinstance(turns, SemanticTurnDetector):  # the turn model runs in the worker too
-                found = await loop.run_in_executor(vad_executor(), _semantic_feed, vad, turns, raw)
-            else:
-                probabilities = await loop.run_in_executor(vad_executor(), _vad_feed, vad, raw)
-                found = [] if vad is not self._vad else turns.feed(probabilities)
+            vad, turns = self._vad, self._turns
+            heard, found = await asyncio.get_running_loop().run_in_executor(vad_executor(), _detect, vad, turns, raw)
             if vad is not self._vad:  # cleared or reconfigured meanwhile
                 return
+            self.echo.heard(heard)
             for turn in found:
-                await (
-                    self._speech_started(turn.audio_start_ms)
-                    if isinstance(turn, SpeechStarted)
-                    else self._speech_stopped(turn.audio_end_ms)
-                )
+                if isinstance(turn, SpeechStarted) and self.echo.playing():
+                    self._held_start = (turn.audio_start_ms, self.audio_ms)  # echo? judged once enough is heard
+                elif isinstance(turn, SpeechStarted):
+                    await self._speech_started(turn.audio_start_ms)
+                elif self._held_start is None or not await self._echo_judged(turns):
+                    await self._speech_stopped(turn.audio_end_ms)
+            if self._held_start is not None and self.audio_ms - self._held_start[1] >= WINDOW_MS:
+                await self._echo_judged(turns)
             vad_settings = self.settings.vad
             if self._turns is not None and not self._turns.speaking and vad_settings is not None:
                 padding = vad_settings.prefix_padding_ms if isinstance(vad_settings, ev.ServerVad) else PREFIX_MS
                 keep = int((padding + 100) * PCM16_RATE / 1000) * 2  # what prefix padding may need
                 del self.buffer[: max(0, len(self.buffer) - keep)]
 
+    async def _echo_judged(self, turns: TurnDetector | SemanticTurnDetector) -> bool:
+        """Judge the held speech: True if it was the answer's own echo (then dropped: no barge-in,
+        not in the buffer); False if a voice of its own (then it starts, late by the window)."""
+        assert self._held_start is not None
+        start_ms, at_ms = self._held_start
+        self._held_start = None
+        window = int(min(WINDOW_MS * 2, max(100.0, self.audio_ms - at_ms + (at_ms - start_ms))))
+        share = self.echo.echo_share(window)
+        if share >= ECHO_SHARE:
+            log.debug(
+                "realtime session %s: speech at %d ms is the answer's echo (%.2f of it): dropped",
+                self.id,
+                start_ms,
+                share,
+            )
+            turns.drop_turn()
+            return True
+        await self._speech_started(start_ms)
+        return False
+
     async def _speech_started(self, audio_start_ms: int) -> None:
         self._speech_item = ev.new_id("item")
         self.send(ev.SpeechStartedEvent(audio_start_ms=audio_start_ms, item_id=self._speech_item))
         assert self.settings.vad is not None
         if self.settings.vad.interrupt_response and self.response is not None:
+            self.echo.stop()  # the client stops playing it
             await self.response[0].cancel("turn_detected")  # barge-in
 
     async def _speech_stopped(self, audio_end_ms: int) -> None:
@@ -608,6 +637,7 @@ class RealtimeSession:
             self.pipeline,
             traceparent=self.traceparent,
             codec=s.output_codec,
+            on_audio=self._sent_audio,
         )
 
         async def respond() -> None:
@@ -618,6 +648,10 @@ class RealtimeSession:
                     self.response = None
 
         self.response = (run, self._spawn(respond()))
+
+    def _sent_audio(self, pcm: bytes) -> None:
+        if self.echo.enabled and self._vad is not None:  # only speech detection can mistake echo for speech
+            self.echo.sent(to_vad_rate(np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0, PCM16_RATE))
 
     async def response_cancel(self, event: ev.ResponseCancel) -> None:
         if self.response is None or (event.response_id and event.response_id != self.response[0].id):
@@ -630,6 +664,7 @@ class RealtimeSession:
                 event.event_id,
             )
         run, task = self.response
+        self.echo.stop()  # the client stops playing it
         await run.cancel("client_cancelled")
         await asyncio.shield(task)
 
@@ -644,6 +679,7 @@ class RealtimeSession:
                 event.event_id,
             )
         run, task = self.response
+        self.echo.stop()  # the client stops playing it
         await run.cancel("client_cancelled")
         await asyncio.shield(task)
         self.send(ev.OutputAudioBufferCleared(response_id=run.id))
@@ -682,6 +718,7 @@ class RealtimeSession:
             )
         if self.response is not None and self.response[0].turn is turn:
             run, task = self.response  # the client stopped playing it: no more of it is wanted
+            self.echo.stop()  # the client stops playing it
             await run.cancel("client_cancelled")
             await asyncio.shield(task)
         if not 0 <= event.audio_end_ms <= turn.audio_ms + 1:
@@ -693,6 +730,7 @@ class RealtimeSession:
                 event.event_id,
             )
         turn.truncate(event.audio_end_ms)
+        self.echo.stop()  # the client stopped playing it
         self.send(ev.ItemTruncated(item_id=turn.id, content_index=0, audio_end_ms=event.audio_end_ms))
 
     async def item_delete(self, event: ev.ConversationItemDelete) -> None:

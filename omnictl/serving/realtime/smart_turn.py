@@ -143,6 +143,10 @@ class SemanticTurnDetector:
     _audio: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # the last 8 s and more
     _fed: int = 0  # samples fed so far (the last of them is _audio's last)
 
+    def drop_turn(self) -> None:
+        """Forget the speech in progress (it was the answer's echo): the next speech starts afresh."""
+        self.speaking, self._quiet_frames, self._checked = False, 0, False
+
     def feed(self, probabilities: list[float], audio: np.ndarray) -> list[SpeechStarted | SpeechStopped]:
         """``audio``: the 16 kHz samples these probabilities were computed from."""
         keep = VAD_RATE * (WINDOW_S + 9)  # the window, and the longest silence after it (the low cap)

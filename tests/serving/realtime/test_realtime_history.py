@@ -150,3 +150,89 @@ def test_semantic_vad_keeps_a_paused_question_one_turn_and_answers_it(client: op
     heard = next(e for e in events if e.type == "conversation.item.input_audio_transcription.completed").transcript
     assert {"spider", "have"} <= words(heard), heard
     assert next(e for e in events if e.type == "response.done").response.status == "completed"
+
+
+class _Speaker:
+    """A client's loudspeaker: each answer delta plays when it arrives (or after what is still playing)."""
+
+    def __init__(self) -> None:
+        self.scheduled: list[tuple[float, np.ndarray]] = []
+        self.end = 0.0
+
+    def play(self, delta: str, now: float) -> None:
+        samples = np.frombuffer(base64.b64decode(delta), "<i2").astype(np.float32) / 32768.0
+        start = max(self.end, now)
+        self.scheduled.append((start, samples))
+        self.end = start + samples.size / 24_000
+
+    def sound(self, begin: float, samples: int) -> np.ndarray:
+        """What it played from ``begin`` on, ``samples`` at 24 kHz."""
+        out = np.zeros(samples, np.float32)
+        for start, audio in self.scheduled:
+            offset = int(round((start - begin) * 24_000))
+            lo, hi = max(0, offset), min(samples, offset + audio.size)
+            if lo < hi:
+                out[lo:hi] += audio[lo - offset : hi - offset]
+        return out
+
+
+def _echoing_client(voice_server: ServerProcess, guard: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A raw WebSocket client with no echo cancellation: its microphone hears its loudspeaker
+    (the answer, 200 ms late, at 40 %), appended in real time for 3 s; then the user speaks over
+    it. (The events before the user spoke, every event up to response.done.)"""
+    import json
+    import time
+
+    from websockets.sync.client import connect
+
+    url = voice_server.url.replace("http://", "ws://") + "/v1/realtime?model=voice-assistant"
+    interruption = np.frombuffer(espeak("Stop. What time is it now?"), "<i2").astype(np.float32) / 32768.0
+    with connect(url, additional_headers={"Authorization": f"Bearer {API_KEY}"}, max_size=None) as ws:
+        assert json.loads(ws.recv())["type"] == "session.created"
+        ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["audio"],
+                                                                  "max_output_tokens": 120,
+                                                                  "audio": {"input": {"echo_guard": guard}}}}))
+        ws.send(json.dumps({"type": "conversation.item.create", "item": _text_item("user", STORY)}))
+        ws.send(json.dumps({"type": "response.create"}))
+        speaker, events, tick = _Speaker(), [], 0.1
+        started: float | None = None
+        before: list[dict[str, Any]] | None = None
+        speak_at, step = 3.0, 2_400  # s of echo alone, then the user talks over it; 100 ms appends
+        next_at = time.monotonic()
+        for _ in range(100):
+            while True:
+                try:
+                    event = json.loads(ws.recv(timeout=0))
+                except TimeoutError:
+                    break
+                events.append(event)
+                if event["type"] == "response.output_audio.delta":
+                    speaker.play(event["delta"], time.monotonic())
+                    started = started or time.monotonic()
+            now = time.monotonic()
+            if any(e["type"] == "response.done" for e in events) or (started and now - started >= speak_at + 3):
+                break
+            mic = 0.4 * speaker.sound(now - tick - 0.2, step)  # the echo
+            if started is not None and now - started >= speak_at:
+                before = list(events) if before is None else before
+                k = int((now - started - speak_at) / tick)
+                mic[: interruption[k * step : (k + 1) * step].size] += interruption[k * step : (k + 1) * step]
+            ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                "audio": base64.b64encode((np.clip(mic, -1, 1) * 32767).astype("<i2").tobytes()).decode()}))
+            next_at += tick
+            time.sleep(max(0.0, next_at - time.monotonic()))
+        while not any(e["type"] == "response.done" for e in events):
+            events.append(json.loads(ws.recv(timeout=60)))
+    return (events if before is None else before), events
+
+
+def test_the_answers_own_echo_does_not_barge_in_and_another_voice_does(voice_server: ServerProcess) -> None:
+    before, events = _echoing_client(voice_server, guard=True)
+    assert not [e for e in before if e["type"] == "input_audio_buffer.speech_started"], "the echo barged in"
+    types = [e["type"] for e in events]
+    assert "input_audio_buffer.speech_started" in types, types
+    done = next(e for e in events if e["type"] == "response.done")["response"]
+    assert done["status"] == "cancelled" and done["status_details"]["reason"] == "turn_detected", done
+    # the same echo without the guard: the answer interrupts itself
+    before, _ = _echoing_client(voice_server, guard=False)
+    assert [e for e in before if e["type"] == "input_audio_buffer.speech_started"], "this echo is not heard as speech"
