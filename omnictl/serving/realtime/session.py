@@ -376,16 +376,19 @@ class RealtimeSession:
         start_ms, at_ms = self._held_start
         self._held_start = None
         window = int(min(WINDOW_MS * 2, max(100.0, self.audio_ms - at_ms + (at_ms - start_ms))))
-        share = self.echo.echo_share(window)
+        share = await asyncio.get_running_loop().run_in_executor(vad_executor(), self.echo.echo_share, window)
         if share >= ECHO_SHARE:
-            log.debug(
-                "realtime session %s: speech at %d ms is the answer's echo (%.2f of it): dropped",
+            log.info(
+                "realtime session %s: speech at %d ms is the answer's echo (%.2f of its energy): dropped",
                 self.id,
                 start_ms,
                 share,
             )
             turns.drop_turn()
             return True
+        log.info(
+            "realtime session %s: speech at %d ms over the answer is not its echo (%.2f)", self.id, start_ms, share
+        )
         await self._speech_started(start_ms)
         return False
 

@@ -33,11 +33,11 @@ def test_the_answers_own_voice_coming_back_is_echo_and_another_voice_is_not() ->
     echo = 0.33 * answer[heard_from - delay : heard_from - delay + int(0.4 * VAD_RATE)]
     guard = _played(answer, now)
     guard.heard(np.concatenate([np.zeros(VAD_RATE // 2, np.float32), echo]))
-    assert guard.playing(now) and guard.echo_share(400, now) >= 0.9
+    assert guard.playing(now) and guard.echo_share(400) >= 0.9
     other = 0.6 * _speech("sky_colour")[int(0.4 * VAD_RATE) : int(0.8 * VAD_RATE)]
     guard.heard(echo + other)  # a different voice over the same echo
-    assert guard.echo_share(400, now) < ECHO_SHARE, guard.judged
+    assert guard.echo_share(400) < ECHO_SHARE, guard.judged
     guard.heard(0.6 * _speech("sky_colour")[int(0.8 * VAD_RATE) : int(1.2 * VAD_RATE)])
-    assert guard.echo_share(400, now) < 0.2  # a voice alone: the played audio explains nothing of it
+    assert guard.echo_share(400) < 0.2  # a voice alone: the played audio explains nothing of it
     guard.stop(now)
     assert not guard.playing(now + 1.5)  # stopped: no echo to expect after the tail
