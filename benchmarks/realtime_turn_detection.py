@@ -101,14 +101,16 @@ def main() -> int:
     print("plain questions: end of speech -> end of turn (audio ms after the speech ended + turn-model compute)")
     waits: dict[str, float] = {}
     for name, make in detectors.items():
-        per = []
+        per, computes = [], []
         for q in SAMPLES:
             audio = question(q)
             voiced_end = (np.nonzero(np.abs(audio) > 0.02)[0][-1] + lead.size) / PCM16_RATE * 1000
             ends, compute = run(make(), silero, np.concatenate([lead, audio, tail]))
             per.append(ends[0] - voiced_end + compute if ends else float("nan"))
+            computes.append(compute)
         waits[name] = statistics.median(per)
-        print(f"  {name:<20} median {waits[name]:6.0f} ms   per question {[round(w) for w in per]}")
+        print(f"  {name:<20} median {waits[name]:6.0f} ms (of which turn model {statistics.median(computes):4.0f} ms)"
+              f"   per question {[round(w) for w in per]}")
     for e in ("high", "auto", "low"):
         check, cap, sure = EAGERNESS[e]
         print(f"(semantic_vad {e}: the turn model asked after {check} ms of silence, finished from p >= {sure}, cap {cap} ms)")
