@@ -30,12 +30,13 @@ def new_id(prefix: str) -> str:
 
 
 class AudioFormat(msgspec.Struct, omit_defaults=True):
+    """``audio/pcm`` (16-bit, 24 kHz), or G.711 ``audio/pcmu`` / ``audio/pcma`` (8 kHz, no ``rate``)."""
+
     type: str = "audio/pcm"
-    rate: int = 24_000
+    rate: int | None = None
 
 
-class ServerVad(msgspec.Struct):
-    type: Literal["server_vad"] = "server_vad"
+class ServerVad(msgspec.Struct, tag_field="type", tag="server_vad"):
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
@@ -44,12 +45,26 @@ class ServerVad(msgspec.Struct):
     idle_timeout_ms: int | None = None
 
 
+Eagerness = Literal["low", "medium", "high", "auto"]
+
+
+class SemanticVad(msgspec.Struct, tag_field="type", tag="semantic_vad"):
+    """End of turn decided by a turn model (Smart Turn) rather than by a fixed silence."""
+
+    eagerness: Eagerness = "auto"
+    create_response: bool = True
+    interrupt_response: bool = True
+
+
+TurnDetection = Union[ServerVad, SemanticVad]
+
+
 class Content(msgspec.Struct, omit_defaults=True):
     """One content part of a conversation item."""
 
     type: str
     text: str | None = None
-    audio: str | None = None  # base64 pcm16, input only
+    audio: str | None = None  # base64, in the session's input format
     transcript: str | None = None
 
 
@@ -69,9 +84,10 @@ class Item(msgspec.Struct):
 
 class AudioInputConfig(msgspec.Struct):
     format: AudioFormat | UnsetType = UNSET
-    turn_detection: ServerVad | None | UnsetType = UNSET
+    turn_detection: TurnDetection | None | UnsetType = UNSET
     transcription: dict[str, Any] | None | UnsetType = UNSET
     noise_reduction: dict[str, Any] | None | UnsetType = UNSET
+    echo_guard: bool | UnsetType = UNSET  # omnictl's: false for a client that cancels echo itself
 
 
 class AudioOutputConfig(msgspec.Struct):
@@ -88,7 +104,7 @@ class AudioConfig(msgspec.Struct):
 class SessionConfig(msgspec.Struct):
     """What ``session.update`` may set; fields left out keep their value."""
 
-    type: str = "realtime"
+    type: str | UnsetType = UNSET  # "realtime" or "transcription"; left out: the session's own
     instructions: str | UnsetType = UNSET
     output_modalities: list[Literal["text", "audio"]] | UnsetType = UNSET
     audio: AudioConfig | UnsetType = UNSET
@@ -142,14 +158,36 @@ class ResponseCancel(_ClientEvent, tag="response.cancel"):
     response_id: str | None = None
 
 
+class ConversationItemTruncate(_ClientEvent, tag="conversation.item.truncate", kw_only=True):
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
+class ConversationItemDelete(_ClientEvent, tag="conversation.item.delete", kw_only=True):
+    item_id: str
+
+
+class ConversationItemRetrieve(_ClientEvent, tag="conversation.item.retrieve", kw_only=True):
+    item_id: str
+
+
+class OutputAudioBufferClear(_ClientEvent, tag="output_audio_buffer.clear"):
+    pass
+
+
 ClientEvent = Union[
     SessionUpdate,
     InputAudioBufferAppend,
     InputAudioBufferCommit,
     InputAudioBufferClear,
     ConversationItemCreate,
+    ConversationItemTruncate,
+    ConversationItemDelete,
+    ConversationItemRetrieve,
     ResponseCreate,
     ResponseCancel,
+    OutputAudioBufferClear,
 ]
 CLIENT_EVENT_TYPES = tuple(cls.__struct_config__.tag for cls in ClientEvent.__args__)  # type: ignore[attr-defined]  # a Union alias has __args__ at run time; msgspec structs have __struct_config__
 
@@ -159,6 +197,7 @@ EventError = RealtimeEventError  # the name used across this package
 
 MAX_EVENT_ID = 128  # characters of a client event_id (OpenAI's own are ~25)
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
+_MISSING = re.compile(r"missing required field `([^`]*)`")
 
 
 def decode_client_event(raw: str | bytes) -> ClientEvent:
@@ -197,7 +236,9 @@ def decode_client_event(raw: str | bytes) -> ClientEvent:
         event: ClientEvent = msgspec.convert(obj, ClientEvent)
     except msgspec.ValidationError as exc:
         match = _PATH.search(str(exc))
-        param = clip(match.group(1), 64) if match else None
+        missing = _MISSING.search(str(exc))
+        param = ".".join(p for p in (match.group(1) if match else "", missing.group(1) if missing else "") if p)
+        param = clip(param, 64) if param else None
         raise EventError(f"{kind}: {clip(str(exc))}", "invalid_value", param, event_id) from exc
     return event
 
@@ -216,6 +257,15 @@ class SessionObject(msgspec.Struct):
     max_output_tokens: int | Literal["inf"]
     type: str = "realtime"
     object: str = "realtime.session"
+
+
+class TranscriptionSessionObject(msgspec.Struct):
+    """A transcription session (``?intent=transcription`` or ``session.type: "transcription"``)."""
+
+    id: str
+    audio: dict[str, Any]
+    type: str = "transcription"
+    object: str = "realtime.transcription_session"
 
 
 class Usage(msgspec.Struct):
@@ -260,11 +310,11 @@ class _ServerEvent(msgspec.Struct, tag_field="type", kw_only=True):
 
 
 class SessionCreated(_ServerEvent, tag="session.created"):
-    session: SessionObject
+    session: SessionObject | TranscriptionSessionObject
 
 
 class SessionUpdated(_ServerEvent, tag="session.updated"):
-    session: SessionObject
+    session: SessionObject | TranscriptionSessionObject
 
 
 class SpeechStartedEvent(_ServerEvent, tag="input_audio_buffer.speech_started"):
@@ -301,6 +351,30 @@ class TranscriptionCompleted(_ServerEvent, tag="conversation.item.input_audio_tr
     content_index: int
     transcript: str
     usage: DurationUsage
+
+
+class TranscriptionDelta(_ServerEvent, tag="conversation.item.input_audio_transcription.delta"):
+    item_id: str
+    content_index: int
+    delta: str
+
+
+class ItemTruncated(_ServerEvent, tag="conversation.item.truncated"):
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
+class ItemDeleted(_ServerEvent, tag="conversation.item.deleted"):
+    item_id: str
+
+
+class ItemRetrieved(_ServerEvent, tag="conversation.item.retrieved"):
+    item: Item
+
+
+class OutputAudioBufferCleared(_ServerEvent, tag="output_audio_buffer.cleared"):
+    response_id: str
 
 
 class ResponseCreated(_ServerEvent, tag="response.created"):
@@ -347,7 +421,7 @@ class TextDone(_Part, tag="response.output_text.done"):
 
 
 class AudioDelta(_Part, tag="response.output_audio.delta"):
-    delta: str  # base64 pcm16, 24 kHz mono
+    delta: str  # base64, in the session's output format
 
 
 class AudioDone(_Part, tag="response.output_audio.done"):
@@ -376,6 +450,11 @@ ServerEvent = Union[
     ItemAdded,
     ItemDone,
     TranscriptionCompleted,
+    TranscriptionDelta,
+    ItemTruncated,
+    ItemDeleted,
+    ItemRetrieved,
+    OutputAudioBufferCleared,
     ResponseCreated,
     ResponseDone,
     OutputItemAdded,

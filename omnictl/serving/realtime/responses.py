@@ -7,13 +7,22 @@ chunks ``response.output_audio.delta`` (24 kHz pcm16) with the words they say as
 when the topology has it: it costs nothing next to speech, gives the usage counts, and
 is what the conversation remembers of an answer. :meth:`ResponseRun.cancel` aborts the
 pipeline request everywhere; from that moment no delta of this response is sent, and
-``response.done`` says ``cancelled``.
+``response.done`` says ``cancelled``: its item is ``incomplete`` and holds only what was
+sent (for a spoken answer, the words of the audio sent).
+
+A barge-in (speech detected while answering) cuts a spoken answer to the server's own
+estimate of what was heard, :meth:`ResponseRun.played_ms`: a client plays each delta as it
+arrives, in real time, so what it has played is the time since the first audio delta went
+out (at most the audio sent); the rest sat unplayed in its buffer. The cut is announced
+with ``conversation.item.truncated``; a client that knows better sends its own
+``conversation.item.truncate``, which replaces it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -25,7 +34,8 @@ from omnictl.outputs import TextDelta as PipelineTextDelta
 from omnictl.serving.common.echo import clip
 from omnictl.serving.common.tracking import Tracked
 from omnictl.serving.realtime import events as ev
-from omnictl.serving.realtime.turns import Conversation, Turn
+from omnictl.serving.realtime.formats import PCM, AudioCodec
+from omnictl.serving.realtime.turns import Conversation, Segment, Turn
 from omnictl.serving.speech.encode import AudioStreamEncoder, b64
 from omnictl.serving.state import PipelineLike, ServingState
 
@@ -41,6 +51,8 @@ class ResponseRun:
     state: ServingState
     pipeline: PipelineLike
     traceparent: str | None = None  # the session's caller span (W3C), for the exported trace
+    codec: AudioCodec = PCM  # the session's output audio format
+    on_audio: Callable[[bytes], None] | None = None  # told each audio delta sent (pcm16, 24 kHz): the echo guard
     cancel_reason: str | None = None
     request_id: str | None = None
     tracked: Tracked | None = None
@@ -48,6 +60,15 @@ class ResponseRun:
     usage: ev.Usage = field(default_factory=ev.Usage)
     _finished: bool = False
     _cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    _sent_text: str = ""  # text deltas sent
+    _first_audio_at: float | None = None  # monotonic time the first audio delta was sent
+    _heard_ms: float | None = None  # set on barge-in: the estimate of what the client played
+
+    def played_ms(self) -> float:
+        """What a client playing each delta as it arrives, in real time, has played by now."""
+        if self._first_audio_at is None or self.turn is None:
+            return 0.0
+        return min(self.turn.audio_ms, (time.monotonic() - self._first_audio_at) * 1000)
 
     def _pipeline_modalities(self) -> list[str]:
         produces = set(self.pipeline.topology.terminals.values())
@@ -70,6 +91,8 @@ class ResponseRun:
         if self.cancel_reason is not None or self._finished:
             return
         self.cancel_reason = reason
+        if reason == "turn_detected":
+            self._heard_ms = self.played_ms()
         self._cancelled.set()
         if self.request_id is not None:
             await self.pipeline.abort(self.request_id)
@@ -173,11 +196,14 @@ class ResponseRun:
                     continue
                 streamed_audio = streamed_audio or event.kind is RequestEventKind.STREAM
                 tracked.saw(data)
-                self.send(
-                    ev.AudioDelta(
-                        response_id=self.id, item_id=turn.id, delta=b64(encoder.encode(data.samples, data.sample_rate))
-                    )
-                )
+                pcm = encoder.encode(data.samples, data.sample_rate)  # pcm16 at 24 kHz
+                start = turn.audio_ms
+                turn.segments.append(Segment(start, start + len(pcm) / 48, data.transcript.strip()))  # 48 bytes/ms
+                self.send(ev.AudioDelta(response_id=self.id, item_id=turn.id, delta=b64(self.codec.from_pcm16(pcm))))
+                if self._first_audio_at is None:
+                    self._first_audio_at = time.monotonic()
+                if self.on_audio is not None:
+                    self.on_audio(pcm)
                 words = data.transcript if not transcript else " " + data.transcript
                 transcript.append(words)
                 self.send(ev.AudioTranscriptDelta(response_id=self.id, item_id=turn.id, delta=words))
@@ -195,6 +221,7 @@ class ResponseRun:
         if delta:
             self.tracked.saw_text()
         if TEXT in self.modalities and delta:
+            self._sent_text += delta
             self.send(ev.TextDelta(response_id=self.id, item_id=self.turn.id, delta=delta))
 
     def _done(self, outcome: str, error: str | None = None) -> None:
@@ -202,11 +229,21 @@ class ResponseRun:
             return
         self._finished = True
         turn = self.turn
+        estimated = False
         if turn is not None:
             turn.complete = True
-            spoken = "".join(turn.text or "")
+            if outcome != "completed":
+                turn.incomplete = True
+                if not turn.spoken:
+                    turn.text = self._sent_text
+                elif turn.truncated_ms is None and self._heard_ms is not None:
+                    turn.truncate(int(self._heard_ms))
+                    estimated = True
+                elif turn.truncated_ms is None:  # cancelled by the client: what was sent is its to cut
+                    turn.text = turn.spoken_text()
+            spoken = turn.text or ""
             if TEXT in self.modalities:
-                self.send(ev.TextDone(response_id=self.id, item_id=turn.id, text=turn.text or ""))
+                self.send(ev.TextDone(response_id=self.id, item_id=turn.id, text=self._sent_text))
             if AUDIO in self.modalities:
                 self.send(ev.AudioDone(response_id=self.id, item_id=turn.id))
                 self.send(ev.AudioTranscriptDone(response_id=self.id, item_id=turn.id, transcript=spoken))
@@ -217,10 +254,10 @@ class ResponseRun:
             )
             self.send(ev.ContentPartDone(response_id=self.id, item_id=turn.id, part=part))
             item = turn.item()
-            if outcome != "completed":
-                item.status = "incomplete"
             self.send(ev.OutputItemDone(response_id=self.id, output_index=0, item=item))
             self.send(ev.ItemDone(item=item))
+            if estimated and turn.truncated_ms is not None:
+                self.send(ev.ItemTruncated(item_id=turn.id, content_index=0, audio_end_ms=turn.truncated_ms))
         details = None
         if outcome == "cancelled":
             details = ev.StatusDetails(type="cancelled", reason=self.cancel_reason or "client_cancelled")

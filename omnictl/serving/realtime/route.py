@@ -3,7 +3,10 @@
 The API key comes as ``Authorization: Bearer`` (the ``openai`` client) or, from a
 browser (which cannot set headers on a WebSocket), as the subprotocol
 ``openai-insecure-api-key.<key>`` as OpenAI's own browser clients send it. A wrong or
-missing key closes the handshake (HTTP 403). Every message is bounded
+missing key closes the handshake (HTTP 403). ``?model=`` is checked like the HTTP
+endpoints' ``model`` (the topology's name or a ``--served-model-name``), ``?intent=``
+(``realtime``, ``transcription``) sets the session's type; a wrong one is answered with an
+``error`` event naming it, and the socket is closed (1008). Every message is bounded
 (``Limits.max_realtime_message_bytes``): a bigger one is answered with an ``error``
 event naming the limit, and the session goes on.
 """
@@ -21,11 +24,11 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from omnictl.serving.common.auth import authorized
 from omnictl.serving.common.capabilities import capabilities
-from omnictl.serving.common.echo import RepeatLimiter, clip
+from omnictl.serving.common.echo import RepeatLimiter, clip, clip_repr
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.session import RealtimeSession
 from omnictl.serving.realtime.vad import SileroModel
-from omnictl.serving.state import ServingState
+from omnictl.serving.state import PipelineLike, ServingState
 
 log = logging.getLogger("omnictl.serving.realtime")
 KEY_PROTOCOL = "openai-insecure-api-key."
@@ -140,11 +143,25 @@ def realtime_endpoint(state: ServingState) -> Callable[[WebSocket], Awaitable[No
                 await websocket.send_text(ev.encode(ev.error_event(error)))
                 await websocket.close(code=CLOSE_TRY_LATER, reason="too many realtime sessions")
             return
+        refused = _refused_query(websocket, state, pipe)
+        if refused is not None:
+            state.metrics.outcome("rejected")
+            log.warning("realtime: connection refused: %s", clip(refused.message))
+            with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+                await websocket.send_text(ev.encode(ev.error_event(refused)))
+                await websocket.close(code=CLOSE_POLICY, reason=clip(refused.message, 100))
+            return
         sessions.open += 1
         outbox = Outbox(limits.max_realtime_outbox_bytes)
         model = websocket.query_params.get("model") or state.model_name
         session = RealtimeSession(
-            state, pipe, outbox.put, model, silero, traceparent=state.traceparent(websocket.headers)
+            state,
+            pipe,
+            outbox.put,
+            model,
+            silero,
+            traceparent=state.traceparent(websocket.headers),
+            intent=websocket.query_params.get("intent"),
         )
         writer = asyncio.create_task(_write(websocket, outbox))
         receiver = asyncio.create_task(_receive(websocket, session, limits.max_realtime_message_bytes, limiter))
@@ -180,6 +197,33 @@ def realtime_endpoint(state: ServingState) -> Callable[[WebSocket], Awaitable[No
 
 class _Sessions:
     open = 0
+
+
+INTENTS = ("realtime", "transcription")
+
+
+def _refused_query(websocket: WebSocket, state: ServingState, pipe: PipelineLike) -> ev.EventError | None:
+    """Why the handshake's ``?model=`` / ``?intent=`` cannot be served, if they cannot."""
+    model = websocket.query_params.get("model")
+    served = (state.model_name, *state.aliases)
+    if model and model not in served:
+        return ev.EventError(
+            f"the model {clip_repr(model, 64)} does not exist; this server serves {', '.join(repr(m) for m in served)}",
+            "model_not_found",
+            "model",
+        )
+    intent = websocket.query_params.get("intent")
+    if intent is not None and intent not in INTENTS:
+        return ev.EventError(
+            f"intent {clip_repr(intent, 64)} is not one of {', '.join(INTENTS)}", "invalid_value", "intent"
+        )
+    if intent == "transcription" and not capabilities(pipe.topology).transcription:
+        return ev.EventError(
+            f"intent 'transcription': topology {pipe.topology.name!r} has no terminal of modality 'transcript'",
+            "unsupported_session_type",
+            "intent",
+        )
+    return None
 
 
 def _hang_up(websocket: WebSocket, code: int, reason: str) -> None:
@@ -224,8 +268,8 @@ async def _receive(websocket: WebSocket, session: RealtimeSession, limit: int, l
             allowed, suppressed = limiter.allow(f"{session.id}:{error.code}")
             if allowed:  # a client repeating one mistake logs it once per interval, clipped
                 more = f" ({suppressed} more like it not logged)" if suppressed else ""
-                log.info(
-                    "realtime session %s: %s (event %s)%s",
+                log.warning(
+                    "realtime session %s: refused: %s (event %s)%s",
                     session.id,
                     clip(error.message),
                     clip(error.event_id or "-", 64),

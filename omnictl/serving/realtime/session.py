@@ -6,6 +6,11 @@ transcription, a response) runs in a task, so the session keeps listening, which
 what lets speech interrupt an answer (barge-in). Each handler either does what its
 event asks or raises :class:`~omnictl.serving.realtime.events.EventError`, which the
 route answers with an ``error`` event; the session goes on either way.
+
+A session is a ``realtime`` one (a conversation answered by the pipeline) or a
+``transcription`` one (``?intent=transcription`` or ``session.type: "transcription"``):
+its committed turns are only transcribed, each one told as
+``conversation.item.input_audio_transcription.delta`` / ``.completed``; no responses.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import msgspec
 import numpy as np
 
 from omnictl.coordinator.request import RequestEventKind
-from omnictl.exceptions import InvalidRequest, Overloaded, PipelineDead
+from omnictl.exceptions import InvalidRequest, LaunchError, Overloaded, PipelineDead
 from omnictl.inputs import PCM16_RATE, AudioPart, ChatMessage, ChatRequest, SamplingParams
 from omnictl.outputs import TRANSCRIPT, Transcript
 from omnictl.serving.chat.protocol import OPENAI_VOICES
@@ -31,32 +36,60 @@ from omnictl.serving.common.capabilities import capabilities
 from omnictl.serving.common.echo import clip_repr
 from omnictl.serving.common.tracking import Tracked
 from omnictl.serving.realtime import events as ev
+from omnictl.serving.realtime.echo_guard import ECHO_SHARE, WINDOW_MS, EchoGuard
+from omnictl.serving.realtime.formats import PCM, AudioCodec, codec_for
 from omnictl.serving.realtime.responses import ResponseRun
+from omnictl.serving.realtime.smart_turn import SemanticTurnDetector, shared_model
 from omnictl.serving.realtime.turns import Conversation, Turn
-from omnictl.serving.realtime.vad import SileroModel, SileroVad, SpeechStarted, TurnDetector, VadSettings, vad_executor
+from omnictl.serving.realtime.vad import (
+    VAD_RATE,
+    SileroModel,
+    SileroVad,
+    SpeechStarted,
+    SpeechStopped,
+    TurnDetector,
+    VadSettings,
+    to_vad_rate,
+    vad_executor,
+)
 from omnictl.serving.state import PipelineLike, ServingState
 
 log = logging.getLogger("omnictl.serving.realtime")
 
 MIN_COMMIT_MS = 100  # a commit of less audio than this is refused, as OpenAI refuses it
+PREFIX_MS = 300  # audio kept before speech starts, where the turn detection has no setting for it
 DEFAULT_VOICE = "alloy"  # an OpenAI name: the topology's default voice
+
+
+SESSION_TYPES = ("realtime", "transcription")
 
 
 @dataclass
 class Settings:
+    type: str = "realtime"  # or "transcription": turns are transcribed, never answered
     instructions: str = ""
     output_modalities: list[str] = field(default_factory=lambda: ["audio"])
-    vad: ev.ServerVad | None = field(default_factory=ev.ServerVad)  # None: the client commits turns
+    vad: ev.TurnDetection | None = field(default_factory=ev.ServerVad)  # None: the client commits turns
     voice: str = DEFAULT_VOICE
     max_output_tokens: int | str = "inf"
+    transcription: bool = True  # transcripts of the user's audio are sent (when the topology transcribes)
+    input_codec: AudioCodec = PCM
+    output_codec: AudioCodec = PCM
 
     def sampling(self, override: int | str | None = None) -> SamplingParams:
         limit = self.max_output_tokens if override is None else override
         return SamplingParams(max_tokens=limit if isinstance(limit, int) else None)
 
 
-def _vad_feed(vad: SileroVad, raw: bytes) -> list[float]:
-    return vad.feed(np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0)
+def _detect(
+    vad: SileroVad, turns: TurnDetector | SemanticTurnDetector, raw: bytes
+) -> tuple[np.ndarray, list[SpeechStarted | SpeechStopped]]:
+    """pcm16 at 24 kHz: (the audio at 16 kHz, the turns it starts or ends)."""
+    audio = to_vad_rate(np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0, PCM16_RATE)
+    probabilities = vad.feed(audio)
+    if isinstance(turns, SemanticTurnDetector):  # the turn model hears the same audio
+        return audio, turns.feed(probabilities, audio)
+    return audio, turns.feed(probabilities)
 
 
 @dataclass
@@ -91,6 +124,7 @@ class RealtimeSession:
         model: str,
         silero: Callable[[], SileroModel],
         traceparent: str | None = None,
+        intent: str | None = None,
     ) -> None:
         self.state, self.pipeline, self.send, self.model = state, pipeline, send, model
         self.traceparent = traceparent  # the handshake's: every request of the session is its child
@@ -104,28 +138,40 @@ class RealtimeSession:
         self.audio_ms = 0.0  # audio appended over the whole session
         self._silero = silero
         self._vad: SileroVad | None = None
-        self._turns: TurnDetector | None = None
+        self._turns: TurnDetector | SemanticTurnDetector | None = None
         self._speech_item: str | None = None
+        self.echo = EchoGuard()
+        self._held_start: tuple[int, float] | None = None  # speech held for the echo guard: (start ms, at audio ms)
         self.response: tuple[ResponseRun, asyncio.Task[None]] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.can_transcribe = capabilities(pipeline.topology).transcription
+        self.settings.transcription = self.can_transcribe
+        if intent == "transcription":
+            self.settings.type = "transcription"
         self._reset_vad()
 
     # --- session ---------------------------------------------------------------------------
 
-    def session_object(self) -> ev.SessionObject:
+    def transcriber(self) -> str | None:
+        """The topology stage that transcribes the user's audio."""
+        terminals = self.pipeline.topology.terminals
+        return next((name for name, modality in terminals.items() if modality == TRANSCRIPT), None)
+
+    def session_object(self) -> ev.SessionObject | ev.TranscriptionSessionObject:
+        """What the session does, as it does it: transcription is on when transcripts are sent."""
         s = self.settings
-        audio_format = {"type": "audio/pcm", "rate": PCM16_RATE}
         turn_detection = None if s.vad is None else msgspec.to_builtins(s.vad)
-        audio = {
-            "input": {
-                "format": audio_format,
-                "turn_detection": turn_detection,
-                "transcription": None,
-                "noise_reduction": None,
-            },
-            "output": {"format": audio_format, "voice": s.voice, "speed": 1.0},
+        transcriber = self.transcriber()
+        audio_input = {
+            "format": s.input_codec.describe(),
+            "turn_detection": turn_detection,
+            "transcription": {"model": transcriber} if s.transcription and transcriber else None,
+            "noise_reduction": None,
+            "echo_guard": self.echo.enabled,
         }
+        if s.type == "transcription":
+            return ev.TranscriptionSessionObject(id=self.id, audio={"input": audio_input})
+        audio = {"input": audio_input, "output": {"format": s.output_codec.describe(), "voice": s.voice, "speed": 1.0}}
         return ev.SessionObject(
             id=self.id,
             model=self.model,
@@ -137,20 +183,38 @@ class RealtimeSession:
 
     def _reset_vad(self) -> None:
         vad = self.settings.vad
-        self._vad = None if vad is None else SileroVad(self._silero(), PCM16_RATE)
-        self._turns = (
-            None
-            if vad is None
-            else TurnDetector(VadSettings(vad.threshold, vad.prefix_padding_ms, vad.silence_duration_ms))
-        )
+        self._vad = None if vad is None else SileroVad(self._silero(), VAD_RATE)  # fed 16 kHz (_detect)
+        self._turns = None
+        self._held_start = None
+        if isinstance(vad, ev.ServerVad):
+            self._turns = TurnDetector(VadSettings(vad.threshold, vad.prefix_padding_ms, vad.silence_duration_ms))
+        elif isinstance(vad, ev.SemanticVad):
+            self._turns = SemanticTurnDetector(shared_model(), vad.eagerness)
         self._speech_item = None
 
     async def session_update(self, event: ev.SessionUpdate) -> None:
         config, s = event.session, self.settings
-        if config.type not in ("realtime",):
+        kind = s.type if config.type is msgspec.UNSET else config.type
+        if kind not in SESSION_TYPES:
             raise ev.EventError(
-                f"session.type {config.type!r} is not supported; this server runs 'realtime' sessions",
+                f"session.type {clip_repr(kind, 64)} is not supported; this server runs 'realtime' and "
+                "'transcription' sessions",
                 "unsupported_session_type",
+                "session.type",
+                event.event_id,
+            )
+        if kind == "transcription" and not self.can_transcribe:
+            raise ev.EventError(
+                f"session.type 'transcription': topology {self.pipeline.topology.name!r} has no terminal of "
+                "modality 'transcript' (nothing here recognises speech)",
+                "unsupported_session_type",
+                "session.type",
+                event.event_id,
+            )
+        if self.response is not None and kind != s.type:
+            raise ev.EventError(
+                f"session.type cannot change while response {self.response[0].id} is in progress",
+                "invalid_value",
                 "session.type",
                 event.event_id,
             )
@@ -160,13 +224,14 @@ class RealtimeSession:
                 config.output_modalities, "session.output_modalities", event.event_id
             )
         if config.audio is not msgspec.UNSET:
-            self._audio(config.audio, event.event_id)
+            await self._audio(config.audio, event.event_id)
         if config.instructions is not msgspec.UNSET:
             s.instructions = config.instructions
         if config.max_output_tokens is not msgspec.UNSET:
             s.max_output_tokens = self._max_tokens(
                 config.max_output_tokens, "session.max_output_tokens", event.event_id
             )
+        s.type = kind
         self.send(ev.SessionUpdated(session=self.session_object()))
 
     def _modalities(self, wanted: Sequence[str], param: str, event_id: str | None) -> list[str]:
@@ -189,29 +254,50 @@ class RealtimeSession:
             )
         return value
 
-    def _audio(self, audio: ev.AudioConfig, event_id: str | None) -> None:
-        for side, config in (("input", audio.input), ("output", audio.output)):
-            if config is msgspec.UNSET or config.format is msgspec.UNSET:
-                continue
-            fmt = config.format
-            if fmt.type != "audio/pcm" or fmt.rate != PCM16_RATE:
+    async def _audio(self, audio: ev.AudioConfig, event_id: str | None) -> None:
+        """Checks every field before changing any: a refused update changes nothing."""
+        s, inp, out = self.settings, audio.input, audio.output
+        input_codec, output_codec = s.input_codec, s.output_codec
+        if inp is not msgspec.UNSET and inp.format is not msgspec.UNSET:
+            input_codec = codec_for(inp.format, "session.audio.input.format", event_id)
+        if out is not msgspec.UNSET and out.format is not msgspec.UNSET:
+            output_codec = codec_for(out.format, "session.audio.output.format", event_id)
+        transcription = s.transcription
+        if inp is not msgspec.UNSET and inp.transcription is not msgspec.UNSET:
+            if inp.transcription is not None and not self.can_transcribe:
                 raise ev.EventError(
-                    f"session.audio.{side}.format: only audio/pcm at {PCM16_RATE} Hz is supported, got "
-                    f"{fmt.type} at {fmt.rate} Hz",
-                    "unsupported_audio_format",
-                    f"session.audio.{side}.format.type",
+                    f"session.audio.input.transcription: topology {self.pipeline.topology.name!r} has no terminal "
+                    "of modality 'transcript'; send null",
+                    "invalid_value",
+                    "session.audio.input.transcription",
                     event_id,
                 )
-        if audio.output is not msgspec.UNSET and audio.output.voice is not msgspec.UNSET:
-            self.settings.voice = audio.output.voice
-        if audio.input is not msgspec.UNSET and audio.input.turn_detection is not msgspec.UNSET:
-            self.settings.vad = audio.input.turn_detection
+            transcription = inp.transcription is not None
+        if inp is not msgspec.UNSET and isinstance(inp.turn_detection, ev.SemanticVad):
+            try:  # loaded once per server, off the event loop
+                await asyncio.get_running_loop().run_in_executor(vad_executor(), shared_model)
+            except LaunchError as exc:
+                raise ev.EventError(
+                    f"session.audio.input.turn_detection.type 'semantic_vad': {exc}; use 'server_vad' or null",
+                    "invalid_value",
+                    "session.audio.input.turn_detection.type",
+                    event_id,
+                ) from exc
+        s.input_codec, s.output_codec, s.transcription = input_codec, output_codec, transcription
+        if inp is not msgspec.UNSET and inp.echo_guard is not msgspec.UNSET:
+            self.echo.enabled = inp.echo_guard
+        if out is not msgspec.UNSET and out.voice is not msgspec.UNSET:
+            s.voice = out.voice
+        if inp is not msgspec.UNSET and inp.turn_detection is not msgspec.UNSET:
+            s.vad = inp.turn_detection
             self._reset_vad()
 
     # --- input audio -----------------------------------------------------------------------
 
     async def append(self, event: ev.InputAudioBufferAppend) -> None:
-        size = len(event.audio) * 3 // 4 - event.audio[-2:].count("=")  # bytes, before decoding
+        codec = self.settings.input_codec
+        sent = len(event.audio) * 3 // 4 - event.audio[-2:].count("=")  # bytes, before decoding
+        size = sent * PCM.bytes_per_second // codec.bytes_per_second  # what the buffer will hold of it
         limit = self.state.limits.max_realtime_buffer_bytes
         if len(self.buffer) + size > limit:
             raise ev.EventError(
@@ -240,13 +326,14 @@ class RealtimeSession:
                 "audio",
                 event.event_id,
             ) from exc
-        if len(raw) % 2:
+        if len(raw) % codec.sample_bytes:
             raise ev.EventError(
                 f"input_audio_buffer.append: pcm16 audio must hold whole 16-bit samples, got {len(raw)} bytes",
                 "invalid_audio",
                 "audio",
                 event.event_id,
             )
+        raw = codec.to_pcm16(raw)
         limit = self.state.limits.max_realtime_buffer_bytes
         if len(self.buffer) + len(raw) > limit:
             raise ev.EventError(
@@ -262,27 +349,55 @@ class RealtimeSession:
             # Resampling and Silero run in a worker thread: on the event loop, a flood of
             # appends once held /health for 41 s. This session waits for its own audio (and
             # so reads no more from its socket meanwhile); every other request goes on.
-            vad = self._vad
-            probabilities = await asyncio.get_running_loop().run_in_executor(vad_executor(), _vad_feed, vad, raw)
+            vad, turns = self._vad, self._turns
+            heard, found = await asyncio.get_running_loop().run_in_executor(vad_executor(), _detect, vad, turns, raw)
             if vad is not self._vad:  # cleared or reconfigured meanwhile
                 return
-            for turn in self._turns.feed(probabilities):
-                await (
-                    self._speech_started(turn.audio_start_ms)
-                    if isinstance(turn, SpeechStarted)
-                    else self._speech_stopped(turn.audio_end_ms)
-                )
-            if self._turns is not None and not self._turns.speaking and self.settings.vad is not None:
-                keep = (
-                    int((self.settings.vad.prefix_padding_ms + 100) * PCM16_RATE / 1000) * 2
-                )  # what prefix padding may need
+            self.echo.heard(heard)
+            for turn in found:
+                if isinstance(turn, SpeechStarted) and self.echo.playing():
+                    self._held_start = (turn.audio_start_ms, self.audio_ms)  # echo? judged once enough is heard
+                elif isinstance(turn, SpeechStarted):
+                    await self._speech_started(turn.audio_start_ms)
+                elif self._held_start is None or not await self._echo_judged(turns):
+                    await self._speech_stopped(turn.audio_end_ms)
+            if self._held_start is not None and self.audio_ms - self._held_start[1] >= WINDOW_MS:
+                await self._echo_judged(turns)
+            vad_settings = self.settings.vad
+            if self._turns is not None and not self._turns.speaking and vad_settings is not None:
+                padding = vad_settings.prefix_padding_ms if isinstance(vad_settings, ev.ServerVad) else PREFIX_MS
+                keep = int((padding + 100) * PCM16_RATE / 1000) * 2  # what prefix padding may need
                 del self.buffer[: max(0, len(self.buffer) - keep)]
+
+    async def _echo_judged(self, turns: TurnDetector | SemanticTurnDetector) -> bool:
+        """Judge the held speech: True if it was the answer's own echo (then dropped: no barge-in,
+        not in the buffer); False if a voice of its own (then it starts, late by the window)."""
+        assert self._held_start is not None
+        start_ms, at_ms = self._held_start
+        self._held_start = None
+        window = int(min(WINDOW_MS * 2, max(100.0, self.audio_ms - at_ms + (at_ms - start_ms))))
+        share = await asyncio.get_running_loop().run_in_executor(vad_executor(), self.echo.echo_share, window)
+        if share >= ECHO_SHARE:
+            log.info(
+                "realtime session %s: speech at %d ms is the answer's echo (%.2f of its energy): dropped",
+                self.id,
+                start_ms,
+                share,
+            )
+            turns.drop_turn()
+            return True
+        log.info(
+            "realtime session %s: speech at %d ms over the answer is not its echo (%.2f)", self.id, start_ms, share
+        )
+        await self._speech_started(start_ms)
+        return False
 
     async def _speech_started(self, audio_start_ms: int) -> None:
         self._speech_item = ev.new_id("item")
         self.send(ev.SpeechStartedEvent(audio_start_ms=audio_start_ms, item_id=self._speech_item))
         assert self.settings.vad is not None
         if self.settings.vad.interrupt_response and self.response is not None:
+            self.echo.stop()  # the client stops playing it
             await self.response[0].cancel("turn_detected")  # barge-in
 
     async def _speech_stopped(self, audio_end_ms: int) -> None:
@@ -290,7 +405,7 @@ class RealtimeSession:
         self.send(ev.SpeechStoppedEvent(audio_end_ms=audio_end_ms, item_id=item_id))
         self._commit(item_id, None)
         assert self.settings.vad is not None
-        if not self.settings.vad.create_response:
+        if not self.settings.vad.create_response or self.settings.type == "transcription":
             return
         if self.response is not None:
             if self.response[0].cancel_reason is None:
@@ -347,7 +462,15 @@ class RealtimeSession:
                 event.event_id,
             )
         previous = self.conversation.last_id()
+        if item.id is not None and self.conversation.find(item.id) is not None:
+            raise ev.EventError(
+                f"item.id {clip_repr(item.id, 64)} is already in the conversation",
+                "invalid_value",
+                "item.id",
+                event.event_id,
+            )
         if part.type == "input_audio":
+            codec = self.settings.input_codec
             try:
                 raw = base64.b64decode(part.audio or "", validate=True)
             except (binascii.Error, ValueError) as exc:
@@ -357,14 +480,16 @@ class RealtimeSession:
                     f"{where}[0].audio",
                     event.event_id,
                 ) from exc
-            if len(raw) < 2 or len(raw) % 2 or len(raw) > self.state.limits.max_realtime_buffer_bytes:
+            limit = self.state.limits.max_realtime_buffer_bytes * codec.bytes_per_second // PCM.bytes_per_second
+            if len(raw) < 2 or len(raw) % codec.sample_bytes or len(raw) > limit:
                 raise ev.EventError(
-                    f"{where}[0].audio must be pcm16 at 24 kHz, up to {self.state.limits.max_realtime_buffer_bytes} "
-                    f"bytes, got {len(raw)} bytes",
+                    f"{where}[0].audio must be {codec.type} at {codec.rate} Hz (the session's input format), up to "
+                    f"{limit} bytes, got {len(raw)} bytes",
                     "invalid_audio",
                     f"{where}[0].audio",
                     event.event_id,
                 )
+            raw = codec.to_pcm16(raw)
             self._check_memory(len(raw) * 2, event.event_id)
             turn = self.conversation.user_audio(np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0, item.id)
             self.send(ev.ItemAdded(item=turn.item(), previous_item_id=previous))
@@ -449,6 +574,9 @@ class RealtimeSession:
                 turn.text = heard.text
                 turn.release_audio()  # the transcript is what later responses hear
                 self.conversation.trim()  # a transcript may weigh less (or more) than its audio did
+            if heard is not None and self.settings.transcription:
+                # The recogniser gives its transcript whole: one delta, then the completed text.
+                self.send(ev.TranscriptionDelta(item_id=turn.id, content_index=0, delta=heard.text))
                 self.send(
                     ev.TranscriptionCompleted(
                         item_id=turn.id,
@@ -476,6 +604,13 @@ class RealtimeSession:
     # --- responses -------------------------------------------------------------------------
 
     async def response_create(self, event: ev.ResponseCreate) -> None:
+        if self.settings.type == "transcription":
+            raise ev.EventError(
+                "response.create: a transcription session only transcribes; open a 'realtime' session for answers",
+                "invalid_request",
+                "type",
+                event.event_id,
+            )
         if self.response is not None:
             raise ev.EventError(
                 f"response {self.response[0].id} is still in progress; cancel it or wait for response.done",
@@ -498,7 +633,14 @@ class RealtimeSession:
         voice = None if s.voice in OPENAI_VOICES else s.voice
         sampling = s.sampling(limit)
         run = ResponseRun(
-            ev.new_id("resp"), modalities, self.send, self.state, self.pipeline, traceparent=self.traceparent
+            ev.new_id("resp"),
+            modalities,
+            self.send,
+            self.state,
+            self.pipeline,
+            traceparent=self.traceparent,
+            codec=s.output_codec,
+            on_audio=self._sent_audio,
         )
 
         async def respond() -> None:
@@ -509,6 +651,10 @@ class RealtimeSession:
                     self.response = None
 
         self.response = (run, self._spawn(respond()))
+
+    def _sent_audio(self, pcm: bytes) -> None:
+        if self.echo.enabled and self._vad is not None:  # only speech detection can mistake echo for speech
+            self.echo.sent(to_vad_rate(np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0, PCM16_RATE))
 
     async def response_cancel(self, event: ev.ResponseCancel) -> None:
         if self.response is None or (event.response_id and event.response_id != self.response[0].id):
@@ -521,8 +667,95 @@ class RealtimeSession:
                 event.event_id,
             )
         run, task = self.response
+        self.echo.stop()  # the client stops playing it
         await run.cancel("client_cancelled")
         await asyncio.shield(task)
+
+    async def output_audio_clear(self, event: ev.OutputAudioBufferClear) -> None:
+        """Over a WebSocket the client holds the audio it was sent: clearing it here means no more
+        of the answer's audio comes, so the response in progress is cancelled."""
+        if self.response is None:
+            raise ev.EventError(
+                "output_audio_buffer.clear: no response is sending audio",
+                "response_cancel_not_active",
+                None,
+                event.event_id,
+            )
+        run, task = self.response
+        self.echo.stop()  # the client stops playing it
+        await run.cancel("client_cancelled")
+        await asyncio.shield(task)
+        self.send(ev.OutputAudioBufferCleared(response_id=run.id))
+
+    # --- conversation items by id ------------------------------------------------------------
+
+    def _item(self, item_id: str, event_id: str | None, verb: str) -> Turn:
+        turn = self.conversation.find(item_id)
+        if turn is None:
+            raise ev.EventError(
+                f"conversation.item.{verb}: no item {clip_repr(item_id, 64)} in the conversation",
+                "item_not_found",
+                "item_id",
+                event_id,
+            )
+        return turn
+
+    async def item_truncate(self, event: ev.ConversationItemTruncate) -> None:
+        """Cut a spoken answer to what the client played: the next response hears only those words."""
+        turn = self._item(event.item_id, event.event_id, "truncate")
+        if turn.role != "assistant" or not turn.spoken:
+            raise ev.EventError(
+                f"conversation.item.truncate: item {turn.id} is not an assistant audio message; only those "
+                "can be truncated",
+                "invalid_value",
+                "item_id",
+                event.event_id,
+            )
+        if event.content_index != 0:
+            raise ev.EventError(
+                f"conversation.item.truncate: content_index must be 0 (an item has one part), got "
+                f"{event.content_index}",
+                "invalid_value",
+                "content_index",
+                event.event_id,
+            )
+        if self.response is not None and self.response[0].turn is turn:
+            run, task = self.response  # the client stopped playing it: no more of it is wanted
+            self.echo.stop()  # the client stops playing it
+            await run.cancel("client_cancelled")
+            await asyncio.shield(task)
+        if not 0 <= event.audio_end_ms <= turn.audio_ms + 1:
+            raise ev.EventError(
+                f"conversation.item.truncate: audio_end_ms {event.audio_end_ms} is outside the item's audio "
+                f"(0 to {turn.audio_ms:.0f} ms)",
+                "invalid_value",
+                "audio_end_ms",
+                event.event_id,
+            )
+        turn.truncate(event.audio_end_ms)
+        self.echo.stop()  # the client stopped playing it
+        self.send(ev.ItemTruncated(item_id=turn.id, content_index=0, audio_end_ms=event.audio_end_ms))
+
+    async def item_delete(self, event: ev.ConversationItemDelete) -> None:
+        turn = self._item(event.item_id, event.event_id, "delete")
+        if self.response is not None and self.response[0].turn is turn:
+            raise ev.EventError(
+                f"conversation.item.delete: item {turn.id} is the answer in progress; cancel the response first",
+                "invalid_value",
+                "item_id",
+                event.event_id,
+            )
+        self.conversation.delete(turn)
+        self.send(ev.ItemDeleted(item_id=turn.id))
+
+    async def item_retrieve(self, event: ev.ConversationItemRetrieve) -> None:
+        """The server's view of an item; a spoken user item still held carries its audio (input format)."""
+        turn = self._item(event.item_id, event.event_id, "retrieve")
+        item = turn.item()
+        if turn.audio is not None:
+            pcm = (np.clip(turn.audio, -1, 1) * 32767).astype("<i2").tobytes()
+            item.content[0].audio = base64.b64encode(self.settings.input_codec.from_pcm16(pcm)).decode()
+        self.send(ev.ItemRetrieved(item=item))
 
     # --- plumbing --------------------------------------------------------------------------
 
@@ -539,8 +772,12 @@ class RealtimeSession:
             ev.InputAudioBufferCommit: self.commit,
             ev.InputAudioBufferClear: self.clear,
             ev.ConversationItemCreate: self.item_create,
+            ev.ConversationItemTruncate: self.item_truncate,
+            ev.ConversationItemDelete: self.item_delete,
+            ev.ConversationItemRetrieve: self.item_retrieve,
             ev.ResponseCreate: self.response_create,
             ev.ResponseCancel: self.response_cancel,
+            ev.OutputAudioBufferClear: self.output_audio_clear,
         }
         await handlers[type(event)](event)  # type: ignore[operator]  # the handler table maps each event type to the handler taking it
 

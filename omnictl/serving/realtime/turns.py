@@ -8,6 +8,10 @@ is still running) goes to the pipeline as audio; once transcribed, its audio is 
 ``max_items`` items or ``max_tokens`` (estimated, :func:`estimated_tokens`) the oldest
 items are dropped, as OpenAI's server drops old turns: a conversation that outgrew the
 model's context once failed every response from then on, with no way out.
+
+A spoken answer remembers which words each piece of its audio said (``segments``), so it
+can be cut to what the listener heard (:meth:`Turn.truncate`): the next response is then
+built from those words only, not from an answer the user never heard to the end.
 """
 
 from __future__ import annotations
@@ -45,6 +49,39 @@ class Turn:
     complete: bool = True  # False while the assistant is still answering
     spoken: bool = False  # an assistant answer given as audio (its text is the transcript)
     heard: bool = False  # a spoken user item (its audio may be gone: released once transcribed)
+    incomplete: bool = False  # an answer cancelled before it was done
+    segments: list[Segment] = field(default_factory=list)  # a spoken answer's audio, piece by piece
+    truncated_ms: int | None = None  # where the audio was cut to what was played
+
+    @property
+    def audio_ms(self) -> float:
+        """Milliseconds of audio sent for this (assistant) item."""
+        return self.segments[-1].end_ms if self.segments else 0.0
+
+    def spoken_text(self) -> str:
+        """The words of every audio piece sent."""
+        return " ".join(s.words for s in self.segments if s.words)
+
+    def truncate(self, audio_end_ms: int) -> None:
+        """Cut a spoken answer to its first ``audio_end_ms``: its text becomes the words that
+        audio said. Within a piece, words are placed by their share of its characters (the
+        TTS gives no word timings): a word counts as heard once its end was played."""
+        heard: list[str] = []
+        for segment in self.segments:
+            if segment.end_ms <= audio_end_ms:
+                heard.append(segment.words)
+                continue
+            if segment.start_ms < audio_end_ms and segment.words:
+                played = (audio_end_ms - segment.start_ms) / (segment.end_ms - segment.start_ms)
+                words, total, seen = segment.words.split(), len(segment.words.replace(" ", "")), 0
+                for word in words:
+                    seen += len(word)
+                    if seen / total > played:
+                        break
+                    heard.append(word)
+            break
+        self.text = " ".join(w for w in heard if w)
+        self.truncated_ms = audio_end_ms
 
     def release_audio(self) -> None:
         """Let the audio go once the transcript stands for it."""
@@ -64,8 +101,17 @@ class Turn:
             id=self.id,
             role=self.role,  # type: ignore[arg-type]  # user, assistant or system: what this turn was made with
             content=content,
-            status="completed" if self.complete else "in_progress",
+            status="in_progress" if not self.complete else "incomplete" if self.incomplete else "completed",
         )
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One piece of a spoken answer's audio: where it lies in the item's audio, and what it says."""
+
+    start_ms: float
+    end_ms: float
+    words: str
 
 
 @dataclass
@@ -76,6 +122,16 @@ class Conversation:
 
     def last_id(self) -> str | None:
         return self.turns[-1].id if self.turns else None
+
+    def find(self, item_id: str) -> Turn | None:
+        return next((turn for turn in self.turns if turn.id == item_id), None)
+
+    def previous_id(self, turn: Turn) -> str | None:
+        index = self.turns.index(turn)
+        return self.turns[index - 1].id if index else None
+
+    def delete(self, turn: Turn) -> None:
+        self.turns.remove(turn)
 
     def add(self, turn: Turn) -> Turn:
         self.turns.append(turn)

@@ -158,6 +158,10 @@ class TurnDetector:
     _quiet_frames: int = 0
     _start_frame: int = 0
 
+    def drop_turn(self) -> None:
+        """Forget the speech in progress (it was the answer's echo): the next speech starts afresh."""
+        self.speaking, self._quiet_frames = False, 0
+
     def feed(self, probabilities: list[float]) -> list[SpeechStarted | SpeechStopped]:
         events: list[SpeechStarted | SpeechStopped] = []
         quiet_needed = max(1, round(self.settings.silence_duration_ms / self.frame_ms))

@@ -32,7 +32,13 @@ EXAMPLES: list[ev.ServerEvent] = [
     ev.TextDelta(**PART, delta="Pa"), ev.TextDone(**PART, text="Paris."), ev.AudioDelta(**PART, delta="AAAA"),
     ev.AudioDone(**PART), ev.AudioTranscriptDelta(**PART, delta="Paris."), ev.AudioTranscriptDone(**PART, transcript="Paris."),
     ev.ErrorEvent(error=ev.ErrorDetail(type="invalid_request_error", code="x", message="m", param=None, event_id="e")),
+    ev.TranscriptionDelta(item_id="item_1", content_index=0, delta="hi"),
+    ev.ItemTruncated(item_id="item_1", content_index=0, audio_end_ms=300), ev.ItemDeleted(item_id="item_1"),
+    ev.ItemRetrieved(item=ITEM), ev.OutputAudioBufferCleared(response_id="resp_1"),
 ]
+TRANSCRIPTION_SESSION = ev.TranscriptionSessionObject(id="sess_2", audio={"input": {
+    "format": {"type": "audio/pcmu"}, "transcription": {"model": "asr"},
+    "turn_detection": msgspec.to_builtins(ev.SemanticVad(eagerness="low"))}})
 
 
 def test_every_server_event_has_an_example() -> None:
@@ -46,11 +52,22 @@ def test_server_events_validate_as_the_openai_types(event: ev.ServerEvent) -> No
     assert set(msgspec.to_builtins(event)) <= set(type(parsed).model_fields)  # no field openai does not know
 
 
-def test_client_event_names_are_the_openai_ones() -> None:
+def _openai_client_event_types() -> set[str]:
     known = set()
     for member in typing.get_args(RealtimeClientEventParam):
         known |= set(typing.get_args(typing.get_type_hints(member)["type"]))
-    assert set(ev.CLIENT_EVENT_TYPES) <= known
+    return known
+
+
+def test_client_event_names_are_the_openai_ones() -> None:
+    assert set(ev.CLIENT_EVENT_TYPES) == _openai_client_event_types()  # every GA client event is taken
+
+
+def test_a_transcription_session_validates_as_the_openai_type() -> None:
+    parsed = SERVER.validate_json(ev.encode(ev.SessionCreated(session=TRANSCRIPTION_SESSION)))
+    assert parsed.session.type == "transcription"
+    assert parsed.session.audio.input.format.type == "audio/pcmu"
+    assert parsed.session.audio.input.turn_detection.type == "semantic_vad"
 
 
 def test_what_the_openai_client_sends_decodes() -> None:

@@ -109,7 +109,10 @@ def test_response_cancel_and_a_second_response_while_one_runs(raw: Any) -> None:
         ('{"type": "input_audio_buffer.append", "event_id": "e1", "audio": "%%% not base64"}', "invalid_base64", "audio"),
         ('{"type": "input_audio_buffer.append", "event_id": "e1", "audio": "AAAA"}', "invalid_audio", "audio"),
         ('{"type": "session.update", "event_id": "e1", "session": {"type": "realtime", "audio": {"input": '
-         '{"format": {"type": "audio/pcmu"}}}}}', "unsupported_audio_format", "session.audio.input.format.type"),
+         '{"format": {"type": "audio/g729"}}}}}', "unsupported_audio_format", "session.audio.input.format.type"),
+        ('{"type": "session.update", "event_id": "e1", "session": {"type": "realtime", "audio": {"output": '
+         '{"format": {"type": "audio/pcmu", "rate": 16000}}}}}', "unsupported_audio_format", "session.audio.output.format.rate"),
+        ('{"type": "session.update", "event_id": "e1", "session": {"type": "video"}}', "unsupported_session_type", "session.type"),
         ('{"type": "session.update", "event_id": "e1", "session": {"audio": {"input": {"turn_detection": '
          '{"type": "server_vad", "threshold": "high"}}}}}', "invalid_value", "session.audio.input.turn_detection.threshold"),
         ('{"type": "input_audio_buffer.commit", "event_id": "e1"}', "input_audio_buffer_commit_empty", None),

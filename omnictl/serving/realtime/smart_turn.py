@@ -1,0 +1,180 @@
+"""Semantic end of turn: Smart Turn v3.2 (BSD-2, the ONNX model ``pipecat-ai`` ships) over
+ONNX Runtime, with Silero VAD for where speech starts and stops.
+
+Silence alone ends a turn at the first pause, even mid-sentence. Here a pause is first a
+question to the turn model: after ``check_ms`` of silence it hears the turn so far (the
+last 8 s up to where the silence began, as Whisper log-mel features: the model judges
+the voice, and trailing silence only blurs it) and says whether the speaker has finished. If so,
+the turn ends there; if not, the turn waits for more speech, and ends anyway after
+``cap_ms`` of silence (the fallback: a speaker who trails off is answered all the same).
+``eagerness`` (the protocol's names) sets both, and how sure the model must be: caps as
+OpenAI's own (low 8 s, medium 4 s, high 2 s; ``auto`` is medium).
+
+The features are Whisper's (80 log-mel bins, 25 ms windows every 10 ms, 8 s), as the
+model was trained on them: the same math as ``transformers.WhisperFeatureExtractor``
+with ``chunk_length=8`` and a normalised waveform, in numpy.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from omnictl.exceptions import LaunchError
+from omnictl.serving.realtime.vad import _HYSTERESIS, FRAME, VAD_RATE, SpeechStarted, SpeechStopped
+
+WINDOW_S = 8  # of audio the model hears, the last of the turn
+_N_FFT, _HOP, _N_MELS = 400, 160, 80
+
+# eagerness -> (ms of silence before the model is asked, ms of silence that ends a turn regardless,
+# the model's probability of a finished turn from which it is taken as finished)
+EAGERNESS = {
+    "high": (150, 2000, 0.3),
+    "medium": (300, 4000, 0.5),
+    "auto": (300, 4000, 0.5),
+    "low": (600, 8000, 0.8),
+}
+
+
+def smart_turn_model_path() -> Path:
+    """The Smart Turn v3.2 ONNX file inside the installed pipecat-ai package."""
+    spec = importlib.util.find_spec("pipecat")
+    if spec is None or spec.origin is None:
+        raise LaunchError(
+            "realtime", "semantic_vad needs pipecat-ai (pip install pipecat-ai): it ships the Smart Turn model"
+        )
+    path = Path(spec.origin).parent / "audio" / "turn" / "smart_turn" / "data" / "smart-turn-v3.2-cpu.onnx"
+    if not path.is_file():
+        raise LaunchError("realtime", f"no Smart Turn v3.2 model at {path} (pipecat-ai too old or too new?)")
+    return path
+
+
+def _hz_to_mel(freq: np.ndarray) -> np.ndarray:  # the Slaney scale: linear to 1 kHz, then logarithmic
+    mels = 3.0 * freq / 200.0
+    log = freq >= 1000.0
+    mels[log] = 15.0 + np.log(freq[log] / 1000.0) * (27.0 / np.log(6.4))
+    return mels
+
+
+def _mel_to_hz(mels: np.ndarray) -> np.ndarray:
+    freq = 200.0 * mels / 3.0
+    log = mels >= 15.0
+    freq[log] = 1000.0 * np.exp(np.log(6.4) / 27.0 * (mels[log] - 15.0))
+    return freq
+
+
+@lru_cache(maxsize=1)
+def _mel_filters() -> np.ndarray:
+    """(201 frequency bins, 80 mel filters), Slaney-normalised triangles from 0 to 8 kHz."""
+    edges = _mel_to_hz(np.linspace(_hz_to_mel(np.array([0.0]))[0], _hz_to_mel(np.array([8000.0]))[0], _N_MELS + 2))
+    bins = np.linspace(0, VAD_RATE // 2, _N_FFT // 2 + 1)
+    slopes = edges[None, :] - bins[:, None]
+    widths = np.diff(edges)
+    triangles = np.maximum(0.0, np.minimum(-slopes[:, :-2] / widths[:-1], slopes[:, 2:] / widths[1:]))
+    return triangles * (2.0 / (edges[2:] - edges[:-2]))[None, :]
+
+
+def log_mel(audio: np.ndarray) -> np.ndarray:
+    """Whisper's (80, 800) log-mel features of 8 s of 16 kHz audio (shorter audio is padded)."""
+    x = np.zeros(VAD_RATE * WINDOW_S, np.float32)
+    x[: min(audio.size, x.size)] = audio[: x.size]
+    x = (x - x.mean()) / np.sqrt(x.var() + 1e-7)
+    padded = np.pad(x.astype(np.float64), _N_FFT // 2, mode="reflect")
+    frames = np.lib.stride_tricks.sliding_window_view(padded, _N_FFT)[::_HOP]
+    window = np.hanning(_N_FFT + 1)[:-1]  # periodic
+    power = np.abs(np.fft.rfft(frames * window, axis=-1)) ** 2
+    spec = np.log10(np.maximum(1e-10, power @ _mel_filters())).T[:, :-1]
+    spec = np.maximum(spec, spec.max() - 8.0)
+    return ((spec + 4.0) / 4.0).astype(np.float32)
+
+
+class SmartTurnModel:
+    """One ONNX session, shared by every session's detector."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.inter_op_num_threads = 1
+        options.intra_op_num_threads = 1  # one core per call: sessions share two VAD workers
+        options.log_severity_level = 4
+        self.session = onnxruntime.InferenceSession(
+            str(path or smart_turn_model_path()), providers=["CPUExecutionProvider"], sess_options=options
+        )
+
+    def finished(self, audio: np.ndarray) -> float:
+        """The probability that the speaker has finished, from the turn's last 8 s (16 kHz).
+        The audio is placed at the end of the window, as the model was trained."""
+        window = np.zeros(VAD_RATE * WINDOW_S, np.float32)
+        tail = audio[-window.size :]
+        window[window.size - tail.size :] = tail
+        (out,) = self.session.run(None, {"input_features": log_mel(window)[None]})
+        return float(np.asarray(out).reshape(-1)[0])
+
+
+_shared: SmartTurnModel | None = None
+
+
+def shared_model() -> SmartTurnModel:
+    """The server's one Smart Turn session, loaded when the first session asks for semantic_vad."""
+    global _shared
+    if _shared is None:
+        _shared = SmartTurnModel()
+    return _shared
+
+
+@dataclass
+class SemanticTurnDetector:
+    """Speech started / stopped from Silero frame probabilities and the turn model."""
+
+    model: SmartTurnModel
+    eagerness: str = "auto"
+    threshold: float = 0.5  # Silero's speech probability for speech to start
+    frame_ms: float = FRAME * 1000 / VAD_RATE
+    frames: int = 0
+    speaking: bool = False
+    asked: list[float] = field(default_factory=list)  # the model's answers, for the log and the benchmark
+    _quiet_frames: int = 0
+    _checked: bool = False
+    _audio: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # the last 8 s and more
+    _fed: int = 0  # samples fed so far (the last of them is _audio's last)
+
+    def drop_turn(self) -> None:
+        """Forget the speech in progress (it was the answer's echo): the next speech starts afresh."""
+        self.speaking, self._quiet_frames, self._checked = False, 0, False
+
+    def feed(self, probabilities: list[float], audio: np.ndarray) -> list[SpeechStarted | SpeechStopped]:
+        """``audio``: the 16 kHz samples these probabilities were computed from."""
+        keep = VAD_RATE * (WINDOW_S + 9)  # the window, and the longest silence after it (the low cap)
+        self._audio = np.concatenate([self._audio, audio.astype(np.float32, copy=False)])[-keep:]
+        self._fed += audio.size
+        check_ms, cap_ms, complete = EAGERNESS[self.eagerness]
+        events: list[SpeechStarted | SpeechStopped] = []
+        for probability in probabilities:
+            self.frames += 1
+            if not self.speaking:
+                if probability >= self.threshold:
+                    self.speaking, self._quiet_frames, self._checked = True, 0, False
+                    events.append(SpeechStarted(int((self.frames - 1) * self.frame_ms)))
+                continue
+            if probability >= self.threshold - _HYSTERESIS:
+                self._quiet_frames, self._checked = 0, False  # speech goes on: ask again at the next pause
+                continue
+            self._quiet_frames += 1
+            quiet_ms = self._quiet_frames * self.frame_ms
+            done = quiet_ms >= cap_ms
+            if not done and not self._checked and quiet_ms >= check_ms:
+                self._checked = True
+                spoken_end = (self.frames - self._quiet_frames) * FRAME  # the sample where the silence began
+                self.asked.append(
+                    self.model.finished(self._audio[: max(0, self._audio.size - (self._fed - spoken_end))])
+                )
+                done = self.asked[-1] >= complete
+            if done:
+                self.speaking = False
+                events.append(SpeechStopped(int((self.frames - self._quiet_frames) * self.frame_ms)))
+        return events

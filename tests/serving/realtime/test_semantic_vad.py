@@ -1,0 +1,50 @@
+"""Semantic end of turn (Smart Turn v3.2 over Silero VAD), the session's own detectors on a
+packaged spoken question: a pause before the last word ends a silence-only turn, not a
+semantic one; and eagerness changes how long the detector waits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from benchmarks.realtime_turn_detection import question, run, with_pause
+from omnictl.inputs import PCM16_RATE
+from omnictl.serving.realtime.smart_turn import SemanticTurnDetector, SmartTurnModel, log_mel
+from omnictl.serving.realtime.vad import SileroModel, TurnDetector, VadSettings
+
+LEAD, TAIL = np.zeros(PCM16_RATE // 2, np.float32), np.zeros(PCM16_RATE * 5, np.float32)
+
+
+@pytest.fixture(scope="module")
+def models() -> tuple[SileroModel, SmartTurnModel]:
+    return SileroModel(), SmartTurnModel()
+
+
+def test_the_features_are_those_smart_turn_was_trained_on() -> None:
+    """Against pipecat's own (vendored from transformers' WhisperFeatureExtractor)."""
+    reference = pytest.importorskip("pipecat.audio.turn.smart_turn._whisper_features")
+    audio = np.random.default_rng(0).standard_normal(16_000 * 8).astype(np.float32) * 0.1
+    audio[:16_000] *= np.sin(2 * np.pi * 440 * np.arange(16_000) / 16_000).astype(np.float32)
+    features = log_mel(audio)
+    assert features.shape == (80, 800) and features.dtype == np.float32
+    np.testing.assert_allclose(features, reference.compute_whisper_log_mel_features(audio), atol=1e-5)
+
+
+def test_a_pause_before_the_last_word_is_one_semantic_turn_and_two_silence_turns(models: Any) -> None:
+    silero, smart = models
+    paused = np.concatenate([LEAD, with_pause(question("spider_legs"), 900), TAIL])  # "... does a spider | have?"
+    assert len(run(TurnDetector(VadSettings(silence_duration_ms=500)), silero, paused)[0]) == 2  # cut at the pause
+    detector = SemanticTurnDetector(smart, "auto")
+    ends, _ = run(detector, silero, paused)
+    assert len(ends) == 1, (ends, detector.asked)
+    assert detector.asked[0] < 0.5 <= detector.asked[-1]  # "not finished" at the pause, "finished" at the end
+
+
+def test_eagerness_changes_the_wait(models: Any) -> None:
+    silero, smart = models
+    plain = np.concatenate([LEAD, question("capital_of_france"), TAIL])
+    ends = {e: run(SemanticTurnDetector(smart, e), silero, plain)[0] for e in ("high", "low")}
+    assert len(ends["high"]) == len(ends["low"]) == 1
+    assert ends["low"][0] - ends["high"][0] >= 300  # asked after 150 ms of silence against 600 ms
