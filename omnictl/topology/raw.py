@@ -128,6 +128,7 @@ class RawProcess:
     replicas: int = 1
     node: str | None = None
     cpus: float = 1.0
+    node_labels: tuple[str, ...] = ()  # `node` written as a list (rule tp-node refuses several)
 
 
 def read_processes(doc: Document) -> dict[str, RawProcess]:
@@ -147,6 +148,8 @@ def read_processes(doc: Document) -> dict[str, RawProcess]:
             process.replicas = replicas
         if isinstance(node, str):
             process.node = node
+        elif isinstance(node, list) and node and all(isinstance(n, str) for n in node):
+            process.node, process.node_labels = node[0], tuple(node)
         if (_is_int(cpus) or isinstance(cpus, float)) and cpus > 0:
             process.cpus = float(cpus)
     return processes
