@@ -1,27 +1,41 @@
 """Which tensor-parallel rank this process is, and how a model loader shards for it.
 
-A stage with ``tp_size`` N runs its factory once on each of N ranks (see
-:mod:`omnictl.stage.tp_group`); while it does, :func:`current` says which rank this is.
-Loaders ask :func:`load_kwargs` for the ``from_pretrained`` arguments that shard the model
-with transformers' own tensor-parallel plan (``base_model_tp_plan``); outside a group it
-gives nothing and the model loads whole.
+A stage with ``tp_size`` N builds its scheduler while :func:`current` says which rank this
+is (see :mod:`omnictl.stage.tp_group`). Its factory then does one of two things:
+
+- loads its model through :func:`load_kwargs` (``HFCausalLMRunner.from_pretrained`` and
+  the Qwen3-Omni thinker do): the ``from_pretrained`` arguments that shard it with
+  transformers' own tensor-parallel plan (``base_model_tp_plan``). On rank 0 the first call
+  starts the follower ranks and joins them; the factory runs on every rank.
+- hands the degree to an engine that runs its own ranks (:func:`engine_ranks`: vLLM's
+  ``tensor_parallel_size``); omnictl then starts no process for the group.
+
+Outside a group both give the single-process answer ({} and 1).
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from omnictl.exceptions import StartupError
 
 
-@dataclass(frozen=True)
+@dataclass
 class RankInfo:
     stage: str
     rank: int
     size: int
     device: str  # "cpu" or "cuda:N": where this rank's shard lives
+    join: Callable[[], None] | None = None  # rank 0: start the followers and join them (once)
+    joined: bool = False  # a model was sharded over the group
+    engine: bool = False  # an engine runs the ranks itself
+
+    def join_group(self) -> None:
+        if not self.joined and self.join is not None:
+            self.join()
+        self.joined = True
 
 
 _current: RankInfo | None = None
@@ -80,4 +94,14 @@ def load_kwargs(config: Any) -> dict[str, Any]:
             hint="drop `tp_size`, or use a model that has one (Llama, Qwen2/3, Qwen3-Omni, ...)",
         )
     check_divisible(config, info.size, info.stage)
+    info.join_group()
     return {"distributed_config": DistributedConfig(tp_plan="auto", tp_size=info.size)}
+
+
+def engine_ranks() -> int:
+    """The tensor-parallel degree for an engine that starts its own ranks (1 outside a group)."""
+    info = current()
+    if info is None:
+        return 1
+    info.engine = True
+    return info.size

@@ -84,6 +84,8 @@ class VllmOptions:
     dtype: the weights' and activations' type ("float32" matches the HF runner token for token).
     prefix_caching: reuse the KV cache of a shared prompt prefix (the system prompt).
     device: "cpu" or "cuda".
+    tensor_parallel_size: vLLM's own tensor parallelism (its ranks are its processes; a
+        stage's ``tp_size`` sets it, see :func:`omnictl.models.tensor_parallel.engine_ranks`).
     """
 
     kv_cache_gib: int = 1
@@ -93,6 +95,7 @@ class VllmOptions:
     dtype: str = "float32"
     prefix_caching: bool = True
     device: str = "cpu"
+    tensor_parallel_size: int = 1
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None, where: str = "factory_args.vllm") -> VllmOptions:
@@ -113,7 +116,7 @@ class VllmOptions:
         def bad(key: str, why: str) -> ValueError:
             return ValueError(f"{where}.{key}: {why}, got {getattr(self, key)!r}")
 
-        for key in ("kv_cache_gib", "max_num_seqs", "max_model_len"):
+        for key in ("kv_cache_gib", "max_num_seqs", "max_model_len", "tensor_parallel_size"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise bad(key, "must be an integer >= 1")
@@ -141,6 +144,7 @@ class VllmOptions:
             max_num_seqs=self.max_num_seqs,
             enforce_eager=self.enforce_eager,
             enable_prefix_caching=self.prefix_caching,
+            tensor_parallel_size=self.tensor_parallel_size,
             disable_log_stats=False,  # per-request timestamps and the scheduler's counts
             seed=0,
             **extra,

@@ -32,10 +32,8 @@ def _accepts(fn: Callable[..., Any], keyword: str) -> bool:
 def make_scheduler(spec: StageSpec, topology: Topology, model_path: str | None) -> Scheduler:
     """``factory(**factory_args)`` plus ``model_path=`` / ``device=`` when it takes them.
 
-    A stage with ``tp_size`` > 1: a factory that takes ``tp_size`` does its own tensor
-    parallelism (an engine: vLLM's ``tensor_parallel_size``); any other runs on every rank
-    of a group this process leads (:mod:`omnictl.stage.tp_group`)."""
-    if spec.tp_size > 1 and not _accepts(_resolve(topology, spec, "factory", spec.factory), "tp_size"):
+    A stage with ``tp_size`` > 1 is built as rank 0 of its group (:mod:`omnictl.stage.tp_group`)."""
+    if spec.tp_size > 1:
         from omnictl.stage import tp_group
 
         scheduler: Scheduler = tp_group.lead(
@@ -54,8 +52,6 @@ def call_factory(spec: StageSpec, topology: Topology, model_path: str | None, de
         kwargs["model_path"] = model_path
     if "device" not in kwargs and _accepts(factory, "device"):
         kwargs["device"] = device or spec.device
-    if spec.tp_size > 1 and "tp_size" not in kwargs and _accepts(factory, "tp_size"):
-        kwargs["tp_size"] = spec.tp_size
     built = factory(**kwargs)
     if isinstance(built, Scheduler):
         return built

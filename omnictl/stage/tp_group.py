@@ -284,22 +284,36 @@ def running(stage: str) -> Group | None:
 
 
 def lead(spec: StageSpec, topology: Topology, model_path: str | None, build: Callable[[], Any]) -> Any:
-    """Rank 0: start the group, build the stage's scheduler as rank 0 (``build``), and
-    mirror its runner's calls to the followers. Returns the scheduler."""
+    """Rank 0: build the stage's scheduler (``build``) as rank 0 of its group. A factory that
+    loads its model through :func:`omnictl.models.tensor_parallel.load_kwargs` starts the
+    followers there; then the runner's calls are mirrored to them. An engine that runs its
+    own ranks (:func:`~omnictl.models.tensor_parallel.engine_ranks`) needs nothing more."""
     from omnictl.models.tensor_parallel import building
 
-    runner_needed = (
-        f"stage {spec.name!r}: tp_size {spec.tp_size} runs a model runner on every rank, "
-        "but its factory's scheduler has none (`runner`)"
-    )
     group = Group(spec, topology, model_path)
-    ops_group = group.start()
-    with building(rank_info(spec, 0)):
-        scheduler = build()
+    ops_group: list[Any] = []
+    info = rank_info(spec, 0)
+    info.join = lambda: ops_group.append(group.start())
+    try:
+        with building(info):
+            scheduler = build()
+    except BaseException:
+        group.stop()
+        raise
+    if info.engine:
+        return scheduler
     runner = getattr(scheduler, "runner", None)
-    if runner is None:
-        raise StartupError(runner_needed, hint="use an autoregressive scheduler, or a factory that takes `tp_size`")
-    group.mirror = RunnerMirror(runner, ops_group, spec.name)
+    if not info.joined or runner is None:
+        group.stop()
+        raise StartupError(
+            f"stage {spec.name!r}: tp_size {spec.tp_size}, but its factory "
+            + ("loaded its model whole" if runner is not None else "built a scheduler without a model runner")
+            + " (it would run on one rank)",
+            hint="load the model with HFCausalLMRunner.from_pretrained (or pass "
+            "omnictl.models.tensor_parallel.load_kwargs(config) to from_pretrained), "
+            "hand engine_ranks() to an engine, or drop `tp_size`",
+        )
+    group.mirror = RunnerMirror(runner, ops_group[0], spec.name)
     group.ready = True
     _groups[spec.name] = group
     return scheduler
