@@ -151,6 +151,18 @@ class VllmOptions:
         )
 
 
+def cpu_binding(ranks: int) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``ranks`` CPU workers: this process's cores in
+    ``ranks`` contiguous groups (``0|1``). vLLM's own ("auto") wants a NUMA node per rank
+    and refuses a one-node machine."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < ranks:
+        raise ValueError(f"tensor_parallel_size {ranks} needs a core per rank; this process may use {len(cores)}")
+    share = len(cores) // ranks
+    groups = [cores[i * share : (i + 1) * share] for i in range(ranks)]
+    return "|".join(",".join(str(c) for c in group) for group in groups)
+
+
 @dataclass
 class _Counts:
     """The engine scheduler's latest figures, from vLLM's stat logger hook."""
@@ -252,6 +264,8 @@ class VllmScheduler(Scheduler):
         if self.options.device == "cpu":
             # Read by the engine core process at start; GiB.
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.options.kv_cache_gib)
+            if self.options.tensor_parallel_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(self.options.tensor_parallel_size)
         # vLLM's default stat logger prints throughput every few seconds; the stage's
         # counts come from ours, the dashboard's figures from the profiler.
         logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)
