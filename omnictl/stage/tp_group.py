@@ -102,7 +102,9 @@ class RunnerMirror:
         self.stage = stage
         self.lost: str | None = None  # how the group was lost (None: all ranks alive)
         self._lock = threading.Lock()  # one op at a time, in one order for every rank
-        self._depth = 0  # a mirrored method calling another (prefill_chunk -> prefill) runs it locally
+        # Per thread: a mirrored method calling another (prefill_chunk -> prefill) runs it
+        # locally; a call from another thread meanwhile still waits for the lock and is sent.
+        self._nested = threading.local()
         self._last_failed = False  # piggybacked on the next op: followers check they failed alike
         self.ops = tuple(
             op for op in (*MIRRORED_OPS, *getattr(runner, "tensor_parallel_ops", ())) if hasattr(runner, op)
@@ -112,14 +114,14 @@ class RunnerMirror:
 
     def _mirrored(self, op: str, local: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
-            if self._depth:
+            if getattr(self._nested, "depth", 0):
                 return local(*args, **kwargs)
             with self._lock:
                 if self.lost is not None:
                     if op == "release":
                         return local(*args, **kwargs)  # forgetting a request needs no other rank
                     raise GroupLost(self.lost)
-                self._depth += 1
+                self._nested.depth = 1
                 try:
                     self._send((op, args, kwargs, self._last_failed))
                     try:
@@ -134,7 +136,7 @@ class RunnerMirror:
                     self._last_failed = False
                     return result
                 finally:
-                    self._depth -= 1
+                    self._nested.depth = 0
 
         return call
 
