@@ -311,3 +311,14 @@ def test_edge_rates_pick_their_unit_by_size() -> None:
     _, rows = _table(_render(render_dashboard(_aggregator(now, requests=12).snapshot(now), TOPOLOGY), width=160), "edges")
     rates = [cells[-1] for cells in rows.values()]
     assert any(rate not in ("-", "0 B/s") for rate in rates) and not any(rate == "0.00" for rate in rates), rates
+
+
+def test_a_tensor_parallel_stage_is_one_row_showing_its_ranks() -> None:
+    from omnictl.profiling.dashboard import _placement_label
+    from omnictl.topology import loads
+
+    topology = loads(
+        "stages:\n  - {name: a, factory: m.a, next: [b], tp_size: 3}\n"
+        "  - {name: b, factory: m.b, next: [c], gpu: [0, 1]}\n  - {name: c, factory: m.c, terminal: true}\n"
+    )
+    assert [_placement_label(s) for s in topology.stages.values()] == ["cpu x3", "0,1", "cpu"]
