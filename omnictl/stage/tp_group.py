@@ -76,9 +76,14 @@ def rank_info(spec: StageSpec, rank: int) -> RankInfo:
 
 
 def rank_environment(spec: StageSpec, rank: int) -> dict[str, str]:
-    """transformers binds a GPU rank to ``cuda:$LOCAL_RANK``; give it the rank's own GPU."""
+    """transformers binds a GPU rank to ``cuda:$LOCAL_RANK``: the rank's own GPU."""
     env = {"RANK": str(rank), "WORLD_SIZE": str(spec.tp_size)}
     env["LOCAL_RANK"] = str(spec.gpu[rank]) if spec.gpu else str(rank)
+    if not spec.gpu:
+        # transformers builds the group's device mesh on the machine's accelerator; a CPU
+        # group (`tp_size` without `gpu`, or --device cpu) on a GPU machine must see none.
+        # The stage owns its process, so hiding the GPUs here hides them from it alone.
+        env["CUDA_VISIBLE_DEVICES"] = ""
     return env
 
 
