@@ -182,6 +182,9 @@ class StageStats(msgspec.Struct):
     kv_slots: int = 0
     slots_in_use: int = 0  # shared-memory slots sent and not yet released
     busy_s: float = 0.0  # how long the stage's current compute step (one model call) has run; 0: idle
+    # KV slots held by each follower rank of a tensor-parallel stage (rank 1, 2, ...); empty:
+    # not one, or the group was in a step (it answers between steps only)
+    rank_kv_slots: list[int] = msgspec.field(default_factory=list)
 
 
 class InboxState(msgspec.Struct, tag="inbox", array_like=True):

@@ -11,7 +11,6 @@ from omnictl import logs
 from omnictl.admission import Admission
 from omnictl.coordinator import socketdir
 from omnictl.coordinator.coordinator import Coordinator
-from omnictl.coordinator.launcher import refuse_unsupported
 from omnictl.coordinator.request import RequestHandle
 from omnictl.exceptions import StartupError
 from omnictl.inputs import request_params
@@ -30,7 +29,6 @@ def _load(topology: str | Path | Topology, device: str | None) -> Topology:
 
         # a misspelt factory fails here, at its own line, before any process loads a model
         loaded = load(topology, device=device, find_imports=True)
-    refuse_unsupported(loaded)  # before any process is spawned
     return loaded
 
 
@@ -57,9 +55,8 @@ class Pipeline:
         by keyword (``Pipeline.launch(path, device="cpu")``); keywords given beside a config
         replace its fields.
 
-        ``device="cpu"`` drops the GPU placement (processes stay as declared). A stage with
-        ``tp_size`` > 1 raises :class:`LaunchError` here (tensor parallelism is not
-        implemented yet), before any process starts. User code (factories, route/merge
+        ``device="cpu"`` drops the GPU placement (processes stay as declared; a stage with
+        ``tp_size`` N runs its N ranks on the CPU). User code (factories, route/merge
         functions, projections) is imported with the topology file's directory first on
         the import path.
         ``max_restarts`` > 0 restarts a stage process (each replica on its own) that dies;

@@ -92,7 +92,8 @@ def summary(topology: Topology) -> Group:
         transports[(edge.src, edge.dst)] = edge.transport.value
     for (src, dst), pair_kinds in kinds.items():
         edges.add_row(f"{src} -> {dst}", "+".join(pair_kinds), transports[(src, dst)])
-    return Group(head, Text(""), processes, Text(""), edges)
+    groups = group_table(topology)
+    return Group(head, Text(""), processes, *((Text(""), groups) if groups is not None else ()), Text(""), edges)
 
 
 def _os_processes(topology: Topology) -> str:
@@ -101,14 +102,20 @@ def _os_processes(topology: Topology) -> str:
     return f", {count} OS processes with replicas" if count != len(topology.processes) else ""
 
 
-def tensor_parallel_warnings(file: str, topology: Topology) -> list[str]:
-    """Valid, but refused at launch: the language has tensor parallelism, the runtime not yet."""
-    return [
-        f"{file}:{spec.line}: warning: stage {spec.name!r} has tp_size {spec.tp_size}: "
-        "tensor parallelism is not implemented by this runtime yet; serve, bench and "
-        "Pipeline.launch refuse this topology (it runs with --device cpu)"
-        for spec in topology.tensor_parallel()
-    ]
+def group_table(topology: Topology) -> Table | None:
+    """One row per rank of each tensor-parallel group: where it runs and what it is."""
+    groups = topology.tensor_parallel()
+    if not groups:
+        return None
+    table = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
+    for column in ("tp group", "rank", "runs on", "node", "role"):
+        table.add_column(column)
+    for spec in groups:
+        node = topology.processes[spec.process].node or "-"
+        for rank in range(spec.tp_size):
+            role = "stage process (the coordinator and other stages talk to it)" if rank == 0 else "follower"
+            table.add_row(spec.name if rank == 0 else "", str(rank), spec.rank_device(rank), node, role)
+    return table
 
 
 def trust_warnings(file: str, topology: Topology) -> list[str]:
@@ -143,7 +150,7 @@ def render_text(outcomes: list[Outcome], console: Console) -> None:
                 )
             )
             console.print(summary(topology))
-            for warning in tensor_parallel_warnings(outcome.file, topology) + trust_warnings(outcome.file, topology):
+            for warning in trust_warnings(outcome.file, topology):
                 console.print(warning, markup=False, highlight=False, style="yellow")
         else:
             for issue in outcome.issues:

@@ -32,24 +32,6 @@ def describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def refuse_unsupported(topology: Topology) -> None:
-    """Raise :class:`LaunchError` before any process starts if the topology asks for what
-    this runtime cannot do, rather than silently doing less.
-
-    Tensor parallelism validates (the language has it) but is not run: a stage with
-    ``tp_size`` > 1 would get only its first GPU.
-    """
-    for spec in topology.tensor_parallel():
-        where = f"{topology.path}:{spec.line}: " if topology.path is not None else ""
-        raise LaunchError(
-            spec.name,
-            f"{where}tensor parallelism is not implemented by this runtime yet: the stage asks "
-            f"for tp_size={spec.tp_size} on GPUs {list(spec.gpu)}, and would run on GPU "
-            f"{spec.gpu[0] if spec.gpu else 0} alone. Place it on one GPU (`gpu: N`), or "
-            f"launch with device='cpu' (--device cpu).",
-        )
-
-
 @dataclass
 class ProcessHandle:
     name: str  # the OS process (replica) name

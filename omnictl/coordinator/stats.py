@@ -51,6 +51,8 @@ def node_stats(topology: Topology, down: Container[str], standby: Container[str]
 def _replica(instance: str, reply: m.StatsReply | None, stage: str, down: Container[str]) -> dict[str, Any]:
     status = "down" if instance in down else ("up" if reply else "unknown")
     fields = msgspec.structs.asdict(reply.stages[stage]) if reply else {}
+    if not fields.get("rank_kv_slots"):
+        fields.pop("rank_kv_slots", None)  # only tensor-parallel stages have follower ranks
     return {"status": status, **fields}
 
 
@@ -63,12 +65,13 @@ def _combined(statuses: list[str]) -> str:
 
 
 def _summed(replicas: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Counters summed; ``busy_s`` (one step's duration) is the longest of the replicas'."""
+    """Counters summed (lists, like ``rank_kv_slots``, joined); ``busy_s`` (one step's
+    duration) is the longest of the replicas'."""
     total: dict[str, Any] = {}
     for fields in replicas:
         for key, value in fields.items():
             if key == "busy_s":
                 total[key] = max(total.get(key, 0.0), value)
             elif key != "status":
-                total[key] = total.get(key, 0) + value
+                total[key] = total.get(key, type(value)()) + value
     return total

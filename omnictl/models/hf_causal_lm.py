@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from omnictl.exceptions import InvalidRequest
+from omnictl.models import tensor_parallel
 from omnictl.models.kv_batch import KV, BatchCache, kv_layers
 from omnictl.schedulers.runner import StepOutput
 
@@ -101,8 +102,12 @@ class HFCausalLMRunner:
     def from_pretrained(
         cls, path: str | Path, *, device: str = "cpu", dtype: torch.dtype = torch.float32, **kwargs: Any
     ) -> HFCausalLMRunner:
-        """Load a local checkpoint directory (nothing is downloaded)."""
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+        """Load a local checkpoint directory (nothing is downloaded); in a tensor-parallel
+        group, this rank's shard of it."""
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, local_files_only=True, **tensor_parallel.load_kwargs(config)
+        )
         model.to(device)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         return cls(model, tokenizer, **kwargs)

@@ -30,7 +30,7 @@ from rich.text import Text
 from omnictl.profiling.aggregate import EdgeStats, ProfileSnapshot, StageStats
 from omnictl.profiling.stats import SnapshotSource
 from omnictl.profiling.units import format_byte_rate, format_rate, format_seconds
-from omnictl.topology.model import Topology
+from omnictl.topology.model import StageSpec, Topology
 
 # Per-stage figures only the runtime knows: `Pipeline.stats()` as it is, i.e.
 # stage -> {"status": "up"|"degraded"|"down"|"unknown", "requests": n, "queued": n, "running": n, ...};
@@ -256,7 +256,7 @@ def _stage_rows(
         runtime = live.get(name, {})
         spec = topology.stages.get(name) if topology is not None else None
         process = _process_label(topology, spec.process) if spec is not None else (stats.process if stats else "-")
-        gpu = (",".join(str(g) for g in spec.gpu) or "cpu") if spec is not None else "-"
+        gpu = _placement_label(spec) if spec is not None else "-"
         in_flight = runtime.get("requests", stats.in_flight if stats else 0)
         batch = stats.batch_size if stats and stats.batch_size is not None else runtime.get("running")
         status = runtime.get("status")
@@ -278,6 +278,14 @@ def _stage_rows(
         ]
         rows.append(cells)
     return _STAGE_COLUMNS, rows
+
+
+def _placement_label(spec: StageSpec) -> str:
+    """Where the stage runs: ``cpu``, its GPU, a group's GPUs (``0,1``: one per rank) or
+    CPU ranks (``cpu x2``): a tensor-parallel group is one stage, its ranks shown here."""
+    if spec.gpu:
+        return ",".join(str(g) for g in spec.gpu)
+    return f"cpu x{spec.tp_size}" if spec.tp_size > 1 else "cpu"
 
 
 def _process_label(topology: Topology | None, process: str) -> str:

@@ -84,6 +84,8 @@ class VllmOptions:
     dtype: the weights' and activations' type ("float32" matches the HF runner token for token).
     prefix_caching: reuse the KV cache of a shared prompt prefix (the system prompt).
     device: "cpu" or "cuda".
+    tensor_parallel_size: vLLM's own tensor parallelism (its ranks are its processes; a
+        stage's ``tp_size`` sets it, see :func:`omnictl.models.tensor_parallel.engine_ranks`).
     """
 
     kv_cache_gib: int = 1
@@ -93,6 +95,7 @@ class VllmOptions:
     dtype: str = "float32"
     prefix_caching: bool = True
     device: str = "cpu"
+    tensor_parallel_size: int = 1
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None, where: str = "factory_args.vllm") -> VllmOptions:
@@ -113,7 +116,7 @@ class VllmOptions:
         def bad(key: str, why: str) -> ValueError:
             return ValueError(f"{where}.{key}: {why}, got {getattr(self, key)!r}")
 
-        for key in ("kv_cache_gib", "max_num_seqs", "max_model_len"):
+        for key in ("kv_cache_gib", "max_num_seqs", "max_model_len", "tensor_parallel_size"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise bad(key, "must be an integer >= 1")
@@ -141,10 +144,23 @@ class VllmOptions:
             max_num_seqs=self.max_num_seqs,
             enforce_eager=self.enforce_eager,
             enable_prefix_caching=self.prefix_caching,
+            tensor_parallel_size=self.tensor_parallel_size,
             disable_log_stats=False,  # per-request timestamps and the scheduler's counts
             seed=0,
             **extra,
         )
+
+
+def cpu_binding(ranks: int) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``ranks`` CPU workers: this process's cores in
+    ``ranks`` contiguous groups (``0|1``). vLLM's own ("auto") wants a NUMA node per rank
+    and refuses a one-node machine."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < ranks:
+        raise ValueError(f"tensor_parallel_size {ranks} needs a core per rank; this process may use {len(cores)}")
+    share = len(cores) // ranks
+    groups = [cores[i * share : (i + 1) * share] for i in range(ranks)]
+    return "|".join(",".join(str(c) for c in group) for group in groups)
 
 
 @dataclass
@@ -248,6 +264,8 @@ class VllmScheduler(Scheduler):
         if self.options.device == "cpu":
             # Read by the engine core process at start; GiB.
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.options.kv_cache_gib)
+            if self.options.tensor_parallel_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(self.options.tensor_parallel_size)
         # vLLM's default stat logger prints throughput every few seconds; the stage's
         # counts come from ours, the dashboard's figures from the profiler.
         logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)

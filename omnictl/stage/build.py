@@ -30,13 +30,28 @@ def _accepts(fn: Callable[..., Any], keyword: str) -> bool:
 
 
 def make_scheduler(spec: StageSpec, topology: Topology, model_path: str | None) -> Scheduler:
-    """``factory(**factory_args)`` plus ``model_path=`` / ``device=`` when it takes them."""
+    """``factory(**factory_args)`` plus ``model_path=`` / ``device=`` when it takes them.
+
+    A stage with ``tp_size`` > 1 is built as rank 0 of its group (:mod:`omnictl.stage.tp_group`)."""
+    if spec.tp_size > 1:
+        from omnictl.stage import tp_group
+
+        scheduler: Scheduler = tp_group.lead(
+            spec, topology, model_path, lambda: call_factory(spec, topology, model_path)
+        )
+        return scheduler
+    return call_factory(spec, topology, model_path)
+
+
+def call_factory(spec: StageSpec, topology: Topology, model_path: str | None, device: str | None = None) -> Scheduler:
+    """The factory's scheduler on this process alone; ``device`` (default: the stage's)
+    is a tensor-parallel follower's own."""
     factory = _resolve(topology, spec, "factory", spec.factory)
     kwargs = dict(spec.factory_args)
     if model_path is not None and "model_path" not in kwargs and _accepts(factory, "model_path"):
         kwargs["model_path"] = model_path
     if "device" not in kwargs and _accepts(factory, "device"):
-        kwargs["device"] = spec.device
+        kwargs["device"] = device or spec.device
     built = factory(**kwargs)
     if isinstance(built, Scheduler):
         return built

@@ -16,6 +16,7 @@ from omnictl.outputs import check_output
 from omnictl.profiling.events import EventKind, Profiler
 from omnictl.recent import RecentIds
 from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind, OutgoingMessage, Scheduler
+from omnictl.stage import tp_group
 from omnictl.stage.fanin import FanIn, FanInResult
 from omnictl.stage.router import RouteContractError, Router
 from omnictl.topology.model import StageSpec
@@ -72,6 +73,9 @@ class Stage:
     async def stop(self) -> None:
         self.scheduler.deliver = None
         await self.scheduler.stop()
+        group = tp_group.running(self.name)
+        if group is not None:
+            group.stop()  # the followers exit with this process anyway; this is sooner
 
     # --- inputs -----------------------------------------------------------------------
 
@@ -267,6 +271,8 @@ class Stage:
 
     def stats(self, slots_in_use: int) -> StageStats:
         load = self.scheduler.load()
+        group = tp_group.running(self.name)
+        ranks = group.follower_kv_slots() if group is not None else None
         return StageStats(
             requests=len(self._contexts),
             fanin_buffers=len(self.fanin),
@@ -276,4 +282,5 @@ class Stage:
             kv_slots=load.kv_slots,
             slots_in_use=slots_in_use,
             busy_s=round(self.scheduler.busy_seconds(), 3),
+            rank_kv_slots=ranks or [],
         )

@@ -86,13 +86,17 @@ RULES: dict[str, Rule] = {
         "  - {name: d, factory: m.d, terminal: true}\n",
     ),
     "tp-size": Rule(
-        "`tp_size` ≠ length of the `gpu` list, `tp_size` > 1 without one, negative or repeated GPU ids",
+        "`tp_size` ≠ length of the `gpu` list, `tp_size` > 1 beside a single GPU id, negative or repeated GPU ids",
         "stages:\n  - {name: a, factory: m.a, next: [b], gpu: [0, 1], tp_size: 4}\n" + _OK,
     ),
     "process-placement": Rule(
         "a tensor-parallel stage shares its process; one process's GPU stages on different GPUs",
         "stages:\n  - {name: a, factory: m.a, next: [b], gpu: 0, process: p}\n"
         "  - {name: b, factory: m.b, terminal: true, gpu: 1, process: p}\n",
+    ),
+    "tp-node": Rule(
+        "a process (so a tensor-parallel group's ranks) given more than one `node` label",
+        "stages:\n  - {name: a, factory: m.a, next: [b], tp_size: 2}\n" + _OK + "processes:\n  a: {node: [n1, n2]}\n",
     ),
     "unknown-process": Rule(
         "a key of `processes` that no stage runs in",

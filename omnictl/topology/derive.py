@@ -91,9 +91,10 @@ def on_cpu(topology: Topology) -> Topology:
     """The same topology with every GPU placement dropped and transports derived again.
 
     Processes (their replicas and nodes) stay as declared, so a two-GPU topology runs on a CPU-only machine
-    with the same process layout (its cross-process edges become ``shm``).
+    with the same process layout (its cross-process edges become ``shm``). A tensor-parallel
+    stage keeps its ``tp_size``: its ranks run on the CPU (gloo) instead of its GPUs.
     """
-    stages = {n: dataclasses.replace(s, gpu=(), tp_size=1) for n, s in topology.stages.items()}
+    stages = {n: dataclasses.replace(s, gpu=()) for n, s in topology.stages.items()}
     return derive(topology.name, topology.path, topology.model_path, stages, knobs_of(topology), topology.allow_pickle)
 
 

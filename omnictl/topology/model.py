@@ -101,6 +101,10 @@ class StageSpec:
         """``cpu`` or ``cuda:N`` (rank 0's GPU for tensor-parallel stages)."""
         return f"cuda:{self.gpu[0]}" if self.gpu else "cpu"
 
+    def rank_device(self, rank: int) -> str:
+        """Where rank ``rank`` of this stage's tensor-parallel group runs: its GPU, or the CPU."""
+        return f"cuda:{self.gpu[rank]}" if self.gpu else "cpu"
+
 
 def replica_name(process: str, index: int, replicas: int) -> str:
     """The OS process name of one replica: ``tts#1``; an unreplicated process keeps its name."""
@@ -203,5 +207,5 @@ class Topology:
         return any(p.node is not None for p in self.processes.values())
 
     def tensor_parallel(self) -> tuple[StageSpec, ...]:
-        """Stages placed on more than one GPU (``tp_size`` > 1), in file order."""
+        """Tensor-parallel stages (``tp_size`` > 1: on a GPU list, or N CPU ranks), in file order."""
         return tuple(s for s in self.stages.values() if s.tp_size > 1)

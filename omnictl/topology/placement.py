@@ -9,7 +9,10 @@ from omnictl.topology.raw import RawProcess, RawStage, Reporter
 
 
 def check_tp_size(stage: RawStage, report: Reporter) -> None:
-    """``tp-size``: `tp_size` matches the `gpu` list; ids are non-negative and distinct."""
+    """``tp-size``: `tp_size` matches the `gpu` list; ids are non-negative and distinct.
+
+    Without `gpu`, `tp_size: N` means N CPU ranks (no GPU list to match); a single GPU id
+    holds one rank, so `tp_size` > 1 beside it is an error."""
     if {"gpu", "tp_size"} & stage.malformed:
         return
     gpus = stage.gpu or ()
@@ -23,14 +26,15 @@ def check_tp_size(stage: RawStage, report: Reporter) -> None:
             hint="list one GPU id per tensor-parallel rank, or drop "
             "`tp_size` (it defaults to the length of the `gpu` list)",
         )
-    if not stage.gpu_is_list and (stage.tp_size or 1) > 1:
+    if stage.gpu is not None and not stage.gpu_is_list and (stage.tp_size or 1) > 1:
         report.add(
             "tp-size",
-            f"stage {stage.name!r} has tp_size {stage.tp_size} but no `gpu` list",
+            f"stage {stage.name!r} has tp_size {stage.tp_size} but a single GPU in `gpu`",
             stage=stage,
             field="tp_size",
             at=("tp_size",),
-            hint=f"give `gpu` a list of {stage.tp_size} distinct GPU ids",
+            hint=f"give `gpu` a list of {stage.tp_size} distinct GPU ids, or drop `gpu` "
+            f"to run {stage.tp_size} CPU ranks",
         )
     seen: set[int] = set()
     for index, gpu in enumerate(gpus):
@@ -124,3 +128,26 @@ def check_declared_processes(processes: dict[str, RawProcess], stages: list[RawS
             key=True,
             hint=hint,
         )
+
+
+def check_group_nodes(processes: dict[str, RawProcess], by_name: dict[str, RawStage], report: Reporter) -> None:
+    """``tp-node``: a process runs on one node; so the ranks of a tensor-parallel group share one.
+
+    `node` as a list (one label per rank) is read only to say so at its line: a group's ranks
+    talk over gloo or NCCL, which omnictl keeps on one machine."""
+    groups = {s.process_name: s for s in by_name.values() if s.is_tensor_parallel and "process" not in s.malformed}
+    for name, process in processes.items():
+        if len(set(process.node_labels)) < 2:
+            continue
+        labels = ", ".join(process.node_labels)
+        stage = groups.get(name)
+        if stage is not None:
+            message = (
+                f"the ranks of tensor-parallel stage {stage.name!r} (process {name!r}) are spread "
+                f"over nodes {labels}; a group's ranks share one node"
+            )
+            hint = "give `node` one label; to use another node too, add `replicas` (each replica is a whole group)"
+        else:
+            message = f"process {name!r} names several nodes ({labels}); a process runs on one node"
+            hint = "give `node` one label, or split the stages into processes with a label each"
+        report.add("tp-node", message, field="node", at=process.path + ("node",), hint=hint)

@@ -131,6 +131,7 @@ class RawProcess:
     cpus: float = 1.0
     elastic: Elastic | None = None
     min_over_max: bool = False  # `replicas: {min, max}` with min > max (a rule reports it)
+    node_labels: tuple[str, ...] = ()  # `node` written as a list (rule tp-node refuses several)
 
 
 def _read_elastic(process: RawProcess, replicas: dict[Any, Any]) -> None:
@@ -167,6 +168,8 @@ def read_processes(doc: Document) -> dict[str, RawProcess]:
             _read_elastic(process, replicas)
         if isinstance(node, str):
             process.node = node
+        elif isinstance(node, list) and node and all(isinstance(n, str) for n in node):
+            process.node, process.node_labels = node[0], tuple(node)
         if (_is_int(cpus) or isinstance(cpus, float)) and cpus > 0:
             process.cpus = float(cpus)
     return processes

@@ -30,7 +30,7 @@ FIELD_EXPECTS: dict[str, str] = {
     "wait_for": "a stage name or a list of distinct stage names",
     "merge_fn": "a dotted path to a callable, like package.module.function",
     "gpu": "a GPU id (integer), or a list of GPU ids for tensor parallel",
-    "tp_size": "an integer of at least 1, equal to the length of the `gpu` list",
+    "tp_size": "an integer of at least 1 (ranks; equal to the length of the `gpu` list when there is one)",
     "process": "a process name made of letters, digits, '_' and '-'",
     "stream_to": "a stage name or a list of distinct stage names",
     "project": "a mapping from target stage name to the dotted path of a projection function",
@@ -42,7 +42,7 @@ FIELD_EXPECTS: dict[str, str] = {
     "processes": "a mapping from process name to its knobs, like `tts: {replicas: 2}`",
     "replicas": "an integer number of replicas, at least 1, or `{min: N, max: M}` (1 <= N <= M; optional `queue`, "
     "`window`, `idle`: numbers greater than 0)",
-    "node": "a node label made of letters, digits, '_' and '-'",
+    "node": "a node label made of letters, digits, '_' and '-' (one per process)",
     "cpus": "a number of CPUs greater than 0",
 }
 

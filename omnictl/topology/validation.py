@@ -60,6 +60,14 @@ def derived_json(topology: Topology) -> dict[str, Any]:
             }
             for name, p in topology.processes.items()
         },
+        "tensor_parallel": {
+            spec.name: {
+                "process": spec.process,
+                "tp_size": spec.tp_size,
+                "ranks": [spec.rank_device(rank) for rank in range(spec.tp_size)],
+            }
+            for spec in topology.tensor_parallel()
+        },
         "edges": [
             {"from": e.src, "to": e.dst, "kind": e.kind.value, "transport": e.transport.value} for e in topology.edges
         ],
@@ -115,6 +123,7 @@ def _graph_issues(
     shape.check_cycles(by_name, report)
     placement.check_processes(by_name, report)
     placement.check_declared_processes(read_processes(doc), stages, report)
+    placement.check_group_nodes(read_processes(doc), by_name, report)
     return report.issues
 
 

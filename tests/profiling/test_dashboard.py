@@ -329,3 +329,14 @@ processes:
     live = {"work": {"status": "degraded", "replicas": {n: {"status": st} for n, st in statuses.items()}}}
     assert "work replicas 2 (1-4)" in _render(render_dashboard(snapshot, topology, live), width=200)
     assert "work replicas ? (1-4)" in _render(render_dashboard(snapshot, topology), width=200)
+
+
+def test_a_tensor_parallel_stage_is_one_row_showing_its_ranks() -> None:
+    from omnictl.profiling.dashboard import _placement_label
+    from omnictl.topology import loads
+
+    topology = loads(
+        "stages:\n  - {name: a, factory: m.a, next: [b], tp_size: 3}\n"
+        "  - {name: b, factory: m.b, next: [c], gpu: [0, 1]}\n  - {name: c, factory: m.c, terminal: true}\n"
+    )
+    assert [_placement_label(s) for s in topology.stages.values()] == ["cpu x3", "0,1", "cpu"]

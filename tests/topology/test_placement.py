@@ -38,11 +38,14 @@ def test_tp_size_defaults_to_the_gpu_list_length(lint) -> None:
     assert lint(PLACED.replace("    tp_size: 2\n", "")) == []
 
 
-def test_tp_size_above_one_needs_a_gpu_list(lint) -> None:
+def test_tp_size_above_one_beside_a_single_gpu_is_an_error(lint) -> None:
     issues = lint(PLACED.replace("gpu: [1, 2]", "gpu: 1"), "tp-size")
     assert where(issues) == [(14, 14, "big", "tp_size")]
-    issues = lint(PLACED.replace("    gpu: [1, 2]\n", ""), "tp-size")
-    assert where(issues) == [(13, 14, "big", "tp_size")]
+    assert "single GPU" in issues[0].message and "drop `gpu` to run 2 CPU ranks" in issues[0].hint
+
+
+def test_tp_size_without_gpu_means_cpu_ranks(lint) -> None:
+    assert lint(PLACED.replace("    gpu: [1, 2]\n", "")) == []
 
 
 def test_negative_and_repeated_gpu_ids(lint) -> None:

@@ -77,6 +77,10 @@ class ThinkerLanguageModel(torch.nn.Module):
 class ThinkerRunner(HFCausalLMRunner):
     """Prefill from ``mm_aggregate``'s output (``inputs_embeds``, ``position_ids``, ...)."""
 
+    # In a tensor-parallel group every rank keeps a talker prefix per prefill: taking it
+    # runs on every rank too, or the followers would keep them all.
+    tensor_parallel_ops = ("take_talker_prefix",)
+
     def __init__(self, model_path: str | Path | None, device: str | None = None) -> None:
         config = load_config(model_path)
         self.mm_token_ids = torch.tensor(

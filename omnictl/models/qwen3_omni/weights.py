@@ -22,6 +22,7 @@ from transformers import (
 )
 
 from omnictl.exceptions import ModelPathError
+from omnictl.models import tensor_parallel
 
 _cache: dict[tuple[str, str, str], Any] = {}
 _lock = threading.RLock()  # building one part may load another (the config)
@@ -58,8 +59,10 @@ def load_thinker(
     model_path: str | Path | None, device: str | None = None
 ) -> Qwen3OmniMoeThinkerForConditionalGeneration:
     def build(path: Path, device: str) -> Any:
+        # In a tensor-parallel group: this rank's shard (the thinker's text model has a plan).
+        shard = tensor_parallel.load_kwargs(load_config(path).thinker_config)
         thinker = Qwen3OmniMoeThinkerForConditionalGeneration.from_pretrained(
-            path, dtype=torch.float32, local_files_only=True
+            path, dtype=torch.float32, local_files_only=True, **shard
         )
         return thinker.to(device).eval()
 

@@ -78,10 +78,13 @@ def load_smollm2(device: str = "cpu", path: Path | None = None) -> tuple[PreTrai
     """The model (eval mode, float32) and its tokenizer, from ``path`` (default: the
     converted packaged checkpoint)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from omnictl.models import tensor_parallel
 
     path = path or smollm2_checkpoint()
-    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+    shard = tensor_parallel.load_kwargs(AutoConfig.from_pretrained(path, local_files_only=True))  # in a TP group
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True, **shard)
     return model.to(device).eval(), AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 

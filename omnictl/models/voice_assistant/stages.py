@@ -314,7 +314,10 @@ def _vllm_thinker(
         raise ValueError(f"factory_args.no_repeat_ngram: engine vllm supports 0 (off) only, got {no_repeat_ngram}")
     if max_sentences is not None and max_sentences < 1:
         raise ValueError(f"max_sentences: must be >= 1 or null (no cap), got {max_sentences}")
-    options = VllmOptions.from_mapping({"device": device, **(vllm or {})})
+    from omnictl.models.tensor_parallel import engine_ranks
+
+    # A `tp_size` stage: vLLM runs the ranks (tensor_parallel_size); omnictl starts none.
+    options = VllmOptions.from_mapping({"device": device, "tensor_parallel_size": engine_ranks(), **(vllm or {})})
     return VllmScheduler(
         str(Path(model_path) if model_path else smollm2_checkpoint()),
         options,
