@@ -157,6 +157,12 @@ class Pipeline:
         return self._coordinator.health()
 
     @property
+    def recorder(self) -> Any | None:
+        """The profiler's recorder in this process (None when profiling is off): events the
+        server itself sees, such as an audio stream's underrun, go into the same traces."""
+        return self._recorder
+
+    @property
     def profile(self) -> Any | None:
         """The profiling collector (aggregates and trace store), or None when off."""
         return self._collector

@@ -204,6 +204,8 @@ async def run_server(
             state.pipeline = pipe
             state.tracing = pipe.otlp_endpoint is not None
             state.metrics.processes.pipeline = pipe
+            if pipe.recorder is not None:
+                state.profiler = pipe.recorder
             if pipe.profile is not None:
                 state.metrics.profile.snapshot = pipe.profile.aggregator.snapshot
             if on_ready is not None:

@@ -207,5 +207,6 @@ async def admit(
     tracked = Tracked(
         submitted, state.metrics, state.active, submission.model or state.model_name, submission.audio_format
     )
+    tracked.profiler = state.profiler
     state.active[submitted.id] = tracked
     return Admitted(tracked, submission, pipe)

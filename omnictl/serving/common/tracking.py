@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 from omnictl.audio.continuity import PlaybackClock
 from omnictl.coordinator.request import RequestEventKind
 from omnictl.outputs import AudioChunk, TextDelta, TextResult
+from omnictl.profiling.events import EventKind, NullProfiler, Profiler
 from omnictl.serving.common.eventstream import EventStreamResponse
 
 __all__ = ["EventStreamResponse", "Tracked", "complete", "end_in_flight", "results", "stream_response"]
@@ -67,6 +68,7 @@ class Tracked:
     # answers sent whole, which have no playback to keep up with.
     playback: PlaybackClock | None = None
     endpoint: str = ""
+    profiler: Profiler = field(default_factory=NullProfiler)  # where an underrun is recorded
 
     def plays(self, endpoint: str) -> None:
         """This request's audio leaves as a stream, on ``endpoint``: keep its playback clock."""
@@ -90,7 +92,12 @@ class Tracked:
         elif isinstance(data, AudioChunk):
             self.saw_audio()
             if self.playback is not None:
-                self.playback.chunk(time.perf_counter(), data.samples.size / data.sample_rate)
+                gap = self.playback.chunk(time.perf_counter(), data.samples.size / data.sample_rate)
+                if gap > 0:  # marked on the request's timeline: `omnictl trace` shows it
+                    chunk = self.playback.chunks - 1
+                    self.profiler.record(
+                        EventKind.UNDERRUN, self.request.id, seconds=gap, chunk=chunk, endpoint=self.endpoint
+                    )
 
     def finish(self, outcome: str, why: str | None = None, logged: bool = False) -> None:
         if self.outcome is not None:
