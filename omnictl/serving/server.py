@@ -53,6 +53,10 @@ class ServeOptions:
     launcher: str = "local"  # or "ray" (see Pipeline.launch)
     ray_address: str | None = None
     data_host: str | None = None
+    audio_policy: str = "fifo"  # see omnictl.audio.policy
+    # Admission by continuity: refuse a new audio request (429) when the streams playing
+    # would underrun by more than this many ms if it were admitted; None: off.
+    max_underrun_ms: float | None = None
     # Browser origins (scheme://host[:port]) allowed to open /v1/realtime or send requests
     # besides the server's own; "*": any (see omnictl.serving.common.guard).
     allowed_origins: tuple[str, ...] = ()
@@ -74,6 +78,7 @@ class ServeOptions:
             launcher=self.launcher,
             ray_address=self.ray_address,
             data_host=self.data_host,
+            audio_policy=self.audio_policy,
         )
 
 

@@ -29,10 +29,15 @@ def _accepts(fn: Callable[..., Any], keyword: str) -> bool:
     return keyword in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
 
 
-def make_scheduler(spec: StageSpec, topology: Topology, model_path: str | None) -> Scheduler:
-    """``factory(**factory_args)`` plus ``model_path=`` / ``device=`` when it takes them."""
+def make_scheduler(
+    spec: StageSpec, topology: Topology, model_path: str | None, audio_policy: str | None = None
+) -> Scheduler:
+    """``factory(**factory_args)`` plus ``model_path=`` / ``device=`` / ``audio_policy=`` when
+    it takes them (a value in ``factory_args`` wins: the topology chose it for that stage)."""
     factory = _resolve(topology, spec, "factory", spec.factory)
     kwargs = dict(spec.factory_args)
+    if audio_policy is not None and "audio_policy" not in kwargs and _accepts(factory, "audio_policy"):
+        kwargs["audio_policy"] = audio_policy
     if model_path is not None and "model_path" not in kwargs and _accepts(factory, "model_path"):
         kwargs["model_path"] = model_path
     if "device" not in kwargs and _accepts(factory, "device"):
@@ -48,8 +53,15 @@ def make_scheduler(spec: StageSpec, topology: Topology, model_path: str | None) 
     )
 
 
-def build_stage(spec: StageSpec, topology: Topology, model_path: str | None, ports: Ports, profiler: Profiler) -> Stage:
-    scheduler = make_scheduler(spec, topology, model_path)
+def build_stage(
+    spec: StageSpec,
+    topology: Topology,
+    model_path: str | None,
+    ports: Ports,
+    profiler: Profiler,
+    audio_policy: str | None = None,
+) -> Stage:
+    scheduler = make_scheduler(spec, topology, model_path, audio_policy)
     merge = _resolve(topology, spec, "merge_fn", spec.merge_fn) if spec.merge_fn else None
     route_fn = _resolve(topology, spec, "route_fn", spec.route_fn) if spec.route_fn else None
     projections = {target: _resolve(topology, spec, f"project.{target}", path) for target, path in spec.project.items()}
