@@ -157,7 +157,11 @@ async def run_server(
     sock = bind(options.host, options.port)
     port = sock.getsockname()[1]
     state = ServingState(
-        model_name=topology.stem, limits=options.limits, api_key=options.api_key, aliases=options.served_model_names
+        model_name=topology.stem,
+        limits=options.limits,
+        api_key=options.api_key,
+        aliases=options.served_model_names,
+        max_underrun_ms=options.max_underrun_ms,
     )
     guard = ConnectionGuard(connection_cap(options.limits.max_connections), options.limits.header_timeout_s)
     config = uvicorn.Config(

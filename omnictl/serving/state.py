@@ -67,6 +67,8 @@ class ServingState:
     # Records the server's own events (an audio stream's underruns) into the traces; set
     # with the pipeline when it profiles.
     profiler: Profiler = field(default_factory=NullProfiler)
+    # Admission by continuity (``serve --max-underrun-ms``); None: off.
+    max_underrun_ms: float | None = None
 
     def traceparent(self, headers: Mapping[str, str]) -> str | None:
         """The caller's W3C ``traceparent`` header, read only while traces are exported."""

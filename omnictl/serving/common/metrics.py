@@ -47,7 +47,7 @@ class ServerMetrics:
             ["reason"],
             registry=self.registry,
         )
-        for reason in ("over_limit", "queue_timeout"):
+        for reason in ("over_limit", "queue_timeout", "underrun"):
             self.overloaded.labels(reason)
         # Requests waiting for admission now; set by the server to its admission's count.
         self.queue_depth = Gauge("omnictl_admission_queue_depth", "Requests waiting for a slot", registry=self.registry)
