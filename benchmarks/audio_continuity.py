@@ -151,7 +151,7 @@ def run_config(topology: str | None, model_path: str | None, policy: str, admit:
 
     options = ServeOptions(topology=topology, port=0, model_path=model_path, max_in_flight=None,
                            audio_policy=policy.split("+")[0], max_underrun_ms=args.admit_ms if admit else None,
-                           request_timeout=600.0)
+                           request_timeout=600.0, ready_timeout=600.0)  # a busy shared machine loads slowly
     figures: dict[float, RateFigures] = {}
     with BackgroundServer(options) as listening:
         url, model = listening.url, listening.state.model_name

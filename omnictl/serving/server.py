@@ -54,6 +54,7 @@ class ServeOptions:
     ray_address: str | None = None
     data_host: str | None = None
     audio_policy: str = "fifo"  # see omnictl.audio.policy
+    ready_timeout: float = 120.0  # seconds every stage process may take to load
     # Admission by continuity: refuse a new audio request (429) when the streams playing
     # would underrun by more than this many ms if it were admitted; None: off.
     max_underrun_ms: float | None = None
@@ -79,6 +80,7 @@ class ServeOptions:
             ray_address=self.ray_address,
             data_host=self.data_host,
             audio_policy=self.audio_policy,
+            ready_timeout=self.ready_timeout,
         )
 
 
