@@ -102,8 +102,10 @@ def test_audio_continuity_and_the_slo_come_from_the_clients_clock(result: dict[s
     slo = result["slo"]
     met = sum(1 for r in result["requests"] if r["continuity"]["largest_underrun_s"] == 0)
     assert slo["met"] == met and slo["share"] == pytest.approx(met / 12)
-    assert len(slo["missed"]) == 12 - met  # each miss placed (or not) from the trace store
-    assert all(miss["reason"] == "underrun" and miss["stage"] for miss in slo["missed"])
+    # each miss (a delta late on a busy machine) is looked up in the trace store; where it
+    # waited may be outside any stage (the server's own loop): placing is test_slo's
+    assert len(slo["missed"]) == 12 - met
+    assert all(miss["reason"] == "underrun" and "stage" in miss for miss in slo["missed"])
 
 
 def test_the_table_shows_the_figures(result: dict[str, Any]) -> None:
