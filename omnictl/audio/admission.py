@@ -4,7 +4,8 @@ Each playing stream's playback clock says how much audio its listener has left (
 slack) and how often its chunks come. One more stream shares the stages' time with the
 ``n`` already open, so each one's chunks are predicted to come ``(n + 1) / n`` times as far
 apart; a stream whose next chunk would then come after its listener ran out of audio
-would underrun by the difference. The server refuses a new audio request when the
+would underrun by the difference. A stream with one chunk so far is paced by the time
+that chunk took to make. The server refuses a new audio request when the
 largest predicted underrun is over ``--max-underrun-ms``.
 """
 
@@ -33,9 +34,11 @@ def predict(clocks: Iterable[PlaybackClock], now: float) -> Prediction:
     worst = 0.0
     retry = 0.0
     for clock in clocks:
-        if clock.last_at is None or not clock.intervals:
-            continue  # not playing yet, or one chunk: no pace to go by
-        interval = sum(clock.intervals) / len(clock.intervals)
+        if clock.last_at is None or clock.first_at is None:
+            continue  # not playing yet: no pace to go by
+        # its pace: the mean time between its chunks; with one chunk so far, the time
+        # that chunk took to make (a sentence TTS sends few, long chunks)
+        interval = sum(clock.intervals) / len(clock.intervals) if clock.intervals else clock.first_at - clock.start
         next_chunk = clock.last_at + interval * stretch
         wait = next_chunk - clock.played_until
         if wait > worst:

@@ -29,6 +29,13 @@ def test_a_stream_just_keeping_up_would_underrun_if_shared() -> None:
     assert prediction.retry_after_s == pytest.approx(0.4 + 0.5)
 
 
+def test_one_chunk_so_far_is_paced_by_the_time_it_took() -> None:
+    # 2 s to make 3 s of audio: shared by two, the next would take 4 s and come 1 s late
+    first = clock([(2.0, 3.0)])
+    assert predict([first], now=2.5).underrun_s == pytest.approx(1.0)
+    assert predict([clock([(0.5, 3.0)])], now=1.0).underrun_s == 0  # 0.5 s for 3 s: plenty
+
+
 def test_streams_not_playing_yet_count_but_predict_nothing() -> None:
     waiting = PlaybackClock(0.0)
     one_chunk = clock([(0.3, 1.0)])
