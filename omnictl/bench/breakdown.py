@@ -29,7 +29,7 @@ def edge_name(src: str, dst: str, kind: str) -> str:
     return f"{src}->{dst}" if kind == "hop" else f"{src}->{dst} (stream)"
 
 
-def _gather(store: TraceStore, wanted: set[str], wait_s: float) -> dict[str, list[Event]]:
+def gather(store: TraceStore, wanted: set[str], wait_s: float) -> dict[str, list[Event]]:
     """Events of the wanted requests; waits (up to ``wait_s``) for late batches to land.
 
     Every process ships its own batches, so a stage's events can land after the
@@ -84,7 +84,7 @@ def _exclusive(parts: list[tuple[str, int, int]]) -> dict[str, float]:
 
 
 def from_trace_store(run_dir: Path, request_ids: Iterable[str], wait_s: float = 5.0) -> dict[str, Any]:
-    grouped = _gather(TraceStore(run_dir), set(request_ids), wait_s)
+    grouped = gather(TraceStore(run_dir), set(request_ids), wait_s)
     stage_times: dict[str, list[float]] = defaultdict(list)
     part_times: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     edge_times: dict[tuple[str, str, str], list[float]] = defaultdict(list)

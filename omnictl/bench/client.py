@@ -34,7 +34,9 @@ def _apply_chunk(record: RequestRecord, chunk: dict[str, Any], now: float, last_
             if record.ttfa is None:
                 record.ttfa = now
             record.last_audio = now
-            record.audio_seconds += len(base64.b64decode(audio["data"])) / 2 / PCM16_RATE
+            seconds = len(base64.b64decode(audio["data"])) / 2 / PCM16_RATE
+            record.audio_seconds += seconds
+            record.audio_chunks.append((now, seconds))  # the client's own playback clock reads these
 
 
 async def send_request(

@@ -11,7 +11,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from omnictl.bench.stats import RequestRecord, latency_summaries, throughput
+from omnictl.bench.stats import RequestRecord, continuity_summary, latency_summaries, throughput
 
 FORMAT_VERSION = 2
 # One unit throughout, stated in the document itself.
@@ -31,6 +31,8 @@ LATENCIES = {  # key: (label, unit: "ms" or "x")
     "itl": ("inter-token latency", "ms"),
     "e2e": ("end-to-end latency", "ms"),
     "rtf": ("real-time factor", "x"),
+    "largest_underrun": ("largest underrun", "ms"),
+    "chunk_interval": ("audio chunk interval", "ms"),
 }
 _COMPARABLE = ("target", "concurrency", "rate", "num_requests", "input_kind", "modalities", "max_tokens")
 THROUGHPUT = {  # key: label; higher is better
@@ -41,7 +43,11 @@ THROUGHPUT = {  # key: label; higher is better
 
 
 def build_result(
-    config: dict[str, Any], records: list[RequestRecord], duration: float, breakdown: dict[str, Any] | None
+    config: dict[str, Any],
+    records: list[RequestRecord],
+    duration: float,
+    breakdown: dict[str, Any] | None,
+    slo: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     from omnictl import __version__
 
@@ -63,6 +69,8 @@ def build_result(
             **throughput(records, duration),
         },
         "latency": {key: summary.as_dict() for key, summary in latency_summaries(records).items()},
+        "continuity": continuity_summary(records),
+        "slo": slo,
         "breakdown": breakdown or {"source": None, "stages": {}, "edges": {}},
         "errors": sorted({r.error for r in records if r.error}),
         "requests": [r.as_dict() for r in records],
@@ -102,10 +110,13 @@ def render(result: dict[str, Any]) -> Group:
     for column in ("metric", "unit", "n", "mean", "p50", "p90", "p99"):
         latency.add_column(column, justify="left" if column in ("metric", "unit") else "right")
     for key, (label, unit) in LATENCIES.items():
-        s = result["latency"][key]
+        s = result["latency"].get(key)
+        if s is None:  # a result written before this figure existed
+            continue
         latency.add_row(label, unit, str(s["count"]), *(_fmt(s[q], unit) for q in ("mean", "p50", "p90", "p99")))
 
     parts: list[Any] = [head, latency, Text(RTF_NOTE, style="dim")]
+    parts += _continuity_parts(result)
     breakdown = result["breakdown"]
     if breakdown.get("stages"):
         source = (
@@ -140,6 +151,56 @@ def render(result: dict[str, Any]) -> Group:
             errors.add_row(error)
         parts.append(errors)
     return Group(*parts)
+
+
+CONTINUITY_NOTE = (
+    "underrun: the wait of a listener playing the audio in real time from its first chunk's "
+    "arrival (the bench's own receive clock) for the next chunk"
+)
+
+
+def _continuity_parts(result: dict[str, Any]) -> list[Any]:
+    continuity = result.get("continuity") or {}
+    parts: list[Any] = []
+    if continuity.get("streams"):
+        table = Table(title="audio continuity (client clock)", title_justify="left")
+        for column in ("threshold", "gaps over it", "streams within it"):
+            table.add_column(column, justify="left" if column == "threshold" else "right")
+        for ms, gaps in continuity["gaps_over_ms"].items():
+            share = continuity["continuity"][ms]
+            table.add_row(f"{ms} ms", str(gaps), "-" if share is None else f"{share:.0%}")
+        parts += [table, Text(CONTINUITY_NOTE, style="dim")]
+    slo = result.get("slo")
+    if slo:
+        goals = []
+        if slo.get("ttfp_s") is not None:
+            goals.append(f"first audio <= {slo['ttfp_s'] * 1000:g} ms")
+        if slo.get("underrun_s") is not None:
+            goals.append(f"largest underrun <= {slo['underrun_s'] * 1000:g} ms")
+        table = Table(title=f"audio SLO: {' and '.join(goals)}", title_justify="left", show_header=False)
+        table.add_column(style="bold")
+        table.add_column(justify="right")
+        table.add_row("met", f"{slo['met']} ({slo['share']:.0%})")
+        table.add_row("goodput (met/s)", f"{slo['goodput_per_s']:.2f}")
+        for reason, count in sorted(slo.get("missed_by", {}).items()):
+            table.add_row(f"missed: {reason}", str(count))
+        parts.append(table)
+        missed = [m for m in slo.get("missed", []) if m.get("request_id")]
+        if missed:
+            late = Table(title="missed requests: where the late chunk waited", title_justify="left")
+            for column in ("request", "missed", "stage", "part", "ms"):
+                late.add_column(column, justify="right" if column == "ms" else "left", no_wrap=column != "request")
+            for miss in missed[:10]:
+                seconds = miss.get("seconds")
+                late.add_row(
+                    str(miss["request_id"]),
+                    miss["reason"],
+                    miss.get("stage") or "-",
+                    miss.get("part") or "-",
+                    "-" if seconds is None else f"{seconds * 1000:.1f}",
+                )
+            parts.append(late)
+    return parts
 
 
 def _parts_table(stages: dict[str, Any]) -> Table | None:

@@ -19,6 +19,7 @@ from omnictl.bench import breakdown
 from omnictl.bench.client import send_request
 from omnictl.bench.loadgen import closed_loop, open_loop
 from omnictl.bench.report import build_result
+from omnictl.bench.slo import AudioSlo, judge, where_late
 from omnictl.bench.stats import RequestRecord
 from omnictl.bench.workload import INPUT_KINDS, build_payload, spoken_samples
 from omnictl.exceptions import BenchError
@@ -45,8 +46,13 @@ class BenchConfig:
     launcher: str = "local"  # for the pipeline the bench launches
     ray_address: str | None = None
     data_host: str | None = None
+    slo_ttfp: float | None = None  # seconds: the audio SLO's time to first packet
+    slo_underrun: float | None = None  # seconds: the audio SLO's largest underrun
 
     def check(self) -> None:
+        for name, value in (("--slo-ttfp", self.slo_ttfp), ("--slo-underrun", self.slo_underrun)):
+            if value is not None and value < 0:
+                raise BenchError(f"{name} must be at least 0 seconds, got {value}")
         if self.concurrency is not None and self.rate is not None:
             raise BenchError("choose one of --concurrency (closed loop) and --rate (open loop), not both")
         if self.concurrency is not None and self.concurrency < 1:
@@ -285,8 +291,26 @@ def run_bench(
         with _display(console, dashboard, show_progress, progress_every_s) as progress:
             records, duration = asyncio.run(_drive(config, base_url, progress, model))
         found = _breakdown(config, base_url, run_dir, records)
+        slo = _slo(config, base_url, run_dir, records, duration)
     settings = {k: v for k, v in asdict(config).items() if k != "api_key"}
-    return build_result({**settings, "target": target}, records, duration, found)
+    return build_result({**settings, "target": target}, records, duration, found, slo)
+
+
+def _slo(
+    config: BenchConfig, base_url: str, run_dir: Path | None, records: list[RequestRecord], duration: float
+) -> dict[str, Any] | None:
+    """Goodput under the audio SLO, and where each missed request's late chunk waited
+    (from the server's trace store, when it is on this machine)."""
+    slo = AudioSlo(config.slo_ttfp, config.slo_underrun)
+    if not slo.set:
+        return None
+    summary, misses = judge(records, slo, duration)
+    run_dir = run_dir or _server_run_dir(base_url)
+    if run_dir is not None and run_dir.is_dir():
+        summary["missed"] = where_late(run_dir, misses)
+    else:
+        summary["missed"] = [{"request_id": m.request_id, "reason": m.reason, "stage": None} for m in misses]
+    return summary
 
 
 def _pipeline_run_dir(pipeline: Any) -> Path | None:

@@ -7,6 +7,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from omnictl.audio.continuity import GAP_THRESHOLDS_MS, Continuity, PlaybackClock
+
 PERCENTILES = (50, 90, 99)
 
 
@@ -27,6 +29,20 @@ class RequestRecord:
     itl: list[float] = field(default_factory=list)  # gaps between successive text deltas
     output_tokens: int = 0
     audio_seconds: float = 0.0
+    # (received at, seconds of audio) per audio delta: the client's receive clock
+    audio_chunks: list[tuple[float, float]] = field(default_factory=list)
+
+    def continuity(self) -> Continuity:
+        """The playback clock over this request's audio as received: playing starts with the
+        first chunk's arrival, underruns are the waits after the audio received ran out."""
+        clock = PlaybackClock(0.0)
+        for at, seconds in self.audio_chunks:
+            clock.chunk(at, seconds)
+        return clock.report()
+
+    @property
+    def largest_underrun(self) -> float | None:
+        return self.continuity().largest_underrun_s if self.audio_chunks else None
 
     @property
     def rtf(self) -> float | None:
@@ -36,7 +52,8 @@ class RequestRecord:
         return self.last_audio / self.audio_seconds
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "rtf": self.rtf}
+        continuity = self.continuity().as_dict() if self.audio_chunks else None
+        return {**asdict(self), "rtf": self.rtf, "continuity": continuity}
 
 
 @dataclass(frozen=True)
@@ -67,6 +84,23 @@ def latency_summaries(records: list[RequestRecord]) -> dict[str, Summary]:
         "itl": summarize(gap for r in done for gap in r.itl),
         "e2e": summarize(r.e2e for r in done),
         "rtf": summarize(r.rtf for r in done),
+        "largest_underrun": summarize(r.largest_underrun for r in done),
+        "total_underrun": summarize(r.continuity().total_underrun_s for r in done if r.audio_chunks),
+        "chunk_interval": summarize(gap for r in done for gap in r.continuity().intervals_s),
+    }
+
+
+def continuity_summary(records: list[RequestRecord]) -> dict[str, Any]:
+    """Over the completed requests that received audio: gaps over each threshold, and the
+    share of streams whose largest underrun stayed at or under it (continuity)."""
+    reports = [r.continuity() for r in records if r.ok and r.audio_chunks]
+    return {
+        "streams": len(reports),
+        "gaps_over_ms": {str(ms): sum(c.gaps_over[ms] for c in reports) for ms in GAP_THRESHOLDS_MS},
+        "continuity": {
+            str(ms): (sum(c.largest_underrun_s * 1000 <= ms for c in reports) / len(reports) if reports else None)
+            for ms in GAP_THRESHOLDS_MS
+        },
     }
 
 

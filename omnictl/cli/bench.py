@@ -67,6 +67,20 @@ def bench_command(
         float, typer.Option("--request-timeout", metavar="SECONDS", help="Seconds before a request counts as failed.")
     ] = 300.0,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar or dashboard.")] = False,
+    slo_ttfp: Annotated[
+        float | None,
+        typer.Option(
+            "--slo-ttfp",
+            metavar="SECONDS",
+            help="Audio SLO: first audio within this (goodput counts requests meeting both).",
+        ),
+    ] = None,
+    slo_underrun: Annotated[
+        float | None,
+        typer.Option(
+            "--slo-underrun", metavar="SECONDS", help="Audio SLO: largest underrun (the listener's wait) within this."
+        ),
+    ] = None,
     launcher: placement.Launcher = "local",
     ray_address: placement.RayAddress = None,
     data_host: placement.DataHost = None,
@@ -105,6 +119,8 @@ def bench_command(
             launcher=launcher,
             ray_address=ray_address,
             data_host=data_host,
+            slo_ttfp=slo_ttfp,
+            slo_underrun=slo_underrun,
         )
         result = run_bench(config, console=errors, show_progress=not no_progress)
     except (OmnictlError, ValueError) as exc:  # BenchError, bad topology, launch failure, unreadable --compare

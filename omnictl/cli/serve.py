@@ -84,6 +84,23 @@ def serve_command(
             help="Let a request over the limit wait this long for a slot (503 after); 0: refuse at once.",
         ),
     ] = 0.0,
+    audio_policy: Annotated[
+        str,
+        typer.Option(
+            "--audio-policy",
+            metavar="POLICY",
+            help="How audio stages pick the next stream: fifo, or deadline (least playback slack first).",
+        ),
+    ] = "fifo",
+    max_underrun_ms: Annotated[
+        float | None,
+        typer.Option(
+            "--max-underrun-ms",
+            min=0.0,
+            metavar="MS",
+            help="Refuse a new audio request (429) when admitting it would make a playing stream underrun by more.",
+        ),
+    ] = None,
     max_restarts: Annotated[
         int,
         typer.Option(
@@ -178,6 +195,11 @@ def serve_command(
             f"(got {log_format!r}, {log_level!r})"
         )
         raise typer.Exit(2)
+    from omnictl.audio.policy import POLICIES
+
+    if audio_policy not in POLICIES:
+        errors.print(f"error: --audio-policy must be one of {', '.join(POLICIES)} (got {audio_policy!r})")
+        raise typer.Exit(2)
     configure(log_level, log_format)  # type: ignore[arg-type]  # checked just above
     from omnictl.telemetry.endpoint import resolve_endpoint
 
@@ -217,6 +239,8 @@ def serve_command(
         served_model_names=tuple(served_model_name or ()),
         max_in_flight=max_in_flight or None,
         max_queue_wait=max_queue_wait,
+        audio_policy=audio_policy,
+        max_underrun_ms=max_underrun_ms,
         otlp_endpoint=traces_to,
         launcher=launcher,
         ray_address=ray_address,

@@ -129,6 +129,7 @@ class Coordinator:
                 curve=self.curve,
                 ray_address=config.ray_address,
                 data_host=override,
+                audio_policy=config.audio_policy,
             )
         else:
             self.launcher = Launcher(

@@ -81,6 +81,7 @@ class Launcher:
         address tcp sockets bind here, already resolved."""
         self.topology = topology
         self.model_path = config.model_path_for(topology)
+        self.audio_policy = config.audio_policy
         self.process_addresses = process_addresses
         self.coordinator_address = coordinator_address
         self.broadcast_address = broadcast_address
@@ -132,6 +133,7 @@ class Launcher:
             data_host=self.data_host,
             tcp_port=self.tcp_ports.get(name, 0),
             curve=self.curve,  # through the private stdin pipe, never a file
+            audio_policy=self.audio_policy,
         )
         # A fresh interpreter (not multiprocessing's spawn): the user's __main__ is never
         # re-imported, so scripts need no `if __name__ == "__main__"` guard.

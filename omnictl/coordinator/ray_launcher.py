@@ -111,8 +111,10 @@ class RayLauncher:
         curve: CurveKeys,
         ray_address: str | None = None,
         data_host: str | None = None,
+        audio_policy: str = "fifo",
     ) -> None:
         self.ray_address = ray_address
+        self.audio_policy = audio_policy
         self._owns_ray = False
         self._connected = False
         self.topology = topology
@@ -167,6 +169,7 @@ class RayLauncher:
             data_host=self.data_host,
             tcp_port=self.tcp_ports.get(name, 0),
             curve=self.curve,
+            audio_policy=self.audio_policy,
             # the server's level and format; no log file: the run directory is on the server's machine
             log_level=logs.settings().level,
             log_format=logs.settings().format,

@@ -42,6 +42,9 @@ class EventKind(str, enum.Enum):
     FIRST_AUDIO = "first_audio"
     COMPLETED = "completed"
     FAILED = "failed"  # meta: stage, error
+    # The server sent an audio chunk after the listener's audio had run out (meta: seconds
+    # the listener waited, chunk: the late chunk's index, endpoint); recorded as it leaves.
+    UNDERRUN = "underrun"
     ABORTED = "aborted"
     # A stage dropped what it held for a request on the coordinator's abort (a stage that
     # never saw the request records nothing): the abort's arrival, stage by stage.

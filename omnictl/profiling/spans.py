@@ -5,7 +5,7 @@ fan-in wait, unpack (hop received → input rebuilt), queue, build, prefill, dec
 phases a scheduler names itself (kind ``compute``, named by the phase); per
 edge the hops (sent → received, matched by source and target, stream chunks also by
 ``seq``); zero-length marks (first text, first audio, first emit, terminal complete,
-failure).
+failure); the underruns of its audio stream (kind ``underrun``: the listener's wait).
 
 Guarantees, whatever order the events came in: no span ends before it starts; every span
 lies inside its request's span (a span that stuck out, e.g. a stage still working when the
@@ -89,6 +89,7 @@ def build_trace(request_id: str, events: Iterable[Event]) -> RequestTrace:
         spans.extend(_stage_spans(stage, stage_events))
     spans.extend(_hop_spans(ordered))
     spans.extend(_marks(ordered))
+    spans.extend(_underruns(ordered))
     spans = sorted((_clip(span, request) for span in spans), key=lambda s: (s.start_ns, -s.duration_ns))
     return RequestTrace(
         request_id=request_id,
@@ -247,6 +248,17 @@ def _marks(ordered: list[Event]) -> list[Span]:
     return [
         Span(e.kind.value, e.stage, e.process, e.ts, e.ts, "mark", dict(e.meta)) for e in ordered if e.kind in _MARKS
     ]
+
+
+def _underruns(ordered: list[Event]) -> list[Span]:
+    """Each underrun as the wait it was: from when the listener's audio ran out to when the
+    late chunk left the server (the event's time)."""
+    spans = []
+    for e in ordered:
+        if e.kind is EventKind.UNDERRUN:
+            waited = int(_as_float(e.meta.get("seconds")) * 1e9)
+            spans.append(Span("underrun", e.stage, e.process, e.ts - waited, e.ts, "underrun", dict(e.meta)))
+    return spans
 
 
 def _clip(span: Span, request: Span) -> Span:

@@ -33,11 +33,12 @@ SEGMENTS: dict[str, tuple[str, str]] = {
     "compute": ("#", "bold green"),  # a phase the scheduler named (its name is listed below)
 }
 ARRIVAL = (">", "bold magenta")  # a hop (or the first stream chunk) arrived at this stage
+UNDERRUN = ("!", "bold red")  # the listener's audio had run out: waiting for the next chunk
 MARKS = {"first_text": ("T", "bold green"), "first_audio": ("A", "bold yellow"), "failed": ("X", "bold red")}
 LEGEND = (
     "legend: > hop arrival  u unpack  ~ fan-in wait  : queue  b build  P prefill",
     "        = decode  # named phase  - other time at stage  T first text",
-    "        A first audio  X failed",
+    "        A first audio  X failed  ! underrun (the listener waits for audio)",
 )
 
 
@@ -54,6 +55,7 @@ def render_waterfall(trace: RequestTrace, width: int = 80, nodes: dict[str, str 
     for stage in trace.stages:
         out.append_text(_stage_row(trace, stage, axis))
     out.append_text(_marks_line(trace, width))
+    out.append_text(_underruns_line(trace, width))
     if nodes and any(label is not None for label in nodes.values()):
         placed = [f"{stage} on {nodes.get(stage) or '-'}" for stage in trace.stages]  # -: the coordinator's machine
         out.append(_fit("nodes: " + "; ".join(placed), width) + "\n")
@@ -87,6 +89,9 @@ def _request_row(trace: RequestTrace, axis: _Axis) -> Text:
     for span in trace.of_kind("mark"):
         if span.name in MARKS:
             cells[axis.column(span.start_ns)] = MARKS[span.name]
+    for span in trace.of_kind("underrun"):
+        for column in axis.columns(span.start_ns, span.end_ns):
+            cells[column] = UNDERRUN
     return _row("request", cells, format_seconds(trace.request.duration_ns / 1e9))
 
 
@@ -107,6 +112,20 @@ def _marks_line(trace: RequestTrace, width: int) -> Text:
                 f"{span.name.replace('_', ' ')}{where} +{format_seconds((span.start_ns - trace.request.start_ns) / 1e9)}"
             )
     return Text(_fit("marks: " + ("; ".join(parts) or "none"), width) + "\n")
+
+
+def _underruns_line(trace: RequestTrace, width: int) -> Text:
+    """Each underrun: when the audio ran out, how long the listener waited, which chunk."""
+    gaps = trace.of_kind("underrun")
+    if not gaps:
+        return Text("")
+    parts = [
+        f"+{format_seconds((s.start_ns - trace.request.start_ns) / 1e9)} waited "
+        f"{format_seconds(s.duration_ns / 1e9)} (chunk {s.meta.get('chunk', '?')})"
+        for s in gaps
+    ]
+    total = format_seconds(sum(s.duration_ns for s in gaps) / 1e9)
+    return Text(_fit(f"underruns (!): {len(gaps)}, {total} in all: " + "; ".join(parts), width) + "\n")
 
 
 def _phases_line(trace: RequestTrace, width: int) -> Text:

@@ -54,6 +54,11 @@ class ServeOptions:
     launcher: str = "local"  # or "ray" (see Pipeline.launch)
     ray_address: str | None = None
     data_host: str | None = None
+    audio_policy: str = "fifo"  # see omnictl.audio.policy
+    ready_timeout: float = 120.0  # seconds every stage process may take to load
+    # Admission by continuity: refuse a new audio request (429) when the streams playing
+    # would underrun by more than this many ms if it were admitted; None: off.
+    max_underrun_ms: float | None = None
     # Browser origins (scheme://host[:port]) allowed to open /v1/realtime or send requests
     # besides the server's own; "*": any (see omnictl.serving.common.guard).
     allowed_origins: tuple[str, ...] = ()
@@ -76,6 +81,8 @@ class ServeOptions:
             launcher=self.launcher,
             ray_address=self.ray_address,
             data_host=self.data_host,
+            audio_policy=self.audio_policy,
+            ready_timeout=self.ready_timeout,
         )
 
 
@@ -154,7 +161,11 @@ async def run_server(
     sock = bind(options.host, options.port)
     port = sock.getsockname()[1]
     state = ServingState(
-        model_name=topology.stem, limits=options.limits, api_key=options.api_key, aliases=options.served_model_names
+        model_name=topology.stem,
+        limits=options.limits,
+        api_key=options.api_key,
+        aliases=options.served_model_names,
+        max_underrun_ms=options.max_underrun_ms,
     )
     guard = ConnectionGuard(connection_cap(options.limits.max_connections), options.limits.header_timeout_s)
     config = uvicorn.Config(
@@ -206,6 +217,8 @@ async def run_server(
             state.pipeline = pipe
             state.tracing = pipe.otlp_endpoint is not None
             state.metrics.processes.pipeline = pipe
+            if pipe.recorder is not None:
+                state.profiler = pipe.recorder
             if pipe.profile is not None:
                 state.metrics.profile.snapshot = pipe.profile.aggregator.snapshot
             if on_ready is not None:

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
+from omnictl.profiling.events import NullProfiler, Profiler
 from omnictl.serving.chat.protocol import Limits
 from omnictl.serving.common.metrics import ServerMetrics
 
@@ -64,6 +65,11 @@ class ServingState:
     # OS processes that did not answer the last liveness check (the server's monitor and
     # /health): admission refuses new requests at once (503) instead of sending them to hang.
     unresponsive: list[str] = field(default_factory=list)
+    # Records the server's own events (an audio stream's underruns) into the traces; set
+    # with the pipeline when it profiles.
+    profiler: Profiler = field(default_factory=NullProfiler)
+    # Admission by continuity (``serve --max-underrun-ms``); None: off.
+    max_underrun_ms: float | None = None
 
     def traceparent(self, headers: Mapping[str, str]) -> str | None:
         """The caller's W3C ``traceparent`` header, read only while traces are exported."""

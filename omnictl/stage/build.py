@@ -29,25 +29,36 @@ def _accepts(fn: Callable[..., Any], keyword: str) -> bool:
     return keyword in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
 
 
-def make_scheduler(spec: StageSpec, topology: Topology, model_path: str | None) -> Scheduler:
-    """``factory(**factory_args)`` plus ``model_path=`` / ``device=`` when it takes them.
+def make_scheduler(
+    spec: StageSpec, topology: Topology, model_path: str | None, audio_policy: str | None = None
+) -> Scheduler:
+    """``factory(**factory_args)`` plus ``model_path=`` / ``device=`` / ``audio_policy=`` when
+    it takes them (a value in ``factory_args`` wins: the topology chose it for that stage).
 
     A stage with ``tp_size`` > 1 is built as rank 0 of its group (:mod:`omnictl.stage.tp_group`)."""
     if spec.tp_size > 1:
         from omnictl.stage import tp_group
 
         scheduler: Scheduler = tp_group.lead(
-            spec, topology, model_path, lambda: call_factory(spec, topology, model_path)
+            spec, topology, model_path, lambda: call_factory(spec, topology, model_path, audio_policy=audio_policy)
         )
         return scheduler
-    return call_factory(spec, topology, model_path)
+    return call_factory(spec, topology, model_path, audio_policy=audio_policy)
 
 
-def call_factory(spec: StageSpec, topology: Topology, model_path: str | None, device: str | None = None) -> Scheduler:
+def call_factory(
+    spec: StageSpec,
+    topology: Topology,
+    model_path: str | None,
+    device: str | None = None,
+    audio_policy: str | None = None,
+) -> Scheduler:
     """The factory's scheduler on this process alone; ``device`` (default: the stage's)
     is a tensor-parallel follower's own."""
     factory = _resolve(topology, spec, "factory", spec.factory)
     kwargs = dict(spec.factory_args)
+    if audio_policy is not None and "audio_policy" not in kwargs and _accepts(factory, "audio_policy"):
+        kwargs["audio_policy"] = audio_policy
     if model_path is not None and "model_path" not in kwargs and _accepts(factory, "model_path"):
         kwargs["model_path"] = model_path
     if "device" not in kwargs and _accepts(factory, "device"):
@@ -63,8 +74,15 @@ def call_factory(spec: StageSpec, topology: Topology, model_path: str | None, de
     )
 
 
-def build_stage(spec: StageSpec, topology: Topology, model_path: str | None, ports: Ports, profiler: Profiler) -> Stage:
-    scheduler = make_scheduler(spec, topology, model_path)
+def build_stage(
+    spec: StageSpec,
+    topology: Topology,
+    model_path: str | None,
+    ports: Ports,
+    profiler: Profiler,
+    audio_policy: str | None = None,
+) -> Stage:
+    scheduler = make_scheduler(spec, topology, model_path, audio_policy)
     merge = _resolve(topology, spec, "merge_fn", spec.merge_fn) if spec.merge_fn else None
     route_fn = _resolve(topology, spec, "route_fn", spec.route_fn) if spec.route_fn else None
     projections = {target: _resolve(topology, spec, f"project.{target}", path) for target, path in spec.project.items()}

@@ -37,6 +37,7 @@ class WorkerConfig:
         "127.0.0.1"  # where it takes tcp data; None: $OMNICTL_DATA_HOST, else its Ray node's address
     )
     tcp_port: int = 0  # 0: OS-chosen; a restart asks for its predecessor's, so peers reconnect as they are
+    audio_policy: str = "fifo"  # given to stage factories that take `audio_policy`
     curve: CurveKeys | None = None  # the launch's keys: given iff it takes tcp; every tcp socket uses CurveZMQ
 
 

@@ -142,7 +142,7 @@ class Worker:
             spec = config.topology.stages[name]
             started = time.monotonic()
             try:
-                stage = build_stage(spec, config.topology, config.model_path, self.ports, profiler)
+                stage = build_stage(spec, config.topology, config.model_path, self.ports, profiler, config.audio_policy)
                 await stage.start()
             except (ResolveError, StartupError) as exc:  # one line: which module / option, and why
                 self.ports.send_control(m.LaunchFailed(config.instance, name, str(exc)))

@@ -137,3 +137,20 @@ def test_rows_are_exactly_the_width_before_any_terminal_wraps_or_crops_them(widt
     assert len(rows) == 1 + len(TOPOLOGY.stages)  # the request, then one per stage
     assert {len(row) for row in rows} == {width}, rows
     assert max(len(line) for line in lines) <= width
+
+
+def test_an_underrun_is_marked_on_the_request_row_and_listed() -> None:
+    events = synthetic_request("req-1", TOPOLOGY, start_ns=1000 * MS)  # 38 ms long
+    # the late chunk left at +30 ms after the listener had waited 10 ms (from +20 ms)
+    events.append(Event(EventKind.UNDERRUN, "req-1", None, "server", 1030 * MS,
+                        {"seconds": 0.010, "chunk": 3, "endpoint": "/v1/chat/completions"}))
+    text = _text(events)
+    bar = _bar(text, "request")
+    marked = [i for i, char in enumerate(bar) if char == "!"]
+    # 10 ms of 38 ms on the axis: from column 20/38 of the bar to 30/38
+    assert marked and abs(marked[0] - len(bar) * 20 / 38) <= 1 and abs(marked[-1] + 1 - len(bar) * 30 / 38) <= 1
+    line = next(line for line in text.splitlines() if line.startswith("underruns (!)"))
+    assert "1, 10.00 ms in all" in line and "+20.00 ms waited 10.00 ms (chunk 3)" in line
+    assert "underrun" not in _text(synthetic_request("req-1", TOPOLOGY, start_ns=1000 * MS)).split("legend")[0]
+    spans = [s for s in trace_to_json(build_trace("req-1", events))["spans"] if s["kind"] == "underrun"]
+    assert spans[0]["duration_ns"] == 10 * MS

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import io
+import shutil
+import subprocess
 import wave
 from typing import Any
 
@@ -136,3 +138,36 @@ def test_models_health_and_metrics(server: ServerProcess, client: openai.OpenAI)
     wait_until(lambda: 'omnictl_stage_latency_seconds{quantile="0.5",stage="answer"}'
                in httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).text)
     assert 'omnictl_edge_latency_seconds_count{dst="answer"' in httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).text
+
+
+def test_audio_continuity_metrics_after_one_stream_are_promtool_clean(server: ServerProcess,
+                                                                       client: openai.OpenAI) -> None:
+    def scrape() -> str:
+        return httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).text
+
+    def streams(text: str) -> float:
+        prefix = 'omnictl_audio_streams_total{endpoint="/v1/chat/completions",model="fast"}'
+        return next((float(l.split()[-1]) for l in text.splitlines() if l.startswith(prefix)), 0.0)
+
+    before = streams(scrape())
+    stream = client.chat.completions.create(
+        model="fast", modalities=["text", "audio"], audio={"voice": "alloy", "format": "pcm16"},
+        messages=[{"role": "user", "content": "four words of audio"}], stream=True,
+    )
+    assert sum(1 for chunk in stream for c in chunk.choices if audio_of(c.delta)) == 5  # "echo:" and 4 words
+    wait_until(lambda: streams(scrape()) == before + 1)  # observed when the stream ends
+    text = scrape()
+    labels = '{endpoint="/v1/chat/completions",model="fast"}'
+    for family in ("omnictl_audio_time_to_first_packet_seconds", "omnictl_audio_real_time_factor_ratio",
+                   "omnictl_audio_largest_underrun_seconds", "omnictl_audio_chunk_interval_seconds"):
+        line = next(l for l in text.splitlines() if l.startswith(f"{family}_count{labels}"))
+        assert float(line.split()[-1]) >= 1, line
+    # the fast stage sends its tones at once: 0.5 s of audio never runs out, so the stream
+    # counts as continuous at every threshold
+    assert ('omnictl_audio_continuous_streams_total{endpoint="/v1/chat/completions",model="fast",'
+            f'threshold_ms="100"}} {before + 1}') in text
+    assert "request_id" not in text and "chatcmpl-" not in text  # labelled by model and endpoint only
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool not found: scripts/setup.sh installs it (Debian's prometheus package)"
+    checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -13,6 +13,8 @@ them, so the stream has no gaps and its total length equals a one-shot decode's.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from omnictl.audio.policy import DEFAULT_POLICY, DEFAULT_TTFP_TARGET_S, PlaybackDeadlines
 from omnictl.models.qwen3_omni.weights import load_code2wav
 from omnictl.outputs import AudioChunk, AudioResult
 from omnictl.schedulers.base import (
@@ -41,6 +44,9 @@ class _Stream:
     decoded_to: int = 0  # frames covered by emitted audio
     emitted: int = 0  # samples emitted
     pieces: list[np.ndarray] = field(default_factory=list)
+    final: bool = False  # the talker's result came: vocode what is left, then the result
+    transcript: str = ""
+    waiting_since: int = 0  # arrival order of its oldest frames not vocoded yet (fifo's order)
 
 
 class Vocoder:
@@ -65,10 +71,21 @@ class Vocoder:
 
 
 class Code2WavScheduler(Scheduler):
-    def __init__(self, vocoder: Vocoder, *, chunk_frames: int = 10, first_chunk_frames: int | None = None) -> None:
+    def __init__(
+        self,
+        vocoder: Vocoder,
+        *,
+        chunk_frames: int = 10,
+        first_chunk_frames: int | None = None,
+        audio_policy: str = DEFAULT_POLICY,
+        ttfp_target_s: float = DEFAULT_TTFP_TARGET_S,
+    ) -> None:
         """``first_chunk_frames``: the first chunk is vocoded as soon as this many frames are
         in (default: ``chunk_frames``), so a request's first audio waits for fewer talker steps;
-        the vocoder is causal, so where chunks are cut does not change the samples."""
+        the vocoder is causal, so where chunks are cut does not change the samples.
+        ``audio_policy``: which stream with a chunk due is vocoded next (see
+        :mod:`omnictl.audio.policy`): the oldest (``fifo``) or the one whose listener runs
+        out of audio soonest (``deadline``)."""
         super().__init__()
         first = chunk_frames if first_chunk_frames is None else first_chunk_frames
         for name, value in (("chunk_frames", chunk_frames), ("first_chunk_frames", first)):
@@ -77,7 +94,9 @@ class Code2WavScheduler(Scheduler):
         self.vocoder = vocoder
         self.chunk_frames = chunk_frames
         self.first_chunk_frames = first
+        self.deadlines = PlaybackDeadlines(audio_policy, ttfp_target_s)
         self._streams: dict[str, _Stream] = {}
+        self._arrivals = itertools.count()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="code2wav")
 
     async def stop(self) -> None:
@@ -86,41 +105,65 @@ class Code2WavScheduler(Scheduler):
 
     async def run(self) -> None:
         while True:
-            await self._handle(await self.inbox.get())
+            if not self._due():
+                self._take(await self.inbox.get())
+            while not self.inbox.empty():  # everything that came meanwhile, before choosing
+                self._take(self.inbox.get_nowait())
+            due = self._due()
+            if due:
+                rid = self.deadlines.pick(due, time.monotonic())
+                await self._vocode(rid, self._streams[rid])
+            self._finish_done()
 
-    async def _handle(self, message: IncomingMessage) -> None:
+    def _take(self, message: IncomingMessage) -> None:
         rid = message.request_id
         if message.kind is IncomingKind.STREAM_DONE:
             return
-        stream = self._streams.setdefault(rid, _Stream())
-        final = message.kind is IncomingKind.NEW_REQUEST
+        stream = self._streams.get(rid)
+        if stream is None:
+            stream = self._streams[rid] = _Stream()
+            self.deadlines.arrived(rid, time.monotonic())
         frames = getattr(message.data, "codes", None)  # TalkerDelta / TalkerResult
         codes = torch.as_tensor(frames if frames is not None else torch.zeros(0, 0))
-        if final:
+        if stream.count == stream.decoded_to:
+            stream.waiting_since = next(self._arrivals)
+        if message.kind is IncomingKind.NEW_REQUEST:
             stream.frames, stream.count = ([codes] if codes.numel() else []), int(codes.shape[0])
+            stream.final = True
+            stream.transcript = str(getattr(message.data, "transcript", ""))
         elif codes.numel():
             stream.frames.append(codes)
             stream.count += int(codes.shape[0])
-        chunk = self.chunk_frames if stream.decoded_to else self.first_chunk_frames
-        due = stream.count > stream.decoded_to and (final or stream.count - stream.decoded_to >= chunk)
+
+    def _due(self) -> list[str]:
+        """Streams with a chunk to vocode now, the longest waiting first."""
+        due = []
+        for rid, stream in self._streams.items():
+            chunk = self.chunk_frames if stream.decoded_to else self.first_chunk_frames
+            if stream.count > stream.decoded_to and (stream.final or stream.count - stream.decoded_to >= chunk):
+                due.append(rid)
+        return sorted(due, key=lambda rid: self._streams[rid].waiting_since)
+
+    async def _vocode(self, rid: str, stream: _Stream) -> None:
         try:
-            if due:
-                await self._synthesize(rid, stream)
+            await self._synthesize(rid, stream)
         except Exception as exc:
             self._streams.pop(rid, None)
+            self.deadlines.finished(rid)
             self.emit(
                 OutgoingMessage(OutgoingKind.ERROR, rid, error=f"stage {self.stage_name}: vocoder failed: {exc!r}")
             )
-            return
-        if final:
-            self._streams.pop(rid, None)
+
+    def _finish_done(self) -> None:
+        """The result of every stream whose talker is done and whose frames are all vocoded."""
+        for rid, stream in list(self._streams.items()):
+            if not stream.final or stream.count > stream.decoded_to:
+                continue
+            del self._streams[rid]
+            self.deadlines.finished(rid)
             audio = np.concatenate(stream.pieces) if stream.pieces else np.zeros(0, dtype=np.float32)
-            transcript = str(getattr(message.data, "transcript", ""))
-            self.emit(
-                OutgoingMessage(
-                    OutgoingKind.RESULT, rid, AudioResult(samples=audio, sample_rate=SAMPLE_RATE, transcript=transcript)
-                )
-            )
+            result = AudioResult(samples=audio, sample_rate=SAMPLE_RATE, transcript=stream.transcript)
+            self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, result))
 
     async def _synthesize(self, rid: str, stream: _Stream) -> None:
         codes = torch.cat(stream.frames) if len(stream.frames) > 1 else stream.frames[0]
@@ -132,12 +175,16 @@ class Code2WavScheduler(Scheduler):
             return
         stream.decoded_to = end
         stream.emitted = emitted
+        if stream.count > stream.decoded_to:  # frames came during the synthesis: waiting since now
+            stream.waiting_since = next(self._arrivals)
         if piece.size:
             stream.pieces.append(piece)
+            self.deadlines.sent(rid, piece.size / SAMPLE_RATE, time.monotonic())
             self.emit(OutgoingMessage(OutgoingKind.STREAM, rid, AudioChunk(samples=piece, sample_rate=SAMPLE_RATE)))
 
     def abort(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
+        self.deadlines.finished(request_id)
 
     def load(self) -> SchedulerLoad:
         return SchedulerLoad(running=len(self._streams), stream_buffers=len(self._streams))

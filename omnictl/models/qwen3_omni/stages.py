@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping
 
 import msgspec
 
+from omnictl.audio.policy import DEFAULT_POLICY, DEFAULT_TTFP_TARGET_S
 from omnictl.inputs import ChatRequest
 from omnictl.models.qwen3_omni.code2wav import Code2WavScheduler, Vocoder
 from omnictl.models.qwen3_omni.decode import DecodeScheduler
@@ -89,9 +90,13 @@ def code2wav(
     chunk_frames: int = 10,
     left_context: int = 25,
     first_chunk_frames: int = 2,
+    audio_policy: str = DEFAULT_POLICY,
+    ttfp_target_s: float = DEFAULT_TTFP_TARGET_S,
 ) -> Code2WavScheduler:
     return Code2WavScheduler(
         Vocoder(model_path, device, left_context=left_context),
         chunk_frames=chunk_frames,
         first_chunk_frames=first_chunk_frames,
+        audio_policy=audio_policy,
+        ttfp_target_s=ttfp_target_s,
     )

@@ -1,9 +1,11 @@
 """The TTS stage's scheduler: speaks each sentence as soon as the streamed text completes it.
 
-Sentences go into one FIFO synthesized by a worker thread (Piper is not thread-safe
-and the CPU is the limit anyway), so requests interleave sentence by sentence and a
-request's audio stays in order. After its last sentence, a request's whole waveform
-is the result. Output follows the audio terminal contract: an
+Sentences wait in a queue per request, synthesized one at a time by a worker thread
+(Piper is not thread-safe and the CPU is the limit anyway), so requests interleave
+sentence by sentence and a request's audio stays in order. Which request's sentence goes
+next is the audio policy's choice (:mod:`omnictl.audio.policy`): ``fifo``, the oldest
+queued sentence; ``deadline``, the request whose listener runs out of audio soonest.
+After its last sentence, a request's whole waveform is the result. Output follows the audio terminal contract: an
 :class:`~omnictl.outputs.AudioChunk` per sentence, then an :class:`~omnictl.outputs.AudioResult`
 for the whole answer.
 """
@@ -12,11 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
+from omnictl.audio.policy import DEFAULT_POLICY, DEFAULT_TTFP_TARGET_S, PlaybackDeadlines
 from omnictl.exceptions import describe_error
 from omnictl.models.voice_assistant.text_stream import FollowedText, TextStreamFollower
 from omnictl.models.voice_assistant.tts import DEFAULT_VOICE, VOICES, PiperSpeaker, SentenceSplitter, speakable
@@ -43,6 +48,8 @@ class SentenceSpeechScheduler(TextStreamFollower):
         default_voice: str = DEFAULT_VOICE,
         max_sentence_chars: int = 250,
         speaker_factory: Callable[[str], PiperSpeaker] = PiperSpeaker,
+        audio_policy: str = DEFAULT_POLICY,
+        ttfp_target_s: float = DEFAULT_TTFP_TARGET_S,
     ) -> None:
         super().__init__()
         if default_voice not in VOICES:
@@ -52,8 +59,11 @@ class SentenceSpeechScheduler(TextStreamFollower):
         self._speakers: dict[str, PiperSpeaker] = {}
         self._max_sentence_chars = max_sentence_chars
         self._speech: dict[str, _Speech] = {}
-        self._work: asyncio.Queue[tuple[str, str | None]] = asyncio.Queue()
-        self._queued_of: collections.Counter[str] = collections.Counter()  # request -> sentences queued
+        # request -> its queued sentences in order, each with its place in the arrival order
+        self._pending: dict[str, collections.deque[tuple[int, str | None]]] = {}
+        self._arrivals = itertools.count()
+        self._has_work = asyncio.Event()
+        self.deadlines = PlaybackDeadlines(audio_policy, ttfp_target_s)
         self._worker: asyncio.Task[None] | None = None
 
     def speaker(self, voice: str) -> PiperSpeaker:
@@ -75,15 +85,17 @@ class SentenceSpeechScheduler(TextStreamFollower):
     def load(self) -> SchedulerLoad:
         # queued: sentences; waiting_requests: requests with sentences queued (backpressure counts those)
         return SchedulerLoad(
-            queued=self._work.qsize(),
+            queued=sum(len(queue) for queue in self._pending.values()),
             running=len(self._speech),
             stream_buffers=len(self.requests),
-            waiting_requests=len(self._queued_of),
+            waiting_requests=len(self._pending),
         )
 
     def abort(self, request_id: str) -> None:
         super().abort(request_id)
-        self._speech.pop(request_id, None)  # queued sentences of it are skipped by the worker
+        self._speech.pop(request_id, None)
+        self._pending.pop(request_id, None)
+        self.deadlines.finished(request_id)
 
     # --- following the text ----------------------------------------------------------
 
@@ -124,22 +136,36 @@ class SentenceSpeechScheduler(TextStreamFollower):
                 self._enqueue(request_id, sentence)
 
     def _enqueue(self, request_id: str, sentence: str | None) -> None:
-        self._queued_of[request_id] += 1
-        self._work.put_nowait((request_id, sentence))
+        self._pending.setdefault(request_id, collections.deque()).append((next(self._arrivals), sentence))
+        self.deadlines.arrived(request_id, time.monotonic())
+        self._has_work.set()
+
+    async def _next(self) -> tuple[str, str | None]:
+        """The next (request, sentence) the policy picks; a finished request's end marker
+        first, as it costs nothing and frees its place."""
+        while not self._pending:
+            self._has_work.clear()
+            await self._has_work.wait()
+        waiting = sorted(self._pending, key=lambda rid: self._pending[rid][0][0])  # oldest sentence first
+        done = next((rid for rid in waiting if self._pending[rid][0][1] is _FINISH), None)
+        request_id = done if done is not None else self.deadlines.pick(waiting, time.monotonic())
+        queue = self._pending[request_id]
+        _, sentence = queue.popleft()
+        if not queue:
+            del self._pending[request_id]
+        return request_id, sentence
 
     # --- speaking --------------------------------------------------------------------
 
     async def _speak_forever(self) -> None:
         while True:
-            request_id, sentence = await self._work.get()
-            self._queued_of[request_id] -= 1
-            if self._queued_of[request_id] <= 0:
-                del self._queued_of[request_id]
+            request_id, sentence = await self._next()
             speech = self._speech.get(request_id)
             if speech is None:  # aborted or failed meanwhile
                 continue
             if sentence is _FINISH:
                 del self._speech[request_id]
+                self.deadlines.finished(request_id)
                 self._finish(request_id, speech)
                 continue
             try:
@@ -148,6 +174,8 @@ class SentenceSpeechScheduler(TextStreamFollower):
                     audio = await asyncio.to_thread(speaker.synthesize, sentence, speech.speed)
             except Exception as exc:
                 self._speech.pop(request_id, None)
+                self._pending.pop(request_id, None)
+                self.deadlines.finished(request_id)
                 self.fail(request_id, f"speaking {sentence!r} failed: {describe_error(exc)}")
                 continue
             if request_id not in self._speech:  # aborted while it was being spoken
@@ -157,6 +185,7 @@ class SentenceSpeechScheduler(TextStreamFollower):
             speech.audio.append(audio)
             speech.transcript.append(sentence)
             chunk = AudioChunk(samples=audio, sample_rate=speaker.sample_rate, transcript=sentence)
+            self.deadlines.sent(request_id, audio.size / speaker.sample_rate, time.monotonic())
             self.emit(OutgoingMessage(OutgoingKind.STREAM, request_id, chunk))
 
     def _finish(self, request_id: str, speech: _Speech) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Generator, Mapping
 
 import numpy as np
 
+from omnictl.audio.policy import DEFAULT_POLICY, DEFAULT_TTFP_TARGET_S
 from omnictl.exceptions import InvalidRequest
 from omnictl.inputs import (
     AudioPart,
@@ -332,8 +333,20 @@ def decode() -> Scheduler:
     return TextTerminalScheduler()
 
 
-def tts(voice: str = DEFAULT_VOICE, max_sentence_chars: int = 250) -> Scheduler:
-    scheduler = SentenceSpeechScheduler(default_voice=voice, max_sentence_chars=max_sentence_chars)
+def tts(
+    voice: str = DEFAULT_VOICE,
+    max_sentence_chars: int = 250,
+    audio_policy: str = DEFAULT_POLICY,
+    ttfp_target_s: float = DEFAULT_TTFP_TARGET_S,
+) -> Scheduler:
+    """``audio_policy``: which request's sentence is spoken next (``serve --audio-policy``);
+    ``ttfp_target_s``: a new request's first sentence is due this long after it arrives."""
+    scheduler = SentenceSpeechScheduler(
+        default_voice=voice,
+        max_sentence_chars=max_sentence_chars,
+        audio_policy=audio_policy,
+        ttfp_target_s=ttfp_target_s,
+    )
     scheduler.speaker(voice)  # load the voice now, not when the first sentence is due
     return scheduler
 

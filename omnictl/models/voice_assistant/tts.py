@@ -25,6 +25,8 @@ _BOUNDARY = re.compile(r"[.!?;:][\"'”’)\]]*\s+|\n+")
 _ENDS_NOW = re.compile(r"(?:[!?]|(?<=[^\W\d_])\.)[\"'”’)\]]*$")
 # Words whose trailing dot does not end a sentence.
 _ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "prof", "st", "vs", "etc", "e.g", "i.e", "approx", "no", "jr", "sr"}
+# Where a long first sentence with no comma may be cut: before a word that starts a clause.
+_CLAUSE_WORD = re.compile(r" (?=(?:and|but|or|so|because|which|that|when|while|where|if|with)\b)", re.IGNORECASE)
 _MARKUP = re.compile(r"[*_#`~|>]+")  # markdown the LLM likes to write and nobody should hear
 
 
@@ -33,11 +35,17 @@ class SentenceSplitter:
 
     ``max_chars`` bounds a sentence that never ends. ``first_clause_chars`` lets the very
     first piece end at a comma once it is that long, so speech can start sooner.
+    ``first_max_chars`` bounds the first piece when it has no comma: it is cut before a
+    word that starts a clause ("and", "which", "because"...) or else at a space, because
+    first audio waits for the first piece to be written and synthesised whole.
     """
 
-    def __init__(self, max_chars: int = 250, first_clause_chars: int | None = 40) -> None:
+    def __init__(
+        self, max_chars: int = 250, first_clause_chars: int | None = 40, first_max_chars: int | None = 60
+    ) -> None:
         self.max_chars = max_chars
         self.first_clause_chars = first_clause_chars
+        self.first_max_chars = first_max_chars
         self._buffer = ""
         self._pieces = 0  # handed out so far
 
@@ -62,6 +70,11 @@ class SentenceSplitter:
             if comma >= 0:
                 sentences.append(self._buffer[: comma + 1])
                 self._buffer = self._buffer[comma + 1 :]
+        if not sentences and self._pieces == 0 and self.first_max_chars is not None:
+            cut = self._first_cut(self._buffer, self.first_max_chars)
+            if cut:
+                sentences.append(self._buffer[:cut])
+                self._buffer = self._buffer[cut:]
         while len(self._buffer) > self.max_chars:
             cut = self._soft_cut(self._buffer)
             sentences.append(self._buffer[:cut])
@@ -88,6 +101,20 @@ class SentenceSplitter:
         last = words[-1].lower().lstrip("(\"'")
         # "Dr." / "e.g." / an initial ("J.") / a list number ("1.") continue the sentence
         return last in _ABBREVIATIONS or len(last) == 1 or last.isdigit()
+
+    @staticmethod
+    def _first_cut(text: str, limit: int) -> int:
+        """Where to end an over-long first piece (0: not yet). Only whole words are cut
+        off: the text after the last space may be a word still being written."""
+        if len(text) < limit:
+            return 0
+        window = text[:limit]
+        floor = limit // 3  # a first piece of one or two words sounds clipped
+        clauses = [m.start() for m in _CLAUSE_WORD.finditer(window) if m.start() >= floor]
+        if clauses:
+            return clauses[-1] + 1
+        space = window.rfind(" ")
+        return space + 1 if space >= floor else 0
 
     def _soft_cut(self, text: str) -> int:
         window = text[: self.max_chars]

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Generic, TypeVar
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from omnictl.audio.admission import predict
 from omnictl.exceptions import AdmissionTimeout, InvalidRequest, Overloaded, PayloadTooLarge, PipelineDead
 from omnictl.serving.chat.protocol import Limits
 from omnictl.serving.common.auth import authorized
@@ -86,6 +89,29 @@ def overloaded(state: ServingState, exc: Overloaded) -> Response:
         "queue_timeout" if waited else "overloaded",
     )
     response.headers["Retry-After"] = str(exc.retry_after)
+    return response
+
+
+def would_underrun(state: ServingState, modalities: list[str]) -> Response | None:
+    """429 for a new audio request when admitting it is predicted to make a playing stream
+    underrun by more than ``--max-underrun-ms`` (see :mod:`omnictl.audio.admission`);
+    None to admit it. Requests without audio are never held by this."""
+    if state.max_underrun_ms is None or "audio" not in modalities:
+        return None
+    clocks = [t.playback for t in state.active.values() if t.playback is not None and t.outcome is None]
+    prediction = predict(clocks, time.perf_counter())
+    if prediction.underrun_s * 1000 <= state.max_underrun_ms:
+        return None
+    state.metrics.outcome("rejected")
+    state.metrics.overloaded.labels("underrun").inc()
+    response = error_response(
+        429,
+        f"a new audio stream now would make one of the {prediction.streams} playing underrun by "
+        f"{prediction.underrun_s * 1000:.0f} ms (--max-underrun-ms {state.max_underrun_ms:g}); retry later",
+        "rate_limit_error",
+        "audio_underrun",
+    )
+    response.headers["Retry-After"] = str(max(1, math.ceil(prediction.retry_after_s)))
     return response
 
 
@@ -167,6 +193,9 @@ async def admit(
                 404, cannot_serve(pipe.topology, endpoint), "invalid_request_error", "unsupported_endpoint"
             )
         submission = await parse(request, raw, pipe)
+        held = would_underrun(state, submission.modalities)
+        if held is not None:
+            return held
         served = (state.model_name, *state.aliases)
         if submission.model and submission.model not in served:
             state.metrics.outcome("rejected")
@@ -211,5 +240,6 @@ async def admit(
     tracked = Tracked(
         submitted, state.metrics, state.active, submission.model or state.model_name, submission.audio_format
     )
+    tracked.profiler = state.profiler
     state.active[submitted.id] = tracked
     return Admitted(tracked, submission, pipe)

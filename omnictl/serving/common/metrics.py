@@ -14,12 +14,19 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from omnictl.audio.continuity import GAP_THRESHOLDS_MS, Continuity
+
 # the *_created series only add noise to every scrape
 disable_created_metrics()
 
 # seconds: from a few milliseconds (an in-process hop) to a minute (a long CPU answer)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 OUTCOMES = ("completed", "failed", "aborted", "rejected")
+# seconds a listener waits with nothing to play: 20 ms is inaudible, a second is a break
+UNDERRUN_BUCKETS = (0.0, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# time to the last chunk / seconds of audio: under 1 keeps up with real time
+RTF_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+AUDIO_LABELS = ("model", "endpoint")
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
@@ -40,7 +47,7 @@ class ServerMetrics:
             ["reason"],
             registry=self.registry,
         )
-        for reason in ("over_limit", "queue_timeout"):
+        for reason in ("over_limit", "queue_timeout", "underrun"):
             self.overloaded.labels(reason)
         # Requests waiting for admission now; set by the server to its admission's count.
         self.queue_depth = Gauge("omnictl_admission_queue_depth", "Requests waiting for a slot", registry=self.registry)
@@ -62,6 +69,7 @@ class ServerMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.audio = AudioMetrics(self.registry)
         self.profile = ProfileMetrics()
         self.registry.register(self.profile)
         self._counts = dict.fromkeys(OUTCOMES, 0)  # the counter's values, readable without a scrape
@@ -78,6 +86,67 @@ class ServerMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class AudioMetrics:
+    """The continuity of every audio stream that left the server, by model and endpoint:
+    the playback clock's figures (:mod:`omnictl.audio.continuity`) once a stream ends."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.ttfp = Histogram(
+            "omnictl_audio_time_to_first_packet_seconds",
+            "Request to the first audio chunk sent, per audio stream",
+            AUDIO_LABELS,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.rtf = Histogram(
+            "omnictl_audio_real_time_factor_ratio",
+            "Request to the last audio chunk sent, divided by the seconds of audio sent",
+            AUDIO_LABELS,
+            buckets=RTF_BUCKETS,
+            registry=registry,
+        )
+        self.largest_underrun = Histogram(
+            "omnictl_audio_largest_underrun_seconds",
+            "Longest wait of a real-time listener with nothing to play, per audio stream",
+            AUDIO_LABELS,
+            buckets=UNDERRUN_BUCKETS,
+            registry=registry,
+        )
+        self.chunk_interval = Histogram(
+            "omnictl_audio_chunk_interval_seconds",
+            "Time between consecutive audio chunks sent",
+            AUDIO_LABELS,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.streams = Counter(
+            "omnictl_audio_streams", "Audio streams that sent audio", AUDIO_LABELS, registry=registry
+        )
+        self.continuous = Counter(
+            "omnictl_audio_continuous_streams",
+            "Audio streams whose largest underrun stayed at or under threshold_ms",
+            (*AUDIO_LABELS, "threshold_ms"),
+            registry=registry,
+        )
+
+    def observe(self, model: str, endpoint: str, report: Continuity) -> None:
+        if report.ttfp_s is None:
+            return  # no audio left: nothing was played
+        labels = (model, endpoint)
+        self.ttfp.labels(*labels).observe(report.ttfp_s)
+        if report.rtf is not None:
+            self.rtf.labels(*labels).observe(report.rtf)
+        self.largest_underrun.labels(*labels).observe(report.largest_underrun_s)
+        interval = self.chunk_interval.labels(*labels)
+        for seconds in report.intervals_s:
+            interval.observe(seconds)
+        self.streams.labels(*labels).inc()
+        for ms in GAP_THRESHOLDS_MS:
+            counter = self.continuous.labels(*labels, str(ms))
+            if report.largest_underrun_s * 1000 <= ms:
+                counter.inc()
 
 
 class ProfileMetrics(Collector):

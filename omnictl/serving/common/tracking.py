@@ -18,8 +18,10 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from omnictl.audio.continuity import PlaybackClock
 from omnictl.coordinator.request import RequestEventKind
 from omnictl.outputs import AudioChunk, TextDelta, TextResult
+from omnictl.profiling.events import EventKind, NullProfiler, Profiler
 from omnictl.serving.common.eventstream import EventStreamResponse
 
 __all__ = ["EventStreamResponse", "Tracked", "complete", "end_in_flight", "results", "stream_response"]
@@ -62,6 +64,16 @@ class Tracked:
     outcome: str | None = None
     # Set when the server ends the request itself (shutting down): the client is told why.
     ended_by_server: str | None = None
+    # A streamed response's audio as a listener hears it (set by :meth:`plays`); None for
+    # answers sent whole, which have no playback to keep up with.
+    playback: PlaybackClock | None = None
+    endpoint: str = ""
+    profiler: Profiler = field(default_factory=NullProfiler)  # where an underrun is recorded
+
+    def plays(self, endpoint: str) -> None:
+        """This request's audio leaves as a stream, on ``endpoint``: keep its playback clock."""
+        self.playback = PlaybackClock(self.started)
+        self.endpoint = endpoint
 
     def saw_text(self) -> None:
         if self.first_text is None:
@@ -79,6 +91,13 @@ class Tracked:
             self.saw_text()
         elif isinstance(data, AudioChunk):
             self.saw_audio()
+            if self.playback is not None:
+                gap = self.playback.chunk(time.perf_counter(), data.samples.size / data.sample_rate)
+                if gap > 0:  # marked on the request's timeline: `omnictl trace` shows it
+                    chunk = self.playback.chunks - 1
+                    self.profiler.record(
+                        EventKind.UNDERRUN, self.request.id, seconds=gap, chunk=chunk, endpoint=self.endpoint
+                    )
 
     def finish(self, outcome: str, why: str | None = None, logged: bool = False) -> None:
         if self.outcome is not None:
@@ -95,6 +114,8 @@ class Tracked:
         self.metrics.in_flight.dec()
         if outcome == "completed":
             self.metrics.e2e.observe(time.perf_counter() - self.started)
+        if self.playback is not None:  # an aborted stream's gaps were heard too
+            self.metrics.audio.observe(self.model, self.endpoint, self.playback.report())
         self.active.pop(self.request.id, None)
 
 
@@ -234,6 +255,7 @@ async def complete(tracked: Tracked, request: Request, abort: Abort) -> Response
 
 
 def stream_response(tracked: Tracked, abort: Abort) -> EventStreamResponse:
+    tracked.plays("/v1/chat/completions")
     translator = ChunkTranslator(tracked.request.id, tracked.model, tracked.audio_format)
 
     async def on_disconnect() -> None:

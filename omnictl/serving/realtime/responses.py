@@ -151,6 +151,9 @@ class ResponseRun:
         )
         self.state.metrics.in_flight.inc()
         self.tracked = Tracked(submitted, self.state.metrics, self.state.active, self.state.model_name, "pcm16")
+        if "audio" in self.modalities:
+            self.tracked.plays("/v1/realtime")
+            self.tracked.profiler = self.state.profiler
         self.state.active[submitted.id] = self.tracked
 
     def _part(self) -> ev.Content:

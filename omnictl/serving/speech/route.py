@@ -207,6 +207,7 @@ def endpoint(state: ServingState) -> Callable[[Request], Awaitable[Response | Ev
 
         # The status line waits for the first audio: a request the pipeline refuses before
         # speaking (an unknown voice) gets its JSON error, not a 200 with an empty body.
+        tracked.plays(ENDPOINT)
         items = _audio(tracked)
         here, first = await chat.first_item(items, request)
         if not here:

@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from omnictl.models.qwen3_omni.code2wav import Code2WavScheduler, Vocoder
@@ -65,3 +66,45 @@ def test_the_first_chunk_comes_after_first_chunk_frames_and_the_samples_do_not_c
         streamed = np.concatenate([samples for sent, samples in chunks if sent != -1])
         np.testing.assert_allclose(streamed, chunks[-1][1], atol=1e-6)  # the result is the chunks joined
     np.testing.assert_allclose(early[-1][1], late[-1][1], atol=1e-5)
+
+
+class SlowVocoder:
+    """A test double for the vocoder: 0.1 s per call, one second of silence per frame."""
+
+    samples_per_frame = 24_000
+
+    def samples(self, codes: torch.Tensor, end: int, emitted: int) -> tuple[np.ndarray, int]:
+        import time
+
+        time.sleep(0.1)
+        return np.zeros(end * self.samples_per_frame - emitted, dtype=np.float32), end * self.samples_per_frame
+
+
+def frames(n: int) -> TalkerDelta:
+    return TalkerDelta(token_ids=[], text="", codes=torch.zeros(n, 4, dtype=torch.long))
+
+
+@pytest.mark.parametrize(("policy", "order"), [("fifo", ["a", "a", "b"]), ("deadline", ["a", "b", "a"])])
+def test_the_stream_with_less_slack_is_vocoded_first(policy: str, order: list[str]) -> None:
+    """a plays 2 s of audio when b's first frames and a's next chunk are both due: under
+    `deadline` b (its first chunk due 0.5 s after it came) goes first, under `fifo` a."""
+
+    async def scenario() -> list[str]:
+        scheduler = Code2WavScheduler(SlowVocoder(), chunk_frames=3, first_chunk_frames=2,  # type: ignore[arg-type]
+                                      audio_policy=policy, ttfp_target_s=0.5)
+        await scheduler.start()
+        try:
+            scheduler.inbox.put_nowait(IncomingMessage(IncomingKind.STREAM_CHUNK, "a", frames(2), "talker_ar", {}))
+            await asyncio.sleep(0.03)  # a's first chunk is being vocoded
+            scheduler.inbox.put_nowait(IncomingMessage(IncomingKind.STREAM_CHUNK, "a", frames(3), "talker_ar", {}))
+            scheduler.inbox.put_nowait(IncomingMessage(IncomingKind.STREAM_CHUNK, "b", frames(2), "talker_ar", {}))
+            out = []
+            for _ in order:
+                message = await asyncio.wait_for(scheduler.outbox.get(), 10)
+                assert message.kind is OutgoingKind.STREAM
+                out.append(message.request_id)
+            return out
+        finally:
+            await scheduler.stop()
+
+    assert asyncio.run(scenario()) == order

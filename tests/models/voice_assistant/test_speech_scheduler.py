@@ -173,3 +173,43 @@ def test_one_request_of_many_short_sentences_holds_one_place_not_a_thousand(spea
             await scheduler.stop()
 
     run(main())
+
+
+class SlowSpeaker:
+    """A test double for Piper: 0.15 s to 'synthesise' 5 s of silence per sentence."""
+
+    sample_rate = 16_000
+
+    def synthesize(self, text: str, speed: float = 1.0) -> np.ndarray:
+        import time
+
+        time.sleep(0.15)
+        return np.zeros(5 * self.sample_rate, dtype=np.float32)
+
+
+@pytest.mark.parametrize(("policy", "order"), [
+    ("fifo", ["a:One.", "a:Two.", "a:Three.", "a:Four.", "b:Hello there."]),
+    ("deadline", ["a:One.", "b:Hello there.", "a:Two.", "a:Three.", "a:Four."]),
+])
+def test_the_stream_with_less_slack_is_spoken_first(policy: str, order: list[str]) -> None:
+    """a has 5 s of audio playing when b arrives: under `deadline` b's first sentence (due
+    0.5 s after it arrived) goes before a's queued ones; under `fifo` it waits behind them."""
+    async def main() -> list[str]:
+        slow = SlowSpeaker()
+        scheduler = SentenceSpeechScheduler(speaker_factory=lambda voice: slow,  # type: ignore[arg-type,return-value]
+                                            audio_policy=policy, ttfp_target_s=0.5)
+        await scheduler.start()
+        try:
+            scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "a", TokenDelta(text="One. Two. Three. Four. ", token_ids=[1])))
+            await asyncio.sleep(0.05)  # a's first sentence is being spoken
+            scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "b", TokenDelta(text="Hello there. ", token_ids=[1])))
+            spoken = []
+            for _ in order:
+                message = await next_out(scheduler)
+                assert message.kind is OutgoingKind.STREAM
+                spoken.append(f"{message.request_id}:{message.data.transcript}")
+            return spoken
+        finally:
+            await scheduler.stop()
+
+    assert run(main()) == order

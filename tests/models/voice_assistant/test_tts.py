@@ -82,3 +82,19 @@ def test_piper_speaks_a_sentence(speaker: PiperSpeaker) -> None:
 def test_unknown_voice_is_named() -> None:
     with pytest.raises(ValueError, match="'alloy'.*joe"):
         PiperSpeaker("alloy")
+
+
+def test_a_long_first_sentence_without_a_comma_is_cut_before_a_clause() -> None:
+    text = ("The largest planet in our solar system is Jupiter which is mostly made of hydrogen "
+            "and helium gas. It has many moons.")
+    pieces = feed_words(SentenceSplitter(first_max_chars=80), text)
+    assert pieces[0] == "The largest planet in our solar system is Jupiter"
+    assert pieces[1:] == ["which is mostly made of hydrogen and helium gas.", "It has many moons."]
+    # without a clause word it ends at the last whole word before the limit
+    pieces = feed_words(SentenceSplitter(first_max_chars=40), "Honestly nobody really knows exactly how many grains exist here.")
+    assert pieces[0] == "Honestly nobody really knows exactly"
+    assert len(pieces[0]) <= 40
+    # off: the first sentence waits for its end
+    assert feed_words(SentenceSplitter(first_max_chars=None), text)[0] == text.split(". ")[0] + "."
+    # a short first sentence is never cut
+    assert feed_words(SentenceSplitter(), "Paris is the capital. Yes.") == ["Paris is the capital.", "Yes."]

@@ -1,0 +1,101 @@
+"""Which audio stream a stage works on next: first come first served, or playback deadline.
+
+Every stage that makes audio for streams (the voice assistant's sentence TTS, the
+Qwen3-Omni code2wav vocoder) keeps one :class:`PlaybackDeadlines` and asks it which of
+its waiting streams goes next. Under ``deadline`` that is the stream with the least
+**slack**: the seconds of audio it has already sent that the listener has left,
+
+    slack = audio sent − time since its first chunk was sent
+
+(negative: the listener is already waiting). A stream that has sent nothing yet has the
+deadline of its first chunk instead: its TTFP target after it arrived at the stage,
+so a new stream is neither starved by playing ones nor allowed to jump ahead of one about
+to run dry. Under ``fifo`` the oldest waiting work goes first, as before.
+
+Pure bookkeeping on times the caller passes (``time.monotonic()`` in the schedulers), so
+it is tested without a clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable, Iterable, TypeVar
+
+POLICIES = ("fifo", "deadline")
+DEFAULT_POLICY = "fifo"
+DEFAULT_TTFP_TARGET_S = 1.0  # the first chunk's deadline after a stream arrives at a stage
+
+K = TypeVar("K", bound=Hashable)
+
+
+def check_policy(policy: str, where: str = "audio_policy") -> str:
+    if policy not in POLICIES:
+        raise ValueError(f"{where} must be one of {', '.join(POLICIES)}, got {policy!r}")
+    return policy
+
+
+@dataclass
+class _Stream:
+    arrived: float
+    first_sent: float | None = None
+    sent_s: float = 0.0
+
+
+class PlaybackDeadlines:
+    """The playback state of each stream a stage makes audio for, and the policy's choice."""
+
+    def __init__(self, policy: str = DEFAULT_POLICY, ttfp_target_s: float = DEFAULT_TTFP_TARGET_S) -> None:
+        self.policy = check_policy(policy)
+        if ttfp_target_s < 0:
+            raise ValueError(f"ttfp_target_s must be >= 0, got {ttfp_target_s}")
+        self.ttfp_target_s = ttfp_target_s
+        self._streams: dict[Hashable, _Stream] = {}
+
+    def arrived(self, stream: Hashable, now: float) -> None:
+        """``stream`` has work at this stage for the first time (later calls change nothing)."""
+        self._streams.setdefault(stream, _Stream(now))
+
+    def sent(self, stream: Hashable, seconds: float, now: float) -> None:
+        """``seconds`` of ``stream``'s audio left the stage at ``now``."""
+        state = self._streams.setdefault(stream, _Stream(now))
+        if seconds <= 0:
+            return
+        if state.first_sent is None:
+            state.first_sent = now
+        elif now - state.first_sent > state.sent_s:
+            # the listener ran dry and waited: playback restarts from this chunk
+            state.first_sent = now - state.sent_s
+        state.sent_s += seconds
+
+    def finished(self, stream: Hashable) -> None:
+        self._streams.pop(stream, None)
+
+    def slack(self, stream: Hashable, now: float) -> float:
+        """Seconds until ``stream``'s listener runs out of audio (before its first chunk:
+        until its first chunk's deadline). Unknown streams have no deadline: +inf."""
+        state = self._streams.get(stream)
+        if state is None:
+            return float("inf")
+        if state.first_sent is None:
+            return state.arrived + self.ttfp_target_s - now
+        return state.sent_s - (now - state.first_sent)
+
+    def pick(self, waiting: Iterable[K], now: float) -> K:
+        """The stream to serve next among ``waiting`` (given oldest work first): under
+        ``fifo`` the first; under ``deadline`` the least slack, the older on a tie."""
+        candidates = list(waiting)
+        if not candidates:
+            raise ValueError("pick needs at least one waiting stream")
+        if self.policy == "fifo":
+            return candidates[0]
+        return min(candidates, key=lambda stream: self.slack(stream, now))  # min keeps the first of equals
+
+    def order(self, waiting: Iterable[K], now: float) -> list[K]:
+        """``waiting`` in the order the policy serves them (a batch's priority)."""
+        candidates = list(waiting)
+        if self.policy == "fifo":
+            return candidates
+        return sorted(candidates, key=lambda stream: self.slack(stream, now))  # stable: older first on a tie
+
+    def __len__(self) -> int:
+        return len(self._streams)

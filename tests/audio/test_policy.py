@@ -1,0 +1,55 @@
+"""The playback-deadline policy: slack from sent audio, the first chunk's deadline, FIFO kept."""
+
+import pytest
+
+from omnictl.audio.policy import PlaybackDeadlines
+
+
+def test_the_stream_with_less_slack_is_served_first() -> None:
+    policy = PlaybackDeadlines("deadline")
+    policy.arrived("a", 0.0)
+    policy.arrived("b", 0.0)
+    policy.sent("a", 3.0, now=1.0)  # a: 3 s of audio from t=1
+    policy.sent("b", 1.0, now=1.0)  # b: 1 s of audio from t=1
+    assert policy.slack("a", 1.5) == pytest.approx(2.5)
+    assert policy.slack("b", 1.5) == pytest.approx(0.5)
+    assert policy.pick(["a", "b"], now=1.5) == "b"  # b runs dry first, though a waited longer
+    assert policy.order(["a", "b"], now=1.5) == ["b", "a"]
+    # FIFO keeps arrival order whatever the slack
+    fifo = PlaybackDeadlines("fifo")
+    for stream, seconds in (("a", 3.0), ("b", 1.0)):
+        fifo.sent(stream, seconds, now=1.0)
+    assert fifo.pick(["a", "b"], now=1.5) == "a" and fifo.order(["a", "b"], 1.5) == ["a", "b"]
+
+
+def test_a_new_stream_has_its_first_chunks_deadline() -> None:
+    policy = PlaybackDeadlines("deadline", ttfp_target_s=0.5)
+    policy.sent("playing", 2.0, now=0.0)  # runs dry at 2.0
+    policy.arrived("new", 1.0)  # its first chunk is due at 1.5
+    assert policy.slack("new", 1.2) == pytest.approx(0.3)
+    assert policy.slack("playing", 1.2) == pytest.approx(0.8)
+    assert policy.pick(["playing", "new"], now=1.2) == "new"
+    # once the new stream has a few seconds queued for its listener, the playing one goes first
+    policy.sent("new", 2.2, now=1.45)
+    assert policy.slack("new", 1.6) == pytest.approx(2.05)
+    assert policy.pick(["new", "playing"], now=1.6) == "playing"
+
+
+def test_playback_restarts_after_the_listener_waited() -> None:
+    policy = PlaybackDeadlines("deadline")
+    policy.sent("s", 1.0, now=0.0)  # runs out at 1.0
+    policy.sent("s", 1.0, now=1.5)  # 0.5 s late: the listener heard 1 s, waited, and plays again from 1.5
+    assert policy.slack("s", 1.5) == pytest.approx(1.0)
+    assert policy.slack("s", 2.0) == pytest.approx(0.5)
+
+
+def test_unknown_streams_bad_policies_and_the_finished() -> None:
+    policy = PlaybackDeadlines("deadline")
+    assert policy.slack("nobody", 0.0) == float("inf")
+    policy.arrived("x", 0.0)
+    policy.finished("x")
+    assert len(policy) == 0
+    with pytest.raises(ValueError, match="fifo, deadline"):
+        PlaybackDeadlines("edf")
+    with pytest.raises(ValueError, match="at least one"):
+        policy.pick([], 0.0)
