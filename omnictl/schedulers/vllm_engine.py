@@ -127,10 +127,12 @@ class VllmOptions:
         if self.device not in ("cpu", "cuda"):
             raise bad("device", "must be 'cpu' or 'cuda'")
 
-    def engine_args(self, model: str) -> Any:
+    def engine_args(self, model: str, **model_args: Any) -> Any:
+        """vLLM's engine arguments; ``model_args``: what the model's stage factory adds
+        (e.g. ``language_model_only``), not user knobs."""
         from vllm.engine.arg_utils import AsyncEngineArgs
 
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = dict(model_args)
         if self.device == "cuda":
             extra["kv_cache_memory_bytes"] = int(self.kv_cache_gib * 2**30)
         return AsyncEngineArgs(
@@ -205,6 +207,9 @@ class VllmScheduler(Scheduler):
     exit_on_engine_death: after failing what the dead engine held, end the stage process
         (SIGTERM to itself) so the restart policy brings the stage back; off when the
         scheduler is driven alone (tests).
+    extra_stop_token_ids: tokens that end an answer besides the tokenizer's and the
+        generation config's end tokens.
+    model_args: engine arguments the model's stage factory sets (see ``VllmOptions.engine_args``).
     """
 
     def __init__(
@@ -217,6 +222,8 @@ class VllmScheduler(Scheduler):
         default_sampling: Mapping[str, Any] | None = None,
         stream_every: int = 1,
         exit_on_engine_death: bool = True,
+        extra_stop_token_ids: Sequence[int] = (),
+        model_args: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         require_vllm()
@@ -234,7 +241,8 @@ class VllmScheduler(Scheduler):
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.model, local_files_only=True)
-        self._stop_ids = self._collect_stop_ids()
+        self._stop_ids = self._collect_stop_ids() | {int(i) for i in extra_stop_token_ids}
+        self._model_args = dict(model_args or {})
         self.engine: AsyncLLM | None = None
         self.counts = _Counts()
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -252,7 +260,7 @@ class VllmScheduler(Scheduler):
         # counts come from ours, the dashboard's figures from the profiler.
         logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)
         self.engine = AsyncLLM.from_engine_args(
-            self.options.engine_args(self.model), stat_loggers=[_counting_logger(self.counts)]
+            self.options.engine_args(self.model, **self._model_args), stat_loggers=[_counting_logger(self.counts)]
         )
         await super().start()
 
