@@ -13,9 +13,12 @@ What it does not do, and why (docs/engine.md):
   ``engine: hf``. vLLM would have to take the encoders' output as multimodal embeddings,
   and with torchvision absent its multimodal processor stops at the video processor
   (``vllm/multimodal/processing/context.py``, ``get_supported_mm_processor_kwargs``);
-- the talker: its first input is the thinker's hidden states for the prompt, which this
-  engine does not hand out while it generates. The talker fails such a request naming
-  the missing ``talker_prefix``; the topologies with a talker keep ``engine: hf``.
+- the hidden states of media positions, which the talker's prompt takes for images and
+  audio: vLLM hands out hidden states only once a request has finished (docs/engine.md).
+  A text prompt has no such position: the talker reads the thinker's token embeddings
+  there, which it computes itself, so this stage sends it the same ``talker_prefix`` the
+  HF thinker sends for a text prompt (the prompt's ids, no media hidden states) and the
+  topologies with a talker run on vLLM for text prompts too.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
+import torch
+
 from omnictl.exceptions import InvalidRequest
+from omnictl.models.qwen3_omni.payloads import ThinkerDelta, ThinkerResult, extend
 from omnictl.models.qwen3_omni.weights import check_model_path, load_config
 from omnictl.schedulers.vllm_engine import VllmOptions, VllmScheduler, require_vllm
 from omnictl.schedulers.vllm_plugin import require_plugin
@@ -43,6 +49,8 @@ class VllmThinkerScheduler(VllmScheduler):
             int(thinker.image_token_id): "image",
             int(thinker.video_token_id): "video",
         }
+        self.hidden_size = int(thinker.text_config.hidden_size)
+        self._talker_prefixes: dict[str, dict[str, Any]] = {}
         super().__init__(
             str(path),
             options,
@@ -67,3 +75,21 @@ class VllmThinkerScheduler(VllmScheduler):
         if not ids:
             raise InvalidRequest("model input: prompt_ids is empty", field="messages")
         return ids
+
+    def on_accept(self, request_id: str, inputs: Any, prompt_ids: list[int]) -> None:
+        # What ThinkerRunner.prefill hands the talker for a text prompt: no media positions,
+        # so no hidden states.
+        prefix: dict[str, Any] = {
+            "prompt_ids": torch.tensor(prompt_ids, dtype=torch.long),
+            "mm_hidden": torch.zeros(0, self.hidden_size),
+        }
+        if "voice" in inputs:
+            prefix["voice"] = inputs["voice"]
+        self._talker_prefixes[request_id] = prefix
+
+    def on_output(self, request_id: str, data: Any, *, final: bool) -> Any:
+        prefix = self._talker_prefixes.pop(request_id, None)
+        return data if prefix is None else extend(data, ThinkerDelta, ThinkerResult, talker_prefix=prefix)
+
+    def on_drop(self, request_id: str) -> None:
+        self._talker_prefixes.pop(request_id, None)
