@@ -71,8 +71,14 @@ def require_plugin() -> None:
     if importlib.util.find_spec("torchvision") is not None:
         return
     if not any(point.name == ENTRY_POINT for point in entry_points(group="vllm.general_plugins")):
+        from importlib.metadata import distribution
+
+        # Which metadata Python found: a stale omnictl.egg-info in the working directory
+        # shadows the installed one, and reinstalling does not replace it.
+        found = getattr(distribution("omnictl"), "_path", None)
         raise StartupError(
-            f"vLLM will not load omnictl's plugin {ENTRY_POINT!r} (omnictl's installed metadata predates it), "
+            f"vLLM will not load omnictl's plugin {ENTRY_POINT!r}: omnictl's metadata ({found}) predates it, "
             "and without it vLLM's Qwen3-Omni thinker needs torchvision",
-            hint="reinstall omnictl: pip install -e . (scripts/setup.sh does)",
+            hint="reinstall omnictl: pip install -e . (scripts/setup.sh does); remove that metadata if it is a stale "
+            "omnictl.egg-info in the checkout",
         )
