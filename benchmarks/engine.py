@@ -19,7 +19,8 @@ after another, (a) first (never two engines at once on this machine).
 
 ``--first-audio``: also the whole voice assistant (``omnictl/data/voice-assistant.yaml``:
 ASR, thinker, TTS) with its thinker on each engine (shipped settings otherwise), spoken
-sample questions, first audio (the first ``tts`` stream event) p50 at c=1 and c=8.
+sample questions, first audio (the first ``tts`` stream event) p50 at c=1 and c=8, and
+the time each launch took until the pipeline was ready (what the engine adds to a start).
 
 Goals (reported, not asserted): the vLLM stage reaches ≥ 90% of vLLM alone's tokens/s
 at c=32 and ≥ 2× the HF runner's; its time to first token at c=1 is within 1.2× of vLLM
@@ -200,11 +201,14 @@ def voice_assistant(tmp: Path, engine: str, engine_options: dict[str, Any]) -> P
     return path
 
 
-async def first_audio(path: Path, plan: dict[int, int]) -> dict[int, list[float]]:
-    """First audio (seconds) of spoken sample questions, per concurrency."""
+async def first_audio(path: Path, plan: dict[int, int]) -> tuple[float, dict[int, list[float]]]:
+    """The launch (seconds until ready) and first audio (seconds) of spoken sample
+    questions, per concurrency."""
     from benchmarks.eval.samples import sample_names, sample_request
 
+    launched = time.perf_counter()
     pipe = await Pipeline.launch(path, profile=False, ready_timeout=900.0)
+    launch_s = time.perf_counter() - launched
     names = itertools.cycle(sample_names())
     try:
         async def one(name: str) -> float:
@@ -225,13 +229,15 @@ async def first_audio(path: Path, plan: dict[int, int]) -> dict[int, list[float]
             for start in range(0, total, concurrency):
                 batch += await asyncio.gather(*(one(next(names)) for _ in range(min(concurrency, total - start))))
             out[concurrency] = batch
-        return out
+        return launch_s, out
     finally:
         await pipe.close()
 
 
-def report_first_audio(results: dict[str, dict[int, list[float]]]) -> None:
+def report_first_audio(results: dict[str, dict[int, list[float]]], launches: dict[str, float]) -> None:
     hf, vllm = results["hf"], results["vllm"]
+    print(f"\nvoice assistant launch (until ready): hf thinker {launches['hf']:.1f} s, "
+          f"vllm thinker {launches['vllm']:.1f} s")
     for c in hf:
         print(f"voice assistant first audio p50 at c={c}: hf thinker {statistics.median(hf[c]):.2f} s, "
               f"vllm thinker {statistics.median(vllm[c]):.2f} s")
@@ -297,15 +303,17 @@ async def main() -> None:
             results["(c) vllm alone"] = await vllm_alone(engine_options, plan)
             print("(c) done", flush=True)
         audio = {}
+        launches: dict[str, float] = {}
         if args.first_audio:
             audio_plan = {1: 3, 8: 8} if args.quick else {1: 5, 8: 16}
             for engine in ("hf", "vllm"):
-                audio[engine] = await first_audio(voice_assistant(Path(tmp), engine, engine_options), audio_plan)
+                launches[engine], audio[engine] = await first_audio(
+                    voice_assistant(Path(tmp), engine, engine_options), audio_plan)
                 print(f"first audio on {engine} done", flush=True)
     if set(args.only) >= set("abc"):
         report(results)
     if audio:
-        report_first_audio(audio)
+        report_first_audio(audio, launches)
     if results and not set(args.only) >= set("abc"):
         for name, figures in results.items():
             print(name, {c: (round(f.tokens_per_s, 1), round(f.ttft_p50 * 1000)) for c, f in figures.items()})

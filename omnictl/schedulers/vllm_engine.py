@@ -29,9 +29,11 @@ timestamps), ``decode_steps`` with ``seconds`` between the engine's first and la
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import os
 import signal
+import sys
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, cast
 
@@ -59,6 +61,13 @@ VLLM_EXTRA_HINT = (
 )
 _DTYPES = ("float32", "bfloat16", "float16")
 _PROMPT_KEYS = ("input_ids", "prompt", "messages")
+
+
+def vllm_installed() -> bool:
+    """Whether vLLM can be imported here, without importing it (engine: auto)."""
+    if "vllm" in sys.modules:
+        return sys.modules["vllm"] is not None  # None: imports of it are blocked
+    return importlib.util.find_spec("vllm") is not None
 
 
 def require_vllm() -> None:
@@ -130,10 +139,12 @@ class VllmOptions:
         if self.device not in ("cpu", "cuda"):
             raise bad("device", "must be 'cpu' or 'cuda'")
 
-    def engine_args(self, model: str) -> Any:
+    def engine_args(self, model: str, **model_args: Any) -> Any:
+        """vLLM's engine arguments; ``model_args``: what the model's stage factory adds
+        (e.g. ``language_model_only``), not user knobs."""
         from vllm.engine.arg_utils import AsyncEngineArgs
 
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = dict(model_args)
         if self.device == "cuda":
             extra["kv_cache_memory_bytes"] = int(self.kv_cache_gib * 2**30)
         return AsyncEngineArgs(
@@ -221,6 +232,9 @@ class VllmScheduler(Scheduler):
     exit_on_engine_death: after failing what the dead engine held, end the stage process
         (SIGTERM to itself) so the restart policy brings the stage back; off when the
         scheduler is driven alone (tests).
+    extra_stop_token_ids: tokens that end an answer besides the tokenizer's and the
+        generation config's end tokens.
+    model_args: engine arguments the model's stage factory sets (see ``VllmOptions.engine_args``).
     """
 
     def __init__(
@@ -233,6 +247,8 @@ class VllmScheduler(Scheduler):
         default_sampling: Mapping[str, Any] | None = None,
         stream_every: int = 1,
         exit_on_engine_death: bool = True,
+        extra_stop_token_ids: Sequence[int] = (),
+        model_args: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         require_vllm()
@@ -250,7 +266,8 @@ class VllmScheduler(Scheduler):
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.model, local_files_only=True)
-        self._stop_ids = self._collect_stop_ids()
+        self._stop_ids = self._collect_stop_ids() | {int(i) for i in extra_stop_token_ids}
+        self._model_args = dict(model_args or {})
         self.engine: AsyncLLM | None = None
         self.counts = _Counts()
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -270,7 +287,7 @@ class VllmScheduler(Scheduler):
         # counts come from ours, the dashboard's figures from the profiler.
         logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)
         self.engine = AsyncLLM.from_engine_args(
-            self.options.engine_args(self.model), stat_loggers=[_counting_logger(self.counts)]
+            self.options.engine_args(self.model, **self._model_args), stat_loggers=[_counting_logger(self.counts)]
         )
         await super().start()
 
@@ -292,6 +309,19 @@ class VllmScheduler(Scheduler):
         task = self._tasks.pop(request_id, None)
         if task is not None:
             task.cancel()  # generate() aborts the request in the engine as it unwinds
+        self.on_drop(request_id)
+
+    # --- hooks for a model's stage (as AutoregressiveScheduler's) ------------------------
+
+    def on_accept(self, request_id: str, inputs: Any, prompt_ids: list[int]) -> None:
+        """The request was accepted with these inputs (event loop). Default: nothing."""
+
+    def on_output(self, request_id: str, data: TokenDelta | TokenResult, *, final: bool) -> Any:
+        """What leaves for this chunk or result (event loop). Default: ``data`` itself."""
+        return data
+
+    def on_drop(self, request_id: str) -> None:
+        """The request ended without a result (aborted or failed). Default: nothing."""
 
     def load(self) -> SchedulerLoad:
         held = len(self._tasks)
@@ -320,6 +350,7 @@ class VllmScheduler(Scheduler):
         except InvalidRequest as exc:
             self._fail(rid, str(exc), exc.field)
             return
+        self.on_accept(rid, message.data, prompt_ids)
         self._tasks[rid] = asyncio.get_running_loop().create_task(self._generate(rid, prompt_ids, params))
 
     def prompt_ids(self, inputs: Any) -> list[int]:
@@ -437,13 +468,14 @@ class VllmScheduler(Scheduler):
                 self._engine_died(f"the vLLM engine died ({type(exc).__name__}: {exc})")
                 return
             self._forget(rid)
+            self.on_drop(rid)
             self._fail(rid, f"generation failed: {type(exc).__name__}: {exc}", exc=exc)
             return
         finally:
             await stream.aclose()  # ended early here (stop string, stop_when): aborts it in the engine
         self._forget(rid)
         self._profile_decode(rid, metrics, answer.completion_tokens)
-        self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, self._result(answer)))
+        self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, self.on_output(rid, self._result(answer), final=True)))
 
     def _forget(self, rid: str) -> None:
         if self._tasks.get(rid) is asyncio.current_task():
@@ -482,7 +514,8 @@ class VllmScheduler(Scheduler):
         if not answer.sent_tokens and not answer.sent_text:
             self.profile(EventKind.FIRST_EMIT, rid)
         answer.sent_tokens, answer.sent_text = len(answer.token_ids), answer.sent_text + delta
-        self.emit(OutgoingMessage(OutgoingKind.STREAM, rid, TokenDelta(text=delta, token_ids=token_ids)))
+        chunk = self.on_output(rid, TokenDelta(text=delta, token_ids=token_ids), final=False)
+        self.emit(OutgoingMessage(OutgoingKind.STREAM, rid, chunk))
 
     def _result(self, answer: _Answer) -> TokenResult:
         return TokenResult(
@@ -534,6 +567,7 @@ class VllmScheduler(Scheduler):
         self._tasks.clear()
         log.error("stage %s: %s; %d request(s) failed", self.stage_name, self._dead, len(held))
         for rid in held:
+            self.on_drop(rid)
             self._fail(rid, self._dead)
         if self.exit_on_engine_death:
             # A moment for the failures to leave before the process goes down.

@@ -23,6 +23,7 @@ from omnictl.models.qwen3_omni.talker import TalkerRunner
 from omnictl.models.qwen3_omni.talker_scheduler import TalkerScheduler
 from omnictl.models.qwen3_omni.thinker import ThinkerRunner, ThinkerScheduler
 from omnictl.outputs import TokenResult
+from omnictl.schedulers.base import Scheduler
 
 StageFn = Callable[[Mapping[str, Any]], dict[str, Any]]
 
@@ -52,8 +53,29 @@ def merge_multimodal(inputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def thinker(
-    model_path: str | Path | None = None, device: str | None = None, stream_every: int = 1, max_batch: int = 32
-) -> ThinkerScheduler:
+    model_path: str | Path | None = None,
+    device: str | None = None,
+    stream_every: int = 1,
+    max_batch: int = 32,
+    engine: str = "hf",
+    vllm: Mapping[str, Any] | None = None,
+) -> Scheduler:
+    """The thinker on ``engine``: ``hf`` (omnictl's runner; text, images and audio, and the
+    talker's hidden states) or ``vllm`` (text prompts only, no talker; the ``vllm`` mapping
+    holds the engine knobs of :class:`~omnictl.schedulers.vllm_engine.VllmOptions`). See
+    docs/engine.md. ``max_batch`` is the HF runner's; vLLM batches ``vllm.max_num_seqs``."""
+    if engine not in ("hf", "vllm"):
+        raise ValueError(f"factory_args.engine: must be 'hf' or 'vllm', got {engine!r}")
+    if engine == "vllm":
+        from omnictl.models.qwen3_omni.vllm_thinker import VllmThinkerScheduler
+        from omnictl.schedulers.vllm_engine import VllmOptions, require_vllm
+
+        require_vllm()  # first: the one error a machine without vLLM gets
+        where = "cuda" if device is not None and device.startswith("cuda") else "cpu"
+        options = VllmOptions.from_mapping({"device": where, **(vllm or {})})
+        return VllmThinkerScheduler(model_path, options, stream_every=stream_every)
+    if vllm is not None:
+        raise ValueError("factory_args.vllm: engine options apply to engine: vllm only (engine is 'hf')")
     return ThinkerScheduler(ThinkerRunner(model_path, device), stream_every=stream_every, max_batch=max_batch)
 
 

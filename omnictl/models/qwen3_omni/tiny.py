@@ -3,10 +3,12 @@
 The checkpoint has the real architecture (thinker with audio and vision towers,
 talker with its code predictor, code2wav vocoder) plus a real processor: a byte-level
 BPE tokenizer trained here on a few sentences, a Whisper feature extractor and a
-Qwen2-VL image processor. Nothing is downloaded. Three sizes (:data:`SIZES`):
+Qwen2-VL image processor. Nothing is downloaded. Four sizes (:data:`SIZES`):
 
 - ``tiny``: hidden size 32, two layers; builds and runs in well under a second on a
   CPU (tests), so it measures the runtime's own cost and nothing else;
+- ``tiny_vllm``: ``tiny`` with head size 32, the smallest vLLM's CPU attention runs
+  (the tests of the thinker on vLLM);
 - ``mid``: widths and depths where one thinker decode step costs several milliseconds
   on a 2-core CPU, so compute dominates (``benchmarks/qwen3_omni_open_loop.py``);
 - ``real``: the thinker, talker, code predictor and vocoder at the released
@@ -26,7 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +168,10 @@ SIZES: dict[str, Widths] = {
         vocab=152064,
     ),
 }
+
+# vLLM's CPU attention takes head sizes from 32 up (vllm/v1/attention/backends/cpu_attn.py,
+# get_supported_head_sizes); "tiny" keeps 16, on which the HF tests' random outputs rest.
+SIZES["tiny_vllm"] = replace(SIZES["tiny"], head_dim=32, mrope_section=(8, 4, 4))
 
 # Special tokens the chat template and the processor need, in the order they get ids.
 SPECIAL_TOKENS = (
@@ -340,6 +346,9 @@ def build_config(tokenizer: Any, size: str = "tiny") -> Any:
             "out_hidden_size": w.hidden,
             "num_position_embeddings": 64,
             "deepstack_visual_indexes": [1],
+            # Read by vLLM's vision tower (the released config has them; transformers' config class does not).
+            "image_size": 16 * 8,  # patch_size * sqrt(num_position_embeddings)
+            "apply_vit_abs_pos_embed": True,
         },
         "text_config": {
             "vocab_size": vocab_size,
@@ -354,6 +363,7 @@ def build_config(tokenizer: Any, size: str = "tiny") -> Any:
             "num_experts_per_tok": w.experts_per_token,
             "rope_parameters": rope,
             "max_position_embeddings": 4096,
+            "tie_word_embeddings": False,  # read by vLLM's thinker; transformers 5.24 keeps it top-level only
         },
         "user_token_id": _single_token(tokenizer, "user"),
         **token_ids,
@@ -436,7 +446,7 @@ def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, size: str = "tiny"
     torch.manual_seed(seed)
     with torch.device(device):
         model = Qwen3OmniMoeForConditionalGeneration(config)
-    if size != "tiny":
+    if not size.startswith("tiny"):
         model = model.to(torch.bfloat16)
     model.save_pretrained(out)
     _save_processor(_build_processor(tokenizer), out)

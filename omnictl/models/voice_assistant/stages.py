@@ -18,6 +18,7 @@ asr replaces each placeholder by its transcript and drops the audio; the thinker
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Callable, Generator, Mapping
 
@@ -44,6 +45,12 @@ from omnictl.outputs import TextResult, Transcript
 from omnictl.schedulers.base import Scheduler
 
 Data = dict[str, Any]
+
+
+log = logging.getLogger(__name__)
+
+# auto: vllm where vLLM is installed, else hf (docs/engine.md, "Which engine is the default").
+ENGINES = ("auto", "hf", "vllm")
 
 
 def _check_voice(voice: str | None) -> None:
@@ -220,14 +227,17 @@ def thinker(
     stream_every: int = 1,
     max_batch: int = 16,
     threads: int | None = None,
-    engine: str = "hf",
+    engine: str = "auto",
     vllm: Mapping[str, Any] | None = None,
 ) -> Scheduler:
     """SmolLM2-135M-Instruct (converted from the packaged GGUF on first use) on ``engine``.
 
-    ``engine``: ``hf`` (the transformers runner in the autoregressive scheduler) or
+    ``engine``: ``hf`` (the transformers runner in the autoregressive scheduler),
     ``vllm`` (:class:`~omnictl.schedulers.vllm_engine.VllmScheduler`, whose engine knobs
-    are the ``vllm`` mapping: see :class:`~omnictl.schedulers.vllm_engine.VllmOptions`).
+    are the ``vllm`` mapping: see :class:`~omnictl.schedulers.vllm_engine.VllmOptions`;
+    without vLLM installed, one error naming the extra) or ``auto`` (the default: ``vllm``
+    where vLLM is installed, else ``hf``; both give the same greedy answers, vLLM faster,
+    see docs/engine.md).
     ``max_tokens`` and ``temperature`` are defaults; a request's ``sampling`` overrides them.
     ``system_prompt`` (used when the conversation has none), ``repetition_penalty``,
     ``no_repeat_ngram`` and ``max_sentences`` shape the spoken answer: see
@@ -240,8 +250,19 @@ def thinker(
     """
     from omnictl.models.voice_assistant.llm import smollm2_checkpoint
 
-    if engine not in ("hf", "vllm"):
-        raise ValueError(f"factory_args.engine: must be 'hf' or 'vllm', got {engine!r}")
+    if engine not in ENGINES:
+        raise ValueError(f"factory_args.engine: must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine == "auto":
+        from omnictl.schedulers.vllm_engine import vllm_installed
+
+        engine = "vllm" if vllm_installed() else "hf"
+        if engine == "hf":
+            # Engine options given with auto apply only when vLLM is chosen.
+            log.info(
+                "thinker: engine auto -> hf (vLLM is not installed; pip install 'omnictl[vllm]' for the faster engine)"
+            )
+    elif engine == "hf" and vllm is not None:
+        raise ValueError("factory_args.vllm: engine options apply to engine: vllm or auto only (engine is 'hf')")
     if engine == "vllm":
         return _vllm_thinker(
             model_path,
@@ -255,8 +276,6 @@ def thinker(
             stream_every,
             vllm,
         )
-    if vllm is not None:
-        raise ValueError("factory_args.vllm: engine options apply to engine: vllm only (engine is 'hf')")
 
     from omnictl.models.voice_assistant.answer_runner import SpokenAnswerRunner
     from omnictl.models.voice_assistant.llm import load_smollm2, set_threads
