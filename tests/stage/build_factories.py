@@ -1,0 +1,40 @@
+"""Factories for tests/stage/test_build.py: each reports what it was called with."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from omnictl.schedulers.simple import SimpleScheduler
+
+
+def echo(tag: str = "") -> Callable[[Any], Any]:
+    """A plain function stage (no model_path, no device taken)."""
+    return lambda data: (tag, data)
+
+
+def placed(model_path: str | None = None, device: str | None = None) -> Callable[[Any], Any]:
+    return lambda data: {"model_path": model_path, "device": device}
+
+
+def anything(**kwargs: Any) -> Callable[[Any], Any]:
+    return lambda data: kwargs
+
+
+def scheduler() -> SimpleScheduler:
+    return SimpleScheduler(lambda data: data)
+
+
+def broken() -> int:
+    return 3
+
+
+def merge(inputs: dict[str, Any]) -> Any:
+    return sorted(inputs)
+
+
+def route(data: Any) -> list[str]:
+    return ["b"]
+
+
+def to_b(data: Any) -> Any:
+    return {"for_b": data}
