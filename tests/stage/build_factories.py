@@ -38,3 +38,24 @@ def route(data: Any) -> list[str]:
 
 def to_b(data: Any) -> Any:
     return {"for_b": data}
+
+
+def double() -> Callable[[Any], Any]:
+    return lambda data: {"n": data["n"] * 2}
+
+
+def slow() -> Callable[[Any], Any]:
+    """A generator stage that streams for seconds: an abort stops it at its next chunk."""
+    import time
+
+    def run(data: Any) -> Any:
+        for i in range(100):
+            time.sleep(0.05)
+            yield {"n": i}
+        return {"n": -1}
+
+    return run
+
+
+def explode() -> Callable[[Any], Any]:
+    raise RuntimeError("this factory cannot build its model")
