@@ -75,13 +75,13 @@ class LocalStage:
 class Wired:
     """WorkerPorts of process ``one``, the PULL sockets of process ``two`` and the coordinator."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, topology: Any = TOPOLOGY) -> None:
         self.context = zmq.Context()
         self.addresses = {"one": f"ipc://{tmp}/one", "two": f"ipc://{tmp}/two"}
         self.two = self._pull(self.addresses["two"])
         self.coordinator = self._pull(f"ipc://{tmp}/coordinator")
         self.profiler = Profiler()
-        self.endpoint = Endpoint("one", TOPOLOGY, ipc_addresses=self.addresses)
+        self.endpoint = Endpoint("one", topology, ipc_addresses=self.addresses)
         self.ports = WorkerPorts(self.endpoint, f"ipc://{tmp}/coordinator", self.profiler)  # type: ignore[arg-type]
         self.b = LocalStage("b")
         self.ports.local = {"b": self.b}  # type: ignore[dict-item]
@@ -110,9 +110,9 @@ class Wired:
         self.context.term()
 
 
-def wired(tmp_path: Path, body: Callable[[Wired], Awaitable[None]]) -> None:
+def wired(tmp_path: Path, body: Callable[[Wired], Awaitable[None]], topology: Any = TOPOLOGY) -> None:
     async def go() -> None:
-        w = Wired(tmp_path)  # the ports need the running loop
+        w = Wired(tmp_path, topology)  # the ports need the running loop
         try:
             await body(w)
         finally:
@@ -258,3 +258,44 @@ def test_a_slot_another_process_owns_is_released_to_its_owner(short_tmp: Path) -
         assert w.at_coordinator() == m.SlotRelease(coordinators)
 
     wired(short_tmp, body)
+
+
+# a streams to d without a data edge to it: signals along the stream edge must find it
+STREAM_ONLY = loads("""
+stages:
+  - {name: a, factory: m.a, process: one, next: [c], stream_to: [d]}
+  - {name: c, factory: m.c, process: one, terminal: true, modality: text}
+  - {name: d, factory: m.d, process: two, terminal: true, modality: audio}
+""", "s.yaml")
+
+
+def test_a_failure_reaches_the_coordinator_with_the_field_at_fault_and_whether_the_input_was_refused(
+        short_tmp: Path) -> None:
+    async def body(w: Wired) -> None:
+        w.ports.send_failure("x", "b", "messages[0]: must be text", rejected=True, field="messages[0]")
+        assert w.at_coordinator() == m.StageFailed("x", "b", "messages[0]: must be text", True, "messages[0]")
+
+    wired(short_tmp, body)
+
+
+def test_a_stream_chunk_in_shared_memory_is_taken_back_when_its_receiver_dies(short_tmp: Path) -> None:
+    blob = np.arange(50_000, dtype=np.float32)  # over the inline threshold: a slot of a's pool
+
+    async def body(w: Wired) -> None:
+        w.ports.send_stream(CTX, "a", "c", 0, {"blob": blob})
+        chunk = w.at_two()
+        assert chunk.payload.shm is not None and w.ports.pools["a"].in_use == 1
+        w.ports.lost("two")  # it never releases the slot: the sender takes it back
+        assert w.ports.pools["a"].in_use == 0
+
+    wired(short_tmp, body)
+
+
+def test_stream_done_goes_down_a_stream_edge_that_has_no_data_edge_beside_it(short_tmp: Path) -> None:
+    ctx = m.RequestContext("r", {}, ("a", "c", "d"))
+
+    async def body(w: Wired) -> None:
+        w.ports.send_stream_done(ctx, "a", "d")
+        assert w.at_two() == m.StreamDone(ctx, "a", "d")
+
+    wired(short_tmp, body, STREAM_ONLY)
