@@ -18,3 +18,13 @@ def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
         del os.environ["XDG_STATE_HOME"]
     else:
         os.environ["XDG_STATE_HOME"] = previous
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``OMNICTL_SKIP_SLOW=1`` skips every test marked ``slow``, as ``-m "not slow"`` deselects them."""
+    if os.environ.get("OMNICTL_SKIP_SLOW") != "1":
+        return
+    skip = pytest.mark.skip(reason="OMNICTL_SKIP_SLOW=1: a slow end-to-end test")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
