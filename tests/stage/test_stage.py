@@ -18,7 +18,7 @@ from omnictl.schedulers.simple import SimpleScheduler
 from omnictl.stage.fanin import FanIn
 from omnictl.stage.router import Router
 from omnictl.stage.stage import Stage
-from omnictl.topology.model import StageSpec
+from omnictl.topology.model import RelayKnobs, StageSpec
 
 
 class Recorder:
@@ -267,3 +267,82 @@ def test_a_route_fn_that_raises_fails_the_request_and_logs_its_traceback(caplog:
     assert sent.data == [] and sent.failures[0][0] == "r1" and "routing in stage 's' raised" in sent.failures[0][1]
     [record] = [r for r in caplog.records if r.name == "omnictl.stage.stage"]
     assert record.levelno == logging.ERROR and record.exc_info is not None and record.exc_info[0] is KeyError
+
+
+def test_the_inbox_reports_full_once_at_its_limit_and_room_again_once_it_drains() -> None:
+    """relay.inbox=2: one request running and two waiting is full (the coordinator then holds
+    admission); one waiting is not. Each change is told once."""
+    gate, started = threading.Event(), threading.Event()
+
+    def held(data: Any) -> Any:
+        started.set()
+        gate.wait(10)
+        return data
+
+    sent = Sent()
+    spec = StageSpec(name="s", factory="x.y", next=("out",), relay=RelayKnobs(inbox=2))
+    stage = Stage(spec, SimpleScheduler(held), FanIn((), None), Router(spec, None, {}), sent, Recorder())  # type: ignore[arg-type]
+    told: list[tuple[str, bool]] = []
+    stage.on_inbox = lambda name, full: told.append((name, full))
+
+    def submit(rid: str) -> None:
+        stage.on_input(RequestContext(rid, {}, ("s", "out")), None, {"rid": rid})
+
+    async def scenario() -> list[list[tuple[str, bool]]]:
+        await stage.start()
+        seen = []
+        try:
+            submit("r1")
+            await asyncio.to_thread(started.wait, 10)  # r1 runs; the next ones wait
+            submit("r2")
+            seen.append(list(told))
+            submit("r3")
+            seen.append(list(told))
+            stage.check_inbox()  # the worker's poll: no change, nothing told
+            seen.append(list(told))
+            gate.set()
+            for _ in range(500):
+                if len(sent.data) == 3:
+                    break
+                await asyncio.sleep(0.01)
+            stage.check_inbox()
+            seen.append(list(told))
+        finally:
+            gate.set()
+            await stage.stop()
+        return seen
+
+    one_waiting, two_waiting, polled, drained = asyncio.run(scenario())
+    assert one_waiting == [] and two_waiting == [("s", True)] and polled == [("s", True)]
+    assert drained == [("s", True), ("s", False)] and len(sent.data) == 3
+    assert stage.inbox_full() is False
+
+
+def test_a_merge_fn_that_raises_fails_the_request_and_logs_its_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    def merge(inputs: dict[str, Any]) -> Any:
+        raise ValueError("halves do not fit")
+
+    sent = Sent()
+    spec = StageSpec(name="join", factory="x.y", next=("out",), wait_for=("left", "right"), merge_fn="x.merge")
+    stage = Stage(spec, SimpleScheduler(lambda data: data), FanIn(("left", "right"), merge), Router(spec, None, {}),
+                  sent, Recorder())  # type: ignore[arg-type]
+    ctx = RequestContext("r1", {}, ("left", "right", "join", "out"))
+    stage.on_input(ctx, "left", 1)
+    stage.on_input(ctx, "right", 2)
+    assert sent.failures and sent.failures[0][0] == "r1" and "merge_fn of stage 'join' raised" in sent.failures[0][1]
+    [record] = [r for r in caplog.records if r.name == "omnictl.stage.stage"]
+    assert record.exc_info is not None and record.exc_info[0] is ValueError
+    assert stage.stats(0).requests == 0 and stage.stats(0).fanin_buffers == 0
+
+
+class Unsendable(Sent):
+    def send_data(self, ctx: RequestContext, src: str, dst: str, data: Any) -> None:
+        raise TypeError("cannot serialize a socket")
+
+
+def test_an_output_that_cannot_be_sent_fails_its_request_and_logs_why(caplog: pytest.LogCaptureFixture) -> None:
+    sent = Unsendable()
+    run_one(one_stage(lambda data: data, sent), sent, {"x": 1})
+    assert "stage 's' could not send its output: TypeError: cannot serialize a socket" in sent.failures[0][1]
+    [record] = [r for r in caplog.records if r.name == "omnictl.stage.stage"]
+    assert record.levelno == logging.ERROR and record.exc_info is not None and record.exc_info[0] is TypeError
