@@ -268,7 +268,8 @@ class Stage:
     def stats(self, slots_in_use: int) -> StageStats:
         load = self.scheduler.load()
         return StageStats(
-            requests=len(self._contexts),
+            # any state at all: a stream's sequence left behind counts, as the context would
+            requests=len(self._contexts.keys() | self._stream_seq.keys() | self._streaming_in),
             fanin_buffers=len(self.fanin),
             queued=load.queued,
             running=load.running,
