@@ -346,3 +346,16 @@ def test_an_output_that_cannot_be_sent_fails_its_request_and_logs_why(caplog: py
     assert "stage 's' could not send its output: TypeError: cannot serialize a socket" in sent.failures[0][1]
     [record] = [r for r in caplog.records if r.name == "omnictl.stage.stage"]
     assert record.levelno == logging.ERROR and record.exc_info is not None and record.exc_info[0] is TypeError
+
+
+def test_a_three_way_fan_in_records_its_wait_once_from_the_first_part_to_the_last() -> None:
+    profiler, sent = Recorder(), Sent()
+    spec = StageSpec(name="join", factory="x.y", next=("out",), wait_for=("a", "b", "c"), merge_fn="x.merge")
+    stage = Stage(spec, SimpleScheduler(lambda data: data), FanIn(("a", "b", "c"), lambda inputs: sorted(inputs)),
+                  Router(spec, None, {}), sent, profiler)  # type: ignore[arg-type]
+    ctx = RequestContext("r1", {}, ("a", "b", "c", "join", "out"))
+    waits = []
+    for source in ("a", "b", "c"):
+        stage.on_input(ctx, source, source)
+        waits.append([kind for kind, _, _ in profiler.events if kind in (EventKind.FANIN_WAIT_START, EventKind.FANIN_WAIT_END)])
+    assert waits == [[EventKind.FANIN_WAIT_START]] * 2 + [[EventKind.FANIN_WAIT_START, EventKind.FANIN_WAIT_END]]
