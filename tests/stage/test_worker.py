@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -162,7 +163,7 @@ def test_an_abort_broadcast_drops_the_request_at_the_stage_running_it() -> None:
     run(scenario())
 
 
-def test_a_message_the_worker_cannot_read_fails_its_request_only() -> None:
+def test_a_message_the_worker_cannot_read_fails_its_request_only(caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> None:
         async with running(TWO) as (coordinator, worker):
             await coordinator.next(m.Ready)
@@ -172,6 +173,10 @@ def test_a_message_the_worker_cannot_read_fails_its_request_only() -> None:
             failed = await coordinator.next(m.StageFailed)
             assert (failed.request_id, failed.stage, failed.rejected) == ("bad", "a", True)
             assert failed.error.startswith("stage 'a' could not take its input: ")
+            # logged once, where it happened: the request id, the same text, the traceback
+            [record] = [r for r in caplog.records if r.name == "omnictl.stage.worker" and r.levelno >= logging.ERROR]
+            assert record.getMessage() == failed.error and record.request_id == "bad"  # type: ignore[attr-defined]
+            assert record.exc_info is not None
             coordinator.submit("good", {"n": 1})  # the process goes on
             output, data = await coordinator.next(m.TerminalOutput)
             assert output.request_id == "good" and data == {"n": 4}
