@@ -59,3 +59,14 @@ def slow() -> Callable[[Any], Any]:
 
 def explode() -> Callable[[Any], Any]:
     raise RuntimeError("this factory cannot build its model")
+
+
+def big() -> Callable[[Any], Any]:
+    """An output over the inline threshold: it travels in a shared-memory slot."""
+    import numpy as np
+
+    return lambda data: {"samples": np.zeros(50_000, dtype=np.float32)}
+
+
+def join(inputs: dict[str, Any]) -> Any:
+    return {"from": sorted(inputs), "a": inputs.get("a")}

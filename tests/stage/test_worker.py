@@ -205,3 +205,54 @@ def test_a_stage_that_cannot_be_built_is_reported_and_the_worker_ends(factory: s
 
     run(scenario())
 
+
+
+# `b` (this worker) joins `a` and `c`, which run elsewhere: the test sends their hops
+JOIN = f"""
+stages:
+  - {{name: s, factory: {F}.echo, next: [a, c], process: up}}
+  - {{name: a, factory: {F}.echo, next: [b], process: up}}
+  - {{name: c, factory: {F}.echo, next: [b], process: up}}
+  - {{name: b, factory: {F}.echo, wait_for: [a, c], merge_fn: {F}.join, terminal: true, process: one}}
+"""
+
+
+def test_a_hop_and_a_skip_from_another_process_complete_a_fan_in_here() -> None:
+    async def scenario() -> None:
+        async with running(JOIN) as (coordinator, worker):
+            await coordinator.next(m.Ready)
+            codec = coordinator.endpoint.codec("a", coordinator.topology.edge("a", "b").transport)
+            payload, frames = codec.encode_frames({"n": 5})
+            ctx = m.RequestContext("r1", {}, ("s", "a", "c", "b"))
+            coordinator.endpoint.send_to("one", m.DataReady(ctx, "a", "b", payload, 0), frames)
+            coordinator.endpoint.send_to("one", m.Skip(ctx, "c", "b"))
+            output, data = await coordinator.next(m.TerminalOutput)
+            # echo returns ("", its input), a list once it crossed: the merge of a's part alone, c skipped
+            assert output.request_id == "r1" and data == ["", {"from": ["a"], "a": {"n": 5}}]
+
+    run(scenario())
+
+
+BIG = f"""
+stages:
+  - {{name: a, factory: {F}.big, terminal: true, process: one}}
+"""
+
+
+def test_a_slot_the_coordinator_releases_returns_to_the_stage_s_pool() -> None:
+    async def scenario() -> None:
+        async with running(BIG) as (coordinator, worker):
+            await coordinator.next(m.Ready)
+            coordinator.submit("r1", {"n": 0})
+            output, data = await coordinator.next(m.TerminalOutput)
+            assert output.payload.shm is not None and data["samples"].size == 50_000
+            pool = worker.ports.pools["a"]
+            assert pool.in_use == 1  # lent until the coordinator is done with it
+            coordinator.endpoint.send_to("one", m.SlotRelease(output.payload.shm))
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 5
+            while pool.in_use:
+                assert loop.time() < deadline, "the released slot never came back"
+                await asyncio.sleep(0.01)
+
+    run(scenario())
