@@ -70,3 +70,10 @@ def big() -> Callable[[Any], Any]:
 
 def join(inputs: dict[str, Any]) -> Any:
     return {"from": sorted(inputs), "a": inputs.get("a")}
+
+
+def upper() -> Any:
+    """A stream consumer: each window of text, upper-cased, as it comes."""
+    from omnictl.schedulers.streaming import StreamingScheduler
+
+    return StreamingScheduler(lambda window: {"text": str(window.new).upper()}, units="text", chunk_size=2)

@@ -20,7 +20,7 @@ from omnictl import messages as m
 from omnictl.stage.startup import WorkerConfig
 from omnictl.stage.worker import Worker
 from omnictl.topology import loads
-from omnictl.topology.model import RelayKnobs, Topology
+from omnictl.topology.model import EdgeKind, RelayKnobs, Topology
 from omnictl.transports import registry
 from omnictl.transports.codec import decode
 from omnictl.transports.drain import Drain
@@ -254,5 +254,33 @@ def test_a_slot_the_coordinator_releases_returns_to_the_stage_s_pool() -> None:
             while pool.in_use:
                 assert loop.time() < deadline, "the released slot never came back"
                 await asyncio.sleep(0.01)
+
+    run(scenario())
+
+
+# `a` elsewhere streams to `b` here (its data goes on to `c`, elsewhere too)
+STREAMED = f"""
+stages:
+  - {{name: a, factory: {F}.echo, next: [c], stream_to: [b], process: up}}
+  - {{name: c, factory: {F}.echo, terminal: true, process: up}}
+  - {{name: b, factory: {F}.upper, terminal: true, process: one}}
+"""
+
+
+def test_stream_chunks_and_their_end_from_another_process_reach_the_stage_in_order() -> None:
+    async def scenario() -> None:
+        async with running(STREAMED) as (coordinator, worker):
+            await coordinator.next(m.Ready)
+            codec = coordinator.endpoint.codec("a", coordinator.topology.edge("a", "b", EdgeKind.STREAM).transport)
+            ctx = m.RequestContext("r1", {}, ("a", "b", "c"))
+            for seq, text in enumerate(["he", "ll", "o!"]):
+                payload, frames = codec.encode_frames({"text": text})
+                coordinator.endpoint.send_to("one", m.StreamChunk(ctx, "a", "b", seq, payload, 0), frames)
+            coordinator.endpoint.send_to("one", m.StreamDone(ctx, "a", "b"))
+            outputs = []
+            while not outputs or not outputs[-1][0].final:
+                outputs.append(await coordinator.next(m.TerminalOutput))
+            assert [data for _, data in outputs[:-1]] == [{"text": "HE"}, {"text": "LL"}, {"text": "O!"}]
+            assert outputs[-1][1] == {"text": "HELLO!"} and all(o.request_id == "r1" for o, _ in outputs)
 
     run(scenario())
