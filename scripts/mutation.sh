@@ -3,6 +3,7 @@
 # Not run in CI: it takes minutes per package. Run by hand:
 #
 #   scripts/mutation.sh                      # stage coordinator topology transports
+#   scripts/mutation.sh schedulers serving   # with their own unit tests too (package_tests)
 #   scripts/mutation.sh stage topology       # some of them
 #   scripts/mutation.sh topology:shape,derive  # only those modules of a package
 #   MUTATION_CHILDREN=4 scripts/mutation.sh  # more parallel workers (default 2)
@@ -31,6 +32,15 @@ packages=("$@")
 # The fast unit tests: no model, no HTTP server, no end-to-end pipeline.
 # Everything in them together runs in about ten seconds.
 fast_tests=(tests/stage tests/topology tests/transports tests/coordinator tests/test_recent.py)
+# A package's own unit tests besides (the schedulers': a tiny in-memory model; serving's:
+# those that run in the test process: a mutant in a server subprocess is out of reach).
+declare -A package_tests=(
+    [schedulers]="tests/schedulers"
+    [serving]="tests/serving/test_protocol.py tests/serving/test_responses.py tests/serving/test_audio.py
+               tests/serving/test_audiofile.py tests/serving/test_audio_codecs.py tests/serving/test_auth.py
+               tests/serving/test_eventstream.py tests/serving/test_app_starting.py tests/serving/realtime/test_events.py
+               tests/serving/realtime/test_conversation_bounds.py tests/serving/realtime/test_vad.py"
+)
 
 # One thread per test process: the runs are parallel already (MUTATION_CHILDREN), and a
 # thread pool started before a fork is what deadlocks after it.
@@ -64,7 +74,7 @@ for arg in "${packages[@]}"; do
         echo "also_copy ="
         for f in *; do [[ $f == omnictl || $f == tests ]] || echo "    $f"; done
         echo "pytest_add_cli_args_test_selection ="
-        printf '    %s\n' "${fast_tests[@]}"
+        printf '    %s\n' "${fast_tests[@]}" ${package_tests[$pkg]:-}
         # pytest-timeout would fight mutmut's own timeout; the cache is noise. The two
         # tests that start a real pipeline are end-to-end: a mutant that breaks the
         # stage processes would only make them wait for their deadline. The CLI run

@@ -274,7 +274,8 @@ class Stage:
         group = tp_group.running(self.name)
         ranks = group.follower_kv_slots() if group is not None else None
         return StageStats(
-            requests=len(self._contexts),
+            # any state at all: a stream's sequence left behind counts, as the context would
+            requests=len(self._contexts.keys() | self._stream_seq.keys() | self._streaming_in),
             fanin_buffers=len(self.fanin),
             queued=load.queued,
             running=load.running,

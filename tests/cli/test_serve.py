@@ -52,6 +52,7 @@ def test_a_port_in_use_is_a_clear_error() -> None:
     assert result.stderr.strip() == f"error: port {port} is in use (try --port 0)"
 
 
+@pytest.mark.slow  # imports the Qwen3-Omni stack before it can refuse
 def test_a_qwen_topology_without_model_path_is_one_line_naming_the_option() -> None:
     result = run_serve(str(REPO / "topologies" / "qwen3-omni-text.yaml"), "--device", "cpu", "--port", "0",
                        "--no-dashboard", timeout=300)

@@ -24,6 +24,7 @@ INSIDE = os.environ.get("OMNICTL_RAY_NETNS") == "1"
 
 if not INSIDE:
 
+    @pytest.mark.slow  # a five-node Ray cluster, and the voice assistant's real models in its actors
     @pytest.mark.timeout(1500)  # the whole module, run in the namespace (about a minute and a half, quiet)
     def test_ray_tests_in_a_loopback_only_network_namespace() -> None:
         unshare = shutil.which("unshare")

@@ -12,6 +12,7 @@ from benchmarks.chaos import SoakConfig, render, run_soak
 
 # The soak's 60 s, plus starting the server, the warm-up, settling and stopping (~20 s idle,
 # more on a loaded 2-core machine).
+@pytest.mark.slow  # a minute by design
 @pytest.mark.timeout(300)
 def test_a_minute_of_sigkills_leaves_nothing_hung_and_nothing_leaked(tmp_path: Path) -> None:
     report = run_soak(SoakConfig(seconds=60, kill_every=5, seed=13, work_dir=tmp_path))

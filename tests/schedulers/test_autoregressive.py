@@ -327,3 +327,64 @@ def test_a_resumed_request_takes_the_tokens_its_caller_has_and_streams_only_what
     # the caller's text, joined: what it had, then the continuation, no word twice or missing
     had = "".join(c.text for c in clean.chunks)[: len(runner.detokenize(seen))]
     assert had + "".join(c.text for c in again.chunks) == clean.result.text
+
+
+class ChunkLog(GatedRunner):
+    """Records every prefill part (request, positions done) and every decode batch, in order."""
+
+    def __init__(self, inner: HFCausalLMRunner) -> None:
+        super().__init__(inner)
+        self.log: list[tuple[str, Any]] = []
+
+    def prefill_chunk(self, request_id: str, inputs: Any, max_tokens: int) -> tuple[int, StepOutput | None]:
+        used, output = self.inner.prefill_chunk(request_id, inputs, max_tokens)
+        self.log.append(("prefill", (request_id, used, output is not None)))
+        return used, output
+
+    def decode(self, request_ids: Any, token_ids: Any) -> list[StepOutput]:
+        self.log.append(("decode", tuple(request_ids)))
+        return super().decode(request_ids, token_ids)
+
+
+def test_a_request_part_way_through_its_prompt_counts_against_the_batch_limit(endless_model: Any) -> None:
+    """max_batch=2: one request decoding, one long prompt prefilling in chunks; a third that
+    arrives meanwhile waits (no prefill, no decode step) until one of them leaves, and a
+    round never prefills more than prefill_chunk positions over all requests."""
+    chunk, long_prompt = 32, [3 + (i * 7) % 50 for i in range(150)]  # 5 rounds of prefill
+    runner = ChunkLog(HFCausalLMRunner(endless_model))
+
+    async def scenario() -> dict[str, Outcome]:
+        scheduler = AutoregressiveScheduler(runner, max_batch=2, prefill_chunk=chunk)
+        await scheduler.start()
+        outcomes: dict[str, Outcome] = {}
+        try:
+            scheduler.inbox.put_nowait(new_request("chat", {"input_ids": [5, 6, 7]}, max_tokens=30, temperature=0))
+            await pump(scheduler, outcomes, lambda: "chat" in outcomes and len(outcomes["chat"].chunks) >= 2)
+            scheduler.inbox.put_nowait(new_request("long", {"input_ids": long_prompt}, max_tokens=2, temperature=0))
+            await wait_for_condition(lambda: ("prefill", ("long", chunk, False)) in runner.log)  # part-way in
+            scheduler.inbox.put_nowait(new_request("third", {"input_ids": [8, 9]}, max_tokens=2, temperature=0))
+            await pump(scheduler, outcomes, lambda: all(k in outcomes and outcomes[k].done for k in ("chat", "long", "third")))
+        finally:
+            await scheduler.stop()
+        return outcomes
+
+    outcomes = run(scenario())
+    assert outcomes["long"].result.prompt_tokens == len(long_prompt) and outcomes["third"].result.completion_tokens == 2
+    log = runner.log
+    long_in = next(i for i, (kind, what) in enumerate(log) if kind == "prefill" and what[0] == "long" and what[2])
+    long_out = max(i for i, (kind, what) in enumerate(log) if kind == "decode" and "long" in what)
+    third_starts = next(i for i, (kind, what) in enumerate(log) if kind == "prefill" and what[0] == "third")
+    # While "long" was prefilling and then decoding, the batch was full: "third" waited for it to leave.
+    assert third_starts > long_out > long_in, (third_starts, long_out, long_in)
+    assert all(len(what) <= 2 for kind, what in log if kind == "decode")
+    # "chat" kept decoding between long's parts, each round within the budget.
+    parts = [i for i, (kind, what) in enumerate(log) if kind == "prefill" and what[0] == "long"]
+    assert len(parts) == -(-len(long_prompt) // chunk)
+    assert all(any(log[j] == ("decode", ("chat",)) for j in range(a, b)) for a, b in zip(parts, parts[1:]))
+    rounds: list[int] = [0]
+    for kind, what in log:
+        if kind == "decode":
+            rounds.append(0)
+        else:
+            rounds[-1] += what[1]
+    assert max(rounds) <= chunk, rounds

@@ -75,13 +75,13 @@ class LocalStage:
 class Wired:
     """WorkerPorts of process ``one``, the PULL sockets of process ``two`` and the coordinator."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, topology: Any = TOPOLOGY, others: dict[str, str] | None = None) -> None:
         self.context = zmq.Context()
-        self.addresses = {"one": f"ipc://{tmp}/one", "two": f"ipc://{tmp}/two"}
+        self.addresses = {"one": f"ipc://{tmp}/one", "two": f"ipc://{tmp}/two", **(others or {})}
         self.two = self._pull(self.addresses["two"])
         self.coordinator = self._pull(f"ipc://{tmp}/coordinator")
         self.profiler = Profiler()
-        self.endpoint = Endpoint("one", TOPOLOGY, ipc_addresses=self.addresses)
+        self.endpoint = Endpoint("one", topology, ipc_addresses=self.addresses)
         self.ports = WorkerPorts(self.endpoint, f"ipc://{tmp}/coordinator", self.profiler)  # type: ignore[arg-type]
         self.b = LocalStage("b")
         self.ports.local = {"b": self.b}  # type: ignore[dict-item]
@@ -110,9 +110,11 @@ class Wired:
         self.context.term()
 
 
-def wired(tmp_path: Path, body: Callable[[Wired], Awaitable[None]]) -> None:
+def wired(tmp_path: Path, body: Callable[[Wired], Awaitable[None]], topology: Any = TOPOLOGY,
+          others: dict[str, str] | None = None) -> None:
+    """``others``: more OS processes' addresses (their sockets are the test's)."""
     async def go() -> None:
-        w = Wired(tmp_path)  # the ports need the running loop
+        w = Wired(tmp_path, topology, others)  # the ports need the running loop
         try:
             await body(w)
         finally:
@@ -258,3 +260,95 @@ def test_a_slot_another_process_owns_is_released_to_its_owner(short_tmp: Path) -
         assert w.at_coordinator() == m.SlotRelease(coordinators)
 
     wired(short_tmp, body)
+
+
+# a streams to d without a data edge to it: signals along the stream edge must find it
+STREAM_ONLY = loads("""
+stages:
+  - {name: a, factory: m.a, process: one, next: [c], stream_to: [d]}
+  - {name: c, factory: m.c, process: one, terminal: true, modality: text}
+  - {name: d, factory: m.d, process: two, terminal: true, modality: audio}
+""", "s.yaml")
+
+
+def test_a_failure_reaches_the_coordinator_with_the_field_at_fault_and_whether_the_input_was_refused(
+        short_tmp: Path) -> None:
+    async def body(w: Wired) -> None:
+        w.ports.send_failure("x", "b", "messages[0]: must be text", rejected=True, field="messages[0]")
+        assert w.at_coordinator() == m.StageFailed("x", "b", "messages[0]: must be text", True, "messages[0]")
+
+    wired(short_tmp, body)
+
+
+def test_a_stream_chunk_in_shared_memory_is_taken_back_when_its_receiver_dies(short_tmp: Path) -> None:
+    blob = np.arange(50_000, dtype=np.float32)  # over the inline threshold: a slot of a's pool
+
+    async def body(w: Wired) -> None:
+        w.ports.send_stream(CTX, "a", "c", 0, {"blob": blob})
+        chunk = w.at_two()
+        assert chunk.payload.shm is not None and w.ports.pools["a"].in_use == 1
+        w.ports.lost("two")  # it never releases the slot: the sender takes it back
+        assert w.ports.pools["a"].in_use == 0
+
+    wired(short_tmp, body)
+
+
+def test_a_stream_edge_with_no_data_edge_beside_it_carries_chunks_and_done(short_tmp: Path) -> None:
+    ctx = m.RequestContext("r", {}, ("a", "c", "d"))
+
+    async def body(w: Wired) -> None:
+        w.ports.send_stream(ctx, "a", "d", 0, {"t": "hi"})
+        w.ports.send_stream_done(ctx, "a", "d")
+        chunk, done = w.at_two(), w.at_two()
+        assert isinstance(chunk, m.StreamChunk) and decode(chunk.payload, w.reader) == {"t": "hi"}
+        assert done == m.StreamDone(ctx, "a", "d")
+
+    wired(short_tmp, body, STREAM_ONLY)
+
+
+def test_data_in_shared_memory_is_taken_back_when_its_receiver_dies(short_tmp: Path) -> None:
+    blob = np.arange(50_000, dtype=np.float32)
+
+    async def body(w: Wired) -> None:
+        w.ports.send_data(CTX, "a", "c", {"blob": blob})
+        assert w.at_two().payload.shm is not None and w.ports.pools["a"].in_use == 1
+        w.ports.lost("two")
+        assert w.ports.pools["a"].in_use == 0
+
+    wired(short_tmp, body)
+
+
+# c's process has two replicas: a request goes to the one its context names, else the first
+REPLICATED = loads("""
+stages:
+  - {name: a, factory: m.a, process: one, next: [c]}
+  - {name: c, factory: m.c, process: two, terminal: true, modality: text}
+processes:
+  two: {replicas: 2}
+""", "r.yaml")
+
+
+@pytest.mark.parametrize(("replicas", "receiver"), [({"two": 1}, "two#1"), ({"two": 0}, "two#0"), ({}, "two#0")])
+def test_data_goes_to_the_replica_the_request_is_pinned_to(short_tmp: Path, replicas: dict[str, int],
+                                                         receiver: str) -> None:
+    ctx = m.RequestContext("r", {}, ("a", "c"), replicas)
+    context = zmq.Context()
+    addresses = {name: f"ipc://{short_tmp}/{name.replace('#', '-')}" for name in ("two#0", "two#1")}
+    sockets = {}
+    for name, address in addresses.items():
+        sockets[name] = context.socket(zmq.PULL)
+        sockets[name].setsockopt(zmq.LINGER, 0)
+        sockets[name].bind(address)
+
+    async def body(w: Wired) -> None:
+        w.ports.send_data(ctx, "a", "c", {"n": 1})
+        w.ports.flush()
+        got = {name: socket.poll(2000) for name, socket in sockets.items()}
+        assert [name for name, ready in got.items() if ready] == [receiver]
+
+    try:
+        wired(short_tmp, body, REPLICATED, addresses)
+    finally:
+        for socket in sockets.values():
+            socket.close()
+        context.term()

@@ -21,7 +21,7 @@ from .conftest import request
 
 # Longer than the suite's default deadline: the tiny Qwen3-Omni end to end on CPU, up to ~36 s measured on a loaded 2-core machine
 # with warm caches; a cold disk loads the models slower.
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # every shipped Qwen topology end to end
 
 TOPOLOGY = Path(__file__).resolve().parents[3] / "topologies" / "qwen3-omni.yaml"
 MAX_CODES = 10  # a random talker rarely says end-of-speech: bound the audio

@@ -62,6 +62,7 @@ def reference(model: Any, tiny_qwen: Path, front: dict[str, Any]) -> tuple[list[
     return generated, captured[0][0].T, wav.reshape(-1).numpy()
 
 
+@pytest.mark.slow  # the staged model and the monolithic one, generating side by side
 @pytest.mark.parametrize("kind", ["text", "audio", "image"])
 def test_staged_equals_monolithic(kind: str, tiny_qwen: Path, monolithic: Any) -> None:
     inputs = request(kind, max_tokens=MAX_TOKENS)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 import torch
 
 from omnictl.models.qwen3_omni.payloads import ThinkerDelta, ThinkerResult
@@ -11,6 +13,8 @@ from omnictl.models.qwen3_omni.thinker import ThinkerRunner
 from omnictl.outputs import FinishReason
 
 from .test_thinker import greedy, thinker_inputs
+
+pytestmark = pytest.mark.slow  # the thinker and the talker generating, for tens of seconds
 
 STEPS = 6
 

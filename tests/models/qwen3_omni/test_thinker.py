@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from omnictl.models.qwen3_omni import stages
@@ -33,6 +34,7 @@ def greedy(runner: ThinkerRunner, prompts: dict[str, dict[str, Any]], steps: int
     return tokens
 
 
+@pytest.mark.slow  # seconds of forward passes, each request alone then batched
 def test_batched_decode_matches_each_request_alone(tiny_qwen: Path) -> None:
     runner = ThinkerRunner(str(tiny_qwen), "cpu")
     prompts = {

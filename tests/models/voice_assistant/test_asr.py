@@ -12,6 +12,8 @@ from omnictl.models.voice_assistant.asr import SpeechRecognizer, whisper_base_di
 from benchmarks.eval.quality import word_errors
 from benchmarks.eval.samples import sample_names, sample_question, sample_text
 
+pytestmark = pytest.mark.slow  # the real Whisper
+
 
 @pytest.fixture(scope="module")
 def recognizer() -> SpeechRecognizer:

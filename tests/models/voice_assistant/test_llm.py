@@ -13,6 +13,8 @@ from omnictl.schedulers.base import IncomingKind, OutgoingKind
 
 from .conftest import incoming, run, until_result
 
+pytestmark = pytest.mark.slow  # the real SmolLM2 (its first use converts the GGUF: minutes)
+
 
 def test_conversion_is_cached_and_not_repeated(monkeypatch: pytest.MonkeyPatch) -> None:
     folder = llm.smollm2_checkpoint()  # converts on the very first run on this machine

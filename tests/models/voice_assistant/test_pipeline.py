@@ -24,7 +24,7 @@ from tests.support.loop import LoopThread
 
 # Longer than the suite's default deadline: the real voice-assistant models loaded, up to ~13 s measured on a loaded 2-core machine
 # with warm caches; a cold disk loads the models slower.
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # the real voice assistant end to end
 
 TOPOLOGY = Path(__file__).resolve().parents[3] / "topologies" / "voice-assistant.yaml"
 

@@ -23,7 +23,7 @@ from omnictl.schedulers.vllm_engine import VllmScheduler  # noqa: E402
 from tests.support.loop import LoopThread  # noqa: E402
 
 # Engine start-up (~25 s eager, more on a loaded machine) is paid once, in the first test.
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # vLLM engines on the real SmolLM2
 
 MAX_MODEL_LEN = 512
 ENGINE = {"max_model_len": MAX_MODEL_LEN, "kv_cache_gib": 1, "max_num_seqs": 64, "enforce_eager": True}

@@ -18,7 +18,7 @@ from tests.support.loop import LoopThread, launch  # noqa: E402
 from tests.support.wait import until  # noqa: E402
 
 # Two engine start-ups (the first and the restarted one) on a loaded 2-core machine.
-pytestmark = pytest.mark.timeout(1500)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # vLLM engines and the real models
 
 VA = "omnictl.models.voice_assistant.stages"
 MAX_MODEL_LEN = 256

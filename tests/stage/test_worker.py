@@ -1,0 +1,286 @@
+"""A stage process's worker, run in this process against a stand-in coordinator over real
+ZeroMQ sockets: it builds its stages and says it is ready (or why it is not), runs what it is
+sent, answers hellos and stats, drops aborted requests, fails a message it cannot read (only
+its request), and stops cleanly. The launcher's tests run it as an OS process; here its code
+is in reach of the tests (and of mutation testing)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import pytest
+
+from omnictl import messages as m
+from omnictl.stage.startup import WorkerConfig
+from omnictl.stage.worker import Worker
+from omnictl.topology import loads
+from omnictl.topology.model import EdgeKind, RelayKnobs, Topology
+from omnictl.transports import registry
+from omnictl.transports.codec import decode
+from omnictl.transports.drain import Drain
+from omnictl.transports.endpoint import Endpoint
+from omnictl.transports.registry import Placement
+from omnictl.transports.shm import SegmentReader
+
+F = "tests.stage.build_factories"
+TWO = f"""
+stages:
+  - {{name: a, factory: {F}.double, next: [b], process: one}}
+  - {{name: b, factory: {F}.double, terminal: true, process: one}}
+"""
+SLOW = f"""
+stages:
+  - {{name: a, factory: {F}.slow, terminal: true, process: one}}
+"""
+
+
+class Coordinator:
+    """What a worker talks to: the control socket it reports on, the broadcast it listens
+    to, and a codec for entry inputs, as the real coordinator has them."""
+
+    def __init__(self, topology: Topology, directory: Path) -> None:
+        self.topology = topology
+        self.addresses = {"one": f"ipc://{directory}/p0"}
+        self.control_address, self.broadcast_address = f"ipc://{directory}/control", f"ipc://{directory}/broadcast"
+        self.endpoint = Endpoint(m.COORDINATOR, topology, ipc_addresses=self.addresses)
+        self.control = self.endpoint.pull(self.control_address)
+        self.broadcast = self.endpoint.publisher(self.broadcast_address)
+        entry = topology.stages[topology.entry]
+        transport = registry.select(Placement(False, None, topology.node_of(entry.name), (), tuple(entry.gpu)))
+        self.codec = self.endpoint.codec(m.COORDINATOR, transport, RelayKnobs(slots=4))
+        self.reader = SegmentReader()
+        self.received: list[Any] = []
+        self.drain = Drain(self.control, m.coordinator_decoder.decode, self._receive, "test coordinator")
+
+    def _receive(self, message: Any, frames: list[memoryview]) -> None:
+        if isinstance(message, m.TerminalOutput):
+            message = (message, decode(message.payload, self.reader, False, frames=frames))
+        self.received.append(message)
+
+    def config(self) -> WorkerConfig:
+        return WorkerConfig("one", "one", self.topology, None, self.addresses, self.control_address,
+                            self.broadcast_address, None, 0, ())
+
+    def submit(self, request_id: str, data: Any, stage: str = "a") -> None:
+        payload, frames = self.codec.encode_frames(data)
+        ctx = m.RequestContext(request_id, {}, tuple(self.topology.stages))
+        self.endpoint.send_to("one", m.Submit(ctx, stage, payload), frames, payload, lender=m.COORDINATOR)
+
+    async def publish(self, message: Any) -> None:
+        await self.broadcast.send(m.encode(message))
+
+    async def next(self, kind: type, timeout: float = 10.0) -> Any:
+        """The first message of ``kind`` received (taken out of ``received``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            for i, message in enumerate(self.received):
+                if isinstance(message[0] if isinstance(message, tuple) else message, kind):
+                    return self.received.pop(i)
+            if loop.time() > deadline:
+                raise AssertionError(f"no {kind.__name__} within {timeout}s; got {self.received}")
+            await asyncio.sleep(0.01)
+
+    async def hello(self, seq: int) -> m.HelloAck:
+        """Broadcasts reach a subscriber only once it has joined: say hello until answered."""
+        for _ in range(200):
+            await self.publish(m.Hello(seq, {}))
+            try:
+                ack: m.HelloAck = await self.next(m.HelloAck, timeout=0.05)
+                return ack
+            except AssertionError:
+                continue
+        raise AssertionError("the worker never answered a hello")
+
+    def close(self) -> None:
+        self.drain.close()
+        self.endpoint.close()
+        self.reader.close()
+
+
+@contextlib.asynccontextmanager
+async def running(text: str) -> AsyncIterator[tuple[Coordinator, Worker]]:
+    """A worker of ``text``'s process `one`, started; stopped (it must end within 10 s) after."""
+    with tempfile.TemporaryDirectory(prefix="omx-worker-") as directory:
+        coordinator = Coordinator(loads(text), Path(directory))
+        worker = Worker(coordinator.config())
+        task = asyncio.create_task(worker.run())
+        try:
+            yield coordinator, worker
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 10)
+            coordinator.close()
+
+
+def run(scenario: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(scenario, 60))
+
+
+def test_a_worker_reports_ready_runs_its_stages_in_turn_and_answers_hellos_and_stats() -> None:
+    async def scenario() -> None:
+        async with running(TWO) as (coordinator, worker):
+            ready = await coordinator.next(m.Ready)
+            assert (ready.process, ready.pid, ready.tcp_address) == ("one", os.getpid(), "")
+            assert set(worker.stages) == {"a", "b"}
+            ack = await coordinator.hello(7)
+            assert (ack.process, ack.seq) == ("one", 7)
+            coordinator.submit("r1", {"n": 3})
+            output, data = await coordinator.next(m.TerminalOutput)
+            assert (output.request_id, output.stage, output.final, data) == ("r1", "b", True, {"n": 12})  # a, then b
+            await coordinator.publish(m.StatsRequest(5))
+            reply = await coordinator.next(m.StatsReply)
+            assert reply.process == "one" and reply.seq == 5 and set(reply.stages) == {"a", "b"}
+            assert all(stats.requests == 0 and stats.running == 0 for stats in reply.stages.values())
+
+    run(scenario())
+
+
+def test_an_abort_broadcast_drops_the_request_at_the_stage_running_it() -> None:
+    async def scenario() -> None:
+        async with running(SLOW) as (coordinator, worker):
+            await coordinator.next(m.Ready)
+            await coordinator.hello(1)
+            coordinator.submit("long", {"n": 0})
+            first, _ = await coordinator.next(m.TerminalOutput)
+            assert first.final is False  # streaming: the stage is on it
+            await coordinator.publish(m.Abort(("long", "unknown")))
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 5
+            while worker.stages["a"].stats(0).requests:
+                assert loop.time() < deadline, worker.stages["a"].stats(0)
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.3)  # several chunks' time: none comes, no result
+            outputs = [x for x in coordinator.received if isinstance(x, tuple)]
+            assert all(not output.final for output, _ in outputs) and len(outputs) <= 2, outputs
+
+    run(scenario())
+
+
+def test_a_message_the_worker_cannot_read_fails_its_request_only(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        async with running(TWO) as (coordinator, worker):
+            await coordinator.next(m.Ready)
+            broken = m.EncodedPayload(skeleton=b"\xc1 not msgpack")
+            ctx = m.RequestContext("bad", {}, ("a", "b"))
+            coordinator.endpoint.send_to("one", m.Submit(ctx, "a", broken))
+            failed = await coordinator.next(m.StageFailed)
+            assert (failed.request_id, failed.stage, failed.rejected) == ("bad", "a", True)
+            assert failed.error.startswith("stage 'a' could not take its input: ")
+            # logged once, where it happened: the request id, the same text, the traceback
+            [record] = [r for r in caplog.records if r.name == "omnictl.stage.worker" and r.levelno >= logging.ERROR]
+            assert record.getMessage() == failed.error and record.request_id == "bad"  # type: ignore[attr-defined]
+            assert record.exc_info is not None
+            coordinator.submit("good", {"n": 1})  # the process goes on
+            output, data = await coordinator.next(m.TerminalOutput)
+            assert output.request_id == "good" and data == {"n": 4}
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(("factory", "error"), [
+    (f"{F}.explode", "its factory raised\nTraceback"),
+    (f"{F}.nowhere", "nowhere"),
+])
+def test_a_stage_that_cannot_be_built_is_reported_and_the_worker_ends(factory: str, error: str) -> None:
+    text = f"stages:\n  - {{name: a, factory: {factory}, terminal: true, process: one}}\n"
+
+    async def scenario() -> None:
+        with tempfile.TemporaryDirectory(prefix="omx-worker-") as directory:
+            coordinator = Coordinator(loads(text), Path(directory))
+            try:
+                worker = Worker(coordinator.config())
+                await asyncio.wait_for(worker.run(), 10)  # returns by itself: nothing to serve
+                failed = await coordinator.next(m.LaunchFailed)
+                assert (failed.process, failed.stage) == ("one", "a") and error in failed.error, failed.error
+                assert worker.stages == {} and not [x for x in coordinator.received if isinstance(x, m.Ready)]
+            finally:
+                coordinator.close()
+
+    run(scenario())
+
+
+
+# `b` (this worker) joins `a` and `c`, which run elsewhere: the test sends their hops
+JOIN = f"""
+stages:
+  - {{name: s, factory: {F}.echo, next: [a, c], process: up}}
+  - {{name: a, factory: {F}.echo, next: [b], process: up}}
+  - {{name: c, factory: {F}.echo, next: [b], process: up}}
+  - {{name: b, factory: {F}.echo, wait_for: [a, c], merge_fn: {F}.join, terminal: true, process: one}}
+"""
+
+
+def test_a_hop_and_a_skip_from_another_process_complete_a_fan_in_here() -> None:
+    async def scenario() -> None:
+        async with running(JOIN) as (coordinator, worker):
+            await coordinator.next(m.Ready)
+            codec = coordinator.endpoint.codec("a", coordinator.topology.edge("a", "b").transport)
+            payload, frames = codec.encode_frames({"n": 5})
+            ctx = m.RequestContext("r1", {}, ("s", "a", "c", "b"))
+            coordinator.endpoint.send_to("one", m.DataReady(ctx, "a", "b", payload, 0), frames)
+            coordinator.endpoint.send_to("one", m.Skip(ctx, "c", "b"))
+            output, data = await coordinator.next(m.TerminalOutput)
+            # echo returns ("", its input), a list once it crossed: the merge of a's part alone, c skipped
+            assert output.request_id == "r1" and data == ["", {"from": ["a"], "a": {"n": 5}}]
+
+    run(scenario())
+
+
+BIG = f"""
+stages:
+  - {{name: a, factory: {F}.big, terminal: true, process: one}}
+"""
+
+
+def test_a_slot_the_coordinator_releases_returns_to_the_stage_s_pool() -> None:
+    async def scenario() -> None:
+        async with running(BIG) as (coordinator, worker):
+            await coordinator.next(m.Ready)
+            coordinator.submit("r1", {"n": 0})
+            output, data = await coordinator.next(m.TerminalOutput)
+            assert output.payload.shm is not None and data["samples"].size == 50_000
+            pool = worker.ports.pools["a"]
+            assert pool.in_use == 1  # lent until the coordinator is done with it
+            coordinator.endpoint.send_to("one", m.SlotRelease(output.payload.shm))
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 5
+            while pool.in_use:
+                assert loop.time() < deadline, "the released slot never came back"
+                await asyncio.sleep(0.01)
+
+    run(scenario())
+
+
+# `a` elsewhere streams to `b` here (its data goes on to `c`, elsewhere too)
+STREAMED = f"""
+stages:
+  - {{name: a, factory: {F}.echo, next: [c], stream_to: [b], process: up}}
+  - {{name: c, factory: {F}.echo, terminal: true, process: up}}
+  - {{name: b, factory: {F}.upper, terminal: true, process: one}}
+"""
+
+
+def test_stream_chunks_and_their_end_from_another_process_reach_the_stage_in_order() -> None:
+    async def scenario() -> None:
+        async with running(STREAMED) as (coordinator, worker):
+            await coordinator.next(m.Ready)
+            codec = coordinator.endpoint.codec("a", coordinator.topology.edge("a", "b", EdgeKind.STREAM).transport)
+            ctx = m.RequestContext("r1", {}, ("a", "b", "c"))
+            for seq, text in enumerate(["he", "ll", "o!"]):
+                payload, frames = codec.encode_frames({"text": text})
+                coordinator.endpoint.send_to("one", m.StreamChunk(ctx, "a", "b", seq, payload, 0), frames)
+            coordinator.endpoint.send_to("one", m.StreamDone(ctx, "a", "b"))
+            outputs = []
+            while not outputs or not outputs[-1][0].final:
+                outputs.append(await coordinator.next(m.TerminalOutput))
+            assert [data for _, data in outputs[:-1]] == [{"text": "HE"}, {"text": "LL"}, {"text": "O!"}]
+            assert outputs[-1][1] == {"text": "HELLO!"} and all(o.request_id == "r1" for o, _ in outputs)
+
+    run(scenario())
