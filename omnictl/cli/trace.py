@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
     from omnictl.profiling.events import Event
+    from omnictl.profiling.rundir import StageInfo
     from omnictl.profiling.store import TraceStore
 
 
@@ -102,7 +103,10 @@ def _show(
         console.print(f"run {directory}", soft_wrap=True)
         info = read_run_info(directory)
         nodes = {stage.name: stage.node for stage in info.stages} if info is not None else None
-        console.print(render_waterfall(trace_, width=min(console.width, 120), nodes=nodes), soft_wrap=True)
+        groups = {s.name: _ranks_label(s) for s in info.stages if s.tp_size > 1} if info is not None else None
+        console.print(
+            render_waterfall(trace_, width=min(console.width, 120), nodes=nodes, groups=groups), soft_wrap=True
+        )
     if export_chrome is not None:
         export_chrome.write_text(json.dumps(to_chrome(trace_)), encoding="utf-8")
         typer.echo(
@@ -147,3 +151,10 @@ def register(app: typer.Typer) -> None:
     from omnictl.cli.help import command
 
     command(app, "trace")(trace)
+
+
+def _ranks_label(stage: StageInfo) -> str:
+    """Where a tensor-parallel stage's ranks ran: one GPU each, or ``N CPU ranks``."""
+    if stage.gpu:
+        return f"{len(stage.gpu)} ranks on GPUs " + ",".join(str(g) for g in stage.gpu)
+    return f"{stage.tp_size} CPU ranks"

@@ -30,6 +30,7 @@ class StageInfo(msgspec.Struct, frozen=True):
     gpu: list[int]
     terminal: bool
     node: str | None = None  # its process's `node` label (None: the coordinator's machine)
+    tp_size: int = 1  # ranks of its tensor-parallel group (1: no group)
 
 
 class EdgeInfo(msgspec.Struct, frozen=True):
@@ -117,7 +118,7 @@ def write_run_info(run_dir: Path, topology: Topology) -> RunInfo:
         started_ns=time.time_ns(),
         pid=os.getpid(),
         stages=[
-            StageInfo(spec.name, spec.process, list(spec.gpu), spec.terminal, topology.node_of(spec.name))
+            StageInfo(spec.name, spec.process, list(spec.gpu), spec.terminal, topology.node_of(spec.name), spec.tp_size)
             for spec in topology.stages.values()
         ],
         edges=[EdgeInfo(e.src, e.dst, e.kind.value, e.transport.value) for e in topology.edges],

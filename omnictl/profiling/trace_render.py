@@ -42,9 +42,16 @@ LEGEND = (
 )
 
 
-def render_waterfall(trace: RequestTrace, width: int = 80, nodes: dict[str, str | None] | None = None) -> Text:
+def render_waterfall(
+    trace: RequestTrace,
+    width: int = 80,
+    nodes: dict[str, str | None] | None = None,
+    groups: dict[str, str] | None = None,
+) -> Text:
     """The request's waterfall, hops and marks; no line is wider than ``width``. ``nodes``
-    (stage -> `node` label, from the run's description): a line saying where each stage ran."""
+    (stage -> `node` label, from the run's description): a line saying where each stage ran.
+    ``groups`` (stage -> where its ranks ran, for tensor-parallel stages): a line naming
+    them; a group is one row, since only its rank 0 records events."""
     bar_width = max(10, width - NAME_WIDTH - TIME_WIDTH - 3)
     axis = _Axis(trace.request.start_ns, trace.request.end_ns, bar_width)
     out = Text(no_wrap=True, overflow="crop")
@@ -59,6 +66,9 @@ def render_waterfall(trace: RequestTrace, width: int = 80, nodes: dict[str, str 
     if nodes and any(label is not None for label in nodes.values()):
         placed = [f"{stage} on {nodes.get(stage) or '-'}" for stage in trace.stages]  # -: the coordinator's machine
         out.append(_fit("nodes: " + "; ".join(placed), width) + "\n")
+    reached = [f"{stage} on {groups[stage]}" for stage in trace.stages if groups and stage in groups]
+    if reached:
+        out.append(_fit("tensor-parallel groups (one row each): " + "; ".join(reached), width) + "\n")
     out.append_text(_phases_line(trace, width))
     out.append_text(_hops_table(trace, width))
     for line in LEGEND:

@@ -164,3 +164,23 @@ def test_runs_of_live_processes_are_never_pruned(tmp_path: Path, monkeypatch: py
 def test_importing_the_command_stays_light() -> None:
     code = "import sys, omnictl.cli.trace; print(any(m in sys.modules for m in ('torch', 'rich', 'zmq')))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_a_tensor_parallel_stage_is_one_row_and_its_ranks_are_named(tmp_path: Path) -> None:
+    import dataclasses
+
+    topology = qwen_omni_topology()
+    stages = dict(topology.stages)
+    stages["talker"] = dataclasses.replace(stages["talker"], gpu=(1, 2), tp_size=2)
+    stages["thinker"] = dataclasses.replace(stages["thinker"], gpu=(), tp_size=3)
+    directory = tmp_path / "run"
+    write_run_info(directory, dataclasses.replace(topology, stages=stages))
+    store = TraceStore(directory)
+    store.append(synthetic_request("req-tp", start_ns=1000 * MS, work_ms=2.0))
+    store.close()
+    result = CliRunner().invoke(_app(), ["trace", "req-tp", "--run-dir", str(directory)], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert len([line for line in lines if line.startswith("talker ")]) == 1  # the group is one row
+    groups = [line for line in lines if line.startswith("tensor-parallel groups")]
+    assert groups == ["tensor-parallel groups (one row each): thinker on 3 CPU ranks; talker on 2 ranks on GPUs 1,2"]
