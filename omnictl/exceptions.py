@@ -32,6 +32,8 @@ The tree separates "your input was wrong" from "this request failed" from
     │   └── AdmissionTimeout     it waited --max-queue-wait seconds without a slot freeing
     ├── PipelineDead             a stage is down and no restart policy brings it back:
     │                            the pipeline refuses new work
+    ├── GroupLost                a rank of a tensor-parallel group died: the group cannot run
+    │                            another step (its stage process exits and is restarted whole)
     ├── TraceError               a profiling trace or run directory cannot be found or read
     └── BenchError               `omnictl bench` cannot run (bad options, every request rejected)
 
@@ -201,6 +203,10 @@ class AdmissionTimeout(Overloaded):
 
 class PipelineDead(OmnictlError):
     """A stage process is down and will not come back; new work is refused."""
+
+
+class GroupLost(OmnictlError):
+    """A rank of a tensor-parallel group died: the group cannot run another step."""
 
 
 class TraceError(OmnictlError):

@@ -30,7 +30,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from omnictl import logs
-from omnictl.exceptions import StartupError
+from omnictl.exceptions import GroupLost, StartupError
 from omnictl.models.tensor_parallel import RankInfo
 from omnictl.topology.model import StageSpec, Topology
 
@@ -44,10 +44,6 @@ _JOIN_TIMEOUT = timedelta(minutes=10)  # loading a large model's shards takes a 
 # requests in flight (naming the rank) go out first, then the restart policy takes over.
 _EXIT_GRACE_S = 1.0
 _STARTUP_GRACE_S = 5.0
-
-
-class GroupLost(RuntimeError):
-    """A rank of the group died: the group cannot run another step."""
 
 
 @dataclass(frozen=True)

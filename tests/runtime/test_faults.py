@@ -70,7 +70,7 @@ def test_dead_stage_process_fails_its_requests_and_the_pipeline_refuses_work(loo
 
 
 def test_restart_policy_brings_a_dead_stage_back(loop: LoopThread, tmp_path: Path) -> None:
-    pipe = launch(loop, crashy(tmp_path), profile=False, max_restarts=1)
+    pipe = launch(loop, crashy(tmp_path), profile=False, max_restarts=1, replay_limit=0)  # a replay would die too
     try:
         with pytest.raises(omnictl.RequestFailed, match="exit code 3"):
             loop.run(_result(pipe, {"text": "die now"}))

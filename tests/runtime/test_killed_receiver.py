@@ -38,7 +38,7 @@ def _slots(pipe: Any, loop: LoopThread, stage: str) -> int:
 def test_slots_in_flight_to_a_killed_process_are_released(loop: LoopThread, tmp_path: Path, victim: str) -> None:
     """``two`` killed: stage a's slots (sent to it) come back. ``one`` killed: the
     coordinator's (the submitted inputs) come back."""
-    pipe = launch(loop, two_processes(tmp_path), profile=False, max_restarts=1)
+    pipe = launch(loop, two_processes(tmp_path), profile=False, max_restarts=1, replay_limit=0)  # the killed request fails
     coordinator_pool = pipe._coordinator._pool  # the coordinator's slots are in no stage's stats
     try:
         payload = {"blob": np.ones(BIG, dtype=np.float32)}
@@ -75,7 +75,7 @@ def test_slots_in_flight_to_a_killed_process_are_released(loop: LoopThread, tmp_
 def test_a_killed_senders_segments_are_unmapped_by_its_readers_without_more_traffic(loop: LoopThread, tmp_path: Path) -> None:
     """Process ``two`` read from ``one``'s pool; ``one`` is killed and nothing else is sent:
     ``two`` must not keep the dead pool mapped (its name is unlinked, its memory held)."""
-    pipe = launch(loop, two_processes(tmp_path), profile=False, max_restarts=1)
+    pipe = launch(loop, two_processes(tmp_path), profile=False, max_restarts=1, replay_limit=0)  # the killed request fails
     try:
         assert loop.run(loop.run(pipe.submit({"blob": np.ones(BIG, dtype=np.float32)})).result())["b"]["blob"].size == BIG
         sender, reader = pipe.process_ids()["one"], pipe.process_ids()["two"]
