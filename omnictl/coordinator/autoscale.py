@@ -16,8 +16,11 @@ or running, which the coordinator knows without asking the stages.
 - down: more than ``min`` replicas run and the figure stays at or below half the ``queue``
   for ``idle`` seconds: as many replicas as that load leaves idle, those holding fewest
   requests, are drained (the requests they still hold complete there, then they stop).
-  Once a scale-up has measured what one saturated replica serves, the replicas kept also
-  serve the arrival rate of the idle window at no more than ``TARGET_UTILISATION`` of that:
+  Once a scale-up has measured what one saturated replica serves, the replicas kept are
+  instead those that serve the arrival rate of the idle window at no more than
+  ``TARGET_UTILISATION`` of that and would hold no more than ``queue`` each (checked every
+  tick once calm for the window, so replicas go one by one as the window slides past a
+  busy phase):
   a short queue does not mean idle replicas (four replicas at three quarters load each
   hold one request or less), and draining one there would push the rest past the
   threshold again (flapping). Without that figure, one replica at least is drained.
@@ -133,7 +136,10 @@ class Autoscaler:
             else:
                 # what the idle window's arrivals need, checked every tick from now on: as the
                 # window slides past a busy phase, the replicas it leaves idle go one by one
-                needed = max(needed, math.ceil(rate / (capacity * TARGET_UTILISATION) - 1e-9))
+                # the replicas kept serve the rate, and take what the drained ones hold no
+                # further than the threshold (those still end where they are)
+                by_queue = math.ceil(total / elastic.queue)
+                needed = max(elastic.min, by_queue, math.ceil(rate / (capacity * TARGET_UTILISATION) - 1e-9))
                 why += (
                     f"; {rate:.1f} arriving/s, {capacity:.1f}/s a replica serves: {needed} kept "
                     f"at most {TARGET_UTILISATION:.0%} busy"

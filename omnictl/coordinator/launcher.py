@@ -210,7 +210,7 @@ class Launcher:
         self._forget(handle)
         handle.process.wait()  # reaps a child of this process; a forked one is reaped already
         if not self._stopping and self.handles.get(handle.name) is handle:
-            self.on_exit(handle.name, describe_exit(handle.process.returncode))
+            self.on_exit(handle.name, handle.describe_exit())
 
     def _forget(self, handle: ProcessHandle) -> None:
         if handle.pidfd >= 0:
