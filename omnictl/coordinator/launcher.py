@@ -107,7 +107,8 @@ class Launcher:
         self.handles: dict[str, ProcessHandle] = {}  # by OS process (replica) name
         self.process_of = {name: p.name for p in topology.processes.values() for name in p.instances}
         self._stopping = False
-        self._elastic = {p.name for p in topology.processes.values() if p.elastic is not None}
+        # the processes whose standby replicas the autoscaler may start (min below max)
+        self._elastic = {p.name for p in topology.processes.values() if p.initial < p.replicas}
         self._template: Template | None = None  # started with the first start, for elastic processes only
         # Resolved now: a restart later must not depend on the parent's working directory.
         self._topology_dir = topology_dir(topology.path)

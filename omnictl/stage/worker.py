@@ -2,8 +2,9 @@
 
 Started by the launcher (``omnictl.coordinator.launcher``) as a fresh interpreter
 (``python -m omnictl.stage.worker``), or forked from its preloaded template
-(:mod:`omnictl.stage.template`) for a replica the autoscaler adds. The process exits on its own when its parent dies (PR_SET_PDEATHSIG plus
-a parent-pid watch), and unlinks the shared memory it owns on the way out.
+(:mod:`omnictl.stage.template`) for a replica the autoscaler adds. The process exits on its
+own when its parent dies (PR_SET_PDEATHSIG plus a parent-pid watch), and unlinks the shared
+memory it owns on the way out.
 """
 
 from __future__ import annotations
