@@ -40,7 +40,10 @@ from omnictl.transports.registry import Placement
 from omnictl.transports.shm import SegmentReader
 
 _LAUNCH_REPORT_GRACE_S = 0.5  # how long a dead process's launch report may still arrive
-_AUTOSCALE_TICK_S = 0.25  # how often the autoscaler looks (its windows are seconds)
+# How often the autoscaler looks: a quarter of its shortest window (at most 0.25 s), so a
+# window passes within a few ticks of its length; each look is a few sums.
+_AUTOSCALE_TICK_S = 0.25
+_AUTOSCALE_MIN_TICK_S = 0.02
 log = logging.getLogger(__name__)
 
 
@@ -442,11 +445,14 @@ class Coordinator:
 
     async def _autoscale(self) -> None:
         loop = asyncio.get_running_loop()
+        windows = [p.elastic.window for p in self.autoscaler.processes if p.elastic is not None]
+        tick = max(_AUTOSCALE_MIN_TICK_S, min([_AUTOSCALE_TICK_S, *(w / 4 for w in windows)]))
+        placement = self.core.placement
         while True:
-            await asyncio.sleep(_AUTOSCALE_TICK_S)
+            await asyncio.sleep(tick)
             running = {p.name: self.core.running(p.name) for p in self.autoscaler.processes}
             decisions = self.autoscaler.decide(
-                loop.time(), self.core.placement.in_flight, running, self.core.standby, self._starting
+                loop.time(), placement.in_flight, running, self.core.standby, self._starting, placement.flow
             )
             for decision in decisions:
                 self._scale(decision)
@@ -459,7 +465,8 @@ class Coordinator:
         # Logged once, here: the decision with the figure that triggered it.
         count = len(self.core.running(decision.process))
         maximum = self.topology.processes[decision.process].replicas
-        if decision.up:
+        if decision.up:  # counted with those this tick's decisions already start
+            count += sum(1 for name in self._starting if self.launcher.process_of[name] == decision.process)
             log.info(
                 "scaling process %r up: %s; starting %r (%d -> %d of max %d)",
                 decision.process,

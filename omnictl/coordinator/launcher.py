@@ -1,8 +1,14 @@
-"""Start, watch and stop one OS process per topology `process` replica (``NAME`` or ``NAME#i``)."""
+"""Start, watch and stop one OS process per topology `process` replica (``NAME`` or ``NAME#i``).
+
+Each starts as a fresh interpreter, except a replica of an elastic process once the launch's
+template is up: that one is forked from it with omnictl's modules already imported (see
+:mod:`omnictl.stage.template`), so a replica the autoscaler adds takes requests sooner.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -11,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from omnictl import logs
+from omnictl.coordinator.forking import ForkedProcess, Template
 from omnictl.exceptions import LaunchError
 from omnictl.launch_config import LaunchConfig
 from omnictl.stage.startup import WorkerConfig, encode_config
@@ -18,6 +25,7 @@ from omnictl.topology.imports import topology_dir, worker_sys_path
 from omnictl.topology.model import Topology
 from omnictl.transports.curve import CurveKeys
 
+log = logging.getLogger(__name__)
 _TRACKER_WARNING = "ignore::UserWarning:multiprocessing.resource_tracker"
 
 
@@ -35,8 +43,8 @@ def describe_exit(code: int | None) -> str:
 @dataclass
 class ProcessHandle:
     name: str  # the OS process (replica) name
-    process: subprocess.Popen[bytes]
-    pidfd: int  # readable once the process has exited
+    process: subprocess.Popen[bytes] | ForkedProcess
+    pidfd: int  # readable once the process has exited (-1 for a forked one: its template reports that)
     restarts: int = 0
     ready: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -48,6 +56,8 @@ class ProcessHandle:
         return self.process.pid
 
     def describe_exit(self) -> str:
+        if isinstance(self.process, ForkedProcess) and self.process.why is not None:
+            return self.process.why
         return describe_exit(self.process.returncode)
 
     def kill(self) -> None:
@@ -97,6 +107,9 @@ class Launcher:
         self.handles: dict[str, ProcessHandle] = {}  # by OS process (replica) name
         self.process_of = {name: p.name for p in topology.processes.values() for name in p.instances}
         self._stopping = False
+        # the processes whose standby replicas the autoscaler may start (min below max)
+        self._elastic = {p.name for p in topology.processes.values() if p.initial < p.replicas}
+        self._template: Template | None = None  # started with the first start, for elastic processes only
         # Resolved now: a restart later must not depend on the parent's working directory.
         self._topology_dir = topology_dir(topology.path)
 
@@ -135,6 +148,14 @@ class Launcher:
             curve=self.curve,  # through the private stdin pipe, never a file
             audio_policy=self.audio_policy,
         )
+        restarts = self.handles[name].restarts + 1 if name in self.handles else 0
+        forked = self._fork(name, config)
+        if forked is not None:
+            handle = self.handles[name] = ProcessHandle(name, forked, -1, restarts)
+            forked.on_exit = lambda: self._exited(handle)
+            if forked.returncode is not None:  # it ended before it was handed out
+                asyncio.get_running_loop().call_soon(self._exited, handle)
+            return handle
         # A fresh interpreter (not multiprocessing's spawn): the user's __main__ is never
         # re-imported, so scripts need no `if __name__ == "__main__"` guard.
         process = subprocess.Popen(
@@ -145,10 +166,29 @@ class Launcher:
         assert process.stdin is not None
         process.stdin.write(encode_config(config))
         process.stdin.close()
-        restarts = self.handles[name].restarts + 1 if name in self.handles else 0
         handle = self.handles[name] = ProcessHandle(name, process, os.pidfd_open(process.pid), restarts)
         asyncio.get_running_loop().add_reader(handle.pidfd, self._exited, handle)
         return handle
+
+    def _fork(self, name: str, config: WorkerConfig) -> ForkedProcess | None:
+        """``name`` forked from the template, when it is a replica of an elastic process and
+        the template is up; None: start it as a fresh interpreter. The template is started
+        with the launch's first start, beside its first processes."""
+        if not self._elastic or self._stopping:
+            return None
+        if self._template is None:
+            self._template = Template(self._environment())
+            return None
+        if self.process_of[name] not in self._elastic or not self._template.ready:
+            return None
+        try:
+            return self._template.fork(encode_config(config))
+        except OSError as exc:  # logged once: every start from now on is a fresh interpreter
+            log.error("replica %r is started as a fresh interpreter: %s", name, exc)
+            self._template.close()
+            self._template = None
+            self._elastic = set()
+            return None
 
     def _environment(self) -> dict[str, str]:
         """Split the cores between the stage processes: OpenMP threads that outnumber the
@@ -169,9 +209,9 @@ class Launcher:
 
     def _exited(self, handle: ProcessHandle) -> None:
         self._forget(handle)
-        handle.process.wait()
+        handle.process.wait()  # reaps a child of this process; a forked one is reaped already
         if not self._stopping and self.handles.get(handle.name) is handle:
-            self.on_exit(handle.name, describe_exit(handle.process.returncode))
+            self.on_exit(handle.name, handle.describe_exit())
 
     def _forget(self, handle: ProcessHandle) -> None:
         if handle.pidfd >= 0:
@@ -186,25 +226,33 @@ class Launcher:
         self._forget(handle)
         if handle.alive():
             handle.process.terminate()
-        deadline = asyncio.get_running_loop().time() + timeout
-        while handle.alive() and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.02)
+        await self._gone([handle], timeout)
         if handle.alive():
             handle.process.kill()
+            await self._gone([handle], timeout)
         handle.process.wait()
 
     async def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM every process (workers shut down cleanly on it), then SIGKILL stragglers."""
         self._stopping = True
-        loop = asyncio.get_running_loop()
         for handle in self.handles.values():
             self._forget(handle)
             if handle.alive():
                 handle.process.terminate()
-        deadline = loop.time() + timeout
-        while any(h.alive() for h in self.handles.values()) and loop.time() < deadline:
-            await asyncio.sleep(0.02)
+        await self._gone(list(self.handles.values()), timeout)
+        stragglers = [h for h in self.handles.values() if h.alive()]
+        for handle in stragglers:
+            handle.process.kill()
+        await self._gone(stragglers, timeout)
         for handle in self.handles.values():
-            if handle.alive():
-                handle.process.kill()
             handle.process.wait()
+        if self._template is not None:
+            self._template.close()
+
+    @staticmethod
+    async def _gone(handles: list[ProcessHandle], timeout: float) -> None:
+        """Until none of ``handles`` runs, or ``timeout``. Polled: a forked process's exit is
+        known when its template's report is read, on this loop."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while any(h.alive() for h in handles) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)

@@ -19,6 +19,8 @@ class ReplicaPlacement:
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
         self.in_flight: dict[str, int] = {name: 0 for name in topology.instances()}
+        # (pinned, released) so far per replica: the autoscaler's arrival and service rates
+        self.flow: dict[str, list[int]] = {name: [0, 0] for name in topology.instances()}
         self._assigned: dict[str, dict[str, str]] = {}  # request id -> process -> replica name
         self._turn: dict[str, int] = {name: 0 for name in topology.processes}  # tie-break rotation
         self._by_active: dict[tuple[str, ...], list[ProcessSpec]] = {}
@@ -55,12 +57,14 @@ class ReplicaPlacement:
                 indices[process.name] = index
         for name in chosen.values():
             self.in_flight[name] += 1
+            self.flow[name][0] += 1
         self._assigned[request_id] = chosen
         return indices
 
     def release(self, request_id: str) -> None:
         for name in self._assigned.pop(request_id, {}).values():
             self.in_flight[name] -= 1
+            self.flow[name][1] += 1
 
     def holders(self, instance: str) -> list[str]:
         """The requests pinned to the OS process ``instance``, in submit order."""

@@ -1,14 +1,17 @@
 """One OS process of a pipeline: builds its stages, then UNPACKs and dispatches.
 
-Started by the launcher (``omnictl.coordinator.launcher``) with ``multiprocessing``'s
-spawn method. The process exits on its own when its parent dies (PR_SET_PDEATHSIG plus
-a parent-pid watch), and unlinks the shared memory it owns on the way out.
+Started by the launcher (``omnictl.coordinator.launcher``) as a fresh interpreter
+(``python -m omnictl.stage.worker``), or forked from its preloaded template
+(:mod:`omnictl.stage.template`) for a replica the autoscaler adds. The process exits on its
+own when its parent dies (PR_SET_PDEATHSIG plus a parent-pid watch), and unlinks the shared
+memory it owns on the way out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import logging
 import os
 import signal
@@ -43,7 +46,7 @@ log = logging.getLogger("omnictl.stage.worker")  # not __name__: it runs as __ma
 _INBOX_POLL_S = 0.02
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int) -> None:
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -55,7 +58,16 @@ def _die_with_parent(parent_pid: int) -> None:
 
 def main() -> None:
     """Process entry point: the launcher writes the WorkerConfig (msgpack, typed) to stdin."""
-    config = decode_config(sys.stdin.buffer.read())
+    serve(sys.stdin.buffer.read())
+
+
+def serve(data: bytes, parent_pid: int | None = None) -> None:
+    """Run the worker the encoded configuration ``data`` describes until it is stopped, then
+    exit. ``parent_pid``: the process it dies with when not the configuration's (a child
+    forked by :mod:`omnictl.stage.template` dies with the template)."""
+    config = decode_config(data)
+    if parent_pid is not None:
+        config = dataclasses.replace(config, parent_pid=parent_pid)
     logs.configure_stage_process(
         config.log_level,
         config.log_format,  # type: ignore[arg-type]  # checked there
@@ -63,7 +75,7 @@ def main() -> None:
         Path(config.log_file) if config.log_file else None,
     )
     sys.path[:] = [*dict.fromkeys([*config.sys_path, *sys.path])]
-    _die_with_parent(config.parent_pid)
+    die_with_parent(config.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the coordinator's to handle
     asyncio.run(Worker(config).run())
     # Don't wait for stage worker threads still inside a model call: everything this

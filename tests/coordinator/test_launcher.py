@@ -153,3 +153,79 @@ def test_the_local_launcher_starts_watches_restarts_and_stops_real_processes(tmp
         assert exits == [("rep#1", "killed by SIGKILL")]  # a stop is not reported as a death
 
     asyncio.run(main())
+
+
+def test_an_elastic_replica_is_forked_from_the_template_and_watched_killed_and_stopped_as_any(tmp_path: Path) -> None:
+    # The template (omnictl.stage.template) forks a replica of an elastic process: it reports
+    # ready, its SIGKILL is reported through the template, and nothing outlives the stop.
+    from omnictl.coordinator.coordinator import Coordinator
+    from omnictl.coordinator.forking import ForkedProcess
+    from omnictl.topology import load
+    from tests.support import topo
+
+    path = topo.write(tmp_path / "t.yaml", [
+        {"name": "a", "factory": "omnictl.models.examples.identity", "next": ["b"]},
+        {"name": "b", "factory": "omnictl.models.examples.identity", "terminal": True, "process": "rep"},
+    ], processes={"rep": {"replicas": {"min": 1, "max": 2, "window": 100, "idle": 100}}})
+
+    async def main() -> None:
+        exits: list[tuple[str, str]] = []
+        c = Coordinator(load(path), LaunchConfig(ready_timeout=60.0))
+        launcher = c.launcher
+        assert isinstance(launcher, Launcher)
+        watched = c.on_process_exit
+
+        def on_exit(name: str, how: str) -> None:
+            exits.append((name, how))
+            watched(name, how)
+
+        launcher.on_exit = on_exit
+        loop = asyncio.get_running_loop()
+        try:
+            await c.start()
+            assert not isinstance(launcher.handles["rep#0"].process, ForkedProcess)  # the launch's: fresh
+            template = launcher._template
+            assert template is not None
+            deadline = loop.time() + 30
+            while not template.ready:
+                assert loop.time() < deadline
+                await asyncio.sleep(0.05)
+            began = loop.time()
+            forked = launcher.start("rep#1")
+            assert isinstance(forked.process, ForkedProcess) and forked.pid != template.process.pid
+            await asyncio.wait_for(forked.ready, 10)
+            took = loop.time() - began
+            os.kill(forked.pid, signal.SIGKILL)
+            while forked.alive():
+                assert loop.time() < deadline
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.1)
+            assert exits == [("rep#1", "killed by SIGKILL")], took  # reported by the template
+            again = launcher.start("rep#1")
+            await asyncio.wait_for(again.ready, 10)
+            assert again.pid != forked.pid
+            # the template dies: its child goes with it, reported so; later starts are fresh
+            template.process.kill()
+            while again.alive():
+                assert loop.time() < deadline
+                await asyncio.sleep(0.02)
+            assert exits[1:] == [("rep#1", "its template process exited (code -9)")]
+            fresh = launcher.start("rep#1")
+            assert not isinstance(fresh.process, ForkedProcess)
+            await asyncio.wait_for(fresh.ready, 30)
+        finally:
+            await c.close()
+        assert not fresh.alive() and template.process.poll() is not None
+        assert not _running(again.pid) and not _running(template.process.pid)
+        assert len(exits) == 2  # a stop is not reported as a death
+
+    asyncio.run(main())
+
+
+def _running(pid: int) -> bool:
+    """Not a zombie: an orphan (the killed template's child) waits for init to reap it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
