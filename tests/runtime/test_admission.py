@@ -124,15 +124,15 @@ def _server(*serve_args: str) -> Iterator[str]:
         assert stop_server(server) == 0
 
 
-# One server per configuration for the module (starting one costs seconds); each test holds
-# its slot with a slow stream and gives it back by leaving it, rather than waiting out the
-# stream (~13 s), so the next test finds the slot free.
+# One server for the module's tests (starting one costs seconds); each test holds its slot
+# with a slow stream and gives it back by leaving it, rather than waiting out the stream
+# (~13 s), so the next test finds the slot free.
 @pytest.fixture(scope="module")
 def one_slot() -> Iterator[str]:
     yield from _server()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # one test uses it: its start-up is that test's own time (tests/conftest.py)
 def one_slot_short_wait() -> Iterator[str]:
     yield from _server("--max-queue-wait", "0.5")
 
