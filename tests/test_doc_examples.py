@@ -59,8 +59,9 @@ def test_the_docs_mark_examples_runnable() -> None:
     assert any(b.file.name == "README.md" for b in BLOCKS)
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=str)
-def test_runnable_block(block: Block, tmp_path: Path) -> None:
+def run_block(block: Block, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """Runs ``block`` as a reader would: from the repository root, the venv's ``bin`` first on
+    ``PATH``; bash with ``-euo pipefail`` (a failing line fails the block)."""
     if block.language not in ("bash", "python"):
         pytest.fail(f"{block}: only bash and python blocks can be marked runnable")
     venv_bin = str(Path(sys.executable).parent)
@@ -71,5 +72,30 @@ def test_runnable_block(block: Block, tmp_path: Path) -> None:
         script = tmp_path / "example.py"
         script.write_text(block.code)
         command = [sys.executable, str(script)]
-    out = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=170)
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=170)
+
+
+def test_marked_blocks_are_found_and_run_as_written_and_a_failing_line_fails_one(tmp_path: Path) -> None:
+    """The runner itself, on a page of its own, in well under a second (the docs' own
+    blocks start servers and pipelines: most are `slow`)."""
+    page = tmp_path / "page.md"
+    page.write_text("Text.\n<!-- runnable -->\n```bash\nfalse\necho after\n```\n"
+                    "<!-- runnable -->\n```python\nimport sys\nprint(sys.executable)\n```\n"
+                    "```bash\nexit 3  # not marked: not run\n```\n")
+    failing, python = runnable_blocks(page)
+    assert (failing.language, failing.line, python.language, python.line) == ("bash", 3, "python", 8)
+    assert python.code == "import sys\nprint(sys.executable)\n"
+    ran = run_block(failing, tmp_path)
+    assert ran.returncode == 1 and "after" not in ran.stdout  # -e: the failing line ends it
+    assert run_block(python, tmp_path).stdout == sys.executable + "\n"  # the venv's python
+    which = run_block(Block(page, 1, "bash", "command -v omnictl\n"), tmp_path)
+    assert which.stdout == str(Path(sys.executable).parent / "omnictl") + "\n"  # the venv's omnictl first
+    (tmp_path / "unfenced.md").write_text("<!-- runnable -->\nNo fence here.\n")
+    with pytest.raises(AssertionError, match="must be followed by a fenced block"):
+        runnable_blocks(tmp_path / "unfenced.md")
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=str)
+def test_runnable_block(block: Block, tmp_path: Path) -> None:
+    out = run_block(block, tmp_path)
     assert out.returncode == 0, f"{block} exited {out.returncode}\n--- stdout\n{out.stdout}\n--- stderr\n{out.stderr}"

@@ -89,88 +89,122 @@ SLOW = {"model": "fast", "stream": True, "messages": [{"role": "user", "content"
 QUICK = {"model": "fast", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def _hold_a_stream(url: str, started: threading.Event, lines: list[str]) -> None:
+def _hold_a_stream(url: str, started: threading.Event, release: threading.Event, lines: list[str]) -> None:
     with httpx.stream("POST", url + "/v1/chat/completions", json=SLOW, timeout=60) as response:
         for line in response.iter_lines():
             started.set()
             if line:
                 lines.append(line)
+            if release.is_set():
+                return  # the client leaves mid-stream: the server aborts it and frees the slot
 
 
 @dataclass
 class Held:
-    """A server whose one in-flight slot a slow stream holds (``holder``)."""
+    """A server whose one in-flight slot a slow stream holds until ``release()``."""
 
     url: str
     lines: list[str]
     holder: threading.Thread
+    _release: threading.Event
+
+    def release(self) -> None:
+        """Leave the stream and wait until its slot is given back (a quick chat is answered)."""
+        self._release.set()
+        self.holder.join(30)
+        assert not self.holder.is_alive()
+        wait_until(lambda: httpx.post(self.url + "/v1/chat/completions", json=QUICK, timeout=30).status_code == 200)
 
 
-@contextlib.contextmanager
-def one_slot_held(*serve_args: str) -> Iterator[Held]:
+def _server(*serve_args: str) -> Iterator[str]:
     server = start_server(str(FAST_TOPOLOGY), "--max-in-flight", "1", *serve_args)
     try:
-        started, lines = threading.Event(), []
-        holder = threading.Thread(target=_hold_a_stream, args=(server.url, started, lines))
-        holder.start()
-        assert started.wait(30)
-        yield Held(server.url, lines, holder)
+        yield server.url
     finally:
         assert stop_server(server) == 0
 
 
-def test_http_over_the_limit_is_429_with_retry_after_while_the_admitted_one_completes() -> None:
-    with one_slot_held() as held:
+# One server for the module's tests (starting one costs seconds); each test holds its slot
+# with a slow stream and gives it back by leaving it, rather than waiting out the stream
+# (~13 s), so the next test finds the slot free.
+@pytest.fixture(scope="module")
+def one_slot() -> Iterator[str]:
+    yield from _server()
+
+
+@pytest.fixture  # one test uses it: its start-up is that test's own time (tests/conftest.py)
+def one_slot_short_wait() -> Iterator[str]:
+    yield from _server("--max-queue-wait", "0.5")
+
+
+@contextlib.contextmanager
+def one_slot_held(url: str) -> Iterator[Held]:
+    started, release, lines = threading.Event(), threading.Event(), []
+    holder = threading.Thread(target=_hold_a_stream, args=(url, started, release, lines))
+    holder.start()
+    held = Held(url, lines, holder, release)
+    try:
+        assert started.wait(30)
+        yield held
+    finally:
+        held.release()
+
+
+def _rejections(url: str) -> float:
+    metrics = httpx.get(url + "/metrics", timeout=10).text
+    line = next((x for x in metrics.splitlines() if x.startswith('omnictl_admission_rejections_total{reason="over_limit"}')), None)
+    return float(line.split()[-1]) if line else 0.0
+
+
+def test_http_over_the_limit_is_429_with_retry_after_while_the_admitted_one_goes_on(one_slot: str) -> None:
+    refused_before = _rejections(one_slot)
+    with one_slot_held(one_slot) as held:
         begun = time.monotonic()
         refused = httpx.post(held.url + "/v1/chat/completions", json=QUICK, timeout=30)
         assert refused.status_code == 429 and time.monotonic() - begun < 1.0
         assert int(refused.headers["retry-after"]) >= 1
         assert refused.json()["error"]["code"] == "overloaded"
-        held.holder.join(60)
-        assert held.lines[-1] == "data: [DONE]" and "error" not in json.loads(held.lines[-2][6:])  # the admitted one completed
-        assert httpx.post(held.url + "/v1/chat/completions", json=QUICK, timeout=30).status_code == 200
-        metrics = httpx.get(held.url + "/metrics", timeout=10).text
-        assert 'omnictl_admission_rejections_total{reason="over_limit"} 1.0' in metrics
-        assert "omnictl_admission_queue_depth 0.0" in metrics
+        seen = len(held.lines)
+        wait_until(lambda: len(held.lines) >= seen + 2)  # the admitted stream goes on, untouched
+        assert all("error" not in json.loads(line[6:]) for line in held.lines if line != "data: [DONE]")
+        assert _rejections(one_slot) == refused_before + 1
+        assert "omnictl_admission_queue_depth 0.0" in httpx.get(held.url + "/metrics", timeout=10).text
+    assert httpx.post(one_slot + "/v1/chat/completions", json=QUICK, timeout=30).status_code == 200
 
 
-def test_http_a_request_that_waits_too_long_for_admission_is_503() -> None:
-    with one_slot_held("--max-queue-wait", "0.5") as held:
+def test_http_a_request_that_waits_too_long_for_admission_is_503(one_slot_short_wait: str) -> None:
+    with one_slot_held(one_slot_short_wait) as held:
         begun = time.monotonic()
         waited = httpx.post(held.url + "/v1/chat/completions", json=QUICK, timeout=30)
         assert waited.status_code == 503 and 0.4 < time.monotonic() - begun < 5
         assert waited.json()["error"]["code"] == "queue_timeout" and waited.headers["retry-after"]
-        held.holder.join(60)
-        wait_until(lambda: httpx.post(held.url + "/v1/chat/completions", json=QUICK, timeout=30).status_code == 200)
 
 
-def test_realtime_over_the_limit_gets_an_overloaded_error_event_and_the_session_goes_on() -> None:
-    with one_slot_held() as held:
-        client = openai.OpenAI(base_url=held.url + "/v1", api_key="unused", max_retries=0)
-        with client.realtime.connect(model="fast") as connection:
-            assert connection.recv().type == "session.created"
-            connection.session.update(session={"type": "realtime", "output_modalities": ["text"]})
-            assert connection.recv().type == "session.updated"
-            item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
-            connection.conversation.item.create(item=item)
+def test_realtime_over_the_limit_gets_an_overloaded_error_event_and_the_session_goes_on(one_slot: str) -> None:
+    client = openai.OpenAI(base_url=one_slot + "/v1", api_key="unused", max_retries=0)
+    with client.realtime.connect(model="fast") as connection:
+        assert connection.recv().type == "session.created"
+        connection.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+        assert connection.recv().type == "session.updated"
+        item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+        connection.conversation.item.create(item=item)
+        with one_slot_held(one_slot):
             connection.response.create()
             events = collect_until_done(connection)
             errors = [e.error for e in events if e.type == "error"]
             assert [e.code for e in errors] == ["overloaded"] and errors[0].type == "rate_limit_error"
             assert events[-1].response.status == "failed"
-            held.holder.join(60)
-            connection.response.create()  # the slot is free again: the same session is answered
-            assert collect_until_done(connection)[-1].response.status == "completed"
+        connection.response.create()  # the slot is free again: the same session is answered
+        assert collect_until_done(connection)[-1].response.status == "completed"
 
 
-def test_http_over_the_limit_is_refused_before_its_body_is_read() -> None:
+def test_http_over_the_limit_is_refused_before_its_body_is_read(one_slot: str) -> None:
     """A 429 costs no read of the body: a client that declares 1 MB and sends none of it
     is refused at once (reading first, it would wait out the body timeout: 408 after 30 s)."""
-    with one_slot_held() as held:
+    with one_slot_held(one_slot) as held:
         host, port = held.url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=10) as conn:
             conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                          b"Content-Length: 1000000\r\n\r\n")
             status_line = conn.recv(4096).split(b"\r\n", 1)[0]
         assert status_line == b"HTTP/1.1 429 Too Many Requests", status_line
-        held.holder.join(60)

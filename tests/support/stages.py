@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterator
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from omnictl.outputs import AudioChunk, AudioResult, TextDelta, TextResult
 from omnictl.schedulers.base import IncomingKind, OutgoingKind, OutgoingMessage, Scheduler, SchedulerLoad
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where a stage makes tensors, not here: a stage process that runs only the
+# plain stages below (crash_on, broken_factory, ...) then starts without it (~1.6 s CPU each).
 
 
 def _log(log: str | None, stage: str, data: dict[str, Any]) -> None:
@@ -34,6 +38,8 @@ def seen(log: str | Path) -> dict[str, set[str]]:
 
 
 def preprocessing(log: str | None = None) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    import torch
+
     def run(data: dict[str, Any]) -> dict[str, Any]:
         _log(log, "preprocessing", data)
         ids = torch.tensor([ord(c) for c in data["text"]], dtype=torch.int64)
@@ -43,6 +49,8 @@ def preprocessing(log: str | None = None) -> Callable[[dict[str, Any]], dict[str
 
 
 def encoder(name: str, log: str | None = None) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    import torch
+
     def run(data: dict[str, Any]) -> dict[str, Any]:
         _log(log, name, data)
         return {"tag": data.get("tag"), "emb": torch.full((2, 3), float(len(data["ids"])))}
@@ -51,6 +59,8 @@ def encoder(name: str, log: str | None = None) -> Callable[[dict[str, Any]], dic
 
 
 def merge_embeddings(inputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    import torch
+
     pre = inputs["preprocessing"]
     embs = [inputs[k]["emb"] for k in sorted(inputs) if k != "preprocessing"]
     return {"tag": pre["tag"], "ids": pre["ids"], "emb": torch.cat(embs) if embs else torch.zeros(0, 3)}
@@ -65,6 +75,8 @@ def aggregate(log: str | None = None) -> Callable[[dict[str, Any]], dict[str, An
 
 
 def thinker(steps: int = 4, log: str | None = None) -> Callable[[dict[str, Any]], Iterator[dict[str, Any]]]:
+    import torch
+
     def run(data: dict[str, Any]) -> Iterator[dict[str, Any]]:
         _log(log, "thinker", data)
         tokens = []
@@ -93,6 +105,8 @@ def detokenize(log: str | None = None) -> Callable[[dict[str, Any]], Iterator[Te
 
 
 def talker(log: str | None = None) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    import torch
+
     def run(data: dict[str, Any]) -> dict[str, Any]:
         _log(log, "talker_ar", data)
         return {"tag": data["tag"], "codes": (data["hidden"].sum(dim=1)).to(torch.int64)}
@@ -101,6 +115,8 @@ def talker(log: str | None = None) -> Callable[[dict[str, Any]], dict[str, Any]]
 
 
 def vocoder(log: str | None = None) -> Callable[[dict[str, Any]], Iterator[AudioChunk]]:
+    import torch
+
     def run(data: dict[str, Any]) -> Iterator[AudioChunk]:
         _log(log, "code2wav", data)
         chunks = []
