@@ -50,6 +50,7 @@ from typing import Any, Callable
 import av
 import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.exceptions import InvalidAccessError, OperationError
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
@@ -321,7 +322,8 @@ class Calls:
         call = Call(ev.new_id("rtc"), pc, outbox, track)
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
-        except (ValueError, TypeError, KeyError, IndexError) as exc:  # aiortc's SDP parser
+        except (ValueError, TypeError, KeyError, IndexError, InvalidAccessError, OperationError) as exc:
+            # aiortc's SDP parser, or an offer it cannot answer (no codec in common)
             await pc.close()
             state.metrics.outcome("rejected")
             return _bad_offer(f"the SDP offer could not be read: {clip(str(exc) or type(exc).__name__, 200)}")

@@ -1,0 +1,208 @@
+"""``POST /v1/realtime/calls`` on the fast test topology (no models): an aiortc client on
+loopback gets an SDP answer, events on ``oai-events``, the answer's audio on a track and
+never as events; wrong keys, bodies and fields are refused naming what is wrong; and 20
+sessions dropped mid-answer, WebSocket and WebRTC mixed, leave nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from websockets.asyncio.client import connect
+
+from tests.serving.harness import API_KEY, ServerProcess, wait_until
+from tests.serving.realtime.rtc import Call, loopback_only
+
+loopback_only()
+
+
+def _health(server: ServerProcess) -> dict[str, Any]:
+    return httpx.get(server.url + "/health", timeout=10).json()
+
+
+def _idle(server: ServerProcess) -> bool:
+    health = _health(server)
+    stages = health["stages"].values()
+    return (health["in_flight"] == 0 and health["pipeline_in_flight"] == 0
+            and health["realtime"] == {"sessions": 0, "websocket_sessions": 0, "webrtc_sessions": 0, "peer_connections": 0}
+            and all(s.get("requests", 0) == 0 and s.get("slots_in_use", 0) == 0 for s in stages))
+
+
+def _threads(server: ServerProcess) -> list[str]:
+    """The server process's threads, by name."""
+    tasks = f"/proc/{server.process.pid}/task"
+    names = []
+    for task in os.listdir(tasks):
+        with open(f"{tasks}/{task}/comm") as comm:
+            names.append(comm.read().strip())
+    return sorted(names)
+
+
+def _ask(text: str) -> list[dict[str, Any]]:
+    return [{"type": "conversation.item.create",
+             "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}},
+            {"type": "response.create", "response": {"output_modalities": ["text", "audio"]}}]
+
+
+def test_a_call_answers_over_the_data_channel_and_speaks_on_its_track(server: ServerProcess) -> None:
+    async def run() -> None:
+        call = Call()
+        try:
+            answer = await call.dial(server.url, API_KEY, "?model=fast")
+            assert answer.status_code == 201, answer.text
+            assert answer.headers["content-type"].startswith("application/sdp") and answer.text.startswith("v=0")
+            assert re.fullmatch(r"/v1/realtime/calls/rtc_\w+", call.location), call.location
+            # only loopback candidates are offered: the server is bound to 127.0.0.1
+            candidates = re.findall(r"a=candidate:\S+ \d \w+ \d+ (\S+) \d+ typ (\w+)", answer.text)
+            assert candidates and all(address == "127.0.0.1" and kind == "host" for address, kind in candidates), candidates
+            await call.opened()
+            created = await call.next_of("session.created")
+            assert created["session"]["transport"] == "webrtc"
+            assert created["session"]["audio"]["input"]["echo_guard"] is False  # the browser cancels echo
+            assert _health(server)["realtime"]["peer_connections"] == 1
+            for event in _ask("hello there"):
+                call.send(event)
+            done = (await call.next_of("response.done"))["response"]
+            assert done["status"] == "completed"
+            stopped = await call.next_of("output_audio_buffer.stopped")
+            types = [e["type"] for e in call.events]
+            assert "response.output_audio.delta" not in types  # the audio went on the track
+            assert types.index("output_audio_buffer.started") < types.index("output_audio_buffer.stopped")
+            assert stopped["response_id"] == done["id"]
+            text = "".join(e["delta"] for e in call.events if e["type"] == "response.output_text.delta")
+            assert text == "echo: hello there"
+            heard = call.heard(done["id"])
+            # the fast speaker says one tone per word: its energy is on the track, paced in real time
+            assert np.sqrt(np.mean(heard**2)) > 0.01, "the answer track is silent"
+            transcript = (await call.next_of("response.output_audio_transcript.done"))["transcript"]
+            assert transcript.split() == text.split()
+        finally:
+            await call.close()
+
+    asyncio.run(run())
+    wait_until(lambda: _health(server)["realtime"]["peer_connections"] == 0, timeout=15)
+
+
+def test_the_form_s_session_field_configures_the_session_before_it_is_created(server: ServerProcess) -> None:
+    async def run() -> None:
+        call = Call()
+        try:
+            await call.pc.setLocalDescription(await call.pc.createOffer())
+            session = {"type": "realtime", "model": "fast", "instructions": "Be brief.",
+                       "audio": {"input": {"turn_detection": None}}}
+            async with httpx.AsyncClient(timeout=30) as client:
+                answer = await client.post(server.url + "/v1/realtime/calls", headers={"Authorization": f"Bearer {API_KEY}"},
+                                           files={"sdp": (None, call.pc.localDescription.sdp),
+                                                  "session": (None, json.dumps(session))})
+            assert answer.status_code == 201, answer.text
+            call.location = answer.headers["location"]
+            await call.pc.setRemoteDescription(type(call.pc.localDescription)(sdp=answer.text, type="answer"))
+            await call.opened()
+            created = (await call.next_of("session.created"))["session"]
+            assert created["instructions"] == "Be brief." and created["audio"]["input"]["turn_detection"] is None
+            assert not any(e["type"] == "session.updated" for e in call.events)
+            # hung up by the client: the peer connection is closed at once
+            async with httpx.AsyncClient(timeout=30) as client:
+                hangup = await client.post(server.url + call.location + "/hangup", headers={"Authorization": f"Bearer {API_KEY}"})
+            assert hangup.status_code == 200, hangup.text
+            wait_until(lambda: _health(server)["realtime"]["peer_connections"] == 0, timeout=15)
+        finally:
+            await call.close()
+
+    asyncio.run(run())
+
+
+async def _offer() -> str:
+    pc = Call().pc
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = pc.localDescription.sdp
+    await pc.close()
+    return sdp
+
+
+def test_keys_bodies_and_fields_are_refused_naming_what_is_wrong(server: ServerProcess) -> None:
+    sdp = asyncio.run(_offer())
+    calls = server.url + "/v1/realtime/calls"
+    key = {"Authorization": f"Bearer {API_KEY}"}
+
+    def post(headers: dict[str, str] | None = None, query: str = "", **body: Any) -> httpx.Response:
+        body = body or {"content": sdp, "headers": {"Content-Type": "application/sdp", **key}}
+        if headers is not None:
+            body["headers"] = headers
+        return httpx.post(calls + query, timeout=30, **body)
+
+    def error(response: httpx.Response) -> dict[str, Any]:
+        return response.json()["error"]
+
+    for headers in ({"Content-Type": "application/sdp"}, {"Content-Type": "application/sdp", "Authorization": "Bearer nope"}):
+        refused = post(headers)
+        assert refused.status_code == 401 and error(refused)["code"] == "invalid_api_key", refused.text
+    wrong_type = post(content=sdp, headers={"Content-Type": "text/plain", **key})
+    assert wrong_type.status_code == 415 and "application/sdp" in error(wrong_type)["message"]
+    for body, says in ((b"", "v=0"), (b"hello", "v=0"), (b"v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\n", "no media section")):
+        bad = post(content=body, headers={"Content-Type": "application/sdp", **key})
+        assert bad.status_code == 400 and says in error(bad)["message"] and error(bad)["param"] == "sdp", bad.text
+    video_only = sdp.replace("m=audio", "m=video")
+    bad = post(content=video_only, headers={"Content-Type": "application/sdp", **key})
+    assert bad.status_code == 400 and error(bad)["param"] == "sdp", bad.text
+    no_sdp = post(headers=key, files={"session": (None, "{}")})
+    assert no_sdp.status_code == 400 and "'sdp' field" in error(no_sdp)["message"]
+    not_json = post(headers=key, files={"sdp": (None, sdp), "session": (None, "{nope")})
+    assert not_json.status_code == 400 and error(not_json)["param"] == "session"
+    bad_field = post(headers=key, files={"sdp": (None, sdp), "session": (None, json.dumps({"max_output_tokens": 0}))})
+    assert bad_field.status_code == 400 and error(bad_field)["param"] == "session.max_output_tokens", bad_field.text
+    unknown = post(query="?model=gpt-realtime")
+    assert unknown.status_code == 404 and error(unknown)["code"] == "model_not_found" and "'fast'" in error(unknown)["message"]
+    intent = post(query="?intent=dictation")
+    assert intent.status_code == 400 and error(intent)["param"] == "intent"
+    wait_until(lambda: _idle(server), timeout=15)  # nothing refused was left open
+
+
+async def _drop_websocket(url: str) -> None:
+    ws_url = url.replace("http://", "ws://") + "/v1/realtime?model=fast"
+    async with connect(ws_url, additional_headers={"Authorization": f"Bearer {API_KEY}"}, max_size=None) as ws:
+        for event in _ask("please answer slowly " + "word " * 30):
+            await ws.send(json.dumps(event))
+        while json.loads(await ws.recv())["type"] != "response.output_audio.delta":
+            pass
+    # closed mid-answer
+
+
+async def _drop_call(url: str) -> None:
+    call = Call()
+    answer = await call.dial(url, API_KEY, "?model=fast")
+    assert answer.status_code == 201, answer.text
+    await call.opened()
+    for event in _ask("please answer slowly " + "word " * 30):
+        call.send(event)
+    await call.next_of("output_audio_buffer.started", timeout=30)
+    await call.close()  # gone mid-answer: its data channel and connection close
+
+
+@pytest.mark.slow
+def test_twenty_sessions_dropped_mid_answer_leave_nothing_behind(server: ServerProcess) -> None:
+    async def wave(size: int) -> None:  # in waves of ten: the server runs 16 sessions at most (--max-realtime-sessions)
+        await asyncio.gather(*(_drop_call(server.url) if i % 2 else _drop_websocket(server.url) for i in range(size)))
+
+    logged = len(server.output)
+    asyncio.run(wave(10))
+    # The first ten grew the server's worker pools (asyncio's executor, the VAD's) to what ten
+    # sessions at once use; the next ten must leave no thread of their own.
+    wait_until(lambda: _idle(server), timeout=30)
+    before = _threads(server)
+    asyncio.run(wave(10))
+    wait_until(lambda: _idle(server), timeout=30)  # no request, session or peer connection anywhere
+    metrics = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).text
+    assert float(next(line for line in metrics.splitlines() if line.startswith("omnictl_requests_in_flight ")).split()[-1]) == 0
+    try:
+        wait_until(lambda: len(_threads(server)) <= len(before), timeout=30)
+    except AssertionError as exc:
+        raise AssertionError(f"threads before: {before}; now: {_threads(server)}") from exc
+    log = "".join(server.output[logged:])
+    assert "Traceback" not in log and "ERROR" not in log, log  # a client hanging up is no server error
