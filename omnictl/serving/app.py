@@ -22,9 +22,9 @@ from omnictl.serving.common.capabilities import capabilities
 from omnictl.serving.common.errors import error_response, unauthorized
 from omnictl.serving.common.guard import GuardMiddleware, RequestGuard
 from omnictl.serving.common.metrics import CONTENT_TYPE
+from omnictl.serving.realtime.calls import webrtc_calls
 from omnictl.serving.realtime.channel import RealtimeHub
 from omnictl.serving.realtime.route import realtime_endpoint
-from omnictl.serving.realtime.webrtc import Calls
 from omnictl.serving.speech import route as speech
 from omnictl.serving.speech import voices
 from omnictl.serving.state import PipelineLike, ServingState
@@ -122,7 +122,7 @@ def create_app(state: ServingState, guard: RequestGuard | None = None) -> Starle
     """The app; ``guard``: the Host / Origin checks (None: the defaults for a loopback server)."""
 
     realtime = RealtimeHub(state)  # WebSocket sessions and WebRTC calls: one count, one session core
-    calls = Calls(realtime)
+    calls = webrtc_calls(realtime)  # a 501 naming what to install when aiortc is missing
     state.on_stop.append(calls.close_all)
 
     async def abort_request(request: Request) -> Response:

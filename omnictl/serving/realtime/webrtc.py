@@ -320,21 +320,22 @@ class Calls:
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # no STUN/TURN: host candidates only
         track = AnswerTrack(outbox.put)
         call = Call(ev.new_id("rtc"), pc, outbox, track)
+        self.open[call.id] = call
+        self._wire(call)  # before the offer is read: reading it raises the "track" event
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         except (ValueError, TypeError, KeyError, IndexError, InvalidAccessError, OperationError) as exc:
             # aiortc's SDP parser, or an offer it cannot answer (no codec in common)
-            await pc.close()
+            await self._end(call)
             state.metrics.outcome("rejected")
             return _bad_offer(f"the SDP offer could not be read: {clip(str(exc) or type(exc).__name__, 200)}")
         if not any(t.kind == "audio" for t in pc.getTransceivers()):
-            await pc.close()
+            await self._end(call)
             state.metrics.outcome("rejected")
             return _bad_offer("the SDP offer has no audio media section (m=audio): the call needs one for speech")
         pc.addTrack(track)
         session = self.hub.session(pipe, outbox.put, query, request.headers, "webrtc", audio_out=track)
         call.session = session
-        self.open[call.id] = call
         try:
             if config is not None:
                 refused = await _apply(session, config)
@@ -342,7 +343,6 @@ class Calls:
                     state.metrics.outcome("rejected")
                     await self._end(call)
                     return error_response(400, refused.message, "invalid_request_error", refused.code, refused.param)
-            self._wire(call)
             answer = await pc.createAnswer()
             await pc.setLocalDescription(answer)
         except BaseException:

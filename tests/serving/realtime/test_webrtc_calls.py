@@ -18,6 +18,7 @@ from websockets.asyncio.client import connect
 
 from tests.serving.harness import API_KEY, ServerProcess, wait_until
 from tests.serving.realtime.rtc import Call, loopback_only
+from tests.serving.realtime.speech import sample, silence
 
 loopback_only()
 
@@ -206,3 +207,28 @@ def test_twenty_sessions_dropped_mid_answer_leave_nothing_behind(server: ServerP
         raise AssertionError(f"threads before: {before}; now: {_threads(server)}") from exc
     log = "".join(server.output[logged:])
     assert "Traceback" not in log and "ERROR" not in log, log  # a client hanging up is no server error
+
+
+def test_the_microphone_track_is_heard_by_server_vad_and_answered(server: ServerProcess) -> None:
+    async def run() -> list[dict[str, Any]]:
+        call = Call()
+        try:
+            assert (await call.dial(server.url, API_KEY, "?model=fast")).status_code == 201
+            await call.opened()
+            call.send({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"], "audio": {
+                "input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 300}}}}})
+            await call.next_of("session.updated")
+            call.mic.say(silence(300) + sample("spider_legs") + silence(300))
+            await call.next_of("response.done", timeout=60)
+            return call.events
+        finally:
+            await call.close()
+
+    events = asyncio.run(run())
+    started = next(e for e in events if e["type"] == "input_audio_buffer.speech_started")
+    stopped = next(e for e in events if e["type"] == "input_audio_buffer.speech_stopped")
+    assert stopped["audio_end_ms"] - started["audio_start_ms"] > 1000  # the question, not a blip
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    # the fast topology hears the committed turn itself: its samples, resampled to 24 kHz
+    samples = int(re.fullmatch(r"echo: audio\((\d+) samples at 24000 Hz\)", text).group(1))  # type: ignore[union-attr]
+    assert 24_000 * 1.0 < samples < 24_000 * 6, text
