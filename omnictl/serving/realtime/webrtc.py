@@ -138,6 +138,11 @@ class AnswerTrack(MediaStreamTrack):
             self._queue[-1][1].extend(pcm)
         else:
             self._queue.append((response_id, bytearray(pcm)))
+        if self._playing is None:
+            # Said now, not at the next frame: the next frame is at most 20 ms away, and a short
+            # answer's response.done may otherwise come before it.
+            self._playing = response_id
+            self._send(ev.OutputAudioBufferStarted(response_id=response_id))
 
     def finish(self, response_id: str) -> None:
         self._finished.add(response_id)
