@@ -27,7 +27,7 @@ else, when the server is bound to a loopback address, only that one (a loopback 
 not reachable from elsewhere anyway, and the traffic stays on it); else every interface's.
 
 A call ends when its data channel closes, its connection fails or closes, it does not
-connect within ``CONNECT_TIMEOUT_S``, nothing arrives on it for ``IDLE_TIMEOUT_S``, the
+connect within ``CONNECT_TIMEOUT_S`` (30 s), nothing arrives on it for ``IDLE_TIMEOUT_S`` (5 min), the
 client stops reading its events, ``POST /v1/realtime/calls/{id}/hangup``, or the server
 stops. Calls count against ``--max-realtime-sessions`` with the WebSockets; ``/health``
 shows them (``realtime.peer_connections``).
@@ -71,7 +71,9 @@ CHANNEL = "oai-events"  # the data channel OpenAI's clients open for events
 FRAME_SAMPLES = PCM16_RATE * 20 // 1000  # 20 ms at 24 kHz: one outbound frame
 FEED_BYTES = PCM16_RATE * 100 // 1000 * 2  # the microphone reaches the session in 100 ms pieces
 CONNECT_TIMEOUT_S = 30.0  # an answered offer that never connects is closed after this
-IDLE_TIMEOUT_S = 60.0  # a call on which nothing arrives this long (no audio, no event) is closed
+# A call on which nothing arrives this long (no audio, no event) is closed: a page left open
+# with its microphone off. A peer that is gone fails ICE's consent checks (about 30 s) first.
+IDLE_TIMEOUT_S = 300.0
 INBOX_ITEMS = 200  # microphone pieces and events waiting for the session (20 s of audio)
 MAX_OFFER_BYTES = 64 * 1024  # an SDP offer is a few kilobytes
 HOSTS_ENV = "OMNICTL_WEBRTC_HOSTS"

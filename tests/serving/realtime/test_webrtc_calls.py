@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.serving.harness import API_KEY, ServerProcess, wait_until
+from tests.serving.harness import API_KEY, FAST_TOPOLOGY, ServerProcess, start_server, stop_server, wait_until
 from tests.serving.realtime.rtc import Call, loopback_only
 from tests.serving.realtime.speech import sample, silence
 
@@ -232,3 +232,31 @@ def test_the_microphone_track_is_heard_by_server_vad_and_answered(server: Server
     # the fast topology hears the committed turn itself: its samples, resampled to 24 kHz
     samples = int(re.fullmatch(r"echo: audio\((\d+) samples at 24000 Hz\)", text).group(1))  # type: ignore[union-attr]
     assert 24_000 * 1.0 < samples < 24_000 * 6, text
+
+
+def test_a_server_that_stops_ends_its_calls() -> None:
+    own = start_server(str(FAST_TOPOLOGY), "--api-key", API_KEY)
+    try:
+        async def run() -> str:
+            call = Call()
+            try:
+                assert (await call.dial(own.url, API_KEY, "?model=fast")).status_code == 201
+                await call.opened()
+                for event in _ask("please answer slowly " + "word " * 30):
+                    call.send(event)
+                await call.next_of("output_audio_buffer.started", timeout=30)
+                stopping = asyncio.get_running_loop().run_in_executor(None, stop_server, own)
+                deadline = asyncio.get_running_loop().time() + 30
+                while call.channel.readyState == "open" and asyncio.get_running_loop().time() < deadline:
+                    await asyncio.sleep(0.05)
+                assert await stopping == 0, own.text()
+                return call.channel.readyState
+            finally:
+                await call.close()
+
+        assert asyncio.run(run()) == "closed"
+        assert re.search(r"realtime call rtc_\w+ ended: the server is stopping", own.text()), own.text()
+        assert "Traceback" not in own.text(), own.text()
+    finally:
+        if own.process.poll() is None:
+            own.process.kill()
