@@ -147,9 +147,10 @@ class AnswerTrack(MediaStreamTrack):
             self._send(ev.OutputAudioBufferStarted(response_id=response_id))
 
     def finish(self, response_id: str) -> None:
-        self._finished.add(response_id)
         if self._playing == response_id and not self._queue:
             self._stopped()
+        elif self._playing == response_id or any(queued == response_id for queued, _ in self._queue):
+            self._finished.add(response_id)  # stopped once the track has played the rest
 
     def clear(self) -> bool:
         was = self._playing or (self._queue[0][0] if self._queue else None)
