@@ -7,18 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import queue
 import re
-from typing import Any
+import threading
+from typing import Any, Iterator
 
 import httpx
 import numpy as np
 import pytest
 from websockets.asyncio.client import connect
 
+from omnictl.serving.server import Listening, ServeOptions, run_server
 from tests.serving.harness import API_KEY, FAST_TOPOLOGY, ServerProcess, start_server, stop_server, wait_until
 from tests.serving.realtime.rtc import Call, loopback_only
 from tests.serving.realtime.speech import sample, silence
+from tests.support.held import held_by
 
 loopback_only()
 
@@ -35,14 +40,9 @@ def _idle(server: ServerProcess) -> bool:
             and all(s.get("requests", 0) == 0 and s.get("slots_in_use", 0) == 0 for s in stages))
 
 
-def _threads(server: ServerProcess) -> list[str]:
-    """The server process's threads, by name."""
-    tasks = f"/proc/{server.process.pid}/task"
-    names = []
-    for task in os.listdir(tasks):
-        with open(f"{tasks}/{task}/comm") as comm:
-            names.append(comm.read().strip())
-    return sorted(names)
+def _threads() -> list[str]:
+    """This process's threads but the worker pool's (asyncio's default executor, ``asyncio_N``), by name."""
+    return sorted(t.name for t in threading.enumerate() if not t.name.startswith("asyncio_"))
 
 
 def _ask(text: str) -> list[dict[str, Any]]:
@@ -165,6 +165,34 @@ def test_keys_bodies_and_fields_are_refused_naming_what_is_wrong(server: ServerP
     wait_until(lambda: _idle(server), timeout=15)  # nothing refused was left open
 
 
+@pytest.fixture(scope="module")
+def in_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Listening]:
+    """The fast topology served from a thread of this process, so that the test reads what its
+    pipeline holds (tests/support/held.py) and its own state, not only /health."""
+    ready: queue.Queue[Listening | BaseException] = queue.Queue()
+
+    async def on_ready(listening: Listening) -> None:
+        ready.put(listening)
+
+    def serve() -> None:
+        options = ServeOptions(topology=str(FAST_TOPOLOGY), port=0, api_key=API_KEY, run_dir=str(tmp_path_factory.mktemp("run")))
+        try:
+            asyncio.run(run_server(options, on_ready, handle_signals=False))
+        except BaseException as exc:  # handed to the test, which fails naming it
+            ready.put(exc)
+
+    thread = threading.Thread(target=serve, name="in-process omnictl serve")
+    thread.start()
+    listening = ready.get(timeout=120)
+    if isinstance(listening, BaseException):
+        raise AssertionError("the in-process server did not start") from listening
+    yield listening
+    assert listening.loop is not None
+    listening.loop.call_soon_threadsafe(listening.stop)
+    thread.join(60)
+    assert not thread.is_alive(), "the in-process server did not stop"
+
+
 async def _drop_websocket(url: str) -> None:
     ws_url = url.replace("http://", "ws://") + "/v1/realtime?model=fast"
     async with connect(ws_url, additional_headers={"Authorization": f"Bearer {API_KEY}"}, max_size=None) as ws:
@@ -187,26 +215,41 @@ async def _drop_call(url: str) -> None:
 
 
 @pytest.mark.slow
-def test_twenty_sessions_dropped_mid_answer_leave_nothing_behind(server: ServerProcess) -> None:
-    async def wave(size: int) -> None:  # in waves of ten: the server runs 16 sessions at most (--max-realtime-sessions)
-        await asyncio.gather(*(_drop_call(server.url) if i % 2 else _drop_websocket(server.url) for i in range(size)))
+def test_twenty_sessions_dropped_mid_answer_leave_nothing_behind(in_process: Listening, caplog: pytest.LogCaptureFixture) -> None:
+    url, state, loop = in_process.url, in_process.state, in_process.loop
+    assert loop is not None
+    caplog.set_level(logging.INFO, logger="omnictl.serving.realtime")
 
-    logged = len(server.output)
+    async def wave(size: int) -> None:  # in waves of ten: the server runs 16 sessions at most (--max-realtime-sessions)
+        await asyncio.gather(*(_drop_call(url) if i % 2 else _drop_websocket(url) for i in range(size)))
+
+    def calls() -> dict[str, int]:
+        return httpx.get(url + "/health", timeout=10).json()["realtime"]
+
+    nothing = {"sessions": 0, "websocket_sessions": 0, "webrtc_sessions": 0, "peer_connections": 0}
     asyncio.run(wave(10))
-    # The first ten grew the server's worker pools (asyncio's executor, the VAD's) to what ten
-    # sessions at once use; the next ten must leave no thread of their own.
-    wait_until(lambda: _idle(server), timeout=30)
-    before = _threads(server)
+    wait_until(lambda: calls() == nothing and not state.active, timeout=30)
+    before = _threads()
     asyncio.run(wave(10))
-    wait_until(lambda: _idle(server), timeout=30)  # no request, session or peer connection anywhere
-    metrics = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).text
+    wait_until(lambda: calls() == nothing, timeout=30)  # no session, no peer connection
+    wait_until(lambda: not state.active, timeout=30)
+    metrics = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).text
     assert float(next(line for line in metrics.splitlines() if line.startswith("omnictl_requests_in_flight ")).split()[-1]) == 0
+    # and the pipeline holds nothing for them: no record, slot or stage state anywhere
+    assert asyncio.run_coroutine_threadsafe(held_by(in_process.pipeline, timeout=15), loop).result(60) == []
+    # No thread of their own is left: only the worker pools' threads (asyncio's default executor,
+    # which grows on demand to its bound) may have grown since the first ten.
     try:
-        wait_until(lambda: len(_threads(server)) <= len(before), timeout=30)
+        wait_until(lambda: _threads() == before, timeout=30)
     except AssertionError as exc:
-        raise AssertionError(f"threads before: {before}; now: {_threads(server)}") from exc
-    log = "".join(server.output[logged:])
-    assert "Traceback" not in log and "ERROR" not in log, log  # a client hanging up is no server error
+        raise AssertionError(f"threads before: {before}; now: {_threads()}") from exc
+    pool = [t.name for t in threading.enumerate() if t.name.startswith("asyncio_")]
+    assert len(pool) <= min(32, (os.cpu_count() or 1) + 4), pool  # ThreadPoolExecutor's default bound
+    ended = [r.getMessage() for r in caplog.records if r.getMessage().startswith("realtime call rtc_")
+             and " ended: " in r.getMessage()]
+    assert len(ended) == 10, ended  # each of the ten calls closed, and said why
+    failures = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not failures, failures  # a client hanging up mid-answer is no server error
 
 
 def test_the_microphone_track_is_heard_by_server_vad_and_answered(server: ServerProcess) -> None:
