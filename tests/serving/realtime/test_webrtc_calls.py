@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from websockets.asyncio.client import connect
 
+from omnictl.serving.chat.protocol import Limits
 from omnictl.serving.server import Listening, ServeOptions, run_server
 from tests.serving.harness import API_KEY, FAST_TOPOLOGY, ServerProcess, start_server, stop_server, wait_until
 from tests.serving.realtime.rtc import Call, loopback_only
@@ -165,6 +166,9 @@ def test_keys_bodies_and_fields_are_refused_naming_what_is_wrong(server: ServerP
     wait_until(lambda: _idle(server), timeout=15)  # nothing refused was left open
 
 
+SESSIONS = 10  # the in-process server's --max-realtime-sessions
+
+
 @pytest.fixture(scope="module")
 def in_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Listening]:
     """The fast topology served from a thread of this process, so that the test reads what its
@@ -175,7 +179,8 @@ def in_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Listening]:
         ready.put(listening)
 
     def serve() -> None:
-        options = ServeOptions(topology=str(FAST_TOPOLOGY), port=0, api_key=API_KEY, run_dir=str(tmp_path_factory.mktemp("run")))
+        options = ServeOptions(topology=str(FAST_TOPOLOGY), port=0, api_key=API_KEY, run_dir=str(tmp_path_factory.mktemp("run")),
+                               limits=Limits(max_realtime_sessions=SESSIONS))
         try:
             asyncio.run(run_server(options, on_ready, handle_signals=False))
         except BaseException as exc:  # handed to the test, which fails naming it
@@ -220,7 +225,7 @@ def test_twenty_sessions_dropped_mid_answer_leave_nothing_behind(in_process: Lis
     assert loop is not None
     caplog.set_level(logging.INFO, logger="omnictl.serving.realtime")
 
-    async def wave(size: int) -> None:  # in waves of ten: the server runs 16 sessions at most (--max-realtime-sessions)
+    async def wave(size: int) -> None:  # in waves of ten: the server runs ten sessions at most
         await asyncio.gather(*(_drop_call(url) if i % 2 else _drop_websocket(url) for i in range(size)))
 
     def calls() -> dict[str, int]:
@@ -303,3 +308,29 @@ def test_a_server_that_stops_ends_its_calls() -> None:
     finally:
         if own.process.poll() is None:
             own.process.kill()
+
+
+def test_calls_and_websockets_share_one_session_limit(in_process: Listening) -> None:
+    url = in_process.url
+
+    async def run() -> httpx.Response:
+        ws_url = url.replace("http://", "ws://") + "/v1/realtime?model=fast"
+        sockets = [await connect(ws_url, additional_headers={"Authorization": f"Bearer {API_KEY}"}) for _ in range(SESSIONS)]
+        try:
+            for ws in sockets:
+                assert json.loads(await ws.recv())["type"] == "session.created"
+            assert httpx.get(url + "/health", timeout=10).json()["realtime"]["websocket_sessions"] == SESSIONS
+            call = Call()
+            try:
+                return await call.dial(url, API_KEY, "?model=fast")
+            finally:
+                await call.close()
+        finally:
+            for ws in sockets:
+                await ws.close()
+
+    refused = asyncio.run(run())
+    assert refused.status_code == 429, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "session_limit_reached" and "WebSocket and WebRTC together" in error["message"]
+    wait_until(lambda: httpx.get(url + "/health", timeout=10).json()["realtime"]["sessions"] == 0, timeout=15)
