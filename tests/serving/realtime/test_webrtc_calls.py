@@ -334,3 +334,54 @@ def test_calls_and_websockets_share_one_session_limit(in_process: Listening) -> 
     error = refused.json()["error"]
     assert error["code"] == "session_limit_reached" and "WebSocket and WebRTC together" in error["message"]
     wait_until(lambda: httpx.get(url + "/health", timeout=10).json()["realtime"]["sessions"] == 0, timeout=15)
+
+
+def test_cancel_and_barge_in_clear_the_track_at_once(server: ServerProcess) -> None:
+    async def run() -> Call:
+        call = Call()
+        try:
+            assert (await call.dial(server.url, API_KEY, "?model=fast")).status_code == 201
+            await call.opened()
+            call.send({"type": "session.update", "session": {"type": "realtime", "audio": {
+                "input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 300}}}}})
+            await call.next_of("session.updated")
+            for event in _ask("please answer slowly " + "word " * 30):
+                call.send(event)
+            first = (await call.next_of("output_audio_buffer.started"))["response_id"]
+            call.send({"type": "response.cancel"})
+            cleared = await call.next_of("output_audio_buffer.cleared")
+            assert cleared["response_id"] == first
+            assert (await call.next_of("response.done"))["response"]["status"] == "cancelled"
+            mark = len(call.events)
+            for event in _ask("please answer slowly " + "word " * 30):
+                call.send(event)
+            second = (await call.next_of("output_audio_buffer.started", after=mark))["response_id"]
+            await asyncio.sleep(1.0)  # a second of the answer plays
+            call.mic.say(sample("spider_legs"))  # and the user speaks over it
+            assert (await call.next_of("input_audio_buffer.speech_started", after=mark))
+            assert (await call.next_of("output_audio_buffer.cleared", after=mark))["response_id"] == second
+            done = await call.next_of("response.done", after=mark)
+            assert done["response"]["status"] == "cancelled" and done["response"]["status_details"]["reason"] == "turn_detected"
+            truncated = await call.next_of("conversation.item.truncated", after=mark)
+            # cut at what the track played: the fast speaker's tones come slower than real time,
+            # so all that was sent by the barge-in (a second and the VAD's wait), and nothing more
+            assert 100 <= truncated["audio_end_ms"] <= 3000, truncated
+            await asyncio.sleep(1.0)  # the user is still speaking: the track must stay silent
+            return call
+        finally:
+            await call.close()
+
+    call = asyncio.run(run())
+    # nothing of either answer played after it was cleared: the track went silent at once
+    # (up to the next answer's start; 5 frames of margin for what was on its way)
+    starts = sorted(index for key, index in call.marks.items() if key.startswith("started:"))
+    windows = {}
+    for key, cleared_at in call.marks.items():
+        if key.startswith("cleared:"):
+            until = min([cleared_at + 40, *(i for i in starts if i > cleared_at)])
+            windows[key] = call.audio[cleared_at + 5 : until]
+    assert len(windows) == 2 and len(max(windows.values(), key=len)) >= 30, {k: len(v) for k, v in windows.items()}
+    for key, frames in windows.items():
+        if frames:
+            after = np.concatenate(frames).astype(np.float32) / 32768.0
+            assert np.sqrt(np.mean(after**2)) < 0.005, f"{key}: the answer went on playing after it was cleared"
