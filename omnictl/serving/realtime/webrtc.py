@@ -23,8 +23,8 @@ WebSocket does, through the same :class:`~omnictl.serving.realtime.channel.Realt
 
 ICE: no STUN or TURN server is used (the server answers with its host candidates). Which
 local addresses it offers: ``OMNICTL_WEBRTC_HOSTS`` (comma-separated addresses) when set;
-else, when the server is bound to a loopback address, only that one (a loopback server is
-not reachable from elsewhere anyway, and the traffic stays on it); else every interface's.
+else the one the offer came in on, which the client reached (for the default loopback
+``--host``, 127.0.0.1: the call's traffic stays on it).
 
 A call ends when its data channel closes, its connection fails or closes, it does not
 connect within ``CONNECT_TIMEOUT_S`` (30 s), nothing arrives on it for ``IDLE_TIMEOUT_S`` (5 min), the
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import fractions
 import functools
 import ipaddress
@@ -81,19 +82,21 @@ HOSTS_ENV = "OMNICTL_WEBRTC_HOSTS"
 
 # --- which local addresses ICE offers ------------------------------------------------------
 
-_hosts: list[str] | None = None  # None: every interface's (aioice's own choice)
+# Per offer (a context variable: aioice gathers in tasks of the request that answers it); None:
+# every interface's (aioice's own choice).
+_hosts: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("omnictl_webrtc_hosts", default=None)
 
 
-def candidate_hosts(bound: str | None) -> list[str] | None:
-    """The addresses to gather host candidates on: ``OMNICTL_WEBRTC_HOSTS``, else the bound
-    address when it is a loopback one, else None (every interface)."""
+def candidate_hosts(local: str | None) -> list[str] | None:
+    """The addresses to gather host candidates on: ``OMNICTL_WEBRTC_HOSTS``, else ``local``, the
+    address the offer came in on (the client reached it), else None (every interface: aioice's choice)."""
     configured = os.environ.get(HOSTS_ENV, "").strip()
     if configured:
         return [h.strip() for h in configured.split(",") if h.strip()]
-    if bound is not None:
-        with contextlib.suppress(ValueError):
-            if ipaddress.ip_address(bound).is_loopback:
-                return [bound]
+    if local is not None:
+        with contextlib.suppress(ValueError):  # not an address: every interface
+            if not ipaddress.ip_address(local).is_unspecified:
+                return [local]
     return None
 
 
@@ -107,9 +110,10 @@ def _install_host_filter() -> None:
         return
 
     def host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
-        if _hosts is None:
+        hosts = _hosts.get()
+        if hosts is None:
             return original(use_ipv4, use_ipv6)
-        return [h for h in _hosts if (":" in h and use_ipv6) or (":" not in h and use_ipv4)]
+        return [h for h in hosts if (":" in h and use_ipv6) or (":" not in h and use_ipv4)]
 
     host_addresses.omnictl = True  # type: ignore[attr-defined]  # marks the replacement as installed
     aioice.ice.get_host_addresses = host_addresses
@@ -315,9 +319,8 @@ class Calls:
         if full is not None:
             state.metrics.outcome("rejected")
             return error_response(429, full.message, "rate_limit_error", full.code)
-        global _hosts
-        server = request.scope.get("server")
-        _hosts = candidate_hosts(server[0] if server else None)
+        server = request.scope.get("server")  # the local address this offer came in on
+        _hosts.set(candidate_hosts(server[0] if server else None))
         return await self._answer(request, sdp, session_config, query)
 
     async def _answer(self, request: Request, sdp: str, config: Any, query: dict[str, str]) -> Response:
