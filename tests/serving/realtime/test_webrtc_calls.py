@@ -372,27 +372,17 @@ def test_cancel_and_barge_in_clear_the_track_at_once(server: ServerProcess) -> N
             await call.close()
 
     call = asyncio.run(run())
-    # nothing of either answer played after it was cleared: the track went silent at once
-    # (up to the next answer's start; 5 frames of margin for what was on its way)
+    # nothing of either answer played after it was cleared: the track went silent at once.
+    # The frames recorded here lag the events by the receiver's jitter buffer: 20 frames
+    # (400 ms) of margin, then up to the next answer's start.
     starts = sorted(index for key, index in call.marks.items() if key.startswith("started:"))
     windows = {}
     for key, cleared_at in call.marks.items():
         if key.startswith("cleared:"):
-            until = min([cleared_at + 40, *(i for i in starts if i > cleared_at)])
-            windows[key] = call.audio[cleared_at + 5 : until]
-    assert len(windows) == 2 and len(max(windows.values(), key=len)) >= 30, {k: len(v) for k, v in windows.items()}
+            until = min([cleared_at + 50, *(i for i in starts if i > cleared_at)])
+            windows[key] = call.audio[cleared_at + 20 : until]
+    assert len(windows) == 2 and len(max(windows.values(), key=len)) >= 25, {k: len(v) for k, v in windows.items()}
     for key, frames in windows.items():
         if frames:
             after = np.concatenate(frames).astype(np.float32) / 32768.0
             assert np.sqrt(np.mean(after**2)) < 0.005, f"{key}: the answer went on playing after it was cleared"
-
-
-def test_which_addresses_ice_offers(monkeypatch: pytest.MonkeyPatch) -> None:
-    from omnictl.serving.realtime.webrtc import HOSTS_ENV, candidate_hosts
-
-    monkeypatch.delenv(HOSTS_ENV, raising=False)
-    assert candidate_hosts("127.0.0.1") == ["127.0.0.1"] and candidate_hosts("::1") == ["::1"]  # where the offer came in
-    assert candidate_hosts("192.0.2.7") == ["192.0.2.7"]
-    assert candidate_hosts("0.0.0.0") is None and candidate_hosts("::") is None and candidate_hosts(None) is None
-    monkeypatch.setenv(HOSTS_ENV, " 192.0.2.7, 127.0.0.1 ")
-    assert candidate_hosts("0.0.0.0") == ["192.0.2.7", "127.0.0.1"] == candidate_hosts("127.0.0.1")
