@@ -386,3 +386,14 @@ def test_cancel_and_barge_in_clear_the_track_at_once(server: ServerProcess) -> N
         if frames:
             after = np.concatenate(frames).astype(np.float32) / 32768.0
             assert np.sqrt(np.mean(after**2)) < 0.005, f"{key}: the answer went on playing after it was cleared"
+
+
+def test_which_addresses_ice_offers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from omnictl.serving.realtime.webrtc import HOSTS_ENV, candidate_hosts
+
+    monkeypatch.delenv(HOSTS_ENV, raising=False)
+    assert candidate_hosts("127.0.0.1") == ["127.0.0.1"] and candidate_hosts("::1") == ["::1"]  # where the offer came in
+    assert candidate_hosts("192.0.2.7") == ["192.0.2.7"]
+    assert candidate_hosts("0.0.0.0") is None and candidate_hosts("::") is None and candidate_hosts(None) is None
+    monkeypatch.setenv(HOSTS_ENV, " 192.0.2.7, 127.0.0.1 ")
+    assert candidate_hosts("0.0.0.0") == ["192.0.2.7", "127.0.0.1"] == candidate_hosts("127.0.0.1")
