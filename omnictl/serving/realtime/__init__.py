@@ -6,6 +6,6 @@
 streamed as response events), ``session`` (one session's state and its event handlers,
 whatever carries it), ``channel`` (what both transports share: the checks, the count,
 parsing and errors, the bounded outbox), ``route`` (the WebSocket transport) and
-``webrtc`` (``POST /v1/realtime/calls`` on aiortc; ``calls`` stands in when aiortc is
-not installed).
+``webrtc`` (``POST /v1/realtime/calls`` on aiortc, with ``answer_track``, the outbound
+audio, and ``ice``, the addresses offered; ``calls`` stands in when aiortc is not installed).
 """

@@ -37,19 +37,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import fractions
 import functools
-import ipaddress
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import av
-import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.exceptions import InvalidAccessError, OperationError
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
@@ -63,13 +58,14 @@ from omnictl.serving.common.capabilities import capabilities
 from omnictl.serving.common.echo import clip
 from omnictl.serving.common.errors import error_response, unauthorized
 from omnictl.serving.realtime import events as ev
+from omnictl.serving.realtime.answer_track import AnswerTrack
 from omnictl.serving.realtime.channel import Outbox, RealtimeHub
+from omnictl.serving.realtime.ice import install_host_filter, restrict_to
 from omnictl.serving.realtime.session import RealtimeSession
 
 log = logging.getLogger("omnictl.serving.realtime")
 
 CHANNEL = "oai-events"  # the data channel OpenAI's clients open for events
-FRAME_SAMPLES = PCM16_RATE * 20 // 1000  # 20 ms at 24 kHz: one outbound frame
 FEED_BYTES = PCM16_RATE * 100 // 1000 * 2  # the microphone reaches the session in 100 ms pieces
 CONNECT_TIMEOUT_S = 30.0  # an answered offer that never connects is closed after this
 # A call on which nothing arrives this long (no audio, no event) is closed: a page left open
@@ -77,142 +73,6 @@ CONNECT_TIMEOUT_S = 30.0  # an answered offer that never connects is closed afte
 IDLE_TIMEOUT_S = 300.0
 INBOX_ITEMS = 200  # microphone pieces and events waiting for the session (20 s of audio)
 MAX_OFFER_BYTES = 64 * 1024  # an SDP offer is a few kilobytes
-HOSTS_ENV = "OMNICTL_WEBRTC_HOSTS"
-
-
-# --- which local addresses ICE offers ------------------------------------------------------
-
-# Per offer (a context variable: aioice gathers in tasks of the request that answers it); None:
-# every interface's (aioice's own choice).
-_hosts: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("omnictl_webrtc_hosts", default=None)
-
-
-def candidate_hosts(local: str | None) -> list[str] | None:
-    """The addresses to gather host candidates on: ``OMNICTL_WEBRTC_HOSTS``, else ``local``, the
-    address the offer came in on (the client reached it), else None (every interface: aioice's choice)."""
-    configured = os.environ.get(HOSTS_ENV, "").strip()
-    if configured:
-        return [h.strip() for h in configured.split(",") if h.strip()]
-    if local is not None:
-        with contextlib.suppress(ValueError):  # not an address: every interface
-            if not ipaddress.ip_address(local).is_unspecified:
-                return [local]
-    return None
-
-
-def _install_host_filter() -> None:
-    """aioice gathers on every interface but loopback, with no setting for it: its address
-    lookup is replaced (once per process) by one that honours :func:`candidate_hosts`."""
-    import aioice.ice
-
-    original = aioice.ice.get_host_addresses
-    if getattr(original, "omnictl", False):
-        return
-
-    def host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
-        hosts = _hosts.get()
-        if hosts is None:
-            return original(use_ipv4, use_ipv6)
-        return [h for h in hosts if (":" in h and use_ipv6) or (":" not in h and use_ipv4)]
-
-    host_addresses.omnictl = True  # type: ignore[attr-defined]  # marks the replacement as installed
-    aioice.ice.get_host_addresses = host_addresses
-
-
-# --- the answer's audio --------------------------------------------------------------------
-
-
-class AnswerTrack(MediaStreamTrack):
-    """The server's outbound audio track: the answer's pcm16 in 20 ms frames, in real time;
-    silence between answers (a track that stops sending makes the browser's jitter buffer guess)."""
-
-    kind = "audio"
-
-    def __init__(self, send: Callable[[ev.ServerEvent], None]) -> None:
-        super().__init__()
-        self._send = send
-        self._queue: list[tuple[str, bytearray]] = []  # (response id, pcm16 24 kHz) to play, in order
-        self._playing: str | None = None  # the response whose audio is playing
-        self._finished: set[str] = set()  # responses that will send no more audio
-        self._start: float | None = None
-        self._samples = 0  # samples sent since _start
-        self.played_samples = 0  # samples of answers played (not silence)
-
-    # the session's side (session.AudioOut)
-    def play(self, response_id: str, pcm: bytes) -> None:
-        if self._queue and self._queue[-1][0] == response_id:
-            self._queue[-1][1].extend(pcm)
-        else:
-            self._queue.append((response_id, bytearray(pcm)))
-        if self._playing is None:
-            # Said now, not at the next frame: the next frame is at most 20 ms away, and a short
-            # answer's response.done may otherwise come before it.
-            self._playing = response_id
-            self._send(ev.OutputAudioBufferStarted(response_id=response_id))
-
-    def finish(self, response_id: str) -> None:
-        if self._playing == response_id and not self._queue:
-            self._stopped()
-        elif self._playing == response_id or any(queued == response_id for queued, _ in self._queue):
-            self._finished.add(response_id)  # stopped once the track has played the rest
-
-    def clear(self) -> bool:
-        was = self._playing or (self._queue[0][0] if self._queue else None)
-        self._queue.clear()
-        self._playing = None
-        if was is None:
-            return False
-        self._finished.discard(was)
-        self._send(ev.OutputAudioBufferCleared(response_id=was))
-        return True
-
-    def _stopped(self) -> None:
-        assert self._playing is not None
-        self._send(ev.OutputAudioBufferStopped(response_id=self._playing))
-        self._finished.discard(self._playing)
-        self._playing = None
-
-    def _take(self) -> bytes:
-        """The next 20 ms: the answer's audio, or silence."""
-        want = FRAME_SAMPLES * 2
-        out = bytearray()
-        while self._queue and len(out) < want:
-            response_id, pcm = self._queue[0]
-            if self._playing != response_id:
-                if self._playing is not None:
-                    self._stopped()
-                self._playing = response_id
-                self._send(ev.OutputAudioBufferStarted(response_id=response_id))
-            piece = pcm[: want - len(out)]
-            del pcm[: len(piece)]
-            out += piece
-            if not pcm:
-                self._queue.pop(0)
-        self.played_samples += len(out) // 2
-        if not self._queue and self._playing is not None and self._playing in self._finished:
-            self._stopped()
-        return bytes(out) + bytes(want - len(out))
-
-    # aiortc's side
-    async def recv(self) -> av.AudioFrame:
-        if self.readyState != "live":
-            raise MediaStreamError
-        now = time.monotonic()
-        if self._start is None:
-            self._start = now
-        wait = self._start + self._samples / PCM16_RATE - now
-        if wait > 0:
-            await asyncio.sleep(wait)
-        elif wait < -0.2:  # the loop was held: play on from now rather than rush to catch up
-            self._start = now - self._samples / PCM16_RATE
-        frame = av.AudioFrame.from_ndarray(
-            np.frombuffer(self._take(), "<i2").reshape(1, -1), format="s16", layout="mono"
-        )
-        frame.sample_rate = PCM16_RATE
-        frame.pts = self._samples
-        frame.time_base = fractions.Fraction(1, PCM16_RATE)
-        self._samples += FRAME_SAMPLES
-        return frame
 
 
 # --- one call --------------------------------------------------------------------------------
@@ -266,7 +126,7 @@ class Calls:
     def __init__(self, hub: RealtimeHub) -> None:
         self.hub = hub
         self.open: dict[str, Call] = {}
-        _install_host_filter()
+        install_host_filter()
 
     def stats(self) -> dict[str, int]:
         return {
@@ -320,7 +180,7 @@ class Calls:
             state.metrics.outcome("rejected")
             return error_response(429, full.message, "rate_limit_error", full.code)
         server = request.scope.get("server")  # the local address this offer came in on
-        _hosts.set(candidate_hosts(server[0] if server else None))
+        restrict_to(server[0] if server else None)
         return await self._answer(request, sdp, session_config, query)
 
     async def _answer(self, request: Request, sdp: str, config: Any, query: dict[str, str]) -> Response:

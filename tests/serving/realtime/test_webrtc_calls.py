@@ -389,7 +389,7 @@ def test_cancel_and_barge_in_clear_the_track_at_once(server: ServerProcess) -> N
 
 
 def test_which_addresses_ice_offers(monkeypatch: pytest.MonkeyPatch) -> None:
-    from omnictl.serving.realtime.webrtc import HOSTS_ENV, candidate_hosts
+    from omnictl.serving.realtime.ice import HOSTS_ENV, candidate_hosts
 
     monkeypatch.delenv(HOSTS_ENV, raising=False)
     assert candidate_hosts("127.0.0.1") == ["127.0.0.1"] and candidate_hosts("::1") == ["::1"]  # where the offer came in
