@@ -397,3 +397,20 @@ def test_which_addresses_ice_offers(monkeypatch: pytest.MonkeyPatch) -> None:
     assert candidate_hosts("0.0.0.0") is None and candidate_hosts("::") is None and candidate_hosts(None) is None
     monkeypatch.setenv(HOSTS_ENV, " 192.0.2.7, 127.0.0.1 ")
     assert candidate_hosts("0.0.0.0") == ["192.0.2.7", "127.0.0.1"] == candidate_hosts("127.0.0.1")
+
+
+def test_without_aiortc_the_endpoint_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from starlette.requests import Request
+
+    from omnictl.serving.realtime.calls import webrtc_calls
+    from omnictl.serving.realtime.channel import RealtimeHub
+    from omnictl.serving.state import ServingState
+
+    monkeypatch.setitem(sys.modules, "aiortc", None)  # as on a server installed without the demo extra
+    monkeypatch.delitem(sys.modules, "omnictl.serving.realtime.webrtc", raising=False)
+    calls = webrtc_calls(RealtimeHub(ServingState(model_name="fast")))
+    answer = asyncio.run(calls.create(Request({"type": "http", "method": "POST", "headers": []})))
+    assert answer.status_code == 501 and b"omnictl[demo]" in answer.body and b"'aiortc'" in answer.body
+    assert calls.stats()["peer_connections"] == 0
