@@ -22,6 +22,8 @@ from omnictl.serving.common.capabilities import capabilities
 from omnictl.serving.common.errors import error_response, unauthorized
 from omnictl.serving.common.guard import GuardMiddleware, RequestGuard
 from omnictl.serving.common.metrics import CONTENT_TYPE
+from omnictl.serving.realtime.calls import webrtc_calls
+from omnictl.serving.realtime.channel import RealtimeHub
 from omnictl.serving.realtime.route import realtime_endpoint
 from omnictl.serving.speech import route as speech
 from omnictl.serving.speech import voices
@@ -119,6 +121,10 @@ class RequestIdMiddleware:
 def create_app(state: ServingState, guard: RequestGuard | None = None) -> Starlette:
     """The app; ``guard``: the Host / Origin checks (None: the defaults for a loopback server)."""
 
+    realtime = RealtimeHub(state)  # WebSocket sessions and WebRTC calls: one count, one session core
+    calls = webrtc_calls(realtime)  # a 501 naming what to install when aiortc is missing
+    state.on_stop.append(calls.close_all)
+
     async def abort_request(request: Request) -> Response:
         if not authorized(request.headers, state.api_key):
             return unauthorized()
@@ -164,6 +170,7 @@ def create_app(state: ServingState, guard: RequestGuard | None = None) -> Starle
             "in_flight": len(state.active),  # requests this server is answering
             "pipeline_in_flight": pipe.in_flight(),  # requests the coordinator still tracks
             "stages": stages,  # per stage: status and the state it holds (queued, running, buffers)
+            "realtime": calls.stats(),  # realtime sessions open, by transport, and WebRTC peer connections
             "nodes": pipe.nodes(),  # per node label ("-": the coordinator's machine): status, processes
             # where the profiler writes traces: `omnictl trace` and a local bench read it
             "run_dir": str(pipe.run_dir) if pipe.run_dir is not None else None,
@@ -187,7 +194,9 @@ def create_app(state: ServingState, guard: RequestGuard | None = None) -> Starle
         Route("/v1/audio/transcriptions", transcriptions.endpoint(state), methods=["POST"]),
         Route("/v1/audio/translations", transcriptions.endpoint(state, "translate"), methods=["POST"]),
         Route("/v1/audio/voices", voices.endpoint(state), methods=["GET"]),
-        WebSocketRoute("/v1/realtime", realtime_endpoint(state)),
+        WebSocketRoute("/v1/realtime", realtime_endpoint(realtime)),
+        Route("/v1/realtime/calls", calls.create, methods=["POST"]),
+        Route("/v1/realtime/calls/{call_id}/hangup", calls.hangup, methods=["POST"]),
         Route("/v1/requests/{request_id}/abort", abort_request, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

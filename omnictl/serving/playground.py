@@ -1,5 +1,7 @@
 """``GET /``: the playground, one static page (no build step, nothing fetched from elsewhere)
-that talks to ``/v1/realtime`` from the browser: push-to-talk or hands-free (server VAD),
+that talks to ``/v1/realtime`` from the browser — over WebRTC (``POST /v1/realtime/calls``)
+when the browser has ``RTCPeerConnection``, the WebSocket otherwise or with
+``?transport=websocket``, and shows which: push-to-talk or hands-free (server VAD),
 typed questions, the conversation, the answer's audio played as it streams, the time from
 the end of speech to the first audio of each answer, and an interrupt button."""
 

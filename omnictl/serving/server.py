@@ -226,6 +226,8 @@ async def run_server(
                 if ready is not None:
                     await ready
             await stopping.wait()
+            for close in state.on_stop:
+                await close()
             # Open responses end with an error event and [DONE] (or a 503), not a cut connection.
             await end_in_flight(state.active, pipe.abort, "the server is shutting down")
             server.should_exit = True

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Protocol
 
 from omnictl.profiling.events import NullProfiler, Profiler
 from omnictl.serving.chat.protocol import Limits
@@ -70,6 +70,9 @@ class ServingState:
     profiler: Profiler = field(default_factory=NullProfiler)
     # Admission by continuity (``serve --max-underrun-ms``); None: off.
     max_underrun_ms: float | None = None
+    # Run when the server stops, before open requests are ended: what holds connections
+    # uvicorn does not know of (WebRTC calls) closes them.
+    on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     def traceparent(self, headers: Mapping[str, str]) -> str | None:
         """The caller's W3C ``traceparent`` header, read only while traces are exported."""

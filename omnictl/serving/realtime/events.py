@@ -257,6 +257,7 @@ class SessionObject(msgspec.Struct):
     max_output_tokens: int | Literal["inf"]
     type: str = "realtime"
     object: str = "realtime.session"
+    transport: str = "websocket"  # an omnictl extra: "webrtc" for a session opened by POST /v1/realtime/calls
 
 
 class TranscriptionSessionObject(msgspec.Struct):
@@ -266,6 +267,7 @@ class TranscriptionSessionObject(msgspec.Struct):
     audio: dict[str, Any]
     type: str = "transcription"
     object: str = "realtime.transcription_session"
+    transport: str = "websocket"  # an omnictl extra, as on SessionObject
 
 
 class Usage(msgspec.Struct):
@@ -377,6 +379,18 @@ class OutputAudioBufferCleared(_ServerEvent, tag="output_audio_buffer.cleared"):
     response_id: str
 
 
+class OutputAudioBufferStarted(_ServerEvent, tag="output_audio_buffer.started"):
+    """WebRTC only: the answer's audio started playing on the outbound track."""
+
+    response_id: str
+
+
+class OutputAudioBufferStopped(_ServerEvent, tag="output_audio_buffer.stopped"):
+    """WebRTC only: all of the answer's audio has been played on the outbound track."""
+
+    response_id: str
+
+
 class ResponseCreated(_ServerEvent, tag="response.created"):
     response: Response
 
@@ -455,6 +469,8 @@ ServerEvent = Union[
     ItemDeleted,
     ItemRetrieved,
     OutputAudioBufferCleared,
+    OutputAudioBufferStarted,
+    OutputAudioBufferStopped,
     ResponseCreated,
     ResponseDone,
     OutputItemAdded,

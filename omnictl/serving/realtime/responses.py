@@ -24,7 +24,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from omnictl.coordinator.request import RequestEventKind
 from omnictl.exceptions import InvalidRequest, Overloaded, PipelineDead
@@ -38,6 +38,9 @@ from omnictl.serving.realtime.formats import PCM, AudioCodec
 from omnictl.serving.realtime.turns import Conversation, Segment, Turn
 from omnictl.serving.speech.encode import AudioStreamEncoder, b64
 from omnictl.serving.state import PipelineLike, ServingState
+
+if TYPE_CHECKING:  # the session module imports this one
+    from omnictl.serving.realtime.session import AudioOut
 
 Send = Callable[[ev.ServerEvent], None]
 log = logging.getLogger("omnictl.serving.realtime")
@@ -53,6 +56,7 @@ class ResponseRun:
     traceparent: str | None = None  # the session's caller span (W3C), for the exported trace
     codec: AudioCodec = PCM  # the session's output audio format
     on_audio: Callable[[bytes], None] | None = None  # told each audio delta sent (pcm16, 24 kHz): the echo guard
+    audio_out: AudioOut | None = None  # a session.AudioOut (WebRTC's track): the audio goes there, not out as events
     cancel_reason: str | None = None
     request_id: str | None = None
     tracked: Tracked | None = None
@@ -202,7 +206,12 @@ class ResponseRun:
                 pcm = encoder.encode(data.samples, data.sample_rate)  # pcm16 at 24 kHz
                 start = turn.audio_ms
                 turn.segments.append(Segment(start, start + len(pcm) / 48, data.transcript.strip()))  # 48 bytes/ms
-                self.send(ev.AudioDelta(response_id=self.id, item_id=turn.id, delta=b64(self.codec.from_pcm16(pcm))))
+                if self.audio_out is not None:
+                    self.audio_out.play(self.id, pcm)
+                else:
+                    self.send(
+                        ev.AudioDelta(response_id=self.id, item_id=turn.id, delta=b64(self.codec.from_pcm16(pcm)))
+                    )
                 if self._first_audio_at is None:
                     self._first_audio_at = time.monotonic()
                 if self.on_audio is not None:

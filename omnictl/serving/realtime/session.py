@@ -22,7 +22,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 import msgspec
 import numpy as np
@@ -62,6 +62,22 @@ DEFAULT_VOICE = "alloy"  # an OpenAI name: the topology's default voice
 
 
 SESSION_TYPES = ("realtime", "transcription")
+TRANSPORTS = ("websocket", "webrtc")
+
+
+class AudioOut(Protocol):
+    """Where a transport that plays the answer itself takes its audio (WebRTC's outbound track):
+    then no ``response.output_audio.delta`` is sent, and the transport says when playing starts,
+    stops, and is cleared (``output_audio_buffer.started`` / ``.stopped`` / ``.cleared``)."""
+
+    def play(self, response_id: str, pcm: bytes) -> None:
+        """Queue pcm16 at 24 kHz of ``response_id`` to play after what is queued."""
+
+    def finish(self, response_id: str) -> None:
+        """No more audio comes for ``response_id``: once what is queued is played, it has stopped."""
+
+    def clear(self) -> bool:
+        """Drop what is queued and stop playing now; True if anything was playing."""
 
 
 @dataclass
@@ -125,8 +141,12 @@ class RealtimeSession:
         silero: Callable[[], SileroModel],
         traceparent: str | None = None,
         intent: str | None = None,
+        transport: str = "websocket",
+        audio_out: AudioOut | None = None,
     ) -> None:
         self.state, self.pipeline, self.send, self.model = state, pipeline, send, model
+        self.transport = transport
+        self.audio_out = audio_out  # None: the answer's audio goes out as events
         self.traceparent = traceparent  # the handshake's: every request of the session is its child
         self.id = ev.new_id("sess")
         self.settings = Settings()
@@ -141,6 +161,8 @@ class RealtimeSession:
         self._turns: TurnDetector | SemanticTurnDetector | None = None
         self._speech_item: str | None = None
         self.echo = EchoGuard()
+        # A browser's WebRTC stack cancels its own echo: the guard is off there unless asked for.
+        self.echo.enabled = transport != "webrtc"
         self._held_start: tuple[int, float] | None = None  # speech held for the echo guard: (start ms, at audio ms)
         self.response: tuple[ResponseRun, asyncio.Task[None]] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -170,7 +192,7 @@ class RealtimeSession:
             "echo_guard": self.echo.enabled,
         }
         if s.type == "transcription":
-            return ev.TranscriptionSessionObject(id=self.id, audio={"input": audio_input})
+            return ev.TranscriptionSessionObject(id=self.id, audio={"input": audio_input}, transport=self.transport)
         audio = {"input": audio_input, "output": {"format": s.output_codec.describe(), "voice": s.voice, "speed": 1.0}}
         return ev.SessionObject(
             id=self.id,
@@ -179,6 +201,7 @@ class RealtimeSession:
             output_modalities=s.output_modalities,
             audio=audio,
             max_output_tokens=s.max_output_tokens,  # type: ignore[arg-type]  # an int, or "inf" (checked on update)
+            transport=self.transport,
         )
 
     def _reset_vad(self) -> None:
@@ -333,7 +356,11 @@ class RealtimeSession:
                 "audio",
                 event.event_id,
             )
-        raw = codec.to_pcm16(raw)
+        await self.feed(codec.to_pcm16(raw), event.event_id)
+
+    async def feed(self, raw: bytes, event_id: str | None = None) -> None:
+        """pcm16 at 24 kHz into the input buffer and the turn detection: an append's audio, or
+        a WebRTC microphone track's (which comes in real time, so it is not rate-limited)."""
         limit = self.state.limits.max_realtime_buffer_bytes
         if len(self.buffer) + len(raw) > limit:
             raise ev.EventError(
@@ -341,7 +368,7 @@ class RealtimeSession:
                 "commit or clear it",
                 "input_audio_buffer_too_large",
                 "audio",
-                event.event_id,
+                event_id,
             )
         self.buffer += raw
         self.audio_ms += len(raw) / 2 / PCM16_RATE * 1000
@@ -397,7 +424,7 @@ class RealtimeSession:
         self.send(ev.SpeechStartedEvent(audio_start_ms=audio_start_ms, item_id=self._speech_item))
         assert self.settings.vad is not None
         if self.settings.vad.interrupt_response and self.response is not None:
-            self.echo.stop()  # the client stops playing it
+            self._stop_playing()
             await self.response[0].cancel("turn_detected")  # barge-in
 
     async def _speech_stopped(self, audio_end_ms: int) -> None:
@@ -641,12 +668,15 @@ class RealtimeSession:
             traceparent=self.traceparent,
             codec=s.output_codec,
             on_audio=self._sent_audio,
+            audio_out=self.audio_out,
         )
 
         async def respond() -> None:
             try:
                 await run.run(self.conversation, lambda: self.conversation.request(instructions, sampling, voice))
             finally:
+                if self.audio_out is not None:
+                    self.audio_out.finish(run.id)
                 if self.response is not None and self.response[0] is run:
                     self.response = None
 
@@ -667,13 +697,33 @@ class RealtimeSession:
                 event.event_id,
             )
         run, task = self.response
-        self.echo.stop()  # the client stops playing it
+        self._stop_playing()
         await run.cancel("client_cancelled")
         await asyncio.shield(task)
 
+    def _stop_playing(self) -> None:
+        """The answer's audio stops playing: the client stops it (a WebSocket), or the
+        outbound track drops what it holds (WebRTC, which says so: ``output_audio_buffer.cleared``)."""
+        self.echo.stop()
+        if self.audio_out is not None:
+            self.audio_out.clear()
+
     async def output_audio_clear(self, event: ev.OutputAudioBufferClear) -> None:
         """Over a WebSocket the client holds the audio it was sent: clearing it here means no more
-        of the answer's audio comes, so the response in progress is cancelled."""
+        of the answer's audio comes, so the response in progress is cancelled. Over WebRTC the
+        server holds it: the track drops it (``output_audio_buffer.cleared``), and a response
+        still in progress is cancelled too."""
+        if self.audio_out is not None:
+            if self.response is not None:
+                run, task = self.response
+                await run.cancel("client_cancelled")
+                await asyncio.shield(task)
+            if not self.audio_out.clear():
+                raise ev.EventError(
+                    "output_audio_buffer.clear: no audio is playing", "response_cancel_not_active", None, event.event_id
+                )
+            self.echo.stop()
+            return
         if self.response is None:
             raise ev.EventError(
                 "output_audio_buffer.clear: no response is sending audio",
@@ -682,7 +732,7 @@ class RealtimeSession:
                 event.event_id,
             )
         run, task = self.response
-        self.echo.stop()  # the client stops playing it
+        self._stop_playing()
         await run.cancel("client_cancelled")
         await asyncio.shield(task)
         self.send(ev.OutputAudioBufferCleared(response_id=run.id))
@@ -721,7 +771,7 @@ class RealtimeSession:
             )
         if self.response is not None and self.response[0].turn is turn:
             run, task = self.response  # the client stopped playing it: no more of it is wanted
-            self.echo.stop()  # the client stops playing it
+            self._stop_playing()
             await run.cancel("client_cancelled")
             await asyncio.shield(task)
         if not 0 <= event.audio_end_ms <= turn.audio_ms + 1:
@@ -785,6 +835,8 @@ class RealtimeSession:
         """The socket closed: cancel the response, abort every pipeline request of this session."""
         if self.response is not None:
             await self.response[0].cancel("client_cancelled")
+        if self.audio_out is not None:
+            self.audio_out.clear()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):

@@ -35,6 +35,7 @@ EXAMPLES: list[ev.ServerEvent] = [
     ev.TranscriptionDelta(item_id="item_1", content_index=0, delta="hi"),
     ev.ItemTruncated(item_id="item_1", content_index=0, audio_end_ms=300), ev.ItemDeleted(item_id="item_1"),
     ev.ItemRetrieved(item=ITEM), ev.OutputAudioBufferCleared(response_id="resp_1"),
+    ev.OutputAudioBufferStarted(response_id="resp_1"), ev.OutputAudioBufferStopped(response_id="resp_1"),
 ]
 TRANSCRIPTION_SESSION = ev.TranscriptionSessionObject(id="sess_2", audio={"input": {
     "format": {"type": "audio/pcmu"}, "transcription": {"model": "asr"},

@@ -1,0 +1,428 @@
+"""``POST /v1/realtime/calls``: the Realtime protocol over WebRTC (aiortc), as OpenAI serves it.
+
+The client posts its SDP offer (``Content-Type: application/sdp``, or OpenAI's multipart form
+with an ``sdp`` field and an optional ``session`` JSON field, applied as a ``session.update``
+before ``session.created``); the answer comes back with 201 and ``Location:
+/v1/realtime/calls/{call_id}``. The API key and ``?model=`` / ``?intent=`` are checked as for
+the WebSocket (401, 404 / 400 naming the field); a body that is not an offer is a 400 saying
+what is wrong with it.
+
+The call drives the same :class:`~omnictl.serving.realtime.session.RealtimeSession` as a
+WebSocket does, through the same :class:`~omnictl.serving.realtime.channel.RealtimeHub`:
+
+* client and server events travel on the data channel the client opens, ``oai-events``;
+* the microphone track, decoded and resampled (48 kHz Opus to the session's 24 kHz pcm16),
+  is fed to the session in 100 ms pieces, as appends would be: server VAD, turns,
+  barge-in, truncation all work unchanged;
+* the answer's audio goes out on the server's own audio track, paced in real time in
+  20 ms frames (:class:`AnswerTrack`), never as ``response.output_audio.delta`` events;
+  the track says ``output_audio_buffer.started`` / ``.stopped`` / ``.cleared`` (on barge-in
+  or cancel it drops what it holds at once);
+* the echo guard is off (``session.audio.input.echo_guard: false``, ``transport: "webrtc"``):
+  a browser's WebRTC stack cancels echo itself. A session field turns it back on.
+
+ICE: no STUN or TURN server is used (the server answers with its host candidates). Which
+local addresses it offers: ``OMNICTL_WEBRTC_HOSTS`` (comma-separated addresses) when set;
+else the one the offer came in on, which the client reached (for the default loopback
+``--host``, 127.0.0.1: the call's traffic stays on it).
+
+A call ends when its data channel closes, its connection fails or closes, it does not
+connect within ``CONNECT_TIMEOUT_S`` (30 s), nothing arrives on it for ``IDLE_TIMEOUT_S`` (5 min), the
+client stops reading its events, ``POST /v1/realtime/calls/{id}/hangup``, or the server
+stops. Calls count against ``--max-realtime-sessions`` with the WebSockets; ``/health``
+shows them (``realtime.peer_connections``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import av
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.exceptions import InvalidAccessError, OperationError
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from omnictl.inputs import PCM16_RATE
+from omnictl.serving.common.auth import authorized
+from omnictl.serving.common.capabilities import capabilities
+from omnictl.serving.common.echo import clip
+from omnictl.serving.common.errors import error_response, unauthorized
+from omnictl.serving.realtime import events as ev
+from omnictl.serving.realtime.answer_track import AnswerTrack
+from omnictl.serving.realtime.channel import Outbox, RealtimeHub
+from omnictl.serving.realtime.ice import install_host_filter, restrict_to
+from omnictl.serving.realtime.session import RealtimeSession
+
+log = logging.getLogger("omnictl.serving.realtime")
+
+CHANNEL = "oai-events"  # the data channel OpenAI's clients open for events
+FEED_BYTES = PCM16_RATE * 100 // 1000 * 2  # the microphone reaches the session in 100 ms pieces
+CONNECT_TIMEOUT_S = 30.0  # an answered offer that never connects is closed after this
+# A call on which nothing arrives this long (no audio, no event) is closed: a page left open
+# with its microphone off. A peer that is gone fails ICE's consent checks (about 30 s) first.
+IDLE_TIMEOUT_S = 300.0
+INBOX_ITEMS = 200  # microphone pieces and events waiting for the session (20 s of audio)
+MAX_OFFER_BYTES = 64 * 1024  # an SDP offer is a few kilobytes
+
+
+# --- one call --------------------------------------------------------------------------------
+
+
+@dataclass
+class Call:
+    id: str
+    pc: RTCPeerConnection
+    outbox: Outbox
+    track: AnswerTrack
+    session: RealtimeSession | None = None
+    channel: Any = None  # aiortc's RTCDataChannel, once the client opened it
+    inbox: asyncio.Queue[tuple[str, str | bytes]] = field(default_factory=lambda: asyncio.Queue(INBOX_ITEMS))
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    why: str = ""
+    connected: asyncio.Event = field(default_factory=asyncio.Event)
+    last_heard: float = field(default_factory=time.monotonic)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    dropped: int = 0  # inbox items dropped because the session fell behind
+
+    def end(self, why: str) -> None:
+        if not self.ended.is_set():
+            self.why = why
+            self.ended.set()
+
+    def arrive(self, kind: str, data: str | bytes) -> None:
+        self.last_heard = time.monotonic()
+        try:
+            self.inbox.put_nowait((kind, data))
+        except asyncio.QueueFull:
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 100 == 0:  # once, then every hundredth
+                log.warning(
+                    "realtime call %s: the session is %d items behind; dropped %d %s item(s) so far",
+                    self.id,
+                    INBOX_ITEMS,
+                    self.dropped,
+                    kind,
+                )
+
+    def spawn(self, work: Any, name: str) -> None:
+        task: asyncio.Task[None] = asyncio.create_task(work, name=f"{name} {self.id}")
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+
+class Calls:
+    """The WebRTC calls of one server: answered, run, ended, counted."""
+
+    def __init__(self, hub: RealtimeHub) -> None:
+        self.hub = hub
+        self.open: dict[str, Call] = {}
+        install_host_filter()
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "sessions": self.hub.open,
+            "websocket_sessions": self.hub.by_transport["websocket"],
+            "webrtc_sessions": self.hub.by_transport["webrtc"],
+            "peer_connections": len(self.open),
+        }
+
+    async def close_all(self) -> None:
+        """The server stops: every call ends now."""
+        for call in list(self.open.values()):
+            call.end("the server is stopping")
+        for call in list(self.open.values()):
+            for task in list(call.tasks):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    # --- POST /v1/realtime/calls ----------------------------------------------------------
+
+    async def create(self, request: Request) -> Response:
+        state = self.hub.state
+        if not authorized(request.headers, state.api_key):
+            state.metrics.outcome("rejected")
+            return unauthorized()
+        pipe = state.pipeline
+        if pipe is None:
+            return error_response(503, "the pipeline is still starting; retry shortly", "server_error", "starting")
+        if not capabilities(pipe.topology).realtime:
+            return error_response(
+                400,
+                f"topology {pipe.topology.name!r} has no text or audio terminal",
+                "invalid_request_error",
+                "unsupported_topology",
+            )
+        offer = await _read_offer(request)
+        if isinstance(offer, Response):
+            state.metrics.outcome("rejected")
+            return offer
+        sdp, session_config = offer
+        query = dict(request.query_params)
+        if isinstance(session_config, dict) and isinstance(session_config.get("model"), str):
+            query.setdefault("model", session_config["model"])
+        refused = self.hub.refused(query, pipe)
+        if refused is not None:
+            state.metrics.outcome("rejected")
+            status = 404 if refused.code == "model_not_found" else 400
+            return error_response(status, refused.message, "invalid_request_error", refused.code, refused.param)
+        full = self.hub.full()
+        if full is not None:
+            state.metrics.outcome("rejected")
+            return error_response(429, full.message, "rate_limit_error", full.code)
+        server = request.scope.get("server")  # the local address this offer came in on
+        restrict_to(server[0] if server else None)
+        return await self._answer(request, sdp, session_config, query)
+
+    async def _answer(self, request: Request, sdp: str, config: Any, query: dict[str, str]) -> Response:
+        state = self.hub.state
+        pipe = state.pipeline
+        assert pipe is not None
+        outbox = Outbox(state.limits.max_realtime_outbox_bytes)
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # no STUN/TURN: host candidates only
+        track = AnswerTrack(outbox.put)
+        call = Call(ev.new_id("rtc"), pc, outbox, track)
+        self.open[call.id] = call
+        self._wire(call)  # before the offer is read: reading it raises the "track" event
+        try:
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        except (ValueError, TypeError, KeyError, IndexError, InvalidAccessError, OperationError) as exc:
+            # aiortc's SDP parser, or an offer it cannot answer (no codec in common)
+            await self._end(call)
+            state.metrics.outcome("rejected")
+            return _bad_offer(f"the SDP offer could not be read: {clip(str(exc) or type(exc).__name__, 200)}")
+        if not any(t.kind == "audio" for t in pc.getTransceivers()):
+            await self._end(call)
+            state.metrics.outcome("rejected")
+            return _bad_offer("the SDP offer has no audio media section (m=audio): the call needs one for speech")
+        pc.addTrack(track)
+        session = self.hub.session(pipe, outbox.put, query, request.headers, "webrtc", audio_out=track)
+        call.session = session
+        try:
+            if config is not None:
+                refused = await _apply(session, config)
+                if refused is not None:
+                    state.metrics.outcome("rejected")
+                    await self._end(call)
+                    return error_response(400, refused.message, "invalid_request_error", refused.code, refused.param)
+            answer = await pc.createAnswer()
+            await pc.setLocalDescription(answer)
+        except BaseException:
+            await self._end(call)
+            raise
+        call.spawn(self._run(call), "webrtc call")
+        session.send(ev.SessionCreated(session=session.session_object()))
+        log.info("realtime call %s: session %s answered", call.id, session.id)
+        return Response(
+            pc.localDescription.sdp,
+            status_code=201,
+            media_type="application/sdp",
+            headers={"Location": f"/v1/realtime/calls/{call.id}"},
+        )
+
+    async def hangup(self, request: Request) -> Response:
+        if not authorized(request.headers, self.hub.state.api_key):
+            return unauthorized()
+        call = self.open.get(request.path_params["call_id"])
+        if call is None:
+            return error_response(
+                404,
+                f"no call {clip(request.path_params['call_id'], 64)!r} is open",
+                "invalid_request_error",
+                "not_found",
+            )
+        call.end("hung up by the client")
+        return JSONResponse({"id": call.id, "status": "hung up"})
+
+    # --- the call's life ------------------------------------------------------------------
+
+    def _wire(self, call: Call) -> None:
+        pc = call.pc
+
+        @pc.on("datachannel")
+        def on_channel(channel: Any) -> None:
+            if channel.label != CHANNEL or call.channel is not None:
+                log.info("realtime call %s: data channel %r ignored (events go on %r)", call.id, channel.label, CHANNEL)
+                return
+            call.channel = channel
+            channel.on("message", lambda message: call.arrive("event", message))
+            channel.on("close", lambda: call.end("the data channel closed"))
+
+        @pc.on("track")
+        def on_track(track: MediaStreamTrack) -> None:
+            if track.kind == "audio":
+                call.spawn(self._listen(call, track), "webrtc microphone")
+
+        @pc.on("connectionstatechange")
+        def on_state() -> None:
+            if pc.connectionState == "connected":
+                call.connected.set()
+            elif pc.connectionState in ("failed", "closed"):
+                call.end(f"the peer connection {pc.connectionState}")
+
+    async def _listen(self, call: Call, track: MediaStreamTrack) -> None:
+        """The microphone: decoded frames, resampled to the session's 24 kHz mono pcm16, in 100 ms pieces."""
+        resampler = av.AudioResampler(format="s16", layout="mono", rate=PCM16_RATE)
+        pending = bytearray()
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            if not isinstance(frame, av.AudioFrame):  # an audio track yields audio frames
+                continue
+            for out in resampler.resample(frame):
+                pending += out.to_ndarray().astype("<i2").tobytes()
+            if len(pending) >= FEED_BYTES:
+                call.arrive("audio", bytes(pending))
+                pending.clear()
+
+    async def _consume(self, call: Call) -> None:
+        """Events and microphone audio, one at a time in arrival order, as the WebSocket's receive loop."""
+        session = call.session
+        assert session is not None
+        while True:
+            kind, data = await call.inbox.get()
+            if kind == "audio":
+                assert isinstance(data, bytes)
+                await self.hub.guarded(session, functools.partial(session.feed, data), "piece of microphone audio")
+            else:
+                await self.hub.deliver(session, data)
+
+    async def _write(self, call: Call) -> None:
+        while call.channel is None or call.channel.readyState != "open":
+            if call.channel is not None and call.channel.readyState == "closed":
+                return
+            await asyncio.sleep(0.02)
+        while (message := await call.outbox.get()) is not None:
+            while call.channel.bufferedAmount > call.outbox.limit:  # SCTP has not sent what it holds
+                await asyncio.sleep(0.01)
+            if call.channel.readyState != "open":
+                return
+            call.channel.send(message)
+
+    async def _watch(self, call: Call) -> None:
+        """End the call when it does not connect in time or goes idle."""
+        try:
+            await asyncio.wait_for(call.connected.wait(), CONNECT_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return call.end(f"it did not connect within {CONNECT_TIMEOUT_S:g} s")
+        while True:
+            idle = time.monotonic() - call.last_heard
+            if idle >= IDLE_TIMEOUT_S:
+                return call.end(f"nothing arrived on it for {IDLE_TIMEOUT_S:g} s")
+            await asyncio.sleep(min(5.0, IDLE_TIMEOUT_S - idle))
+
+    async def _run(self, call: Call) -> None:
+        call.spawn(self._consume(call), "webrtc events")
+        call.spawn(self._write(call), "webrtc writer")
+        call.spawn(self._watch(call), "webrtc watch")
+        overflow = asyncio.ensure_future(call.outbox.overflowed.wait())
+        ended = asyncio.ensure_future(call.ended.wait())
+        try:
+            await asyncio.wait({overflow, ended}, return_when=asyncio.FIRST_COMPLETED)
+            if call.outbox.overflowed.is_set():
+                call.end(f"the client is not reading its events ({call.outbox.pending} characters waiting)")
+        finally:
+            overflow.cancel()
+            ended.cancel()
+            await self._end(call)
+
+    async def _end(self, call: Call) -> None:
+        """Close everything of ``call``, once: its session (aborting its pipeline requests), tasks, peer connection."""
+        if self.open.pop(call.id, None) is None:
+            return
+        log.info("realtime call %s ended: %s", call.id, call.why or "refused")
+        current = asyncio.current_task()
+        if call.session is not None:
+            self.hub.closed(call.session)
+            await call.session.close()
+        call.outbox.close()
+        for task in list(call.tasks):
+            if task is not current:
+                task.cancel()
+        for task in list(call.tasks):
+            if task is not current:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        call.track.stop()
+        await call.pc.close()
+
+
+def _bad_offer(message: str, param: str = "sdp") -> JSONResponse:
+    return error_response(400, message, "invalid_request_error", "invalid_offer", param)
+
+
+async def _read_offer(request: Request) -> tuple[str, Any] | Response:
+    """The SDP offer and the ``session`` configuration (None if not sent), or the 400 saying what is wrong."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_OFFER_BYTES:
+        return _bad_offer(f"the body is {declared} bytes; an SDP offer is at most {MAX_OFFER_BYTES} bytes")
+    config: Any = None
+    if kind == "application/sdp":
+        body = await request.body()
+        if len(body) > MAX_OFFER_BYTES:
+            return _bad_offer(f"the body is {len(body)} bytes; an SDP offer is at most {MAX_OFFER_BYTES} bytes")
+        try:
+            sdp = body.decode("utf-8")
+        except UnicodeDecodeError:
+            return _bad_offer("the SDP offer is not UTF-8 text")
+    elif kind == "multipart/form-data":
+        async with request.form(max_files=2, max_fields=4, max_part_size=MAX_OFFER_BYTES) as form:
+            raw = form.get("sdp")
+            if raw is None:
+                return _bad_offer("the form has no 'sdp' field (the SDP offer)")
+            if isinstance(raw, UploadFile):
+                raw = (await raw.read()).decode("utf-8", "replace")
+            sdp = raw
+            session = form.get("session")
+            if isinstance(session, UploadFile):
+                session = (await session.read()).decode("utf-8", "replace")
+            if session is not None:
+                try:
+                    config = json.loads(session)
+                except json.JSONDecodeError as exc:
+                    return _bad_offer(f"the form's 'session' field is not JSON ({exc})", "session")
+                if not isinstance(config, dict):
+                    return _bad_offer("the form's 'session' field must be a JSON object", "session")
+    else:
+        return error_response(
+            415,
+            f"Content-Type {clip(kind or '(none)', 64)!r}: send the SDP offer as 'application/sdp', or as the "
+            "'sdp' field of a 'multipart/form-data' form (with an optional 'session' JSON field)",
+            "invalid_request_error",
+            "unsupported_media_type",
+        )
+    sdp = sdp.strip().replace("\r\n", "\n").replace("\n", "\r\n") + "\r\n"
+    if not sdp.startswith("v=0"):
+        return _bad_offer("the body is not an SDP offer: it must begin with 'v=0'")
+    if "\r\nm=" not in sdp:
+        return _bad_offer("the SDP offer has no media section (m=audio for speech, m=application for events)")
+    return sdp, config
+
+
+async def _apply(session: RealtimeSession, config: dict[str, Any]) -> ev.EventError | None:
+    """The form's ``session`` configuration, applied as a ``session.update`` before ``session.created``."""
+    config = {k: v for k, v in config.items() if k != "model"}  # checked as ``?model=``
+    send = session.send
+    session.send = lambda _event: None  # session.created says it all
+    try:
+        await session.handle(ev.decode_client_event(json.dumps({"type": "session.update", "session": config})))
+    except ev.EventError as error:
+        param = error.param or ""
+        error.message = f"the form's 'session' field: {error.message}"
+        error.param = "session" + ("." + param.removeprefix("session.") if param else "")
+        return error
+    finally:
+        session.send = send
+    return None
