@@ -24,6 +24,9 @@ from typing import Hashable, Iterable, TypeVar
 POLICIES = ("fifo", "deadline")
 DEFAULT_POLICY = "fifo"
 DEFAULT_TTFP_TARGET_S = 1.0  # the first chunk's deadline after a stream arrives at a stage
+# A stream holding a batch slot keeps it unless another's deadline comes this much sooner:
+# swapping every round between two streams of near-equal slack would only churn the batch.
+DEFAULT_SWAP_MARGIN_S = 0.5
 
 K = TypeVar("K", bound=Hashable)
 
@@ -96,6 +99,44 @@ class PlaybackDeadlines:
         if self.policy == "fifo":
             return candidates
         return sorted(candidates, key=lambda stream: self.slack(stream, now))  # stable: older first on a tie
+
+    def choose(
+        self,
+        holding: Iterable[K],
+        waiting: Iterable[K],
+        slots: int,
+        now: float,
+        may_leave: int | None = None,
+        margin_s: float = DEFAULT_SWAP_MARGIN_S,
+    ) -> list[K]:
+        """Which streams take a round's ``slots`` (a batch's width) when more want one: the
+        least slack first, a stream already ``holding`` a slot counting ``margin_s`` less
+        (it keeps its slot unless another's deadline is that much sooner). At most
+        ``may_leave`` holders lose their slot (None: any). Under ``fifo``: the holders, then
+        the waiting in their order, as many as fit."""
+        holders = list(holding)
+        candidates = [*holders, *waiting]
+        if slots <= 0:
+            return []
+        if self.policy == "fifo" or len(candidates) <= slots:
+            return candidates[:slots]
+        held = set(holders)
+
+        def key(stream: K) -> float:
+            return self.slack(stream, now) - (margin_s if stream in held else 0.0)
+
+        ranked = sorted(candidates, key=key)  # stable: holders first among equals
+        chosen = ranked[:slots]
+        if may_leave is not None:
+            leaving = sorted((s for s in holders if s not in chosen), key=key)
+            for stream in leaving[: max(len(leaving) - may_leave, 0)]:
+                # too many would leave: the holder nearest starvation stays, in place of the
+                # last waiting stream chosen
+                newcomers = [s for s in chosen if s not in held]
+                if not newcomers:
+                    break
+                chosen[chosen.index(newcomers[-1])] = stream
+        return chosen
 
     def __len__(self) -> int:
         return len(self._streams)

@@ -53,3 +53,24 @@ def test_unknown_streams_bad_policies_and_the_finished() -> None:
         PlaybackDeadlines("edf")
     with pytest.raises(ValueError, match="at least one"):
         policy.pick([], 0.0)
+
+
+def test_a_rounds_slots_go_to_the_streams_nearest_starvation() -> None:
+    policy = PlaybackDeadlines("deadline", ttfp_target_s=1.0)
+    policy.sent("ahead", 10.0, now=0.0)  # 10 s in hand
+    policy.sent("tight", 0.6, now=0.0)
+    policy.arrived("new", 0.0)  # its first chunk due at 1.0
+    # one slot: the new stream's deadline is sooner than the far-ahead holder's by more than the margin
+    assert policy.choose(["ahead"], ["new"], slots=1, now=0.2) == ["new"]
+    # two slots, three streams: the one with 10 s in hand sits the round out
+    assert policy.choose(["ahead", "tight"], ["new"], slots=2, now=0.2) == ["tight", "new"]
+    # a holder keeps its slot against a stream only a little more urgent (the margin)
+    policy.sent("close", 1.2, now=0.0)  # 1.0 s left at 0.2: later than the new one's 0.8 s, by less than 0.5 s
+    assert policy.choose(["close"], ["new"], slots=1, now=0.2) == ["close"]
+    # no holder leaves when none may: the waiting stream is not taken
+    assert policy.choose(["ahead"], ["new"], slots=1, now=0.2, may_leave=0) == ["ahead"]
+    # everything fits: all of them, whatever their slack
+    assert policy.choose(["ahead"], ["new"], slots=2, now=0.2) == ["ahead", "new"]
+    # fifo: the holders keep their slots, the waiting in order as room allows
+    fifo = PlaybackDeadlines("fifo")
+    assert fifo.choose(["ahead"], ["new", "later"], slots=2, now=0.2) == ["ahead", "new"]
