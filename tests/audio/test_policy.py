@@ -74,3 +74,24 @@ def test_a_rounds_slots_go_to_the_streams_nearest_starvation() -> None:
     # fifo: the holders keep their slots, the waiting in order as room allows
     fifo = PlaybackDeadlines("fifo")
     assert fifo.choose(["ahead"], ["new", "later"], slots=2, now=0.2) == ["ahead", "new"]
+
+
+def test_with_costs_a_stream_is_due_when_its_slack_no_longer_covers_its_work() -> None:
+    policy = PlaybackDeadlines("deadline")
+    policy.sent("short", 1.0, now=0.0)  # 1 s left at 0, its next sentence takes 0.2 s: laxity 0.8
+    policy.sent("long", 1.5, now=0.0)  # 1.5 s left, its next takes 1.0 s: laxity 0.5
+    costs = {"short": 0.2, "long": 1.0}
+    assert policy.pick(["short", "long"], now=0.0) == "short"  # by slack alone
+    assert policy.pick(["short", "long"], now=0.0, cost=costs.__getitem__) == "long"
+
+
+def test_a_new_stream_does_not_go_ahead_of_a_playing_one_it_would_make_underrun() -> None:
+    policy = PlaybackDeadlines("deadline", ttfp_target_s=1.0)
+    policy.sent("playing", 1.0, now=0.0)
+    policy.arrived("new", 0.0)
+    assert policy.playing("playing") and not policy.playing("new")
+    # at 0.5 both have 0.5 s: the playing one's next sentence takes 0.1 s (laxity 0.4), the
+    # new one's 0.3 s (laxity 0.2): the new one goes first, leaving the playing one 0.2 s
+    assert policy.pick(["playing", "new"], now=0.5, cost={"playing": 0.1, "new": 0.3}.__getitem__) == "new"
+    # a 0.45 s first sentence would outlast the playing one's laxity (0.4): the playing one first
+    assert policy.pick(["playing", "new"], now=0.5, cost={"playing": 0.1, "new": 0.45}.__getitem__) == "playing"
