@@ -35,6 +35,10 @@ DEFAULT_TTFP_TARGET_S = 1.0  # the first chunk's deadline after a stream arrives
 # A stream holding a batch slot keeps it unless another's deadline comes this much sooner:
 # swapping every round between two streams of near-equal slack would only churn the batch.
 DEFAULT_SWAP_MARGIN_S = 0.5
+# A playing stream is kept from a new one's first chunk while its laxity is under that
+# chunk's cost plus this: a cost is a mean, and on a loaded machine one synthesis took
+# 1.7 s where its like took 0.5 s (the voice assistant's trace, 12 streams at 0.5/s).
+DEFAULT_GUARD_S = 0.5
 
 K = TypeVar("K", bound=Hashable)
 
@@ -100,7 +104,8 @@ class PlaybackDeadlines:
         """The stream to serve next among ``waiting`` (given oldest work first): under
         ``fifo`` the first; under ``deadline`` the least laxity (slack less ``cost``, the
         seconds its next piece of work takes; 0 when not given), the older on a tie, except
-        that a new stream does not go ahead of a playing one that cannot afford its cost."""
+        that a new stream does not go ahead of a playing one that cannot afford its cost
+        (laxity under it plus :data:`DEFAULT_GUARD_S`)."""
         candidates = list(waiting)
         if not candidates:
             raise ValueError("pick needs at least one waiting stream")
@@ -110,7 +115,7 @@ class PlaybackDeadlines:
         laxity = {stream: self.slack(stream, now) - costs[stream] for stream in candidates}
         best = min(candidates, key=laxity.__getitem__)  # min keeps the first of equals
         if not self.playing(best):
-            at_risk = [s for s in candidates if self.playing(s) and laxity[s] < costs[best]]
+            at_risk = [s for s in candidates if self.playing(s) and laxity[s] < costs[best] + DEFAULT_GUARD_S]
             if at_risk:
                 return min(at_risk, key=laxity.__getitem__)
         return best

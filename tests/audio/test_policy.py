@@ -87,11 +87,12 @@ def test_with_costs_a_stream_is_due_when_its_slack_no_longer_covers_its_work() -
 
 def test_a_new_stream_does_not_go_ahead_of_a_playing_one_it_would_make_underrun() -> None:
     policy = PlaybackDeadlines("deadline", ttfp_target_s=1.0)
-    policy.sent("playing", 1.0, now=0.0)
+    policy.sent("playing", 2.0, now=0.0)
     policy.arrived("new", 0.0)
     assert policy.playing("playing") and not policy.playing("new")
-    # at 0.5 both have 0.5 s: the playing one's next sentence takes 0.1 s (laxity 0.4), the
-    # new one's 0.3 s (laxity 0.2): the new one goes first, leaving the playing one 0.2 s
+    # at 0.5: the playing one has 1.5 s left and its next sentence takes 0.1 s (laxity 1.4),
+    # the new one is due at 1.0 and takes 0.3 s (laxity 0.2): the new one goes first, as
+    # the playing one can spare its 0.3 s and the guard
     assert policy.pick(["playing", "new"], now=0.5, cost={"playing": 0.1, "new": 0.3}.__getitem__) == "new"
-    # a 0.45 s first sentence would outlast the playing one's laxity (0.4): the playing one first
-    assert policy.pick(["playing", "new"], now=0.5, cost={"playing": 0.1, "new": 0.45}.__getitem__) == "playing"
+    # a 1.0 s first sentence (plus the 0.5 s guard) would outlast its 1.4 s: the playing one first
+    assert policy.pick(["playing", "new"], now=0.5, cost={"playing": 0.1, "new": 1.0}.__getitem__) == "playing"
