@@ -17,7 +17,10 @@ goodput under the SLO (``--slo-ttfp``, ``--slo-underrun``), refused requests. Th
 own figure per stream (the underruns it recorded into the trace) is compared with the
 client's.
 
-Topologies (``--topology``): ``voice`` (the embedded voice assistant: SmolLM2, Piper) and
+Topologies (``--topology``): ``voice`` (the embedded voice assistant: SmolLM2, Piper, asked
+for answers of ``--sentences`` sentences, so that the sentence TTS serves several streams
+that each have audio in hand: with one-sentence answers a gap only comes from the LLM still
+writing, which no choice at the TTS can shorten) and
 ``qwen`` (``topologies/qwen3-omni.yaml`` on a ``mid`` random-weight checkpoint written to a
 temporary directory: its code2wav stage schedules by the policy).
 
@@ -27,14 +30,19 @@ that rate; with admission on, p95 largest underrun <= 100 ms for admitted stream
 the sustainable rate, refusals answered in < 50 ms; the server's underrun figures within
 50 ms of the client's, per stream.
 
-Run: ``python benchmarks/audio_continuity.py`` (short: the voice assistant, three rates,
-a few requests each; ``--topology voice,qwen --requests 12`` for more).
+For each configuration the requests that missed the SLO are placed, from the profiler's
+trace, at the stage (and part) where their late chunk spent the most time: where the gaps
+come from.
+
+Run: ``python benchmarks/audio_continuity.py`` (the voice assistant, three rates, 16
+requests each; ``--topology voice,qwen`` for both; ``--configs fifo`` for a pilot).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
 import time
@@ -52,13 +60,15 @@ import numpy as np  # noqa: E402
 
 from omnictl.bench.client import send_request  # noqa: E402
 from omnictl.bench.loadgen import open_loop  # noqa: E402
-from omnictl.bench.slo import AudioSlo, judge  # noqa: E402
+from omnictl.bench.slo import AudioSlo, judge, where_late  # noqa: E402
 from omnictl.bench.stats import RequestRecord  # noqa: E402
 from omnictl.bench.workload import build_payload  # noqa: E402
 from omnictl.profiling.events import EventKind  # noqa: E402
 from omnictl.profiling.store import TraceStore  # noqa: E402
 
-CONFIGS = (("fifo", False), ("deadline", False), ("deadline+admit", True))
+CONFIGS = {"fifo": False, "deadline": False, "deadline+admit": True}  # name -> admission on
+TOPICS = ("the moon", "bees", "volcanoes", "the ocean", "trains", "coffee", "rainbows", "penguins",
+          "the desert", "bicycles", "clouds", "chess")
 SUSTAIN_S = 0.100  # p95 largest underrun a rate must keep to count as sustained
 AGREE_S = 0.050
 REFUSE_S = 0.050
@@ -70,6 +80,7 @@ class RateFigures:
     records: list[RequestRecord]
     refusal_s: list[float] = field(default_factory=list)
     server_largest: dict[str, float] = field(default_factory=dict)  # request id -> the server's figure
+    late_at: dict[str, int] = field(default_factory=dict)  # "stage part" -> SLO misses whose late chunk was held there
 
     def played(self) -> list[RequestRecord]:
         return [r for r in self.records if r.ok and r.audio_chunks]
@@ -112,6 +123,33 @@ def qwen_topology(scratch: Path, max_codes: int) -> tuple[str, str]:
     return str(path), str(checkpoint)
 
 
+def voice_topology(scratch: Path, sentences: int, max_tokens: int) -> str:
+    """The embedded voice assistant, asked for ``sentences``-sentence answers."""
+    from omnictl.serving.server import default_topology
+
+    text = default_topology().read_text()
+    for old, new in (
+        ('"You are a voice assistant. Answer in one short, direct sentence."',
+         f'"You are a voice assistant. Answer in {sentences} short sentences."'),
+        ("max_sentences: 1\n", f"max_sentences: {sentences}\n"),
+        ("max_tokens: 32\n", f"max_tokens: {max_tokens}\n"),
+    ):
+        if old not in text:
+            raise SystemExit(f"the embedded voice assistant no longer has {old.strip()!r} to change")
+        text = text.replace(old, new)
+    path = scratch / "voice-assistant.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def payload(index: int, model: str, sentences: int, max_tokens: int) -> dict[str, Any]:
+    """Request ``index``: text and pcm16 audio, a question asking for several sentences."""
+    question = f"Tell me about {TOPICS[index % len(TOPICS)]} in {sentences} sentences."
+    body = build_payload(index, "text", ["text", "audio"], max_tokens, [], model)
+    body["messages"] = [{"role": "user", "content": question}]
+    return body
+
+
 def server_underruns(run_dir: Path, ids: set[str], wait_s: float = 3.0) -> dict[str, float]:
     """The server's largest underrun per request, from the UNDERRUN events it recorded."""
     time.sleep(wait_s)  # the recorders ship their batches every 50 ms; the last ones land
@@ -124,7 +162,7 @@ def server_underruns(run_dir: Path, ids: set[str], wait_s: float = 3.0) -> dict[
     return dict(largest)
 
 
-async def drive(url: str, model: str, rate: float, count: int, seed: int, max_tokens: int,
+async def drive(url: str, model: str, rate: float, count: int, seed: int, args: Any,
                 offset: int) -> tuple[list[RequestRecord], list[float]]:
     refusals: list[float] = []
     limits = httpx.Limits(max_connections=count + 8, max_keepalive_connections=count + 8)
@@ -132,10 +170,10 @@ async def drive(url: str, model: str, rate: float, count: int, seed: int, max_to
         origin = time.perf_counter()
 
         async def send(index: int) -> RequestRecord:
-            payload = build_payload(index + offset, "text", ["text", "audio"], max_tokens, [], model)
+            body = payload(index + offset, model, args.sentences, args.max_tokens)
             record = RequestRecord(index=index, sent_at=time.perf_counter() - origin)
             began = time.perf_counter()
-            await send_request(client, url + "/v1/chat/completions", payload, record, {})
+            await send_request(client, url + "/v1/chat/completions", body, record, {})
             if record.overloaded:
                 refusals.append(time.perf_counter() - began)
             return record
@@ -145,11 +183,11 @@ async def drive(url: str, model: str, rate: float, count: int, seed: int, max_to
 
 
 def run_config(topology: str | None, model_path: str | None, policy: str, admit: bool, rates: list[float],
-               args: Any) -> dict[float, RateFigures]:
+               args: Any, slo: AudioSlo) -> dict[float, RateFigures]:
     from omnictl.serving.background import BackgroundServer
     from omnictl.serving.server import ServeOptions
 
-    device = args.device if topology is not None else None  # the voice assistant is CPU-only as shipped
+    device = args.device if model_path is not None else None  # the voice assistant is CPU-only as shipped
     options = ServeOptions(topology=topology, port=0, model_path=model_path, max_in_flight=None, device=device,
                            audio_policy=policy.split("+")[0], max_underrun_ms=args.admit_ms if admit else None,
                            request_timeout=600.0, ready_timeout=600.0)  # a busy shared machine loads slowly
@@ -157,15 +195,24 @@ def run_config(topology: str | None, model_path: str | None, policy: str, admit:
     with BackgroundServer(options) as listening:
         url, model = listening.url, listening.state.model_name
         run_dir = Path(listening.pipeline.run_dir)
-        asyncio.run(drive(url, model, 1.0, args.warmup, 99, args.max_tokens, 10_000))  # compile, load, warm
+        asyncio.run(drive(url, model, 1.0, args.warmup, 99, args, 10_000))  # compile, load, warm
         for index, rate in enumerate(rates):
+            # the seed is the rate's, not the config's: every config gets the same arrivals
             records, refusals = asyncio.run(drive(url, model, rate, args.requests, args.seed + index,
-                                                  args.max_tokens, 100 * index))
+                                                  args, 100 * index))
             ids = {r.request_id for r in records if r.request_id}
             figures[rate] = RateFigures(rate, records, refusals, server_underruns(run_dir, ids))
             f = figures[rate]
+            _, misses = judge(records, slo, duration=1.0)
+            for placed in where_late(run_dir, misses, wait_s=0.5):
+                where = f"{placed['reason']} at {placed['stage']} {placed['part']}"
+                f.late_at[where] = f.late_at.get(where, 0) + 1
+            audio = [r.continuity() for r in f.played()]
+            mean_s = sum(c.audio_s for c in audio) / len(audio) if audio else 0.0
+            mean_chunks = sum(c.chunks for c in audio) / len(audio) if audio else 0.0
             print(f"  {policy:<15} {rate:5.2f}/s  done {len(f.played())}/{len(records)}  "
-                  f"p95 underrun {ms(f.underrun(95))}  TTFP p90 {ms(f.ttfp(90))}", flush=True)
+                  f"p95 underrun {ms(f.underrun(95))}  TTFP p90 {ms(f.ttfp(90))}  "
+                  f"audio {mean_s:.1f} s in {mean_chunks:.1f} chunks a stream", flush=True)
     return figures
 
 
@@ -196,11 +243,21 @@ def report(name: str, results: dict[str, dict[float, RateFigures]], slo: AudioSl
             print(f"{config:<15} {rate:>6.2f} {ms(f.ttfp(50)):>9} {ms(f.ttfp(90)):>9} {ms(f.underrun(50)):>9} "
                   f"{ms(f.underrun(95)):>9} {'-' if cont is None else f'{cont:.0%}':>8} {summary['share']:>8.0%} "
                   f"{refused:>7} {ms(f.disagreement()):>8}")
+    print(f"\n{name}: where the late chunks of the requests missing the SLO spent the most time (profiler)")
+    for config, figures in results.items():
+        late: dict[str, int] = defaultdict(int)
+        for f in figures.values():
+            for where, count in f.late_at.items():
+                late[where] += count
+        held = ", ".join(f"{where}: {count}" for where, count in sorted(late.items(), key=lambda kv: -kv[1]))
+        print(f"  {config:<15} {held or 'none missed'}")
     sustained = {config: highest_sustained(figures) for config, figures in results.items()}
     for config, rate in sustained.items():
         print(f"{name}: {config} sustains {'no rate tried' if rate is None else f'{rate:g}/s'} "
               f"(p95 largest underrun <= {SUSTAIN_S * 1000:.0f} ms)")
     goals: list[tuple[str, bool]] = []
+    if not {"fifo", "deadline", "deadline+admit"} <= set(results):
+        return goals  # a pilot of some configs: figures only
     fifo, deadline = sustained["fifo"], sustained["deadline"]
     rates = sorted(results["fifo"])
     if fifo is None:
@@ -233,9 +290,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--topology", default="voice", help="voice, qwen or voice,qwen")
     parser.add_argument("--rates", default=None, help="arrivals per second, comma-separated (default per topology)")
-    parser.add_argument("--requests", type=int, default=6, help="requests per rate")
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--requests", type=int, default=16, help="requests per rate")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="of fifo, deadline, deadline+admit")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--sentences", type=int, default=4, help="voice: sentences asked for per answer")
+    parser.add_argument("--max-tokens", type=int, default=120)
     parser.add_argument("--max-codes", type=int, default=96, help="qwen: codec frames per answer")
     parser.add_argument("--admit-ms", type=float, default=100.0, help="--max-underrun-ms of deadline+admit")
     parser.add_argument("--slo-ttfp", type=float, default=3.0, help="seconds")
@@ -252,13 +311,22 @@ def main() -> int:
             if name not in defaults:
                 parser.error(f"--topology takes voice and/or qwen, got {name!r}")
             rates = [float(r) for r in (args.rates or defaults[name]).split(",")]
-            topology, model_path = (None, None) if name == "voice" else qwen_topology(Path(scratch), args.max_codes)
-            print(f"{name}: rates {rates} /s, {args.requests} requests each, the same arrival schedule per config",
+            if name == "voice":
+                topology, model_path = voice_topology(Path(scratch), args.sentences, args.max_tokens), None
+            else:
+                topology, model_path = qwen_topology(Path(scratch), args.max_codes)
+            print(f"{name}: rates {rates} /s, {args.requests} requests each, the same arrival schedule per config "
+                  f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)",
                   flush=True)
-            results = {config: run_config(topology, model_path, config, admit, rates, args)
-                       for config, admit in CONFIGS}
+            configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+            unknown = [c for c in configs if c not in CONFIGS]
+            if unknown:
+                parser.error(f"--configs takes {', '.join(CONFIGS)}, got {', '.join(unknown)}")
+            results = {config: run_config(topology, model_path, config, CONFIGS[config], rates, args, slo)
+                       for config in configs}
             goals += report(name, results, slo)
-    print(f"\n({time.perf_counter() - began:.0f} s in all)")
+    print(f"\n({time.perf_counter() - began:.0f} s in all; load average at the end "
+          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores)")
     for text, met in goals:
         print(f"goal {text}: {'met' if met else 'NOT met'}")
     return 0

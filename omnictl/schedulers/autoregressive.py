@@ -47,6 +47,17 @@ the private ones (all default to doing nothing special):
 - :meth:`~AutoregressiveScheduler.on_drop` ``(request_id) -> None`` (worker thread):
   the request left without a result (aborted, or a model call or hook failed); free
   what is kept for it beyond the KV cache the runner already released.
+
+Playback deadlines (``audio_policy="deadline"``, for a stage whose tokens become audio
+downstream: a talker's codec frames, a TTS's text): ``max_batch`` is then the width of a
+round, and when more requests are ready than fit, the slots go to the streams nearest
+starvation by :meth:`~omnictl.audio.policy.PlaybackDeadlines.choose`. A request's slack
+counts ``audio_s_per_token`` seconds of audio per token it has emitted; one that has
+emitted nothing is due its ``ttfp_target_s`` after it arrived. A running stream far ahead
+of its listener gives its slot up (it is *parked*: it keeps its KV cache and takes no
+decode step) to a new one whose first chunk is due sooner, and gets it back when its own
+slack is the smaller; at most ``max_batch`` are parked. Under ``fifo`` (the default)
+requests keep their slot until they finish, in arrival order, as before.
 """
 
 from __future__ import annotations
@@ -60,6 +71,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, Mapping
 
+from omnictl.audio.policy import DEFAULT_POLICY, DEFAULT_TTFP_TARGET_S, PlaybackDeadlines, check_policy
 from omnictl.exceptions import InvalidRequest
 from omnictl.messages import RESUME_PARAM
 from omnictl.outputs import TokenDelta, TokenResult
@@ -121,6 +133,9 @@ class AutoregressiveScheduler(Scheduler):
         start_on: StartOn | Literal["request", "stream"] = StartOn.REQUEST,
         default_sampling: Mapping[str, Any] | None = None,
         prefill_chunk: int = 512,
+        audio_policy: str = DEFAULT_POLICY,
+        audio_s_per_token: float | None = None,
+        ttfp_target_s: float = DEFAULT_TTFP_TARGET_S,
     ) -> None:
         """
         default_sampling: sampling fields for requests that do not set them (validated
@@ -128,6 +143,8 @@ class AutoregressiveScheduler(Scheduler):
         prefill_chunk: prompt tokens prefilled per round (for runners that chunk): the
             most another request's next token, or an abort, waits behind a long prompt
             is one such chunk's compute (a twelfth of a 6,000-token prompt at 512).
+        audio_policy: ``fifo`` or ``deadline`` (see the module docstring); ``deadline``
+            needs ``audio_s_per_token``, the seconds of audio one token becomes downstream.
         """
         super().__init__()
         if stream_every < 1:
@@ -137,6 +154,16 @@ class AutoregressiveScheduler(Scheduler):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.prefill_chunk = prefill_chunk
+        check_policy(audio_policy)
+        self._deadlines: PlaybackDeadlines | None = None
+        if audio_policy == "deadline":
+            if audio_s_per_token is None or audio_s_per_token <= 0:
+                raise ValueError(
+                    f"audio_policy 'deadline' needs audio_s_per_token > 0 (the seconds of audio one token "
+                    f"becomes), got {audio_s_per_token!r}"
+                )
+            self._deadlines = PlaybackDeadlines(audio_policy, ttfp_target_s)
+        self.audio_s_per_token = audio_s_per_token or 0.0
         self._chunked: ChunkedPrefillRunner | None = runner if isinstance(runner, ChunkedPrefillRunner) else None
         try:
             self.start_on = StartOn(start_on)
@@ -167,6 +194,8 @@ class AutoregressiveScheduler(Scheduler):
         self._waiting: OrderedDict[str, ArRequest] = OrderedDict()
         self._prefilling: OrderedDict[str, ArRequest] = OrderedDict()  # admitted, prompt part-way in
         self._running: OrderedDict[str, ArRequest] = OrderedDict()
+        # deadline policy only: running requests sitting out rounds, KV cache kept
+        self._parked: OrderedDict[str, ArRequest] = OrderedDict()
         self._thread: threading.Thread | None = None
 
     # --- hooks for model schedulers (see the module docstring) ----------------------
@@ -304,7 +333,7 @@ class AutoregressiveScheduler(Scheduler):
     def load(self) -> SchedulerLoad:
         with self._wake:
             queued = self._queued_count
-        running = len(self._running) + len(self._prefilling)
+        running = len(self._running) + len(self._prefilling) + len(self._parked)
         return SchedulerLoad(queued=queued, running=running, kv_slots=self.runner.kv_slots())
 
     # --- worker thread ---------------------------------------------------------------
@@ -342,7 +371,7 @@ class AutoregressiveScheduler(Scheduler):
 
     def _serve(self) -> None:
         while True:
-            idle = not self._admissible() and not self._decodable() and not self._prefilling
+            idle = not self._admissible() and not self._decodable() and not self._prefilling and not self._resumable()
             with self._wake:
                 while idle and not self._commands and not self._stopping:
                     self._wake.wait()
@@ -357,7 +386,7 @@ class AutoregressiveScheduler(Scheduler):
             if batch:
                 self._step(batch)
             self._flush()  # everything emitted this round (tokens, failures) leaves before the next wait
-        for rid in [*self._waiting, *self._prefilling, *self._running]:
+        for rid in [*self._waiting, *self._prefilling, *self._running, *self._parked]:
             self.runner.release(rid)
 
     def _apply(self, command: _Command) -> None:
@@ -365,10 +394,12 @@ class AutoregressiveScheduler(Scheduler):
             case _NewRequest(request=request):
                 rid = request.request_id
                 self._waiting[rid] = request
+                if self._deadlines is not None:
+                    self._deadlines.arrived(rid, time.monotonic())
                 self._guarded([rid], "starting", lambda: self.on_start(rid, request.params))
             case _Feed(request_id=rid, data=data, done=done):
                 fed_runner = self._fed_runner
-                if fed_runner is not None and (rid in self._waiting or rid in self._running):
+                if fed_runner is not None and (rid in self._waiting or rid in self._running or rid in self._parked):
                     self._guarded([rid], "reading its input stream", lambda: fed_runner.feed(rid, data, done=done))
             case _Abort(request_id=rid):
                 self._drop(rid)
@@ -383,7 +414,39 @@ class AutoregressiveScheduler(Scheduler):
     def _decodable(self) -> list[ArRequest]:
         return [request for rid, request in self._running.items() if self._ready(rid)]
 
+    def _resumable(self) -> bool:
+        """A parked request is ready and a slot is free for it."""
+        room = self.max_batch - len(self._running) - len(self._prefilling)
+        return room > 0 and any(self._ready(rid) for rid in self._parked)
+
+    def _by_deadline(self) -> None:
+        """Deadline policy: this round's slots to the streams nearest starvation. A running
+        request left out is parked; a parked one chosen runs again; the waiting ones chosen
+        move to the front of the queue, which :meth:`_admissible` takes as room allows."""
+        assert self._deadlines is not None
+        parked = [rid for rid in self._parked if self._ready(rid)]
+        waiting = [rid for rid in self._waiting if self._ready(rid)]
+        if not parked and not waiting:
+            return
+        chosen = self._deadlines.choose(
+            list(self._running),
+            parked + waiting,
+            self.max_batch - len(self._prefilling),
+            time.monotonic(),
+            may_leave=self.max_batch - len(self._parked),
+        )
+        picked = set(chosen)
+        for rid in [rid for rid in self._running if rid not in picked]:
+            self._parked[rid] = self._running.pop(rid)
+        for rid in chosen:
+            if rid in self._parked:
+                self._running[rid] = self._parked.pop(rid)
+        for rid in reversed([rid for rid in chosen if rid in self._waiting]):
+            self._waiting.move_to_end(rid, last=False)
+
     def _admit(self) -> None:
+        if self._deadlines is not None:
+            self._by_deadline()
         for rid in self._admissible():
             self._prefilling[rid] = self._waiting.pop(rid)
             self._count_dequeued()
@@ -435,6 +498,8 @@ class AutoregressiveScheduler(Scheduler):
         chunk = request.chunk(self.runner, self.emit_hidden)
         if chunk is not None:
             data = self.on_output(rid, chunk, final=False)
+            if self._deadlines is not None:
+                self._deadlines.sent(rid, len(chunk.token_ids) * self.audio_s_per_token, time.monotonic())
             self._emit_first(request)
             self.emit(OutgoingMessage(OutgoingKind.STREAM, rid, data))
         if request.finish_reason is not None:
@@ -442,6 +507,8 @@ class AutoregressiveScheduler(Scheduler):
             del self._running[rid]
             self.runner.release(rid)
             self._forget(rid)
+            if self._deadlines is not None:
+                self._deadlines.finished(rid)
             result = self.on_output(rid, request.result(self.runner, self.emit_hidden), final=True)
             self._emit_first(request)
             self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, result))
@@ -469,6 +536,9 @@ class AutoregressiveScheduler(Scheduler):
             self._count_dequeued()
         self._prefilling.pop(rid, None)
         self._running.pop(rid, None)
+        self._parked.pop(rid, None)
+        if self._deadlines is not None:
+            self._deadlines.finished(rid)
         self.runner.release(rid)
         self._forget(rid)
         self.on_drop(rid)

@@ -53,3 +53,46 @@ def test_unknown_streams_bad_policies_and_the_finished() -> None:
         PlaybackDeadlines("edf")
     with pytest.raises(ValueError, match="at least one"):
         policy.pick([], 0.0)
+
+
+def test_a_rounds_slots_go_to_the_streams_nearest_starvation() -> None:
+    policy = PlaybackDeadlines("deadline", ttfp_target_s=1.0)
+    policy.sent("ahead", 10.0, now=0.0)  # 10 s in hand
+    policy.sent("tight", 0.6, now=0.0)
+    policy.arrived("new", 0.0)  # its first chunk due at 1.0
+    # one slot: the new stream's deadline is sooner than the far-ahead holder's by more than the margin
+    assert policy.choose(["ahead"], ["new"], slots=1, now=0.2) == ["new"]
+    # two slots, three streams: the one with 10 s in hand sits the round out
+    assert policy.choose(["ahead", "tight"], ["new"], slots=2, now=0.2) == ["tight", "new"]
+    # a holder keeps its slot against a stream only a little more urgent (the margin)
+    policy.sent("close", 1.2, now=0.0)  # 1.0 s left at 0.2: later than the new one's 0.8 s, by less than 0.5 s
+    assert policy.choose(["close"], ["new"], slots=1, now=0.2) == ["close"]
+    # no holder leaves when none may: the waiting stream is not taken
+    assert policy.choose(["ahead"], ["new"], slots=1, now=0.2, may_leave=0) == ["ahead"]
+    # everything fits: all of them, whatever their slack
+    assert policy.choose(["ahead"], ["new"], slots=2, now=0.2) == ["ahead", "new"]
+    # fifo: the holders keep their slots, the waiting in order as room allows
+    fifo = PlaybackDeadlines("fifo")
+    assert fifo.choose(["ahead"], ["new", "later"], slots=2, now=0.2) == ["ahead", "new"]
+
+
+def test_with_costs_a_stream_is_due_when_its_slack_no_longer_covers_its_work() -> None:
+    policy = PlaybackDeadlines("deadline")
+    policy.sent("short", 1.0, now=0.0)  # 1 s left at 0, its next sentence takes 0.2 s: laxity 0.8
+    policy.sent("long", 1.5, now=0.0)  # 1.5 s left, its next takes 1.0 s: laxity 0.5
+    costs = {"short": 0.2, "long": 1.0}
+    assert policy.pick(["short", "long"], now=0.0) == "short"  # by slack alone
+    assert policy.pick(["short", "long"], now=0.0, cost=costs.__getitem__) == "long"
+
+
+def test_a_new_stream_does_not_go_ahead_of_a_playing_one_it_would_make_underrun() -> None:
+    policy = PlaybackDeadlines("deadline", ttfp_target_s=1.0)
+    policy.sent("playing", 2.0, now=0.0)
+    policy.arrived("new", 0.0)
+    assert policy.playing("playing") and not policy.playing("new")
+    # at 0.5: the playing one has 1.5 s left and its next sentence takes 0.1 s (laxity 1.4),
+    # the new one is due at 1.0 and takes 0.3 s (laxity 0.2): the new one goes first, as
+    # the playing one can spare its 0.3 s and the guard
+    assert policy.pick(["playing", "new"], now=0.5, cost={"playing": 0.1, "new": 0.3}.__getitem__) == "new"
+    # a 1.0 s first sentence (plus the 0.5 s guard) would outlast its 1.4 s: the playing one first
+    assert policy.pick(["playing", "new"], now=0.5, cost={"playing": 0.1, "new": 1.0}.__getitem__) == "playing"

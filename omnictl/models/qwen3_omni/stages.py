@@ -100,10 +100,17 @@ def talker_ar(
     max_codes: int = TALKER_SAMPLING["max_tokens"],
     repetition_penalty: float = 1.05,
     max_batch: int = 32,
+    audio_policy: str = DEFAULT_POLICY,
+    ttfp_target_s: float = DEFAULT_TTFP_TARGET_S,
 ) -> TalkerScheduler:
+    """``audio_policy`` (``serve --audio-policy``): with ``deadline``, the batch's
+    ``max_batch`` slots go to the streams nearest starvation, a codec frame counted as the
+    80 ms of audio code2wav makes of it."""
     sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "max_tokens": max_codes}
     runner = TalkerRunner(model_path, device, repetition_penalty=repetition_penalty)
-    return TalkerScheduler(runner, sampling=sampling, max_batch=max_batch)
+    return TalkerScheduler(
+        runner, sampling=sampling, max_batch=max_batch, audio_policy=audio_policy, ttfp_target_s=ttfp_target_s
+    )
 
 
 def code2wav(

@@ -12,18 +12,37 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from omnictl.audio.policy import DEFAULT_POLICY, DEFAULT_TTFP_TARGET_S
 from omnictl.models.qwen3_omni.payloads import TalkerDelta, TalkerResult, extend
 from omnictl.models.qwen3_omni.talker import TalkerRunner
 from omnictl.schedulers.autoregressive import AutoregressiveScheduler, StartOn
 from omnictl.schedulers.sampling import SamplingParams
 
+FRAME_S = 1920 / 24_000  # one codec frame: code2wav upsamples it 1920 times at 24 kHz, 80 ms
+
 
 class TalkerScheduler(AutoregressiveScheduler):
     runner: TalkerRunner
 
-    def __init__(self, runner: TalkerRunner, *, sampling: Mapping[str, Any], max_batch: int = 32) -> None:
+    def __init__(
+        self,
+        runner: TalkerRunner,
+        *,
+        sampling: Mapping[str, Any],
+        max_batch: int = 32,
+        audio_policy: str = DEFAULT_POLICY,
+        ttfp_target_s: float = DEFAULT_TTFP_TARGET_S,
+    ) -> None:
         # The talker's own sampling is the default every request starts from.
-        super().__init__(runner, start_on=StartOn.STREAM, max_batch=max_batch, default_sampling=sampling)
+        super().__init__(
+            runner,
+            start_on=StartOn.STREAM,
+            max_batch=max_batch,
+            default_sampling=sampling,
+            audio_policy=audio_policy,
+            audio_s_per_token=FRAME_S,
+            ttfp_target_s=ttfp_target_s,
+        )
 
     def request_sampling(self, params: Mapping[str, Any]) -> Mapping[str, Any] | None:
         """Only a request's greediness and seed reach the talker; the rest is its own."""

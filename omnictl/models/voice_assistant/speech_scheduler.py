@@ -64,6 +64,7 @@ class SentenceSpeechScheduler(TextStreamFollower):
         self._arrivals = itertools.count()
         self._has_work = asyncio.Event()
         self.deadlines = PlaybackDeadlines(audio_policy, ttfp_target_s)
+        self._synthesis_s_per_char: float | None = None  # measured: what the next sentence will cost
         self._worker: asyncio.Task[None] | None = None
 
     def speaker(self, voice: str) -> PiperSpeaker:
@@ -148,12 +149,19 @@ class SentenceSpeechScheduler(TextStreamFollower):
             await self._has_work.wait()
         waiting = sorted(self._pending, key=lambda rid: self._pending[rid][0][0])  # oldest sentence first
         done = next((rid for rid in waiting if self._pending[rid][0][1] is _FINISH), None)
-        request_id = done if done is not None else self.deadlines.pick(waiting, time.monotonic())
+        request_id = done if done is not None else self.deadlines.pick(waiting, time.monotonic(), self._cost)
         queue = self._pending[request_id]
         _, sentence = queue.popleft()
         if not queue:
             del self._pending[request_id]
         return request_id, sentence
+
+    def _cost(self, request_id: str) -> float:
+        """Seconds the request's next sentence is expected to take to synthesise."""
+        sentence = self._pending[request_id][0][1]
+        if self._synthesis_s_per_char is None or sentence is None:
+            return 0.0
+        return self._synthesis_s_per_char * len(sentence)
 
     # --- speaking --------------------------------------------------------------------
 
@@ -170,8 +178,13 @@ class SentenceSpeechScheduler(TextStreamFollower):
                 continue
             try:
                 speaker = self.speaker(speech.voice)
+                began = time.monotonic()
                 with self.computing(request_id, "synthesis"):
                     audio = await asyncio.to_thread(speaker.synthesize, sentence, speech.speed)
+                per_char = (time.monotonic() - began) / max(len(sentence), 1)
+                previous = self._synthesis_s_per_char
+                # a moving average: the speed follows the machine's load, one slow sentence does not swing it
+                self._synthesis_s_per_char = per_char if previous is None else 0.7 * previous + 0.3 * per_char
             except Exception as exc:
                 self._speech.pop(request_id, None)
                 self._pending.pop(request_id, None)

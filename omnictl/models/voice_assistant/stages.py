@@ -229,6 +229,8 @@ def thinker(
     threads: int | None = None,
     engine: str = "auto",
     vllm: Mapping[str, Any] | None = None,
+    audio_policy: str = DEFAULT_POLICY,
+    audio_s_per_token: float = 0.25,
 ) -> Scheduler:
     """SmolLM2-135M-Instruct (converted from the packaged GGUF on first use) on ``engine``.
 
@@ -247,6 +249,10 @@ def thinker(
     ``max_batch`` and ``threads`` (torch's intra-op threads in this process; 0: every
     core it may run on; null: what the launcher's ``OMP_NUM_THREADS`` split gave it) are
     the HF runner's; vLLM's engine batches up to ``vllm.max_num_seqs`` and binds its own threads.
+    ``audio_policy`` (``serve --audio-policy``): with ``deadline``, the HF runner's batch
+    slots go to the answers whose speech is nearest starvation, a token counted as
+    ``audio_s_per_token`` of speech (Piper speaks about four SmolLM2 tokens a second);
+    vLLM schedules its own batch.
     """
     from omnictl.models.voice_assistant.llm import smollm2_checkpoint
 
@@ -296,6 +302,8 @@ def thinker(
         stream_every=stream_every,
         max_batch=max_batch,
         default_sampling={"max_tokens": max_tokens, "temperature": temperature},
+        audio_policy=audio_policy,
+        audio_s_per_token=audio_s_per_token,
     )
 
 

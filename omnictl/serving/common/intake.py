@@ -92,10 +92,19 @@ def overloaded(state: ServingState, exc: Overloaded) -> Response:
     return response
 
 
-def would_underrun(state: ServingState, modalities: list[str]) -> Response | None:
-    """429 for a new audio request when admitting it is predicted to make a playing stream
-    underrun by more than ``--max-underrun-ms`` (see :mod:`omnictl.audio.admission`);
-    None to admit it. Requests without audio are never held by this."""
+@dataclass(frozen=True)
+class UnderrunRefusal:
+    """Why a new audio stream is refused now (``--max-underrun-ms``) and when to retry."""
+
+    message: str
+    retry_after_s: int
+
+
+def underrun_refusal(state: ServingState, modalities: list[str]) -> UnderrunRefusal | None:
+    """Whether a new audio request is refused because admitting it is predicted to make a
+    playing stream underrun by more than ``--max-underrun-ms`` (see
+    :mod:`omnictl.audio.admission`); None to admit it. Requests without audio are never
+    held by this. A refusal is counted; each endpoint answers it in its own protocol."""
     if state.max_underrun_ms is None or "audio" not in modalities:
         return None
     clocks = [t.playback for t in state.active.values() if t.playback is not None and t.outcome is None]
@@ -104,14 +113,20 @@ def would_underrun(state: ServingState, modalities: list[str]) -> Response | Non
         return None
     state.metrics.outcome("rejected")
     state.metrics.overloaded.labels("underrun").inc()
-    response = error_response(
-        429,
+    return UnderrunRefusal(
         f"a new audio stream now would make one of the {prediction.streams} playing underrun by "
         f"{prediction.underrun_s * 1000:.0f} ms (--max-underrun-ms {state.max_underrun_ms:g}); retry later",
-        "rate_limit_error",
-        "audio_underrun",
+        max(1, math.ceil(prediction.retry_after_s)),
     )
-    response.headers["Retry-After"] = str(max(1, math.ceil(prediction.retry_after_s)))
+
+
+def would_underrun(state: ServingState, modalities: list[str]) -> Response | None:
+    """429 with Retry-After for a new audio request :func:`underrun_refusal` refuses."""
+    refusal = underrun_refusal(state, modalities)
+    if refusal is None:
+        return None
+    response = error_response(429, refusal.message, "rate_limit_error", "audio_underrun")
+    response.headers["Retry-After"] = str(refusal.retry_after_s)
     return response
 
 

@@ -32,6 +32,7 @@ from omnictl.inputs import ChatRequest
 from omnictl.outputs import AUDIO, TEXT, AudioChunk, AudioResult, TextResult
 from omnictl.outputs import TextDelta as PipelineTextDelta
 from omnictl.serving.common.echo import clip
+from omnictl.serving.common.intake import underrun_refusal
 from omnictl.serving.common.tracking import Tracked
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.formats import PCM, AudioCodec
@@ -111,6 +112,11 @@ class ResponseRun:
             if self.state.unresponsive:  # as admission refuses HTTP requests: never sent to hang there
                 names = ", ".join(repr(p) for p in self.state.unresponsive)
                 return self._done("failed", f"stage process {names} is not responding (see /health); retry later")
+            refusal = underrun_refusal(self.state, self.modalities)  # admission by continuity, as HTTP's 429
+            if refusal is not None:
+                refused = f"{refusal.message} (retry after {refusal.retry_after_s} s)"
+                self.send(ev.error_event(ev.EventError(refused, "audio_underrun", kind="rate_limit_error")))
+                return self._done("failed", refused)
             await self._submit(build())
             if self.cancel_reason is not None:  # cancelled while submitting
                 await self.pipeline.abort(self.request_id or "")
