@@ -182,3 +182,18 @@ def test_a_segment_evicted_from_the_reader_while_viewed_stays_readable() -> None
         assert w.codec.pool.in_use == 0
 
     run(body)
+
+
+def test_the_budget_warning_says_how_much_is_held_against_what_budget_and_whose_slot_it_is(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def body(w: Wire) -> None:
+        caplog.set_level(logging.WARNING, logger="omnictl.transports.leases")
+        held = [w.send({"t": np.full(1 << 20, i, dtype=np.uint8)}) for i in range(5)]  # 5 MiB, leased
+        copied = w.send({"t": np.zeros(3 << 19, dtype=np.uint8)})  # 1.5 MiB more: over the 6 MiB budget
+        assert w.leases.held == 5 and w.leases.copied == 1 and copied["t"].size == 3 << 19
+        assert [r.getMessage() for r in caplog.records] == [
+            "this process holds 5 MiB of received tensors as views of their senders' shared memory "
+            "(budget 6 MiB); copying further payloads out instead (slot of stage 's', owner 'p')"]
+        del held
+
+    run(body, budget=6 << 20)

@@ -132,3 +132,15 @@ def test_many_tensors_are_each_found_again_by_index() -> None:
     out, packed = roundtrip(data)
     assert [int(t[0]) for t in out] == list(range(300))
     assert [entry.index for entry in packed.layout] == list(range(300))
+
+
+def test_an_unsupported_leaf_inside_a_typed_output_is_named_by_its_field_path() -> None:
+    from omnictl.outputs import TokenResult
+
+    with pytest.raises(UnsupportedPayload) as caught:
+        pack({"r": [1, TokenResult(text="a", hidden={"deep": complex(1, 2)})]})
+    assert caught.value.path == "['r'][1].hidden['deep']"
+    with pytest.raises(UnsupportedPayload) as caught:
+        pack(complex(1, 2))  # the whole payload is the culprit
+    assert caught.value.path == "(the payload itself)"
+    assert str(caught.value).startswith("(the payload itself): a builtins.complex cannot travel")

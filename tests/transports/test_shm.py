@@ -113,3 +113,26 @@ def test_a_late_release_of_a_reused_large_segment_is_ignored() -> None:
         assert pool.in_use == 0
     finally:
         pool.close()
+
+
+def test_a_spare_segment_is_reused_for_a_payload_from_its_size_down_to_a_quarter_of_it() -> None:
+    # Large segments are powers of two; a spare serves payloads that fit it without
+    # wasting more than three quarters of it, and no others.
+    pool = SlotPool("me", "s", 64, 1)
+    try:
+        def spare_after(nbytes: int) -> str:
+            ref, view = pool.acquire(nbytes)
+            view.release()
+            pool.release(ref)
+            return ref.segment
+
+        segment = spare_after(1 << 18)  # exactly a power of two: a segment of that size
+        assert os.stat(f"/dev/shm/{segment}").st_size == 1 << 18
+        assert spare_after(1 << 18) == segment  # the same size again: the spare
+        assert spare_after(1 << 16) == segment  # a quarter of it: still the spare
+        other = spare_after((1 << 16) - 1000)  # less than a quarter: a segment of its own
+        assert other != segment and os.stat(f"/dev/shm/{other}").st_size == 1 << 16
+        bigger = spare_after((1 << 18) + 1)  # more than the spare holds
+        assert bigger not in (segment, other)
+    finally:
+        pool.close()

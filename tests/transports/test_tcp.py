@@ -12,6 +12,7 @@ import zmq
 import zmq.asyncio
 
 from omnictl import messages as m
+from omnictl.exceptions import UnsupportedPayload
 from omnictl.stage.ports import payload_bytes
 from omnictl.topology.model import RelayKnobs, Transport
 from omnictl.transports.codec import decode
@@ -119,3 +120,21 @@ def test_a_large_first_message_over_curve_with_zap_is_received_whole() -> None:
         return received
 
     assert asyncio.run(scenario()) == [[2_000_000], [10], [2_000_000]]
+
+
+def test_a_pickled_leaf_in_a_frames_payload_is_refused_unless_the_receiver_opted_in() -> None:
+    payload, frames = TcpCodec(SlotPool("p", "a", 1024, 1), RelayKnobs(), allow_pickle=True).encode_frames(
+        {"x": np.ones(2), "obj": complex(1, 2)})
+    buffers = [memoryview(bytes(frame)) for frame in frames]
+    with pytest.raises(UnsupportedPayload, match="allow_pickle"):
+        decode(payload, SegmentReader(), frames=buffers)
+    out = decode(payload, SegmentReader(), allow_pickle=True, frames=buffers)
+    assert out["obj"] == complex(1, 2) and out["x"].tolist() == [1.0, 1.0]
+
+
+def test_a_frame_of_the_wrong_size_is_refused_naming_the_tensor() -> None:
+    payload, frames = TcpCodec(SlotPool("p", "a", 1024, 1), RelayKnobs()).encode_frames(
+        {"a": np.zeros(4), "b": np.zeros(3)})
+    short = [memoryview(bytes(frames[0])), memoryview(bytes(8))]
+    with pytest.raises(ValueError, match=r"^tensor 1 is 24 bytes but its frame has 8$"):
+        decode(payload, SegmentReader(), frames=short)
