@@ -144,3 +144,9 @@ def test_an_unsupported_leaf_inside_a_typed_output_is_named_by_its_field_path() 
         pack(complex(1, 2))  # the whole payload is the culprit
     assert caught.value.path == "(the payload itself)"
     assert str(caught.value).startswith("(the payload itself): a builtins.complex cannot travel")
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.float16])
+def test_an_empty_tensor_keeps_its_dtype_and_shape(dtype: torch.dtype) -> None:
+    out, _ = roundtrip({"e": torch.empty(0, 3, dtype=dtype)})
+    assert out["e"].dtype == dtype and out["e"].shape == (0, 3)

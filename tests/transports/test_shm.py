@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 
 import torch
 
@@ -136,3 +137,16 @@ def test_a_spare_segment_is_reused_for_a_payload_from_its_size_down_to_a_quarter
         assert bigger not in (segment, other)
     finally:
         pool.close()
+
+
+def test_a_segment_names_its_creator_and_only_a_process_known_to_be_gone_counts_as_dead() -> None:
+    from omnictl.transports.shm import _creator_alive, _segment_name
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = gone.pid  # exited and reaped: no such process (unless the pid was reused at once)
+    assert _creator_alive(_segment_name()) is True  # this process's own name
+    assert _creator_alive(f"omx{os.getpid()}_{'0' * 12}") is True
+    assert _creator_alive(f"omx{os.getppid()}_{'0' * 12}") is True
+    assert _creator_alive(f"omx{dead}_{'0' * 12}") is False
+    assert _creator_alive("omxnotapid_x") is True  # not our name: never taken for dead
