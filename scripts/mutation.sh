@@ -9,7 +9,8 @@
 #   MUTATION_CHILDREN=4 scripts/mutation.sh  # more parallel workers (default 2)
 #   MUTATION_RETEST=/tmp/omnictl-mutation scripts/mutation.sh transports
 #       # after adding tests: re-test only the mutants that run left alive (survived, no
-#       # tests), keeping its kills; minutes instead of half an hour
+#       # tests), keeping its kills; minutes instead of half an hour. Mutants it never
+#       # judged (a run cut short) stay unjudged ("not checked").
 #
 # On 2 shared cores a package takes 2-10 minutes; all of topology (2200 mutants) takes
 # over half an hour, so name its modules to spend less.
@@ -106,13 +107,17 @@ for arg in "${packages[@]}"; do
         # child could deadlock in torch's thread pool and pass for a "timeout".
         echo "process_isolation = forkserver"
     } >"$scratch/setup.cfg"
+    names=()  # none: every mutant not judged yet
     if [[ -n $retest ]]; then
         [[ -d $retest/$name.meta ]] || { echo "no earlier verdicts in $retest/$name.meta" >&2; exit 2; }
-        "$python" scripts/mutation_summary.py reopen "$retest/$name.meta" "$scratch/mutants"
+        "$python" scripts/mutation_summary.py reopen "$retest/$name.meta" "$scratch/mutants" >"$scratch/retest.names"
+        mapfile -t names <"$scratch/retest.names"
+        echo "== re-testing the ${#names[@]} mutants $retest/$name.meta left alive; its other verdicts stand"
+        [[ ${#names[@]} -gt 0 ]] || { rm -rf "$scratch" "$scratch_started"; continue; }
     fi
     echo "== omnictl/$arg (scratch copy: $scratch)"
     start=$SECONDS
-    (cd "$scratch" && "$python" -m mutmut run --max-children "$children") >"$out/$name.log" 2>&1 || {
+    (cd "$scratch" && "$python" -m mutmut run --max-children "$children" "${names[@]}") >"$out/$name.log" 2>&1 || {
         echo "mutmut failed on omnictl/$pkg; see $out/$name.log" >&2
         tail -20 "$out/$name.log" >&2
         exit 1

@@ -5,8 +5,8 @@
 (one process for all of them: ``mutmut show`` per mutant takes seconds each).
 ``reopen EARLIER MUTANTS``: seed a fresh run's ``mutants/`` folder with an earlier run's
 verdicts (the ``.meta`` files under ``EARLIER``), each survivor and "no tests" reset to
-unjudged, so mutmut re-tests those alone and keeps the rest (``MUTATION_RETEST``).
-"""
+unjudged, and print their names: mutmut re-tests those alone (named on its command line)
+and keeps the rest, unjudged ones included (``MUTATION_RETEST``)."""
 
 from __future__ import annotations
 
@@ -59,12 +59,13 @@ def reopen(earlier: Path, mutants: Path) -> None:
             if code in _ALIVE:
                 verdicts[name] = None
                 reopened += 1
+                print(name)
             elif code is not None:
                 kept += 1
         target = mutants / meta.relative_to(earlier)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(data, indent=4))
-    print(f"earlier verdicts from {earlier}: {kept} kept, {reopened} to re-test")
+    print(f"earlier verdicts from {earlier}: {kept} kept, {reopened} to re-test", file=sys.stderr)
 
 
 if __name__ == "__main__":
