@@ -197,3 +197,43 @@ def test_the_budget_warning_says_how_much_is_held_against_what_budget_and_whose_
         del held
 
     run(body, budget=6 << 20)
+
+
+def test_held_counts_each_leased_payload_until_its_views_die() -> None:
+    async def body(w: Wire) -> None:
+        first = w.send({"t": torch.ones(5000)})
+        second = w.send({"t": torch.ones(5000)})
+        third = w.send({"t": torch.ones(5000)})
+        assert w.leases.held == 3
+        del first
+        await w.settle()
+        assert w.leases.held == 2
+        del second, third
+        await w.settle()
+        assert w.leases.held == 0 and w.leases.held_bytes == 0
+
+    run(body)
+
+
+def test_a_view_that_dies_after_its_loop_closed_sends_no_release_and_marks_the_leases_closed() -> None:
+    # A process going away: its loop has closed while a received tensor is still alive.
+    before = segments()
+    released: list[ShmRef] = []
+    pool = SlotPool("p", "s", SLOT, 2)
+    codec = PayloadCodec(pool, RelayKnobs(SLOT, 2, 256))
+    reader = SegmentReader()
+
+    async def receive() -> tuple[ViewLeases, Any]:
+        leases = ViewLeases(reader, released.append)
+        return leases, leases.decode(codec.encode({"t": torch.ones(5000)}))
+
+    try:
+        leases, got = asyncio.run(receive())
+        assert leases.held == 1 and not leases.closed
+        del got  # the finalizer finds the loop closed
+        gc.collect()
+        assert leases.closed and released == []
+    finally:
+        reader.close()
+        pool.close()
+    assert segments() <= before

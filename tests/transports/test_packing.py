@@ -150,3 +150,17 @@ def test_an_unsupported_leaf_inside_a_typed_output_is_named_by_its_field_path() 
 def test_an_empty_tensor_keeps_its_dtype_and_shape(dtype: torch.dtype) -> None:
     out, _ = roundtrip({"e": torch.empty(0, 3, dtype=dtype)})
     assert out["e"].dtype == dtype and out["e"].shape == (0, 3)
+
+
+def test_with_a_device_leaf_host_arrays_and_plain_objects_still_travel_as_host_data() -> None:
+    handed: list[object] = []
+
+    def device_leaf(obj: object) -> bytes:
+        handed.append(obj)
+        return b""
+
+    data = {"a": np.arange(3), "t": torch.ones(2), "r": TextResult(text="x")}
+    packed = pack(data, device_leaf=device_leaf)  # objects without an is_cuda flag are not GPU tensors
+    assert handed == [] and [entry.kind for entry in packed.layout] == ["numpy", "torch"]
+    out = unpack(packed.skeleton, packed.layout, packed.to_bytes())
+    assert out["a"].tolist() == [0, 1, 2] and out["t"].tolist() == [1.0, 1.0] and out["r"] == TextResult(text="x")

@@ -5,6 +5,7 @@ import subprocess
 
 import torch
 
+from omnictl.messages import ShmRef
 from omnictl.topology.model import RelayKnobs
 from omnictl.transports.codec import PayloadCodec, decode
 from omnictl.transports.shm import SegmentReader, SlotPool
@@ -150,3 +151,53 @@ def test_a_segment_names_its_creator_and_only_a_process_known_to_be_gone_counts_
     assert _creator_alive(f"omx{os.getppid()}_{'0' * 12}") is True
     assert _creator_alive(f"omx{dead}_{'0' * 12}") is False
     assert _creator_alive("omxnotapid_x") is True  # not our name: never taken for dead
+
+
+def test_a_released_large_segment_is_no_longer_counted_as_sent_to_its_reader() -> None:
+    pool = SlotPool("me", "s", 64, 1)
+    try:
+        ref, view = pool.acquire(1000)
+        view.release()
+        pool.sent(ref, "alive")
+        pool.release(ref)
+        assert pool.reclaim("alive") == 0  # nothing of it is left to take back
+    finally:
+        pool.close()
+
+
+def test_at_most_two_released_large_segments_are_kept_the_oldest_goes_first() -> None:
+    pool = SlotPool("me", "s", 64, 1)
+    try:
+        refs = []
+        for _ in range(3):  # all in flight at once: three segments
+            ref, view = pool.acquire(1000)
+            view.release()
+            refs.append(ref)
+        names = [ref.segment for ref in refs]
+        assert len(set(names)) == 3 and all(os.path.exists(f"/dev/shm/{n}") for n in names)
+        for ref in refs:
+            pool.release(ref)
+        assert [os.path.exists(f"/dev/shm/{n}") for n in names] == [False, True, True]
+    finally:
+        pool.close()
+
+
+def test_a_release_of_a_slot_this_pool_never_lent_is_ignored() -> None:
+    pool = SlotPool("me", "s", 1024, 2)
+    try:
+        pool.release(ShmRef("me", "s", "omx1_000000000000", 0, 0, 100, 1))  # before any slot exists
+        mine, view = pool.acquire(100)
+        view.release()
+        # another segment's ref with the very slot and lease of ours (another pool's, say)
+        pool.release(ShmRef("me", "s", "omx1_000000000000", mine.slot, mine.offset, 100, mine.lease))
+        assert pool.in_use == 1
+        pool.release(mine)
+        pool.release(mine)  # twice: the slot is already free
+        assert pool.in_use == 0
+        first, view = pool.acquire(100)
+        view.release()
+        second, view = pool.acquire(100)
+        view.release()
+        assert first.slot != second.slot  # a double release did not free a slot twice over
+    finally:
+        pool.close()

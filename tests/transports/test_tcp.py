@@ -125,7 +125,7 @@ def test_a_large_first_message_over_curve_with_zap_is_received_whole() -> None:
 def test_a_pickled_leaf_in_a_frames_payload_is_refused_unless_the_receiver_opted_in() -> None:
     payload, frames = TcpCodec(SlotPool("p", "a", 1024, 1), RelayKnobs(), allow_pickle=True).encode_frames(
         {"x": np.ones(2), "obj": complex(1, 2)})
-    buffers = [memoryview(bytes(frame)) for frame in frames]
+    buffers = [memoryview(bytearray(frame)) for frame in frames]
     with pytest.raises(UnsupportedPayload, match="allow_pickle"):
         decode(payload, SegmentReader(), frames=buffers)
     out = decode(payload, SegmentReader(), allow_pickle=True, frames=buffers)
@@ -135,6 +135,18 @@ def test_a_pickled_leaf_in_a_frames_payload_is_refused_unless_the_receiver_opted
 def test_a_frame_of_the_wrong_size_is_refused_naming_the_tensor() -> None:
     payload, frames = TcpCodec(SlotPool("p", "a", 1024, 1), RelayKnobs()).encode_frames(
         {"a": np.zeros(4), "b": np.zeros(3)})
-    short = [memoryview(bytes(frames[0])), memoryview(bytes(8))]
+    short = [memoryview(bytearray(frames[0])), memoryview(bytearray(8))]
     with pytest.raises(ValueError, match=r"^tensor 1 is 24 bytes but its frame has 8$"):
         decode(payload, SegmentReader(), frames=short)
+
+
+def test_empty_and_one_byte_tensors_arrive_as_views_with_their_dtype_shape_and_value() -> None:
+    data = {"np_empty": np.empty((0, 3), dtype=np.int32), "np_byte": np.array([0xA5], dtype=np.uint8),
+            "t_empty": torch.empty(0, 2, dtype=torch.int64), "t_byte": torch.tensor([0x5A], dtype=torch.uint8)}
+    payload, frames = TcpCodec(SlotPool("p", "a", 1024, 1), RelayKnobs()).encode_frames(data)
+    assert [entry.kind for entry in payload.layout] == ["numpy", "numpy", "torch", "torch"]  # the wire names them
+    out = decode(payload, SegmentReader(), frames=[memoryview(bytearray(frame)) for frame in frames])
+    assert out["np_empty"].dtype == np.int32 and out["np_empty"].shape == (0, 3)
+    assert out["np_byte"].tolist() == [0xA5] and out["np_byte"].dtype == np.uint8
+    assert out["t_empty"].dtype == torch.int64 and out["t_empty"].shape == (0, 2)
+    assert out["t_byte"].tolist() == [0x5A] and out["t_byte"].dtype == torch.uint8
