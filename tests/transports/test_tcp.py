@@ -150,3 +150,8 @@ def test_empty_and_one_byte_tensors_arrive_as_views_with_their_dtype_shape_and_v
     assert out["np_byte"].tolist() == [0xA5] and out["np_byte"].dtype == np.uint8
     assert out["t_empty"].dtype == torch.int64 and out["t_empty"].shape == (0, 2)
     assert out["t_byte"].tolist() == [0x5A] and out["t_byte"].dtype == torch.uint8
+
+
+def test_a_tcp_codec_refuses_to_encode_into_a_slot() -> None:
+    with pytest.raises(TypeError, match="^tcp payloads travel as frames: use encode_frames$"):
+        TcpCodec(SlotPool("p", "a", 1024, 1), RelayKnobs()).encode({"x": 1})
