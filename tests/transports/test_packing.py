@@ -164,3 +164,18 @@ def test_with_a_device_leaf_host_arrays_and_plain_objects_still_travel_as_host_d
     assert handed == [] and [entry.kind for entry in packed.layout] == ["numpy", "torch"]
     out = unpack(packed.skeleton, packed.layout, packed.to_bytes())
     assert out["a"].tolist() == [0, 1, 2] and out["t"].tolist() == [1.0, 1.0] and out["r"] == TextResult(text="x")
+
+
+def test_the_refusal_says_what_may_travel_and_how_to_opt_in() -> None:
+    with pytest.raises(UnsupportedPayload) as caught:
+        pack({"c": complex(1, 2)})
+    assert str(caught.value) == (
+        "['c']: a builtins.complex cannot travel between processes; send tensors, arrays, bytes, str, numbers, "
+        "bools, None, lists, dicts or typed outputs (or set `allow_pickle: true` in the topology, for trusted "
+        "hosts only)")
+
+
+def test_an_unsupported_object_found_nowhere_among_the_values_has_an_unknown_path() -> None:
+    with pytest.raises(UnsupportedPayload) as caught:
+        pack({complex(1, 2): "a key, not a value"})
+    assert caught.value.path == "(unknown path)"

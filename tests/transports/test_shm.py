@@ -201,3 +201,43 @@ def test_a_release_of_a_slot_this_pool_never_lent_is_ignored() -> None:
         assert first.slot != second.slot  # a double release did not free a slot twice over
     finally:
         pool.close()
+
+
+def test_a_reader_maps_each_segment_once_however_often_it_is_read() -> None:
+    pool = SlotPool("me", "s", 1024, 2)
+    reader = SegmentReader()
+    try:
+        first, view = pool.acquire(100)
+        view[:5] = b"first"
+        view.release()
+        second, view = pool.acquire(100)
+        view[:6] = b"second"
+        view.release()
+        def mappings() -> int:
+            return open("/proc/self/maps").read().count(f"/dev/shm/{first.segment}")
+
+        owners = mappings()  # the pool's own (the reader is in the same process here)
+        views = [reader.read(first), reader.read(second), reader.read(first)]  # all kept alive
+        assert bytes(views[0][:5]) == b"first" and bytes(views[1][:6]) == b"second"
+        assert mappings() == owners + 1
+        for view in views:
+            view.release()
+    finally:
+        reader.close()
+        pool.close()
+
+
+def test_an_attached_segment_says_whether_it_could_unmap_now() -> None:
+    from omnictl.transports.shm import AttachedSegment
+
+    pool = SlotPool("me", "s", 1024, 1)
+    try:
+        ref, view = pool.acquire(10)
+        view.release()
+        attached = AttachedSegment(ref.segment)
+        held = attached.buf[:4]  # a view of it is alive: it cannot unmap yet
+        assert attached.close() is False
+        held.release()
+        assert AttachedSegment(ref.segment).close() is True
+    finally:
+        pool.close()
