@@ -237,3 +237,19 @@ def test_a_view_that_dies_after_its_loop_closed_sends_no_release_and_marks_the_l
         reader.close()
         pool.close()
     assert segments() <= before
+
+
+def test_a_pickled_leaf_is_refused_unless_the_receiver_opted_in() -> None:
+    from omnictl.exceptions import UnsupportedPayload
+
+    async def body(w: Wire) -> None:
+        sender = PayloadCodec(w.codec.pool, w.codec.knobs, allow_pickle=True)
+        with pytest.raises(UnsupportedPayload, match="allow_pickle"):
+            w.leases.decode(sender.encode({"t": torch.ones(5000), "obj": complex(1, 2)}))
+        got = w.leases.decode(sender.encode({"t": torch.ones(5000), "obj": complex(1, 2)}), allow_pickle=True)
+        assert got["obj"] == complex(1, 2)
+        del got
+        gc.collect()
+        await w.settle()
+
+    run(body)

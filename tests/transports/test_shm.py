@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import subprocess
 
+import pytest
 import torch
 
 from omnictl.messages import ShmRef
@@ -241,3 +242,31 @@ def test_an_attached_segment_says_whether_it_could_unmap_now() -> None:
         assert AttachedSegment(ref.segment).close() is True
     finally:
         pool.close()
+
+
+def test_a_segment_of_its_own_is_named_for_this_process_and_sized_to_a_power_of_two() -> None:
+    pool = SlotPool("me", "s", 64, 1)
+    try:
+        slot, view = pool.acquire(10)  # the one slot, taken
+        view.release()
+        sizes = {}
+        for nbytes in (1, 2, 3, 1000):  # while every slot is taken, even tiny payloads get their own
+            ref, view = pool.acquire(nbytes)
+            view.release()
+            assert ref.slot == -1 and ref.segment.startswith(f"omx{os.getpid()}_")
+            sizes[nbytes] = os.stat(f"/dev/shm/{ref.segment}").st_size
+        assert sizes == {1: 2, 2: 2, 3: 4, 1000: 1024}
+    finally:
+        pool.close()
+
+
+def test_a_closed_segment_has_no_buffer_to_lend() -> None:
+    from multiprocessing import shared_memory
+
+    from omnictl.transports.shm import _buffer
+
+    segment = shared_memory.SharedMemory(create=True, size=16)
+    segment.close()
+    segment.unlink()
+    with pytest.raises(ValueError, match=f"^shared memory segment {segment.name} is closed$"):
+        _buffer(segment)
