@@ -387,7 +387,8 @@ def test_bind_tcp_takes_the_port_asked_for_or_any_when_it_is_taken(short_tmp: Pa
             assert first == f"tcp://127.0.0.1:{port}"
             taken = ep.bind_tcp(ep.pull(), "127.0.0.1", port)  # held by the first: another one
             assert taken.startswith("tcp://127.0.0.1:") and taken != first
-            assert ep.bind_tcp(ep.pull(), "127.0.0.1").startswith("tcp://127.0.0.1:")  # any port
+            chosen = ep.bind_tcp(ep.pull(), "127.0.0.1")  # none asked for: the OS picks an ephemeral one
+            assert chosen.startswith("tcp://127.0.0.1:") and int(chosen.rsplit(":", 1)[1]) >= 1024
             with pytest.raises(zmq.ZMQError):
                 ep.bind_tcp(ep.pull(), "256.1.1.1")  # no port asked for: nothing to fall back to
         finally:
@@ -421,3 +422,25 @@ def test_with_the_launch_keys_tcp_sockets_serve_and_connect_over_curve(short_tmp
                 ep.close()
 
     on_loop(body)
+
+
+def test_a_tcp_address_learnt_for_a_peer_already_reached_over_ipc_keeps_that_socket(short_tmp: Path) -> None:
+    peers = Peers()
+    two, address = peers.pull(f"ipc://{short_tmp}/two-0")
+
+    async def body() -> None:
+        ep = endpoint(short_tmp, ipc={"two#0": address})
+        try:
+            socket = ep.peer("two#0")
+            ep.send_to("two#0", skip("queued-before-the-book"))
+            ep.set_tcp_addresses({"two#0": "tcp://127.0.0.1:9"})  # the first book: nothing to reconnect
+            assert ep.peer("two#0") is socket and not socket.closed
+            ep.flush()
+            assert received(two) == "queued-before-the-book"
+        finally:
+            ep.close()
+
+    try:
+        on_loop(body)
+    finally:
+        peers.close()

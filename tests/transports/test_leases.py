@@ -253,3 +253,23 @@ def test_a_pickled_leaf_is_refused_unless_the_receiver_opted_in() -> None:
         await w.settle()
 
     run(body)
+
+
+def test_frame_and_inline_payloads_pass_through_with_the_receivers_pickle_choice() -> None:
+    from omnictl.exceptions import UnsupportedPayload
+    from omnictl.transports.tcp import TcpCodec
+
+    async def body(w: Wire) -> None:
+        payload, frames = TcpCodec(w.codec.pool, w.codec.knobs, allow_pickle=True).encode_frames(
+            {"x": np.arange(3), "obj": complex(1, 2)})
+        buffers = [memoryview(bytearray(frame)) for frame in frames]
+        got = w.leases.decode(payload, allow_pickle=True, frames=buffers)
+        assert got["x"].tolist() == [0, 1, 2] and got["obj"] == complex(1, 2)
+        inline = PayloadCodec(w.codec.pool, w.codec.knobs, allow_pickle=True).encode({"obj": complex(3, 4)})
+        assert inline.shm is None
+        assert w.leases.decode(inline, allow_pickle=True) == {"obj": complex(3, 4)}
+        with pytest.raises(UnsupportedPayload):
+            w.leases.decode(inline)
+        assert w.leases.held == 0  # nothing of these is leased
+
+    run(body)

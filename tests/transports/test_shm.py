@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 
 import pytest
@@ -270,3 +271,17 @@ def test_a_closed_segment_has_no_buffer_to_lend() -> None:
     segment.unlink()
     with pytest.raises(ValueError, match=f"^shared memory segment {segment.name} is closed$"):
         _buffer(segment)
+
+
+def test_asking_whether_a_process_is_alive_sends_it_no_signal() -> None:
+    from omnictl.transports.shm import _creator_alive
+
+    # a child that dies of any real signal (SIGHUP's default, whatever this process ignores)
+    child = subprocess.Popen(["sleep", "5"], preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+    try:
+        assert _creator_alive(f"omx{child.pid}_{'0' * 12}") is True
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.wait(timeout=0.2)  # still running: it was only asked about
+    finally:
+        child.kill()
+        child.wait()

@@ -155,3 +155,15 @@ def test_empty_and_one_byte_tensors_arrive_as_views_with_their_dtype_shape_and_v
 def test_a_tcp_codec_refuses_to_encode_into_a_slot() -> None:
     with pytest.raises(TypeError, match="^tcp payloads travel as frames: use encode_frames$"):
         TcpCodec(SlotPool("p", "a", 1024, 1), RelayKnobs()).encode({"x": 1})
+
+
+def test_unpacking_frames_refuses_pickles_by_default_and_keeps_each_arrays_shape() -> None:
+    from omnictl.transports.packing import unpack_frames
+
+    payload, frames = TcpCodec(SlotPool("p", "a", 1024, 1), RelayKnobs(), allow_pickle=True).encode_frames(
+        {"grid": np.arange(6, dtype=np.int16).reshape(2, 3), "obj": complex(1, 2)})
+    buffers = [memoryview(bytearray(frame)) for frame in frames]
+    with pytest.raises(UnsupportedPayload, match="allow_pickle"):
+        unpack_frames(payload.skeleton, payload.layout, buffers)
+    out = unpack_frames(payload.skeleton, payload.layout, buffers, allow_pickle=True)
+    assert out["grid"].shape == (2, 3) and out["grid"].tolist() == [[0, 1, 2], [3, 4, 5]]
