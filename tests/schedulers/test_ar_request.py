@@ -106,6 +106,7 @@ def test_forced_tokens_are_taken_in_order_counted_as_sent_and_never_streamed_aga
     chunk = request.chunk(runner, emit_hidden=False)  # type: ignore[arg-type]
     assert chunk is not None and (chunk.text, chunk.token_ids) == ("a", [0])
     assert request.completion_tokens == 3 and request.finish_reason is None
+    assert request.result(runner, emit_hidden=True).hidden.tolist() == [[1.0] * 3]  # type: ignore[arg-type]
 
 
 def test_the_length_limit_also_ends_a_request_on_its_forced_tokens() -> None:

@@ -142,3 +142,8 @@ def test_stop_strings_at_their_edges() -> None:
     assert streamable_prefix("sa", ("xyz",)) == "sa"
     assert streamable_prefix("a\ufffd\ufffd", ()) == "a"
     assert streamable_prefix("END", ("ENDX",)) == ""
+
+
+def test_a_stop_string_cuts_at_its_first_occurrence() -> None:
+    assert cut_at_stop("abab", ("b",)) == ("a", True)
+    assert cut_at_stop("xyxy", ("y", "x")) == ("", True)

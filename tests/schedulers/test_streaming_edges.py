@@ -194,3 +194,49 @@ def test_merge_outputs_keeps_the_last_rate_joins_transcripts_and_keys_by_kind() 
     assert merge_outputs([{"n": (1,)}, {"n": (2,)}]) == {"n": (2,)}  # a tuple is a value, not units
     with pytest.raises(TypeError, match=r"^cannot merge a int with the other outputs; pass finish=$"):
         merge_outputs([1])
+
+
+def test_the_defaults_are_one_unit_windows_of_token_ids_without_context() -> None:
+    scheduler = StreamingScheduler(echo)
+    assert (scheduler.left_context, scheduler.chunk_size, scheduler.units, scheduler.split) == (0, 1, "token_ids", None)
+    scheduler.abort("never-seen")  # nothing of it here: nothing to drop
+
+
+def test_windows_queued_behind_a_busy_callback_are_counted_and_an_abort_skips_them() -> None:
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    def gated(window: Window) -> dict[str, Any]:
+        calls.append(window.request_id)
+        if window.request_id == "busy":
+            entered.set()
+            release.wait(5)
+        return {"units": window.new}
+
+    async def scenario() -> tuple[list[Any], dict[str, Outcome]]:
+        scheduler = StreamingScheduler(gated)
+        await scheduler.start()
+        outcomes: dict[str, Outcome] = {}
+        try:
+            scheduler.inbox.put_nowait(chunk("busy", {"token_ids": [1]}))
+            await asyncio.to_thread(entered.wait, 5)  # the worker is inside the callback
+            scheduler.inbox.put_nowait(chunk("gone", {"token_ids": [1, 2, 3]}))  # three windows, queued
+            scheduler.inbox.put_nowait(chunk("kept", {"token_ids": [7]}))
+            while not scheduler.inbox.empty():
+                await asyncio.sleep(0.001)
+            loads = [scheduler.load()]
+            scheduler.abort("gone")
+            release.set()
+            scheduler.inbox.put_nowait(done("busy"))
+            scheduler.inbox.put_nowait(done("kept"))
+            await pump(scheduler, outcomes, lambda: all(r in outcomes and outcomes[r].done for r in ("busy", "kept")))
+            return loads, outcomes
+        finally:
+            await scheduler.stop()
+
+    loads, outcomes = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert (loads[0].queued, loads[0].running) == (5, 3)  # busy's running window, 3 of gone's, 1 of kept's
+    assert "gone" not in outcomes and "gone" not in calls  # its queued windows were skipped
+    assert outcomes["kept"].result == {"units": [7]}
