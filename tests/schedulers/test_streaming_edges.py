@@ -240,3 +240,67 @@ def test_windows_queued_behind_a_busy_callback_are_counted_and_an_abort_skips_th
     assert (loads[0].queued, loads[0].running) == (5, 3)  # busy's running window, 3 of gone's, 1 of kept's
     assert "gone" not in outcomes and "gone" not in calls  # its queued windows were skipped
     assert outcomes["kept"].result == {"units": [7]}
+
+
+def test_callbacks_run_in_one_named_worker_thread_in_arrival_order() -> None:
+    import threading
+
+    threads: list[str] = []
+
+    def record(window: Window) -> dict[str, Any]:
+        threads.append(threading.current_thread().name)
+        return {"units": window.new}
+
+    outcomes = drive(StreamingScheduler(record), [chunk("r", {"token_ids": list(range(20))}), done("r")], ("r",))
+    assert [c["units"] for c in outcomes["r"].chunks] == [[i] for i in range(20)]
+    assert set(threads) == {"tts-worker_0"}  # one thread, named for the stage
+    unnamed: list[str] = []
+
+    async def scenario() -> None:
+        scheduler = StreamingScheduler(lambda w: unnamed.append(threading.current_thread().name))  # type: ignore
+        await scheduler.start()
+        try:
+            scheduler.inbox.put_nowait(chunk("r", {"token_ids": [1]}))
+            while not unnamed:
+                await asyncio.sleep(0.001)
+        finally:
+            await scheduler.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert unnamed == ["stream-worker_0"]
+
+
+def test_a_message_before_start_is_refused() -> None:
+    scheduler = StreamingScheduler(echo)
+    with pytest.raises(RuntimeError, match="^scheduler not started$"):
+        scheduler._accept(chunk("r", {"token_ids": [1]}))
+
+
+def test_stop_waits_for_the_running_callback_and_cancels_the_queued_ones() -> None:
+    import threading
+
+    entered, release, finished = threading.Event(), threading.Event(), threading.Event()
+    calls: list[Any] = []
+
+    def slow(window: Window) -> dict[str, Any]:
+        calls.append(window.new)
+        if window.index == 0:
+            entered.set()
+            release.wait(5)
+            finished.set()
+        return {"units": window.new}
+
+    async def scenario() -> None:
+        scheduler = StreamingScheduler(slow)
+        await scheduler.start()
+        scheduler.inbox.put_nowait(chunk("r", {"token_ids": [1, 2, 3, 4]}))  # four windows
+        await asyncio.to_thread(entered.wait, 5)
+        stopping = asyncio.create_task(scheduler.stop())
+        await asyncio.sleep(0.05)
+        assert not stopping.done()  # waits for the callback that is running
+        release.set()
+        await asyncio.wait_for(stopping, 5)
+        assert finished.is_set() and scheduler._executor is None
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert calls == [[1]]  # the three queued windows never ran
