@@ -182,3 +182,19 @@ def test_stop_ends_the_worker_thread() -> None:
     thread = drive(lambda data: 1, body)
     thread.join(5)
     assert not thread.is_alive()
+
+
+def test_an_async_functions_request_records_its_build_start_and_end() -> None:
+    profiler = RecordingProfiler()
+
+    async def fn(data: dict[str, Any]) -> Any:
+        return 1
+
+    async def body(scheduler: SimpleScheduler, outcomes: dict[str, Outcome]) -> None:
+        scheduler.profiler = profiler  # type: ignore[assignment]
+        scheduler.inbox.put_nowait(new_request("a", {}))
+        await pump(scheduler, outcomes, all_done(outcomes, "a"))
+
+    drive(fn, body)
+    assert [(kind, rid) for kind, rid, _ in profiler.events] == [(EventKind.BUILD_START, "a"),
+                                                                (EventKind.BUILD_END, "a")]

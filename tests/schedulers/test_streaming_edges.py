@@ -304,3 +304,44 @@ def test_stop_waits_for_the_running_callback_and_cancels_the_queued_ones() -> No
 
     asyncio.run(asyncio.wait_for(scenario(), 10))
     assert calls == [[1]]  # the three queued windows never ran
+
+
+def test_a_failed_stream_is_dropped_its_queued_windows_skipped_and_the_error_is_an_error() -> None:
+    import threading
+
+    from omnictl.schedulers.base import OutgoingKind, OutgoingMessage
+
+    entered, release = threading.Event(), threading.Event()
+    calls: list[Any] = []
+    delivered: list[OutgoingMessage] = []
+
+    def gated(window: Window) -> dict[str, Any]:
+        calls.append(window.new)
+        if window.new == [1]:
+            entered.set()
+            release.wait(5)
+        return {"units": window.new}
+
+    async def scenario() -> list[Any]:
+        scheduler = StreamingScheduler(gated, units="codes")
+        scheduler.stage_name = "tts"
+        scheduler.deliver = delivered.append
+        await scheduler.start()
+        try:
+            scheduler.inbox.put_nowait(chunk("r", {"codes": [1, 2]}))  # two windows; the first holds the worker
+            await asyncio.to_thread(entered.wait, 5)
+            scheduler.inbox.put_nowait(chunk("r", {"nothing": 0}))  # unusable: the request fails
+            while not scheduler.inbox.empty():
+                await asyncio.sleep(0.001)
+            loads = [scheduler.load().stream_buffers]
+            release.set()
+            while scheduler.load().queued:
+                await asyncio.sleep(0.001)
+            await asyncio.sleep(0.01)
+            return loads
+        finally:
+            await scheduler.stop()
+
+    loads = asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert loads == [0] and calls == [[1]]  # dropped at once; its queued window [2] never ran
+    assert [(m.kind, m.request_id) for m in delivered] == [(OutgoingKind.ERROR, "r")]
