@@ -198,3 +198,23 @@ def test_an_async_functions_request_records_its_build_start_and_end() -> None:
     drive(fn, body)
     assert [(kind, rid) for kind, rid, _ in profiler.events] == [(EventKind.BUILD_START, "a"),
                                                                 (EventKind.BUILD_END, "a")]
+
+
+def test_an_async_request_aborted_while_it_runs_sends_nothing_and_leaves_nothing_behind() -> None:
+    gate = asyncio.Event()
+
+    async def fn(data: dict[str, Any]) -> Any:
+        if data.get("wait"):
+            await gate.wait()
+        return data
+
+    async def body(scheduler: SimpleScheduler, outcomes: dict[str, Outcome]) -> None:
+        scheduler.inbox.put_nowait(new_request("slow", {"wait": True}))
+        await wait_for_condition(lambda: "slow" in scheduler._running)
+        scheduler.abort("slow")
+        gate.set()
+        scheduler.inbox.put_nowait(new_request("next", {}))
+        await pump(scheduler, outcomes, all_done(outcomes, "next"))
+        assert "slow" not in outcomes and scheduler._aborted == set() and scheduler._running == set()
+
+    drive(fn, body)

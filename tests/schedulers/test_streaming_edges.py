@@ -345,3 +345,17 @@ def test_a_failed_stream_is_dropped_its_queued_windows_skipped_and_the_error_is_
     loads = asyncio.run(asyncio.wait_for(scenario(), 10))
     assert loads == [0] and calls == [[1]]  # dropped at once; its queued window [2] never ran
     assert [(m.kind, m.request_id) for m in delivered] == [(OutgoingKind.ERROR, "r")]
+
+
+def test_a_whole_input_in_request_mode_keeps_its_params_and_a_bad_one_fails_its_own_request() -> None:
+    seen: list[Window] = []
+
+    def record(window: Window) -> dict[str, Any]:
+        seen.append(window)
+        return {"units": window.new}
+
+    outcomes = drive(StreamingScheduler(record, units="codes", chunk_size=10, finish_on="request"),
+                     [request("w", {"codes": [1, 2]}), request("bad", {"other": 1})], ("w", "bad"))
+    assert [(w.request_id, w.params, w.final) for w in seen] == [("w", {"voice": "v"}, True)]
+    assert outcomes["w"].result == {"units": [1, 2]}
+    assert outcomes["bad"].errors == ["stage tts: stream chunk has no usable units ('codes'): KeyError('codes')"]

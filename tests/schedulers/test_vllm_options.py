@@ -64,3 +64,8 @@ def test_check_names_the_knob_under_factory_args_by_default_and_accepts_the_edge
     with pytest.raises(ValueError, match="^talker.max_model_len: must be at least 16 tokens, got 15$"):
         VllmOptions(max_model_len=15).check("talker")
     VllmOptions(max_model_len=16, device="cuda", dtype="float16").check()  # the smallest length, a GPU
+
+
+def test_a_bad_value_is_named_where_the_caller_says() -> None:
+    with pytest.raises(ValueError, match="^talker.vllm.max_num_seqs: must be an integer >= 1, got 0$"):
+        VllmOptions.from_mapping({"max_num_seqs": 0}, where="talker.vllm")
