@@ -7,6 +7,10 @@
 #   scripts/mutation.sh stage topology       # some of them
 #   scripts/mutation.sh topology:shape,derive  # only those modules of a package
 #   MUTATION_CHILDREN=4 scripts/mutation.sh  # more parallel workers (default 2)
+#   MUTATION_RETEST=/tmp/omnictl-mutation scripts/mutation.sh transports
+#       # after adding tests: re-test only the mutants that run left alive (survived, no
+#       # tests), keeping its kills; minutes instead of half an hour. Mutants it never
+#       # judged (a run cut short) stay unjudged ("not checked").
 #
 # On 2 shared cores a package takes 2-10 minutes; all of topology (2200 mutants) takes
 # over half an hour, so name its modules to spend less.
@@ -17,13 +21,18 @@
 # for each mutant, runs only the fast unit tests that reach the mutated
 # function. A per-package summary line is printed at the end, and the surviving
 # mutants are listed with their diffs in $MUTATION_OUT/<package>.survivors
-# (default: /tmp/omnictl-mutation).
+# (default: /tmp/omnictl-mutation); every mutant's verdict is kept in
+# $MUTATION_OUT/<package>.meta/ for MUTATION_RETEST. A retest keeps the earlier kills
+# and timeouts as they were: sound while tests were only added and the package's code
+# did not change (a function whose code changed is re-tested whole: mutmut compares
+# each function's hash).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 python=${PYTHON:-$repo/.venv/bin/python}
 [[ -x $python ]] || python=$(command -v python3)
 children=${MUTATION_CHILDREN:-2}
+retest=${MUTATION_RETEST:-}
 out=${MUTATION_OUT:-${TMPDIR:-/tmp}/omnictl-mutation}
 mkdir -p "$out"
 packages=("$@")
@@ -98,9 +107,17 @@ for arg in "${packages[@]}"; do
         # child could deadlock in torch's thread pool and pass for a "timeout".
         echo "process_isolation = forkserver"
     } >"$scratch/setup.cfg"
+    names=()  # none: every mutant not judged yet
+    if [[ -n $retest ]]; then
+        [[ -d $retest/$name.meta ]] || { echo "no earlier verdicts in $retest/$name.meta" >&2; exit 2; }
+        "$python" scripts/mutation_summary.py reopen "$retest/$name.meta" "$scratch/mutants" >"$scratch/retest.names"
+        mapfile -t names <"$scratch/retest.names"
+        echo "== re-testing the ${#names[@]} mutants $retest/$name.meta left alive; its other verdicts stand"
+        [[ ${#names[@]} -gt 0 ]] || { rm -rf "$scratch" "$scratch_started"; continue; }
+    fi
     echo "== omnictl/$arg (scratch copy: $scratch)"
     start=$SECONDS
-    (cd "$scratch" && "$python" -m mutmut run --max-children "$children") >"$out/$name.log" 2>&1 || {
+    (cd "$scratch" && "$python" -m mutmut run --max-children "$children" "${names[@]}") >"$out/$name.log" 2>&1 || {
         echo "mutmut failed on omnictl/$pkg; see $out/$name.log" >&2
         tail -20 "$out/$name.log" >&2
         exit 1
@@ -109,6 +126,9 @@ for arg in "${packages[@]}"; do
     # Every mutant that the tests ran against and did not catch, with its diff, to judge
     # one by one ("no tests" mutants are in $name.results: no fast test reaches them).
     (cd "$scratch" && "$python" "$repo/scripts/mutation_summary.py" survivors) >"$out/$name.survivors" 2>&1 || true
+    rm -rf "$out/$name.meta"
+    (cd "$scratch/mutants" && find omnictl -name '*.meta' -print0 | tar --null -T - -cf -) \
+        | (mkdir -p "$out/$name.meta" && tar -xf - -C "$out/$name.meta")
     line=$("$python" scripts/mutation_summary.py summary "$arg" "$out/$name.results" $((SECONDS - start)))
     echo "$line"
     summary+=("$line")

@@ -3,10 +3,14 @@
 ``summary PACKAGE RESULTS SECONDS``: one line from the output of ``mutmut results --all true``.
 ``survivors``: run in mutmut's working directory, every surviving mutant with its diff
 (one process for all of them: ``mutmut show`` per mutant takes seconds each).
-"""
+``reopen EARLIER MUTANTS``: seed a fresh run's ``mutants/`` folder with an earlier run's
+verdicts (the ``.meta`` files under ``EARLIER``), each survivor and "no tests" reset to
+unjudged, and print their names: mutmut re-tests those alone (named on its command line)
+and keeps the rest, unjudged ones included (``MUTATION_RETEST``)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -42,9 +46,33 @@ def print_survivors() -> None:
                 print(get_diff_for_mutant(name, path=path))
 
 
+# mutmut's exit codes of a mutant the tests left alive: survived (0), no tests (5, 33)
+_ALIVE = (0, 5, 33)
+
+
+def reopen(earlier: Path, mutants: Path) -> None:
+    reopened = kept = 0
+    for meta in sorted(earlier.rglob("*.meta")):
+        data = json.loads(meta.read_text())
+        verdicts = data.get("exit_code_by_key", {})
+        for name, code in verdicts.items():
+            if code in _ALIVE:
+                verdicts[name] = None
+                reopened += 1
+                print(name)
+            elif code is not None:
+                kept += 1
+        target = mutants / meta.relative_to(earlier)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(data, indent=4))
+    print(f"earlier verdicts from {earlier}: {kept} kept, {reopened} to re-test", file=sys.stderr)
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["survivors"]:
         print_survivors()
+    elif sys.argv[1:2] == ["reopen"] and len(sys.argv) == 4:
+        reopen(Path(sys.argv[2]), Path(sys.argv[3]))
     elif sys.argv[1:2] == ["summary"] and len(sys.argv) == 5:
         print(summarize(sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])))
     else:

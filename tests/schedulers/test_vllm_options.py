@@ -47,3 +47,25 @@ def test_without_vllm_installed_the_error_names_the_extra(monkeypatch: pytest.Mo
     monkeypatch.setitem(sys.modules, "vllm", None)  # what `import vllm` does where it is not installed
     with pytest.raises(StartupError, match=r"engine is 'vllm' but vLLM is not installed .*pip install 'omnictl\[vllm\]'"):
         require_vllm()
+
+
+def test_an_unknown_knob_lists_every_known_one() -> None:
+    with pytest.raises(ValueError) as caught:
+        VllmOptions.from_mapping({"kv": 1, "zz": 2})
+    assert str(caught.value) == (
+        "factory_args.vllm.kv: unknown engine option (known: device, dtype, enforce_eager, kv_cache_gib, "
+        "max_model_len, max_num_seqs, prefix_caching, tensor_parallel_size)")
+
+
+def test_check_names_the_knob_under_factory_args_by_default_and_accepts_the_edges() -> None:
+    with pytest.raises(ValueError) as caught:
+        VllmOptions(max_num_seqs=0).check()
+    assert str(caught.value) == "factory_args.vllm.max_num_seqs: must be an integer >= 1, got 0"
+    with pytest.raises(ValueError, match="^talker.max_model_len: must be at least 16 tokens, got 15$"):
+        VllmOptions(max_model_len=15).check("talker")
+    VllmOptions(max_model_len=16, device="cuda", dtype="float16").check()  # the smallest length, a GPU
+
+
+def test_a_bad_value_is_named_where_the_caller_says() -> None:
+    with pytest.raises(ValueError, match="^talker.vllm.max_num_seqs: must be an integer >= 1, got 0$"):
+        VllmOptions.from_mapping({"max_num_seqs": 0}, where="talker.vllm")

@@ -182,3 +182,94 @@ def test_a_segment_evicted_from_the_reader_while_viewed_stays_readable() -> None
         assert w.codec.pool.in_use == 0
 
     run(body)
+
+
+def test_the_budget_warning_says_how_much_is_held_against_what_budget_and_whose_slot_it_is(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def body(w: Wire) -> None:
+        caplog.set_level(logging.WARNING, logger="omnictl.transports.leases")
+        held = [w.send({"t": np.full(1 << 20, i, dtype=np.uint8)}) for i in range(5)]  # 5 MiB, leased
+        copied = w.send({"t": np.zeros(3 << 19, dtype=np.uint8)})  # 1.5 MiB more: over the 6 MiB budget
+        assert w.leases.held == 5 and w.leases.copied == 1 and copied["t"].size == 3 << 19
+        assert [r.getMessage() for r in caplog.records] == [
+            "this process holds 5 MiB of received tensors as views of their senders' shared memory "
+            "(budget 6 MiB); copying further payloads out instead (slot of stage 's', owner 'p')"]
+        del held
+
+    run(body, budget=6 << 20)
+
+
+def test_held_counts_each_leased_payload_until_its_views_die() -> None:
+    async def body(w: Wire) -> None:
+        first = w.send({"t": torch.ones(5000)})
+        second = w.send({"t": torch.ones(5000)})
+        third = w.send({"t": torch.ones(5000)})
+        assert w.leases.held == 3
+        del first
+        await w.settle()
+        assert w.leases.held == 2
+        del second, third
+        await w.settle()
+        assert w.leases.held == 0 and w.leases.held_bytes == 0
+
+    run(body)
+
+
+def test_a_view_that_dies_after_its_loop_closed_sends_no_release_and_marks_the_leases_closed() -> None:
+    # A process going away: its loop has closed while a received tensor is still alive.
+    before = segments()
+    released: list[ShmRef] = []
+    pool = SlotPool("p", "s", SLOT, 2)
+    codec = PayloadCodec(pool, RelayKnobs(SLOT, 2, 256))
+    reader = SegmentReader()
+
+    async def receive() -> tuple[ViewLeases, Any]:
+        leases = ViewLeases(reader, released.append)
+        return leases, leases.decode(codec.encode({"t": torch.ones(5000)}))
+
+    try:
+        leases, got = asyncio.run(receive())
+        assert leases.held == 1 and not leases.closed
+        del got  # the finalizer finds the loop closed
+        gc.collect()
+        assert leases.closed and released == []
+    finally:
+        reader.close()
+        pool.close()
+    assert segments() <= before
+
+
+def test_a_pickled_leaf_is_refused_unless_the_receiver_opted_in() -> None:
+    from omnictl.exceptions import UnsupportedPayload
+
+    async def body(w: Wire) -> None:
+        sender = PayloadCodec(w.codec.pool, w.codec.knobs, allow_pickle=True)
+        with pytest.raises(UnsupportedPayload, match="allow_pickle"):
+            w.leases.decode(sender.encode({"t": torch.ones(5000), "obj": complex(1, 2)}))
+        got = w.leases.decode(sender.encode({"t": torch.ones(5000), "obj": complex(1, 2)}), allow_pickle=True)
+        assert got["obj"] == complex(1, 2)
+        del got
+        gc.collect()
+        await w.settle()
+
+    run(body)
+
+
+def test_frame_and_inline_payloads_pass_through_with_the_receivers_pickle_choice() -> None:
+    from omnictl.exceptions import UnsupportedPayload
+    from omnictl.transports.tcp import TcpCodec
+
+    async def body(w: Wire) -> None:
+        payload, frames = TcpCodec(w.codec.pool, w.codec.knobs, allow_pickle=True).encode_frames(
+            {"x": np.arange(3), "obj": complex(1, 2)})
+        buffers = [memoryview(bytearray(frame)) for frame in frames]
+        got = w.leases.decode(payload, allow_pickle=True, frames=buffers)
+        assert got["x"].tolist() == [0, 1, 2] and got["obj"] == complex(1, 2)
+        inline = PayloadCodec(w.codec.pool, w.codec.knobs, allow_pickle=True).encode({"obj": complex(3, 4)})
+        assert inline.shm is None
+        assert w.leases.decode(inline, allow_pickle=True) == {"obj": complex(3, 4)}
+        with pytest.raises(UnsupportedPayload):
+            w.leases.decode(inline)
+        assert w.leases.held == 0  # nothing of these is leased
+
+    run(body)

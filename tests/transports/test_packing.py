@@ -132,3 +132,50 @@ def test_many_tensors_are_each_found_again_by_index() -> None:
     out, packed = roundtrip(data)
     assert [int(t[0]) for t in out] == list(range(300))
     assert [entry.index for entry in packed.layout] == list(range(300))
+
+
+def test_an_unsupported_leaf_inside_a_typed_output_is_named_by_its_field_path() -> None:
+    from omnictl.outputs import TokenResult
+
+    with pytest.raises(UnsupportedPayload) as caught:
+        pack({"r": [1, TokenResult(text="a", hidden={"deep": complex(1, 2)})]})
+    assert caught.value.path == "['r'][1].hidden['deep']"
+    with pytest.raises(UnsupportedPayload) as caught:
+        pack(complex(1, 2))  # the whole payload is the culprit
+    assert caught.value.path == "(the payload itself)"
+    assert str(caught.value).startswith("(the payload itself): a builtins.complex cannot travel")
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.float16])
+def test_an_empty_tensor_keeps_its_dtype_and_shape(dtype: torch.dtype) -> None:
+    out, _ = roundtrip({"e": torch.empty(0, 3, dtype=dtype)})
+    assert out["e"].dtype == dtype and out["e"].shape == (0, 3)
+
+
+def test_with_a_device_leaf_host_arrays_and_plain_objects_still_travel_as_host_data() -> None:
+    handed: list[object] = []
+
+    def device_leaf(obj: object) -> bytes:
+        handed.append(obj)
+        return b""
+
+    data = {"a": np.arange(3), "t": torch.ones(2), "r": TextResult(text="x")}
+    packed = pack(data, device_leaf=device_leaf)  # objects without an is_cuda flag are not GPU tensors
+    assert handed == [] and [entry.kind for entry in packed.layout] == ["numpy", "torch"]
+    out = unpack(packed.skeleton, packed.layout, packed.to_bytes())
+    assert out["a"].tolist() == [0, 1, 2] and out["t"].tolist() == [1.0, 1.0] and out["r"] == TextResult(text="x")
+
+
+def test_the_refusal_says_what_may_travel_and_how_to_opt_in() -> None:
+    with pytest.raises(UnsupportedPayload) as caught:
+        pack({"c": complex(1, 2)})
+    assert str(caught.value) == (
+        "['c']: a builtins.complex cannot travel between processes; send tensors, arrays, bytes, str, numbers, "
+        "bools, None, lists, dicts or typed outputs (or set `allow_pickle: true` in the topology, for trusted "
+        "hosts only)")
+
+
+def test_an_unsupported_object_found_nowhere_among_the_values_has_an_unknown_path() -> None:
+    with pytest.raises(UnsupportedPayload) as caught:
+        pack({complex(1, 2): "a key, not a value"})
+    assert caught.value.path == "(unknown path)"

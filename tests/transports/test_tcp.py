@@ -12,6 +12,7 @@ import zmq
 import zmq.asyncio
 
 from omnictl import messages as m
+from omnictl.exceptions import UnsupportedPayload
 from omnictl.stage.ports import payload_bytes
 from omnictl.topology.model import RelayKnobs, Transport
 from omnictl.transports.codec import decode
@@ -119,3 +120,50 @@ def test_a_large_first_message_over_curve_with_zap_is_received_whole() -> None:
         return received
 
     assert asyncio.run(scenario()) == [[2_000_000], [10], [2_000_000]]
+
+
+def test_a_pickled_leaf_in_a_frames_payload_is_refused_unless_the_receiver_opted_in() -> None:
+    payload, frames = TcpCodec(SlotPool("p", "a", 1024, 1), RelayKnobs(), allow_pickle=True).encode_frames(
+        {"x": np.ones(2), "obj": complex(1, 2)})
+    buffers = [memoryview(bytearray(frame)) for frame in frames]
+    with pytest.raises(UnsupportedPayload, match="allow_pickle"):
+        decode(payload, SegmentReader(), frames=buffers)
+    out = decode(payload, SegmentReader(), allow_pickle=True, frames=buffers)
+    assert out["obj"] == complex(1, 2) and out["x"].tolist() == [1.0, 1.0]
+
+
+def test_a_frame_of_the_wrong_size_is_refused_naming_the_tensor() -> None:
+    payload, frames = TcpCodec(SlotPool("p", "a", 1024, 1), RelayKnobs()).encode_frames(
+        {"a": np.zeros(4), "b": np.zeros(3)})
+    short = [memoryview(bytearray(frames[0])), memoryview(bytearray(8))]
+    with pytest.raises(ValueError, match=r"^tensor 1 is 24 bytes but its frame has 8$"):
+        decode(payload, SegmentReader(), frames=short)
+
+
+def test_empty_and_one_byte_tensors_arrive_as_views_with_their_dtype_shape_and_value() -> None:
+    data = {"np_empty": np.empty((0, 3), dtype=np.int32), "np_byte": np.array([0xA5], dtype=np.uint8),
+            "t_empty": torch.empty(0, 2, dtype=torch.int64), "t_byte": torch.tensor([0x5A], dtype=torch.uint8)}
+    payload, frames = TcpCodec(SlotPool("p", "a", 1024, 1), RelayKnobs()).encode_frames(data)
+    assert [entry.kind for entry in payload.layout] == ["numpy", "numpy", "torch", "torch"]  # the wire names them
+    out = decode(payload, SegmentReader(), frames=[memoryview(bytearray(frame)) for frame in frames])
+    assert out["np_empty"].dtype == np.int32 and out["np_empty"].shape == (0, 3)
+    assert out["np_byte"].tolist() == [0xA5] and out["np_byte"].dtype == np.uint8
+    assert out["t_empty"].dtype == torch.int64 and out["t_empty"].shape == (0, 2)
+    assert out["t_byte"].tolist() == [0x5A] and out["t_byte"].dtype == torch.uint8
+
+
+def test_a_tcp_codec_refuses_to_encode_into_a_slot() -> None:
+    with pytest.raises(TypeError, match="^tcp payloads travel as frames: use encode_frames$"):
+        TcpCodec(SlotPool("p", "a", 1024, 1), RelayKnobs()).encode({"x": 1})
+
+
+def test_unpacking_frames_refuses_pickles_by_default_and_keeps_each_arrays_shape() -> None:
+    from omnictl.transports.packing import unpack_frames
+
+    payload, frames = TcpCodec(SlotPool("p", "a", 1024, 1), RelayKnobs(), allow_pickle=True).encode_frames(
+        {"grid": np.arange(6, dtype=np.int16).reshape(2, 3), "obj": complex(1, 2)})
+    buffers = [memoryview(bytearray(frame)) for frame in frames]
+    with pytest.raises(UnsupportedPayload, match="allow_pickle"):
+        unpack_frames(payload.skeleton, payload.layout, buffers)
+    out = unpack_frames(payload.skeleton, payload.layout, buffers, allow_pickle=True)
+    assert out["grid"].shape == (2, 3) and out["grid"].tolist() == [[0, 1, 2], [3, 4, 5]]
