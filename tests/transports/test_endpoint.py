@@ -24,7 +24,8 @@ from omnictl.transports.endpoint import Endpoint, resolve_data_host
 from omnictl.transports.tcp import TcpCodec
 
 # `one` (this endpoint) and `two` (two replicas) on the coordinator's node; `far` on another.
-TOPOLOGY = loads("""
+TOPOLOGY = loads(
+    """
 processes:
   two: {replicas: 2}
   far: {node: box-b}
@@ -44,7 +45,9 @@ stages:
     terminal: true
     modality: text
 allow_pickle: true
-""", "t.yaml")
+""",
+    "t.yaml",
+)
 CTX = m.RequestContext("r1", {}, ("a", "b", "c"))
 
 
@@ -84,6 +87,13 @@ class Peers:
         self.context.term()
 
 
+@pytest.fixture
+def peers() -> Iterator[Peers]:
+    made = Peers()
+    yield made
+    made.close()
+
+
 def received(socket: zmq.Socket) -> str:
     """The destination of the Skip that arrived on ``socket``: which send it was."""
     message = m.inbound_decoder.decode(socket.recv())
@@ -120,8 +130,7 @@ def test_under_ray_the_data_host_is_this_nodes_ray_address(monkeypatch: pytest.M
     assert resolve_data_host(None, "ray") == str(ray_util.get_node_ip_address())
 
 
-def test_a_peer_on_this_node_is_reached_over_ipc_and_its_socket_is_made_once(short_tmp: Path) -> None:
-    peers = Peers()
+def test_a_peer_on_this_node_is_reached_over_ipc_and_its_socket_is_made_once(short_tmp: Path, peers: Peers) -> None:
     two, address = peers.pull(f"ipc://{short_tmp}/two-1")
 
     async def body() -> None:
@@ -135,14 +144,10 @@ def test_a_peer_on_this_node_is_reached_over_ipc_and_its_socket_is_made_once(sho
         finally:
             ep.close()
 
-    try:
-        on_loop(body)
-    finally:
-        peers.close()
+    on_loop(body)
 
 
-def test_a_peer_on_another_node_is_reached_over_tcp_even_with_an_ipc_address(short_tmp: Path) -> None:
-    peers = Peers()
+def test_a_peer_on_another_node_is_reached_over_tcp_even_with_an_ipc_address(short_tmp: Path, peers: Peers) -> None:
     ipc_far, ipc_address = peers.pull(f"ipc://{short_tmp}/far")
     tcp_far, tcp_address = peers.pull("tcp://127.0.0.1:*")
 
@@ -159,15 +164,12 @@ def test_a_peer_on_another_node_is_reached_over_tcp_even_with_an_ipc_address(sho
         finally:
             ep.close()
 
-    try:
-        on_loop(body)
-    finally:
-        peers.close()
+    on_loop(body)
 
 
 def test_an_endpoint_on_a_labelled_node_reaches_its_own_node_over_ipc_and_the_coordinators_over_tcp(
-        short_tmp: Path) -> None:
-    peers = Peers()
+    short_tmp: Path, peers: Peers
+) -> None:
     far, far_ipc = peers.pull(f"ipc://{short_tmp}/far")
     one_ipc_socket, one_ipc = peers.pull(f"ipc://{short_tmp}/one")
     one_tcp_socket, one_tcp = peers.pull("tcp://127.0.0.1:*")
@@ -185,14 +187,12 @@ def test_an_endpoint_on_a_labelled_node_reaches_its_own_node_over_ipc_and_the_co
         finally:
             ep.close()
 
-    try:
-        on_loop(body)
-    finally:
-        peers.close()
+    on_loop(body)
 
 
-def test_a_new_tcp_address_for_a_peer_reconnects_and_the_same_one_keeps_the_socket(short_tmp: Path) -> None:
-    peers = Peers()
+def test_a_new_tcp_address_for_a_peer_reconnects_and_the_same_one_keeps_the_socket(
+    short_tmp: Path, peers: Peers
+) -> None:
     old, old_address = peers.pull("tcp://127.0.0.1:*")
     new, new_address = peers.pull("tcp://127.0.0.1:*")
 
@@ -213,14 +213,10 @@ def test_a_new_tcp_address_for_a_peer_reconnects_and_the_same_one_keeps_the_sock
         finally:
             ep.close()
 
-    try:
-        on_loop(body)
-    finally:
-        peers.close()
+    on_loop(body)
 
 
-def test_a_lost_peer_gives_back_the_slots_lent_to_it_and_loses_what_was_queued(short_tmp: Path) -> None:
-    peers = Peers()
+def test_a_lost_peer_gives_back_the_slots_lent_to_it_and_loses_what_was_queued(short_tmp: Path, peers: Peers) -> None:
     two0, address0 = peers.pull(f"ipc://{short_tmp}/two-0")
     two1, address1 = peers.pull(f"ipc://{short_tmp}/two-1")
 
@@ -242,14 +238,10 @@ def test_a_lost_peer_gives_back_the_slots_lent_to_it_and_loses_what_was_queued(s
         finally:
             ep.close()
 
-    try:
-        on_loop(body)
-    finally:
-        peers.close()
+    on_loop(body)
 
 
-def test_a_payload_sent_without_its_lender_or_inline_is_not_tracked(short_tmp: Path) -> None:
-    peers = Peers()
+def test_a_payload_sent_without_its_lender_or_inline_is_not_tracked(short_tmp: Path, peers: Peers) -> None:
     two0, address0 = peers.pull(f"ipc://{short_tmp}/two-0")
 
     async def body() -> None:
@@ -266,10 +258,7 @@ def test_a_payload_sent_without_its_lender_or_inline_is_not_tracked(short_tmp: P
         finally:
             ep.close()
 
-    try:
-        on_loop(body)
-    finally:
-        peers.close()
+    on_loop(body)
 
 
 def test_each_stage_lends_from_one_pool_of_its_relay_knobs_owned_by_this_process(short_tmp: Path) -> None:
@@ -309,8 +298,7 @@ def test_each_stage_and_transport_has_one_codec_over_the_stages_pool(short_tmp: 
     on_loop(body)
 
 
-def test_close_sends_what_is_queued_to_fixed_addresses_and_unlinks_the_pools(short_tmp: Path) -> None:
-    peers = Peers()
+def test_close_sends_what_is_queued_to_fixed_addresses_and_unlinks_the_pools(short_tmp: Path, peers: Peers) -> None:
     coordinator, address = peers.pull(f"ipc://{short_tmp}/coordinator")
     before = segments()
 
@@ -324,11 +312,8 @@ def test_close_sends_what_is_queued_to_fixed_addresses_and_unlinks_the_pools(sho
         assert control.closed and ep.context.closed
         assert segments() <= before
 
-    try:
-        on_loop(body)
-        assert received(coordinator) == "the-last-report"
-    finally:
-        peers.close()
+    on_loop(body)
+    assert received(coordinator) == "the-last-report"
 
 
 def test_sends_never_block_on_a_peer_that_is_not_reading(short_tmp: Path) -> None:
@@ -424,8 +409,9 @@ def test_with_the_launch_keys_tcp_sockets_serve_and_connect_over_curve(short_tmp
     on_loop(body)
 
 
-def test_a_tcp_address_learnt_for_a_peer_already_reached_over_ipc_keeps_that_socket(short_tmp: Path) -> None:
-    peers = Peers()
+def test_a_tcp_address_learnt_for_a_peer_already_reached_over_ipc_keeps_that_socket(
+    short_tmp: Path, peers: Peers
+) -> None:
     two, address = peers.pull(f"ipc://{short_tmp}/two-0")
 
     async def body() -> None:
@@ -440,7 +426,4 @@ def test_a_tcp_address_learnt_for_a_peer_already_reached_over_ipc_keeps_that_soc
         finally:
             ep.close()
 
-    try:
-        on_loop(body)
-    finally:
-        peers.close()
+    on_loop(body)
