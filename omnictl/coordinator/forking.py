@@ -21,7 +21,7 @@ import time
 from collections import deque
 from typing import Callable
 
-from omnictl.stage.template import EXITED, FORKED, READY, Frames, frame
+from omnictl.stage.fork_wire import EXITED, FORKED, READY, Frames, frame
 
 _FORK_REPLY_TIMEOUT_S = 5.0  # a fork answers in milliseconds; past this the template is taken as stuck
 log = logging.getLogger(__name__)

@@ -26,36 +26,10 @@ import os
 import select
 import signal
 import socket
-import struct
 import sys
 import traceback
 
-HEADER = struct.Struct("!I")
-FORKED = struct.Struct("!ci")  # b"F", pid
-EXITED = struct.Struct("!cii")  # b"X", pid, exit code (negative: killed by that signal)
-READY = b"R"
-
-
-def frame(body: bytes) -> bytes:
-    return HEADER.pack(len(body)) + body
-
-
-class Frames:
-    """Splits a byte stream into frames (both ends use it)."""
-
-    def __init__(self) -> None:
-        self._buffer = b""
-
-    def feed(self, data: bytes) -> list[bytes]:
-        self._buffer += data
-        frames: list[bytes] = []
-        while len(self._buffer) >= HEADER.size:
-            (length,) = HEADER.unpack_from(self._buffer)
-            if len(self._buffer) < HEADER.size + length:
-                break
-            frames.append(self._buffer[HEADER.size : HEADER.size + length])
-            self._buffer = self._buffer[HEADER.size + length :]
-        return frames
+from omnictl.stage.fork_wire import EXITED, FORKED, READY, Frames, frame
 
 
 def exit_code(status: int) -> int:
