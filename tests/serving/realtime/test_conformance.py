@@ -16,7 +16,7 @@ import pytest
 from openai.types.realtime import RealtimeClientEvent, RealtimeClientEventParam
 from websockets.sync.client import connect
 
-from tests.serving.harness import API_KEY, ServerProcess
+from tests.serving.harness import API_KEY, ServerProcess, wait_until
 from tests.serving.realtime.speech import silence
 
 CLIENT = pydantic.TypeAdapter(RealtimeClientEvent)
@@ -197,8 +197,10 @@ def test_a_refused_event_is_logged_as_a_warning(raw: Raw, server: ServerProcess)
     raw.ws.send(json.dumps({"type": "conversation.item.truncate", "event_id": "t1", "item_id": "nope",
                             "content_index": 0, "audio_end_ms": 0}))
     assert raw.next_of("error")["error"]["code"] == "item_not_found"
-    lines = [line for line in server.text().splitlines() if "no item 'nope'" in line]
-    assert lines and all(" WARNING " in line for line in lines), lines
+    # the server logs before it sends, but its output reaches this process through a pipe
+    # and a reader thread: the line may land a moment after the event
+    lines = wait_until(lambda: [line for line in server.text().splitlines() if "no item 'nope'" in line], timeout=5)
+    assert all(" WARNING " in line for line in lines), lines
 
 
 def test_truncate_cuts_a_spoken_answer_to_the_words_its_audio_had_said(raw: Raw) -> None:
