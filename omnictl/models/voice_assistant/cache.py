@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import fcntl
+import json
+import logging
 import os
+import shutil
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import platformdirs
 
 CACHE_ENV = "OMNICTL_CACHE_DIR"
+MARKER = "omnictl-source.json"  # in a built folder: what it was built from; written last
+
+log = logging.getLogger(__name__)
 
 
 def cache_dir() -> Path:
@@ -46,3 +53,36 @@ def package_data_dir(package: str, subdir: str = "") -> Path:
             "install the demo extra: pip install 'omnictl[demo]'"
         )
     return Path(list(spec.submodule_search_locations)[0]) / subdir
+
+
+def source_fingerprint(files: list[Path]) -> dict[str, int]:
+    """What a cached build was made from: each source file's name and size.
+
+    Not the absolute path: two virtual environments with the same packages (a second
+    checkout, a reinstall) share one cache, and a path in the fingerprint would make each
+    rebuild it, replacing the folder while a server of the other one reads it.
+    Sizes identify a package version well enough; a release with new weights changes them.
+    """
+    return {path.name: path.stat().st_size for path in files}
+
+
+def build_once(target: Path, fingerprint: dict[str, int], build: Callable[[Path], None], what: str) -> Path:
+    """``target``, built by ``build(staging_folder)`` unless it was already built from
+    ``fingerprint``. Built in a staging folder beside it and renamed into place under the
+    build lock, so a reader never sees half a folder and two builders build once."""
+    with build_lock(target):
+        marker = target / MARKER
+        if marker.is_file() and json.loads(marker.read_text()) == fingerprint:
+            return target
+        log.info("building %s into %s (first run only)", what, target)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        try:
+            build(staging)
+            (staging / MARKER).write_text(json.dumps(fingerprint))  # last: marks a complete folder
+            if target.exists():
+                shutil.rmtree(target)
+            staging.rename(target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        log.info("%s ready in %s", what, target)
+    return target

