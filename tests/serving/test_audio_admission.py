@@ -3,15 +3,14 @@ while text-only requests still pass (``serve --max-underrun-ms``)."""
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Iterator
 
 import httpx
 import pytest
 
-from tests.serving.fast_stages import SLOW_CHUNK_S
 from tests.serving.harness import FAST_TOPOLOGY, ServerProcess, start_server, stop_server, wait_until
+from tests.serving.slow_stream import slow_stream_playing
 
 
 @pytest.fixture(scope="module")
@@ -28,25 +27,7 @@ def chat(server: ServerProcess, text: str, audio: bool, timeout: float = 30) -> 
 
 
 def test_a_new_audio_stream_is_refused_while_a_slow_one_plays_and_text_still_passes(server: ServerProcess) -> None:
-    # The word "slowly" makes the fast topology's speaker send a 0.1 s tone every 0.3 s: its
-    # listener already waits 0.2 s per chunk; a second stream would stretch that further.
-    chunks: list[float] = []
-    stop = threading.Event()
-
-    def play() -> None:
-        body = {"model": "fast", "messages": [{"role": "user", "content": "say it slowly"}], "stream": True,
-                "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "pcm16"}}
-        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as response:
-            for line in response.iter_lines():
-                if '"audio"' in line:
-                    chunks.append(time.perf_counter())
-                if stop.is_set():
-                    break
-
-    player = threading.Thread(target=play, daemon=True)
-    player.start()
-    try:
-        wait_until(lambda: len(chunks) >= 3, timeout=30)  # playing, with a measured pace
+    with slow_stream_playing(server):  # a second stream would stretch its waits further
         started = time.perf_counter()
         refused = chat(server, "hello there", audio=True)
         took = time.perf_counter() - started
@@ -62,8 +43,5 @@ def test_a_new_audio_stream_is_refused_while_a_slow_one_plays_and_text_still_pas
             assert next(line for line in text_only.iter_lines() if line).startswith("data: ")
         metrics = httpx.get(server.url + "/metrics", timeout=10).text
         assert 'omnictl_admission_rejections_total{reason="underrun"} 1.0' in metrics
-    finally:
-        stop.set()
-        player.join(timeout=SLOW_CHUNK_S * 60)
     # once the slow stream has gone, audio is admitted again
     wait_until(lambda: chat(server, "again", audio=True).status_code == 200, timeout=20)

@@ -4,7 +4,6 @@ stream plays, a response with audio is refused with the protocol's ``error`` eve
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Iterator
 
@@ -12,9 +11,9 @@ import httpx
 import openai
 import pytest
 
-from tests.serving.fast_stages import SLOW_CHUNK_S
 from tests.serving.harness import FAST_TOPOLOGY, ServerProcess, start_server, stop_server, wait_until
 from tests.serving.realtime.speech import collect_until_done
+from tests.serving.slow_stream import slow_stream_playing
 
 
 @pytest.fixture(scope="module")
@@ -33,28 +32,12 @@ def respond(connection: Any, text: str, modalities: list[str]) -> list[Any]:
 
 
 def test_a_response_with_audio_is_refused_while_a_slow_stream_plays(server: ServerProcess) -> None:
-    chunks: list[float] = []
-    stop = threading.Event()
-
-    def play() -> None:  # "slowly": the fast topology's speaker sends a 0.1 s tone every 0.3 s
-        body = {"model": "fast", "messages": [{"role": "user", "content": "say it slowly"}], "stream": True,
-                "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "pcm16"}}
-        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as response:
-            for line in response.iter_lines():
-                if '"audio"' in line:
-                    chunks.append(time.perf_counter())
-                if stop.is_set():
-                    break
-
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
     with client.realtime.connect(model="fast") as connection:
         assert connection.recv().type == "session.created"
         connection.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
         assert connection.recv().type == "session.updated"
-        player = threading.Thread(target=play, daemon=True)
-        player.start()
-        try:
-            wait_until(lambda: len(chunks) >= 3, timeout=30)  # playing, with a measured pace
+        with slow_stream_playing(server):
             started = time.perf_counter()
             events = respond(connection, "hello there", ["audio"])
             took = time.perf_counter() - started
@@ -74,8 +57,5 @@ def test_a_response_with_audio_is_refused_while_a_slow_stream_plays(server: Serv
             assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "echo: hello again"
             metrics = httpx.get(server.url + "/metrics", timeout=10).text
             assert 'omnictl_admission_rejections_total{reason="underrun"} 1.0' in metrics
-        finally:
-            stop.set()
-            player.join(timeout=SLOW_CHUNK_S * 60)
         # once the slow stream has gone, a spoken response is admitted again
         wait_until(lambda: respond(connection, "again", ["audio"])[-1].response.status == "completed", timeout=30)
