@@ -44,7 +44,7 @@ from omnictl.models.tiny_causal_lm import EOS, EOS_ID, tiny_tokenizer
 from omnictl.outputs import FinishReason, TokenDelta, TokenResult
 from omnictl.profiling.events import EventKind
 from omnictl.schedulers import vllm_engine
-from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind, OutgoingMessage
+from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind, OutgoingMessage, SchedulerLoad
 from omnictl.schedulers.vllm_engine import (
     VllmOptions,
     VllmScheduler,
@@ -59,6 +59,7 @@ from tests.schedulers.harness import RecordingProfiler
 # The byte-level tokenizer: one token per printable character, id = code point - 32.
 TILDE = ord("~") - 32  # an end token of the generation config besides <eos>
 HASH = ord("#") - 32  # an extra stop token the stage factory adds
+PAD = EOS_ID + 1  # a special token that is no end token: never in the text
 TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<assistant>{% endif %}"
@@ -75,6 +76,8 @@ def write_checkpoint(folder: Path, generation_eos: Any) -> Path:
     tokenizer = tiny_tokenizer()
     tokenizer.backend_tokenizer.post_processor = TemplateProcessing(single=f"$A {EOS}", special_tokens=[(EOS, EOS_ID)])
     tokenizer.chat_template = TEMPLATE
+    tokenizer.add_special_tokens({"pad_token": "<pad>"})
+    assert tokenizer.pad_token_id == PAD
     tokenizer.save_pretrained(folder)
     if generation_eos is not None:
         (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": generation_eos}))
@@ -601,6 +604,9 @@ def test_a_stop_token_ends_the_answer_without_appearing_and_aborts_the_rest(
         assert engine.ended["r1"] == "closed"  # the engine is told at once
         extra = await run.answer("r2", {"prompt": "x"}, out("r2", [*ids("a"), HASH]))
         assert (extra.text, extra.completion_tokens, extra.finish_reason) == ("a", 2, FinishReason.STOP)
+        # Any other special token is the model's to produce, and no text.
+        padded = await run.answer("r3", {"prompt": "x"}, out("r3", [*ids("a"), PAD, *ids("b")], finished=True))
+        assert (padded.text, padded.token_ids, padded.completion_tokens) == ("ab", [*ids("a"), PAD, *ids("b")], 3)
 
     drive(engine, checkpoint, body, extra_stop_token_ids=(HASH,))
 
@@ -666,7 +672,7 @@ def test_an_abort_cancels_the_request_in_the_engine_and_sends_nothing(engine: Sc
         run.submit("r1", {"prompt": "x"})
         run.submit("r2", {"prompt": "x"})
         await run.until(lambda: len(run.chunks("r1")) == 1 and len(run.chunks("r2")) == 1)
-        assert run.scheduler.load().running == 2
+        assert run.scheduler.load() == SchedulerLoad(queued=0, running=2, kv_slots=2)
         run.scheduler.abort("r1")
         assert run.scheduler.dropped == ["r1"] and run.scheduler.load().running == 1
         await run.settle()
@@ -793,17 +799,17 @@ def test_a_dead_engine_ends_the_stage_process_for_the_restart_policy(engine: Scr
 
 
 def test_profile_records_come_from_the_engine_timestamps(engine: ScriptedEngine, checkpoint: Path) -> None:
-    first = RequestStateStats(queued_ts=10.0, scheduled_ts=10.25, first_token_ts=10.75)
-    last = RequestStateStats(queued_ts=10.0, scheduled_ts=10.25, first_token_ts=10.75, last_token_ts=12.0)
+    first = RequestStateStats(queued_ts=10.0, scheduled_ts=10.1234567, first_token_ts=10.75)
+    last = RequestStateStats(queued_ts=10.0, scheduled_ts=10.1234567, first_token_ts=10.75, last_token_ts=12.0000004)
 
     async def body(run: Run) -> None:
         await run.answer("r1", {"prompt": "hey"}, out("r1", [], metrics=first), out("r1", ids("ab")),
                          out("r1", ids("c"), finished=True, metrics=last))
         assert events(run.scheduler, "r1") == [
             (EventKind.PREFILL_START, {}),
-            (EventKind.PREFILL_END, {"prompt_tokens": 3, "queue_s": 0.25, "prefill_s": 0.5}),
+            (EventKind.PREFILL_END, {"prompt_tokens": 3, "queue_s": 0.123457, "prefill_s": 0.626543}),
             (EventKind.FIRST_EMIT, {}),
-            (EventKind.DECODE_STEPS, {"steps": 2, "seconds": 1.25}),
+            (EventKind.DECODE_STEPS, {"steps": 2, "seconds": 1.25}),  # to the microsecond
         ]
         # Clocks out of order read as zero, not as negative times.
         skewed = RequestStateStats(queued_ts=5.0, scheduled_ts=4.0, first_token_ts=3.0, last_token_ts=2.0)
