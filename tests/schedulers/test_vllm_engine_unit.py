@@ -291,8 +291,18 @@ def test_vllm_installed_reads_the_import_system_without_importing(monkeypatch: p
     assert not vllm_installed()
 
 
+def cores_of_this_process(*cores: int) -> Callable[[int], set[int]]:
+    """A stand-in for ``os.sched_getaffinity`` that answers for this process (pid 0) only."""
+
+    def affinity(pid: int) -> set[int]:
+        assert pid == 0, f"asked for the cores of process {pid!r}, not of this one"
+        return set(cores)
+
+    return affinity
+
+
 def test_cpu_binding_splits_this_process_cores_into_contiguous_groups(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {7, 2, 3, 4, 5, 6})
+    monkeypatch.setattr(os, "sched_getaffinity", cores_of_this_process(7, 2, 3, 4, 5, 6))
     assert cpu_binding(1) == "2,3,4,5,6,7"
     assert cpu_binding(2) == "2,3,4|5,6,7"
     assert cpu_binding(4) == "2|3|4|5"  # an equal share each; the rest unused
@@ -380,7 +390,7 @@ def test_start_builds_the_engine_from_the_options_with_the_counting_logger(
 
 def test_start_binds_tensor_parallel_cpu_ranks_unless_the_binding_is_given(
         engine: ScriptedEngine, checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(os, "sched_getaffinity", cores_of_this_process(0, 1, 2, 3))
 
     async def body(run: Run) -> None:
         pass
