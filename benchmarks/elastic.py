@@ -72,7 +72,19 @@ class Run:
     failed: int
     timeline: list[tuple[float, int, int]]  # (seconds into the run, replicas running, requests in flight)
     back_to_min_s: float | None  # last phase: seconds from the high phase's drain to `min` replicas
-    decisions: list[str] = field(default_factory=list)  # the autoscaler's, as logged, with seconds into the run
+    decisions: list[str] = field(default_factory=list)  # the autoscaler's, as logged, with seconds into the high phase
+    trail: dict[int, Trail] = field(default_factory=dict)  # per high-phase request: where it waited and ran
+
+
+@dataclass
+class Trail:
+    """Where one high-phase request went: the replica it was pinned to at submit, and each
+    move (seconds into the high phase, the replica it was re-placed on)."""
+
+    arrived: float
+    first: str
+    moves: list[tuple[float, str]] = field(default_factory=list)
+    latency: float = float("nan")
 
 
 def topology(directory: Path, replicas: Any, work_s: float) -> Path:
@@ -106,7 +118,7 @@ class _Decisions(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
         if message.startswith(("scaling process", "replica ")):
-            self.lines.append(f"{time.perf_counter() - self.origin:5.2f}s {message}")
+            self.lines.append(f"{time.perf_counter() - self.origin:+6.3f}s {message}")
 
 
 async def measure(label: str, path: Path, phases: list[Phase], minimum: int) -> Run:
@@ -129,17 +141,39 @@ async def _measure(label: str, path: Path, phases: list[Phase], minimum: int, de
         timeline: list[tuple[float, int, int]] = []
         origin = decisions.origin = time.perf_counter()
         current: list[Phase] = [phases[0]]
+        trail: dict[int, Trail] = {}
+        ids: dict[str, int] = {}  # request id -> its number, for the high phase's requests
+        core = pipe._coordinator.core  # instrumented: where each request is placed and moved
+        work = pipe.topology.processes["work"]
+        take_replays = core.take_replays
+
+        def traced_take_replays() -> list[Any]:
+            placed = take_replays()
+            for admitted in placed:
+                number = ids.get(admitted.record.request_id)
+                if number is not None:
+                    where = work.instances[admitted.context.replicas.get("work", 0)]
+                    trail[number].moves.append((time.perf_counter() - decisions.origin, where))
+            return placed
+
+        core.take_replays = traced_take_replays  # type: ignore[method-assign]
 
         async def one(phase: Phase, i: int, at: float) -> None:
             nonlocal failed
             begin = time.perf_counter()
             try:
-                await (await pipe.submit({"i": i})).result()
+                handle = await pipe.submit({"i": i})
+                if phase is phases[1]:
+                    ids[handle.id] = i
+                    trail[i] = Trail(at, core.placement._assigned[handle.id]["work"])
+                await handle.result()
             except RequestError:
                 failed += 1
                 return
             phase.latencies.append(time.perf_counter() - begin)
             phase.arrived.append(at)
+            if i in trail:
+                trail[i].latency = phase.latencies[-1]
 
         async def sample() -> None:
             tick = 0
@@ -167,6 +201,9 @@ async def _measure(label: str, path: Path, phases: list[Phase], minimum: int, de
         for phase in phases:
             current[0] = phase
             start = time.perf_counter()
+            if phase is phases[1]:  # from here on the log's times are seconds into the high phase
+                decisions.lines.append(f"{start - decisions.origin:+6.3f}s the high phase starts")
+                decisions.origin = start
             for k in range(int(phase.rate * phase.seconds)):
                 await asyncio.sleep(max(0.0, start + k / phase.rate - time.perf_counter()))
                 task = asyncio.create_task(one(phase, count, k / phase.rate))
@@ -179,7 +216,7 @@ async def _measure(label: str, path: Path, phases: list[Phase], minimum: int, de
         await asyncio.gather(*list(pending))
         back = await watcher
         sampler.cancel()
-    return Run(label, phases, failed, timeline, back)
+    return Run(label, phases, failed, timeline, back, trail=trail)
 
 
 def _phases(args: argparse.Namespace) -> list[Phase]:
@@ -219,6 +256,7 @@ def render(runs: list[Run], idle_s: float) -> str:
                  f"{sum(1 for lat in high.latencies if lat > P99_GOAL * fixed4.phases[1].quantile(0.99))} "
                  f"of {len(high.latencies)}")
     lines.extend(f"  decision {line}" for line in elastic.decisions)
+    lines.extend(_trail(elastic, P99_GOAL * fixed4.phases[1].quantile(0.99)))
     back = elastic.back_to_min_s
     lines.append(f"  back to min after the high phase drained: "
                  f"{'never (30 s)' if back is None else f'{back:.1f} s'} (goal <= idle window {idle_s:g} s + 1 s of ticks): "
@@ -226,6 +264,26 @@ def render(runs: list[Run], idle_s: float) -> str:
     failed = sum(run.failed for run in runs)
     lines.append(f"  failed requests: {failed} (goal 0): {'met' if failed == 0 else 'not met'}")
     return "\n".join(lines)
+
+
+def _trail(run: Run, late_s: float) -> list[str]:
+    """Where the high phase's late requests (over ``late_s``) waited and whether they moved."""
+    late = [t for t in run.trail.values() if t.latency > late_s]
+    if not run.trail:
+        return []
+    lines = [f"  elastic: {len(late)} high-phase request(s) over {late_s * 1000:.0f} ms (1.5x fixed 4's p99): arrived "
+             + (f"{min(t.arrived for t in late) * 1000:.0f}-{max(t.arrived for t in late) * 1000:.0f} ms into the "
+                f"phase; {sum(1 for t in late if t.moves)} of them moved, "
+                f"{sum(1 for t in late if not t.moves)} stayed where pinned at submit" if late else "none")]
+    moved = [t for t in run.trail.values() if t.moves]
+    lines.append(f"  elastic: {len(moved)} high-phase request(s) moved to a new replica, "
+                 f"{sum(len(t.moves) for t in moved)} move(s) in all")
+    early = sorted((t for t in run.trail.values() if t.arrived < 0.5), key=lambda t: t.arrived)
+    lines.append("  elastic: the first 0.5 s of the high phase (arrived ms: pinned at submit [-> moved at ms to replica] "
+                 "= latency ms): " + "; ".join(
+                     f"{t.arrived * 1000:.0f}: {t.first}" + "".join(f" -> {at * 1000:.0f} {where}" for at, where in t.moves)
+                     + f" = {t.latency * 1000:.0f}" for t in early))
+    return lines
 
 
 async def main_async(args: argparse.Namespace) -> list[Run]:
