@@ -11,7 +11,18 @@ Goals (from the issue): during the high phase the elastic p99 within 1.5x of fix
 the last low phase back to ``min`` replicas within the idle window (counted from the moment
 the high phase's requests have drained); 0 requests failed.
 
-The autoscaler's window defaults to 0.1 s here (the topology's default is 2 s): a replica the
+Where the step's cost comes from, printed for each elastic run: when the high phase started,
+when the scale-up decision fired and each replica answered (the coordinator's log lines, in
+seconds into the phase), how many of the phase's requests were moved to a new replica (and
+how often: at most once each), how many of the late ones (over 1.5x fixed 4's p99) stayed
+where they were pinned at submit, and for each request of the phase's first 0.5 s the
+replica it was pinned to, any move and its latency. ``--window-s`` takes several windows:
+one elastic run each, side by side with the same fixed runs. ``--rounds N`` repeats the
+elastic runs and fixed 4 N times and judges the goal on the median of the rounds' ratios:
+on shared cores one noisy minute (another job's burst) can spoil a setting's p99, and the
+ratio then says more about the machine than about the autoscaler.
+
+The autoscaler's window defaults to 0.1 s here (the topology's default is 0.5 s): a replica the
 autoscaler adds is forked from a preloaded template and takes requests ~0.1-0.2 s after the
 decision on these cores, so the window is most of the reaction time, and a short one costs
 little when it fires on a burst (the idle window takes the replica back; at 60 requests/s
@@ -21,7 +32,7 @@ phase's p99 (the goal) holds against fixed 4. The load shape is the same for all
 settings; the p99 is printed whole and, for information, over the arrivals past the high
 phase's first 1, 2 and 5 s (the step's backlog left out).
 
-Run: ``python benchmarks/elastic.py [--low-s 6] [--high-s 12] [--work-ms 50] [--window-s 0.1] [--idle-s 3]``
+Run: ``python benchmarks/elastic.py [--low-s 6] [--high-s 12] [--work-ms 50] [--window-s 0.1 [0.05 ...]] [--rounds 1] [--idle-s 3]``
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import statistics
 import sys
 import tempfile
 import time
@@ -291,18 +303,36 @@ def _trail(run: Run, late_s: float) -> list[str]:
     return lines
 
 
-async def main_async(args: argparse.Namespace) -> list[Run]:
+async def main_async(args: argparse.Namespace) -> list[list[Run]]:
+    """``args.rounds`` rounds, each every elastic window then fixed 4 (fixed 1 in the first
+    only, before fixed 4): a noisy minute on shared cores spoils one round, not the figure."""
     work_s = args.work_ms / 1000.0
-    runs = []
+    rounds: list[list[Run]] = []
     with tempfile.TemporaryDirectory(prefix="omnictl-elastic-") as tmp:
         directory = Path(tmp)
-        for window in args.window_s:
-            elastic = {"min": 1, "max": 4, "queue": args.queue, "window": window, "idle": args.idle_s}
-            path = topology(directory, elastic, work_s)
-            runs.append(await measure(f"elastic (window {window:g} s)", path, _phases(args), 1))
-        for fixed in (1, 4):  # fixed 4 last: the reference
-            runs.append(await measure(f"fixed {fixed}", topology(directory, fixed, work_s), _phases(args), fixed))
-    return runs
+        for round_ in range(args.rounds):
+            runs = []
+            for window in args.window_s:
+                elastic = {"min": 1, "max": 4, "queue": args.queue, "window": window, "idle": args.idle_s}
+                path = topology(directory, elastic, work_s)
+                runs.append(await measure(f"elastic (window {window:g} s)", path, _phases(args), 1))
+            for fixed in (1, 4) if round_ == 0 else (4,):  # fixed 4 last: the reference
+                runs.append(await measure(f"fixed {fixed}", topology(directory, fixed, work_s), _phases(args), fixed))
+            rounds.append(runs)
+    return rounds
+
+
+def summary(rounds: list[list[Run]]) -> list[str]:
+    """Per elastic window: the whole-high-phase p99 ratio to fixed 4's in each round, and
+    their median (the goal's figure)."""
+    lines = []
+    for index, first in enumerate(run for run in rounds[0] if run.label.startswith("elastic")):
+        ratios = [runs[index].phases[1].quantile(0.99) / runs[-1].phases[1].quantile(0.99) for runs in rounds]
+        median = statistics.median(ratios)
+        lines.append(f"  {first.label}: whole high phase p99 / fixed 4's, per round: "
+                     f"{', '.join(f'{r:.2f}x' for r in ratios)}; median {median:.2f}x (goal <= {P99_GOAL}x): "
+                     f"{'met' if median <= P99_GOAL else 'not met'}")
+    return lines
 
 
 def main() -> None:
@@ -313,13 +343,18 @@ def main() -> None:
     parser.add_argument("--queue", type=float, default=2.0, help="the autoscaler's threshold: requests in flight per replica")
     parser.add_argument("--window-s", type=float, nargs="+", default=[0.1],
                         help="seconds past the threshold before a replica is added; several: one elastic run each")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds of the elastic runs beside fixed 4 (the goal is judged on the median ratio)")
     parser.add_argument("--idle-s", type=float, default=3.0, help="the idle window: seconds calm before replicas are drained")
     args = parser.parse_args()
-    runs = asyncio.run(main_async(args))
+    rounds = asyncio.run(main_async(args))
     windows = ", ".join(f"{w:g}" for w in args.window_s)
     print(f"elastic replicas: min 1, max 4 (queue {args.queue:g}, window {windows} s, idle {args.idle_s:g} s) "
-          f"vs fixed 1 and fixed 4; work {args.work_ms:g} ms per request")
-    print(render(runs, args.idle_s))
+          f"vs fixed 1 and fixed 4; work {args.work_ms:g} ms per request; {args.rounds} round(s)")
+    for number, runs in enumerate(rounds, 1):
+        print(f" round {number}:")
+        print(render(runs, args.idle_s))
+    print("\n".join(summary(rounds)))
 
 
 if __name__ == "__main__":
