@@ -1,12 +1,18 @@
 """Chaos soak: closed-loop load on a replicated server while stage processes are SIGKILLed.
 
 A real ``omnictl serve`` (the topology below: an entry process with two replicas and a
-two-terminal process with three, ``--max-restarts`` high) gets closed-loop chat completions (half
-streamed) from ``--concurrency`` clients for ``--seconds``, while every ``--kill-every``
-seconds a random stage process (a replica) is killed with SIGKILL. Every request ends as
-one of: completed (the right answer), failed with an error (a status or an error event),
-wrong (a 200 with another answer: a payload mixed up or overwritten), or hung (no outcome
-by its per-request deadline).
+two-terminal process with three, ``--max-restarts`` high) gets closed-loop chat completions
+from ``--concurrency`` clients for ``--seconds``, while every ``--kill-every`` seconds a
+random stage process (a replica) is killed with SIGKILL. ``--text-only`` of them (30 %) ask
+for text alone, streamed: the text terminal is autoregressive (greedy and certain), so a
+kill mid-answer resumes the stream elsewhere with the tokens its client has forced, and each
+resumed stream (the coordinator logs one line per resume) must join to exactly the clean
+greedy text; the others ask for text and audio, half of them streamed. Every request ends as
+one of: completed (the right answer), failed with an error (a status or an error event;
+before or after its client saw output), wrong (a 200 with another answer: a payload mixed
+up or overwritten, or a resumed stream with a token repeated or missing), or hung (no
+outcome by its per-request deadline). Replayed and resumed requests are the server's
+``/metrics`` counters.
 
 Then, load and kills stopped and every process back, it checks that nothing is left:
 in-flight 0 (server and coordinator), zero state in every stage and replica (requests,
@@ -16,8 +22,9 @@ processes create, ``omx<pid>_*``, over every pid it ever had: a killed process's
 count too), open fds of the server and its stage processes back to the baseline, no
 process left behind outside the tree (a killed process's helpers), and RSS growth per process.
 
-Goal: 0 hung, 0 ended by the server's deadline (hung inside until the request timeout),
-0 wrong, 0 leaked, over 10 minutes. Run:
+Goal: 0 failed among requests that had shown no output, 0 repeated or missing tokens in
+resumed streams, 0 hung, 0 ended by the server's deadline (hung inside until the request
+timeout), 0 wrong, 0 leaked, over 10 minutes. Run:
 ``python benchmarks/chaos.py --seconds 600 [--kill-every 5] [--concurrency 8]``.
 ``tests/runtime/test_chaos.py`` runs 60 seconds of it through :func:`run_soak`. The parts:
 ``chaos_load.py`` (the server, the clients, the kills), ``chaos_leaks.py`` (the process
@@ -43,7 +50,16 @@ if __package__ in (None, ""):  # run as a script (python benchmarks/chaos.py): i
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.chaos_leaks import Snapshot, Watch, find_leaks, idle_segment_bound, settle, snapshot, stage_state
-from benchmarks.chaos_load import Outcomes, Server, SoakConfig, kill_loop, load_loop, start_server, watch_loop
+from benchmarks.chaos_load import (
+    _REFUSED_PAUSE_S,
+    Outcomes,
+    Server,
+    SoakConfig,
+    kill_loop,
+    load_loop,
+    start_server,
+    watch_loop,
+)
 
 __all__ = ["SoakConfig", "SoakReport", "render", "run_soak"]
 _RECHECK_S = 5.0
@@ -172,7 +188,11 @@ def render(report: SoakReport) -> str:
         f"  resumed text-only streams: {equal} of {equal + len(differ) + len(failed_resumed)} joined to exactly the clean "
         f"greedy text; repeated or missing tokens in {len(differ)}; failed after the resume {len(failed_resumed)} "
         f"({len(o.text_streams)} text-only streamed requests, {c.text_only:.0%} of the load)",
-        f"  kills {len(report.kills)}   restarts {report.restarts}",
+        f"  of the {o.failed_before_output} failed before any output: {o.refused} refused at admission (503: every "
+        f"replica of a process down at that moment; the client then pauses {_REFUSED_PAUSE_S:g} s), "
+        f"{o.failed_before_output - o.refused} admitted and lost",
+        f"  kills {len(report.kills)}   restarts {report.restarts}   restarts that failed (killed again while "
+        f"starting): {report.server_output.read_text(errors='replace').count('could not be restarted')}",
         f"  after: in-flight {report.health.get('in_flight')} (pipeline {report.health.get('pipeline_in_flight')}), "
         f"health {report.health.get('status')!r}, stage state held: {', '.join(stage_state(report.health)) or 'none'}",
         f"  /dev/shm segments (this server's): baseline {len(report.baseline.shm_live)}, after "

@@ -27,6 +27,7 @@ from benchmarks.chaos_stages import echo_text
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "chaos"
 _URL = re.compile(r"listening on (http://\S+)")
+_REFUSED_PAUSE_S = 0.1  # a client's pause after a 503 (the server refused it at the door)
 _NUMBERS = itertools.count(1)  # request numbers (and ids) unique across warm-up and soak
 
 
@@ -60,6 +61,9 @@ class Outcomes:
     # cannot replay those: an audio stream cannot resume; a text-only stream of the
     # autoregressive answer resumes instead): the rest had shown nothing yet
     failed_after_output: int = 0
+    # refused at admission (503: every replica of some process down at that moment, none
+    # admitted, so none replayable); counted among the failures before output
+    refused: int = 0
     # text-only streamed requests: id -> (the clean greedy text, the joined stream, or None if it failed)
     text_streams: dict[str, tuple[str, str | None]] = field(default_factory=dict)
 
@@ -222,6 +226,11 @@ async def load_loop(url: str, until: float, outcomes: Outcomes, config: SoakConf
             if kind.startswith("failed"):
                 outcomes.failed[detail] += 1
                 outcomes.failed_after_output += kind == "failed after output"
+                if detail.startswith("503 "):
+                    # as a client honouring a 503 would, it waits before its next request: a
+                    # closed loop answered in a millisecond would count one outage thousands of times
+                    outcomes.refused += 1
+                    await asyncio.sleep(_REFUSED_PAUSE_S)
                 continue
             if text_only:
                 outcomes.text_streams[rid] = (clean, detail)
