@@ -22,10 +22,12 @@ import httpx
 import yaml
 
 from benchmarks.chaos_leaks import Watch, alive, get_health, parent_of
+from benchmarks.chaos_stages import echo_text
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "chaos"
 _URL = re.compile(r"listening on (http://\S+)")
+_REFUSED_PAUSE_S = 0.1  # a client's pause after a 503 (the server refused it at the door)
 _NUMBERS = itertools.count(1)  # request numbers (and ids) unique across warm-up and soak
 
 
@@ -41,6 +43,9 @@ class SoakConfig:
     settle_s: float = 60.0  # after the run: how long processes may take to be back and idle
     max_restarts: int = 100_000
     replay_limit: int = 1  # --replay-limit: 0 fails every request a killed replica held, as before replays
+    # the share of requests that ask for text alone, streamed: front -> answer (autoregressive) only,
+    # so a kill mid-answer resumes it elsewhere with the tokens its client has forced
+    text_only: float = 0.3
     seed: int | None = None
     work_dir: Path | None = None  # server output and run directory; a temporary one if None
 
@@ -52,10 +57,15 @@ class Outcomes:
     failed: collections.Counter[str] = field(default_factory=collections.Counter)  # why -> count
     wrong: list[str] = field(default_factory=list)  # request ids answered with another answer
     hung: list[str] = field(default_factory=list)  # request ids with no outcome by the deadline
-    # failures of streamed requests whose client had already received text (the server cannot
-    # replay those; only autoregressive streams resume, and this topology has none): the rest
-    # had shown nothing yet
+    # failures of streamed requests whose client had already received output (the server
+    # cannot replay those: an audio stream cannot resume; a text-only stream of the
+    # autoregressive answer resumes instead): the rest had shown nothing yet
     failed_after_output: int = 0
+    # refused at admission (503: every replica of some process down at that moment, none
+    # admitted, so none replayable); counted among the failures before output
+    refused: int = 0
+    # text-only streamed requests: id -> (the clean greedy text, the joined stream, or None if it failed)
+    text_streams: dict[str, tuple[str, str | None]] = field(default_factory=dict)
 
     @property
     def failed_total(self) -> int:
@@ -74,7 +84,8 @@ class Outcomes:
 
 
 def write_topology(directory: Path, replicas: int) -> Path:
-    """Two processes: ``front`` with ``replicas``, ``heads`` with one more (placement rotates
+    """Two processes: ``front`` with ``replicas``, ``heads`` (``answer``, autoregressive, and
+    ``speak``) with one more (placement rotates
     ties per process: equal counts would pair front#i with heads#i only, and the warm-up would
     not open every connection). 1 MiB slots, 2 of them, so that at the soak's concurrency
     some payloads take a segment of their own (the other shared-memory path)."""
@@ -132,9 +143,12 @@ def start_server(config: SoakConfig, work_dir: Path, ready_timeout: float = 180.
     raise RuntimeError(f"omnictl serve did not start; its output:\n{output.read_text(errors='replace')}")
 
 
-def _body(number: int, words: list[str], stream: bool) -> dict[str, Any]:
-    return {"model": MODEL, "stream": stream, "modalities": ["text", "audio"], "audio": {"format": "pcm16"},
-            "messages": [{"role": "user", "content": f"chaos {number}: {' '.join(words)}"}]}
+def _body(number: int, words: list[str], stream: bool, text_only: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": MODEL, "stream": stream, "modalities": ["text"] if text_only else ["text", "audio"],
+                            "messages": [{"role": "user", "content": f"chaos {number}: {' '.join(words)}"}]}
+    if not text_only:
+        body["audio"] = {"format": "pcm16"}
+    return body
 
 
 def _why(status: int, body: Any) -> str:
@@ -157,8 +171,8 @@ async def _streamed(client: httpx.AsyncClient, url: str, rid: str, body: dict[st
         async for line in response.aiter_lines():
             if not line.startswith("data: "):
                 continue
-            if line == "data: [DONE]":
-                return "done", "".join(text) if audio else ""
+            if line == "data: [DONE]":  # the text, if the audio asked for came too
+                return "done", "".join(text) if audio or body["modalities"] == ["text"] else ""
             event = json.loads(line[6:])
             if "error" in event:
                 return ("failed after output" if any(text) or audio else "failed"), _why(200, event)
@@ -192,12 +206,16 @@ async def load_loop(url: str, until: float, outcomes: Outcomes, config: SoakConf
         while time.monotonic() < until:
             number = next(_NUMBERS)
             words = [rng.choice(("owl", "river", "lamp", "stone", "cloud", "maple")) for _ in range(rng.randint(3, 9))]
-            stream = rng.random() < 0.5
+            text_only = rng.random() < config.text_only
+            stream = text_only or rng.random() < 0.5
             rid = f"chaos-{number}"
             outcomes.sent += 1
             call = _streamed if stream else _whole
+            clean = echo_text(words)
+            if text_only:
+                outcomes.text_streams[rid] = (clean, None)
             try:
-                kind, detail = await asyncio.wait_for(call(client, url, rid, _body(number, words, stream)),
+                kind, detail = await asyncio.wait_for(call(client, url, rid, _body(number, words, stream, text_only)),
                                                       config.request_deadline_s)
             except asyncio.TimeoutError:
                 outcomes.hung.append(rid)
@@ -208,7 +226,15 @@ async def load_loop(url: str, until: float, outcomes: Outcomes, config: SoakConf
             if kind.startswith("failed"):
                 outcomes.failed[detail] += 1
                 outcomes.failed_after_output += kind == "failed after output"
-            elif detail == "echo: " + " ".join(words):
+                if detail.startswith("503 "):
+                    # as a client honouring a 503 would, it waits before its next request: a
+                    # closed loop answered in a millisecond would count one outage thousands of times
+                    outcomes.refused += 1
+                    await asyncio.sleep(_REFUSED_PAUSE_S)
+                continue
+            if text_only:
+                outcomes.text_streams[rid] = (clean, detail)
+            if detail == clean:
                 outcomes.completed += 1
             else:
                 outcomes.wrong.append(rid)

@@ -10,9 +10,10 @@ or running, which the coordinator knows without asking the stages.
 - up: that figure stays above the process's ``queue`` for ``window`` seconds while fewer
   than ``max`` replicas run: as many are started at once as the larger of two counts needs
   (none while others are starting): the replicas that bring the figure back to ``queue``,
-  and those that serve the arrival rate seen over the window at the rate a replica served
-  meanwhile (it was saturated: past the threshold). The second is what a step in load
-  needs when the window is short: the queue is still small, its growth is not;
+  and those that serve the arrival rate seen over the window at no more than
+  ``TARGET_UTILISATION`` of the rate a replica served meanwhile (it was saturated: past the
+  threshold). The second is what a step in load needs when the window is short: the queue
+  is still small, its growth is not;
 - down: more than ``min`` replicas run and the figure stays at or below half the ``queue``
   for ``idle`` seconds: as many replicas as that load leaves idle, those holding fewest
   requests, are drained (the requests they still hold complete there, then they stop).
@@ -35,8 +36,8 @@ from typing import Collection, Mapping, Sequence
 
 from omnictl.topology.model import ProcessSpec, Topology
 
-# The load a scale-down may leave on each replica kept: past ~80 % a replica's queue (and
-# its latency) grows steeply, and the up trigger would fire again.
+# The load a scale-up sizes for and a scale-down may leave on each replica kept: past ~80 %
+# a replica's queue (and its latency) grows steeply, and the up trigger would fire again.
 TARGET_UTILISATION = 0.8
 
 
@@ -105,8 +106,14 @@ class Autoscaler:
                         arriving = (arrived - arrived_then) / span
                         served = (left - left_then) / span / len(live)  # per replica, saturated
                         self._served[process.name] = served
-                        needed = math.ceil(arriving / served - 1e-9)
-                        why += f"; {arriving:.1f} arriving/s, {served:.1f}/s served per replica: {needed} needed"
+                        # at the utilisation a scale-down keeps: sized for 100 %, the queue
+                        # keeps growing at the first wobble and a second decision follows a
+                        # start later (what a short window's low arrival count leads to)
+                        needed = math.ceil(arriving / (served * TARGET_UTILISATION) - 1e-9)
+                        why += (
+                            f"; {arriving:.1f} arriving/s, {served:.1f}/s served per replica: {needed} needed "
+                            f"at most {TARGET_UTILISATION:.0%} busy"
+                        )
                         wanted = max(wanted, needed - len(live))
                     for name in free[:wanted]:
                         decisions.append(ScaleDecision(process.name, name, True, load, why))

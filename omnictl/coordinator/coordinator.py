@@ -502,7 +502,7 @@ class Coordinator:
         finally:
             self._starting.discard(instance)
         self.core.replica_added(instance)
-        broadcasts, moved = self.core.rebalance(instance)
+        broadcasts, moved = self.core.rebalance(instance, self._starting)
         self._broadcast_all(broadcasts)
         if moved:
             log.info("replica %r is up; %d queued request(s) moved to it, re-run from the entry", instance, len(moved))

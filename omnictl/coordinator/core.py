@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Container, Mapping, Sequence, Union
+from typing import Any, Collection, Container, Mapping, Sequence, Union
 
 from omnictl import messages as m
 from omnictl.coordinator.placement import ReplicaPlacement
@@ -117,6 +117,8 @@ class CoordinatorCore:
         # waiting for a replica to re-run on (in arrival order), each with the stage it lost.
         self._wire: dict[str, str] = {}
         self._replays: dict[str, str] = {}
+        # requests a new replica took from the others' backlog -> (process, that replica)
+        self._targets: dict[str, tuple[str, str]] = {}
 
     # --- health -----------------------------------------------------------------------
 
@@ -260,6 +262,7 @@ class CoordinatorCore:
         self.placement.release(record.request_id)
         self.recent.add(record.request_id)
         self._replays.pop(record.request_id, None)
+        self._targets.pop(record.request_id, None)
         running = bool(record.wire_id)  # a replay waiting for a replica has no attempt running
         if running and record.wire_id != record.request_id:
             del self._wire[record.wire_id]
@@ -398,34 +401,48 @@ class CoordinatorCore:
         self._replays[record.request_id] = stage
         return broadcasts
 
-    def rebalance(self, instance: str) -> tuple[list[Broadcast], list[str]]:
+    def rebalance(self, instance: str, starting: Collection[str] = ()) -> tuple[list[Broadcast], list[str]]:
         """``instance`` was just added to its process: requests are pinned at submit, so the
-        backlog queued on the other replicas would stay there. Move the newest of each
-        replica's excess over an even share (those that have shown their caller nothing) by
-        re-running them from the entry (:meth:`take_replays`, arrival order); not counted as
-        replays. Returns the broadcasts and the ids moved."""
+        backlog queued on the other replicas would stay there. It takes its even share of
+        what the process holds, counted over the replicas running and those of ``starting``
+        still coming up (each takes its own share when it answers: a request is never moved
+        twice between replicas that answer a few ms apart): the newest requests, which a
+        replica serving in arrival order has not started, from the replicas holding most
+        beyond that share, among those that have shown their caller nothing and have not
+        been re-run already. Each is re-run from the entry (:meth:`take_replays`, arrival
+        order) on ``instance``; its old attempt is retired, so it cannot reach the caller even
+        if it runs. Not counted as replays. Returns the broadcasts and the ids moved."""
         process = self.topology.processes[self.process_of[instance]]
         live = self.running(process.name)
+        coming = [n for n in starting if n != instance and n not in live and self.process_of.get(n) == process.name]
         in_flight = self.placement.in_flight
-        share = -(-sum(in_flight[name] for name in live) // len(live))  # ceil
+        share = -(-sum(in_flight[name] for name in live) // (len(live) + len(coming)))  # ceil
+        excess = {name: in_flight[name] - share for name in live if name != instance and in_flight[name] > share}
+        movable: dict[str, list[str]] = {}
+        for name in excess:  # newest first: queued last
+            movable[name] = [
+                rid
+                for rid in reversed(self.placement.holders(name))
+                if (record := self.requests.get(rid)) is not None
+                and not record.output_sent
+                and record.inputs is not None
+                and record.wire_id == rid  # its first attempt: neither replayed nor moved before
+            ]
         moved: set[str] = set()
-        for name in live:
-            excess = in_flight[name] - share
-            if name == instance or excess <= 0:
-                continue
-            for request_id in reversed(self.placement.holders(name)):  # the newest: queued last
-                record = self.requests.get(request_id)
-                if record is None or record.output_sent or record.inputs is None or not record.wire_id:
-                    continue
-                moved.add(request_id)
-                excess -= 1
-                if excess == 0:
-                    break
+        wanted = min(share, sum(excess.values()))
+        while len(moved) < wanted:
+            donors = [name for name in excess if excess[name] > 0 and movable[name]]
+            if not donors:
+                break
+            donor = max(donors, key=lambda n: excess[n])
+            moved.add(movable[donor].pop(0))
+            excess[donor] -= 1
         broadcasts: list[Broadcast] = []
         order = [rid for rid in self.requests if rid in moved]  # arrival order
         stage = process.stages[0]
         for request_id in order:
             broadcasts += self._requeue(self.requests[request_id], stage)
+            self._targets[request_id] = (process.name, instance)
         return broadcasts, order
 
     def _retire_attempt(self, record: RequestRecord) -> None:
@@ -443,8 +460,10 @@ class CoordinatorCore:
         placed: list[Admitted] = []
         for request_id in list(self._replays):
             record = self.requests[request_id]
+            target = self._targets.pop(request_id, None)
             try:
-                replicas = self.placement.assign(request_id, record.active, self._unavailable())
+                prefer = dict([target]) if target is not None else None
+                replicas = self.placement.assign(request_id, record.active, self._unavailable(), prefer)
             except PipelineDead:
                 continue
             del self._replays[request_id]

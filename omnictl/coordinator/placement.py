@@ -9,7 +9,7 @@ request never spans two replicas of one process.
 
 from __future__ import annotations
 
-from typing import Container, Iterable
+from typing import Container, Iterable, Mapping
 
 from omnictl.exceptions import PipelineDead
 from omnictl.topology.model import ProcessSpec, Topology
@@ -33,8 +33,10 @@ class ReplicaPlacement:
             processes = self._by_active[key] = [self.topology.processes[name] for name in names]
         return processes
 
-    def _pick(self, process: ProcessSpec, down: Container[str]) -> int:
+    def _pick(self, process: ProcessSpec, down: Container[str], prefer: str | None = None) -> int:
         up = [i for i, name in enumerate(process.instances) if name not in down]
+        if prefer is not None and prefer in process.instances and prefer not in down:
+            return process.instances.index(prefer)  # a new replica taking its share of the backlog
         if not up:
             which = "every replica of process" if process.replicas > 1 else "process"
             raise PipelineDead(f"{which} {process.name!r} (stages {', '.join(process.stages)}) is down")
@@ -44,14 +46,21 @@ class ReplicaPlacement:
         count = process.replicas
         return min(up, key=lambda i: (self.in_flight[process.instances[i]], (i - turn) % count))
 
-    def assign(self, request_id: str, active: Iterable[str], down: Container[str]) -> dict[str, int]:
-        """Pin ``request_id`` to one replica of every process it touches; returns the index
-        chosen for each replicated process (what the RequestContext carries). Raises
-        :class:`PipelineDead` when some process it needs has no replica up."""
+    def assign(
+        self,
+        request_id: str,
+        active: Iterable[str],
+        down: Container[str],
+        prefer: Mapping[str, str] | None = None,
+    ) -> dict[str, int]:
+        """Pin ``request_id`` to one replica of every process it touches (``prefer``: process
+        -> the replica to take when it is up); returns the index chosen for each replicated
+        process (what the RequestContext carries). Raises :class:`PipelineDead` when some
+        process it needs has no replica up."""
         chosen: dict[str, str] = {}
         indices: dict[str, int] = {}
         for process in self._processes(active):
-            index = self._pick(process, down)
+            index = self._pick(process, down, prefer.get(process.name) if prefer else None)
             chosen[process.name] = process.instances[index]
             if process.replicas > 1:
                 indices[process.name] = index

@@ -379,15 +379,25 @@ class AutoregressiveScheduler(Scheduler):
                     break
                 commands = list(self._commands)
                 self._commands.clear()
-            for command in commands:
-                self._apply(command)
+            # One round, in calls of their own: idle, this frame must not keep the last
+            # requests' inputs alive in a local (their tensors may be views of another
+            # process's shared-memory slot, lent until they are freed).
+            self._apply_all(commands)
+            del commands
             self._admit()
-            batch = self._decodable()
-            if batch:
-                self._step(batch)
+            self._step_decodable()
             self._flush()  # everything emitted this round (tokens, failures) leaves before the next wait
         for rid in [*self._waiting, *self._prefilling, *self._running, *self._parked]:
             self.runner.release(rid)
+
+    def _apply_all(self, commands: list[_Command]) -> None:
+        for command in commands:
+            self._apply(command)
+
+    def _step_decodable(self) -> None:
+        batch = self._decodable()
+        if batch:
+            self._step(batch)
 
     def _apply(self, command: _Command) -> None:
         match command:

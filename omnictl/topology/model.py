@@ -118,7 +118,7 @@ class Elastic:
 
     min: int
     queue: float = 4.0  # requests in flight per running replica above which it adds one
-    window: float = 2.0  # seconds the queue must stay above `queue` before a replica is added
+    window: float = 0.5  # seconds the queue must stay above `queue` before a replica is added (forked starts are quick)
     idle: float = 10.0  # seconds at or below half of `queue` before a replica is drained and removed
 
 

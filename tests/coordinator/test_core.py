@@ -614,6 +614,57 @@ def test_a_new_replica_takes_the_newest_of_the_backlog_that_showed_nothing_to_it
     run(body)
 
 
+ELASTIC = TOPOLOGY.replace("voice: {replicas: 2}", "voice: {replicas: {min: 1, max: 4}}")
+
+
+def test_replicas_coming_up_one_after_another_each_take_their_share_and_no_request_moves_twice() -> None:
+    async def body() -> None:
+        c = CoordinatorCore(loads(ELASTIC), request_timeout=10.0)
+        ids = "abcdefghijkl"
+        records = {rid: started(c, rid).record for rid in ids}  # 12 on voice#0, the one running
+        assert {c.placement._assigned[rid]["voice"] for rid in ids} == {"voice#0"}
+        placed: dict[str, str] = {}
+        starting = {"voice#1", "voice#2", "voice#3"}  # one scale-up decision started all three
+        for instance in ("voice#1", "voice#2", "voice#3"):
+            starting.discard(instance)
+            c.replica_added(instance)
+            _, moved = c.rebalance(instance, starting)
+            replays = c.take_replays()
+            assert [a.context.request_id for a in replays] == [f"{rid}~0" for rid in moved]
+            placed.update({rid: c.placement._assigned[rid]["voice"] for rid in moved})
+        # each took its share, 12 / 4, the newest of voice#0's backlog; none was taken twice
+        assert placed == {**dict.fromkeys("jkl", "voice#1"), **dict.fromkeys("ghi", "voice#2"),
+                          **dict.fromkeys("def", "voice#3")}
+        assert {c.placement._assigned[rid]["voice"] for rid in "abc"} == {"voice#0"}
+        assert c.placement.in_flight == dict.fromkeys(("voice#0", "voice#1", "voice#2", "voice#3"), 3) | {
+            "prep": 12, "brain": 12}
+        # the old attempt of a moved request cannot reach its caller; the new one does
+        c.terminal_output("l", "text", 0, True, "stale")
+        c.terminal_output("l", "tts", 0, True, b"stale")
+        assert not records["l"].finished
+        c.terminal_output("l~0", "text", 0, True, "hello")
+        c.terminal_output("l~0", "tts", 0, True, b"wav")
+        assert await asyncio.wait_for(records["l"].outcome, 1) == {"text": "hello", "tts": b"wav"}
+        assert c.replayed == 0
+
+    run(body)
+
+
+def test_a_moved_request_aborted_before_its_new_replica_takes_it_is_not_placed() -> None:
+    async def body() -> None:
+        c = CoordinatorCore(loads(ELASTIC), request_timeout=10.0)
+        for rid in "abcd":
+            started(c, rid)
+        c.replica_added("voice#1")
+        _, moved = c.rebalance("voice#1")
+        assert moved == ["c", "d"]
+        assert c.abort("d") == []  # no attempt runs while it waits: nothing to broadcast
+        assert [a.context.request_id for a in c.take_replays()] == ["c~0"]
+        assert c.held()["replays_waiting"] == 0 and "d" not in c._targets
+
+    run(body)
+
+
 def test_a_caller_that_streamed_autoregressive_tokens_resumes_with_them_forced() -> None:
     from omnictl.outputs import TokenDelta
 

@@ -60,3 +60,14 @@ def test_a_tie_skips_a_down_replica_and_the_rotation_goes_on_after_it() -> None:
         placement.release(f"r{i}")
     assert picks == [0, 2, 2, 0]  # turn 1 falls to the next up replica; never rep#1
     assert placement.in_flight == {"a": 0, "rep#0": 0, "rep#1": 0, "rep#2": 0}
+
+
+def test_a_preferred_replica_is_taken_while_it_is_up_whatever_it_holds() -> None:
+    placement = ReplicaPlacement(loads(TOPOLOGY))
+    for i in range(3):
+        placement.assign(f"r{i}", ACTIVE, down=set())  # one on each
+    # a new replica taking its share of a backlog: every moved request lands there
+    picks = [placement.assign(f"m{i}", ACTIVE, down=set(), prefer={"rep": "rep#2"})["rep"] for i in range(3)]
+    assert picks == [2, 2, 2] and placement.in_flight["rep#2"] == 4
+    # down, it is not taken: the fewest in flight again
+    assert placement.assign("x", ACTIVE, down={"rep#2"}, prefer={"rep": "rep#2"})["rep"] in (0, 1)

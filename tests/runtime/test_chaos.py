@@ -23,6 +23,10 @@ def test_a_minute_of_sigkills_leaves_nothing_hung_and_nothing_leaked(tmp_path: P
     # a request that had shown its client nothing was replayed, never failed
     assert report.outcomes.failed_before_output == 0, summary
     assert report.replayed > 0, summary
+    # text streams of the autoregressive answer cut by a kill resumed, each joined to exactly
+    # the clean greedy text (a repeated or missing token would differ)
+    equal, differ, _ = report.resumed_streams
+    assert report.resumed > 0 and equal > 0 and differ == [], summary
     assert report.leaks == [], summary
     assert report.restarts > 0 and len(report.kills) > 0, summary
     assert report.outcomes.completed > 0, summary

@@ -1,6 +1,6 @@
 """Elastic replicas (`replicas: {min, max}`) over real stage processes: a sustained queue
 starts a standby replica; a calm process drains one, whose request in flight completes
-before it stops."""
+before it stops; a burst queued on one replica is shared with the replica it starts."""
 
 from __future__ import annotations
 
@@ -90,6 +90,45 @@ def test_a_queue_adds_a_replica_and_a_calm_process_drains_one_without_losing_its
         # scaled down to min, it still serves; and scales up again from a clean standby
         assert loop.run(asyncio.wait_for(_one(pipe), 10))["work_pid"] == first
         assert loop.run(pipe.held())["coordinator"]["requests"] == 0
+    finally:
+        loop.run(pipe.close())
+
+
+def test_a_burst_queued_on_one_replica_moves_in_part_to_the_replica_it_starts_and_each_request_runs_once(
+    loop: LoopThread, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="omnictl.coordinator.coordinator")
+    runs = tmp_path / "runs.log"
+    stages = [
+        {"name": "a", "factory": f"{E}.identity", "next": ["work"], "process": "front"},
+        {"name": "work", "factory": f"{R}.pid_after_logged", "factory_args": {"seconds": 0.15, "log": str(runs)},
+         "terminal": True},
+    ]
+    # a short window, and an idle one longer than the test: nothing is drained meanwhile
+    knobs = {"work": {"replicas": {"min": 1, "max": 2, "queue": 2, "window": 0.05, "idle": 60}}}
+    pipe = launch(loop, topo.write(tmp_path / "burst.yaml", stages, processes=knobs), profile=False)
+    try:
+        first = pipe.process_ids()["work#0"]
+
+        async def burst() -> list[dict[str, Any]]:
+            # all 16 pinned to work#0 at submit (the one running): 2.4 s of work for it alone
+            requests = [await pipe.submit({"i": i}) for i in range(16)]
+            return [(await r.result())["work"] for r in requests]
+
+        outputs = loop.run(burst(), timeout=60)
+        assert [o["i"] for o in outputs] == list(range(16))  # every request, its own result
+        second = pipe.process_ids()["work#1"]
+        where = {o["i"]: o["work_pid"] for o in outputs}
+        taken = sorted(i for i, pid in where.items() if pid == second)
+        # the new replica took the newest of the backlog (the oldest had started on work#0)
+        assert taken and taken == list(range(16 - len(taken), 16)), where
+        assert set(where.values()) == {first, second}
+        moved = [r.getMessage() for r in caplog.records if "queued request(s) moved to it" in r.getMessage()]
+        assert len(moved) == 1 and moved[0].startswith(f"replica 'work#1' is up; {len(taken)} queued"), moved
+        # each ran exactly once, where its result came from: a moved request never ran on work#0
+        ran = [tuple(map(int, line.split())) for line in runs.read_text().splitlines()]
+        assert sorted(ran) == sorted(where.items())
+        assert pipe.replayed == 0 and loop.run(pipe.held())["coordinator"]["requests"] == 0
     finally:
         loop.run(pipe.close())
 

@@ -388,3 +388,53 @@ def test_a_request_part_way_through_its_prompt_counts_against_the_batch_limit(en
         else:
             rounds[-1] += what[1]
     assert max(rounds) <= chunk, rounds
+
+
+class _OneToken:
+    """Answers every prompt with one token, then the stop token (no model needed)."""
+
+    def prefill(self, request_id: str, inputs: Any) -> StepOutput:
+        return StepOutput(logits=torch.tensor([0.0, float("-inf")]), prompt_tokens=1)
+
+    def decode(self, request_ids: Any, token_ids: Any) -> list[StepOutput]:
+        return [StepOutput(logits=torch.tensor([float("-inf"), 0.0])) for _ in request_ids]
+
+    def release(self, request_id: str) -> None:
+        pass
+
+    def stop_token_ids(self) -> set[int]:
+        return {1}
+
+    def detokenize(self, token_ids: Any) -> str:
+        return "x" * len(token_ids)
+
+    def kv_slots(self) -> int:
+        return 0
+
+
+def test_an_idle_worker_keeps_no_input_of_a_finished_request_alive() -> None:
+    # An input's tensor may be a view of another process's shared-memory slot, lent until it is
+    # freed: the worker's last round must not hold it in a local while it waits for the next.
+    import gc
+    import weakref
+
+    import numpy as np
+
+    async def body() -> bool:
+        scheduler = AutoregressiveScheduler(_OneToken())
+        await scheduler.start()
+        try:
+            features = np.zeros(16, dtype=np.float32)
+            held = weakref.ref(features)
+            outcomes: dict[str, Outcome] = {}
+            scheduler.inbox.put_nowait(new_request("r", {"features": features}))
+            del features
+            await pump(scheduler, outcomes, lambda: "r" in outcomes and outcomes["r"].done)
+            assert outcomes["r"].result.text == "x"
+            await asyncio.sleep(0.1)  # the worker is back waiting
+            gc.collect()
+            return held() is None
+        finally:
+            await scheduler.stop()
+
+    assert run(body())

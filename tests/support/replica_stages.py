@@ -79,6 +79,19 @@ def pid_after(seconds: float) -> Callable[[dict[str, Any]], dict[str, Any]]:
     return run
 
 
+def pid_after_logged(seconds: float, log: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """As :func:`pid_after`, and appends "i pid" to the file ``log`` as each request starts:
+    what ran where, however many times (a request moved between replicas must run once)."""
+
+    def run(data: dict[str, Any]) -> dict[str, Any]:
+        with open(log, "a") as out:
+            out.write(f"{data['i']} {os.getpid()}\n")
+        time.sleep(seconds)
+        return {**data, "work_pid": os.getpid()}
+
+    return run
+
+
 def pid_after_asked(seconds: float = 0.1) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """Holds each request for its ``seconds`` (default ``seconds``), then stamps its pid."""
 

@@ -38,7 +38,7 @@ def test_elastic_replicas_run_between_min_and_max_named_up_to_max(lint) -> None:
     assert report.topology is not None
     tts = report.topology.processes["tts"]
     assert (tts.replicas, tts.initial, tts.instances) == (3, 1, ("tts#0", "tts#1", "tts#2"))
-    assert report.to_json()["derived"]["processes"]["tts"]["elastic"] == {"min": 1, "queue": 4.0, "window": 2.0,
+    assert report.to_json()["derived"]["processes"]["tts"]["elastic"] == {"min": 1, "queue": 4.0, "window": 0.5,
                                                                          "idle": 5.0}
     assert report.topology.processes["llm"].elastic is None and report.topology.processes["llm"].initial == 1
 
