@@ -54,6 +54,10 @@ class _Speech:
 # playing listener has left (at the measured speed): the speed is a moving average, and on
 # the loaded machine one synthesis took three times what its like did.
 RAMP_SHARE = 0.5
+# A playing stream whose listener has less than this (beyond the synthesis of the words in
+# hand) left, and nothing queued, gets the words written so far of its unfinished sentence:
+# a second covers a short piece's synthesis and a slow token or two.
+RUNNING_DRY_S = 1.0
 
 
 _FINISH = None  # queue marker: the request's last sentence is queued before it
@@ -121,6 +125,8 @@ class SentenceSpeechScheduler(TextStreamFollower):
         speech = self._speech_of(request_id, state)
         if speech is not None:
             self._queue(request_id, speech.splitter.feed(delta))
+            if self._running_dry(request_id, speech):
+                self._queue(request_id, [speech.splitter.take_words()])
 
     def on_stream_done(self, request_id: str, state: FollowedText) -> None:
         speech = self._speech.get(request_id)
@@ -181,6 +187,17 @@ class SentenceSpeechScheduler(TextStreamFollower):
         if not queue:
             del self._pending[request_id]
         return request_id, sentence
+
+    def _running_dry(self, request_id: str, speech: _Speech) -> bool:
+        """Under ``deadline``: whether a playing stream with nothing queued would run out of
+        audio before the sentence being written ends and is synthesised, so the words
+        written so far go now (the LLM writes slower on a loaded machine)."""
+        if self.deadlines.policy != "deadline" or request_id in self._pending:
+            return False
+        if not self.deadlines.playing(request_id):
+            return False
+        cost = (self._synthesis_s_per_char or 0.0) * len(speech.splitter.pending)
+        return self.deadlines.slack(request_id, time.monotonic()) < cost + RUNNING_DRY_S
 
     def _ramp_chars(self, now: float) -> int | None:
         """The longest piece the worker may synthesise now (None: whole sentences). Under

@@ -100,6 +100,19 @@ class SentenceSplitter:
     def pending(self) -> str:
         return self._buffer
 
+    def take_words(self, min_chars: int = RAMP_MIN_CHARS) -> str:
+        """The whole words written so far of a sentence not ended yet, as a piece of its own
+        ("" when they are fewer than ``min_chars`` characters): for a listener about to run
+        out of audio while the sentence is still being written. The text after the last
+        space may be a word still being written, so it stays."""
+        end = self._buffer.rfind(" ")
+        piece = self._buffer[:end].strip() if end > 0 else ""
+        if len(piece) < min_chars or not speakable(piece):
+            return ""
+        self._buffer = self._buffer[end + 1 :]
+        self._pieces += 1
+        return piece
+
     @staticmethod
     def _is_not_an_ending(before_dot: str) -> bool:
         words = before_dot.split()

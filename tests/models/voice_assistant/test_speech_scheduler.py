@@ -276,3 +276,36 @@ def test_a_long_sentence_after_a_short_first_piece_is_cut_to_fit_the_audio_in_ha
         assert len(spoken) >= 3 and len(spoken[2]) > len(spoken[1])
         assert " ".join(spoken[1:]) == second
         assert largest < 0.1
+
+
+@pytest.mark.parametrize("policy", ["fifo", "deadline"])
+def test_a_listener_about_to_run_dry_gets_the_words_written_so_far(policy: str) -> None:
+    """The first sentence plays 0.42 s; the next one is written a word every 50 ms (an LLM on
+    a loaded machine). Under `deadline` its whole words so far go to the TTS as soon as the
+    listener would otherwise run out; under `fifo` the sentence waits for its end."""
+    second = "Each of them visits thousands of flowers every single day of the summer."
+
+    async def main() -> list[str]:
+        speaker = ProportionalSpeaker()
+        scheduler = SentenceSpeechScheduler(speaker_factory=lambda voice: speaker,  # type: ignore[arg-type,return-value]
+                                            audio_policy=policy)
+        await scheduler.start()
+        try:
+            scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "r", TokenDelta(text="Bees are busy. ", token_ids=[1])))
+            assert (await next_out(scheduler)).data.transcript == "Bees are busy."
+            for word in second.split(" "):
+                scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "r", TokenDelta(text=word + " ", token_ids=[1])))
+                await asyncio.sleep(0.05)
+            scheduler.inbox.put_nowait(incoming(IncomingKind.NEW_REQUEST, "r", TokenResult(text="Bees are busy. " + second)))
+            streamed, result = await until_result(scheduler, "r")
+            assert result.data.transcript == "Bees are busy. " + second
+            return [m.data.transcript for m in streamed]
+        finally:
+            await scheduler.stop()
+
+    spoken = run(main())
+    if policy == "fifo":
+        assert spoken == [second]
+    else:
+        assert len(spoken) >= 2 and " ".join(spoken) == second
+        assert second.startswith(spoken[0]) and len(spoken[0]) >= 30

@@ -138,3 +138,15 @@ def test_a_long_sentence_is_cut_at_a_comma_then_a_clause_word_then_a_space() -> 
     assert fit_piece(LONG, 200) == (LONG, "")
     assert fit_piece("Volcanoes are a natural phenomenon on Earth.", 40) == (
         "Volcanoes are a natural phenomenon on Earth.", "")
+
+
+def test_the_whole_words_of_an_unfinished_sentence_can_be_taken_early() -> None:
+    splitter = SentenceSplitter()
+    assert splitter.feed("Bees are busy. They visit thousands of flo") == ["Bees are busy."]
+    # fewer than 30 characters of whole words ("flo" may be a word still being written): nothing
+    assert splitter.take_words() == ""
+    assert splitter.pending == "They visit thousands of flo"
+    splitter.feed("wers every single da")
+    assert splitter.take_words() == "They visit thousands of flowers every single"
+    assert splitter.pending == "da"
+    assert splitter.feed("y. ") == ["day."]
