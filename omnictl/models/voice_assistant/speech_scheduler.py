@@ -4,7 +4,9 @@ Sentences wait in a queue per request, synthesized one at a time by a worker thr
 (Piper is not thread-safe and the CPU is the limit anyway), so requests interleave
 sentence by sentence and a request's audio stays in order. Which request's sentence goes
 next is the audio policy's choice (:mod:`omnictl.audio.policy`): ``fifo``, the oldest
-queued sentence; ``deadline``, the request whose listener runs out of audio soonest.
+queued sentence; ``deadline``, the request whose listener runs out of audio soonest, and
+a sentence too long to synthesise within the audio its listeners have in hand is spoken in
+pieces sized from the measured synthesis speed (a ramp: :meth:`_ramp_chars`).
 After its last sentence, a request's whole waveform is the result. Output follows the audio terminal contract: an
 :class:`~omnictl.outputs.AudioChunk` per sentence, then an :class:`~omnictl.outputs.AudioResult`
 for the whole answer.
@@ -24,7 +26,15 @@ import numpy as np
 from omnictl.audio.policy import DEFAULT_POLICY, DEFAULT_TTFP_TARGET_S, PlaybackDeadlines
 from omnictl.exceptions import describe_error
 from omnictl.models.voice_assistant.text_stream import FollowedText, TextStreamFollower
-from omnictl.models.voice_assistant.tts import DEFAULT_VOICE, VOICES, PiperSpeaker, SentenceSplitter, speakable
+from omnictl.models.voice_assistant.tts import (
+    DEFAULT_VOICE,
+    VOICES,
+    PiperSpeaker,
+    SentenceSplitter,
+    fit_piece,
+    ramp_chars,
+    speakable,
+)
 from omnictl.outputs import AudioChunk, AudioResult, TextResult
 from omnictl.profiling.events import EventKind
 from omnictl.schedulers.base import OutgoingKind, OutgoingMessage, SchedulerLoad
@@ -37,6 +47,17 @@ class _Speech:
     speed: float = 1.0
     audio: list[np.ndarray] = field(default_factory=list)
     transcript: list[str] = field(default_factory=list)
+    text_done: bool = False  # the whole text has been queued: it asks nothing more of the worker
+
+
+# Under `deadline`, the piece synthesised next takes at most this share of the least audio a
+# playing listener has left (at the measured speed): the speed is a moving average, and on
+# the loaded machine one synthesis took three times what its like did.
+RAMP_SHARE = 0.5
+# A playing stream whose listener has less than this (beyond the synthesis of the words in
+# hand) left, and nothing queued, gets the words written so far of its unfinished sentence:
+# a second covers a short piece's synthesis and a slow token or two.
+RUNNING_DRY_S = 1.0
 
 
 _FINISH = None  # queue marker: the request's last sentence is queued before it
@@ -104,6 +125,8 @@ class SentenceSpeechScheduler(TextStreamFollower):
         speech = self._speech_of(request_id, state)
         if speech is not None:
             self._queue(request_id, speech.splitter.feed(delta))
+            if self._running_dry(request_id, speech):
+                self._queue(request_id, [speech.splitter.take_words()])
 
     def on_stream_done(self, request_id: str, state: FollowedText) -> None:
         speech = self._speech.get(request_id)
@@ -114,6 +137,7 @@ class SentenceSpeechScheduler(TextStreamFollower):
         speech = self._speech_of(request_id, state)
         if speech is not None:
             self._queue(request_id, speech.splitter.flush())
+            speech.text_done = True
             self._enqueue(request_id, _FINISH)
 
     def _speech_of(self, request_id: str, state: FollowedText) -> _Speech | None:
@@ -149,19 +173,56 @@ class SentenceSpeechScheduler(TextStreamFollower):
             await self._has_work.wait()
         waiting = sorted(self._pending, key=lambda rid: self._pending[rid][0][0])  # oldest sentence first
         done = next((rid for rid in waiting if self._pending[rid][0][1] is _FINISH), None)
-        request_id = done if done is not None else self.deadlines.pick(waiting, time.monotonic(), self._cost)
+        now = time.monotonic()
+        max_chars = self._ramp_chars(now)
+        request_id = done
+        if request_id is None:
+            request_id = self.deadlines.pick(waiting, now, lambda rid: self._cost(rid, max_chars))
         queue = self._pending[request_id]
-        _, sentence = queue.popleft()
+        order, sentence = queue.popleft()
+        if sentence is not None and max_chars is not None:
+            sentence, rest = fit_piece(sentence, max_chars)
+            if rest:  # the rest keeps the sentence's place, first in the request's queue
+                queue.appendleft((order, rest))
         if not queue:
             del self._pending[request_id]
         return request_id, sentence
 
-    def _cost(self, request_id: str) -> float:
-        """Seconds the request's next sentence is expected to take to synthesise."""
+    def _running_dry(self, request_id: str, speech: _Speech) -> bool:
+        """Under ``deadline``: whether a playing stream with nothing queued would run out of
+        audio before the sentence being written ends and is synthesised, so the words
+        written so far go now (the LLM writes slower on a loaded machine)."""
+        if self.deadlines.policy != "deadline" or request_id in self._pending:
+            return False
+        if not self.deadlines.playing(request_id):
+            return False
+        cost = (self._synthesis_s_per_char or 0.0) * len(speech.splitter.pending)
+        return self.deadlines.slack(request_id, time.monotonic()) < cost + RUNNING_DRY_S
+
+    def _ramp_chars(self, now: float) -> int | None:
+        """The longest piece the worker may synthesise now (None: whole sentences). Under
+        ``deadline``, a piece is cut so its synthesis fits in :data:`RAMP_SHARE` of the least
+        audio any playing listener still waiting for more has left: Piper cannot be
+        interrupted, so a long sentence would make that listener wait. The first piece is
+        short, its audio pays for a longer second one, and so on (a ramp)."""
+        if self.deadlines.policy != "deadline" or self._synthesis_s_per_char is None:
+            return None
+        slacks = [
+            self.deadlines.slack(rid, now)
+            for rid, speech in self._speech.items()
+            if self.deadlines.playing(rid) and (not speech.text_done or rid in self._pending)
+        ]
+        if not slacks:
+            return None
+        return ramp_chars(RAMP_SHARE * min(slacks), self._synthesis_s_per_char)
+
+    def _cost(self, request_id: str, max_chars: int | None = None) -> float:
+        """Seconds the request's next piece is expected to take to synthesise."""
         sentence = self._pending[request_id][0][1]
         if self._synthesis_s_per_char is None or sentence is None:
             return 0.0
-        return self._synthesis_s_per_char * len(sentence)
+        chars = len(sentence) if max_chars is None else min(len(sentence), max_chars)
+        return self._synthesis_s_per_char * chars
 
     # --- speaking --------------------------------------------------------------------
 

@@ -27,6 +27,13 @@ _ENDS_NOW = re.compile(r"(?:[!?]|(?<=[^\W\d_])\.)[\"'”’)\]]*$")
 _ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "prof", "st", "vs", "etc", "e.g", "i.e", "approx", "no", "jr", "sr"}
 # Where a long first sentence with no comma may be cut: before a word that starts a clause.
 _CLAUSE_WORD = re.compile(r" (?=(?:and|but|or|so|because|which|that|when|while|where|if|with)\b)", re.IGNORECASE)
+# Where a piece of a sentence may end when the whole sentence would take too long to
+# synthesise: after a comma, else before a clause word, else at a space.
+_COMMA = re.compile(r"[,;:] ")
+# A piece is at least this long (about 2 s of speech): shorter ones sound clipped.
+RAMP_MIN_CHARS = 30
+# and leaves at least this much for the next one (a lone word at the end sounds clipped too).
+RAMP_MIN_TAIL_CHARS = 12
 _MARKUP = re.compile(r"[*_#`~|>]+")  # markdown the LLM likes to write and nobody should hear
 
 
@@ -93,6 +100,19 @@ class SentenceSplitter:
     def pending(self) -> str:
         return self._buffer
 
+    def take_words(self, min_chars: int = RAMP_MIN_CHARS) -> str:
+        """The whole words written so far of a sentence not ended yet, as a piece of its own
+        ("" when they are fewer than ``min_chars`` characters): for a listener about to run
+        out of audio while the sentence is still being written. The text after the last
+        space may be a word still being written, so it stays."""
+        end = self._buffer.rfind(" ")
+        piece = self._buffer[:end].strip() if end > 0 else ""
+        if len(piece) < min_chars or not speakable(piece):
+            return ""
+        self._buffer = self._buffer[end + 1 :]
+        self._pieces += 1
+        return piece
+
     @staticmethod
     def _is_not_an_ending(before_dot: str) -> bool:
         words = before_dot.split()
@@ -123,6 +143,44 @@ class SentenceSplitter:
             if index > 0:
                 return index + len(mark)
         return self.max_chars
+
+
+def ramp_chars(budget_s: float, synthesis_s_per_char: float, min_chars: int = RAMP_MIN_CHARS) -> int:
+    """How many characters a piece may have so that its synthesis takes at most
+    ``budget_s`` at the measured speed (never under ``min_chars``)."""
+    if synthesis_s_per_char <= 0:
+        raise ValueError(f"synthesis_s_per_char must be > 0, got {synthesis_s_per_char}")
+    return max(min_chars, int(max(budget_s, 0.0) / synthesis_s_per_char))
+
+
+def fit_piece(
+    text: str, max_chars: int, min_chars: int = RAMP_MIN_CHARS, min_tail: int = RAMP_MIN_TAIL_CHARS
+) -> tuple[str, str]:
+    """``text`` cut into (piece, rest) so the piece has at most ``max_chars`` characters
+    (rest is "" when it fits or cannot be cut well). The piece ends after the last comma
+    in its second half, else before the last clause word there, else at the last space
+    past ``min_chars``; the rest keeps at least ``min_tail`` characters."""
+    text = text.strip()
+    limit = max(max_chars, min_chars)
+    if len(text) <= limit:
+        return text, ""
+    latest = min(limit, len(text) - min_tail)  # the piece ends at or before this index
+    if latest < min_chars:
+        return text, ""
+    window = text[: latest + 1]  # a separator right at the limit still counts
+    half = max(min_chars, limit // 2)
+    cuts = [m.end() - 1 for m in _COMMA.finditer(window) if half <= m.end() - 1 <= latest]
+    if not cuts:
+        cuts = [m.start() for m in _CLAUSE_WORD.finditer(window) if half <= m.start() <= latest]
+    if not cuts:
+        cuts = [i for i in range(min_chars, latest + 1) if window[i] == " "]
+    if not cuts:  # a word runs over the limit: end the piece after it, not at the sentence's end
+        after = text.find(" ", latest)
+        cuts = [after] if 0 <= after <= len(text) - min_tail else []
+    if not cuts:
+        return text, ""
+    cut = cuts[-1]
+    return text[:cut].strip(), text[cut:].strip()
 
 
 def speakable(sentence: str) -> str:

@@ -155,10 +155,13 @@ async def stream_chunks(tracked: Tracked, translator: ChunkTranslator) -> AsyncI
             chunks = translator.on_stream(stage, event.data)
         else:
             chunks = translator.on_result(stage, event.data)
-        if chunks:
-            tracked.saw(event.data)
         for chunk in chunks:
             yield sse_event(chunk)
+        if chunks:
+            # after the bytes were handed on (the body's consumer asks for the next chunk once
+            # its send returned): the listener's clock starts when audio leaves, not when it
+            # was ready; encoding a chunk of seconds of audio takes tens of ms on a busy core
+            tracked.saw(event.data)
     else:
         for chunk in translator.tail():
             yield sse_event(chunk)

@@ -208,7 +208,6 @@ class ResponseRun:
                 if isinstance(data, AudioResult) and streamed_audio:
                     continue
                 streamed_audio = streamed_audio or event.kind is RequestEventKind.STREAM
-                tracked.saw(data)
                 pcm = encoder.encode(data.samples, data.sample_rate)  # pcm16 at 24 kHz
                 start = turn.audio_ms
                 turn.segments.append(Segment(start, start + len(pcm) / 48, data.transcript.strip()))  # 48 bytes/ms
@@ -218,6 +217,7 @@ class ResponseRun:
                     self.send(
                         ev.AudioDelta(response_id=self.id, item_id=turn.id, delta=b64(self.codec.from_pcm16(pcm)))
                     )
+                tracked.saw(data)  # handed to the session's sender: the listener's clock counts from here
                 if self._first_audio_at is None:
                     self._first_audio_at = time.monotonic()
                 if self.on_audio is not None:

@@ -125,8 +125,8 @@ async def _audio(tracked: chat.Tracked) -> AsyncIterator[AudioChunk | chat.Pipel
         if not isinstance(data, AudioChunk) or (isinstance(data, AudioResult) and streamed):
             continue
         streamed = streamed or event.kind is RequestEventKind.STREAM
-        tracked.saw(data)
         yield data
+        tracked.saw(data)  # once the body asks for the next one: this one has been sent
     tracked.finish("completed")
 
 

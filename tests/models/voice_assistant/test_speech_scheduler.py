@@ -213,3 +213,99 @@ def test_the_stream_with_less_slack_is_spoken_first(policy: str, order: list[str
             await scheduler.stop()
 
     assert run(main()) == order
+
+
+class ProportionalSpeaker:
+    """A test double for Piper whose cost grows with the text: 10 ms of synthesis and 30 ms
+    of audio a character (three times faster than real time, like Piper on a busy core)."""
+
+    sample_rate = 16_000
+
+    def __init__(self) -> None:
+        self.spoken: list[str] = []
+
+    def synthesize(self, text: str, speed: float = 1.0) -> np.ndarray:
+        import time
+
+        time.sleep(0.010 * len(text))
+        self.spoken.append(text)
+        return np.zeros(int(0.030 * len(text) * self.sample_rate), dtype=np.float32)
+
+
+@pytest.mark.parametrize("policy", ["fifo", "deadline"])
+def test_a_long_sentence_after_a_short_first_piece_is_cut_to_fit_the_audio_in_hand(policy: str) -> None:
+    """The first piece (24 characters) plays 0.72 s; the 150-character sentence after it takes
+    1.5 s to synthesise whole, so under `fifo` the listener waits ~0.8 s. Under `deadline`
+    the TTS cuts it into pieces whose synthesis fits in half the audio left (a ramp: each
+    piece's audio pays for a longer next one), and the listener never waits."""
+    import time
+
+    from omnictl.audio.continuity import PlaybackClock
+
+    first = "Bees are small and busy."
+    second = ("Bees visit thousands of flowers every single day, carrying pollen from one plant "
+              "to the next, and without them many of the fruits we eat would not grow at all.")
+
+    async def main() -> tuple[list[str], float, str]:
+        speaker = ProportionalSpeaker()
+        scheduler = SentenceSpeechScheduler(speaker_factory=lambda voice: speaker,  # type: ignore[arg-type,return-value]
+                                            audio_policy=policy)
+        await scheduler.start()
+        try:
+            clock = PlaybackClock(time.monotonic())
+            text = f"{first} {second}"
+            scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "r", TokenDelta(text=text + " ", token_ids=[1])))
+            scheduler.inbox.put_nowait(incoming(IncomingKind.NEW_REQUEST, "r", TokenResult(text=text)))
+            while (message := await next_out(scheduler)).kind is OutgoingKind.STREAM:
+                clock.chunk(time.monotonic(), message.data.samples.size / speaker.sample_rate)  # as it leaves the stage
+            assert message.kind is OutgoingKind.RESULT, message
+            return speaker.spoken, clock.report().largest_underrun_s, message.data.transcript
+        finally:
+            await scheduler.stop()
+
+    spoken, largest, transcript = run(main())
+    assert transcript == f"{first} {second}"  # every word spoken once, in order
+    assert spoken[0] == first
+    if policy == "fifo":
+        assert spoken == [first, second]
+        assert largest > 0.5
+    else:
+        # 0.72 s of audio in hand: half of it pays for 36 characters at 10 ms each, cut at the
+        # last space; the next pieces grow with the audio they find in hand
+        assert spoken[1] == "Bees visit thousands of flowers"
+        assert len(spoken) >= 3 and len(spoken[2]) > len(spoken[1])
+        assert " ".join(spoken[1:]) == second
+        assert largest < 0.1
+
+
+@pytest.mark.parametrize("policy", ["fifo", "deadline"])
+def test_a_listener_about_to_run_dry_gets_the_words_written_so_far(policy: str) -> None:
+    """The first sentence plays 0.42 s; the next one is written a word every 50 ms (an LLM on
+    a loaded machine). Under `deadline` its whole words so far go to the TTS as soon as the
+    listener would otherwise run out; under `fifo` the sentence waits for its end."""
+    second = "Each of them visits thousands of flowers every single day of the summer."
+
+    async def main() -> list[str]:
+        speaker = ProportionalSpeaker()
+        scheduler = SentenceSpeechScheduler(speaker_factory=lambda voice: speaker,  # type: ignore[arg-type,return-value]
+                                            audio_policy=policy)
+        await scheduler.start()
+        try:
+            scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "r", TokenDelta(text="Bees are busy. ", token_ids=[1])))
+            assert (await next_out(scheduler)).data.transcript == "Bees are busy."
+            for word in second.split(" "):
+                scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "r", TokenDelta(text=word + " ", token_ids=[1])))
+                await asyncio.sleep(0.05)
+            scheduler.inbox.put_nowait(incoming(IncomingKind.NEW_REQUEST, "r", TokenResult(text="Bees are busy. " + second)))
+            streamed, result = await until_result(scheduler, "r")
+            assert result.data.transcript == "Bees are busy. " + second
+            return [m.data.transcript for m in streamed]
+        finally:
+            await scheduler.stop()
+
+    spoken = run(main())
+    if policy == "fifo":
+        assert spoken == [second]
+    else:
+        assert len(spoken) >= 2 and " ".join(spoken) == second
+        assert second.startswith(spoken[0]) and len(spoken[0]) >= 30

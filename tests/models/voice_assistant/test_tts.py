@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from omnictl.models.voice_assistant.tts import PiperSpeaker, SentenceSplitter, speakable
+from omnictl.models.voice_assistant.tts import PiperSpeaker, SentenceSplitter, fit_piece, ramp_chars, speakable
 
 
 def feed_words(splitter: SentenceSplitter, text: str) -> list[str]:
@@ -98,3 +98,55 @@ def test_a_long_first_sentence_without_a_comma_is_cut_before_a_clause() -> None:
     assert feed_words(SentenceSplitter(first_max_chars=None), text)[0] == text.split(". ")[0] + "."
     # a short first sentence is never cut
     assert feed_words(SentenceSplitter(), "Paris is the capital. Yes.") == ["Paris is the capital.", "Yes."]
+
+
+LONG = ("They can be found in many parts of the world, including Hawaii and Iceland, "
+        "where they shape the land and which people visit every year.")
+
+
+def test_a_piece_is_sized_so_its_synthesis_fits_the_budget() -> None:
+    # 10 ms of synthesis a character: 0.5 s pays for 50 characters, 1 s for 100
+    assert ramp_chars(0.5, 0.010) == 50
+    assert ramp_chars(1.0, 0.010) == 100
+    # never under the floor (a listener already waiting, or no budget): one clause-sized piece
+    assert ramp_chars(0.05, 0.010) == 30 and ramp_chars(-2.0, 0.010) == 30
+    with pytest.raises(ValueError, match="synthesis_s_per_char"):
+        ramp_chars(1.0, 0.0)
+
+
+def test_a_long_sentence_is_cut_at_a_comma_then_a_clause_word_then_a_space() -> None:
+    # 50 characters (0.5 s at 10 ms a character): the comma in the piece's second half
+    assert fit_piece(LONG, ramp_chars(0.5, 0.010)) == (
+        "They can be found in many parts of the world,",
+        "including Hawaii and Iceland, where they shape the land and which people visit every year.")
+    # 80: the later comma
+    assert fit_piece(LONG, 80) == (
+        "They can be found in many parts of the world, including Hawaii and Iceland,",
+        "where they shape the land and which people visit every year.")
+    # no comma in the piece's second half: before the last clause word there
+    assert fit_piece("Honestly nobody really knows how many grains of sand exist because counting is hard.", 70) == (
+        "Honestly nobody really knows how many grains of sand exist", "because counting is hard.")
+    # clause words before the floor (30) do not count: the last space within the limit
+    rest = fit_piece(LONG, 80)[1]
+    assert fit_piece(rest, 40) == ("where they shape the land and which", "people visit every year.")
+    # no comma and no clause word: the last space within the limit
+    assert fit_piece("Honestly nobody really knows exactly how many grains of sand exist.", 40) == (
+        "Honestly nobody really knows exactly how", "many grains of sand exist.")
+    # under the floor: the piece ends after the word that crosses it
+    assert fit_piece(LONG, 10) == ("They can be found in many parts", LONG[32:])
+    # a sentence that fits, or whose rest would be a lone word, is not cut
+    assert fit_piece(LONG, 200) == (LONG, "")
+    assert fit_piece("Volcanoes are a natural phenomenon on Earth.", 40) == (
+        "Volcanoes are a natural phenomenon on Earth.", "")
+
+
+def test_the_whole_words_of_an_unfinished_sentence_can_be_taken_early() -> None:
+    splitter = SentenceSplitter()
+    assert splitter.feed("Bees are busy. They visit thousands of flo") == ["Bees are busy."]
+    # fewer than 30 characters of whole words ("flo" may be a word still being written): nothing
+    assert splitter.take_words() == ""
+    assert splitter.pending == "They visit thousands of flo"
+    splitter.feed("wers every single da")
+    assert splitter.take_words() == "They visit thousands of flowers every single"
+    assert splitter.pending == "da"
+    assert splitter.feed("y. ") == ["day."]
