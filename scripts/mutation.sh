@@ -6,6 +6,7 @@
 #   scripts/mutation.sh schedulers serving   # with their own unit tests too (package_tests)
 #   scripts/mutation.sh stage topology       # some of them
 #   scripts/mutation.sh topology:shape,derive  # only those modules of a package
+#   scripts/mutation.sh serving:realtime/session,common/*  # a subpackage's module, or all of one
 #   MUTATION_CHILDREN=4 scripts/mutation.sh  # more parallel workers (default 2)
 #   MUTATION_RETEST=/tmp/omnictl-mutation scripts/mutation.sh transports
 #       # after adding tests: re-test only the mutants that run left alive (survived, no
@@ -64,11 +65,20 @@ for arg in "${packages[@]}"; do
         IFS=, read -r -a modules <<<"${arg#*:}"
         only=()
         for module in "${modules[@]}"; do
+            if [[ $module == */\* ]]; then  # every module of a subpackage: realtime/*
+                [[ -d omnictl/$pkg/${module%/\*} ]] || { echo "no subpackage omnictl/$pkg/${module%/\*}" >&2; exit 2; }
+                only+=("omnictl/$pkg/$module")
+                continue
+            fi
             [[ -f omnictl/$pkg/$module.py ]] || { echo "no module omnictl/$pkg/$module.py" >&2; exit 2; }
             only+=("omnictl/$pkg/$module.py")
         done
     fi
-    name=${arg//[:,]/-}  # output files: topology-shape-derive.log for topology:shape,derive
+    # Output files: topology-shape-derive.log for topology:shape,derive, and
+    # serving-realtime.session-common.all.log for serving:realtime/session,common/*.
+    name=${arg//\*/all}
+    name=${name//\//.}
+    name=${name//[:,]/-}
     scratch=$(mktemp -d "${TMPDIR:-/tmp}/omnictl-mutation-$name.XXXXXX")
     scratch_started=$(mktemp "${TMPDIR:-/tmp}/omnictl-mutation-started.XXXXXX")  # a timestamp
     git ls-files -z --cached --others --exclude-standard \
