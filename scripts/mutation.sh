@@ -49,7 +49,10 @@ declare -A package_tests=(
     [serving]="tests/serving/test_protocol.py tests/serving/test_responses.py tests/serving/test_audio.py
                tests/serving/test_audiofile.py tests/serving/test_audio_codecs.py tests/serving/test_auth.py
                tests/serving/test_eventstream.py tests/serving/test_app_starting.py tests/serving/realtime/test_events.py
-               tests/serving/realtime/test_conversation_bounds.py tests/serving/realtime/test_vad.py"
+               tests/serving/realtime/test_conversation_bounds.py tests/serving/realtime/test_vad.py
+               tests/serving/test_app_inputs.py tests/serving/test_app_routes.py tests/serving/test_request_checks.py
+               tests/serving/test_audio_routes.py tests/serving/realtime/test_formats.py
+               tests/serving/realtime/test_echo_guard.py"
 )
 
 # One thread per test process: the runs are parallel already (MUTATION_CHILDREN), and a
