@@ -11,7 +11,8 @@
 #   MUTATION_RETEST=/tmp/omnictl-mutation scripts/mutation.sh transports
 #       # after adding tests: re-test only the mutants that run left alive (survived, no
 #       # tests), keeping its kills; minutes instead of half an hour. Mutants it never
-#       # judged (a run cut short) stay unjudged ("not checked").
+#       # judged (a run cut short) stay unjudged ("not checked"), unless
+#       # MUTATION_RETEST_UNJUDGED=1: then they are run too.
 #
 # On 2 shared cores a package takes 2-10 minutes; all of topology (2200 mutants) takes
 # over half an hour, so name its modules to spend less.
@@ -124,7 +125,8 @@ for arg in "${packages[@]}"; do
     names=()  # none: every mutant not judged yet
     if [[ -n $retest ]]; then
         [[ -d $retest/$name.meta ]] || { echo "no earlier verdicts in $retest/$name.meta" >&2; exit 2; }
-        "$python" scripts/mutation_summary.py reopen "$retest/$name.meta" "$scratch/mutants" >"$scratch/retest.names"
+        "$python" scripts/mutation_summary.py reopen "$retest/$name.meta" "$scratch/mutants" \
+            ${MUTATION_RETEST_UNJUDGED:+--unjudged} >"$scratch/retest.names"
         mapfile -t names <"$scratch/retest.names"
         echo "== re-testing the ${#names[@]} mutants $retest/$name.meta left alive; its other verdicts stand"
         [[ ${#names[@]} -gt 0 ]] || { rm -rf "$scratch" "$scratch_started"; continue; }
