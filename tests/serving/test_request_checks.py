@@ -202,3 +202,54 @@ def test_invalid_responses_are_400_or_413_naming_the_field() -> None:
     large = invalid_response(PayloadTooLarge("too big", field="body"))
     assert large.status_code == 413
     assert json.loads(bytes(large.body))["error"]["code"] == "payload_too_large"
+
+
+# --- what a topology serves, and the key --------------------------------------------------
+
+
+def topology(entry_route: bool, terminals: dict[str, str], via: str | None = None) -> Any:
+    """An entry stage ``a`` leading to each terminal (through ``via`` when given)."""
+    from omnictl.topology.validation import loads
+
+    lines = ["name: shaped", "stages:", "  - name: a", "    factory: nowhere.f"]
+    if entry_route:
+        lines.append("    route_fn: nowhere.route")
+    lines.append(f"    next: [{via or ', '.join(terminals)}]")
+    if via:
+        lines += [f"  - name: {via}", "    factory: nowhere.f", f"    next: [{', '.join(terminals)}]"]
+    for name, modality in terminals.items():
+        lines += [f"  - name: {name}", "    factory: nowhere.f", "    terminal: true", f"    modality: {modality}"]
+    return loads("\n".join(lines) + "\n")
+
+
+def test_capabilities_follow_the_topologys_shape() -> None:
+    from omnictl.serving.common.capabilities import cannot_serve, capabilities
+
+    every = capabilities(topology(True, {"t": "text", "s": "audio", "h": "transcript"}))
+    assert (every.chat, every.speech, every.transcription, every.realtime) == (True, True, True, True)
+    assert every.endpoints() == ["/v1/chat/completions", "/v1/realtime", "/v1/audio/speech",
+                                 "/v1/audio/transcriptions", "/v1/audio/translations"]
+    fan_out = capabilities(topology(False, {"t": "text", "s": "audio"}))  # no route_fn: it does not choose
+    assert (fan_out.chat, fan_out.speech, fan_out.transcription) == (True, False, False)
+    indirect = capabilities(topology(True, {"s": "audio"}, via="llm"))  # audio only after another stage
+    assert (indirect.chat, indirect.speech) == (True, False)
+    audio_only = capabilities(topology(True, {"s": "audio"}))
+    assert audio_only.endpoints() == ["/v1/chat/completions", "/v1/realtime", "/v1/audio/speech"]
+    hearing = capabilities(topology(False, {"h": "transcript"}))
+    assert (hearing.chat, hearing.realtime, hearing.transcription) == (False, False, True)
+    assert hearing.endpoints() == ["/v1/audio/transcriptions", "/v1/audio/translations"]
+    shaped = topology(False, {"h": "transcript"})
+    assert cannot_serve(shaped, "/v1/realtime") == (
+        "topology 'shaped' does not serve /v1/realtime: it has no text or audio terminal")
+    for endpoint in ("/v1/audio/transcriptions", "/v1/audio/translations"):
+        assert cannot_serve(shaped, endpoint).endswith(f"serve {endpoint}: it has no terminal of modality 'transcript'")
+
+
+def test_the_key_is_read_from_a_bearer_header_or_x_api_key() -> None:
+    from omnictl.serving.common.auth import authorized
+
+    assert authorized({"authorization": "bearer  k1 "}, "k1")  # the scheme's case and spaces do not matter
+    assert authorized({"authorization": "Basic xyz", "x-api-key": "k1"}, "k1")  # not a bearer: x-api-key counts
+    assert not authorized({"authorization": "Bearer k1", "x-api-key": "k2"}, "k2")  # a bearer wins
+    assert not authorized({"authorization": "Bearer"}, "k1") and not authorized({"x-api-key": ""}, "k1")
+    assert authorized({"authorization": "anything"}, None)

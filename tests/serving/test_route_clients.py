@@ -111,6 +111,18 @@ def test_a_client_that_leaves_mid_body_gets_a_bare_400_and_one_log_line(caplog: 
         "the client disconnected before sending its whole request body"]
 
 
+def test_a_length_that_is_not_a_number_is_not_trusted_the_bytes_are_counted() -> None:
+    app, _ = app_for(ScriptedPipeline(), limits=Limits(max_body_bytes=20))
+    exchange = Exchange("/v1/chat/completions", [CHAT[:15], CHAT[15:]], headers={"content-length": "1e3"})
+    asyncio.run(exchange.run(app))
+    assert exchange.status == 413
+    assert json.loads(exchange.body)["error"]["message"] == "request body exceeds the limit of 20 bytes"
+    small, _ = app_for(ScriptedPipeline(), limits=Limits(max_body_bytes=len(CHAT)))
+    fits = Exchange("/v1/chat/completions", [CHAT[:15], CHAT[15:]], headers={"content-length": str(len(CHAT))})
+    asyncio.run(fits.run(small))
+    assert fits.status == 200
+
+
 def test_while_starting_a_request_is_503_after_its_body_is_read() -> None:
     app, state = app_for(None)
     exchange = Exchange("/v1/chat/completions", [CHAT])
