@@ -614,3 +614,116 @@ def test_settings_sampling_reads_the_limit() -> None:
     assert settings.sampling(5).max_tokens == 5
     settings.max_output_tokens = 12
     assert settings.sampling().max_tokens == 12 and settings.sampling("inf").max_tokens is None
+
+
+# --- server VAD: turns found in the audio -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def spoken() -> bytes:
+    """A spoken question between silences, as pcm16 at 24 kHz (what a client appends)."""
+    from benchmarks.eval.samples import sample_question
+    from omnictl.inputs import resample
+
+    speech, rate = sample_question("spider_legs")
+    audio = resample(speech, rate, RATE)
+    pad = np.zeros(RATE // 2, np.float32)
+    return (np.clip(np.concatenate([pad, audio, pad, pad]), -1, 1) * 32767).astype("<i2").tobytes()
+
+
+@pytest.fixture(scope="module")
+def silero() -> Any:
+    from omnictl.serving.realtime.vad import SileroModel
+
+    return SileroModel()
+
+
+async def speak(client: Client, audio: bytes, piece: int = 4800) -> None:
+    for start in range(0, len(audio), piece):  # 0.1 s at a time, as a microphone delivers it
+        await client.send(append(audio[start : start + piece]))
+
+
+def vad_client(pipeline: ScriptedPipeline, silero: Any, **vad: Any) -> Client:
+    client = Client(pipeline, vad=True)
+    client.session._silero = lambda: silero
+    client.session.settings.vad = ev.ServerVad(silence_duration_ms=400, **vad)
+    client.session._reset_vad()
+    return client
+
+
+def test_a_turn_found_by_server_vad_is_committed_and_answered(spoken: bytes, silero: Any) -> None:
+    async def scenario() -> None:
+        pipeline = ScriptedPipeline(topology=CHAT_ONLY, script=lambda inputs, modalities: text_events(["yes"]))
+        client = vad_client(pipeline, silero)
+        await speak(client, spoken)
+        await client.settle()
+        types = client.types()
+        assert types[:4] == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                             "input_audio_buffer.committed", "conversation.item.added"]
+        started, stopped = client.of("input_audio_buffer.speech_started")[0], client.of(
+            "input_audio_buffer.speech_stopped")[0]
+        assert started["item_id"] == stopped["item_id"] == client.of("input_audio_buffer.committed")[0]["item_id"]
+        assert 500 <= started["audio_start_ms"] <= 1100  # the voice starts ~0.7 s in (0.5 s of padding, then the sample's own 0.2 s)
+        assert stopped["audio_end_ms"] > started["audio_start_ms"] + 1000
+        assert "response.created" in types and client.of("response.done")[0]["response"]["status"] == "completed"
+        [(inputs, *_)] = pipeline.submitted  # the committed turn, as audio (no recognizer here)
+        [audio] = inputs.last_user_message().audio()
+        assert audio.samples.size / RATE > 1.0
+        # between turns the buffer keeps only what prefix padding may need
+        assert len(client.session.buffer) <= int((300 + 100) * RATE / 1000) * 2
+
+    run(scenario)
+
+
+def test_speech_over_an_answer_cancels_it_barge_in(spoken: bytes, silero: Any) -> None:
+    async def scenario() -> None:
+        pipeline = ScriptedPipeline(topology=CHAT_ONLY, script=lambda inputs, modalities: text_events(["a"])[:1],
+                                    hold=True)
+        client = vad_client(pipeline, silero, create_response=False)
+        await said(client)
+        client.session.echo.enabled = False  # a client that cancels its own echo
+        await client.send({"type": "response.create"})
+        while not pipeline.requests:
+            await asyncio.sleep(0.001)
+        await speak(client, spoken)
+        await client.settle()
+        [done] = client.of("response.done")
+        assert done["response"]["status"] == "cancelled"
+        assert done["response"]["status_details"]["reason"] == "turn_detected"
+        assert pipeline.aborts == list(pipeline.requests)
+        assert "input_audio_buffer.committed" in client.types()  # the new turn is kept
+        assert len(pipeline.submitted) == 1  # create_response off: no answer started by itself
+
+    run(scenario)
+
+
+def test_no_barge_in_when_interrupt_response_is_off(spoken: bytes, silero: Any) -> None:
+    async def scenario() -> None:
+        pipeline = ScriptedPipeline(topology=CHAT_ONLY, script=lambda inputs, modalities: text_events(["a"])[:1],
+                                    hold=True)
+        client = vad_client(pipeline, silero, interrupt_response=False)
+        await said(client)
+        client.session.echo.enabled = False
+        await client.send({"type": "response.create"})
+        while not pipeline.requests:
+            await asyncio.sleep(0.001)
+        await speak(client, spoken)
+        assert client.of("response.done") == [] and pipeline.aborts == []
+        assert len(pipeline.submitted) == 1  # still answering: the new turn waits for the next response
+        await client.session.close()
+
+    run(scenario)
+
+
+def test_clearing_the_buffer_resets_the_turn_detection(spoken: bytes, silero: Any) -> None:
+    async def scenario() -> None:
+        client = vad_client(ScriptedPipeline(topology=CHAT_ONLY), silero)
+        half = len(spoken) // 4 // 2 * 2
+        await speak(client, spoken[:half])
+        assert client.types() == ["input_audio_buffer.speech_started"]
+        turns = client.session._turns
+        await client.send({"type": "input_audio_buffer.clear"})
+        assert client.session._turns is not turns and client.session.buffer == bytearray()
+        assert client.types()[-1] == "input_audio_buffer.cleared"
+
+    run(scenario)
