@@ -727,3 +727,144 @@ def test_clearing_the_buffer_resets_the_turn_detection(spoken: bytes, silero: An
         assert client.types()[-1] == "input_audio_buffer.cleared"
 
     run(scenario)
+
+
+# --- where the answer's audio goes, and what a cancelled answer keeps ---------------------
+
+
+class Track:
+    """A transport that plays the answer itself (WebRTC's outbound track): one unit's double."""
+
+    def __init__(self) -> None:
+        self.played: list[tuple[str, int]] = []
+        self.finished: list[str] = []
+        self.cleared = 0
+        self.playing = False
+
+    def play(self, response_id: str, pcm: bytes) -> None:
+        self.played.append((response_id, len(pcm)))
+        self.playing = True
+
+    def finish(self, response_id: str) -> None:
+        self.finished.append(response_id)
+
+    def clear(self) -> bool:
+        self.cleared += 1
+        was, self.playing = self.playing, False
+        return was
+
+
+def track_client(pipeline: ScriptedPipeline, track: Track) -> Client:
+    client = Client(pipeline)
+    client.session = RealtimeSession(client.state, pipeline, lambda e: client.sent.append(json.loads(ev.encode(e))),
+                                     "m", silero=lambda: None, transport="webrtc", audio_out=track)  # type: ignore[arg-type,return-value]
+    client.session.settings.vad = None
+    client.session._reset_vad()
+    return client
+
+
+def test_a_transport_that_plays_the_audio_gets_it_instead_of_delta_events() -> None:
+    async def scenario() -> None:
+        track = Track()
+        client = track_client(ScriptedPipeline(topology=CHAT_ONLY, script=spoken_answer), track)
+        assert client.session.echo.enabled is False  # a browser's WebRTC cancels its own echo
+        assert client.session.session_object().transport == "webrtc"
+        await said(client)
+        await client.send({"type": "response.create"})
+        await client.settle()
+        run_id = client.of("response.done")[0]["response"]["id"]
+        assert client.of("response.output_audio.delta") == []
+        assert track.played == [(run_id, int(0.05 * RATE) * 2)] * 2 and track.finished == [run_id]
+        assert len(client.of("response.output_audio_transcript.delta")) == 2
+        await client.send({"type": "output_audio_buffer.clear"})  # still playing what it holds
+        assert track.cleared == 1
+        error = await client.refused({"type": "output_audio_buffer.clear"})
+        assert error.message == "output_audio_buffer.clear: no audio is playing"
+
+    run(scenario)
+
+
+def test_clearing_a_tracks_audio_cancels_the_response_still_running() -> None:
+    async def scenario() -> None:
+        track = Track()
+        pipeline = ScriptedPipeline(topology=CHAT_ONLY, script=spoken_answer, hold=True)
+        client = track_client(pipeline, track)
+        await said(client)
+        await client.send({"type": "response.create"})
+        while not track.played:
+            await asyncio.sleep(0.001)
+        await client.send({"type": "output_audio_buffer.clear"})
+        assert client.of("response.done")[0]["response"]["status"] == "cancelled"
+        assert pipeline.aborts == list(pipeline.requests) and track.cleared >= 1
+
+    run(scenario)
+
+
+def test_a_cancelled_spoken_answer_keeps_the_words_of_the_audio_sent() -> None:
+    def half(inputs: Any, modalities: list[str]) -> list[RequestEvent]:
+        return [RequestEvent(RequestEventKind.STREAM, "speak", AudioChunk(tone(0.05), 16_000, transcript="Hello"))]
+
+    async def scenario() -> None:
+        pipeline = ScriptedPipeline(topology=CHAT_ONLY, script=half, hold=True)
+        client = Client(pipeline)
+        await said(client)
+        await client.send({"type": "response.create"})
+        while not client.of("response.output_audio.delta"):
+            await asyncio.sleep(0.001)
+        await client.send({"type": "response.cancel"})
+        [done] = client.of("response.done")
+        item = done["response"]["output"][0]
+        assert item["status"] == "incomplete" and item["content"][0]["transcript"] == "Hello"
+        assert client.of("response.output_audio_transcript.done")[0]["transcript"] == "Hello"
+        answer = client.session.conversation.turns[-1]
+        assert answer.text == "Hello" and answer.incomplete
+
+    run(scenario)
+
+
+def test_a_spoken_answer_without_text_is_remembered_by_its_words() -> None:
+    def audio_only(inputs: Any, modalities: list[str]) -> list[RequestEvent]:
+        return [RequestEvent(RequestEventKind.STREAM, "speak", AudioChunk(tone(0.05), 16_000, transcript="one")),
+                RequestEvent(RequestEventKind.STREAM, "speak", AudioChunk(tone(0.05), 16_000, transcript="two"))]
+
+    async def scenario() -> None:
+        client = Client(ScriptedPipeline(topology=CHAT_ONLY, script=audio_only))
+        await said(client)
+        await client.send({"type": "response.create"})
+        await client.settle()
+        assert client.session.conversation.turns[-1].text == "one two"
+        assert [s.words for s in client.session.conversation.turns[-1].segments] == ["one", "two"]
+        assert [s.end_ms for s in client.session.conversation.turns[-1].segments] == [50, 100]
+
+    run(scenario)
+
+
+def test_a_response_that_would_make_a_stream_underrun_is_refused() -> None:
+    import time as clock
+
+    from omnictl.serving.common.tracking import Tracked
+    from tests.serving.scripted import ScriptedRequest
+
+    async def scenario() -> None:
+        pipeline = ScriptedPipeline(topology=CHAT_ONLY, script=spoken_answer)
+        client = Client(pipeline)
+        client.state.max_underrun_ms = 100.0
+        playing = Tracked(ScriptedRequest("playing", [], False), client.state.metrics, client.state.active)
+        playing.plays("/v1/audio/speech")
+        assert playing.playback is not None
+        now = clock.perf_counter()
+        playing.playback.start = now - 10
+        playing.playback.chunk(now - 9, 0.1)
+        playing.playback.chunk(now - 5, 0.1)
+        client.state.active["playing"] = playing
+        await said(client)
+        await client.send({"type": "response.create"})
+        await client.settle()
+        [error] = client.of("error")
+        assert error["error"]["code"] == "audio_underrun" and "(retry after 4 s)" in error["error"]["message"]
+        assert client.of("response.done")[0]["response"]["status"] == "failed" and pipeline.submitted == []
+        await client.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
+        await client.settle()
+        assert len(pipeline.submitted) == 1  # text has no playback to keep up with
+
+    run(scenario)
