@@ -368,3 +368,52 @@ def test_a_transcription_refused_before_any_text_is_a_json_error(
     if event.field:
         assert response.json()["error"]["param"] == "file"
     assert state.metrics.count(outcome) == 1 and state.active == {}
+
+
+def test_a_form_that_cannot_be_read_or_holds_a_file_where_text_belongs() -> None:
+    pipeline = ScriptedPipeline(script=heard)
+    client, _ = serve(pipeline)
+    no_boundary = client.post("/v1/audio/transcriptions", headers={**AUTH, "Content-Type": "multipart/form-data"},
+                              content=b"--x\r\n\r\n")
+    assert no_boundary.status_code == 400 and no_boundary.json()["error"]["param"] == "body"
+    assert "is not a readable multipart form" in no_boundary.json()["error"]["message"]
+    as_file = client.post("/v1/audio/transcriptions", headers=AUTH, files={"prompt": ("p.txt", b"names")})
+    assert as_file.status_code == 400 and as_file.json()["error"]["param"] == "prompt"
+    assert "must be a plain form field" in as_file.json()["error"]["message"]
+    bad_language = transcribe(client, language="english!")
+    assert bad_language.status_code == 400 and bad_language.json()["error"]["param"] == "language"
+    assert bad_language.json()["error"]["message"].startswith("'language' must be a language code")
+    assert pipeline.submitted == []
+
+
+def test_a_large_file_is_decoded_off_the_loop_and_reaches_the_pipeline_whole() -> None:
+    from omnictl.serving.transcriptions.route import INLINE_DECODE_BYTES
+
+    pipeline = ScriptedPipeline(script=heard)
+    client, _ = serve(pipeline)
+    samples = tone(INLINE_DECODE_BYTES / 2 / 16_000 + 0.5)  # a WAV over the inline size
+    response = client.post("/v1/audio/transcriptions", headers=AUTH,
+                           files={"file": ("a.wav", wav_bytes(samples), "audio/wav")})
+    assert response.status_code == 200
+    [audio] = pipeline.submitted[0][0].last_user_message().audio()
+    assert audio.samples.size == samples.size
+
+
+def test_a_transcription_ended_by_the_server_is_503_saying_why() -> None:
+    from omnictl.serving.common.tracking import end_in_flight
+
+    pipeline = ScriptedPipeline(script=lambda inputs, modalities: [], hold=True)
+    client, state = serve(pipeline)
+
+    async def shut_down_soon() -> None:
+        import asyncio
+
+        while not state.active:
+            await asyncio.sleep(0.001)
+        await end_in_flight(state.active, pipeline.abort, "the server is stopping")
+
+    with client:
+        client.portal.start_task_soon(shut_down_soon)  # type: ignore[union-attr]
+        response = transcribe(client, stream="true")
+    assert response.status_code == 503 and response.json()["error"]["message"] == "the server is stopping"
+    assert response.json()["error"]["code"] == "server_shutdown" and state.active == {}
