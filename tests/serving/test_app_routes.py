@@ -76,7 +76,8 @@ def test_an_unresponsive_process_is_503_naming_it_before_the_body_is_read() -> N
     response = client.post("/v1/chat/completions", json=CHAT, headers=AUTH)
     assert response.status_code == 503 and response.headers["Retry-After"] == "2"
     error = error_of(response)
-    assert error["code"] == "stage_unresponsive" and "'heads', 'front'" in error["message"]
+    assert error == {"message": "stage process 'heads', 'front' is not responding (see /health); retry later",
+                     "type": "server_error", "code": "stage_unresponsive", "param": None}
     assert pipeline.submitted == [] and state.metrics.count("rejected") == 1
 
 
@@ -143,8 +144,10 @@ def test_an_endpoint_the_topology_cannot_serve_is_404_saying_why() -> None:
     response = client.post("/v1/audio/speech", json={"input": "hello"}, headers=AUTH)
     assert response.status_code == 404
     error = error_of(response)
-    assert error["code"] == "unsupported_endpoint"
-    assert error["message"].startswith("topology 'fast' does not serve /v1/audio/speech: its entry stage")
+    assert error["code"] == "unsupported_endpoint" and error["type"] == "invalid_request_error"
+    assert error["message"] == (
+        "topology 'fast' does not serve /v1/audio/speech: its entry stage does not route straight to an audio "
+        "terminal (text to speech without an LLM)")
     assert state.metrics.count("rejected") == 1
 
 

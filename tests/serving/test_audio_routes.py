@@ -144,12 +144,33 @@ def test_speech_refused_before_its_first_audio_is_a_json_error(
     pipeline = ScriptedPipeline(script=lambda inputs, modalities: [event])
     client, state = serve(pipeline)
     response = client.post("/v1/audio/speech", headers=AUTH, json={"input": "Hi", "voice": "zed"})
-    assert response.status_code == status and response.json()["error"]["code"] == code
-    if event.field:
-        assert response.json()["error"]["param"] == "voice"
-    if event.error:
-        assert response.json()["error"]["message"] == f"stage 'speak': {event.error}"
+    assert response.status_code == status
+    message = f"stage 'speak': {event.error}" if event.error else "the request was aborted"
+    kind = "invalid_request_error" if status == 400 else "server_error"
+    assert response.json() == {"error": {"message": message, "type": kind, "code": code, "param": event.field}}
     assert state.metrics.count(outcome) == 1 and state.active == {}
+
+
+def test_speech_ended_by_the_server_before_its_audio_is_503_saying_why() -> None:
+    from omnictl.serving.common.tracking import end_in_flight
+
+    pipeline = ScriptedPipeline(script=lambda inputs, modalities: [], hold=True)
+    client, state = serve(pipeline)
+
+    async def shut_down_soon() -> None:
+        import asyncio
+
+        while not state.active:
+            await asyncio.sleep(0.001)
+        await end_in_flight(state.active, pipeline.abort, "the server is stopping")
+
+    with client:
+        client.portal.start_task_soon(shut_down_soon)  # type: ignore[union-attr]
+        response = client.post("/v1/audio/speech", headers=AUTH, json={"input": "Hi"})
+    assert response.status_code == 503
+    assert response.json() == {"error": {"message": "the server is stopping", "type": "server_error",
+                                          "code": "server_shutdown", "param": None}}
+    assert state.metrics.count("aborted") == 1 and state.active == {}
 
 
 def test_speech_failing_mid_stream_ends_the_stream_with_an_error_event() -> None:

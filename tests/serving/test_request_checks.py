@@ -50,6 +50,8 @@ def test_for_bind_adds_the_name_a_server_is_bound_to_and_the_allowed_lists() -> 
     named = RequestGuard.for_bind("Box.Lan", 8000, allowed_hosts=(" API.example ", " "), allowed_origins=("https://App.example/", ""))
     assert named.allowed_hosts == frozenset({"box.lan", "api.example"})
     assert named.allowed_origins == frozenset({"https://app.example"})
+    # only a trailing slash is cut from an origin: its last letter stays, whatever its case
+    assert RequestGuard.for_bind("::1", 1, allowed_origins=("http://LAN.BOX",)).allowed_origins == {"http://lan.box"}
     assert named.host_allowed("box.lan:8000") and named.host_allowed("API.example")
     assert RequestGuard.for_bind("0.0.0.0", 8000).allowed_hosts == frozenset()
     assert RequestGuard.for_bind("[::]", 8000).allowed_hosts == frozenset()
@@ -191,6 +193,20 @@ def test_a_repeated_error_is_let_through_once_per_interval_with_the_count_left_o
     assert limiter.allow("c") == (True, 0)  # over max_keys: the oldest ("a") is forgotten
     assert limiter.allow("a") == (True, 0)
     assert limiter.allow("c") == (False, 0)
+
+
+def test_a_key_let_through_again_is_the_newest_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
+    import omnictl.serving.common.echo as echo
+
+    now = [0.0]
+    monkeypatch.setattr(echo.time, "monotonic", lambda: now[0])
+    limiter = RepeatLimiter(interval_s=10.0, max_keys=2)
+    limiter.allow("a")
+    limiter.allow("b")
+    now[0] = 20.0
+    assert limiter.allow("a") == (True, 0)  # let through again: now the newest
+    limiter.allow("c")  # one key too many: the oldest, "b", is forgotten
+    assert limiter.allow("a") == (False, 0) and limiter.allow("b") == (True, 0)
 
 
 def test_invalid_responses_are_400_or_413_naming_the_field() -> None:
