@@ -50,7 +50,9 @@ def test_a_missing_or_wrong_key_is_401_and_counted_rejected() -> None:
     client, state = serve(ScriptedPipeline())
     for headers in ({}, {"Authorization": "Bearer nope"}):
         response = client.post("/v1/chat/completions", json=CHAT, headers=headers)
-        assert response.status_code == 401 and error_of(response)["code"] == "invalid_api_key"
+        assert response.status_code == 401
+        assert error_of(response) == {"message": "missing or wrong API key (send 'Authorization: Bearer <key>')",
+                                      "type": "authentication_error", "code": "invalid_api_key", "param": None}
     assert state.metrics.count("rejected") == 2 and state.pipeline.submitted == []  # type: ignore[union-attr]
 
 
@@ -293,8 +295,8 @@ def test_a_stage_finding_the_input_bad_is_a_rejection_naming_the_field(stream: b
     else:
         assert response.status_code == 400
         error = error_of(response)
-    assert error["code"] == "invalid_request" and error["type"] == "invalid_request_error"
-    assert error["param"] == "messages[0].content[1]"
+    assert error == {"message": "stage 'prep': images are not taken", "type": "invalid_request_error",
+                     "code": "invalid_request", "param": "messages[0].content[1]"}
     assert state.metrics.count("rejected") == 1 and state.metrics.count("failed") == 0 and state.active == {}
 
 
@@ -345,7 +347,8 @@ def test_a_request_the_server_ends_on_shutdown_is_told_why(stream: bool) -> None
     else:
         assert response.status_code == 503
         error = error_of(response)
-    assert error["code"] == "server_shutdown" and error["message"] == "the server is shutting down"
+    assert error == {"message": "the server is shutting down", "type": "server_error", "code": "server_shutdown",
+                     "param": None}
     assert pipeline.aborts == list(pipeline.requests) and state.active == {}
     assert state.metrics.count("aborted") == 1
 

@@ -4,6 +4,7 @@ reaches the pipeline, the answer in each format, and the one outcome of each req
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -171,6 +172,41 @@ def test_speech_ended_by_the_server_before_its_audio_is_503_saying_why() -> None
     assert response.json() == {"error": {"message": "the server is stopping", "type": "server_error",
                                           "code": "server_shutdown", "param": None}}
     assert state.metrics.count("aborted") == 1 and state.active == {}
+
+
+def test_speech_as_sse_in_a_compressed_format_sends_the_encoders_last_frames_too() -> None:
+    from omnictl.serving.transcriptions.audiofile import decode_audio_file
+
+    pipeline = ScriptedPipeline(script=lambda inputs, modalities: audio_events(4))
+    client, _ = serve(pipeline)
+    response = client.post("/v1/audio/speech", headers=AUTH,
+                           json={"input": "Hello there", "response_format": "mp3", "stream_format": "sse"})
+    deltas = [e for e in sse_events(response.text) if e["type"] == "speech.audio.delta"]
+    mp3 = b"".join(base64.b64decode(d["audio"]) for d in deltas)
+    samples, rate = decode_audio_file(mp3, "mp3", 60)
+    assert samples.size / rate >= 0.2  # all four chunks: without the encoder's tail, ~0.1 s of them would be missing
+
+
+@pytest.mark.parametrize(
+    ("last", "error"),
+    [
+        (error_event("no voice 'zed'", stage="speak", field="voice"),
+         {"message": "stage 'speak': no voice 'zed'", "type": "invalid_request_error", "code": "invalid_request",
+          "param": "voice"}),
+        (error_event("tts died", stage="speak"),
+         {"message": "stage 'speak': tts died", "type": "server_error", "code": "stage_failed", "param": None}),
+        (RequestEvent(RequestEventKind.ABORTED, None),
+         {"message": "the request was aborted", "type": "server_error", "code": "aborted", "param": None}),
+    ],
+)
+def test_speech_as_sse_ended_after_its_first_audio_closes_with_the_error(last: RequestEvent, error: dict[str, Any]) -> None:
+    pipeline = ScriptedPipeline(script=lambda inputs, modalities: audio_events(2)[:1] + [last])
+    client, _ = serve(pipeline)
+    response = client.post("/v1/audio/speech", headers=AUTH,
+                           json={"input": "Hi", "response_format": "pcm", "stream_format": "sse"})
+    events = sse_events(response.text)
+    assert events[0]["type"] == "speech.audio.delta" and base64.b64decode(events[0]["audio"])
+    assert events[-1] == {"error": error}
 
 
 def test_speech_failing_mid_stream_ends_the_stream_with_an_error_event() -> None:

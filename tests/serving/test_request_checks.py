@@ -72,6 +72,9 @@ def test_an_origin_is_allowed_when_it_is_the_server_itself_or_listed() -> None:
     assert not guard.origin_allowed("file://localhost:8000", "localhost:8000")
     assert not guard.origin_allowed("http://", "")
     assert guard.origin_allowed("http://[::1]:8000", "[::1]:8000")
+    assert guard.origin_allowed("https://localhost:8443", "localhost:8443")
+    assert guard.origin_allowed("http://[::1]", "::1")  # the same host, bracketed or not
+    assert RequestGuard(allowed_origins=frozenset({"http://box"})).origin_allowed("http://BOX", "localhost")
     assert RequestGuard(allowed_origins=frozenset({"*"})).origin_allowed("null", "localhost")
 
 
@@ -173,6 +176,9 @@ def test_clip_bounds_echoed_text_and_escapes_surrogates() -> None:
     assert clip("a\ud800b") == "a\\ud800b"
     assert clip_repr("y" * 1000) == "'" + "y" * ECHO_CHARS + f"'... ({1000 - ECHO_CHARS} more characters)"
     assert clip_repr(12) == "12"
+    assert clip_repr("y" * 1000, 10) == "'yyyyyyyyyy'... (990... (17 more characters)"  # bounded twice over
+    assert clip_repr("q" * 10, 10) == "'qqqqqqqqq... (2 more characters)"  # at the limit: its repr, clipped
+    assert clip_repr(list(range(100)), 10) == "[0, 1, 2, ... (380 more characters)"  # any value's repr
     assert clip_repr("q" * 10, 12) == "'qqqqqqqqqq'"  # a string at the limit: its repr whole
 
 
