@@ -230,17 +230,47 @@ def test_an_answer_model_named_by_an_alias_is_answered_as_that_alias() -> None:
 def test_a_streamed_answer_is_role_deltas_finish_and_done() -> None:
     pipeline = ScriptedPipeline(script=lambda inputs, modalities: text_events(["echo:", "hi"]))
     client, state = serve(pipeline)
-    response = client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=AUTH)
+    response = client.post("/v1/chat/completions", json={**CHAT, "stream": True},
+                           headers={**AUTH, "X-Request-Id": "r-s"})
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
     events = sse_events(response.text)
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
+    assert {c["id"] for c in chunks} == {"r-s"} and {c["model"] for c in chunks} == {"m"}
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert text == "echo: hi"
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
     assert pipeline.submitted[0][4] is True  # streamed to the caller
     assert state.active == {} and state.metrics.count("completed") == 1
+
+
+def test_a_terminal_that_only_returns_a_result_is_streamed_as_one_delta_beside_one_that_streamed() -> None:
+    from omnictl.coordinator.request import RequestEvent, RequestEventKind
+    from omnictl.outputs import TextResult
+
+    def script(inputs: Any, modalities: list[str]) -> list[Any]:
+        return audio_events(1) + [RequestEvent(RequestEventKind.RESULT, "answer", TextResult("whole answer"))]
+
+    client, _ = serve(ScriptedPipeline(script=script))
+    body = {**CHAT, "stream": True, "modalities": ["text", "audio"], "audio": {"format": "pcm16"}}
+    chunks = [e for e in sse_events(client.post("/v1/chat/completions", json=body, headers=AUTH).text) if e != "[DONE]"]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == "whole answer"
+
+
+def test_a_streamed_answer_in_a_compressed_format_ends_with_the_encoders_last_frames() -> None:
+    from omnictl.serving.transcriptions.audiofile import decode_audio_file
+
+    client, _ = serve(ScriptedPipeline(script=lambda inputs, modalities: audio_events(4) + text_events(["hi"])))
+    body = {**CHAT, "stream": True, "modalities": ["text", "audio"], "audio": {"format": "mp3"}}
+    chunks = [e for e in sse_events(client.post("/v1/chat/completions", json=body, headers=AUTH).text) if e != "[DONE]"]
+    import base64
+
+    mp3 = b"".join(base64.b64decode(c["choices"][0]["delta"]["audio"]["data"])
+                   for c in chunks if c["choices"] and "audio" in c["choices"][0]["delta"])
+    samples, rate = decode_audio_file(mp3, "mp3", 60)
+    assert samples.size / rate >= 0.2  # without the encoder's tail ~0.1 s would be missing
 
 
 def test_a_streamed_answer_with_audio_counts_its_first_audio() -> None:

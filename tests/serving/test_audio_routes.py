@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from typing import Any
 
 import numpy as np
@@ -108,6 +109,28 @@ def test_speech_streams_encoded_audio_and_flags_ignored_instructions() -> None:
     assert state.active == {} and state.metrics.count("completed") == 1
     plain = client.post("/v1/audio/speech", headers=AUTH, json={"input": "Hello.", "response_format": "wav"})
     assert IGNORED_HEADER not in plain.headers and plain.content[:4] == b"RIFF"
+
+
+def test_speech_skips_what_is_not_audio_counts_its_first_audio_and_logs_no_error(caplog: pytest.LogCaptureFixture) -> None:
+    from omnictl.outputs import TextDelta
+
+    text = RequestEvent(RequestEventKind.STREAM, "answer", TextDelta("words"))
+    pipeline = ScriptedPipeline(script=lambda inputs, modalities: [text] + audio_events(2))
+    client, state = serve(pipeline)
+    with caplog.at_level(logging.WARNING):
+        response = client.post("/v1/audio/speech", headers=AUTH, json={"input": "Hi", "response_format": "pcm"})
+    assert np.frombuffer(response.content, "<i2").size == 2 * 800 * 24_000 // 16_000
+    assert "omnictl_time_to_first_audio_seconds_count 1.0" in state.metrics.exposition().decode()
+    assert caplog.records == [] and state.metrics.count("completed") == 1
+
+
+def test_a_failed_speech_request_is_logged_once_with_why(caplog: pytest.LogCaptureFixture) -> None:
+    pipeline = ScriptedPipeline(script=lambda inputs, modalities: [error_event("tts crashed", stage="speak")])
+    client, _ = serve(pipeline)
+    with caplog.at_level(logging.WARNING):
+        client.post("/v1/audio/speech", headers={**AUTH, "X-Request-Id": "r-tts"}, json={"input": "Hi"})
+    [line] = caplog.records
+    assert line.getMessage() == "request r-tts failed: stage 'speak': tts crashed"
 
 
 def test_speech_sends_the_result_when_nothing_streamed() -> None:

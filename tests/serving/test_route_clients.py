@@ -193,7 +193,8 @@ def test_a_client_that_leaves_mid_stream_aborts_its_request(path: str, body: byt
 
     asyncio.run(leave_after_the_first_chunk())
     assert exchange.status == 200
-    assert len(pipeline.aborts) == 1 and state.metrics.count("aborted") == 1 and state.active == {}
+    assert pipeline.aborts == list(pipeline.requests) and len(pipeline.aborts) == 1
+    assert state.metrics.count("aborted") == 1 and state.active == {}
 
 
 # --- a stream whose production raises -----------------------------------------------------
@@ -216,7 +217,9 @@ def test_a_stream_that_raises_is_ended_once_with_an_error_and_the_request_freed(
     with caplog.at_level(logging.ERROR):
         response = client.post(path, json=body, headers={"X-Request-Id": "r-broken"})
     assert response.status_code == 200
-    assert "internal_error" in response.text
+    closing = json.loads(response.text.split("data: ")[-2 if "chat" in path else -1])
+    message = "the server failed to send the response" if "chat" in path else "the server failed to send the audio"
+    assert closing == {"error": {"message": message, "type": "server_error", "code": "internal_error", "param": None}}
     if "chat" in path:
         assert response.text.endswith("data: [DONE]\n\n")
     assert pipeline.aborts == ["r-broken"]
