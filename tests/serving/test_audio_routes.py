@@ -66,8 +66,10 @@ def test_parse_speech_takes_the_openai_fields() -> None:
 @pytest.mark.parametrize(
     ("body", "field", "words"),
     [
-        ([], "body", "must be a JSON object"),
-        ({"input": "hi", "pitch": 2}, "pitch", "is not a field of this endpoint"),
+        ([], "body", "'body' must be a JSON object"),
+        ({"input": "hi", "pitch": 2}, "pitch",
+         "is not a field of this endpoint (expected one of input, instructions, model, response_format, speed, "
+         "stream_format, voice)"),
         ({}, "input", "must be non-empty text"),
         ({"input": "   "}, "input", "must be non-empty text"),
         ({"input": 5}, "input", "must be non-empty text"),
@@ -75,7 +77,8 @@ def test_parse_speech_takes_the_openai_fields() -> None:
         ({"input": "hi", "voice": ""}, "voice", "must be a voice name"),
         ({"input": "hi", "voice": 3}, "voice", "got int"),
         ({"input": "hi", "response_format": "ogg"}, "response_format", "'ogg' is not supported"),
-        ({"input": "hi", "response_format": ["mp3"]}, "response_format", "got a JSON list"),
+        ({"input": "hi", "response_format": ["mp3"]}, "response_format",
+         "must be a string, one of mp3, opus, aac, flac, wav, pcm; got a JSON list"),
         ({"input": "hi", "stream_format": "chunks"}, "stream_format", "choose one of audio, sse"),
         ({"input": "hi", "speed": 0.2}, "speed", "from 0.25 to 4.0"),
         ({"input": "hi", "speed": 4.5}, "speed", "from 0.25 to 4.0"),
@@ -131,6 +134,16 @@ def test_a_failed_speech_request_is_logged_once_with_why(caplog: pytest.LogCaptu
         client.post("/v1/audio/speech", headers={**AUTH, "X-Request-Id": "r-tts"}, json={"input": "Hi"})
     [line] = caplog.records
     assert line.getMessage() == "request r-tts failed: stage 'speak': tts crashed"
+
+
+def test_speech_that_produces_no_audio_is_an_empty_body_and_a_model_is_checked() -> None:
+    pipeline = ScriptedPipeline(script=lambda inputs, modalities: [])
+    client, state = serve(pipeline)
+    response = client.post("/v1/audio/speech", headers=AUTH, json={"input": "Hi", "response_format": "pcm"})
+    assert response.status_code == 200 and response.content == b"" and state.metrics.count("completed") == 1
+    other = client.post("/v1/audio/speech", headers=AUTH, json={"input": "Hi", "model": "other"})
+    assert other.status_code == 404 and other.json()["error"]["code"] == "model_not_found"
+    assert len(pipeline.submitted) == 1
 
 
 def test_speech_sends_the_result_when_nothing_streamed() -> None:
