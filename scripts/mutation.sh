@@ -6,11 +6,13 @@
 #   scripts/mutation.sh schedulers serving   # with their own unit tests too (package_tests)
 #   scripts/mutation.sh stage topology       # some of them
 #   scripts/mutation.sh topology:shape,derive  # only those modules of a package
+#   scripts/mutation.sh serving:realtime/session,common/*  # a subpackage's module, or all of one
 #   MUTATION_CHILDREN=4 scripts/mutation.sh  # more parallel workers (default 2)
 #   MUTATION_RETEST=/tmp/omnictl-mutation scripts/mutation.sh transports
 #       # after adding tests: re-test only the mutants that run left alive (survived, no
 #       # tests), keeping its kills; minutes instead of half an hour. Mutants it never
-#       # judged (a run cut short) stay unjudged ("not checked").
+#       # judged (a run cut short) stay unjudged ("not checked"), unless
+#       # MUTATION_RETEST_UNJUDGED=1: then they are run too.
 #
 # On 2 shared cores a package takes 2-10 minutes; all of topology (2200 mutants) takes
 # over half an hour, so name its modules to spend less.
@@ -48,7 +50,11 @@ declare -A package_tests=(
     [serving]="tests/serving/test_protocol.py tests/serving/test_responses.py tests/serving/test_audio.py
                tests/serving/test_audiofile.py tests/serving/test_audio_codecs.py tests/serving/test_auth.py
                tests/serving/test_eventstream.py tests/serving/test_app_starting.py tests/serving/realtime/test_events.py
-               tests/serving/realtime/test_conversation_bounds.py tests/serving/realtime/test_vad.py"
+               tests/serving/realtime/test_conversation_bounds.py tests/serving/realtime/test_vad.py
+               tests/serving/test_app_inputs.py tests/serving/test_app_routes.py tests/serving/test_request_checks.py
+               tests/serving/test_audio_routes.py tests/serving/realtime/test_formats.py
+               tests/serving/test_route_clients.py tests/serving/realtime/test_echo_guard.py
+               tests/serving/realtime/test_session_events.py"
 )
 
 # One thread per test process: the runs are parallel already (MUTATION_CHILDREN), and a
@@ -64,11 +70,20 @@ for arg in "${packages[@]}"; do
         IFS=, read -r -a modules <<<"${arg#*:}"
         only=()
         for module in "${modules[@]}"; do
+            if [[ $module == */\* ]]; then  # every module of a subpackage: realtime/*
+                [[ -d omnictl/$pkg/${module%/\*} ]] || { echo "no subpackage omnictl/$pkg/${module%/\*}" >&2; exit 2; }
+                only+=("omnictl/$pkg/$module")
+                continue
+            fi
             [[ -f omnictl/$pkg/$module.py ]] || { echo "no module omnictl/$pkg/$module.py" >&2; exit 2; }
             only+=("omnictl/$pkg/$module.py")
         done
     fi
-    name=${arg//[:,]/-}  # output files: topology-shape-derive.log for topology:shape,derive
+    # Output files: topology-shape-derive.log for topology:shape,derive, and
+    # serving-realtime.session-common.all.log for serving:realtime/session,common/*.
+    name=${arg//\*/all}
+    name=${name//\//.}
+    name=${name//[:,]/-}
     scratch=$(mktemp -d "${TMPDIR:-/tmp}/omnictl-mutation-$name.XXXXXX")
     scratch_started=$(mktemp "${TMPDIR:-/tmp}/omnictl-mutation-started.XXXXXX")  # a timestamp
     git ls-files -z --cached --others --exclude-standard \
@@ -110,7 +125,8 @@ for arg in "${packages[@]}"; do
     names=()  # none: every mutant not judged yet
     if [[ -n $retest ]]; then
         [[ -d $retest/$name.meta ]] || { echo "no earlier verdicts in $retest/$name.meta" >&2; exit 2; }
-        "$python" scripts/mutation_summary.py reopen "$retest/$name.meta" "$scratch/mutants" >"$scratch/retest.names"
+        "$python" scripts/mutation_summary.py reopen "$retest/$name.meta" "$scratch/mutants" \
+            ${MUTATION_RETEST_UNJUDGED:+--unjudged} >"$scratch/retest.names"
         mapfile -t names <"$scratch/retest.names"
         echo "== re-testing the ${#names[@]} mutants $retest/$name.meta left alive; its other verdicts stand"
         [[ ${#names[@]} -gt 0 ]] || { rm -rf "$scratch" "$scratch_started"; continue; }

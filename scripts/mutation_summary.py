@@ -6,7 +6,8 @@
 ``reopen EARLIER MUTANTS``: seed a fresh run's ``mutants/`` folder with an earlier run's
 verdicts (the ``.meta`` files under ``EARLIER``), each survivor and "no tests" reset to
 unjudged, and print their names: mutmut re-tests those alone (named on its command line)
-and keeps the rest, unjudged ones included (``MUTATION_RETEST``)."""
+and keeps the rest, unjudged ones included (``MUTATION_RETEST``); with ``--unjudged`` the
+unjudged ones are re-tested too (``MUTATION_RETEST_UNJUDGED=1``)."""
 
 from __future__ import annotations
 
@@ -50,13 +51,14 @@ def print_survivors() -> None:
 _ALIVE = (0, 5, 33)
 
 
-def reopen(earlier: Path, mutants: Path) -> None:
+def reopen(earlier: Path, mutants: Path, unjudged: bool = False) -> None:
+    """``unjudged``: the mutants the earlier run never judged (a run cut short) are run too."""
     reopened = kept = 0
     for meta in sorted(earlier.rglob("*.meta")):
         data = json.loads(meta.read_text())
         verdicts = data.get("exit_code_by_key", {})
         for name, code in verdicts.items():
-            if code in _ALIVE:
+            if code in _ALIVE or (unjudged and code is None):
                 verdicts[name] = None
                 reopened += 1
                 print(name)
@@ -71,8 +73,8 @@ def reopen(earlier: Path, mutants: Path) -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["survivors"]:
         print_survivors()
-    elif sys.argv[1:2] == ["reopen"] and len(sys.argv) == 4:
-        reopen(Path(sys.argv[2]), Path(sys.argv[3]))
+    elif sys.argv[1:2] == ["reopen"] and len(sys.argv) in (4, 5) and sys.argv[4:] in ([], ["--unjudged"]):
+        reopen(Path(sys.argv[2]), Path(sys.argv[3]), unjudged=sys.argv[4:] == ["--unjudged"])
     elif sys.argv[1:2] == ["summary"] and len(sys.argv) == 5:
         print(summarize(sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])))
     else:
