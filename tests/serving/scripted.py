@@ -10,9 +10,10 @@ and its topology is a real one (``tests/serving/slow.yaml`` serves every endpoin
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 import numpy as np
 
@@ -20,6 +21,10 @@ from omnictl.admission import Admission
 from omnictl.coordinator.request import RequestEvent, RequestEventKind
 from omnictl.outputs import AudioChunk, AudioResult, TextDelta, TextResult
 from omnictl.topology.validation import load
+
+if TYPE_CHECKING:
+    from omnictl.serving.common.tracking import Tracked
+    from omnictl.serving.state import ServingState
 
 HERE = Path(__file__).parent
 EVERY_ENDPOINT = load(HERE / "slow.yaml")  # chat, realtime, speech, transcriptions
@@ -131,3 +136,21 @@ class ScriptedPipeline:
 
     def scaling(self) -> dict[str, Any]:
         return {}
+
+
+
+def behind_stream(state: ServingState, outcome: str | None = None) -> Tracked:
+    """A playing stream whose chunks come 4 s apart, each 0.1 s long: one more stream would
+    make its listener wait ~7.9 s."""
+    from omnictl.serving.common.tracking import Tracked
+
+    tracked = Tracked(ScriptedRequest("playing", [], False), state.metrics, state.active)
+    tracked.plays("/v1/audio/speech")
+    assert tracked.playback is not None
+    now = time.perf_counter()
+    tracked.playback.start = now - 10
+    tracked.playback.chunk(now - 9, 0.1)
+    tracked.playback.chunk(now - 5, 0.1)
+    tracked.outcome = outcome
+    state.active["playing"] = tracked
+    return tracked

@@ -22,7 +22,7 @@ from omnictl.serving.app import LIVENESS_EVERY_S, create_app, watch_liveness
 from omnictl.serving.chat.protocol import Limits
 from omnictl.serving.common.tracking import Tracked
 from omnictl.serving.state import ServingState
-from tests.serving.scripted import ScriptedPipeline, ScriptedRequest, audio_events, text_events
+from tests.serving.scripted import ScriptedPipeline, ScriptedRequest, audio_events, behind_stream, text_events
 from tests.test_inputs import tone, wav_bytes
 
 CHAT = json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -231,21 +231,6 @@ def test_a_stream_that_raises_is_ended_once_with_an_error_and_the_request_freed(
 
 
 # --- admission by continuity --------------------------------------------------------------
-
-
-def behind_stream(state: ServingState, outcome: str | None = None) -> Tracked:
-    """A playing stream whose chunks come 4 s apart, each 0.1 s long: one more stream would
-    make its listener wait ~7.9 s."""
-    tracked = Tracked(ScriptedRequest("playing", [], False), state.metrics, state.active)
-    tracked.plays("/v1/audio/speech")
-    assert tracked.playback is not None
-    now = time.perf_counter()
-    tracked.playback.start = now - 10
-    tracked.playback.chunk(now - 9, 0.1)
-    tracked.playback.chunk(now - 5, 0.1)
-    tracked.outcome = outcome
-    state.active["playing"] = tracked
-    return tracked
 
 
 def test_a_new_audio_request_that_would_make_a_stream_underrun_is_429() -> None:

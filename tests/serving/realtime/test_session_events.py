@@ -840,23 +840,13 @@ def test_a_spoken_answer_without_text_is_remembered_by_its_words() -> None:
 
 
 def test_a_response_that_would_make_a_stream_underrun_is_refused() -> None:
-    import time as clock
-
-    from omnictl.serving.common.tracking import Tracked
-    from tests.serving.scripted import ScriptedRequest
+    from tests.serving.scripted import behind_stream
 
     async def scenario() -> None:
         pipeline = ScriptedPipeline(topology=CHAT_ONLY, script=spoken_answer)
         client = Client(pipeline)
         client.state.max_underrun_ms = 100.0
-        playing = Tracked(ScriptedRequest("playing", [], False), client.state.metrics, client.state.active)
-        playing.plays("/v1/audio/speech")
-        assert playing.playback is not None
-        now = clock.perf_counter()
-        playing.playback.start = now - 10
-        playing.playback.chunk(now - 9, 0.1)
-        playing.playback.chunk(now - 5, 0.1)
-        client.state.active["playing"] = playing
+        behind_stream(client.state)
         await said(client)
         await client.send({"type": "response.create"})
         await client.settle()
