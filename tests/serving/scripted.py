@@ -13,7 +13,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 import numpy as np
 
@@ -137,6 +137,18 @@ class ScriptedPipeline:
     def scaling(self) -> dict[str, Any]:
         return {}
 
+
+def end_in_flight_soon(state: ServingState, pipeline: ScriptedPipeline, reason: str) -> Callable[[], Awaitable[None]]:
+    """A task for the test client's portal: once a request is in flight, the server ends it
+    with ``reason``, as it does on shutdown."""
+    from omnictl.serving.common.tracking import end_in_flight
+
+    async def end() -> None:
+        while not state.active:
+            await asyncio.sleep(0.001)
+        await end_in_flight(state.active, pipeline.abort, reason)
+
+    return end
 
 
 def behind_stream(state: ServingState, outcome: str | None = None) -> Tracked:

@@ -16,7 +16,14 @@ from omnictl.exceptions import AdmissionTimeout, InvalidRequest, Overloaded, Pip
 from omnictl.serving.app import busy_stages, create_app, note_unresponsive, unresponsive_processes
 from omnictl.serving.chat.protocol import Limits
 from omnictl.serving.state import ServingState
-from tests.serving.scripted import CHAT_ONLY, ScriptedPipeline, audio_events, error_event, text_events
+from tests.serving.scripted import (
+    CHAT_ONLY,
+    ScriptedPipeline,
+    audio_events,
+    end_in_flight_soon,
+    error_event,
+    text_events,
+)
 
 KEY = "sk-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -357,20 +364,10 @@ def test_an_aborted_request_is_409_or_an_aborted_event(stream: bool) -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_request_the_server_ends_on_shutdown_is_told_why(stream: bool) -> None:
-    from omnictl.serving.common.tracking import end_in_flight
-
     pipeline = ScriptedPipeline(script=lambda inputs, modalities: [], hold=True)
     client, state = serve(pipeline)
-
-    async def shut_down_soon() -> None:
-        import asyncio
-
-        while not state.active:
-            await asyncio.sleep(0.001)
-        await end_in_flight(state.active, pipeline.abort, "the server is shutting down")
-
     with client:
-        client.portal.start_task_soon(shut_down_soon)  # type: ignore[union-attr]
+        client.portal.start_task_soon(end_in_flight_soon(state, pipeline, "the server is shutting down"))  # type: ignore[union-attr]
         response = client.post("/v1/chat/completions", json={**CHAT, "stream": stream}, headers=AUTH)
     if stream:
         error = next(e for e in sse_events(response.text) if isinstance(e, dict) and "error" in e)["error"]

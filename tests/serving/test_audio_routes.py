@@ -22,7 +22,7 @@ from omnictl.serving.chat.protocol import Limits
 from omnictl.serving.speech.route import IGNORED_HEADER, MAX_INPUT_CHARS, parse_speech
 from omnictl.serving.state import ServingState
 from omnictl.serving.transcriptions.route import srt, vtt
-from tests.serving.scripted import ScriptedPipeline, audio_events, error_event
+from tests.serving.scripted import ScriptedPipeline, audio_events, end_in_flight_soon, error_event
 from tests.test_inputs import tone, wav_bytes
 
 KEY = "sk-test"
@@ -189,20 +189,10 @@ def test_speech_refused_before_its_first_audio_is_a_json_error(
 
 
 def test_speech_ended_by_the_server_before_its_audio_is_503_saying_why() -> None:
-    from omnictl.serving.common.tracking import end_in_flight
-
     pipeline = ScriptedPipeline(script=lambda inputs, modalities: [], hold=True)
     client, state = serve(pipeline)
-
-    async def shut_down_soon() -> None:
-        import asyncio
-
-        while not state.active:
-            await asyncio.sleep(0.001)
-        await end_in_flight(state.active, pipeline.abort, "the server is stopping")
-
     with client:
-        client.portal.start_task_soon(shut_down_soon)  # type: ignore[union-attr]
+        client.portal.start_task_soon(end_in_flight_soon(state, pipeline, "the server is stopping"))  # type: ignore[union-attr]
         response = client.post("/v1/audio/speech", headers=AUTH, json={"input": "Hi"})
     assert response.status_code == 503
     assert response.json() == {"error": {"message": "the server is stopping", "type": "server_error",
@@ -493,20 +483,10 @@ def test_a_large_file_is_decoded_off_the_loop_and_reaches_the_pipeline_whole() -
 
 
 def test_a_transcription_ended_by_the_server_is_503_saying_why() -> None:
-    from omnictl.serving.common.tracking import end_in_flight
-
     pipeline = ScriptedPipeline(script=lambda inputs, modalities: [], hold=True)
     client, state = serve(pipeline)
-
-    async def shut_down_soon() -> None:
-        import asyncio
-
-        while not state.active:
-            await asyncio.sleep(0.001)
-        await end_in_flight(state.active, pipeline.abort, "the server is stopping")
-
     with client:
-        client.portal.start_task_soon(shut_down_soon)  # type: ignore[union-attr]
+        client.portal.start_task_soon(end_in_flight_soon(state, pipeline, "the server is stopping"))  # type: ignore[union-attr]
         response = transcribe(client, stream="true")
     assert response.status_code == 503 and response.json()["error"]["message"] == "the server is stopping"
     assert response.json()["error"]["code"] == "server_shutdown" and state.active == {}
