@@ -40,6 +40,16 @@ def error_of(response: Any) -> dict[str, Any]:
     return error
 
 
+def error_in(response: Any, stream: bool, status: int) -> dict[str, Any]:
+    """The error a request ended with: the first ``error`` event of a stream, else the JSON
+    body of a response whose status must be ``status``."""
+    if stream:
+        event: dict[str, Any] = next(e for e in sse_events(response.text) if isinstance(e, dict) and "error" in e)
+        return event["error"]  # type: ignore[no-any-return]
+    assert response.status_code == status
+    return error_of(response)
+
+
 def sse_events(text: str) -> list[Any]:
     """The data of each server-sent event ([DONE] as the string)."""
     out: list[Any] = []
@@ -299,12 +309,9 @@ def test_a_stage_error_is_a_failure_naming_the_stage_once(stream: bool, caplog: 
     pipeline = ScriptedPipeline(script=lambda inputs, modalities: [error_event("boom at step 3", stage="answer")])
     client, state = serve(pipeline)
     response = client.post("/v1/chat/completions", json={**CHAT, "stream": stream}, headers={**AUTH, "X-Request-Id": "r-9"})
+    error = error_in(response, stream, 500)
     if stream:
-        error = next(e for e in sse_events(response.text) if isinstance(e, dict) and "error" in e)["error"]
         assert sse_events(response.text)[-1] == "[DONE]"
-    else:
-        assert response.status_code == 500
-        error = error_of(response)
     assert error["code"] == "stage_failed" and error["type"] == "server_error"
     assert error["message"] == "stage 'answer': boom at step 3"
     assert state.metrics.count("failed") == 1 and state.active == {}
@@ -327,11 +334,7 @@ def test_a_stage_finding_the_input_bad_is_a_rejection_naming_the_field(stream: b
     )
     client, state = serve(pipeline)
     response = client.post("/v1/chat/completions", json={**CHAT, "stream": stream}, headers=AUTH)
-    if stream:
-        error = next(e for e in sse_events(response.text) if isinstance(e, dict) and "error" in e)["error"]
-    else:
-        assert response.status_code == 400
-        error = error_of(response)
+    error = error_in(response, stream, 400)
     assert error == {"message": "stage 'prep': images are not taken", "type": "invalid_request_error",
                      "code": "invalid_request", "param": "messages[0].content[1]"}
     assert state.metrics.count("rejected") == 1 and state.metrics.count("failed") == 0 and state.active == {}
@@ -352,12 +355,9 @@ def test_an_aborted_request_is_409_or_an_aborted_event(stream: bool) -> None:
     with client:
         client.portal.start_task_soon(abort_soon)  # type: ignore[union-attr]
         response = client.post("/v1/chat/completions", json={**CHAT, "stream": stream}, headers=AUTH)
+    error = error_in(response, stream, 409)
     if stream:
-        error = next(e for e in sse_events(response.text) if isinstance(e, dict) and "error" in e)["error"]
         assert sse_events(response.text)[-1] == "[DONE]"
-    else:
-        assert response.status_code == 409
-        error = error_of(response)
     assert error["code"] == "aborted" and error["message"] == "the request was aborted"
     assert state.metrics.count("aborted") == 1 and state.active == {}
 
@@ -369,11 +369,7 @@ def test_a_request_the_server_ends_on_shutdown_is_told_why(stream: bool) -> None
     with client:
         client.portal.start_task_soon(end_in_flight_soon(state, pipeline, "the server is shutting down"))  # type: ignore[union-attr]
         response = client.post("/v1/chat/completions", json={**CHAT, "stream": stream}, headers=AUTH)
-    if stream:
-        error = next(e for e in sse_events(response.text) if isinstance(e, dict) and "error" in e)["error"]
-    else:
-        assert response.status_code == 503
-        error = error_of(response)
+    error = error_in(response, stream, 503)
     assert error == {"message": "the server is shutting down", "type": "server_error", "code": "server_shutdown",
                      "param": None}
     assert pipeline.aborts == list(pipeline.requests) and state.active == {}
