@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import tempfile
@@ -282,5 +283,57 @@ def test_stream_chunks_and_their_end_from_another_process_reach_the_stage_in_ord
                 outputs.append(await coordinator.next(m.TerminalOutput))
             assert [data for _, data in outputs[:-1]] == [{"text": "HE"}, {"text": "LL"}, {"text": "O!"}]
             assert outputs[-1][1] == {"text": "HELLO!"} and all(o.request_id == "r1" for o, _ in outputs)
+
+    run(scenario())
+
+
+# `a` takes one request at a time: with `inbox: 2`, a second and a third waiting there fill it
+NARROW = f"""
+stages:
+  - {{name: a, factory: {F}.slow, terminal: true, process: one, relay: {{inbox: 2}}}}
+"""
+
+
+def test_a_full_inbox_and_its_room_again_are_told_to_the_coordinator_once_each() -> None:
+    async def scenario() -> None:
+        async with running(NARROW) as (coordinator, worker):
+            await coordinator.next(m.Ready)
+            await coordinator.hello(1)
+            coordinator.submit("first", {"n": 0})
+            await coordinator.next(m.TerminalOutput)  # running: its inbox is empty again
+            assert not [x for x in coordinator.received if isinstance(x, m.InboxState)]
+            coordinator.submit("second", {"n": 0})
+            await asyncio.sleep(0.1)  # waiting: one, of room for two
+            assert not [x for x in coordinator.received if isinstance(x, m.InboxState)]
+            coordinator.submit("third", {"n": 0})
+            full = await coordinator.next(m.InboxState, timeout=2)
+            assert (full.process, full.stage, full.full) == ("one", "a", True)
+            await coordinator.publish(m.Abort(("first", "second", "third")))
+            room = await coordinator.next(m.InboxState, timeout=2)
+            assert (room.process, room.stage, room.full) == ("one", "a", False)
+            await asyncio.sleep(0.1)  # several of the worker's inbox polls: nothing more to tell
+            assert not [x for x in coordinator.received if isinstance(x, m.InboxState)]
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("ours", [True, False])
+def test_a_worker_stops_on_its_own_once_its_parent_is_gone(ours: bool) -> None:
+    async def scenario() -> None:
+        with tempfile.TemporaryDirectory(prefix="omx-worker-") as directory:
+            coordinator = Coordinator(loads(TWO), Path(directory))
+            # a parent pid that is not this process's parent stands for a parent that died
+            parent = os.getppid() if ours else os.getppid() + 1_000_000
+            worker = Worker(dataclasses.replace(coordinator.config(), parent_pid=parent))
+            task = asyncio.create_task(worker.run())
+            try:
+                if ours:
+                    await coordinator.next(m.Ready)  # (without a parent it may stop before this is out)
+                done, _ = await asyncio.wait({task}, timeout=0.7)  # the watch looks at once, then every 0.5 s
+                assert bool(done) is not ours
+            finally:
+                worker.stop()
+                await asyncio.wait_for(task, 10)
+                coordinator.close()
 
     run(scenario())
