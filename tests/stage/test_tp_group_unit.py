@@ -366,3 +366,74 @@ def test_lead_mirrors_the_runner_of_a_sharded_model(groups: dict[str, Group], se
     built.runner.decode(1)
     assert sent == [("decode", (1,), {}, False)]
     assert group.follower_kv_slots() == []
+
+
+# --- start: the followers' processes ---------------------------------------------------------
+
+
+class Follower:
+    """Stands in for a follower's ``subprocess.Popen``: keeps its command, environment and the
+    configuration written to its stdin; its ``wait`` (the watcher's) returns once released."""
+
+    started: list["Follower"] = []
+
+    def __init__(self, argv: list[str], stdin: Any, env: dict[str, str]) -> None:
+        import io
+
+        self.argv, self.env, self.pid = argv, env, 4000 + len(Follower.started)
+        self.stdin = io.BytesIO()
+        self.stdin.close = lambda: setattr(self, "written", self.stdin.getvalue())  # type: ignore[method-assign]
+        self.released = threading.Event()
+        Follower.started.append(self)
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.released.wait(5)
+        return 0
+
+
+def test_start_launches_each_follower_with_its_rank_and_the_store_then_joins_as_rank_0(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import os
+    import pickle
+
+    from omnictl import logs
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(key, raising=False)  # start sets rank 0's: put back after the test
+    monkeypatch.setattr(Follower, "started", [])
+    monkeypatch.setattr(tp_group.subprocess, "Popen", Follower)
+    joined: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(tp_group, "join", lambda store, spec, rank: joined.append((store.port, spec, rank)) or "ops")
+    from omnictl.topology import loads
+
+    topology = loads("stages:\n  - {name: llm, factory: tests.stage.build_factories.double, terminal: true}\n")
+    spec = StageSpec(name="llm", factory="f:g", tp_size=3)
+    group = Group(spec, topology, "/models/m")
+    with caplog.at_level("INFO", logger=tp_group.log.name):
+        assert group.start() == "ops"
+    try:
+        [(port, joined_spec, rank)] = joined
+        assert joined_spec is spec and rank == 0 and port > 0
+        assert {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")} == {"RANK": "0", "WORLD_SIZE": "3",
+                                                                                 "LOCAL_RANK": "0"}
+        assert sorted(group.followers) == [1, 2] and [f.pid for f in group.followers.values()] == [4000, 4001]
+        settings = logs.settings()
+        for rank, follower in group.followers.items():
+            assert isinstance(follower, Follower)
+            assert follower.argv == [sys.executable, "-m", "omnictl.stage.tp_follower"]
+            assert {k: follower.env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES")} == \
+                rank_environment(spec, rank)
+            config = pickle.loads(follower.written)
+            assert (config.stage, config.topology, config.model_path, config.rank, config.size) == \
+                ("llm", topology, "/models/m", rank, 3)
+            assert (config.store_port, config.backend, config.parent_pid) == (port, "gloo", os.getpid())
+            assert config.sys_path == sys.path and (config.log_level, config.log_format) == (settings.level,
+                                                                                             settings.format)
+        watchers = sorted(t.name for t in threading.enumerate() if t.name.startswith("tp-rank-"))
+        assert watchers == ["tp-rank-1", "tp-rank-2"]
+        [line] = [r.getMessage() for r in caplog.records if "tensor-parallel group" in r.getMessage()]
+        assert line == "stage 'llm': tensor-parallel group of 3 ranks (gloo), followers pid 4000, 4001"
+    finally:
+        group.stopping = True  # the watchers then return quietly
+        for follower in Follower.started:
+            follower.released.set()
