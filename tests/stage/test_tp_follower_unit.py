@@ -111,3 +111,82 @@ def test_a_follower_exits_once_rank_0_is_gone(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(Exits) as caught:
         _exit_with_parent(40)
     assert caught.value.args == (0,) and slept == [0.5, 0.5]
+
+
+# --- main: the follower process's start, in this process ------------------------------------
+
+
+class Scheduler:
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+
+
+@pytest.mark.parametrize("has_runner", [True, False])
+def test_main_joins_as_its_rank_builds_its_shard_then_follows(monkeypatch: pytest.MonkeyPatch, has_runner: bool) -> None:
+    import io
+    import os
+    import pickle
+    import sys
+    import types
+
+    from omnictl import logs
+    from omnictl.models import tensor_parallel
+    from omnictl.stage import build, tp_group
+    from omnictl.stage.tp_group import FollowerConfig
+    from omnictl.topology import loads
+
+    topology = loads("stages:\n  - {name: llm, factory: tests.stage.build_factories.double, terminal: true, tp_size: 2}\n")
+    master = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False)
+    config = FollowerConfig(stage="llm", topology=topology, model_path="/models/m", rank=1, size=2,
+                            store_port=int(master.port), backend="gloo", parent_pid=os.getppid(),
+                            sys_path=["/from/rank0", sys.path[0]], log_level="DEBUG", log_format="json")
+    done: list[Any] = []
+    monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(buffer=io.BytesIO(pickle.dumps(config))))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(logs, "configure_stage_process", lambda *args: done.append(("logs", args)))
+
+    class Thread:
+        def __init__(self, target: Any, args: tuple[Any, ...], daemon: bool) -> None:
+            done.append(("watch", target, args, daemon))
+
+        def start(self) -> None:
+            done.append("watching")
+
+    monkeypatch.setattr(tp_follower, "threading", types.SimpleNamespace(Thread=Thread))
+
+    def join(store: Any, spec: Any, rank: int) -> Any:
+        store.set("seen", "1")  # a client of rank 0's store, on its port
+        done.append(("join", spec.name, rank))
+        return GROUP
+
+    monkeypatch.setattr(tp_group, "join", join)
+    runner = Runner()
+
+    def call_factory(spec: Any, topology_: Any, model_path: Any, device: str) -> Any:
+        info = tensor_parallel.current()  # built as rank 1 of the group
+        assert info is not None and (info.stage, info.rank, info.size, info.device) == ("llm", 1, 2, device)
+        done.append(("build", spec.name, topology_ == topology, model_path, device))
+        return Scheduler(runner if has_runner else None)
+
+    monkeypatch.setattr(build, "call_factory", call_factory)
+    monkeypatch.setattr(tp_follower, "follow", lambda *args: done.append(("follow", *args)))
+
+    def exit_now(code: int) -> None:
+        raise Exits(code)
+
+    monkeypatch.setattr(tp_follower.os, "_exit", exit_now)
+    with pytest.raises(Exits) as caught:
+        tp_follower.main()
+    assert master.get("seen") == b"1"
+    assert sys.path[:2] == ["/from/rank0", config.sys_path[1]] and sys.path.count(config.sys_path[1]) == 1
+    expected: list[Any] = [
+        ("logs", ("DEBUG", "json", "llm[rank 1]", None)),
+        ("watch", tp_follower._exit_with_parent, (config.parent_pid,), True),
+        "watching",
+        ("join", "llm", 1),
+        ("build", "llm", True, "/models/m", "cpu"),
+    ]
+    if has_runner:
+        assert caught.value.args == (0,) and done == [*expected, ("follow", runner, GROUP, 1, "llm")]
+    else:  # rank 0 refuses the stage, saying why: nothing to follow
+        assert caught.value.args == (2,) and done == expected
