@@ -337,3 +337,83 @@ def test_a_worker_stops_on_its_own_once_its_parent_is_gone(ours: bool) -> None:
                 coordinator.close()
 
     run(scenario())
+
+
+# --- the process's start, in this process -----------------------------------------------------
+
+
+def test_die_with_parent_asks_for_sigterm_and_exits_if_the_parent_is_gone_already(monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+    import types
+
+    from omnictl.stage import worker
+
+    asked: list[Any] = []
+    monkeypatch.setattr(worker.ctypes, "CDLL", lambda name, use_errno: types.SimpleNamespace(
+        prctl=lambda option, sig: asked.append((name, use_errno, option, sig))))
+
+    def exit_now(code: int) -> None:
+        raise SystemExit(f"exit {code}")
+
+    monkeypatch.setattr(worker.os, "_exit", exit_now)
+    worker.die_with_parent(os.getppid())
+    assert asked == [("libc.so.6", True, 1, signal.SIGTERM)]  # PR_SET_PDEATHSIG
+    with pytest.raises(SystemExit, match="^exit 1$"):
+        worker.die_with_parent(os.getppid() + 1_000_000)  # died before prctl took effect
+
+    def no_libc(name: str, use_errno: bool) -> Any:
+        raise OSError("not Linux")
+
+    monkeypatch.setattr(worker.ctypes, "CDLL", no_libc)
+    worker.die_with_parent(os.getppid())  # the parent-pid watch covers it
+
+
+@pytest.mark.parametrize("parent", [None, 4242])
+def test_serve_sets_up_the_process_from_its_configuration_runs_the_worker_then_exits(
+        monkeypatch: pytest.MonkeyPatch, parent: int | None) -> None:
+    import signal
+    import sys
+
+    from omnictl import logs
+    from omnictl.stage import worker
+    from omnictl.stage.startup import encode_config
+
+    config = WorkerConfig("one", "one", loads(TWO), None, {"one": "ipc:///tmp/p0"}, "ipc:///tmp/control",
+                          "ipc:///tmp/broadcast", None, 31, ("/user/code", sys.path[0]), log_level="DEBUG",
+                          log_format="json", log_file="/run/logs/one.log")
+    done: list[Any] = []
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(logs, "configure_stage_process", lambda *args: done.append(("logs", args)))
+    monkeypatch.setattr(worker, "die_with_parent", lambda pid: done.append(("parent", pid)))
+    handle = signal.signal  # asyncio.run sets (and puts back) its own SIGINT handler too: those pass
+
+    def ignore(sig: int, handler: Any) -> Any:
+        if handler is not signal.SIG_IGN:
+            return handle(sig, handler)
+        done.append(("signal", sig, handler))
+
+    monkeypatch.setattr(worker.signal, "signal", ignore)
+
+    class Ran:
+        def __init__(self, config: WorkerConfig) -> None:
+            self.config = config
+
+        async def run(self) -> None:
+            done.append(("run", self.config))
+
+    monkeypatch.setattr(worker, "Worker", Ran)
+
+    def exit_now(code: int) -> None:
+        raise SystemExit(f"exit {code}")
+
+    monkeypatch.setattr(worker.os, "_exit", exit_now)
+    with pytest.raises(SystemExit, match="^exit 0$"):
+        worker.serve(encode_config(config), parent_pid=parent)
+    expected = config if parent is None else dataclasses.replace(config, parent_pid=parent)
+    assert done == [
+        ("logs", ("DEBUG", "json", "one", Path("/run/logs/one.log"))),
+        ("parent", expected.parent_pid),
+        ("signal", signal.SIGINT, signal.SIG_IGN),
+        ("run", expected),
+    ]
+    assert sys.path[:2] == ["/user/code", config.sys_path[1]] and sys.path.count(config.sys_path[1]) == 1
