@@ -45,11 +45,12 @@ def rank0(monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], list[Any], list[i
     gathered: list[Any] = []
     exits: list[int] = []
 
-    def broadcast_object_list(box: list[Any], src: int = 0, group: Any = None) -> None:
+    # torch's own defaults are no source rank and no gather list: the follower names both
+    def broadcast_object_list(box: list[Any], *, src: int, group: Any) -> None:
         assert src == 0 and group is GROUP and box == [None]
         box[0] = script.pop(0)
 
-    def gather_object(obj: Any, object_gather_list: Any = None, dst: int = 0, group: Any = None) -> None:
+    def gather_object(obj: Any, object_gather_list: Any, *, dst: int, group: Any) -> None:
         assert dst == 0 and group is GROUP and object_gather_list is None
         gathered.append(obj)
 
@@ -95,7 +96,17 @@ def test_ranks_that_parted_ways_end_the_group(rank0: tuple[list[Any], list[Any],
     with pytest.raises(Exits):
         follow(Runner(), GROUP, 2, "llm")
     assert rank0[2] == [3]
-    assert f"stage 'llm' rank 2: {said}; the group must restart" in caplog.text
+    [line] = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert line.getMessage() == f"stage 'llm' rank 2: {said}; the group must restart"
+
+
+def test_a_call_that_fails_here_is_logged_once_at_debug_as_rank_0_fails_it_too(
+        rank0: tuple[list[Any], list[Any], list[int]], caplog: pytest.LogCaptureFixture) -> None:
+    rank0[0].extend([("prefill", ("bad",), {}, False), None])
+    with caplog.at_level("DEBUG", logger=tp_follower.log.name):
+        follow(Runner(), GROUP, 1, "llm")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("DEBUG", "stage 'llm' rank 1: prefill raised ValueError: bad input (as on rank 0)")]
 
 
 def test_a_follower_exits_once_rank_0_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:

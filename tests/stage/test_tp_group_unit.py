@@ -41,6 +41,8 @@ def test_each_rank_environment_names_its_rank_and_device() -> None:
         (RuntimeError("[../gloo/transport/tcp/pair.cc:534] connection closed by peer"), True),
         (RuntimeError("Gloo all-reduce failed"), True),
         (RuntimeError("NCCL error: unhandled system error"), True),
+        (RuntimeError("connection refused"), True),  # each word alone
+        (RuntimeError("the gloo pair went away"), True),
         (type("DistBackendError", (RuntimeError,), {})("rank 1 went away"), True),
         (RuntimeError("shape '[2, 3]' is invalid for input of size 5"), False),
         (ValueError("bad token"), False),
@@ -94,7 +96,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
     messages: list[Any] = []
     broadcast = dist.broadcast_object_list
 
-    def spy(objects: list[Any], src: int = 0, group: Any = None) -> None:
+    def spy(objects: list[Any], *, src: int, group: Any) -> None:  # torch's src default is none
         assert src == 0 and group is dist.group.WORLD
         messages.append(objects[0])
         broadcast(objects, src=src, group=group)
@@ -217,8 +219,13 @@ def test_without_a_cause_the_stage_says_a_rank_stopped_answering(monkeypatch: py
     mirror = RunnerMirror(Runner(), None, "llm")
     clock = iter([0.0, 0.5, 1.0, 2.5])
     monkeypatch.setattr(tp_group.time, "monotonic", lambda: next(clock))
-    monkeypatch.setattr(tp_group.time, "sleep", lambda seconds: None)
+    slept: list[float] = []
+    monkeypatch.setattr(tp_group.time, "sleep", slept.append)
     assert mirror._wait_for_cause() == "stage 'llm': a tensor-parallel rank stopped answering"
+    assert slept == [0.01, 0.01]  # polled at 0.5 and 1.0 s; 2.5 s is past the 2 s wait
+    clock = iter([0.0, 2.0])
+    slept.clear()
+    assert mirror._wait_for_cause().endswith("stopped answering") and slept == []  # 2 s is the deadline itself
 
 
 # --- the group's handle on its followers -------------------------------------------------
@@ -234,7 +241,8 @@ class Exits(Exception):
     pass
 
 
-def test_a_follower_that_dies_while_serving_ends_the_stage_process(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_follower_that_dies_while_serving_ends_the_stage_process(monkeypatch: pytest.MonkeyPatch,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
     done: list[tuple[str, Any]] = []
     monkeypatch.setattr(tp_group.time, "sleep", lambda seconds: done.append(("sleep", seconds)))
     monkeypatch.setattr(tp_group.os, "kill", lambda pid, sig: done.append(("kill", (pid, sig))))
@@ -246,11 +254,14 @@ def test_a_follower_that_dies_while_serving_ends_the_stage_process(monkeypatch: 
     cause = f"stage 'llm': tensor-parallel rank 1 (pid {process.pid}) died ({describe_exit(3)})"
     assert group.mirror.lost == cause
     assert done == [("sleep", 1.0), ("kill", (tp_group.os.getpid(), tp_group.signal.SIGTERM))]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        f"{cause}; the group cannot serve short a rank: stage process {tp_group.os.getpid()} exits to restart it"]
 
 
 def test_a_follower_that_dies_while_the_group_starts_ends_it_unless_rank_0_got_there(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     group = Group(CPU, Topology.__new__(Topology), None)
+    assert group.ready is False and group.stopping is False and group.mirror is None
     done: list[Any] = []
 
     def sleep(seconds: float) -> None:
@@ -262,9 +273,12 @@ def test_a_follower_that_dies_while_the_group_starts_ends_it_unless_rank_0_got_t
 
     monkeypatch.setattr(tp_group.time, "sleep", sleep)
     monkeypatch.setattr(tp_group.os, "_exit", exit_now)
+    process = exited(2)
     with pytest.raises(Exits):
-        group._watch(1, exited(2))
+        group._watch(1, process)
     assert done == [("sleep", 5.0), ("exit", 1)]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        f"stage 'llm': tensor-parallel rank 1 (pid {process.pid}) died ({describe_exit(2)}) while the group was starting"]
     done.clear()
     monkeypatch.setattr(tp_group.time, "sleep", lambda seconds: setattr(group, "ready", True))
     group._watch(1, exited(2))  # rank 0 came up meanwhile (and will fail on its own)
@@ -329,13 +343,20 @@ def test_lead_of_an_engine_that_runs_its_own_ranks_returns_its_scheduler(groups:
 
 
 def test_lead_refuses_a_factory_that_did_not_shard_its_model(groups: dict[str, Group]) -> None:
+    hint = ("load the model with HFCausalLMRunner.from_pretrained (or pass "
+            "omnictl.models.tensor_parallel.load_kwargs(config) to from_pretrained), "
+            "hand engine_ranks() to an engine, or drop `tp_size`")
     with pytest.raises(StartupError) as whole:
         lead(CPU, Topology.__new__(Topology), None, lambda: Built(Runner()))
-    assert str(whole.value).startswith(
-        "stage 'llm': tp_size 2, but its factory loaded its model whole (it would run on one rank) (load the model "
-        "with HFCausalLMRunner.from_pretrained")
-    with pytest.raises(StartupError, match="built a scheduler without a model runner"):
+    assert str(whole.value) == (
+        f"stage 'llm': tp_size 2, but its factory loaded its model whole (it would run on one rank) ({hint})")
+    with pytest.raises(StartupError) as bare:
         lead(CPU, Topology.__new__(Topology), None, lambda: Built())
+    assert str(bare.value) == (
+        f"stage 'llm': tp_size 2, but its factory built a scheduler without a model runner (it would run on one rank) "
+        f"({hint})")
+    with pytest.raises(StartupError, match="built a scheduler without a model runner"):
+        lead(CPU, Topology.__new__(Topology), None, lambda: object())  # no `runner` at all
     with pytest.raises(KeyError):
         lead(CPU, Topology.__new__(Topology), None, lambda: {}["no model"])
     assert groups == {}
@@ -359,10 +380,12 @@ def test_lead_mirrors_the_runner_of_a_sharded_model(groups: dict[str, Group], se
         info.join_group()  # once
         return Built(runner)
 
-    built = lead(CPU, Topology.__new__(Topology), "/models/m", build)
+    topology = Topology.__new__(Topology)
+    built = lead(CPU, topology, "/models/m", build)
     group = running("llm")
     assert group is not None and started == [group] and group.ready
-    assert group.mirror is not None and group.mirror.runner is runner and group.model_path == "/models/m"
+    assert group.spec is CPU and group.topology is topology and group.model_path == "/models/m"
+    assert group.mirror is not None and group.mirror.runner is runner and group.mirror.stage == "llm"
     built.runner.decode(1)
     assert sent == [("decode", (1,), {}, False)]
     assert group.follower_kv_slots() == []
@@ -437,3 +460,59 @@ def test_start_launches_each_follower_with_its_rank_and_the_store_then_joins_as_
         group.stopping = True  # the watchers then return quietly
         for follower in Follower.started:
             follower.released.set()
+
+
+def test_follower_kv_slots_gathers_each_follower_s_count_over_the_ops_group(sent: list[Any],
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    group = object()  # the ops group of three ranks
+    mirror = RunnerMirror(Runner(), group, "llm")
+    gathered: list[Any] = []
+    monkeypatch.setattr(dist, "broadcast_object_list", lambda objects, *, src, group: None)
+    monkeypatch.setattr(dist, "get_world_size", lambda ops: 3 if ops is group else pytest.fail("another group"))
+
+    def gather_object(obj: Any, counts: list[Any], *, dst: int, group: Any) -> None:
+        gathered.append((obj, dst, group))
+        counts[:] = [obj, 5.0, 6]  # each rank's, rank 0's own first
+
+    monkeypatch.setattr(dist, "gather_object", gather_object)
+    assert mirror.follower_kv_slots() == [5, 6]
+    assert gathered == [(7, 0, group)] and type(gathered[0][0]) is int
+    group_handle = Group(CPU, Topology.__new__(Topology), None)
+    group_handle.mirror = mirror
+    waited: list[float] = []
+    monkeypatch.setattr(mirror, "follower_kv_slots", lambda timeout: waited.append(timeout) or [1])
+    assert group_handle.follower_kv_slots() == [1] and waited == [0.2]  # a stats reply waits little
+
+
+def test_mirrored_calls_keep_their_keyword_arguments_nested_and_after_the_group_is_lost(sent: list[Any]) -> None:
+    class Keywords(Runner):
+        def prefill_chunk(self, *args: Any, **kwargs: Any) -> str:
+            self.calls.append(("prefill_chunk", (*args, kwargs)))
+            return self.prefill(*args, **kwargs)
+
+        def prefill(self, *args: Any, **kwargs: Any) -> str:
+            self.calls.append(("prefill", (*args, kwargs)))
+            return "prefilled"
+
+        def release(self, *args: Any, **kwargs: Any) -> None:
+            self.calls.append(("release", (*args, kwargs)))
+
+    runner = Keywords()
+    mirror = mirror_of(runner)
+    runner.prefill_chunk("a", size=4)  # its nested prefill runs here, with the keywords too
+    mirror.lost = "gone"
+    runner.release("a", why="done")
+    assert runner.calls == [("prefill_chunk", ("a", {"size": 4})), ("prefill", ("a", {"size": 4})),
+                            ("release", ("a", {"why": "done"}))]
+    assert sent == [("prefill_chunk", ("a",), {"size": 4}, False)]
+
+
+def test_a_runner_without_ops_of_its_own_mirrors_the_standard_ones_it_has() -> None:
+    class Plain:
+        def decode(self) -> str:
+            return "decoded"
+
+        def release(self, request_id: str) -> None:
+            pass
+
+    assert RunnerMirror(Plain(), None, "llm").ops == ("decode", "release")
