@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator
 import pytest
 
 from omnictl import messages as m
+from omnictl.profiling.events import EventKind
 from omnictl.stage.startup import WorkerConfig
 from omnictl.stage.worker import Worker
 from omnictl.topology import loads
@@ -124,6 +125,16 @@ def run(scenario: Any) -> Any:
     return asyncio.run(asyncio.wait_for(scenario, 60))
 
 
+class Spy:
+    """A stage's profiler that keeps what it is told: (kind, request, stage, meta)."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[Any, ...]] = []
+
+    def record(self, kind: Any, request_id: str, stage: str | None = None, **meta: Any) -> None:
+        self.records.append((kind, request_id, stage, meta))
+
+
 def test_a_worker_reports_ready_runs_its_stages_in_turn_and_answers_hellos_and_stats() -> None:
     async def scenario() -> None:
         async with running(TWO) as (coordinator, worker):
@@ -222,6 +233,7 @@ def test_a_hop_and_a_skip_from_another_process_complete_a_fan_in_here() -> None:
     async def scenario() -> None:
         async with running(JOIN) as (coordinator, worker):
             await coordinator.next(m.Ready)
+            spy = worker.stages["b"].profiler = Spy()  # type: ignore[assignment]
             codec = coordinator.endpoint.codec("a", coordinator.topology.edge("a", "b").transport)
             payload, frames = codec.encode_frames({"n": 5})
             ctx = m.RequestContext("r1", {}, ("s", "a", "c", "b"))
@@ -230,6 +242,8 @@ def test_a_hop_and_a_skip_from_another_process_complete_a_fan_in_here() -> None:
             output, data = await coordinator.next(m.TerminalOutput)
             # echo returns ("", its input), a list once it crossed: the merge of a's part alone, c skipped
             assert output.request_id == "r1" and data == ["", {"from": ["a"], "a": {"n": 5}}]
+            transport = coordinator.topology.edge("a", "b").transport.value
+            assert (EventKind.HOP_RECEIVED, "r1", "b", {"source": "a", "transport": transport}) in spy.records
 
     run(scenario())
 
@@ -249,6 +263,9 @@ def test_a_slot_the_coordinator_releases_returns_to_the_stage_s_pool() -> None:
             assert output.payload.shm is not None and data["samples"].size == 50_000
             pool = worker.ports.pools["a"]
             assert pool.in_use == 1  # lent until the coordinator is done with it
+            await coordinator.publish(m.StatsRequest(3))
+            reply = await coordinator.next(m.StatsReply)
+            assert reply.stages["a"].slots_in_use == 1
             coordinator.endpoint.send_to("one", m.SlotRelease(output.payload.shm))
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 5
@@ -272,6 +289,7 @@ def test_stream_chunks_and_their_end_from_another_process_reach_the_stage_in_ord
     async def scenario() -> None:
         async with running(STREAMED) as (coordinator, worker):
             await coordinator.next(m.Ready)
+            spy = worker.stages["b"].profiler = Spy()  # type: ignore[assignment]
             codec = coordinator.endpoint.codec("a", coordinator.topology.edge("a", "b", EdgeKind.STREAM).transport)
             ctx = m.RequestContext("r1", {}, ("a", "b", "c"))
             for seq, text in enumerate(["he", "ll", "o!"]):
@@ -283,6 +301,8 @@ def test_stream_chunks_and_their_end_from_another_process_reach_the_stage_in_ord
                 outputs.append(await coordinator.next(m.TerminalOutput))
             assert [data for _, data in outputs[:-1]] == [{"text": "HE"}, {"text": "LL"}, {"text": "O!"}]
             assert outputs[-1][1] == {"text": "HELLO!"} and all(o.request_id == "r1" for o, _ in outputs)
+            received = [r for r in spy.records if r[0] is EventKind.STREAM_RECEIVED]
+            assert received == [(EventKind.STREAM_RECEIVED, "r1", "b", {"source": "a", "seq": seq}) for seq in range(3)]
 
     run(scenario())
 
