@@ -650,6 +650,40 @@ def test_replicas_coming_up_one_after_another_each_take_their_share_and_no_reque
     run(body)
 
 
+def test_a_new_replica_takes_its_share_evenly_from_the_replicas_holding_most() -> None:
+    async def body() -> None:
+        c = CoordinatorCore(loads(ELASTIC), request_timeout=10.0)
+        c.replica_added("voice#1")
+        ids = [f"r{i:02d}" for i in range(14)]
+        for rid in ids:
+            started(c, rid)
+        assert (c.placement.in_flight["voice#0"], c.placement.in_flight["voice#1"]) == (7, 7)
+        c.replica_added("voice#2")
+        # share: 14 over four replicas (voice#3 still starting) is 4; each of the two holds 3
+        # past it, and the most-loaded gives first, so they give two each: their two newest
+        _, moved = c.rebalance("voice#2", {"voice#3"})
+        assert moved == ["r10", "r11", "r12", "r13"]
+        assert [a.context.request_id for a in c.take_replays()] == [f"{rid}~0" for rid in moved]
+        assert {rid: c.placement._assigned[rid]["voice"] for rid in moved} == dict.fromkeys(moved, "voice#2")
+        assert (c.placement.in_flight["voice#0"], c.placement.in_flight["voice#1"]) == (5, 5)
+
+    run(body)
+
+
+def test_a_new_replica_takes_fewer_than_its_share_when_the_rest_showed_their_callers_output() -> None:
+    async def body() -> None:
+        c = CoordinatorCore(loads(ELASTIC), request_timeout=10.0)
+        for rid in "abcde":
+            started(c, rid)
+        for rid in "abcd":
+            c.terminal_output(rid, "text", 0, False, "seen")
+        c.replica_added("voice#1")
+        broadcasts, moved = c.rebalance("voice#1")
+        assert moved == ["e"] and broadcasts == [m.Abort(("e",))]  # share 3, only one could move
+
+    run(body)
+
+
 def test_a_moved_request_aborted_before_its_new_replica_takes_it_is_not_placed() -> None:
     async def body() -> None:
         c = CoordinatorCore(loads(ELASTIC), request_timeout=10.0)
