@@ -303,7 +303,8 @@ def test_abort_ends_the_request_as_aborted_and_broadcasts_once() -> None:
         admitted = started(c, "r1")
         assert c.abort("r1") == [m.Abort(("r1",))]
         assert admitted.record.state is RequestState.ABORTED
-        assert isinstance(admitted.record.outcome.exception(), RequestAborted)
+        error = admitted.record.outcome.exception()
+        assert isinstance(error, RequestAborted) and (error.request_id, str(error)) == ("r1", "request r1 was aborted")
         assert rec.kinds("r1")[-1] is EventKind.ABORTED
         assert c.abort("r1") == [] and c.abort("never") == []
         assert_holds_nothing(c)
@@ -313,13 +314,15 @@ def test_abort_ends_the_request_as_aborted_and_broadcasts_once() -> None:
 
 def test_only_requests_past_their_deadline_expire() -> None:
     async def body() -> None:
-        c, _ = core(request_timeout=5.0)
+        c, rec = core(request_timeout=5.0)
         early = started(c, "early", now=0.0)
         late = started(c, "late", now=3.0)
         assert c.expire(4.999) == []
         assert c.expire(5.0) == [m.Abort(("early",))]
         error = early.record.outcome.exception()
-        assert isinstance(error, RequestFailed) and error.stage is None
+        assert isinstance(error, RequestFailed) and error.stage is None and error.request_id == "early"
+        failed = [meta for kind, rid, _, meta in rec.events if kind is EventKind.FAILED and rid == "early"]
+        assert failed == [{"error": str(error)}]  # a missed deadline is no rejection of the input
         assert "missed its deadline of 5s; terminals still expected: ['text', 'tts']" in str(error)
         assert late.record.state is RequestState.RUNNING
         assert c.expire(8.0) == [m.Abort(("late",))]
