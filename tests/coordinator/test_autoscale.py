@@ -110,3 +110,18 @@ def test_a_busy_process_with_short_queues_keeps_its_replicas_and_sheds_them_as_i
     # the busy phase and leaves 2 (at most 32/s) at 11.5 s, then 1 (16/s) at 13.25 s
     assert downs == [(6.25, "work#3"), (11.5, "work#2"), (13.25, "work#1")]
     assert scaler.counts == {("work", "up"): 3, ("work", "down"): 3}
+
+
+def test_the_arrival_rate_is_over_the_whole_window_kept_and_unknown_without_a_span() -> None:
+    scaler = Autoscaler(loads(TOPOLOGY))
+    samples = scaler._arrivals["work"]
+    assert scaler._arrival_rate("work") is None  # nothing seen yet
+    samples.append((5.0, 0))
+    assert scaler._arrival_rate("work") is None  # one sample: no span
+    samples.append((5.0, 4))
+    assert scaler._arrival_rate("work") is None  # two at one instant: no span either
+    samples.clear()
+    samples.extend([(5.0, 0), (6.0, 3)])  # 3 requests in 1 s (the counts are not times)
+    assert scaler._arrival_rate("work") == 3.0
+    samples.append((7.0, 10))  # first to last: 10 in 2 s, not the last two samples' 7 in 1 s
+    assert scaler._arrival_rate("work") == 5.0
