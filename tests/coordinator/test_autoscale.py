@@ -125,3 +125,6 @@ def test_the_arrival_rate_is_over_the_whole_window_kept_and_unknown_without_a_sp
     assert scaler._arrival_rate("work") == 3.0
     samples.append((7.0, 10))  # first to last: 10 in 2 s, not the last two samples' 7 in 1 s
     assert scaler._arrival_rate("work") == 5.0
+    samples.clear()
+    samples.extend([(5.0, 0), (5.0, 2), (6.0, 4)])  # two at the window's start: the span is still 1 s
+    assert scaler._arrival_rate("work") == 4.0
