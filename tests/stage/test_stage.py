@@ -14,6 +14,7 @@ import pytest
 from omnictl.exceptions import InvalidRequest
 from omnictl.messages import RequestContext
 from omnictl.profiling.events import EventKind
+from omnictl.schedulers.base import IncomingKind
 from omnictl.schedulers.simple import SimpleScheduler
 from omnictl.stage.fanin import FanIn
 from omnictl.stage.router import Router
@@ -129,6 +130,19 @@ def test_abort_leaves_only_the_other_requests_messages_and_state() -> None:
     stage.on_stream_chunk(RequestContext("r1", {}, STREAMED), "talker", 2, {"r1": 2})
     stage.on_input(RequestContext("r1", {}, STREAMED), "thinker", {"late": True})
     assert inbox(stage) == [("r2", {"r2": 0}), ("r2", {"r2": 1})]
+
+
+def test_a_stream_s_end_reaches_the_scheduler_whole_and_leaves_no_stream_buffer() -> None:
+    stage = streamed_stage(Sent())
+    stage.on_stream_chunk(RequestContext("r1", {"voice": "zed"}, STREAMED), "talker", 0, {"r1": 0})
+    assert stage.stats(0).stream_buffers == 1
+    stage.on_stream_done(RequestContext("r1", {"voice": "zed"}, STREAMED), "talker")
+    assert stage.stats(0).stream_buffers == 0
+    queue = stage.scheduler.inbox
+    chunk, done = (queue.get_nowait() for _ in range(queue.qsize()))
+    assert (chunk.kind, chunk.source, chunk.data) == (IncomingKind.STREAM_CHUNK, "talker", {"r1": 0})
+    assert (done.kind, done.request_id, done.data, done.source, done.params) == (
+        IncomingKind.STREAM_DONE, "r1", None, "talker", {"voice": "zed"})
 
 
 def test_abort_drops_a_half_gathered_fan_in() -> None:
