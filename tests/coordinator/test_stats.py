@@ -65,6 +65,23 @@ def test_a_replica_that_did_not_answer_is_unknown() -> None:
     assert stats["b"]["replicas"]["rep#1"] == {"status": "unknown"}
 
 
+def test_a_standby_replica_is_shown_as_such_and_counts_for_no_status() -> None:
+    topology = loads(TOPOLOGY.replace("rep: {replicas: 2}", "rep: {replicas: {min: 1, max: 2}}"))
+    replies = {"a": reply("a", a=m.StageStats()),
+               "rep#0": reply("rep#0", b=m.StageStats(requests=1, rank_kv_slots=[5, 6]), c=m.StageStats())}
+    stats = stage_stats(topology, replies, down=set(), standby={"rep#1"})
+    b = stats["b"]
+    assert b["status"] == "up" and b["replicas"]["rep#1"] == {"status": "standby"}  # not "unknown"
+    assert b["replicas"]["rep#0"]["rank_kv_slots"] == [5, 6] and b["rank_kv_slots"] == [5, 6]
+    assert "rank_kv_slots" not in stats["c"]["replicas"]["rep#0"]  # only tensor-parallel stages have ranks
+
+
+def test_busy_is_the_longest_step_of_the_replicas_even_when_the_last_is_idle() -> None:
+    replies = {"rep#0": reply("rep#0", b=m.StageStats(busy_s=0.25), c=m.StageStats()),
+               "rep#1": reply("rep#1", b=m.StageStats(busy_s=0.0), c=m.StageStats())}
+    assert stage_stats(loads(TOPOLOGY), replies, down=set())["b"]["busy_s"] == 0.25
+
+
 def test_multi_node_stages_say_where_they_run() -> None:
     topology = loads(LABELLED)
     stats = stage_stats(topology, {}, down=set())
