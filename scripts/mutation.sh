@@ -33,6 +33,11 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 python=${PYTHON:-$repo/.venv/bin/python}
 [[ -x $python ]] || python=$(command -v python3)
+# mutmut is not among the test extras (CI does not run this): install it beside omnictl.
+"$python" -c "import mutmut" 2>/dev/null || {
+    echo "mutmut is not installed for $python: $python -m pip install 'mutmut==3.8.1'" >&2
+    exit 2
+}
 children=${MUTATION_CHILDREN:-2}
 retest=${MUTATION_RETEST:-}
 out=${MUTATION_OUT:-${TMPDIR:-/tmp}/omnictl-mutation}
@@ -44,9 +49,13 @@ packages=("$@")
 # Everything in them together runs in about ten seconds.
 fast_tests=(tests/stage tests/topology tests/transports tests/coordinator tests/test_recent.py)
 # A package's own unit tests besides (the schedulers': a tiny in-memory model; serving's:
-# those that run in the test process: a mutant in a server subprocess is out of reach).
+# those that run in the test process: a mutant in a server subprocess is out of reach;
+# the coordinator's: two end-to-end files, for what only a running pipeline reaches).
 declare -A package_tests=(
     [schedulers]="tests/schedulers"
+    # the coordinator's autoscaler shell and replay run only under load or a killed replica:
+    # these run a real pipeline whose coordinator is in the test process (seconds each)
+    [coordinator]="tests/runtime/test_elastic.py tests/runtime/test_replay.py"
     [serving]="tests/serving/test_protocol.py tests/serving/test_responses.py tests/serving/test_audio.py
                tests/serving/test_audiofile.py tests/serving/test_audio_codecs.py tests/serving/test_auth.py
                tests/serving/test_eventstream.py tests/serving/test_app_starting.py tests/serving/realtime/test_events.py
