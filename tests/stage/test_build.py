@@ -84,3 +84,33 @@ def test_a_hook_that_does_not_resolve_names_the_file_line_field_and_stage(tmp_pa
         build_stage(topo.stages["a"], topo, None, None, None)  # type: ignore[arg-type]
     message = str(caught.value)
     assert f"{tmp_path / 't.yaml'}:2" in message and "`route_fn` of stage 'a'" in message and "nowhere" in message
+
+
+def test_a_factory_beside_the_topology_file_is_found_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    (tmp_path / "beside_factories.py").write_text("def make():\n    return lambda data: ('beside', data)\n")
+    monkeypatch.delitem(sys.modules, "beside_factories", raising=False)
+    topo = topology(tmp_path, "  - {name: a, factory: beside_factories.make, next: [b]}")
+    scheduler = make_scheduler(topo.stages["a"], topo, None)
+    assert isinstance(scheduler, SimpleScheduler) and scheduler.fn(2) == ("beside", 2)
+    sys.modules.pop("beside_factories", None)
+
+
+def test_a_tensor_parallel_stage_is_built_as_rank_0_of_its_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from omnictl.stage import tp_group
+
+    led: list[Any] = []
+
+    def lead(spec: Any, topology_: Any, model_path: Any, build: Any) -> Any:
+        led.append((spec.name, topology_, model_path))
+        return build()  # the factory, called as rank 0 calls it
+
+    monkeypatch.setattr(tp_group, "lead", lead)
+    topo = topology(tmp_path, f"  - {{name: a, factory: {F}.anything, tp_size: 2, next: [b]}}")
+    scheduler = make_scheduler(topo.stages["a"], topo, "/w", audio_policy="deadline")
+    assert led == [("a", topo, "/w")]
+    assert isinstance(scheduler, SimpleScheduler)
+    assert scheduler.fn(1) == {"model_path": "/w", "device": "cpu", "audio_policy": "deadline"}
+    make_scheduler(topo.stages["b"], topo, "/w")  # one rank: no group
+    assert len(led) == 1
