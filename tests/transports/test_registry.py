@@ -3,6 +3,8 @@ come from entry points."""
 
 from __future__ import annotations
 
+import logging
+
 from pathlib import Path
 
 import numpy as np
@@ -118,3 +120,18 @@ def test_an_entry_point_that_is_no_plugin_is_refused_naming_it(clean_registry: N
     monkeypatch.setattr(registry, "_discovered", False)
     with pytest.raises(TypeError, match=r"entry point 'bad' \(json:__name__\) .* gave a str, not a TransportPlugin"):
         registry.plugins()
+
+
+def test_an_entry_point_may_name_a_callable_returning_the_plugin_and_discovery_runs_once(
+        clean_registry: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    dist = tmp_path / "omnictl_test_plugin-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: omnictl-test-plugin\nVersion: 1.0\n")
+    value = "tests.transports.plugin.copy_transport:make_plugin"
+    (dist / "entry_points.txt").write_text(f"[omnictl.transports]\ncopy = {value}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_discovered", False)
+    with caplog.at_level(logging.DEBUG, logger=registry.log.name):
+        assert Transport("copy") in [p.kind for p in registry.plugins()]
+        registry.plugins()  # the environment is read once per process
+    assert [r.getMessage() for r in caplog.records] == [f"transport 'copy' registered by {value}"]
