@@ -4,7 +4,6 @@ come from entry points."""
 from __future__ import annotations
 
 import logging
-
 from pathlib import Path
 
 import numpy as np
