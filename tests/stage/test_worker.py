@@ -439,3 +439,29 @@ def test_serve_sets_up_the_process_from_its_configuration_runs_the_worker_then_e
         ("run", expected),
     ]
     assert sys.path[:2] == ["/user/code", config.sys_path[1]] and sys.path.count(config.sys_path[1]) == 1
+
+
+ANYTHING = f"""
+stages:
+  - {{name: a, factory: {F}.anything, terminal: true, process: one}}
+"""
+
+
+def test_the_worker_builds_its_stages_with_the_launch_s_model_path_and_audio_policy() -> None:
+    async def scenario() -> None:
+        with tempfile.TemporaryDirectory(prefix="omx-worker-") as directory:
+            coordinator = Coordinator(loads(ANYTHING), Path(directory))
+            config = dataclasses.replace(coordinator.config(), model_path="/weights", audio_policy="deadline")
+            worker = Worker(config)
+            task = asyncio.create_task(worker.run())
+            try:
+                await coordinator.next(m.Ready)
+                coordinator.submit("r1", {"n": 1})
+                _, data = await coordinator.next(m.TerminalOutput)
+                assert data == {"model_path": "/weights", "device": "cpu", "audio_policy": "deadline"}
+            finally:
+                worker.stop()
+                await asyncio.wait_for(task, 10)
+                coordinator.close()
+
+    run(scenario())
