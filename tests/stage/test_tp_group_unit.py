@@ -398,7 +398,7 @@ class Follower:
     """Stands in for a follower's ``subprocess.Popen``: keeps its command, environment and the
     configuration written to its stdin; its ``wait`` (the watcher's) returns once released."""
 
-    started: list["Follower"] = []
+    started: list[Follower] = []
 
     def __init__(self, argv: list[str], stdin: Any, env: dict[str, str]) -> None:
         import io
