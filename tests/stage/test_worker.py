@@ -107,11 +107,12 @@ class Coordinator:
 
 
 @contextlib.asynccontextmanager
-async def running(text: str) -> AsyncIterator[tuple[Coordinator, Worker]]:
-    """A worker of ``text``'s process `one`, started; stopped (it must end within 10 s) after."""
+async def running(text: str, **config: Any) -> AsyncIterator[tuple[Coordinator, Worker]]:
+    """A worker of ``text``'s process `one` (``config``: its configuration's fields that
+    differ), started; stopped (it must end within 10 s) after."""
     with tempfile.TemporaryDirectory(prefix="omx-worker-") as directory:
         coordinator = Coordinator(loads(text), Path(directory))
-        worker = Worker(coordinator.config())
+        worker = Worker(dataclasses.replace(coordinator.config(), **config))
         task = asyncio.create_task(worker.run())
         try:
             yield coordinator, worker
@@ -449,19 +450,10 @@ stages:
 
 def test_the_worker_builds_its_stages_with_the_launch_s_model_path_and_audio_policy() -> None:
     async def scenario() -> None:
-        with tempfile.TemporaryDirectory(prefix="omx-worker-") as directory:
-            coordinator = Coordinator(loads(ANYTHING), Path(directory))
-            config = dataclasses.replace(coordinator.config(), model_path="/weights", audio_policy="deadline")
-            worker = Worker(config)
-            task = asyncio.create_task(worker.run())
-            try:
-                await coordinator.next(m.Ready)
-                coordinator.submit("r1", {"n": 1})
-                _, data = await coordinator.next(m.TerminalOutput)
-                assert data == {"model_path": "/weights", "device": "cpu", "audio_policy": "deadline"}
-            finally:
-                worker.stop()
-                await asyncio.wait_for(task, 10)
-                coordinator.close()
+        async with running(ANYTHING, model_path="/weights", audio_policy="deadline") as (coordinator, _):
+            await coordinator.next(m.Ready)
+            coordinator.submit("r1", {"n": 1})
+            _, data = await coordinator.next(m.TerminalOutput)
+            assert data == {"model_path": "/weights", "device": "cpu", "audio_policy": "deadline"}
 
     run(scenario())
