@@ -15,8 +15,9 @@ from omnictl import messages as m
 from omnictl.coordinator.core import Admitted, CoordinatorCore, Replayed
 from omnictl.coordinator.request import RequestEvent, RequestEventKind, RequestState
 from omnictl.exceptions import InvalidRequest, PipelineDead, RequestAborted, RequestFailed
-from omnictl.profiling.events import EventKind, MetaValue
+from omnictl.profiling.events import EventKind
 from omnictl.topology import loads
+from tests.support.profiler import RecordingProfiler
 
 T = TypeVar("T")
 
@@ -32,27 +33,14 @@ processes:
 """
 
 
-class Recorder:
-    """A profiler that keeps what it was told (the test double for the collector)."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[EventKind, str, str | None, dict[str, MetaValue]]] = []
-
-    def record(self, kind: EventKind, request_id: str, stage: str | None = None, **meta: MetaValue) -> None:
-        self.events.append((kind, request_id, stage, meta))
-
-    def kinds(self, request_id: str) -> list[EventKind]:
-        return [kind for kind, rid, _, _ in self.events if rid == request_id]
-
-
 def run(body: Callable[[], Awaitable[T]]) -> T:
     """Records own futures, so a test body runs inside a loop (the core never awaits)."""
     return asyncio.run(body())  # type: ignore[arg-type]  # asyncio.run takes any awaitable's coroutine
 
 
-def core(request_timeout: float = 10.0, replay_limit: int = 0) -> tuple[CoordinatorCore, Recorder]:
+def core(request_timeout: float = 10.0, replay_limit: int = 0) -> tuple[CoordinatorCore, RecordingProfiler]:
     """``replay_limit`` 0 unless a test is about replays: a death then fails what it held."""
-    recorder = Recorder()
+    recorder = RecordingProfiler()
     c = CoordinatorCore(loads(TOPOLOGY), request_timeout=request_timeout, profiler=recorder, replay_limit=replay_limit)
     return c, recorder
 

@@ -21,6 +21,7 @@ from omnictl.topology import loads
 from omnictl.topology.model import EdgeKind, Transport
 from omnictl.transports.codec import decode
 from omnictl.transports.shm import SegmentReader
+from tests.support.profiler import RecordingProfiler
 
 # a -> b in the same process (inproc); a -> c in another one; data and stream edges to both.
 TOPOLOGY = loads("""
@@ -42,14 +43,6 @@ stages:
     modality: audio
 """, "t.yaml")
 CTX = m.RequestContext("r", {"voice": "v"}, ("a", "b", "c"))
-
-
-class Profiler:
-    def __init__(self) -> None:
-        self.events: list[tuple[EventKind, str, str | None, dict[str, Any]]] = []
-
-    def record(self, kind: EventKind, request_id: str, stage: str | None = None, **meta: Any) -> None:
-        self.events.append((kind, request_id, stage, meta))
 
 
 class LocalStage:
@@ -80,7 +73,7 @@ class Wired:
         self.addresses = {"one": f"ipc://{tmp}/one", "two": f"ipc://{tmp}/two", **(others or {})}
         self.two = self._pull(self.addresses["two"])
         self.coordinator = self._pull(f"ipc://{tmp}/coordinator")
-        self.profiler = Profiler()
+        self.profiler = RecordingProfiler()
         self.endpoint = Endpoint("one", topology, ipc_addresses=self.addresses)
         self.ports = WorkerPorts(self.endpoint, f"ipc://{tmp}/coordinator", self.profiler)  # type: ignore[arg-type]
         self.b = LocalStage("b")

@@ -22,17 +22,7 @@ from omnictl.stage.fanin import FanIn
 from omnictl.stage.router import Router
 from omnictl.stage.stage import Stage
 from omnictl.topology.model import StageSpec
-
-
-class Profiler:
-    def __init__(self) -> None:
-        self.events: list[tuple[EventKind, str, str | None, dict[str, Any]]] = []
-
-    def record(self, kind: EventKind, request_id: str, stage: str | None = None, **meta: Any) -> None:
-        self.events.append((kind, request_id, stage, meta))
-
-    def kinds(self) -> list[EventKind]:
-        return [kind for kind, _, _, _ in self.events]
+from tests.support.profiler import RecordingProfiler
 
 
 class Ports:
@@ -82,8 +72,8 @@ class Idle(SimpleScheduler):
 
 
 def make_stage(spec: StageSpec, route_fn: Callable[[Any], Any] | None = None,
-               projections: dict[str, Callable[[Any], Any]] | None = None) -> tuple[Stage, Ports, Profiler]:
-    ports, profiler = Ports(), Profiler()
+               projections: dict[str, Callable[[Any], Any]] | None = None) -> tuple[Stage, Ports, RecordingProfiler]:
+    ports, profiler = Ports(), RecordingProfiler()
     stage = Stage(spec, Idle(), FanIn((), None), Router(spec, route_fn, projections or {}),
                   ports, profiler)  # type: ignore[arg-type]
     return stage, ports, profiler
@@ -112,7 +102,7 @@ def run(stage: Stage, body: Callable[[], Awaitable[None]]) -> None:
 def admit(stage: Stage, rid: str, active: tuple[str, ...]) -> None:
     """Give the stage ``rid``'s input (queued, never run) and forget what that recorded."""
     stage.on_input(RequestContext(rid, {"voice": "v"}, active), "up", {})
-    assert isinstance(stage.profiler, Profiler)
+    assert isinstance(stage.profiler, RecordingProfiler)
     stage.profiler.events.clear()
 
 
@@ -313,7 +303,7 @@ def test_outputs_of_a_request_the_stage_no_longer_holds_are_dropped() -> None:
 
 def test_stats_add_the_stage_s_own_state_to_the_scheduler_s_load() -> None:
     join = StageSpec(name="join", factory="x.y", next=("out",), wait_for=("left", "right"), merge_fn="x.merge")
-    ports, profiler = Ports(), Profiler()
+    ports, profiler = Ports(), RecordingProfiler()
 
     class Loaded(SimpleScheduler):
         def load(self) -> SchedulerLoad:
@@ -331,7 +321,7 @@ def test_stats_add_the_stage_s_own_state_to_the_scheduler_s_load() -> None:
 
 def test_inputs_are_recorded_with_their_source_and_a_fan_in_wait_is_bracketed() -> None:
     join = StageSpec(name="join", factory="x.y", next=("out",), wait_for=("left", "right"), merge_fn="x.merge")
-    ports, profiler = Ports(), Profiler()
+    ports, profiler = Ports(), RecordingProfiler()
     stage = Stage(join, SimpleScheduler(lambda data: data), FanIn(("left", "right"), lambda inputs: sorted(inputs)),
                   Router(join, None, {}), ports, profiler)  # type: ignore[arg-type]
     ctx = RequestContext("r", {"voice": "v"}, ("left", "right", "join", "out"))
@@ -361,7 +351,7 @@ def test_a_single_upstream_input_goes_straight_to_the_queue_with_no_fan_in_wait(
 
 def test_a_merge_fn_that_raises_fails_only_that_request() -> None:
     join = StageSpec(name="join", factory="x.y", next=("out",), wait_for=("left", "right"), merge_fn="x.merge")
-    ports, profiler = Ports(), Profiler()
+    ports, profiler = Ports(), RecordingProfiler()
 
     def merge(inputs: dict[str, Any]) -> Any:
         if "boom" in inputs["left"]:

@@ -29,6 +29,7 @@ from omnictl.transports.drain import Drain
 from omnictl.transports.endpoint import Endpoint
 from omnictl.transports.registry import Placement
 from omnictl.transports.shm import SegmentReader
+from tests.support.profiler import RecordingProfiler
 
 F = "tests.stage.build_factories"
 TWO = f"""
@@ -124,16 +125,6 @@ async def running(text: str, **config: Any) -> AsyncIterator[tuple[Coordinator, 
 
 def run(scenario: Any) -> Any:
     return asyncio.run(asyncio.wait_for(scenario, 60))
-
-
-class Spy:
-    """A stage's profiler that keeps what it is told: (kind, request, stage, meta)."""
-
-    def __init__(self) -> None:
-        self.records: list[tuple[Any, ...]] = []
-
-    def record(self, kind: Any, request_id: str, stage: str | None = None, **meta: Any) -> None:
-        self.records.append((kind, request_id, stage, meta))
 
 
 def test_a_worker_reports_ready_runs_its_stages_in_turn_and_answers_hellos_and_stats() -> None:
@@ -234,7 +225,7 @@ def test_a_hop_and_a_skip_from_another_process_complete_a_fan_in_here() -> None:
     async def scenario() -> None:
         async with running(JOIN) as (coordinator, worker):
             await coordinator.next(m.Ready)
-            spy = worker.stages["b"].profiler = Spy()  # type: ignore[assignment]
+            spy = worker.stages["b"].profiler = RecordingProfiler()
             codec = coordinator.endpoint.codec("a", coordinator.topology.edge("a", "b").transport)
             payload, frames = codec.encode_frames({"n": 5})
             ctx = m.RequestContext("r1", {}, ("s", "a", "c", "b"))
@@ -244,7 +235,7 @@ def test_a_hop_and_a_skip_from_another_process_complete_a_fan_in_here() -> None:
             # echo returns ("", its input), a list once it crossed: the merge of a's part alone, c skipped
             assert output.request_id == "r1" and data == ["", {"from": ["a"], "a": {"n": 5}}]
             transport = coordinator.topology.edge("a", "b").transport.value
-            assert (EventKind.HOP_RECEIVED, "r1", "b", {"source": "a", "transport": transport}) in spy.records
+            assert (EventKind.HOP_RECEIVED, "r1", "b", {"source": "a", "transport": transport}) in spy.events
 
     run(scenario())
 
@@ -290,7 +281,7 @@ def test_stream_chunks_and_their_end_from_another_process_reach_the_stage_in_ord
     async def scenario() -> None:
         async with running(STREAMED) as (coordinator, worker):
             await coordinator.next(m.Ready)
-            spy = worker.stages["b"].profiler = Spy()  # type: ignore[assignment]
+            spy = worker.stages["b"].profiler = RecordingProfiler()
             codec = coordinator.endpoint.codec("a", coordinator.topology.edge("a", "b", EdgeKind.STREAM).transport)
             ctx = m.RequestContext("r1", {}, ("a", "b", "c"))
             for seq, text in enumerate(["he", "ll", "o!"]):
@@ -302,7 +293,7 @@ def test_stream_chunks_and_their_end_from_another_process_reach_the_stage_in_ord
                 outputs.append(await coordinator.next(m.TerminalOutput))
             assert [data for _, data in outputs[:-1]] == [{"text": "HE"}, {"text": "LL"}, {"text": "O!"}]
             assert outputs[-1][1] == {"text": "HELLO!"} and all(o.request_id == "r1" for o, _ in outputs)
-            received = [r for r in spy.records if r[0] is EventKind.STREAM_RECEIVED]
+            received = [r for r in spy.events if r[0] is EventKind.STREAM_RECEIVED]
             assert received == [(EventKind.STREAM_RECEIVED, "r1", "b", {"source": "a", "seq": seq}) for seq in range(3)]
 
     run(scenario())
