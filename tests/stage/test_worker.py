@@ -315,8 +315,13 @@ def test_a_full_inbox_and_its_room_again_are_told_to_the_coordinator_once_each()
             await coordinator.next(m.TerminalOutput)  # running: its inbox is empty again
             assert not [x for x in coordinator.received if isinstance(x, m.InboxState)]
             coordinator.submit("second", {"n": 0})
-            await asyncio.sleep(0.1)  # waiting: one, of room for two
-            assert not [x for x in coordinator.received if isinstance(x, m.InboxState)]
+            seq = 0
+            while True:  # until the stage holds it (its check on arrival is told before the stats)
+                seq += 1
+                await coordinator.publish(m.StatsRequest(seq))
+                if (await coordinator.next(m.StatsReply)).stages["a"].queued == 1:
+                    break
+            assert not [x for x in coordinator.received if isinstance(x, m.InboxState)]  # one, of room for two
             coordinator.submit("third", {"n": 0})
             full = await coordinator.next(m.InboxState, timeout=2)
             assert (full.process, full.stage, full.full) == ("one", "a", True)
