@@ -102,10 +102,22 @@ class Worker:
         self._stop = asyncio.Event()
 
     async def run(self) -> None:
-        config = self.config
         loop = asyncio.get_running_loop()
-        if threading.current_thread() is threading.main_thread():  # not so in a Ray actor: stop() there
-            loop.add_signal_handler(signal.SIGTERM, self._stop.set)
+        if threading.current_thread() is not threading.main_thread():  # a Ray actor: stop() there
+            await self._serve()
+            return
+        loop.add_signal_handler(signal.SIGTERM, self._stop.set)
+        try:
+            await self._serve()
+        finally:
+            # Now, not when asyncio.run closes the loop: that closes the loop's wake-up pipe
+            # first, and a SIGTERM between the two (the launcher stopping a process whose
+            # stage failed to build) prints "Exception ignored ... signal wakeup fd" into
+            # the operator's terminal.
+            loop.remove_signal_handler(signal.SIGTERM)
+
+    async def _serve(self) -> None:
+        config = self.config
         self.endpoint = endpoint = Endpoint(
             config.instance,
             config.topology,

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import signal
 import tempfile
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -142,6 +143,8 @@ def test_a_worker_reports_ready_runs_its_stages_in_turn_and_answers_hellos_and_s
             reply = await coordinator.next(m.StatsReply)
             assert reply.process == "one" and reply.seq == 5 and set(reply.stages) == {"a", "b"}
             assert all(stats.requests == 0 and stats.running == 0 for stats in reply.stages.values())
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # SIGTERM stops it
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # and is given back when it ends
 
     run(scenario())
 
@@ -204,6 +207,9 @@ def test_a_stage_that_cannot_be_built_is_reported_and_the_worker_ends(factory: s
                 failed = await coordinator.next(m.LaunchFailed)
                 assert (failed.process, failed.stage) == ("one", "a") and error in failed.error, failed.error
                 assert worker.stages == {} and not [x for x in coordinator.received if isinstance(x, m.Ready)]
+                # given back before the loop closes its wake-up pipe: a SIGTERM from the launcher
+                # stopping the rest must not find the loop's handler writing to a closed pipe
+                assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
             finally:
                 coordinator.close()
 
@@ -362,7 +368,6 @@ def test_a_worker_stops_on_its_own_once_its_parent_is_gone(ours: bool) -> None:
 
 
 def test_die_with_parent_asks_for_sigterm_and_exits_if_the_parent_is_gone_already(monkeypatch: pytest.MonkeyPatch) -> None:
-    import signal
     import types
 
     from omnictl.stage import worker
@@ -390,7 +395,6 @@ def test_die_with_parent_asks_for_sigterm_and_exits_if_the_parent_is_gone_alread
 @pytest.mark.parametrize("parent", [None, 4242])
 def test_serve_sets_up_the_process_from_its_configuration_runs_the_worker_then_exits(
         monkeypatch: pytest.MonkeyPatch, parent: int | None) -> None:
-    import signal
     import sys
 
     from omnictl import logs
