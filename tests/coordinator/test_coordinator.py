@@ -21,6 +21,7 @@ import zmq
 import zmq.asyncio
 
 from omnictl import messages as m
+from omnictl.coordinator.autoscale import ScaleDecision
 from omnictl.coordinator.coordinator import Coordinator
 from omnictl.coordinator.request import RequestEventKind
 from omnictl.exceptions import LaunchError, PipelineDead, RequestAborted, RequestFailed
@@ -135,6 +136,7 @@ class StubLauncher:
         self.context = zmq.asyncio.Context()
         self.ready_on_start = True
         self.starts: list[str] = []
+        self.retired: list[str] = []
         self.stopped = False
 
     def start(self, name: str) -> StubHandle:
@@ -153,6 +155,12 @@ class StubLauncher:
         self.handles[name].exited = how
         self.coordinator.on_process_exit(name, how)
 
+    async def retire(self, name: str, timeout: float = 5.0) -> None:
+        """Stop a replica on purpose (the autoscaler removes it): forgotten, never reported."""
+        self.retired.append(name)
+        self.handles.pop(name).exited = "retired"
+        self.processes.pop(name).close()
+
     async def stop(self, timeout: float = 5.0) -> None:
         self.stopped = True
         for process in self.processes.values():
@@ -161,7 +169,7 @@ class StubLauncher:
 
 
 def run(body: Callable[[Coordinator, StubLauncher], Awaitable[T]], config: LaunchConfig | None = None,
-        tmp: Path | None = None, start: bool = True) -> T:
+        tmp: Path | None = None, start: bool = True, topology: str = TOPOLOGY) -> T:
     async def main() -> T:
         stubs: list[StubLauncher] = []
 
@@ -169,7 +177,7 @@ def run(body: Callable[[Coordinator, StubLauncher], Awaitable[T]], config: Launc
             stubs.append(StubLauncher(coordinator))
             return stubs[0]
 
-        coordinator = Coordinator(loads(TOPOLOGY), config or LaunchConfig(ready_timeout=5.0), launcher=launcher)
+        coordinator = Coordinator(loads(topology), config or LaunchConfig(ready_timeout=5.0), launcher=launcher)
         try:
             if start:
                 await coordinator.start()
@@ -495,3 +503,191 @@ def test_close_aborts_what_runs_stops_the_launcher_and_removes_the_sockets() -> 
         assert stubs[0].stopped and not c.socket_dir.exists()
 
     asyncio.run(main())
+
+
+# --- elastic replicas -------------------------------------------------------------------
+
+ELASTIC = """
+stages:
+  - {name: prep, factory: m.prep, next: [talk]}
+  - {name: talk, factory: m.talk, terminal: true, modality: text, process: voice}
+processes:
+  voice: {replicas: {min: 1, max: 3, queue: 1, window: 0.05, idle: 0.2}}
+"""
+
+
+def scaling_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "omnictl.coordinator.coordinator" and r.getMessage().startswith(("scaling", "replica"))]
+
+
+def aborted(process: StubProcess) -> set[str]:
+    return {rid for message in process.heard if isinstance(message, m.Abort) for rid in message.request_ids}
+
+
+def test_a_sustained_queue_starts_standby_replicas_which_take_a_share_of_the_backlog(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="omnictl.coordinator.coordinator")
+
+    async def body(c: Coordinator, stub: StubLauncher) -> None:
+        assert stub.starts == ["prep", "voice#0"] and c.core.standby == {"voice#1", "voice#2"}
+        assert c.scaling() == {"voice": {"replicas": 1, "scaled_up": 0, "scaled_down": 0}}
+        handles = [await c.submit({"n": i}, request_id=f"r{i}") for i in range(6)]
+        assert {c.placement._assigned[h.id]["voice"] for h in handles} == {"voice#0"}
+        await until(lambda: c.scaling()["voice"]["replicas"] == 3)
+        assert stub.starts[2:] == ["voice#1", "voice#2"]  # both at once: 6 in flight, queue 1
+        assert c.scaling() == {"voice": {"replicas": 3, "scaled_up": 2, "scaled_down": 0}}
+        assert c.core.standby == set() and c._starting == set()
+        await until(lambda: len(scaling_lines(caplog)) == 4)
+        lines = scaling_lines(caplog)
+        ups = [line for line in lines if line.startswith("scaling process 'voice' up: 6.0 requests in flight per replica")]
+        assert [line.rsplit("; ", 1)[1] for line in ups] == [
+            "starting 'voice#1' (1 -> 2 of max 3)", "starting 'voice#2' (2 -> 3 of max 3)"]
+        assert sorted(line for line in lines if line.startswith("replica ")) == [
+            f"replica 'voice#{i}' is up; 2 queued request(s) moved to it, re-run from the entry" for i in (1, 2)]
+        # its even share each (6 over 3 replicas): the newest four, re-sent from the entry once
+        # each under a fresh wire id; the oldest two stay where they were pinned
+        prep = stub.processes["prep"]
+        await until(lambda: len(prep.received) == 10)
+        resent = {s.ctx.request_id: s.ctx.replicas["voice"] for s, _ in prep.received[6:]}
+        assert sorted(resent) == ["r2~0", "r3~0", "r4~0", "r5~0"]
+        assert sorted(resent.values()) == [1, 1, 2, 2]
+        assert {rid: c.placement._assigned[rid]["voice"] for rid in ("r0", "r1")} == {"r0": "voice#0", "r1": "voice#0"}
+        # the old attempts are aborted everywhere: even if voice#0 had started one, it cannot answer
+        await until(lambda: {"r2", "r3", "r4", "r5"} <= aborted(stub.processes["voice#0"]))
+        assert not {"r0", "r1"} & aborted(stub.processes["voice#0"])
+
+    run(body, topology=ELASTIC)
+
+
+def test_a_calm_process_drains_its_extra_replica_and_stops_it(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="omnictl.coordinator.coordinator")
+
+    async def body(c: Coordinator, stub: StubLauncher) -> None:
+        handles = await scaled_to_two(c, stub)
+        answer_both(stub)
+        await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 3)
+        # nothing in flight for the idle window: back to `min`, the highest-numbered of equals
+        await until(lambda: c.scaling()["voice"]["replicas"] == 1 and not c._retiring)
+        assert stub.retired == ["voice#1"] and c.core.standby == {"voice#1", "voice#2"} and not c.core.draining
+        assert c.scaling() == {"voice": {"replicas": 1, "scaled_up": 1, "scaled_down": 1}}
+        await until(lambda: m.ProcessLost("voice#1") in stub.processes["prep"].heard)
+        lines = scaling_lines(caplog)
+        assert lines[-2].startswith("scaling process 'voice' down: 'voice#1' 0.0 requests in flight per replica for ")
+        assert lines[-2].endswith("; draining it (2 -> 1)")
+        assert lines[-1] == "replica 'voice#1' drained and stopped"
+        assert c.core.held()["requests"] == 0
+
+    run(body, topology=ELASTIC)
+
+
+async def scaled_to_two(c: Coordinator, stub: StubLauncher) -> list[Any]:
+    """Two requests queued on voice#0 start voice#1, which takes the newer one."""
+    handles = [await c.submit({"n": i}, request_id=f"r{i}") for i in range(2)]
+    await until(lambda: c.scaling()["voice"]["replicas"] == 2 and len(stub.processes["prep"].received) == 3)
+    assert stub.starts[2:] == ["voice#1"]
+    moved = stub.processes["prep"].received[2][0]
+    assert (moved.ctx.request_id, moved.ctx.replicas) == ("r1~0", {"voice": 1})  # a move is no replay
+    return handles
+
+
+def answer_both(stub: StubLauncher) -> None:
+    """What :func:`scaled_to_two` left: r0 on voice#0, r1's moved attempt on voice#1."""
+    stub.processes["voice#0"].send(result("r0", {"text": "r0"}))
+    stub.processes["voice#1"].send(result("r1~0", {"text": "r1"}))
+
+
+def test_a_draining_replica_takes_nothing_new_and_stops_once_its_last_request_ends(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="omnictl.coordinator.coordinator")
+
+    async def body(c: Coordinator, stub: StubLauncher) -> None:
+        handles = await scaled_to_two(c, stub)
+        c._scale(ScaleDecision("voice", "voice#1", False, 1.0, "1.0 requests in flight per replica (the test's)"))
+        assert scaling_lines(caplog)[-1] == ("scaling process 'voice' down: 'voice#1' 1.0 requests in flight per "
+                                             "replica (the test's); draining it (2 -> 1)")
+        late = await c.submit({}, request_id="late")
+        assert c.placement._assigned["late"]["voice"] == "voice#0"
+        await asyncio.sleep(0.15)  # several ticks: it holds r1, so it stays
+        assert stub.retired == [] and c.core.draining == {"voice#1"}
+        answer_both(stub)
+        stub.processes["voice#0"].send(result("late", {"text": "late"}))
+        outcomes = await asyncio.wait_for(asyncio.gather(*(h.result() for h in [*handles, late])), 3)
+        assert [o["talk"]["text"] for o in outcomes] == ["r0", "r1", "late"]
+        await until(lambda: stub.retired == ["voice#1"] and not c._retiring)
+        assert scaling_lines(caplog)[-1] == "replica 'voice#1' drained and stopped"
+        assert "voice#1" in c.core.standby and c.scaling()["voice"]["replicas"] == 1
+
+    # max 2: the late request queued on voice#0 cannot start a third replica meanwhile
+    run(body, topology=ELASTIC.replace("idle: 0.2", "idle: 30").replace("max: 3", "max: 2"))
+
+
+def test_a_replica_that_dies_while_draining_is_not_restarted_and_its_unseen_request_is_replayed(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="omnictl.coordinator.coordinator")
+
+    async def body(c: Coordinator, stub: StubLauncher) -> None:
+        handles = await scaled_to_two(c, stub)
+        c.core.drain("voice#1")
+        stub.die("voice#1")
+        prep = stub.processes["prep"]
+        await until(lambda: len(prep.received) == 4)
+        replay = prep.received[3][0]
+        assert (replay.ctx.request_id, replay.ctx.replicas) == ("r1~1", {"voice": 0})  # replay 1
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert errors == ["replica 'voice#1' (stages talk) died: killed by SIGKILL while draining; 0 request(s) pinned "
+                          "to it failed, 1 replayed; it stays removed"]
+        assert stub.starts.count("voice#1") == 1  # not restarted
+        assert "voice#1" in c.core.standby and not c.core.draining and c.healthy
+        stub.processes["voice#0"].send(result("r0", {"text": "r0"}))
+        stub.processes["voice#0"].send(result("r1~1", {"text": "r1"}))
+        outcomes = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 3)
+        assert [o["talk"]["text"] for o in outcomes] == ["r0", "r1"]
+
+    run(body, LaunchConfig(ready_timeout=5.0, max_restarts=3), topology=ELASTIC.replace("idle: 0.2", "idle: 30"))
+
+
+def test_a_replica_that_never_answers_its_start_is_retired_and_stays_in_standby(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="omnictl.coordinator.coordinator")
+
+    async def body(c: Coordinator, stub: StubLauncher) -> None:
+        stub.ready_on_start = False
+        handles = [await c.submit({"n": i}, request_id=f"r{i}") for i in range(3)]
+        await until(lambda: "voice#1" in stub.retired, timeout=3)
+        assert "voice#1" not in c._starting and "voice#1" in c.core.standby and "voice#1" not in c.down
+        assert c.scaling()["voice"]["replicas"] == 1
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert any(e.startswith("replica 'voice#1' could not be started (scale up): ") and e.endswith("; it stays in standby")
+                   for e in errors)
+        # what it held stays where it was: the requests still complete on voice#0
+        for h in handles:
+            stub.processes["voice#0"].send(result(h.id, {"text": h.id}))
+        assert [o["talk"]["text"] for o in await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 3)] == [
+            "r0", "r1", "r2"]
+
+    run(body, LaunchConfig(ready_timeout=0.3), topology=ELASTIC)
+
+
+def test_a_replica_that_dies_while_starting_fails_its_start_at_once_and_holds_nothing(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="omnictl.coordinator.coordinator")
+
+    async def body(c: Coordinator, stub: StubLauncher) -> None:
+        stub.ready_on_start = False
+        handles = [await c.submit({"n": i}, request_id=f"r{i}") for i in range(2)]
+        await until(lambda: "voice#1" in stub.handles)
+        started = asyncio.get_running_loop().time()
+        stub.die("voice#1", "exit code 3")
+        await until(lambda: "voice#1" in stub.retired)
+        assert asyncio.get_running_loop().time() - started < 1.0  # not the 5 s ready timeout
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert any("replica 'voice#1' could not be started (scale up): stage 'talk' failed to start: replica 'voice#1' "
+                   "(stages talk) died while "
+                   "starting: exit code 3; it stays in standby" in e for e in errors)
+        assert "voice#1" not in c.down and "voice#1" in c.core.standby
+        assert c.health()[0] == "ok"
+        for h in handles:
+            stub.processes["voice#0"].send(result(h.id, {"text": h.id}))
+        await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 3)
+
+    run(body, topology=ELASTIC)
