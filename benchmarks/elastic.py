@@ -224,6 +224,10 @@ async def _measure(label: str, path: Path, phases: list[Phase], minimum: int, de
                 pending.add(task)
                 task.add_done_callback(pending.discard)
                 count += 1
+            # the phase lasts its seconds: its last arrival is one interval before the next
+            # phase's first, not at the same instant (which queued the step's first request
+            # behind the low phase's last on the one replica running)
+            await asyncio.sleep(max(0.0, start + phase.seconds - time.perf_counter()))
             if phase is phases[1]:
                 # the high phase's backlog drains into the next phase: the idle clock starts after it
                 watcher = asyncio.create_task(back_to_min(list(pending)))
