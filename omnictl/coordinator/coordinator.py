@@ -432,14 +432,21 @@ class Coordinator:
         except (LaunchError, asyncio.TimeoutError) as exc:
             if handle.alive():  # hung rather than exited: no exit will trigger another try
                 handle.kill()
-            log.error("stage process %r could not be restarted: %s", instance, exc)
+            why = self._start_failure(exc)
+            log.error("stage process %r could not be restarted: %s", instance, why)
             if handle.restarts >= self.max_restarts:
-                self.core.lose(instance, f"stage process {instance!r} could not be restarted: {exc}")
+                self.core.lose(instance, f"stage process {instance!r} could not be restarted: {why}")
                 self._broadcast_all(self.core.fail_waiting_replays())
             return  # otherwise its exit starts the next restart
         self._broadcast_all(self.core.process_back(instance, failed))
         log.info("stage process %r is back", instance)
         self._replay()  # the replays that waited for it
+
+    def _start_failure(self, exc: LaunchError | asyncio.TimeoutError) -> str:
+        """Why a (re)start failed, for the log: a timeout's own text is empty."""
+        if isinstance(exc, asyncio.TimeoutError):
+            return f"it did not answer within the ready timeout ({self.ready_timeout:g}s)"
+        return str(exc)
 
     # --- elastic replicas ---------------------------------------------------------------
 
@@ -495,7 +502,8 @@ class Coordinator:
             await asyncio.wait_for(handle.ready, self.ready_timeout)
             await asyncio.wait_for(self._handshake([instance]), self.ready_timeout)
         except (LaunchError, asyncio.TimeoutError) as exc:
-            log.error("replica %r could not be started (scale up): %s; it stays in standby", instance, exc)
+            why = self._start_failure(exc)
+            log.error("replica %r could not be started (scale up): %s; it stays in standby", instance, why)
             if instance in self.launcher.handles:
                 await self.launcher.retire(instance)
             return

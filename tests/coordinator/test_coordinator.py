@@ -123,7 +123,8 @@ class StubProcess:
 
 
 class StubLauncher:
-    """Starts :class:`StubProcess` peers; ``ready_on_start`` False leaves them silent."""
+    """Starts :class:`StubProcess` peers; ``ready_on_start`` False leaves them silent,
+    ``hello_on_start`` False has them report ready but never answer the hello."""
 
     def __init__(self, coordinator: Coordinator) -> None:
         self.coordinator = coordinator
@@ -135,6 +136,7 @@ class StubLauncher:
         self.processes: dict[str, StubProcess] = {}
         self.context = zmq.asyncio.Context()
         self.ready_on_start = True
+        self.hello_on_start = True
         self.starts: list[str] = []
         self.retired: list[str] = []
         self.stopped = False
@@ -146,6 +148,7 @@ class StubLauncher:
             self.processes.pop(name).close()
         handle = self.handles[name] = StubHandle(name, restarts)
         process = self.processes[name] = StubProcess(name, self.coordinator, self.context)
+        process.answer_hello = self.hello_on_start
         if self.ready_on_start:
             process.send(m.Ready(name, handle.pid))
         return handle
@@ -432,12 +435,15 @@ def test_a_dead_replica_s_unseen_requests_are_replayed_from_the_entry_on_the_oth
     run(body)
 
 
-def test_a_dead_process_restarts_and_hears_the_aborts_it_missed() -> None:
+def test_a_dead_process_restarts_and_hears_the_aborts_it_missed(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="omnictl.coordinator.coordinator")
+
     async def body(c: Coordinator, stub: StubLauncher) -> None:
         await c.submit({}, request_id="r1")
         stub.die("prep")
         assert c.down and not c.healthy
         await until(lambda: stub.starts.count("prep") == 2 and c.healthy)
+        assert caplog.records[-1].getMessage() == "stage process 'prep' is back"
         assert stub.handles["prep"].restarts == 1
         await until(lambda: m.Abort(("r1",)) in stub.processes["prep"].heard)  # the new one heard it
         assert c.dead_reason is None
@@ -445,13 +451,17 @@ def test_a_dead_process_restarts_and_hears_the_aborts_it_missed() -> None:
     run(body, LaunchConfig(ready_timeout=5.0, max_restarts=1))
 
 
-def test_a_restart_that_never_gets_ready_is_killed_and_the_pipeline_dies_with_no_restart_left() -> None:
+def test_a_restart_that_never_gets_ready_is_killed_and_the_pipeline_dies_with_no_restart_left(
+        caplog: pytest.LogCaptureFixture) -> None:
     async def body(c: Coordinator, stub: StubLauncher) -> None:
         stub.ready_on_start = False
         stub.die("prep", "exit code 1")
         await until(lambda: c.dead_reason is not None, timeout=3)
         assert stub.handles["prep"].killed
-        assert "stage process 'prep' could not be restarted" in (c.dead_reason or "")
+        why = "it did not answer within the ready timeout (0.3s)"
+        assert f"stage process 'prep' could not be restarted: {why}" in (c.dead_reason or "")
+        assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"][-1] == (
+            f"stage process 'prep' could not be restarted: {why}")
         with pytest.raises(PipelineDead, match="could not be restarted"):
             await c.submit({})
         assert c.health()[0] == "down"
@@ -657,8 +667,8 @@ def test_a_replica_that_never_answers_its_start_is_retired_and_stays_in_standby(
         assert "voice#1" not in c._starting and "voice#1" in c.core.standby and "voice#1" not in c.down
         assert c.scaling()["voice"]["replicas"] == 1
         errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
-        assert any(e.startswith("replica 'voice#1' could not be started (scale up): ") and e.endswith("; it stays in standby")
-                   for e in errors)
+        assert errors[0] == ("replica 'voice#1' could not be started (scale up): it did not answer within the ready "
+                             "timeout (0.3s); it stays in standby")
         # what it held stays where it was: the requests still complete on voice#0
         for h in handles:
             stub.processes["voice#0"].send(result(h.id, {"text": h.id}))
@@ -689,5 +699,56 @@ def test_a_replica_that_dies_while_starting_fails_its_start_at_once_and_holds_no
         for h in handles:
             stub.processes["voice#0"].send(result(h.id, {"text": h.id}))
         await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 3)
+
+    run(body, topology=ELASTIC)
+
+
+def test_a_replica_that_reports_ready_but_never_answers_the_hello_is_not_used(caplog: pytest.LogCaptureFixture) -> None:
+    async def body(c: Coordinator, stub: StubLauncher) -> None:
+        stub.hello_on_start = False
+        handles = [await c.submit({"n": i}, request_id=f"r{i}") for i in range(2)]
+        await until(lambda: "voice#1" in stub.retired, timeout=3)
+        assert "voice#1" in c.core.standby and c.scaling()["voice"]["replicas"] == 1
+        assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"][0] == (
+            "replica 'voice#1' could not be started (scale up): it did not answer within the ready timeout (0.3s); "
+            "it stays in standby")
+        assert all(c.placement._assigned[h.id]["voice"] == "voice#0" for h in handles)  # nothing moved to it
+
+    run(body, LaunchConfig(ready_timeout=0.3), topology=ELASTIC)
+
+
+def test_a_new_replica_takes_no_request_whose_caller_has_seen_output(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="omnictl.coordinator.coordinator")
+
+    async def body(c: Coordinator, stub: StubLauncher) -> None:
+        handles = [await c.submit({"n": i}, request_id=f"r{i}") for i in range(2)]
+        for h in handles:  # both streamed a first chunk before the window ended
+            stub.processes["voice#0"].send(result(h.id, {"text": "so"}, seq=0, final=False))
+        await until(lambda: all(c.requests[h.id].output_sent for h in handles))
+        await until(lambda: c.scaling()["voice"]["replicas"] == 2)
+        await until(lambda: scaling_lines(caplog)[-1].startswith("replica "))
+        assert scaling_lines(caplog)[-1] == "replica 'voice#1' is up"
+        assert len(stub.processes["prep"].received) == 2  # nothing re-sent
+        assert all(c.placement._assigned[h.id]["voice"] == "voice#0" for h in handles)
+
+    run(body, topology=ELASTIC)
+
+
+def test_the_autoscaler_looks_every_quarter_of_the_shortest_window() -> None:
+    async def body(c: Coordinator, stub: StubLauncher) -> None:
+        looks: list[float] = []
+        decide = c.autoscaler.decide
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            looks.append(asyncio.get_running_loop().time())
+            return decide(*args, **kwargs)
+
+        c.autoscaler.decide = timed  # type: ignore[method-assign]
+        await until(lambda: len(looks) >= 11)
+        gaps = sorted(b - a for a, b in zip(looks, looks[1:]))
+        # window 0.05 s: a look every 0.02 s (the floor; a quarter would be 0.0125 s), not
+        # the 0.25 s ceiling, nor anything near the window itself
+        assert 0.015 <= gaps[len(gaps) // 2] < 0.04
+        assert c.nodes() == {"-": {"processes": ["prep", "voice#0"], "status": "up"}}  # standby not listed
 
     run(body, topology=ELASTIC)

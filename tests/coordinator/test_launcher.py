@@ -105,6 +105,8 @@ def test_a_label_no_node_carries_fails_the_launch_naming_process_label_and_what_
     assert error.value.stage == "b"
     with pytest.raises(LaunchError, match=r"labels in the cluster: none"):
         check_labels(topology, [])
+    with pytest.raises(LaunchError, match=r"\(labels in the cluster: a-box, cpu-box\)"):
+        check_labels(topology, ["a-box", "cpu-box"])
 
 
 def test_the_local_launcher_starts_watches_restarts_and_stops_real_processes(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +20,8 @@ from omnictl import logs
 from omnictl.coordinator.ray_launcher import RayHandle, RayLauncher, StageActor
 from omnictl.exceptions import LaunchError
 from omnictl.stage.startup import WorkerConfig, decode_config
-from omnictl.topology import loads
+from omnictl.topology import load, loads
+from omnictl.topology.model import Topology
 from omnictl.transports.curve import CurveKeys
 
 TOPOLOGY = """
@@ -76,11 +78,12 @@ def killed(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Actor, bool]]:
     return calls
 
 
-def make(exits: list[tuple[str, str]] | None = None, **kwargs: Any) -> tuple[RayLauncher, ActorClass]:
+def make(exits: list[tuple[str, str]] | None = None, topology: Topology | None = None,
+         **kwargs: Any) -> tuple[RayLauncher, ActorClass]:
     """A launcher that has 'connected': its home node and actor class set, as ``_connect`` does."""
     curve = CurveKeys.generate()
     seen = exits if exits is not None else []
-    launcher = RayLauncher(loads(TOPOLOGY), model_path="/weights", tcp_coordinator=("tcp://10.0.0.1:5000", "tcp://10.0.0.1:5001"),
+    launcher = RayLauncher(topology or loads(TOPOLOGY), model_path="/weights", tcp_coordinator=("tcp://10.0.0.1:5000", "tcp://10.0.0.1:5001"),
                            profile_address="tcp://10.0.0.1:5002", on_exit=lambda name, why: seen.append((name, why)),
                            curve=curve, **kwargs)
     actors = ActorClass()
@@ -120,6 +123,24 @@ def test_a_labelled_replica_asks_for_its_label_its_cpus_and_gpus_and_gets_its_wh
         assert config.audio_policy == "audio-first"
         assert (config.log_level, config.log_format) == (logs.settings().level, logs.settings().format)
         assert handle.watcher is not None and not handle.watcher.done()
+        handle.watcher.cancel()
+
+    asyncio.run(main())
+
+
+def test_a_replica_imports_from_beside_its_topology_file_and_logs_as_the_server_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "pipeline.yaml").write_text(TOPOLOGY)
+    monkeypatch.setattr(logs, "settings", lambda: logs.LogSettings("DEBUG", "json"))
+
+    async def main() -> None:
+        launcher, actors = make(topology=load(tmp_path / "pipeline.yaml"))
+        assert launcher._topology_dir == tmp_path.resolve()
+        handle = launcher.start("a")
+        config = decode_config(actors.actors[0].run.calls[0][0])
+        assert config.sys_path[0] == str(tmp_path.resolve())  # user code beside the topology first
+        assert (config.log_level, config.log_format) == ("DEBUG", "json")
+        assert handle.watcher is not None
         handle.watcher.cancel()
 
     asyncio.run(main())
@@ -296,6 +317,21 @@ def test_stop_kills_every_actor_it_started_predecessors_included_and_leaves_ray_
     asyncio.run(main())
 
 
+def test_stop_does_not_wait_past_its_timeout_for_a_hung_worker(killed: list[tuple[Actor, bool]]) -> None:
+    async def main() -> None:
+        launcher, actors = make()
+        hung = launcher.start("a")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await launcher.stop(timeout=0.05)  # its worker never returns
+        assert loop.time() - started < 1.0
+        await asyncio.sleep(0)
+        assert hung.watcher is not None and hung.watcher.cancelled()
+        assert killed == [(actors.actors[0], True)] and actors.actors[0].stop.calls == [()]
+
+    asyncio.run(main())
+
+
 def test_stop_before_any_start_touches_nothing(killed: list[tuple[Actor, bool]], monkeypatch: pytest.MonkeyPatch) -> None:
     shutdowns: list[bool] = []
     monkeypatch.setattr(ray, "shutdown", lambda: shutdowns.append(True))
@@ -337,6 +373,34 @@ def test_connect_joins_the_cluster_once_checks_the_labels_and_pins_to_its_own_no
     monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": False, "Labels": {"omnictl-node": "gpu-box"}}])
     with pytest.raises(LaunchError, match=r"process 'far' asks for node 'gpu-box'"):
         launcher._connect()
+
+
+def test_the_first_start_joins_the_cluster_then_starts_the_actor(monkeypatch: pytest.MonkeyPatch) -> None:
+    actors = ActorClass()
+    inits: list[str | None] = []
+
+    class Context:
+        def get_node_id(self) -> str:
+            return HOME
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: bool(inits))
+    monkeypatch.setattr(ray, "init", lambda address: inits.append(address))
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: Context())
+    monkeypatch.setattr(ray, "remote", lambda cls: actors)
+    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "Labels": {"omnictl-node": "gpu-box"}}])
+
+    async def main() -> None:
+        launcher = RayLauncher(loads(TOPOLOGY), model_path=None, tcp_coordinator=("tcp://h:1", "tcp://h:2"),
+                               profile_address=None, on_exit=lambda name, why: None, curve=CurveKeys.generate())
+        assert not launcher._connected
+        first, second = launcher.start("a"), launcher.start("far#0")
+        assert inits == [None] and launcher._owns_ray  # joined once, on the first start
+        assert [a.options.get("label_selector") for a in actors.actors] == [None, {"omnictl-node": "gpu-box"}]
+        for handle in (first, second):
+            assert handle.watcher is not None
+            handle.watcher.cancel()
+
+    asyncio.run(main())
 
 
 def test_a_launcher_knows_each_replicas_process_and_node_from_the_topology() -> None:
