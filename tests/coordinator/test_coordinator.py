@@ -85,6 +85,7 @@ class StubProcess:
         self.control = context.socket(zmq.PUSH)
         self.control.connect(coordinator.control_address)
         self.heard: list[Any] = []  # broadcasts other than hellos, in order
+        self.hellos: list[m.Hello] = []
         self.received: list[tuple[Any, list[bytes]]] = []  # inbound messages with their frames
         self.answer_stats = True
         self.answer_hello = True
@@ -97,6 +98,7 @@ class StubProcess:
         while True:
             message = m.broadcast_decoder.decode(await self.broadcasts.recv())
             if isinstance(message, m.Hello):
+                self.hellos.append(message)
                 if self.answer_hello:
                     self.send(m.HelloAck(self.name, message.seq))
             elif isinstance(message, m.StatsRequest):
@@ -752,3 +754,15 @@ def test_the_autoscaler_looks_every_quarter_of_the_shortest_window() -> None:
         assert c.nodes() == {"-": {"processes": ["prep", "voice#0"], "status": "up"}}  # standby not listed
 
     run(body, topology=ELASTIC)
+
+
+def test_a_ready_report_with_a_tcp_address_goes_into_the_next_hello_and_the_relaunch_port() -> None:
+    async def body(c: Coordinator, stub: StubLauncher) -> None:
+        stub.processes["voice#1"].send(m.Ready("voice#1", 1000, "tcp://127.0.0.1:6123"))
+        await until(lambda: "voice#1" in c.launcher.tcp_ports)
+        assert c.launcher.tcp_ports == {"voice#1": 6123}  # a relaunch binds the same port
+        assert c.endpoint.tcp_addresses == {"voice#1": "tcp://127.0.0.1:6123"}
+        await c._handshake(["voice#0"])  # the hello every peer hears carries the address book
+        assert stub.processes["voice#0"].hellos[-1].tcp_addresses == {"voice#1": "tcp://127.0.0.1:6123"}
+
+    run(body)

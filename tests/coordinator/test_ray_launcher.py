@@ -442,3 +442,20 @@ def test_a_stage_actor_stops_its_worker_and_without_one_does_nothing() -> None:
 
     asyncio.run(main())
 
+
+
+def test_a_handle_kills_its_actor_for_good_and_an_actor_tells_its_node(killed: list[tuple[Actor, bool]],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    class Context:
+        def get_node_id(self) -> str:
+            return HOME
+
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: Context())
+
+    async def main() -> None:
+        actor = Actor({})
+        RayHandle("far#0", actor=actor, node="gpu-box").kill()
+        assert killed == [(actor, True)]  # no_restart: Ray must not bring it back behind omnictl's back
+        assert StageActor().node_id() == HOME
+
+    asyncio.run(main())
