@@ -170,7 +170,7 @@ class Coordinator:
             waiting = [h.name for h in handles if not h.ready.done()] or instances
             raise LaunchError(
                 self._first_stage(waiting[0]),
-                f"process {waiting[0]!r} was not ready within {self.ready_timeout:.0f}s",
+                f"process {waiting[0]!r} was not ready within {self.ready_timeout:g}s",
             ) from None
 
     def _first_stage(self, instance: str) -> str:

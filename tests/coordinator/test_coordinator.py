@@ -228,7 +228,7 @@ def test_start_launches_every_replica_and_waits_for_each_hello() -> None:
 def test_a_process_that_never_gets_ready_fails_the_start_naming_it() -> None:
     async def body(c: Coordinator, stub: StubLauncher) -> None:
         stub.ready_on_start = False
-        with pytest.raises(LaunchError, match=r"stage 'prep' failed to start: process 'prep' was not ready within 0s"):
+        with pytest.raises(LaunchError, match=r"stage 'prep' failed to start: process 'prep' was not ready within 0.3s"):
             await c.start()
 
     run(body, LaunchConfig(ready_timeout=0.3), start=False)
@@ -246,13 +246,44 @@ def test_a_launch_failure_report_names_the_stage_and_why() -> None:
     run(body, start=False)
 
 
+def test_a_process_that_dies_before_its_ready_report_fails_the_start_soon_naming_stage_and_why() -> None:
+    async def body(c: Coordinator, stub: StubLauncher) -> None:
+        stub.ready_on_start = False
+        loop = asyncio.get_running_loop()
+        starting = asyncio.create_task(c.start())
+        await until(lambda: "voice#1" in stub.processes)
+        died = loop.time()
+        stub.die("voice#1", "exit code 2")  # no LaunchFailed report came: the death is the reason
+        with pytest.raises(LaunchError) as error:
+            await starting
+        assert str(error.value) == "stage 'talk' failed to start: replica 'voice#1' (stages talk) died: exit code 2"
+        assert error.value.stage == "talk"
+        assert loop.time() - died < 2.0  # the report's grace (0.5 s), not the 5 s ready timeout
+
+    run(body, start=False)
+
+
+def test_a_launch_report_that_comes_just_after_the_death_still_names_the_cause() -> None:
+    async def body(c: Coordinator, stub: StubLauncher) -> None:
+        stub.ready_on_start = False
+        starting = asyncio.create_task(c.start())
+        await until(lambda: "voice#1" in stub.processes)
+        stub.die("voice#1", "exit code 1")  # its exit seen first ...
+        stub.processes["voice#1"].send(m.LaunchFailed("voice#1", "talk", "CUDA out of memory"))  # ... then why
+        with pytest.raises(LaunchError, match=r"^stage 'talk' failed to start: CUDA out of memory$"):
+            await starting
+
+    run(body, start=False)
+
+
 def test_a_process_that_exits_before_its_hello_fails_the_start() -> None:
     async def body(c: Coordinator, stub: StubLauncher) -> None:
         for process in stub.processes.values():
             process.answer_hello = False
         stub.handles["voice#0"].exited = "exit code 2"
-        with pytest.raises(LaunchError, match=r"process 'voice#0' exited: exit code 2"):
+        with pytest.raises(LaunchError, match=r"process 'voice#0' exited: exit code 2") as error:
             await c._handshake(["prep", "voice#0"])
+        assert error.value.stage == "talk"  # the first stage of the process that exited
 
     run(body)
 
@@ -290,6 +321,62 @@ def test_a_large_input_travels_in_a_slot_that_comes_back_when_released() -> None
         assert np.array_equal(decode(submit.payload, SegmentReader())["x"], np.arange(100_000, dtype=np.float32))
         prep.send(m.SlotRelease(submit.payload.shm))
         await until(lambda: c.endpoint.pools[m.COORDINATOR].in_use == 0)
+
+    run(body)
+
+
+def test_a_slot_lent_to_a_process_that_dies_before_releasing_it_comes_back() -> None:
+    async def body(c: Coordinator, stub: StubLauncher) -> None:
+        await c.submit({"x": np.arange(100_000, dtype=np.float32)}, request_id="r1")
+        await until(lambda: stub.processes["prep"].received)
+        assert c.endpoint.pools[m.COORDINATOR].in_use == 1
+        stub.die("prep")  # it never sent the release
+        assert c.endpoint.pools[m.COORDINATOR].in_use == 0 and c.held()["slots_in_use"] == 0
+
+    run(body)
+
+
+def test_a_terminal_output_in_a_slot_is_read_and_the_slot_handed_back_to_its_owner() -> None:
+    async def body(c: Coordinator, stub: StubLauncher) -> None:
+        handle = await c.submit({}, request_id="r1")
+        replica = c.placement._assigned["r1"]["voice"]
+        pool = SlotPool(replica, "talk", 1 << 20, 1)
+        try:
+            payload = codec_for(Transport.SHM, pool, RelayKnobs()).encode({"audio": np.ones(50_000, np.float32)})
+            assert payload.shm is not None and pool.in_use == 1
+            stub.processes[replica].send(m.TerminalOutput("r1", "talk", True, 0, payload))
+            outcome = await asyncio.wait_for(handle.result(), 3)
+            assert np.array_equal(outcome["talk"]["audio"], np.ones(50_000, np.float32))
+            released = stub.processes[replica]
+            await until(lambda: any(isinstance(msg, m.SlotRelease) for msg, _ in released.received))
+            release = next(msg for msg, _ in released.received if isinstance(msg, m.SlotRelease))
+            assert release.ref == payload.shm  # to the replica that lent it, for that slot
+        finally:
+            pool.close()
+
+    run(body)
+
+
+def test_inputs_changed_by_the_caller_after_submit_fail_the_replay_naming_the_stage_and_the_next_replays_go_on() -> None:
+    async def body(c: Coordinator, stub: StubLauncher) -> None:
+        spoiled: dict[str, Any] = {"items": []}
+        first = await c.submit(spoiled, request_id="r0")
+        second = await c.submit({"n": 1}, request_id="r1")
+        third = await c.submit({"n": 2}, request_id="r2")
+        # equally loaded replicas take turns: r0 and r2 on voice#0
+        assert [c.placement._assigned[r]["voice"] for r in ("r0", "r1", "r2")] == ["voice#0", "voice#1", "voice#0"]
+        spoiled["items"].append(object())  # the caller changed what it handed over: no longer encodable
+        stub.die("voice#0")
+        with pytest.raises(RequestFailed, match=r"request r0 could not be replayed: "):
+            await asyncio.wait_for(first.result(), 3)
+        prep = stub.processes["prep"]
+        await until(lambda: len(prep.received) == 4)
+        assert prep.received[3][0].ctx.request_id == "r2~1"  # the next replay still went out
+        stub.processes["voice#1"].send(result("r1", {"text": "r1"}))
+        stub.processes["voice#1"].send(result("r2~1", {"text": "r2"}))
+        assert await asyncio.wait_for(asyncio.gather(second.result(), third.result()), 3) == [
+            {"talk": {"text": "r1"}}, {"talk": {"text": "r2"}}]
+        assert c.core.held()["requests"] == 0
 
     run(body)
 
