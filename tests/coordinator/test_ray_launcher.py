@@ -71,6 +71,24 @@ class ActorClass:
         return actor
 
 
+class Context:
+    """What ``ray.get_runtime_context()`` answers: the node this process runs on."""
+
+    def get_node_id(self) -> str:
+        return HOME
+
+
+def join_cluster(monkeypatch: pytest.MonkeyPatch, inits: list[str | None], remote: Any,
+                 initialized: bool | None = None) -> None:
+    """Ray's connection calls as stand-ins: ``inits`` records each ``ray.init(address)``;
+    ``initialized`` None: connected once ``init`` was called. One alive node, labelled gpu-box."""
+    monkeypatch.setattr(ray, "is_initialized", lambda: bool(inits) if initialized is None else initialized)
+    monkeypatch.setattr(ray, "init", lambda address: inits.append(address))
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: Context())
+    monkeypatch.setattr(ray, "remote", lambda cls: remote(cls))
+    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "Labels": {"omnictl-node": "gpu-box"}}])
+
+
 @pytest.fixture
 def killed(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Actor, bool]]:
     calls: list[tuple[Actor, bool]] = []
@@ -351,23 +369,14 @@ def test_stop_before_any_start_touches_nothing(killed: list[tuple[Actor, bool]],
 def test_connect_joins_the_cluster_once_checks_the_labels_and_pins_to_its_own_node(
         monkeypatch: pytest.MonkeyPatch, initialized: bool) -> None:
     inits: list[str | None] = []
-
-    class Context:
-        def get_node_id(self) -> str:
-            return "the-coordinators-node"
-
-    monkeypatch.setattr(ray, "is_initialized", lambda: initialized)
-    monkeypatch.setattr(ray, "init", lambda address: inits.append(address))
-    monkeypatch.setattr(ray, "get_runtime_context", lambda: Context())
-    monkeypatch.setattr(ray, "remote", lambda cls: ("remote", cls))
-    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "Labels": {"omnictl-node": "gpu-box"}}])
+    join_cluster(monkeypatch, inits, lambda cls: ("remote", cls), initialized)
     launcher = RayLauncher(loads(TOPOLOGY), model_path=None, tcp_coordinator=("tcp://h:1", "tcp://h:2"),
                            profile_address=None, on_exit=lambda name, why: None, curve=CurveKeys.generate(),
                            ray_address="ray://head:10001")
     launcher._connect()
     assert inits == ([] if initialized else ["ray://head:10001"])
     assert launcher._owns_ray is (not initialized)
-    assert launcher._connected and launcher._home == "the-coordinators-node"
+    assert launcher._connected and launcher._home == HOME
     assert launcher._actor_class == ("remote", StageActor)
 
     monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": False, "Labels": {"omnictl-node": "gpu-box"}}])
@@ -378,16 +387,7 @@ def test_connect_joins_the_cluster_once_checks_the_labels_and_pins_to_its_own_no
 def test_the_first_start_joins_the_cluster_then_starts_the_actor(monkeypatch: pytest.MonkeyPatch) -> None:
     actors = ActorClass()
     inits: list[str | None] = []
-
-    class Context:
-        def get_node_id(self) -> str:
-            return HOME
-
-    monkeypatch.setattr(ray, "is_initialized", lambda: bool(inits))
-    monkeypatch.setattr(ray, "init", lambda address: inits.append(address))
-    monkeypatch.setattr(ray, "get_runtime_context", lambda: Context())
-    monkeypatch.setattr(ray, "remote", lambda cls: actors)
-    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "Labels": {"omnictl-node": "gpu-box"}}])
+    join_cluster(monkeypatch, inits, lambda cls: actors)
 
     async def main() -> None:
         launcher = RayLauncher(loads(TOPOLOGY), model_path=None, tcp_coordinator=("tcp://h:1", "tcp://h:2"),
@@ -446,10 +446,6 @@ def test_a_stage_actor_stops_its_worker_and_without_one_does_nothing() -> None:
 
 def test_a_handle_kills_its_actor_for_good_and_an_actor_tells_its_node(killed: list[tuple[Actor, bool]],
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    class Context:
-        def get_node_id(self) -> str:
-            return HOME
-
     monkeypatch.setattr(ray, "get_runtime_context", lambda: Context())
 
     async def main() -> None:
