@@ -473,7 +473,7 @@ def test_a_full_inbox_holds_admission_until_it_drains() -> None:
 # --- deaths and restarts ----------------------------------------------------------------
 
 
-def test_a_dead_replica_fails_its_requests_and_the_others_keep_serving() -> None:
+def test_a_dead_replica_fails_its_requests_and_the_others_keep_serving(caplog: pytest.LogCaptureFixture) -> None:
     async def body(c: Coordinator, stub: StubLauncher) -> None:
         first = await c.submit({}, request_id="a")
         second = await c.submit({}, request_id="b")
@@ -494,6 +494,9 @@ def test_a_dead_replica_fails_its_requests_and_the_others_keep_serving() -> None
         late = await c.submit({}, request_id="c")
         assert c.placement._assigned[late.id]["voice"] == "voice#1"
         assert c.lost == {"voice#0"}  # no restart allowed (max_restarts 0)
+        assert [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "WARNING")] == [
+            "replica 'voice#0' (stages talk) died: killed by SIGKILL; 1 request(s) pinned to it failed, 0 replayed; "
+            "no restart left (max_restarts 0)"]
 
     run(body, LaunchConfig(ready_timeout=5.0, replay_limit=0))
 
@@ -533,6 +536,11 @@ def test_a_dead_process_restarts_and_hears_the_aborts_it_missed(caplog: pytest.L
         assert c.down and not c.healthy
         await until(lambda: stub.starts.count("prep") == 2 and c.healthy)
         assert caplog.records[-1].getMessage() == "stage process 'prep' is back"
+        # logged once each: the death with what it cost and what happens next, then each replay
+        why = "stage process 'prep' (stages prep) died: killed by SIGKILL"
+        assert [(r.levelname, r.getMessage()) for r in caplog.records if r.levelname in ("ERROR", "WARNING")] == [
+            ("ERROR", f"{why}; 0 request(s) pinned to it failed, 1 replayed; restarting it (restart 1 of 1)"),
+            ("WARNING", f"request r1: replayed from the entry (replay 1 of 1): stage 'prep' lost it: {why}")]
         assert stub.handles["prep"].restarts == 1
         await until(lambda: m.Abort(("r1",)) in stub.processes["prep"].heard)  # the new one heard it
         assert c.dead_reason is None
