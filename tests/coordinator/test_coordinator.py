@@ -709,13 +709,17 @@ def test_a_draining_replica_takes_nothing_new_and_stops_once_its_last_request_en
     caplog.set_level("INFO", logger="omnictl.coordinator.coordinator")
 
     async def body(c: Coordinator, stub: StubLauncher) -> None:
+        looked: list[None] = []  # one entry per look of the autoscaler (it removes drained replicas after each)
+        decide = c.autoscaler.decide
+        c.autoscaler.decide = lambda *a, **k: looked.append(None) or decide(*a, **k)  # type: ignore[method-assign]
         handles = await scaled_to_two(c, stub)
         c._scale(ScaleDecision("voice", "voice#1", False, 1.0, "1.0 requests in flight per replica (the test's)"))
         assert scaling_lines(caplog)[-1] == ("scaling process 'voice' down: 'voice#1' 1.0 requests in flight per "
                                              "replica (the test's); draining it (2 -> 1)")
         late = await c.submit({}, request_id="late")
         assert c.placement._assigned["late"]["voice"] == "voice#0"
-        await asyncio.sleep(0.15)  # several ticks: it holds r1, so it stays
+        looks = len(looked)
+        await until(lambda: len(looked) >= looks + 5)  # five looks of the autoscaler: it holds r1, so it stays
         assert stub.retired == [] and c.core.draining == {"voice#1"}
         answer_both(stub)
         stub.processes["voice#0"].send(result("late", {"text": "late"}))

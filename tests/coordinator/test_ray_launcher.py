@@ -111,6 +111,13 @@ def make(exits: list[tuple[str, str]] | None = None, topology: Topology | None =
     return launcher, actors
 
 
+def cancel_watchers(launcher: RayLauncher) -> None:
+    """End a test whose actors never end: every watcher the launcher started is cancelled."""
+    for handle in launcher.started:
+        assert handle.watcher is not None
+        handle.watcher.cancel()
+
+
 async def settle() -> None:
     for _ in range(3):
         await asyncio.sleep(0)
@@ -141,7 +148,7 @@ def test_a_labelled_replica_asks_for_its_label_its_cpus_and_gpus_and_gets_its_wh
         assert config.audio_policy == "audio-first"
         assert (config.log_level, config.log_format) == (logs.settings().level, logs.settings().format)
         assert handle.watcher is not None and not handle.watcher.done()
-        handle.watcher.cancel()
+        cancel_watchers(launcher)
 
     asyncio.run(main())
 
@@ -154,12 +161,11 @@ def test_a_replica_imports_from_beside_its_topology_file_and_logs_as_the_server_
     async def main() -> None:
         launcher, actors = make(topology=load(tmp_path / "pipeline.yaml"))
         assert launcher._topology_dir == tmp_path.resolve()
-        handle = launcher.start("a")
+        launcher.start("a")
         config = decode_config(actors.actors[0].run.calls[0][0])
         assert config.sys_path[0] == str(tmp_path.resolve())  # user code beside the topology first
         assert (config.log_level, config.log_format) == ("DEBUG", "json")
-        assert handle.watcher is not None
-        handle.watcher.cancel()
+        cancel_watchers(launcher)
 
     asyncio.run(main())
 
@@ -167,7 +173,7 @@ def test_a_replica_imports_from_beside_its_topology_file_and_logs_as_the_server_
 def test_an_unlabelled_replica_is_pinned_to_the_coordinators_node_with_one_cpu_and_no_gpu() -> None:
     async def main() -> None:
         launcher, actors = make()
-        handle = launcher.start("a")
+        launcher.start("a")
         options = actors.actors[0].options
         assert "label_selector" not in options
         strategy = options.pop("scheduling_strategy")
@@ -177,8 +183,7 @@ def test_an_unlabelled_replica_is_pinned_to_the_coordinators_node_with_one_cpu_a
         config = decode_config(actors.actors[0].run.calls[0][0])
         assert (config.process, config.instance, config.node, config.tcp_port) == ("a", "a", None, 0)
         assert config.audio_policy == "fifo"
-        assert handle.watcher is not None
-        handle.watcher.cancel()
+        cancel_watchers(launcher)
 
     asyncio.run(main())
 
@@ -193,9 +198,7 @@ def test_a_relaunch_counts_its_restarts_and_keeps_its_predecessor_for_stop() -> 
         assert [first.restarts, second.restarts, third.restarts, other.restarts] == [0, 1, 2, 0]
         assert launcher.handles == {"far#0": third, "far#1": other}
         assert launcher.started == [first, second, third, other]
-        for handle in launcher.started:
-            assert handle.watcher is not None
-            handle.watcher.cancel()
+        cancel_watchers(launcher)
 
     asyncio.run(main())
 
@@ -393,12 +396,11 @@ def test_the_first_start_joins_the_cluster_then_starts_the_actor(monkeypatch: py
         launcher = RayLauncher(loads(TOPOLOGY), model_path=None, tcp_coordinator=("tcp://h:1", "tcp://h:2"),
                                profile_address=None, on_exit=lambda name, why: None, curve=CurveKeys.generate())
         assert not launcher._connected
-        first, second = launcher.start("a"), launcher.start("far#0")
+        launcher.start("a")
+        launcher.start("far#0")
         assert inits == [None] and launcher._owns_ray  # joined once, on the first start
         assert [a.options.get("label_selector") for a in actors.actors] == [None, {"omnictl-node": "gpu-box"}]
-        for handle in (first, second):
-            assert handle.watcher is not None
-            handle.watcher.cancel()
+        cancel_watchers(launcher)
 
     asyncio.run(main())
 
