@@ -24,17 +24,22 @@ class BackgroundServer:
         self._ready = threading.Event()
         self._listening: Listening | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._serving: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name="omnictl-server", daemon=True)
 
     def _main(self) -> None:
         async def on_ready(listening: Listening) -> None:
             self._listening = listening
-            self._loop = asyncio.get_running_loop()
             self._ready.set()
 
+        async def serve() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._serving = asyncio.current_task()
+            await run_server(self.options, on_ready, handle_signals=False)
+
         try:
-            asyncio.run(run_server(self.options, on_ready, handle_signals=False))
+            asyncio.run(serve())
         except BaseException as exc:  # handed to the caller's thread by __enter__
             self._error = exc
         finally:
@@ -45,7 +50,12 @@ class BackgroundServer:
         deadline = time.monotonic() + self.start_timeout
         while not self._ready.wait(timeout=0.2):
             if time.monotonic() > deadline:
-                raise LaunchError("http", f"the server did not become ready within {self.start_timeout:.0f}s")
+                # Not left loading behind the caller's back: the launch is cancelled, which
+                # stops the stage processes it started, before the error is raised.
+                if self._loop is not None and self._serving is not None:
+                    self._loop.call_soon_threadsafe(self._serving.cancel)
+                self._thread.join(timeout=60)
+                raise LaunchError("http", f"the server did not become ready within {self.start_timeout:g}s")
         if self._listening is None:
             raise LaunchError("http", f"the server stopped before it was ready: {self._error}") from self._error
         return self._listening
