@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 from typing import Any, Awaitable, Callable
 
 import numpy as np
@@ -858,3 +859,72 @@ def test_a_response_that_would_make_a_stream_underrun_is_refused() -> None:
         assert len(pipeline.submitted) == 1  # text has no playback to keep up with
 
     run(scenario)
+
+
+# --- the echo guard: speech heard while the answer plays ----------------------------------
+
+
+def _speaking(audio: np.ndarray) -> Callable[[Any, list[str]], list[Any]]:
+    """A script that streams ``audio`` (24 kHz float) as the answer's voice, and holds."""
+    from omnictl.coordinator.request import RequestEvent, RequestEventKind
+    from omnictl.outputs import AudioChunk
+
+    return lambda inputs, modalities: [RequestEvent(RequestEventKind.STREAM, "speak", AudioChunk(audio, RATE))]
+
+
+async def _answer_playing(client: Client, pipeline: ScriptedPipeline) -> None:
+    await said(client)
+    await client.send({"type": "response.create", "response": {"output_modalities": ["audio"]}})
+    while not client.of("response.output_audio.delta"):
+        await asyncio.sleep(0.001)
+    assert client.session.echo.playing()
+
+
+def test_the_answer_s_own_voice_coming_back_is_echo_and_neither_interrupts_nor_is_kept(
+    spoken: bytes, silero: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="omnictl.serving.realtime")
+    voice = np.frombuffer(spoken, "<i2").astype(np.float32) / 32768.0
+
+    async def scenario() -> None:
+        pipeline = ScriptedPipeline(topology=EVERY_ENDPOINT, script=_speaking(voice), hold=True)
+        client = vad_client(pipeline, silero)
+        await _answer_playing(client, pipeline)
+        await speak(client, spoken)  # the client's speaker, heard by its microphone
+        assert "input_audio_buffer.speech_started" not in client.types()
+        assert "input_audio_buffer.committed" not in client.types()
+        assert client.of("response.done") == [] and pipeline.aborts == []  # the answer goes on
+        assert client.session.echo.judged and client.session.echo.judged[-1] >= 0.5
+        await client.session.close()
+
+    run(scenario)
+    dropped = [r.getMessage() for r in caplog.records if "is the answer's echo" in r.getMessage()]
+    assert len(dropped) >= 1 and dropped[0].startswith("realtime session ") and dropped[0].endswith(": dropped")
+
+
+def test_another_voice_over_the_answer_barges_in_once_judged(
+    spoken: bytes, silero: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="omnictl.serving.realtime")
+
+    async def scenario() -> None:
+        hum = tone(3.0, RATE)  # the answer's voice: nothing like the user's
+        pipeline = ScriptedPipeline(topology=EVERY_ENDPOINT, script=_speaking(hum), hold=True)
+        client = vad_client(pipeline, silero, create_response=False)  # the next turn is not answered
+        await _answer_playing(client, pipeline)
+        await speak(client, spoken)
+        [started] = client.of("input_audio_buffer.speech_started")
+        assert started["audio_start_ms"] >= 500  # when the voice began, not when it was judged
+        [done] = client.of("response.done")
+        assert (done["response"]["status"], done["response"]["status_details"]["reason"]) == (
+            "cancelled",
+            "turn_detected",
+        )
+        answer = next(iter(pipeline.requests))  # (the next request is the new turn's transcription)
+        assert pipeline.aborts == [answer]
+        assert client.session.echo.judged and client.session.echo.judged[0] < 0.5
+        await client.session.close()
+
+    run(scenario)
+    judged = [r.getMessage() for r in caplog.records if "over the answer is not its echo" in r.getMessage()]
+    assert len(judged) == 1
