@@ -69,7 +69,8 @@ declare -A package_tests=(
                tests/serving/test_audio_routes.py tests/serving/realtime/test_formats.py
                tests/serving/test_route_clients.py tests/serving/realtime/test_echo_guard.py
                tests/serving/realtime/test_session_events.py tests/serving/realtime/test_semantic_vad.py
-               tests/serving/test_server.py tests/serving/realtime/test_websocket_route.py tests/serving/test_metrics.py"
+               tests/serving/test_server.py tests/serving/realtime/test_websocket_route.py tests/serving/test_metrics.py
+               tests/serving/test_voices_and_playground.py"
 )
 
 # One thread per test process: the runs are parallel already (MUTATION_CHILDREN), and a

@@ -126,10 +126,6 @@ class Conversation:
     def find(self, item_id: str) -> Turn | None:
         return next((turn for turn in self.turns if turn.id == item_id), None)
 
-    def previous_id(self, turn: Turn) -> str | None:
-        index = self.turns.index(turn)
-        return self.turns[index - 1].id if index else None
-
     def delete(self, turn: Turn) -> None:
         self.turns.remove(turn)
 
