@@ -344,29 +344,45 @@ def test_items_created_by_the_client() -> None:
 
 
 @pytest.mark.parametrize(
-    ("item", "param", "words"),
+    ("item", "param", "code", "message"),
     [
-        ({"role": "user", "content": []}, "item.content", "exactly one part, got 0"),
+        ({"role": "user", "content": []}, "item.content", "invalid_value",
+         "item.content must hold exactly one part, got 0"),
         ({"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
-         "item.content", "exactly one part, got 2"),
+         "item.content", "invalid_value", "item.content must hold exactly one part, got 2"),
         ({"role": "system", "content": [{"type": "input_audio", "audio": ""}]}, "item.content[0].type",
-         "a system item takes input_text"),
+         "invalid_value", "item.content[0].type: a system item takes input_text, got 'input_audio'"),
         ({"role": "assistant", "content": [{"type": "input_text", "text": "x"}]}, "item.content[0].type",
-         "a assistant item takes output_text, output_audio"),
+         "invalid_value", "item.content[0].type: a assistant item takes output_text, output_audio, got 'input_text'"),
         ({"role": "user", "content": [{"type": "input_audio", "audio": "@@"}]}, "item.content[0].audio",
-         "not valid base64"),
+         "invalid_base64", "item.content[0].audio is not valid base64 ("),
         ({"role": "user", "content": [{"type": "input_audio", "audio": base64.b64encode(b"\x01").decode()}]},
-         "item.content[0].audio", "got 1 bytes"),
+         "item.content[0].audio", "invalid_audio", "item.content[0].audio must be audio/pcm at 24000 Hz (the session's "
+         "input format), up to 5760000 bytes, got 1 bytes"),
         ({"role": "user", "content": [{"type": "input_audio", "audio": base64.b64encode(b"\x01\x02\x03").decode()}]},
-         "item.content[0].audio", "got 3 bytes"),
+         "item.content[0].audio", "invalid_audio", "got 3 bytes"),
+        ({"role": "user", "content": [{"type": "input_audio", "audio": ""}]}, "item.content[0].audio",
+         "invalid_audio", "got 0 bytes"),
     ],
 )
-def test_item_create_refusals(item: dict[str, Any], param: str, words: str) -> None:
+def test_item_create_refusals(item: dict[str, Any], param: str, code: str, message: str) -> None:
     async def scenario() -> None:
         client = Client(ScriptedPipeline(topology=CHAT_ONLY))
         error = await client.refused({"type": "conversation.item.create", "event_id": "i1", "item": item})
-        assert error.param == param and words in error.message and error.event_id == "i1"
+        assert (error.param, error.code, error.event_id) == (param, code, "i1")
+        assert error.message.startswith(message) or error.message.endswith(message), error.message
         assert client.session.conversation.turns == [] and client.sent == []
+
+    run(scenario)
+
+
+def test_the_smallest_audio_item_is_one_sample() -> None:
+    async def scenario() -> None:
+        client = Client(ScriptedPipeline(topology=CHAT_ONLY))
+        one = base64.b64encode(b"\x01\x00").decode()
+        await client.send({"type": "conversation.item.create",
+                           "item": {"role": "user", "content": [{"type": "input_audio", "audio": one}]}})
+        assert client.types() == ["conversation.item.added"]
 
     run(scenario)
 
@@ -378,7 +394,11 @@ def test_an_item_id_is_unique_and_audio_is_bounded() -> None:
         text = {"role": "user", "content": [{"type": "input_text", "text": "hi"}], "id": "x"}
         await client.send({"type": "conversation.item.create", "item": text})
         error = await client.refused({"type": "conversation.item.create", "item": text})
-        assert error.param == "item.id" and "'x' is already in the conversation" in error.message
+        assert (error.param, error.code, error.message) == ("item.id", "invalid_value", "item.id 'x' is already in the conversation")
+        long_id = {**text, "id": "y" * 70}
+        await client.send({"type": "conversation.item.create", "item": long_id})
+        error = await client.refused({"type": "conversation.item.create", "item": long_id})
+        assert error.message == f"item.id {'y' * 64!r}... (6 more characters) is already in the conversation"
         big = base64.b64encode(bytes(102)).decode()
         error = await client.refused({"type": "conversation.item.create",
                                       "item": {"role": "user", "content": [{"type": "input_audio", "audio": big}]}})
