@@ -433,6 +433,30 @@ def test_a_streamed_transcription_that_fails_or_ends_without_a_result() -> None:
     assert state2.metrics.count("failed") == 1 and state2.active == {}
 
 
+def test_a_streamed_transcription_ended_mid_way_says_how_in_its_last_event(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="omnictl.serving")
+    started = RequestEvent(RequestEventKind.STREAM, "hear", Transcript(text=" a", segments=[SEGMENTS[0]]))
+    cases = {
+        "failed": (error_event("asr crashed", stage="hear"),
+                   {"type": "server_error", "code": "stage_failed", "param": None, "message": "stage 'hear': asr crashed"}),
+        "rejected": (error_event("the language 'xx' is not known", stage="hear", field="language"),
+                     {"type": "invalid_request_error", "code": "invalid_request", "param": "language"}),
+        "aborted": (RequestEvent(RequestEventKind.ABORTED, None),
+                    {"type": "server_error", "code": "aborted", "param": None, "message": "the request was aborted"}),
+    }
+    for outcome, (last, error) in cases.items():
+        caplog.clear()
+        client, state = serve(ScriptedPipeline(script=lambda inputs, modalities, last=last: [started, last]))
+        events = sse_events(transcribe(client, stream="true").text)
+        assert [e["type"] for e in events[:-1]] == ["transcript.text.delta"], events
+        assert events[0]["delta"] == SEGMENTS[0].text.lstrip()
+        assert {k: events[-1]["error"][k] for k in error} == error, events[-1]
+        assert state.metrics.count(outcome) == 1 and state.active == {}
+        if outcome == "failed":  # logged once, with the stage's own words
+            [line] = [r.getMessage() for r in caplog.records if " failed: " in r.getMessage()]
+            assert line.endswith(" failed: asr crashed"), line
+
+
 @pytest.mark.parametrize("stream", ["true", "false"])
 @pytest.mark.parametrize(
     ("event", "status", "code", "outcome"),
