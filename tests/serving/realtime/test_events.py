@@ -82,3 +82,46 @@ def test_what_the_openai_client_sends_decodes() -> None:
     item = ev.decode_client_event('{"type": "conversation.item.create", "item": {"type": "message", "role": "user", '
                                   '"content": [{"type": "input_text", "text": "hi"}]}}')
     assert isinstance(item, ev.ConversationItemCreate) and item.item.content[0].text == "hi"
+
+
+ALL_TYPES = ", ".join(ev.CLIENT_EVENT_TYPES)
+
+
+@pytest.mark.parametrize(
+    ("raw", "refused"),
+    [
+        ("nope", ("the message is not valid JSON: Expecting value: line 1 column 1 (char 0)", "invalid_json", None, None)),
+        (b"\xff", None),  # bytes that are not UTF-8: the same code, whatever the decoder's words
+        ("[" * 5000 + "]" * 5000, ("the message is nested more than 32 levels deep", "invalid_json", None, None)),
+        ("[1]", ("an event must be a JSON object, got list", "invalid_event", None, None)),
+        ('{"type": "session.update", "event_id": "' + "e" * 129 + '"}',
+         ("'event_id' must be at most 128 ASCII characters", "invalid_value", "event_id", None)),
+        ('{"type": "session.update", "event_id": "\\u00e9"}',
+         ("'event_id' must be at most 128 ASCII characters", "invalid_value", "event_id", None)),
+        ('{"type": "dance", "event_id": "e1"}',
+         (f"unknown event type 'dance'; this server takes {ALL_TYPES}", "invalid_event_type", "type", "e1")),
+        ('{"event_id": "e1"}', (f"unknown event type None; this server takes {ALL_TYPES}", "invalid_event_type", "type", "e1")),
+        ('{"type": "response.create", "event_id": "e2", "response": {"max_output_tokens": 18446744073709551616}}',
+         ("response.create: 'response.max_output_tokens' is out of range: integers must fit in 64 bits", "invalid_value",
+          "response.max_output_tokens", "e2")),
+        ('{"type": "conversation.item.create", "event_id": "e3", "item": {"role": "user", "content": [{"type": "input_text", "text": 5}]}}',
+         ("conversation.item.create: Expected `str | null`, got `int` - at `$.item.content[0].text`", "invalid_value",
+          "item.content[0].text", "e3")),
+        ('{"type": "conversation.item.delete", "event_id": "e4"}',
+         ("conversation.item.delete: Object missing required field `item_id`", "invalid_value", "item_id", "e4")),
+        ('{"type": "conversation.item.create", "event_id": "e6", "item": {"role": "user", "content": [{"text": "x"}]}}',
+         ("conversation.item.create: Object missing required field `type` - at `$.item.content[0]`", "invalid_value",
+          "item.content[0].type", "e6")),
+        ('{"type": "session.update", "instructions": "\\ud800"}',
+         ("session.update: 'instructions' holds a lone surrogate ('\\ud800'); send valid Unicode", "invalid_value",
+          "instructions", None)),
+    ],
+)
+def test_a_client_event_refused_says_what_where_and_which_event(raw: str | bytes, refused: tuple[typing.Any, ...] | None) -> None:
+    with pytest.raises(ev.EventError) as caught:
+        ev.decode_client_event(raw)
+    error = caught.value
+    if refused is None:
+        assert error.code == "invalid_json" and error.message.startswith("the message is not valid JSON: ")
+        return
+    assert (error.message, error.code, error.param, error.event_id) == refused
