@@ -344,32 +344,66 @@ def test_subtitles_timestamps() -> None:
 
 
 @pytest.mark.parametrize(
-    ("fields", "field", "words"),
+    ("fields", "field", "message"),
     [
-        ({"response_format": "docx"}, "response_format", "'docx' is not supported"),
-        ({"stream": "yes"}, "stream", "must be true or false, got 'yes'"),
-        ({"stream": "true", "response_format": "srt"}, "stream", "cannot stream response_format 'srt'"),
-        ({"timestamp_granularities[]": "word"}, "timestamp_granularities[]", "needs response_format 'verbose_json'"),
+        ({"response_format": "docx"}, "response_format",
+         "'response_format' 'docx' is not supported; choose one of json, text, verbose_json, srt, vtt"),
+        ({"stream": "yes"}, "stream", "'stream' must be true or false, got 'yes'"),
+        ({"stream": "true", "response_format": "srt"}, "stream",
+         "'stream' streams text events; it cannot stream response_format 'srt' (use json or text)"),
+        ({"timestamp_granularities[]": "word"}, "timestamp_granularities[]",
+         "'timestamp_granularities[]' needs response_format 'verbose_json' (as OpenAI's)"),
         ({"timestamp_granularities[]": "phrase", "response_format": "verbose_json"}, "timestamp_granularities[]",
-         "'phrase' is not supported"),
-        ({"include[]": "logprobs", "response_format": "text"}, "include[]", "needs response_format 'json'"),
-        ({"chunking_strategy": "server_vad"}, "chunking_strategy", "only 'auto'"),
-        ({"temperature": "hot"}, "temperature", "got 'hot'"),
-        ({"temperature": "1.5"}, "temperature", "from 0 to 1"),
-        ({"temperature": "nan"}, "temperature", "from 0 to 1"),
-        ({"known_speaker_names[]": "ann"}, "known_speaker_names[]", "no diarization"),
-        ({"voice": "x"}, "voice", "is not a field of this endpoint"),
-        ({"model": ["a", "b"]}, "model", "is given more than once"),
+         "'timestamp_granularities[]' 'phrase' is not supported; choose from segment, word"),
+        ({"include[]": "logprobs", "response_format": "text"}, "include[]",
+         "'include[]' 'logprobs' needs response_format 'json' (as OpenAI's)"),
+        ({"chunking_strategy": "server_vad"}, "chunking_strategy",
+         "'chunking_strategy' only 'auto' is supported (Whisper's own 30 s windows), got 'server_vad'"),
+        ({"temperature": "hot"}, "temperature", "'temperature' must be a number from 0 to 1, got 'hot'"),
+        ({"temperature": "1.5"}, "temperature", "'temperature' must be a number from 0 to 1, got '1.5'"),
+        ({"temperature": "-0.1"}, "temperature", "'temperature' must be a number from 0 to 1, got '-0.1'"),
+        ({"temperature": "nan"}, "temperature", "'temperature' must be a number from 0 to 1, got 'nan'"),
+        ({"known_speaker_names[]": "ann"}, "known_speaker_names[]",
+         "'known_speaker_names[]' is not supported: Whisper does not tell speakers apart (no diarization)"),
+        ({"voice": "x"}, "voice", "'voice' is not a field of this endpoint (it reads chunking_strategy, file, include[], "
+         "language, model, prompt, response_format, stream, temperature, timestamp_granularities[])"),
+        ({"model": ["a", "b"]}, "model", "'model' is given more than once"),
     ],
 )
-def test_form_refusals_name_the_field(fields: dict[str, Any], field: str, words: str) -> None:
+def test_form_refusals_name_the_field(fields: dict[str, Any], field: str, message: str) -> None:
     pipeline = ScriptedPipeline(script=heard)
     client, state = serve(pipeline)
     response = transcribe(client, **fields)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
-    assert error["param"] == field and words in error["message"]
+    assert (error["param"], error["message"]) == (field, message)
     assert pipeline.submitted == [] and state.metrics.count("rejected") == 1
+
+
+@pytest.mark.parametrize(
+    ("fields", "options"),
+    [
+        ({"temperature": "1"}, {"temperature": 1.0}),  # the bounds are in range
+        ({"temperature": "0"}, {"temperature": 0.0}),
+        ({"stream": "TRUE", "response_format": "text"}, {"stream": True}),  # any case; text streams
+        ({"stream": "False"}, {"stream": False}),
+        ({"response_format": "srt"}, {"timestamps": True}),  # subtitles need the segments' times
+        ({"response_format": "vtt"}, {"timestamps": True}),
+        ({"response_format": "verbose_json"}, {"timestamps": True}),
+        ({"response_format": "text"}, {"timestamps": False}),
+        ({"include": "logprobs"}, {"words": True}),  # a list field's name without its brackets
+    ],
+)
+def test_form_values_at_their_edges_are_taken(fields: dict[str, Any], options: dict[str, Any]) -> None:
+    pipeline = ScriptedPipeline(script=heard)
+    client, _ = serve(pipeline)
+    response = transcribe(client, **fields)
+    assert response.status_code == 200, response.text
+    recognition = pipeline.submitted[0][0].recognition
+    if recognition is None:  # nothing asked of the recognizer beyond its defaults
+        assert not any(options.values()), options
+        return
+    assert {key: getattr(recognition, key) for key in options} == options
 
 
 def test_translations_take_fewer_fields() -> None:
