@@ -948,3 +948,86 @@ def test_another_voice_over_the_answer_barges_in_once_judged(
     run(scenario)
     judged = [r.getMessage() for r in caplog.records if "over the answer is not its echo" in r.getMessage()]
     assert len(judged) == 1
+
+
+# --- what each response event carries -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("modalities", "script", "part"),
+    [
+        (["audio"], spoken_answer, {"type": "output_audio", "transcript": "Hello there."}),
+        (["text"], lambda inputs, modalities: text_events(["a", "b"]), {"type": "output_text", "text": "a b"}),
+    ],
+)
+def test_every_response_event_names_its_response_item_and_part(modalities: list[str], script: Any,
+                                                               part: dict[str, Any]) -> None:
+    async def scenario() -> None:
+        client = Client(ScriptedPipeline(topology=CHAT_ONLY, script=script))
+        await said(client)
+        await client.send({"type": "response.create", "response": {"output_modalities": modalities}})
+        await client.settle()
+        [created] = client.of("response.created")
+        response_id = created["response"]["id"]
+        [added] = client.of("response.output_item.added")
+        item_id = added["item"]["id"]
+        assert added["item"]["role"] == "assistant" and added["item"]["status"] == "in_progress"
+        for event in client.sent:
+            if event["type"].startswith("response.") and event["type"] not in ("response.created", "response.done"):
+                assert event["response_id"] == response_id, event
+                if "item_id" in event:
+                    assert event["item_id"] == item_id, event
+        [part_done] = client.of("response.content_part.done")
+        assert {k: v for k, v in part_done["part"].items() if v is not None} == part
+        [item_done] = client.of("response.output_item.done")
+        [conversation_done] = client.of("conversation.item.done")
+        for item in (item_done["item"], conversation_done["item"]):
+            assert item["id"] == item_id and item["status"] == "completed" and item["role"] == "assistant"
+            assert {k: v for k, v in item["content"][0].items() if v is not None} == part
+        [done] = client.of("response.done")
+        assert done["response"]["id"] == response_id and done["response"]["status"] == "completed"
+        assert done["response"]["output"][0]["id"] == item_id
+        # the conversation remembers the answer as the client saw it
+        await client.send({"type": "conversation.item.retrieve", "item_id": item_id})
+        [retrieved] = client.of("conversation.item.retrieved")
+        assert {k: v for k, v in retrieved["item"]["content"][0].items() if v is not None} == part
+
+    run(scenario)
+
+
+def test_a_failed_response_says_so_in_its_done_with_the_stage_s_words() -> None:
+    async def scenario() -> None:
+        client = Client(ScriptedPipeline(topology=CHAT_ONLY,
+                                         script=lambda inputs, modalities: [error_event("llm crashed", stage="answer")]))
+        await said(client)
+        await client.send({"type": "response.create"})
+        await client.settle()
+        [done] = client.of("response.done")
+        assert done["response"]["status"] == "failed"
+        details = done["response"]["status_details"]
+        assert details == {"type": "failed", "error": {"type": "server_error", "code": "stage_failed",
+                                                       "message": "stage 'answer': llm crashed"}}
+
+    run(scenario)
+
+
+def test_items_are_shown_by_role_with_their_content_types() -> None:
+    async def scenario() -> None:
+        client = Client(ScriptedPipeline(topology=CHAT_ONLY))
+        for role, content in (("system", {"type": "input_text", "text": "be brief"}),
+                              ("user", {"type": "input_text", "text": "hi"}),
+                              ("assistant", {"type": "output_text", "text": "hello"}),
+                              ("assistant", {"type": "output_audio", "transcript": "spoken"})):
+            await client.send({"type": "conversation.item.create", "item": {"role": role, "content": [content]}})
+        added = [e["item"] for e in client.of("conversation.item.added")]
+        shown = [(i["role"], {k: v for k, v in i["content"][0].items() if v is not None}, i["status"]) for i in added]
+        assert shown == [
+            ("system", {"type": "input_text", "text": "be brief"}, "completed"),
+            ("user", {"type": "input_text", "text": "hi"}, "completed"),
+            ("assistant", {"type": "output_text", "text": "hello"}, "completed"),
+            ("assistant", {"type": "output_audio", "transcript": "spoken"}, "completed"),
+        ]
+        previous = [e["previous_item_id"] for e in client.of("conversation.item.added")]
+        assert previous == [None, added[0]["id"], added[1]["id"], added[2]["id"]]
+
+    run(scenario)
