@@ -1031,3 +1031,106 @@ def test_items_are_shown_by_role_with_their_content_types() -> None:
         assert previous == [None, added[0]["id"], added[1]["id"], added[2]["id"]]
 
     run(scenario)
+
+
+# --- every refusal, whole ------------------------------------------------------------------
+
+_AUDIO_ANSWER = {"type": "conversation.item.create",
+                 "item": {"id": "a1", "role": "assistant", "content": [{"type": "output_audio", "transcript": "x"}]}}
+_TRUNCATE = {"type": "conversation.item.truncate", "event_id": "E", "content_index": 0, "audio_end_ms": 0}
+
+
+@pytest.mark.parametrize(
+    ("before", "event", "refused"),
+    [
+        ([], {"type": "session.update", "event_id": "E", "session": {"type": "dance"}},
+         ("session.type 'dance' is not supported; this server runs 'realtime' and 'transcription' sessions",
+          "unsupported_session_type", "session.type")),
+        ([], {"type": "session.update", "event_id": "E", "session": {"type": "transcription"}},
+         ("session.type 'transcription': topology 'fast' has no terminal of modality 'transcript' (nothing here "
+          "recognises speech)", "unsupported_session_type", "session.type")),
+        ([], {"type": "session.update", "event_id": "E", "session": {
+            "type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}}}}},
+         ("session.audio.input.transcription: topology 'fast' has no terminal of modality 'transcript'; send null",
+          "invalid_value", "session.audio.input.transcription")),
+        ([], {"type": "session.update", "event_id": "E", "session": {
+            "type": "realtime", "audio": {"output": {"format": {"type": "audio/flac"}}}}},
+         ("session.audio.output.format.type 'audio/flac' is not an audio format this server takes (audio/pcm, "
+          "audio/pcmu, audio/pcma)", "unsupported_audio_format", "session.audio.output.format.type")),
+        ([], {"type": "session.update", "event_id": "E", "session": {
+            "type": "realtime", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}},
+         ("session.audio.input.format.rate: audio/pcm is 24000 Hz here, got 16000", "unsupported_audio_format",
+          "session.audio.input.format.rate")),
+        ([], {"type": "input_audio_buffer.append", "event_id": "E", "audio": "@@@@"},
+         ("input_audio_buffer.append: 'audio' is not valid base64 (Only base64 data is allowed)", "invalid_base64",
+          "audio")),
+        ([], {"type": "input_audio_buffer.append", "event_id": "E", "audio": base64.b64encode(b"\x01\x02\x03").decode()},
+         ("input_audio_buffer.append: pcm16 audio must hold whole 16-bit samples, got 3 bytes", "invalid_audio",
+          "audio")),
+        ([], {"type": "input_audio_buffer.append", "event_id": "E", "audio": base64.b64encode(bytes(3002)).decode()},
+         ("the input audio buffer is limited to 3000 bytes (0 s of audio); commit or clear it",
+          "input_audio_buffer_too_large", "audio")),
+        ([{"type": "conversation.item.create", "item": {"id": "u1", "role": "user", "content": [
+            {"type": "input_text", "text": "x"}]}}], {**_TRUNCATE, "item_id": "u1"},
+         ("conversation.item.truncate: item u1 is not an assistant audio message; only those can be truncated",
+          "invalid_value", "item_id")),
+        ([{"type": "conversation.item.create", "item": {"id": "a1", "role": "assistant", "content": [
+            {"type": "output_text", "text": "x"}]}}], {**_TRUNCATE, "item_id": "a1"},
+         ("conversation.item.truncate: item a1 is not an assistant audio message; only those can be truncated",
+          "invalid_value", "item_id")),
+        ([_AUDIO_ANSWER], {**_TRUNCATE, "item_id": "a1", "content_index": 1},
+         ("conversation.item.truncate: content_index must be 0 (an item has one part), got 1", "invalid_value",
+          "content_index")),
+        ([_AUDIO_ANSWER], {**_TRUNCATE, "item_id": "a1", "audio_end_ms": 5},
+         ("conversation.item.truncate: audio_end_ms 5 is outside the item's audio (0 to 0 ms)", "invalid_value",
+          "audio_end_ms")),
+        ([{"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm16(0.05)).decode()}],
+         {"type": "input_audio_buffer.commit", "event_id": "E"},
+         ("input_audio_buffer.commit: the buffer holds 50 ms of audio; at least 100 ms is needed",
+          "input_audio_buffer_commit_empty", None)),
+        ([], {"type": "response.cancel", "event_id": "E"},
+         ("there is no response in progress to cancel", "response_cancel_not_active", None)),
+    ],
+)
+def test_each_refusal_says_what_which_field_and_which_event(before: list[dict[str, Any]], event: dict[str, Any],
+                                                            refused: tuple[str, str, str | None]) -> None:
+    async def scenario() -> None:
+        client = Client(ScriptedPipeline(topology=CHAT_ONLY), Limits(max_realtime_buffer_bytes=3000))
+        for earlier in before:
+            await client.send(earlier)
+        sent = len(client.sent)
+        error = await client.refused(event)
+        assert (error.message, error.code, error.param, error.event_id) == (*refused, "E")
+        assert len(client.sent) == sent  # nothing else was said for it
+
+    run(scenario)
+
+
+def test_a_truncation_may_end_a_millisecond_past_the_audio_and_stops_the_answer_playing_it() -> None:
+    async def scenario() -> None:
+        client = Client(ScriptedPipeline(topology=CHAT_ONLY))
+        await client.send(_AUDIO_ANSWER)
+        await client.send({**_TRUNCATE, "item_id": "a1", "audio_end_ms": 1})  # rounding: one past is taken
+        [truncated] = client.of("conversation.item.truncated")
+        assert (truncated["item_id"], truncated["audio_end_ms"]) == ("a1", 1)
+
+    run(scenario)
+
+
+def test_the_session_type_cannot_change_during_a_response() -> None:
+    async def scenario() -> None:
+        pipeline = ScriptedPipeline(topology=EVERY_ENDPOINT, script=lambda inputs, modalities: text_events(["a"])[:1],
+                                    hold=True)
+        client = Client(pipeline)
+        await said(client)
+        await client.send({"type": "response.create"})
+        while client.session.response is None or not pipeline.requests:
+            await asyncio.sleep(0.001)
+        response_id = client.of("response.created")[0]["response"]["id"]
+        error = await client.refused({"type": "session.update", "event_id": "E", "session": {"type": "transcription"}})
+        assert (error.message, error.code, error.param, error.event_id) == (
+            f"session.type cannot change while response {response_id} is in progress", "invalid_value",
+            "session.type", "E")
+        await client.session.close()
+
+    run(scenario)
