@@ -1,15 +1,15 @@
 from __future__ import annotations
 
-from typing import Any
-
 import base64
 import io
+import time
 import wave
+from typing import Any
 
 import numpy as np
 
 from omnictl.outputs import AudioChunk, AudioResult, TextDelta, TextResult
-from omnictl.serving.chat.responses import ChunkTranslator, build_completion
+from omnictl.serving.chat.responses import AUDIO_TTL_S, ChunkTranslator, build_completion
 from omnictl.serving.chat.sse import DONE, sse_event
 
 TONE = np.full(1600, 0.25, dtype=np.float32)
@@ -69,3 +69,62 @@ def test_streamed_pcm16_audio_deltas_are_24k_raw_samples() -> None:
     samples = [np.frombuffer(base64.b64decode(d["data"]), "<i2") for d in deltas]
     assert [s.size for s in samples] == [2400, 2400]  # 1600 samples at 16 kHz = 0.1 s = 2400 at 24 kHz
     assert all(set(s) == {8192} for s in samples)  # 0.25 full scale, no header in front
+
+
+# --- the shapes, as OpenAI's own client reads them ----------------------------------------
+
+
+def test_a_completion_is_openai_s_shape_key_for_key() -> None:
+    from openai.types.chat import ChatCompletion
+
+    before = int(time.time())
+    body = build_completion("chatcmpl-4", "m", {
+        "decode": TextResult(text="Paris.", prompt_tokens=7, completion_tokens=2, finish_reason="length"),
+        "tts": AudioResult(samples=TONE, sample_rate=16000, transcript="Paris."),
+    }, "wav")
+    parsed = ChatCompletion.model_validate(body)  # every required field, by its name
+    assert set(body) == {"id", "object", "created", "model", "choices", "usage"}
+    assert (parsed.id, parsed.object, parsed.model) == ("chatcmpl-4", "chat.completion", "m")
+    assert before <= parsed.created <= int(time.time())
+    [choice] = body["choices"]
+    assert set(choice) == {"index", "message", "finish_reason"} and choice["index"] == 0
+    assert choice["finish_reason"] == "length"
+    message = choice["message"]
+    assert set(message) == {"role", "content", "audio"} and message["role"] == "assistant"
+    audio = message["audio"]
+    assert set(audio) == {"id", "data", "transcript", "expires_at"} and audio["id"].startswith("audio_")
+    assert audio["expires_at"] == body["created"] + AUDIO_TTL_S
+    assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+    # with no text terminal, the content is null (as OpenAI's audio-only answers), not missing
+    spoken = build_completion("chatcmpl-5", "m", {"tts": AudioResult(samples=TONE, sample_rate=16000)}, "wav")
+    assert spoken["choices"][0]["message"]["content"] is None and "content" in spoken["choices"][0]["message"]
+    assert spoken["choices"][0]["finish_reason"] == "stop"
+
+
+def test_every_chunk_is_openai_s_shape_and_a_compressed_stream_ends_with_its_tail() -> None:
+    from openai.types.chat import ChatCompletionChunk
+
+    before = int(time.time())
+    t = ChunkTranslator("chatcmpl-6", "m", "mp3")
+    chunks = [t.first(), *t.on_stream("decode", TextDelta(text="Hi")),
+              *t.on_stream("tts", AudioChunk(samples=np.tile(TONE, 10), sample_rate=16000, transcript="Hi")),
+              *t.tail(), t.last()]
+    for chunk in chunks:
+        ChatCompletionChunk.model_validate(chunk)
+        assert set(chunk) - {"usage"} == {"id", "object", "created", "model", "choices"}
+        assert (chunk["id"], chunk["object"], chunk["model"]) == ("chatcmpl-6", "chat.completion.chunk", "m")
+        assert before <= chunk["created"] <= int(time.time()) and chunk["created"] == t.created
+        assert set(chunk["choices"][0]) == {"index", "delta", "finish_reason"} and chunk["choices"][0]["index"] == 0
+    audio = [delta(c)["audio"] for c in chunks if "audio" in delta(c)]
+    assert len(audio) == 2  # the encoder's frames, then what it still held at the end
+    for part in audio:
+        assert set(part) == {"id", "data", "transcript", "expires_at"}
+        assert part["id"] == t.audio_id and part["expires_at"] == t.created + AUDIO_TTL_S
+    assert audio[1]["transcript"] == ""
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + ["stop"]
+
+
+def test_a_stream_without_audio_has_no_tail() -> None:
+    t = ChunkTranslator("chatcmpl-7", "m", "mp3")
+    t.on_stream("decode", TextDelta(text="Hi"))
+    assert t.tail() == []
