@@ -969,6 +969,10 @@ def test_every_response_event_names_its_response_item_and_part(modalities: list[
         await client.settle()
         [created] = client.of("response.created")
         response_id = created["response"]["id"]
+        assert created["response"]["status"] == "in_progress"
+        [part_added] = client.of("response.content_part.added")
+        empty = {"type": part["type"], "transcript" if part["type"] == "output_audio" else "text": ""}
+        assert {k: v for k, v in part_added["part"].items() if v is not None} == empty
         [added] = client.of("response.output_item.added")
         item_id = added["item"]["id"]
         assert added["item"]["role"] == "assistant" and added["item"]["status"] == "in_progress"
