@@ -10,8 +10,10 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 EXAMPLE_QUESTION = "What is the capital of France?"
+# An error answer (a wrong key, a server still starting) prints the server's own words, not a traceback.
 _SAVE_ANSWER = (
-    'import sys, json, base64; m = json.load(sys.stdin)["choices"][0]["message"]; print(m["content"]); '
+    'import sys, json, base64; r = json.load(sys.stdin); e = r.get("error"); '
+    'e and sys.exit("error: " + e["message"]); m = r["choices"][0]["message"]; print(m["content"]); '
     'a = m.get("audio"); a and open("answer.wav", "wb").write(base64.b64decode(a["data"])); '
     'a and print("spoken answer saved to answer.wav")'
 )
@@ -62,7 +64,7 @@ def ready_message(
     return Group(
         Text.assemble(
             ("omnictl serve", "bold green"),
-            f": {model} ({stages} stages in {processes} processes; produces {produces})",
+            f": {model} ({_count(stages, 'stage')} in {_count(processes, 'process')}; produces {produces})",
         ),
         Text.assemble(
             "  listening on ", (url, "bold cyan"), "  (OpenAI API at /v1, health at /health, metrics at /metrics)"
@@ -74,3 +76,7 @@ def ready_message(
         *traces,
         Text("  Ctrl-C stops the server and every stage process.", style="dim"),
     )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}es" if noun.endswith("s") else f"{n} {noun}s"

@@ -198,6 +198,7 @@ class ConnectionGuard:
 
         class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
             _counted = False
+            _hung_up = False
 
             def connection_made(self, transport: Any) -> None:
                 super().connection_made(transport)
@@ -217,8 +218,9 @@ class ConnectionGuard:
                 Until then the connection keeps reading, and drops, whatever the client
                 sends (as uvicorn does after its own close): closing a socket with unread
                 input would reset it, and the close frame would never arrive."""
-                if self.transport.is_closing():
-                    return
+                if self.transport.is_closing() or self._hung_up:
+                    return  # the first hang-up's close frame and grace stand
+                self._hung_up = True
                 if not self.close_sent:
                     self.close_sent = True
                     self.conn.send_close(code, reason)
