@@ -70,7 +70,8 @@ declare -A package_tests=(
                tests/serving/test_route_clients.py tests/serving/realtime/test_echo_guard.py
                tests/serving/realtime/test_session_events.py tests/serving/realtime/test_semantic_vad.py
                tests/serving/test_server.py tests/serving/realtime/test_websocket_route.py tests/serving/test_metrics.py
-               tests/serving/test_voices_and_playground.py tests/serving/test_connections.py tests/serving/test_ready.py"
+               tests/serving/test_voices_and_playground.py tests/serving/test_connections.py tests/serving/test_ready.py
+               tests/serving/realtime/test_webrtc_session.py"
 )
 
 # One thread per test process: the runs are parallel already (MUTATION_CHILDREN), and a

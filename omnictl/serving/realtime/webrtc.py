@@ -195,11 +195,15 @@ class Calls:
         self._wire(call)  # before the offer is read: reading it raises the "track" event
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
-        except (ValueError, TypeError, KeyError, IndexError, InvalidAccessError, OperationError) as exc:
-            # aiortc's SDP parser, or an offer it cannot answer (no codec in common)
+        except (ValueError, TypeError, KeyError, IndexError, AssertionError, InvalidAccessError, OperationError) as exc:
+            # aiortc's SDP parser (which asserts on some malformed lines: "v=0\r\nm=audio\r\n" once
+            # answered 500 and left its peer connection open), or an offer it cannot answer
             await self._end(call)
             state.metrics.outcome("rejected")
             return _bad_offer(f"the SDP offer could not be read: {clip(str(exc) or type(exc).__name__, 200)}")
+        except BaseException:  # whatever else: no peer connection is left open behind the error
+            await self._end(call)
+            raise
         if not any(t.kind == "audio" for t in pc.getTransceivers()):
             await self._end(call)
             state.metrics.outcome("rejected")
@@ -358,6 +362,19 @@ class Calls:
         await call.pc.close()
 
 
+async def _bounded_body(request: Request) -> bytes | None:
+    """The body, read as it arrives; None once it passes ``MAX_OFFER_BYTES`` (a body sent
+    without a length is not held whole before it is measured)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_OFFER_BYTES:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _bad_offer(message: str, param: str = "sdp") -> JSONResponse:
     return error_response(400, message, "invalid_request_error", "invalid_offer", param)
 
@@ -370,9 +387,11 @@ async def _read_offer(request: Request) -> tuple[str, Any] | Response:
         return _bad_offer(f"the body is {declared} bytes; an SDP offer is at most {MAX_OFFER_BYTES} bytes")
     config: Any = None
     if kind == "application/sdp":
-        body = await request.body()
-        if len(body) > MAX_OFFER_BYTES:
-            return _bad_offer(f"the body is {len(body)} bytes; an SDP offer is at most {MAX_OFFER_BYTES} bytes")
+        body = await _bounded_body(request)
+        if body is None:
+            return _bad_offer(
+                f"the body is over {MAX_OFFER_BYTES} bytes; an SDP offer is at most {MAX_OFFER_BYTES} bytes"
+            )
         try:
             sdp = body.decode("utf-8")
         except UnicodeDecodeError:
@@ -383,6 +402,11 @@ async def _read_offer(request: Request) -> tuple[str, Any] | Response:
             if raw is None:
                 return _bad_offer("the form has no 'sdp' field (the SDP offer)")
             if isinstance(raw, UploadFile):
+                # max_part_size bounds a form's plain fields only: a file part is measured here
+                if raw.size is not None and raw.size > MAX_OFFER_BYTES:
+                    return _bad_offer(
+                        f"the form's 'sdp' file is {raw.size} bytes; an SDP offer is at most {MAX_OFFER_BYTES} bytes"
+                    )
                 raw = (await raw.read()).decode("utf-8", "replace")
             sdp = raw
             session = form.get("session")
