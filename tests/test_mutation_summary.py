@@ -68,7 +68,7 @@ def test_the_summary_of_a_sample_counts_only_what_was_judged(summary: ModuleType
     ]
     results.write_text("\n".join(lines) + "\n")
     whole = summary.summarize("serving", results, 12)
-    assert whole.startswith("omnictl/serving: 2/10 killed (20.0%) in 12s [")
+    assert whole.startswith("omnictl/serving: 4/10 killed (40.0%) in 12s [")
     sampled = summary.summarize("serving", results, 12, 0.1)
     assert sampled.startswith(
         "omnictl/serving: 2/4 killed (50.0%, 95% interval 15.0-85.0%) in a sample of 4 of its 10 mutants"
