@@ -100,3 +100,53 @@ def test_openai_voice_names_mean_the_default_voice() -> None:
 def test_no_tools_and_tool_choice_none_are_accepted() -> None:
     parsed = parse_chat_request(body(tools=[], tool_choice="none"), BOTH)
     assert parsed.inputs.messages
+
+
+@pytest.mark.parametrize(
+    ("extra", "message", "field"),
+    [
+        ({"temperature": "hot"}, "'temperature' must be a number, got str", "temperature"),
+        ({"top_p": "x"}, "'top_p' must be a number, got str", "top_p"),
+        ({"max_tokens": True}, "'max_tokens' must be an integer, got True", "max_tokens"),
+        ({"max_completion_tokens": 0}, "'max_completion_tokens' must be at least 1, got 0", "max_completion_tokens"),
+        ({"top_k": 0}, "'top_k' must be at least 1, got 0", "top_k"),
+        ({"top_k": "x"}, "'top_k' must be an integer, got str", "top_k"),
+        ({"seed": 1.5}, "'seed' must be an integer, got float", "seed"),
+        ({"stop": 5}, "'stop' must be a string or a list of strings, got int", "stop"),
+        ({"n": 2}, "'n' must be 1 (one choice per request), got 2", "n"),
+        ({"modalities": []}, "'modalities' must name at least one output", "modalities"),
+        ({"audio": "mp3"}, "'audio' must be an object with 'voice' and 'format', got str", "audio"),
+        ({"audio": {"format": 5}},
+         "'audio.format' a JSON int is not supported; this server produces wav, pcm16, mp3, opus, aac, flac", "audio.format"),
+        ({"audio": {"voice": 5}}, "'audio.voice' must be a string, got int", "audio.voice"),
+        ({"tools": [1]}, "'tools': this topology cannot call tools (no stage produces tool calls); send the request "
+         "without them", "tools"),
+        ({"model": 5}, "'model' must be a string, got int", "model"),
+    ],
+)
+def test_each_refusal_is_one_sentence_naming_the_field(extra: dict[str, object], message: str, field: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse_chat_request(body(**extra), BOTH)
+    assert (str(info.value), info.value.field) == (message, field)
+
+
+def test_a_body_that_is_not_an_object_is_refused_naming_the_body() -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse_chat_request([1], BOTH)  # type: ignore[arg-type]
+    assert (str(info.value), info.value.field) == ("'body' must be a JSON object, got list", "body")
+
+
+@pytest.mark.parametrize(
+    ("extra", "sampling"),
+    [
+        ({"max_completion_tokens": 5, "max_tokens": 9}, {"max_tokens": 5}),  # the newer name wins
+        ({"max_tokens": 9}, {"max_tokens": 9}),
+        ({"top_k": 3}, {"top_k": 3}),
+        ({"seed": 7}, {"seed": 7}),
+        ({"stop": "end"}, {"stop": ("end",)}),
+        ({"n": 1}, {"max_tokens": None}),
+    ],
+)
+def test_sampling_fields_reach_the_request(extra: dict[str, object], sampling: dict[str, object]) -> None:
+    parsed = parse_chat_request(body(**extra), BOTH).inputs.sampling
+    assert {key: getattr(parsed, key) for key in sampling} == sampling
