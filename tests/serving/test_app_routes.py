@@ -507,3 +507,41 @@ def test_note_unresponsive_keeps_only_processes_with_no_replica_answering() -> N
     assert state.unresponsive == ["front", "heads"]
     note_unresponsive(state, pipeline, [])
     assert state.unresponsive == []
+
+
+# --- the request id middleware ------------------------------------------------------------
+
+
+def test_the_request_id_replaces_any_the_app_set_whatever_its_case() -> None:
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from omnictl.serving.app import RequestIdMiddleware
+
+    async def own_id(request: Any) -> PlainTextResponse:
+        return PlainTextResponse("ok", headers={"X-Request-ID": "the-app-s", "X-Other": "kept"})
+
+    client = TestClient(RequestIdMiddleware(Starlette(routes=[Route("/", own_id)])))
+    response = client.get("/", headers={"X-Request-Id": "r-42"})
+    ids = [value for name, value in response.headers.raw if name.lower() == b"x-request-id"]
+    assert ids == [b"r-42"]  # one header, the request's
+    assert response.headers["x-other"] == "kept" and response.text == "ok"
+    fresh = client.get("/")
+    [generated] = [value for name, value in fresh.headers.raw if name.lower() == b"x-request-id"]
+    assert generated != b"the-app-s" and len(generated) >= 8
+
+
+def test_the_request_id_middleware_lets_other_scopes_through_untouched() -> None:
+    from omnictl.serving.app import RequestIdMiddleware
+
+    seen: list[dict[str, Any]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(scope)
+
+    import asyncio
+
+    scope = {"type": "lifespan"}
+    asyncio.run(RequestIdMiddleware(app)(scope, None, None))  # type: ignore[arg-type]
+    assert seen == [{"type": "lifespan"}]  # no state added, no id
