@@ -9,9 +9,9 @@ import time
 import numpy as np
 import pytest
 
+from benchmarks.eval.samples import sample_path
 from omnictl.exceptions import InvalidRequest, PayloadTooLarge
 from omnictl.inputs import read_wav
-from benchmarks.eval.samples import sample_path
 from tests.serving.ffprobe import FFMPEG, convert, needs_ffmpeg
 
 pytestmark = needs_ffmpeg
@@ -75,9 +75,8 @@ def test_a_header_claiming_hours_is_refused_before_decoding() -> None:
 
 
 def test_audio_longer_than_the_limit_is_refused_while_decoding() -> None:
-    from omnictl.serving.transcriptions.audiofile import decode_audio_file
-
     from omnictl.serving.speech.encode import AudioStreamEncoder
+    from omnictl.serving.transcriptions.audiofile import decode_audio_file
 
     encoder = AudioStreamEncoder("flac")  # a streamed FLAC: its header does not know its length
     samples, rate = read_wav(QUESTION)
@@ -95,3 +94,57 @@ def test_a_file_without_audio_is_refused() -> None:
                            capture_output=True, check=True, timeout=60).stdout
     with pytest.raises(InvalidRequest, match="no audio stream"):
         decode_audio_file(video, "file", 600)
+
+
+def _wav(samples: np.ndarray, rate: int = 16_000) -> bytes:
+    import io
+    import wave
+
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(samples.astype("<i2").tobytes())
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("data", "limit", "refusal", "message"),
+    [
+        (b"", 600, InvalidRequest, "'file' is empty"),
+        (b"plain text, not audio", 600, InvalidRequest,
+         "'file' is not an audio file FFmpeg can read ([Errno 1094995529] Invalid data found when processing input)"),
+        (_wav(np.zeros(0)), 600, InvalidRequest, "'file' holds no audio"),
+        (_wav(np.zeros(16_000 * 3)), 1.0, PayloadTooLarge, "'file' is too long: it lasts over 3 s; the limit is 1 s"),
+    ],
+)
+def test_each_refusal_is_one_sentence_naming_the_field(data: bytes, limit: float, refusal: type[Exception],
+                                                       message: str) -> None:
+    from omnictl.serving.transcriptions.audiofile import decode_audio_file
+
+    with pytest.raises(refusal) as error:
+        decode_audio_file(data, "file", limit)
+    assert type(error.value) is refusal
+    assert (str(error.value), error.value.field) == (message, "file")  # type: ignore[attr-defined]
+
+
+def test_the_limits_say_whether_the_header_or_the_audio_was_too_long() -> None:
+    from omnictl.serving.speech.encode import AudioStreamEncoder
+    from omnictl.serving.transcriptions.audiofile import decode_audio_file
+
+    with pytest.raises(PayloadTooLarge) as claimed:
+        decode_audio_file(claims_hours(convert(QUESTION, "mp3")), "file", 600)
+    assert str(claimed.value) == "'file' is too long: its header says it lasts 603980 s; the limit is 600 s"
+    encoder = AudioStreamEncoder("flac")
+    samples, rate = read_wav(QUESTION)
+    with pytest.raises(PayloadTooLarge) as decoded:
+        decode_audio_file(encoder.encode(samples, rate) + encoder.finish(), "upload", 1.0)
+    assert (str(decoded.value), decoded.value.field) == ("'upload' is too long: it lasts over 1 s; the limit is 1 s", "upload")
+
+
+def test_a_wav_exactly_at_the_limit_is_taken() -> None:
+    from omnictl.serving.transcriptions.audiofile import decode_audio_file
+
+    samples, rate = decode_audio_file(_wav(np.full(16_000, 1000)), "file", 1.0)
+    assert (rate, samples.size) == (16_000, 16_000) and samples.dtype == np.float32
