@@ -545,3 +545,28 @@ def test_the_request_id_middleware_lets_other_scopes_through_untouched() -> None
     scope = {"type": "lifespan"}
     asyncio.run(RequestIdMiddleware(app)(scope, None, None))  # type: ignore[arg-type]
     assert seen == [{"type": "lifespan"}]  # no state added, no id
+
+
+def test_the_server_s_own_refusals_are_whole_errors_of_the_right_type() -> None:
+    starting = serve(None)[0].post("/v1/chat/completions", json=CHAT, headers=AUTH)
+    assert starting.status_code == 503
+    assert error_of(starting) == {"message": "the pipeline is still starting; retry shortly", "type": "server_error",
+                                  "code": "starting", "param": None}
+    pipeline = ScriptedPipeline()
+    client, _ = serve(pipeline)
+    pipeline.refuse = PipelineDead("stage 'answer' is gone")
+    dead = client.post("/v1/chat/completions", json=CHAT, headers=AUTH)
+    assert error_of(dead) == {"message": "the pipeline is down: stage 'answer' is gone", "type": "server_error",
+                              "code": "pipeline_dead", "param": None}
+    pipeline.refuse = None
+    bad_id = client.post("/v1/chat/completions", json=CHAT, headers={**AUTH, "X-Request-Id": "has spaces"})
+    assert bad_id.status_code == 400
+    assert error_of(bad_id) == {"message": "X-Request-Id must be 1-128 characters of A-Z a-z 0-9 . _ : -",
+                                "type": "invalid_request_error", "code": "invalid_request", "param": "X-Request-Id"}
+
+
+def test_a_json_body_is_recognised_whatever_the_header_s_case_and_parameters() -> None:
+    client, _ = serve(ScriptedPipeline())
+    response = client.post("/v1/chat/completions", content=json.dumps(CHAT),
+                           headers={**AUTH, "content-type": "Application/JSON; charset=utf-8"})
+    assert response.status_code == 200, response.text
