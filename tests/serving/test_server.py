@@ -107,39 +107,23 @@ def test_an_address_not_on_this_machine_says_where_and_why() -> None:
 
 
 def test_the_launch_gets_every_pipeline_option_and_always_profiles(tmp_path: Path) -> None:
-    options = ServeOptions(
-        model_path="/models/x",
-        device="cpu",
-        run_dir=str(tmp_path),
-        request_timeout=12.5,
-        max_restarts=3,
-        replay_limit=2,
-        max_in_flight=7,
-        max_queue_wait=1.5,
-        otlp_endpoint="http://127.0.0.1:4318",
-        launcher="ray",
-        ray_address="127.0.0.1:6379",
-        data_host="127.0.0.1",
-        audio_policy="deadline",
-        ready_timeout=33.0,
-    )
-    assert options.launch_config() == LaunchConfig(
-        model_path="/models/x",
-        device="cpu",
-        run_dir=tmp_path,
-        profile=True,
-        request_timeout=12.5,
-        max_restarts=3,
-        replay_limit=2,
-        max_in_flight=7,
-        max_queue_wait=1.5,
-        otlp_endpoint="http://127.0.0.1:4318",
-        launcher="ray",
-        ray_address="127.0.0.1:6379",
-        data_host="127.0.0.1",
-        audio_policy="deadline",
-        ready_timeout=33.0,
-    )
+    shared: dict[str, Any] = {
+        "model_path": "/models/x",
+        "device": "cpu",
+        "request_timeout": 12.5,
+        "max_restarts": 3,
+        "replay_limit": 2,
+        "max_in_flight": 7,
+        "max_queue_wait": 1.5,
+        "otlp_endpoint": "http://127.0.0.1:4318",
+        "launcher": "ray",
+        "ray_address": "127.0.0.1:6379",
+        "data_host": "127.0.0.1",
+        "audio_policy": "deadline",
+        "ready_timeout": 33.0,
+    }
+    launch = ServeOptions(run_dir=str(tmp_path), **shared).launch_config()
+    assert launch == LaunchConfig(run_dir=tmp_path, profile=True, **shared)
     assert ServeOptions().launch_config().run_dir is None
     assert ServeOptions().launch_config().profile is True
 
