@@ -49,6 +49,13 @@ def events_until(ws: Any, kind: str) -> list[dict[str, Any]]:
     return events
 
 
+def ask(ws: Any) -> None:
+    """A user text item, then a response to it."""
+    item = {"role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+    ws.send_text(json.dumps({"type": "conversation.item.create", "item": item}))
+    ws.send_text(json.dumps({"type": "response.create"}))
+
+
 def sessions(http: TestClient) -> dict[str, int]:
     """The hub's counts, as /health shows them."""
     counts: dict[str, int] = http.get("/health").json()["realtime"]
@@ -177,15 +184,7 @@ def test_text_events_are_answered_on_the_socket(client: Any) -> None:
             json.dumps({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}})
         )
         events_until(ws, "session.updated")
-        ws.send_text(
-            json.dumps(
-                {
-                    "type": "conversation.item.create",
-                    "item": {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
-                }
-            )
-        )
-        ws.send_text(json.dumps({"type": "response.create"}))
+        ask(ws)
         events = events_until(ws, "response.done")
     text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
     assert text == "echo: hello"
@@ -225,15 +224,7 @@ def test_a_client_that_leaves_mid_answer_has_its_request_aborted_and_its_session
     pipeline.hold = True  # the answer never ends by itself
     with http.websocket_connect(URL, headers=AUTH) as ws:
         events_until(ws, "session.created")
-        ws.send_text(
-            json.dumps(
-                {
-                    "type": "conversation.item.create",
-                    "item": {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
-                }
-            )
-        )
-        ws.send_text(json.dumps({"type": "response.create"}))
+        ask(ws)
         events_until(ws, "response.created")
     _wait(lambda: sessions(http)["sessions"] == 0 and bool(pipeline.aborts))
     assert set(pipeline.aborts) == set(pipeline.requests) and len(pipeline.requests) == 1
