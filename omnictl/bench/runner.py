@@ -225,10 +225,12 @@ def served_model(url: str, api_key: str | None, timeout_s: float = 5.0) -> str:
         raise BenchError(f"{url}/v1/models did not name a model (HTTP {response.status_code}): {exc}") from exc
 
 
-def _server_run_dir(base_url: str) -> Path | None:
-    """The server's trace directory, when it is on this machine (its /health says where)."""
+def _server_run_dir(base_url: str, api_key: str | None) -> Path | None:
+    """The server's trace directory, when it is on this machine (its /health says where,
+    to a client that sends the key when the server has one)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        reported = httpx.get(base_url.rstrip("/") + "/health", timeout=10.0).json().get("run_dir")
+        reported = httpx.get(base_url.rstrip("/") + "/health", headers=headers, timeout=10.0).json().get("run_dir")
     except (httpx.HTTPError, ValueError):
         return None
     return Path(reported) if reported and Path(reported).is_dir() else None
@@ -238,7 +240,7 @@ def _breakdown(
     config: BenchConfig, base_url: str, run_dir: Path | None, records: list[RequestRecord]
 ) -> dict[str, Any]:
     ids = [r.request_id for r in records if r.request_id]
-    run_dir = run_dir or _server_run_dir(base_url)
+    run_dir = run_dir or _server_run_dir(base_url, config.api_key)
     if run_dir is not None and run_dir.is_dir():
         return breakdown.from_trace_store(run_dir, ids)
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
@@ -305,7 +307,7 @@ def _slo(
     if not slo.set:
         return None
     summary, misses = judge(records, slo, duration)
-    run_dir = run_dir or _server_run_dir(base_url)
+    run_dir = run_dir or _server_run_dir(base_url, config.api_key)
     if run_dir is not None and run_dir.is_dir():
         summary["missed"] = where_late(run_dir, misses)
     else:

@@ -158,6 +158,11 @@ def create_app(state: ServingState, guard: RequestGuard | None = None) -> Starle
         note_unresponsive(state, pipe, unresponsive)
         if unresponsive and status != "down":
             status = "unresponsive"
+        code = 503 if status in ("down", "unresponsive") else 200
+        if not authorized(request.headers, state.api_key):
+            # A load balancer probes without the key: it gets the verdict and nothing
+            # more. PIDs, the run directory's path and the stages' state are the key's.
+            return JSONResponse({"status": status}, status_code=code)
         body = {
             # ok; degraded (200): some replica is down, every process still has one up;
             # down (503): some process has no replica up
@@ -175,10 +180,10 @@ def create_app(state: ServingState, guard: RequestGuard | None = None) -> Starle
             # where the profiler writes traces: `omnictl trace` and a local bench read it
             "run_dir": str(pipe.run_dir) if pipe.run_dir is not None else None,
         }
-        return JSONResponse(body, status_code=503 if body["status"] in ("down", "unresponsive") else 200)
+        return JSONResponse(body, status_code=code)
 
     async def metrics(request: Request) -> Response:
-        # Behind the key like every route but /health: it tells traffic, models and failures
+        # Behind the key like every route but /health's verdict: it tells traffic, models and failures
         # (Prometheus scrapes with `authorization: {credentials: KEY}`).
         if not authorized(request.headers, state.api_key):
             return unauthorized()

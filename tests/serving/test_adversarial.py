@@ -16,7 +16,7 @@ from tests.serving.test_errors import AUTH, ask, error_of, post
 
 
 def settled(server: ServerProcess) -> bool:
-    health = httpx.get(server.url + "/health", timeout=10).json()
+    health = httpx.get(server.url + "/health", headers=AUTH, timeout=10).json()
     return health["in_flight"] == 0 and health["pipeline_in_flight"] == 0
 
 

@@ -116,7 +116,7 @@ def test_stage_failure_without_streaming_is_a_5xx(client: openai.OpenAI) -> None
 
 def test_models_health_and_metrics(server: ServerProcess, client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list()] == ["fast"]
-    health = httpx.get(server.url + "/health", timeout=10)
+    health = httpx.get(server.url + "/health", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10)
     assert health.status_code == 200
     body = health.json()
     assert body["status"] == "ok" and set(body["stages"]) == {"prep", "answer", "speak"}

@@ -422,7 +422,7 @@ def test_health_reports_the_pipeline_and_is_503_when_down_or_unresponsive() -> N
         "speak": {"status": "up", "process": "heads", "busy_s": 1.0},
     }
     client, state = serve(pipeline)
-    health = client.get("/health")  # no key needed: a load balancer probes it
+    health = client.get("/health", headers=AUTH)  # the details are the key's
     assert health.status_code == 200
     body = health.json()
     assert body["status"] == "ok" and body["down"] == [] and body["unresponsive"] == []
@@ -431,19 +431,39 @@ def test_health_reports_the_pipeline_and_is_503_when_down_or_unresponsive() -> N
     assert body["stages"] == pipeline.stage_stats and body["nodes"] == {"-": {"status": "up"}}
 
     pipeline.health_status = ("degraded", {"heads#1": "exited"})
-    degraded = client.get("/health")
+    degraded = client.get("/health", headers=AUTH)
     assert degraded.status_code == 200 and degraded.json()["replicas_down"] == {"heads#1": "exited"}
 
     pipeline.stage_stats = {"answer": {"status": "unknown", "process": "heads"}}
-    frozen = client.get("/health")
+    frozen = client.get("/health", headers=AUTH)
     assert frozen.status_code == 503 and frozen.json()["status"] == "unresponsive"
     assert frozen.json()["unresponsive"] == ["heads"] and pipeline.avoided[-1] == ["heads"]
 
     pipeline.stage_stats = {"answer": {"status": "down", "process": "heads"}}
     pipeline.health_status = ("down", {})
-    down = client.get("/health")
+    down = client.get("/health", headers=AUTH)
     assert down.status_code == 503 and down.json()["status"] == "down" and down.json()["down"] == ["answer"]
     assert state.unresponsive == []
+
+
+def test_health_without_the_key_says_only_ok_or_not_ok() -> None:
+    """Issue 40 bug 8: a caller without the key learned every stage process's PID and the
+    run directory's path. It gets the verdict (status code and status) and nothing more."""
+    pipeline = ScriptedPipeline()
+    pipeline.stage_stats = {"answer": {"status": "up", "process": "heads"}}
+    client, _ = serve(pipeline)
+    for headers in ({}, {"Authorization": "Bearer sk-wrong"}):
+        ok = client.get("/health", headers=headers)
+        assert ok.status_code == 200 and ok.json() == {"status": "ok"}
+    pipeline.stage_stats = {"answer": {"status": "down", "process": "heads"}}
+    pipeline.health_status = ("down", {})
+    down = client.get("/health")
+    assert down.status_code == 503 and down.json() == {"status": "down"}
+    pipeline.stage_stats = {"answer": {"status": "unknown", "process": "heads"}}
+    pipeline.health_status = ("ok", {})
+    frozen = client.get("/health")
+    assert frozen.status_code == 503 and frozen.json() == {"status": "unresponsive"}
+    assert "processes" in client.get("/health", headers=AUTH).json()  # with the key: the details
 
 
 def test_models_lists_the_name_and_aliases_with_their_endpoints() -> None:

@@ -49,7 +49,7 @@ def wav_seconds(data: bytes) -> float:
 
 def nothing_held(server: ServerProcess) -> None:
     def idle() -> bool:
-        health = httpx.get(server.url + "/health", timeout=30).json()
+        health = httpx.get(server.url + "/health", headers=AUTH, timeout=30).json()
         return health["in_flight"] == 0 and health["pipeline_in_flight"] == 0
     wait_until(idle, timeout=30)
 

@@ -46,7 +46,7 @@ def test_an_empty_key_is_refused_not_treated_as_none(args: tuple[str, ...], env:
 
 
 def test_the_socket_directory_is_owner_only(server: ServerProcess) -> None:
-    assert httpx.get(server.url + "/health", timeout=10).json()["processes"]
+    assert httpx.get(server.url + "/health", headers=AUTH, timeout=10).json()["processes"]
     dirs = {Path(p).parent for p in Path("/tmp").glob("omnictl-*/control")}
     assert dirs, "no socket directory found"
     for directory in dirs:

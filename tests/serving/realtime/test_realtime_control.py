@@ -20,7 +20,7 @@ STORY = "Tell me a long story about a dragon who lives in a castle by the sea."
 
 def _idle(server: ServerProcess) -> bool:
     """No request left anywhere: server, coordinator, and every stage's buffers and slots."""
-    health = httpx.get(server.url + "/health", timeout=10).json()
+    health = httpx.get(server.url + "/health", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).json()
     stages = health["stages"].values()
     return (health["in_flight"] == 0 and health["pipeline_in_flight"] == 0
             and all(s.get("requests", 0) == 0 and s.get("slots_in_use", 0) == 0 for s in stages))

@@ -30,7 +30,7 @@ loopback_only()
 
 
 def _health(server: ServerProcess) -> dict[str, Any]:
-    return httpx.get(server.url + "/health", timeout=10).json()
+    return httpx.get(server.url + "/health", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).json()
 
 
 def _idle(server: ServerProcess) -> bool:
@@ -229,7 +229,7 @@ def test_twenty_sessions_dropped_mid_answer_leave_nothing_behind(in_process: Lis
         await asyncio.gather(*(_drop_call(url) if i % 2 else _drop_websocket(url) for i in range(size)))
 
     def calls() -> dict[str, int]:
-        return httpx.get(url + "/health", timeout=10).json()["realtime"]
+        return httpx.get(url + "/health", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).json()["realtime"]
 
     nothing = {"sessions": 0, "websocket_sessions": 0, "webrtc_sessions": 0, "peer_connections": 0}
     asyncio.run(wave(10))
@@ -319,7 +319,7 @@ def test_calls_and_websockets_share_one_session_limit(in_process: Listening) -> 
         try:
             for ws in sockets:
                 assert json.loads(await ws.recv())["type"] == "session.created"
-            assert httpx.get(url + "/health", timeout=10).json()["realtime"]["websocket_sessions"] == SESSIONS
+            assert httpx.get(url + "/health", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).json()["realtime"]["websocket_sessions"] == SESSIONS
             call = Call()
             try:
                 return await call.dial(url, API_KEY, "?model=fast")
@@ -333,7 +333,7 @@ def test_calls_and_websockets_share_one_session_limit(in_process: Listening) -> 
     assert refused.status_code == 429, refused.text
     error = refused.json()["error"]
     assert error["code"] == "session_limit_reached" and "WebSocket and WebRTC together" in error["message"]
-    wait_until(lambda: httpx.get(url + "/health", timeout=10).json()["realtime"]["sessions"] == 0, timeout=15)
+    wait_until(lambda: httpx.get(url + "/health", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).json()["realtime"]["sessions"] == 0, timeout=15)
 
 
 def test_cancel_and_barge_in_clear_the_track_at_once(server: ServerProcess) -> None:

@@ -15,6 +15,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.serving.browser import chromium, hands_free_turn
+from tests.serving.harness import API_KEY
 from tests.serving.harness import API_KEY, ServerProcess, wait_until
 
 pytestmark = pytest.mark.slow
@@ -46,7 +47,7 @@ def test_the_playground_talks_webrtc_and_shows_the_question_and_the_answer(voice
     try:
         wait.until(lambda d: "connected to" in d.find_element(By.ID, "status").text)
         assert browser.find_element(By.ID, "transport").text == "over WebRTC"
-        assert httpx.get(voice_server.url + "/health", timeout=10).json()["realtime"]["peer_connections"] == 1
+        assert httpx.get(voice_server.url + "/health", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).json()["realtime"]["peer_connections"] == 1
         pair: dict[str, Any] | None = wait.until(lambda d: d.execute_async_script(SELECTED_PAIR))
         assert pair is not None and pair["remote"] == "127.0.0.1", pair  # the media and events stay on loopback
         hands_free_turn(browser, wait)

@@ -129,7 +129,7 @@ class Served:
     peers: list[Any] = field(default_factory=list)
 
     async def health(self) -> dict[str, int]:
-        realtime: dict[str, int] = (await self.http.get("/health")).json()["realtime"]
+        realtime: dict[str, int] = (await self.http.get("/health", headers=AUTH)).json()["realtime"]
         return realtime
 
     async def post(

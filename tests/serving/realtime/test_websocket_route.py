@@ -58,7 +58,7 @@ def ask(ws: Any) -> None:
 
 def sessions(http: TestClient) -> dict[str, int]:
     """The hub's counts, as /health shows them."""
-    counts: dict[str, int] = http.get("/health").json()["realtime"]
+    counts: dict[str, int] = http.get("/health", headers=AUTH).json()["realtime"]
     return counts
 
 
