@@ -22,8 +22,10 @@ Topologies (``--topology``): ``voice`` (the embedded voice assistant: SmolLM2, P
 for answers of ``--sentences`` sentences, so that the sentence TTS serves several streams
 that each have audio in hand: with one-sentence answers a gap only comes from the LLM still
 writing, which no choice at the TTS can shorten) and
-``qwen`` (``topologies/qwen3-omni.yaml`` on a ``mid`` random-weight checkpoint written to a
-temporary directory: its code2wav stage schedules by the policy).
+``qwen`` (``topologies/qwen3-omni.yaml`` on a random-weight checkpoint of ``--size``, ``mid`` by
+default, written to a temporary directory, or the one ``--model-path`` names: its code2wav
+stage schedules by the policy). ``--device cuda`` keeps the topology's GPU placement (both
+GPU processes on GPU 0 when the machine has one); ``cpu`` drops it.
 
 Goals (the issue's, printed met / not met): on each topology ``deadline`` sustains (p95
 largest underrun <= 100 ms) >= 1.5x the rate ``fifo`` sustains, with TTFP p90 no worse at
@@ -35,8 +37,14 @@ For each configuration the requests that missed the SLO are placed, from the pro
 trace, at the stage (and part) where their late chunk spent the most time: where the gaps
 come from.
 
+With ``--configs fifo,deadline`` only the first two goals are judged. ``--json PATH`` writes
+each configuration's figures per rate, the sustained rates and the goals there, rewritten
+after every rate (a run stopped at its time limit keeps what it measured); ``--run-dir DIR``
+keeps each server's run directory (its profile and its stage processes' logs) under DIR.
+
 Run: ``python benchmarks/audio_continuity.py`` (the voice assistant, three rates, 16
-requests each; ``--topology voice,qwen`` for both; ``--configs fifo`` for a pilot).
+requests each; ``--topology voice,qwen`` for both; ``--configs fifo`` for a pilot; on a GPU,
+``benchmarks/gpu_session.sh``).
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import sys
 import tempfile
@@ -53,7 +62,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -113,18 +122,48 @@ class RateFigures:
         p95 = self.underrun(95)
         return p95 is not None and p95 <= SUSTAIN_S
 
+    def summary(self) -> dict[str, Any]:
+        """The figures the report prints, for ``--json`` (seconds; None where nothing played)."""
+        return {
+            "requests": len(self.records),
+            "played": len(self.played()),
+            "refused": sum(r.overloaded for r in self.records),
+            "ttfp_p50_s": self.ttfp(50),
+            "ttfp_p90_s": self.ttfp(90),
+            "underrun_p50_s": self.underrun(50),
+            "underrun_p95_s": self.underrun(95),
+            "continuity_100ms": self.continuity(),
+            "server_vs_client_s": self.disagreement(),
+            "sustained": self.sustained(),
+        }
 
-def qwen_topology(scratch: Path, max_codes: int) -> tuple[str, str]:
-    """(topology file, checkpoint) for the mid random-weight Qwen3-Omni on one CPU machine."""
-    from omnictl.models.qwen3_omni.tiny import write_tiny_checkpoint
 
-    checkpoint = write_tiny_checkpoint(scratch / "mid-qwen3-omni", size="mid", device="cpu")
+def qwen_topology(scratch: Path, max_codes: int, size: str = "mid", model_path: str | None = None,
+                  device: str = "cpu") -> tuple[str, str]:
+    """(topology file, checkpoint): the random-weight Qwen3-Omni of ``size`` (written here,
+    its weights initialised on ``device``) or the checkpoint at ``model_path``. On a machine
+    with one GPU the talker's process moves to GPU 0 beside the thinker."""
+    if model_path is None:
+        from omnictl.models.qwen3_omni.tiny import write_tiny_checkpoint
+
+        init = device if device.startswith("cuda") else "cpu"
+        model_path = str(write_tiny_checkpoint(scratch / f"{size}-qwen3-omni", size=size, device=init))
     text = (REPO / "topologies" / "qwen3-omni.yaml").read_text()
+    if device.startswith("cuda") and _gpu_count() < 2:
+        text = text.replace("gpu: 1\n", "gpu: 0\n")
     factory = "factory: omnictl.models.qwen3_omni.stages.talker_ar\n"
+    if factory not in text:
+        raise SystemExit(f"topologies/qwen3-omni.yaml no longer has {factory.strip()!r} to give max_codes to")
     text = text.replace(factory, factory + f"    factory_args: {{max_codes: {max_codes}}}\n")
     path = scratch / "qwen3-omni.yaml"
     path.write_text(text)
-    return str(path), str(checkpoint)
+    return str(path), model_path
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def voice_topology(scratch: Path, sentences: int, max_tokens: int) -> str:
@@ -206,20 +245,26 @@ def measure(url: str, model: str, rate: float, count: int, seed: int, args: Any,
 
 
 def run_configs(topology: str | None, model_path: str | None, configs: list[str], rates: list[float],
-                args: Any, slo: AudioSlo) -> dict[str, dict[float, RateFigures]]:
+                args: Any, slo: AudioSlo,
+                measured: Callable[[str, float, RateFigures], None] = lambda *_: None,
+                ) -> dict[str, dict[float, RateFigures]]:
     """Every configuration's server up at once, and each rate run on them in turn (the order
     turned by one each rate): on a machine shared with other work, the load changes from
-    minute to minute, and configs run one after the other met different machines."""
+    minute to minute, and configs run one after the other met different machines.
+    ``measured(config, rate, figures)`` is called as each is done."""
     from omnictl.serving.background import BackgroundServer
     from omnictl.serving.server import ServeOptions
 
-    device = args.device if model_path is not None else None  # the voice assistant is CPU-only as shipped
+    # The voice assistant is CPU-only as shipped; Qwen3-Omni on "cpu" drops the topology's GPU
+    # placement, and on "cuda" keeps it (a topology file's loader takes None or "cpu" only).
+    device = "cpu" if model_path is not None and not args.device.startswith("cuda") else None
     results: dict[str, dict[float, RateFigures]] = {config: {} for config in configs}
     with contextlib.ExitStack() as servers:
         up: dict[str, tuple[str, str, Path]] = {}
         for config in configs:
+            run_dir = None if args.run_dir is None else str(args.run_dir / config.replace("+", "-"))
             options = ServeOptions(topology=topology, port=0, model_path=model_path, max_in_flight=None,
-                                   device=device, audio_policy=config.split("+")[0],
+                                   device=device, audio_policy=config.split("+")[0], run_dir=run_dir,
                                    max_underrun_ms=args.admit_ms if CONFIGS[config] else None,
                                    request_timeout=600.0, ready_timeout=600.0)  # a busy shared machine loads slowly
             listening = servers.enter_context(BackgroundServer(options))
@@ -243,7 +288,14 @@ def run_configs(topology: str | None, model_path: str | None, configs: list[str]
                       f"p95 underrun {ms(f.underrun(95))}  TTFP p90 {ms(f.ttfp(90))}  "
                       f"audio {mean_s:.1f} s in {mean_chunks:.1f} chunks a stream  "
                       f"(load average {os.getloadavg()[0]:.1f})", flush=True)
+                measured(config, rate, f)
     return {config: dict(sorted(figures.items())) for config, figures in results.items()}
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def ms(seconds: float | None) -> str:
@@ -286,7 +338,7 @@ def report(name: str, results: dict[str, dict[float, RateFigures]], slo: AudioSl
         print(f"{name}: {config} sustains {'no rate tried' if rate is None else f'{rate:g}/s'} "
               f"(p95 largest underrun <= {SUSTAIN_S * 1000:.0f} ms)")
     goals: list[tuple[str, bool]] = []
-    if not {"fifo", "deadline", "deadline+admit"} <= set(results):
+    if not {"fifo", "deadline"} <= set(results):
         return goals  # a pilot of some configs: figures only
     fifo, deadline = sustained["fifo"], sustained["deadline"]
     rates = sorted(results["fifo"])
@@ -299,6 +351,12 @@ def report(name: str, results: dict[str, dict[float, RateFigures]], slo: AudioSl
         ttfp_met = at[0] is not None and at[1] is not None and at[0] <= at[1]
     goals.append((f"{name}: deadline sustains >= 1.5x fifo's rate ({deadline} vs {fifo} /s)", ratio_met))
     goals.append((f"{name}: deadline's TTFP p90 no worse than fifo's at fifo's sustained rate", ttfp_met))
+    worst = max((d for figures in results.values() for f in figures.values() if (d := f.disagreement()) is not None),
+                default=None)
+    agree = (f"{name}: the server's underrun within 50 ms of the client's per stream (worst {ms(worst)})",
+             worst is not None and worst <= AGREE_S)
+    if "deadline+admit" not in results:
+        return [*goals, agree]  # fifo against deadline alone: admission is not judged
     base = max(x for x in (fifo, deadline, rates[0]) if x is not None)
     over = min((r for r in rates if r >= 2 * base), default=rates[-1])
     admitted = results["deadline+admit"][over]
@@ -311,11 +369,7 @@ def report(name: str, results: dict[str, dict[float, RateFigures]], slo: AudioSl
     slowest = max(refusals) if refusals else None
     goals.append((f"{name}: refusals answered in < 50 ms ({len(refusals)} refused, slowest {ms(slowest)})",
                   slowest is None or slowest < REFUSE_S))
-    worst = max((d for figures in results.values() for f in figures.values() if (d := f.disagreement()) is not None),
-                default=None)
-    goals.append((f"{name}: the server's underrun within 50 ms of the client's per stream (worst {ms(worst)})",
-                  worst is not None and worst <= AGREE_S))
-    return goals
+    return [*goals, agree]
 
 
 def main() -> int:
@@ -333,6 +387,13 @@ def main() -> int:
     parser.add_argument("--slo-underrun", type=float, default=0.1, help="seconds")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="qwen: cpu (the topology's GPU placement dropped) or cuda")
+    parser.add_argument("--size", default="mid", help="qwen: the random-weight checkpoint written: tiny, mid or real "
+                                                    "(default mid)")
+    parser.add_argument("--model-path", help="qwen: a Qwen3-Omni checkpoint directory instead of writing one")
+    parser.add_argument("--json", type=Path, help="write the figures, sustained rates and goals to this file, "
+                                                  "rewritten after every rate")
+    parser.add_argument("--run-dir", type=Path, help="keep each server's run directory (profile, stage logs) "
+                                                     "under this one (default: the user state dir)")
     parser.add_argument("--server-nice", type=int, default=0,
                         help="run the server and its stages this much nicer than the measuring client")
     args = parser.parse_args()
@@ -341,9 +402,16 @@ def main() -> int:
     CLIENT.submit(int).result()  # started now, before the server side is made nicer
     if args.server_nice:
         os.nice(args.server_nice)  # this process and the stage processes it starts; not the client
+    if args.device.startswith("cuda") and not _cuda_available():
+        parser.error("--device cuda: torch sees no CUDA GPU")
     defaults = {"voice": "0.1,0.2,0.4", "qwen": "0.25,0.5,1.0"}
     slo = AudioSlo(args.slo_ttfp, args.slo_underrun)
     goals: list[tuple[str, bool]] = []
+    document: dict[str, Any] = {"device": args.device, "requests": args.requests, "topologies": {}}
+
+    def save() -> None:
+        if args.json is not None:
+            args.json.write_text(json.dumps(document, indent=2) + "\n")
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
         for name in [t.strip() for t in args.topology.split(",") if t.strip()]:
@@ -353,7 +421,8 @@ def main() -> int:
             if name == "voice":
                 topology, model_path = voice_topology(Path(scratch), args.sentences, args.max_tokens), None
             else:
-                topology, model_path = qwen_topology(Path(scratch), args.max_codes)
+                topology, model_path = qwen_topology(Path(scratch), args.max_codes, args.size, args.model_path,
+                                                     args.device)
             print(f"{name}: rates {rates} /s, {args.requests} requests each, the same arrival schedule per config "
                   f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; the client in its own process, "
                   f"the server side at nice +{args.server_nice})",
@@ -362,8 +431,19 @@ def main() -> int:
             unknown = [c for c in configs if c not in CONFIGS]
             if unknown:
                 parser.error(f"--configs takes {', '.join(CONFIGS)}, got {', '.join(unknown)}")
-            results = run_configs(topology, model_path, configs, rates, args, slo)
-            goals += report(name, results, slo)
+            part: dict[str, Any] = {"rates": {c: {} for c in configs}}
+            document["topologies"][name] = part
+
+            def measured(config: str, rate: float, figures: RateFigures, part: dict[str, Any] = part) -> None:
+                part["rates"][config][str(rate)] = figures.summary()
+                save()
+
+            results = run_configs(topology, model_path, configs, rates, args, slo, measured)
+            judged = report(name, results, slo)
+            part["sustained_per_s"] = {config: highest_sustained(figures) for config, figures in results.items()}
+            part["goals"] = [{"goal": text, "met": met} for text, met in judged]
+            save()
+            goals += judged
     print(f"\n({time.perf_counter() - began:.0f} s in all; load average at the end "
           f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores)")
     for text, met in goals:

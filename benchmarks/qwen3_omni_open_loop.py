@@ -26,8 +26,14 @@ request done within twice the target of the last arrival). Goals (issue 14, goal
 first audio (p50) <= 1/3 of monolithic's at every rate; the highest rate staged sustains
 >= 2x monolithic's.
 
+Also measured: the staged pipeline's first text and first audio at one request (nothing
+else in flight; median of ``--single`` requests after the warm-up). ``--json PATH`` writes
+every figure there, rewritten as each part finishes (a run stopped at its time limit keeps
+what it measured).
+
 Run: ``python benchmarks/qwen3_omni_open_loop.py [--quick]``; on a GPU, see
-``benchmarks/qwen3_omni_gpu.sh`` (``--size real --device cuda``).
+``benchmarks/qwen3_omni_gpu.sh`` (``--size real --device cuda``) and
+``benchmarks/gpu_session.sh``.
 """
 
 from __future__ import annotations
@@ -44,13 +50,14 @@ if str(BENCHMARKS) not in sys.path:
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
+import json  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import Any, Callable  # noqa: E402
 
 from vs_transformers import Monolithic, make_request, staged_one, staged_topology  # noqa: E402
 
@@ -71,6 +78,18 @@ class RateFigures:
     def pct(self, field: str, q: float) -> float:
         values = sorted(getattr(s, field) for s in self.samples)
         return values[min(len(values) - 1, int(q * len(values)))]
+
+    def summary(self) -> dict[str, float]:
+        """The figures the report prints, for ``--json``."""
+        return {
+            "requests": len(self.samples),
+            "completed_per_s": self.completed_per_s,
+            "drain_s": self.drain_s,
+            "first_text_p50_s": self.pct("first_text", 0.5),
+            "first_audio_p50_s": self.pct("first_audio", 0.5),
+            "first_audio_p90_s": self.pct("first_audio", 0.9),
+            "latency_p50_s": self.pct("total", 0.5),
+        }
 
 
 def arrivals(rate: float, count: int, seed: int) -> list[float]:
@@ -125,19 +144,35 @@ async def staged_open_loop(pipe: Any, schedule: list[float], max_tokens: int) ->
     return RateFigures(len(schedule) / (last - schedule[0]), list(samples), last - schedule[-1])
 
 
-async def staged_rates(model_path: str, device: str, schedules: dict[float, list[float]], args: Any) -> dict[float, RateFigures]:
+async def staged_rates(model_path: str, device: str, schedules: dict[float, list[float]], args: Any,
+                       results: dict[str, Any], save: Callable[[], None]) -> dict[float, RateFigures]:
+    """Each rate on one launch of the staged pipeline; first the one-request figures
+    (``results["staged_one"]``), after a warm-up."""
     import omnictl
 
     one_gpu = device.startswith("cuda") and _gpu_count() < 2
     topology = staged_topology(args.max_codes, args.stream_every, args.chunk_frames, one_gpu=one_gpu)
     figures: dict[float, RateFigures] = {}
-    with tempfile.TemporaryDirectory() as run_dir:
+    with tempfile.TemporaryDirectory() as scratch:
+        run_dir = args.run_dir or scratch  # the stage processes' logs land in <run_dir>/logs
         async with omnictl.Pipeline.launch(topology, model_path=model_path, device=device, run_dir=run_dir,
                                            profile=False) as pipe:
             for i in range(2):  # warm-up
                 await staged_one(pipe, make_request(i, args.max_tokens))
+            singles = [await staged_one(pipe, make_request(i, args.max_tokens)) for i in range(args.single)]
+            one = results["staged_one"] = {
+                "requests": len(singles),
+                "first_text_s": statistics.median(s[0] for s in singles),
+                "first_audio_s": statistics.median(s[1] for s in singles),
+                "total_s": statistics.median(s[2] for s in singles),
+            }
+            print(f"  staged, one request at a time (median of {len(singles)}): first text {one['first_text_s']:.3f} s, "
+                  f"first audio {one['first_audio_s']:.3f} s, done {one['total_s']:.3f} s", flush=True)
+            save()
             for rate, schedule in schedules.items():
                 figures[rate] = await staged_open_loop(pipe, schedule, args.max_tokens)
+                results["rates"].setdefault(str(rate), {})["staged"] = figures[rate].summary()
+                save()
                 print(f"  staged     {rate:6.2f} req/s done: first audio p50 {figures[rate].pct('first_audio', 0.5):.2f} s",
                       flush=True)
     return figures
@@ -185,7 +220,9 @@ def keeps_up(figures: RateFigures, target: float) -> bool:
     return figures.pct("first_audio", 0.9) <= target and figures.drain_s <= 2 * target
 
 
-def report(staged: dict[float, RateFigures], mono: dict[float, RateFigures], target: float) -> bool:
+def report(staged: dict[float, RateFigures], mono: dict[float, RateFigures], target: float,
+           results: dict[str, Any]) -> bool:
+    """Print the table and the goals; the sustained rates and the goals go into ``results``."""
     print(f"\nfirst-audio target: p90 <= {target:.2f} s")
     header = (f"{'offered/s':>9} | {'side':<10} | {'done/s':>6} | {'1st text p50':>12} | {'1st audio p50':>13} | "
               f"{'1st audio p90':>13} | {'latency p50':>11} | rate")
@@ -219,6 +256,8 @@ def report(staged: dict[float, RateFigures], mono: dict[float, RateFigures], tar
     note = " (staged sustains the highest rate offered: offer more to find its limit)" if s_rate == top else ""
     print(f"goal: sustainable rate (p90 first audio within target, no backlog) staged >= 2x monolithic: {verdict} "
           f"-> {'met' if rate_ok else 'NOT met'}{note}")
+    results["sustained_per_s"] = {"staged": s_rate, "monolithic": m_rate, "highest_offered": top}
+    results["goals"] = {"staged_first_audio_third_of_monolithic": first_ok, "staged_rate_2x_monolithic": rate_ok}
     return first_ok and rate_ok
 
 
@@ -241,10 +280,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stream-every", type=int, default=1, help="thinker: stream every N tokens")
     parser.add_argument("--chunk-frames", type=int, default=10, help="code2wav: frames per audio chunk")
     parser.add_argument("--seed", type=int, default=14)
+    parser.add_argument("--single", type=int, default=3,
+                        help="staged: requests sent one at a time for the one-request figures (default 3)")
+    parser.add_argument("--json", type=Path, help="write every figure to this file as it is measured")
+    parser.add_argument("--run-dir", type=Path, help="the staged pipeline's run directory, kept (its stage "
+                                                     "processes' logs: logs/); default a temporary one")
     parser.add_argument("--quick", action="store_true", help="two rates, 6 requests each (a smoke run)")
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.seconds = min(args.requests, 6), 0.0
+    if args.single < 1:
+        parser.error("--single must be at least 1")
+    results: dict[str, Any] = {"device": args.device, "size": args.size, "max_tokens": args.max_tokens,
+                               "max_codes": args.max_codes, "rates": {}}
+
+    def save() -> None:
+        if args.json is not None:
+            args.json.write_text(json.dumps(results, indent=2) + "\n")
 
     with tempfile.TemporaryDirectory() as scratch:
         model_path = args.model_path
@@ -261,13 +313,17 @@ def main(argv: list[str] | None = None) -> int:
         share = max(1, (os.cpu_count() or 1) // 3)  # the launcher's split over the 3 processes
         print(f"checkpoint: {model_path} ({params:.0f} M parameters); {args.max_tokens} text tokens, "
               f"{args.max_codes} codec frames per request; device {args.device}")
-        print(f"thinker decode step (batch 1): {thinker_step_ms(mono, share):.1f} ms at {share} thread(s) "
-              f"(the staged thinker's share), {thinker_step_ms(mono, os.cpu_count() or 1):.1f} ms at every core "
+        step_share, step_all = thinker_step_ms(mono, share), thinker_step_ms(mono, os.cpu_count() or 1)
+        print(f"thinker decode step (batch 1): {step_share:.1f} ms at {share} thread(s) "
+              f"(the staged thinker's share), {step_all:.1f} ms at every core "
               f"(monolithic)", flush=True)
         mono.generate([0])  # warm-up
         unloaded = statistics.median(mono.generate([i]) for i in range(2))
         print(f"monolithic unloaded latency: {unloaded:.2f} s", flush=True)
         target = args.target or 2 * unloaded
+        results.update(model_path=model_path, params_m=params, thinker_step_ms=step_all,
+                       monolithic_unloaded_s=unloaded, target_p90_first_audio_s=target)
+        save()
         if args.rates:
             rates = [float(r) for r in args.rates.split(",")]
         else:
@@ -279,11 +335,14 @@ def main(argv: list[str] | None = None) -> int:
         mono_figures: dict[float, RateFigures] = {}
         for rate, schedule in schedules.items():
             mono_figures[rate] = monolithic_open_loop(mono, schedule, args.max_batch)
+            results["rates"].setdefault(str(rate), {})["monolithic"] = mono_figures[rate].summary()
+            save()
             print(f"  monolithic {rate:6.2f} req/s done: first audio p50 {mono_figures[rate].pct('first_audio', 0.5):.2f} s",
                   flush=True)
         del mono  # its memory back before the stage processes load their parts
-        staged_figures = asyncio.run(staged_rates(model_path, args.device, schedules, args))
-    report(staged_figures, mono_figures, target)
+        staged_figures = asyncio.run(staged_rates(model_path, args.device, schedules, args, results, save))
+    report(staged_figures, mono_figures, target, results)
+    save()
     return 0
 
 
