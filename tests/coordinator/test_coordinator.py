@@ -32,6 +32,8 @@ from omnictl.transports.codec import decode
 from omnictl.transports.drain import tensor_frames
 from omnictl.transports.registry import codec_for
 from omnictl.transports.shm import SegmentReader, SlotPool
+from tests.support.wait import eventually, within
+from tests.support.wait import run as run_bounded
 
 T = TypeVar("T")
 
@@ -190,15 +192,7 @@ def run(body: Callable[[Coordinator, StubLauncher], Awaitable[T]], config: Launc
         finally:
             await coordinator.close()
 
-    return asyncio.run(main())
-
-
-async def until(check: Callable[[], Any], timeout: float = 3.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.005)
+    return run_bounded(main, timeout=30)
 
 
 def inline(data: Any) -> m.EncodedPayload:
@@ -238,7 +232,7 @@ def test_a_launch_failure_report_names_the_stage_and_why() -> None:
     async def body(c: Coordinator, stub: StubLauncher) -> None:
         stub.ready_on_start = False
         starting = asyncio.create_task(c.start())
-        await until(lambda: "voice#1" in stub.processes)
+        await eventually(lambda: "voice#1" in stub.processes)
         stub.processes["voice#1"].send(m.LaunchFailed("voice#1", "talk", "no module named m"))
         with pytest.raises(LaunchError, match="stage 'talk' failed to start: no module named m"):
             await starting
@@ -251,7 +245,7 @@ def test_a_process_that_dies_before_its_ready_report_fails_the_start_soon_naming
         stub.ready_on_start = False
         loop = asyncio.get_running_loop()
         starting = asyncio.create_task(c.start())
-        await until(lambda: "voice#1" in stub.processes)
+        await eventually(lambda: "voice#1" in stub.processes)
         died = loop.time()
         stub.die("voice#1", "exit code 2")  # no LaunchFailed report came: the death is the reason
         with pytest.raises(LaunchError) as error:
@@ -267,7 +261,7 @@ def test_a_launch_report_that_comes_just_after_the_death_still_names_the_cause()
     async def body(c: Coordinator, stub: StubLauncher) -> None:
         stub.ready_on_start = False
         starting = asyncio.create_task(c.start())
-        await until(lambda: "voice#1" in stub.processes)
+        await eventually(lambda: "voice#1" in stub.processes)
         stub.die("voice#1", "exit code 1")  # its exit seen first ...
         stub.processes["voice#1"].send(m.LaunchFailed("voice#1", "talk", "CUDA out of memory"))  # ... then why
         with pytest.raises(LaunchError, match=r"^stage 'talk' failed to start: CUDA out of memory$"):
@@ -295,7 +289,7 @@ def test_a_submit_reaches_the_entry_process_and_its_result_completes_the_request
     async def body(c: Coordinator, stub: StubLauncher) -> Any:
         handle = await c.submit({"text": "hi"}, request_id="r1", params={"voice": "joe"})
         prep = stub.processes["prep"]
-        await until(lambda: prep.received)
+        await eventually(lambda: prep.received)
         submit, frames = prep.received[0]
         assert isinstance(submit, m.Submit) and (submit.dst, frames) == ("prep", [])
         assert submit.ctx.request_id == "r1" and submit.ctx.params == {"voice": "joe", "modalities": ["text"]}
@@ -315,12 +309,12 @@ def test_a_large_input_travels_in_a_slot_that_comes_back_when_released() -> None
     async def body(c: Coordinator, stub: StubLauncher) -> None:
         await c.submit({"x": np.arange(100_000, dtype=np.float32)}, request_id="r1")
         prep = stub.processes["prep"]
-        await until(lambda: prep.received)
+        await eventually(lambda: prep.received)
         submit = prep.received[0][0]
         assert submit.payload.shm is not None and c.endpoint.pools[m.COORDINATOR].in_use == 1
         assert np.array_equal(decode(submit.payload, SegmentReader())["x"], np.arange(100_000, dtype=np.float32))
         prep.send(m.SlotRelease(submit.payload.shm))
-        await until(lambda: c.endpoint.pools[m.COORDINATOR].in_use == 0)
+        await eventually(lambda: c.endpoint.pools[m.COORDINATOR].in_use == 0)
 
     run(body)
 
@@ -328,7 +322,7 @@ def test_a_large_input_travels_in_a_slot_that_comes_back_when_released() -> None
 def test_a_slot_lent_to_a_process_that_dies_before_releasing_it_comes_back() -> None:
     async def body(c: Coordinator, stub: StubLauncher) -> None:
         await c.submit({"x": np.arange(100_000, dtype=np.float32)}, request_id="r1")
-        await until(lambda: stub.processes["prep"].received)
+        await eventually(lambda: stub.processes["prep"].received)
         assert c.endpoint.pools[m.COORDINATOR].in_use == 1
         stub.die("prep")  # it never sent the release
         assert c.endpoint.pools[m.COORDINATOR].in_use == 0 and c.held()["slots_in_use"] == 0
@@ -348,7 +342,7 @@ def test_a_terminal_output_in_a_slot_is_read_and_the_slot_handed_back_to_its_own
             outcome = await asyncio.wait_for(handle.result(), 3)
             assert np.array_equal(outcome["talk"]["audio"], np.ones(50_000, np.float32))
             released = stub.processes[replica]
-            await until(lambda: any(isinstance(msg, m.SlotRelease) for msg, _ in released.received))
+            await eventually(lambda: any(isinstance(msg, m.SlotRelease) for msg, _ in released.received))
             release = next(msg for msg, _ in released.received if isinstance(msg, m.SlotRelease))
             assert release.ref == payload.shm  # to the replica that lent it, for that slot
         finally:
@@ -370,7 +364,7 @@ def test_inputs_changed_by_the_caller_after_submit_fail_the_replay_naming_the_st
         with pytest.raises(RequestFailed, match=r"request r0 could not be replayed: "):
             await asyncio.wait_for(first.result(), 3)
         prep = stub.processes["prep"]
-        await until(lambda: len(prep.received) == 4)
+        await eventually(lambda: len(prep.received) == 4)
         assert prep.received[3][0].ctx.request_id == "r2~1"  # the next replay still went out
         stub.processes["voice#1"].send(result("r1", {"text": "r1"}))
         stub.processes["voice#1"].send(result("r2~1", {"text": "r2"}))
@@ -399,7 +393,7 @@ def test_a_stage_failure_fails_the_request_and_aborts_it_in_every_process() -> N
             await asyncio.wait_for(handle.result(), 3)
         assert (failed.value.stage, failed.value.field) == ("prep", "text")
         for process in stub.processes.values():
-            await until(lambda p=process: m.Abort(("r1",)) in p.heard)
+            await eventually(lambda p=process: m.Abort(("r1",)) in p.heard)
 
     run(body)
 
@@ -410,8 +404,8 @@ def test_an_abort_is_broadcast_once_to_every_process() -> None:
         await handle.abort()
         await handle.abort()  # already finished: nothing more is sent
         with pytest.raises(RequestAborted):
-            await handle.result()
-        await until(lambda: all(m.Abort(("r1",)) in p.heard for p in stub.processes.values()))
+            await within(handle.result(), "r1's result", 3)
+        await eventually(lambda: all(m.Abort(("r1",)) in p.heard for p in stub.processes.values()))
         await asyncio.sleep(0.05)
         assert [p.heard.count(m.Abort(("r1",))) for p in stub.processes.values()] == [1, 1, 1]
 
@@ -458,12 +452,12 @@ def test_a_full_inbox_holds_admission_until_it_drains() -> None:
         c.on_backpressure = holds.append
         stub.processes["voice#1"].send(m.InboxState("voice#1", "talk", True))
         stub.processes["prep"].send(m.InboxState("prep", "prep", True))
-        await until(lambda: len(c.full_inboxes) == 2)
+        await eventually(lambda: len(c.full_inboxes) == 2)
         stub.processes["prep"].send(m.InboxState("prep", "prep", False))
         stub.processes["voice#1"].send(m.InboxState("voice#1", "talk", False))
-        await until(lambda: holds == [True, False])
+        await eventually(lambda: holds == [True, False])
         stub.processes["voice#0"].send(m.InboxState("voice#0", "talk", True))
-        await until(lambda: holds == [True, False, True])
+        await eventually(lambda: holds == [True, False, True])
         stub.die("voice#0")  # its queue died with it: admission resumes
         assert holds == [True, False, True, False]
 
@@ -484,9 +478,9 @@ def test_a_dead_replica_fails_its_requests_and_the_others_keep_serving(caplog: p
         stub.die("voice#0")
         with pytest.raises(RequestFailed, match=r"stage 'talk' failed: replica 'voice#0' \(stages talk\) died: "
                                                 r"killed by SIGKILL"):
-            await (first if doomed == "a" else second).result()
+            await within((first if doomed == "a" else second).result(), f"{doomed} to fail", 3)
         assert c.health() == ("degraded", {"voice#0": c.down["voice#0"]})
-        await until(lambda: m.ProcessLost("voice#0") in stub.processes["prep"].heard)
+        await eventually(lambda: m.ProcessLost("voice#0") in stub.processes["prep"].heard)
         heard = stub.processes["prep"].heard
         assert heard.index(m.Abort((doomed,))) < heard.index(m.ProcessLost("voice#0"))
         stub.processes["voice#1"].send(result(survivor, {"text": "ok"}))
@@ -508,14 +502,14 @@ def test_a_dead_replica_s_unseen_requests_are_replayed_from_the_entry_on_the_oth
         assert len(doomed) == 2
         stub.die("voice#0")
         prep = stub.processes["prep"]
-        await until(lambda: len(prep.received) >= 6)
+        await eventually(lambda: len(prep.received) >= 6)
         replays = [message for message, _ in prep.received[4:]]
         # arrival order, from the entry, with the inputs the caller gave, on the live replica
         assert [s.ctx.request_id for s in replays] == [f"{rid}~1" for rid in doomed]
         assert all(s.dst == "prep" and s.ctx.replicas == {"voice": 1} for s in replays)
         assert [decode(s.payload, SegmentReader(), False) for s in replays] == [
             {"n": int(rid[1:])} for rid in doomed]
-        await until(lambda: m.ProcessLost("voice#0") in prep.heard)
+        await eventually(lambda: m.ProcessLost("voice#0") in prep.heard)
         assert prep.heard.index(m.Abort((doomed[0],))) < prep.heard.index(m.ProcessLost("voice#0"))
         for handle in handles:
             wire = f"{handle.id}~1" if handle.id in doomed else handle.id
@@ -534,7 +528,7 @@ def test_a_dead_process_restarts_and_hears_the_aborts_it_missed(caplog: pytest.L
         await c.submit({}, request_id="r1")
         stub.die("prep")
         assert c.down and not c.healthy
-        await until(lambda: stub.starts.count("prep") == 2 and c.healthy)
+        await eventually(lambda: stub.starts.count("prep") == 2 and c.healthy)
         assert caplog.records[-1].getMessage() == "stage process 'prep' is back"
         # logged once each: the death with what it cost and what happens next, then each replay
         why = "stage process 'prep' (stages prep) died: killed by SIGKILL"
@@ -542,7 +536,7 @@ def test_a_dead_process_restarts_and_hears_the_aborts_it_missed(caplog: pytest.L
             ("ERROR", f"{why}; 0 request(s) pinned to it failed, 1 replayed; restarting it (restart 1 of 1)"),
             ("WARNING", f"request r1: replayed from the entry (replay 1 of 1): stage 'prep' lost it: {why}")]
         assert stub.handles["prep"].restarts == 1
-        await until(lambda: m.Abort(("r1",)) in stub.processes["prep"].heard)  # the new one heard it
+        await eventually(lambda: m.Abort(("r1",)) in stub.processes["prep"].heard)  # the new one heard it
         assert c.dead_reason is None
 
     run(body, LaunchConfig(ready_timeout=5.0, max_restarts=1))
@@ -553,7 +547,7 @@ def test_a_restart_that_never_gets_ready_is_killed_and_the_pipeline_dies_with_no
     async def body(c: Coordinator, stub: StubLauncher) -> None:
         stub.ready_on_start = False
         stub.die("prep", "exit code 1")
-        await until(lambda: c.dead_reason is not None, timeout=3)
+        await eventually(lambda: c.dead_reason is not None, timeout=3)
         assert stub.handles["prep"].killed
         why = "it did not answer within the ready timeout (0.3s)"
         assert f"stage process 'prep' could not be restarted: {why}" in (c.dead_reason or "")
@@ -606,10 +600,10 @@ def test_close_aborts_what_runs_stops_the_launcher_and_removes_the_sockets() -> 
         handle = await c.submit({}, request_id="r1")
         await c.close()
         with pytest.raises(RequestAborted, match="the pipeline shut down"):
-            await handle.result()
+            await within(handle.result(), "r1 to end with the pipeline", 3)
         assert stubs[0].stopped and not c.socket_dir.exists()
 
-    asyncio.run(main())
+    run_bounded(main, timeout=30)
 
 
 # --- elastic replicas -------------------------------------------------------------------
@@ -641,11 +635,11 @@ def test_a_sustained_queue_starts_standby_replicas_which_take_a_share_of_the_bac
         assert c.scaling() == {"voice": {"replicas": 1, "scaled_up": 0, "scaled_down": 0}}
         handles = [await c.submit({"n": i}, request_id=f"r{i}") for i in range(6)]
         assert {c.placement._assigned[h.id]["voice"] for h in handles} == {"voice#0"}
-        await until(lambda: c.scaling()["voice"]["replicas"] == 3)
+        await eventually(lambda: c.scaling()["voice"]["replicas"] == 3)
         assert stub.starts[2:] == ["voice#1", "voice#2"]  # both at once: 6 in flight, queue 1
         assert c.scaling() == {"voice": {"replicas": 3, "scaled_up": 2, "scaled_down": 0}}
         assert c.core.standby == set() and c._starting == set()
-        await until(lambda: len(scaling_lines(caplog)) == 4)
+        await eventually(lambda: len(scaling_lines(caplog)) == 4)
         lines = scaling_lines(caplog)
         ups = [line for line in lines if line.startswith("scaling process 'voice' up: 6.0 requests in flight per replica")]
         assert [line.rsplit("; ", 1)[1] for line in ups] == [
@@ -655,13 +649,13 @@ def test_a_sustained_queue_starts_standby_replicas_which_take_a_share_of_the_bac
         # its even share each (6 over 3 replicas): the newest four, re-sent from the entry once
         # each under a fresh wire id; the oldest two stay where they were pinned
         prep = stub.processes["prep"]
-        await until(lambda: len(prep.received) == 10)
+        await eventually(lambda: len(prep.received) == 10)
         resent = {s.ctx.request_id: s.ctx.replicas["voice"] for s, _ in prep.received[6:]}
         assert sorted(resent) == ["r2~0", "r3~0", "r4~0", "r5~0"]
         assert sorted(resent.values()) == [1, 1, 2, 2]
         assert {rid: c.placement._assigned[rid]["voice"] for rid in ("r0", "r1")} == {"r0": "voice#0", "r1": "voice#0"}
         # the old attempts are aborted everywhere: even if voice#0 had started one, it cannot answer
-        await until(lambda: {"r2", "r3", "r4", "r5"} <= aborted(stub.processes["voice#0"]))
+        await eventually(lambda: {"r2", "r3", "r4", "r5"} <= aborted(stub.processes["voice#0"]))
         assert not {"r0", "r1"} & aborted(stub.processes["voice#0"])
 
     run(body, topology=ELASTIC)
@@ -675,10 +669,10 @@ def test_a_calm_process_drains_its_extra_replica_and_stops_it(caplog: pytest.Log
         answer_both(stub)
         await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 3)
         # nothing in flight for the idle window: back to `min`, the highest-numbered of equals
-        await until(lambda: c.scaling()["voice"]["replicas"] == 1 and not c._retiring)
+        await eventually(lambda: c.scaling()["voice"]["replicas"] == 1 and not c._retiring)
         assert stub.retired == ["voice#1"] and c.core.standby == {"voice#1", "voice#2"} and not c.core.draining
         assert c.scaling() == {"voice": {"replicas": 1, "scaled_up": 1, "scaled_down": 1}}
-        await until(lambda: m.ProcessLost("voice#1") in stub.processes["prep"].heard)
+        await eventually(lambda: m.ProcessLost("voice#1") in stub.processes["prep"].heard)
         lines = scaling_lines(caplog)
         assert lines[-2].startswith("scaling process 'voice' down: 'voice#1' 0.0 requests in flight per replica for ")
         assert lines[-2].endswith("; draining it (2 -> 1)")
@@ -691,7 +685,7 @@ def test_a_calm_process_drains_its_extra_replica_and_stops_it(caplog: pytest.Log
 async def scaled_to_two(c: Coordinator, stub: StubLauncher) -> list[Any]:
     """Two requests queued on voice#0 start voice#1, which takes the newer one."""
     handles = [await c.submit({"n": i}, request_id=f"r{i}") for i in range(2)]
-    await until(lambda: c.scaling()["voice"]["replicas"] == 2 and len(stub.processes["prep"].received) == 3)
+    await eventually(lambda: c.scaling()["voice"]["replicas"] == 2 and len(stub.processes["prep"].received) == 3)
     assert stub.starts[2:] == ["voice#1"]
     moved = stub.processes["prep"].received[2][0]
     assert (moved.ctx.request_id, moved.ctx.replicas) == ("r1~0", {"voice": 1})  # a move is no replay
@@ -719,13 +713,13 @@ def test_a_draining_replica_takes_nothing_new_and_stops_once_its_last_request_en
         late = await c.submit({}, request_id="late")
         assert c.placement._assigned["late"]["voice"] == "voice#0"
         looks = len(looked)
-        await until(lambda: len(looked) >= looks + 5)  # five looks of the autoscaler: it holds r1, so it stays
+        await eventually(lambda: len(looked) >= looks + 5)  # five looks of the autoscaler: it holds r1, so it stays
         assert stub.retired == [] and c.core.draining == {"voice#1"}
         answer_both(stub)
         stub.processes["voice#0"].send(result("late", {"text": "late"}))
         outcomes = await asyncio.wait_for(asyncio.gather(*(h.result() for h in [*handles, late])), 3)
         assert [o["talk"]["text"] for o in outcomes] == ["r0", "r1", "late"]
-        await until(lambda: stub.retired == ["voice#1"] and not c._retiring)
+        await eventually(lambda: stub.retired == ["voice#1"] and not c._retiring)
         assert scaling_lines(caplog)[-1] == "replica 'voice#1' drained and stopped"
         assert "voice#1" in c.core.standby and c.scaling()["voice"]["replicas"] == 1
 
@@ -742,7 +736,7 @@ def test_a_replica_that_dies_while_draining_is_not_restarted_and_its_unseen_requ
         c.core.drain("voice#1")
         stub.die("voice#1")
         prep = stub.processes["prep"]
-        await until(lambda: len(prep.received) == 4)
+        await eventually(lambda: len(prep.received) == 4)
         replay = prep.received[3][0]
         assert (replay.ctx.request_id, replay.ctx.replicas) == ("r1~1", {"voice": 0})  # replay 1
         errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
@@ -764,7 +758,7 @@ def test_a_replica_that_never_answers_its_start_is_retired_and_stays_in_standby(
     async def body(c: Coordinator, stub: StubLauncher) -> None:
         stub.ready_on_start = False
         handles = [await c.submit({"n": i}, request_id=f"r{i}") for i in range(3)]
-        await until(lambda: "voice#1" in stub.retired, timeout=3)
+        await eventually(lambda: "voice#1" in stub.retired, timeout=3)
         assert "voice#1" not in c._starting and "voice#1" in c.core.standby and "voice#1" not in c.down
         assert c.scaling()["voice"]["replicas"] == 1
         errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
@@ -786,10 +780,10 @@ def test_a_replica_that_dies_while_starting_fails_its_start_at_once_and_holds_no
     async def body(c: Coordinator, stub: StubLauncher) -> None:
         stub.ready_on_start = False
         handles = [await c.submit({"n": i}, request_id=f"r{i}") for i in range(2)]
-        await until(lambda: "voice#1" in stub.handles)
+        await eventually(lambda: "voice#1" in stub.handles)
         started = asyncio.get_running_loop().time()
         stub.die("voice#1", "exit code 3")
-        await until(lambda: "voice#1" in stub.retired)
+        await eventually(lambda: "voice#1" in stub.retired)
         assert asyncio.get_running_loop().time() - started < 1.0  # not the 5 s ready timeout
         errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
         assert any("replica 'voice#1' could not be started (scale up): stage 'talk' failed to start: replica 'voice#1' "
@@ -808,7 +802,7 @@ def test_a_replica_that_reports_ready_but_never_answers_the_hello_is_not_used(ca
     async def body(c: Coordinator, stub: StubLauncher) -> None:
         stub.hello_on_start = False
         handles = [await c.submit({"n": i}, request_id=f"r{i}") for i in range(2)]
-        await until(lambda: "voice#1" in stub.retired, timeout=3)
+        await eventually(lambda: "voice#1" in stub.retired, timeout=3)
         assert "voice#1" in c.core.standby and c.scaling()["voice"]["replicas"] == 1
         assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"][0] == (
             "replica 'voice#1' could not be started (scale up): it did not answer within the ready timeout (0.3s); "
@@ -825,9 +819,9 @@ def test_a_new_replica_takes_no_request_whose_caller_has_seen_output(caplog: pyt
         handles = [await c.submit({"n": i}, request_id=f"r{i}") for i in range(2)]
         for h in handles:  # both streamed a first chunk before the window ended
             stub.processes["voice#0"].send(result(h.id, {"text": "so"}, seq=0, final=False))
-        await until(lambda: all(c.requests[h.id].output_sent for h in handles))
-        await until(lambda: c.scaling()["voice"]["replicas"] == 2)
-        await until(lambda: scaling_lines(caplog)[-1].startswith("replica "))
+        await eventually(lambda: all(c.requests[h.id].output_sent for h in handles))
+        await eventually(lambda: c.scaling()["voice"]["replicas"] == 2)
+        await eventually(lambda: scaling_lines(caplog)[-1].startswith("replica "))
         assert scaling_lines(caplog)[-1] == "replica 'voice#1' is up"
         assert len(stub.processes["prep"].received) == 2  # nothing re-sent
         assert all(c.placement._assigned[h.id]["voice"] == "voice#0" for h in handles)
@@ -845,7 +839,7 @@ def test_the_autoscaler_looks_every_quarter_of_the_shortest_window() -> None:
             return decide(*args, **kwargs)
 
         c.autoscaler.decide = timed  # type: ignore[method-assign]
-        await until(lambda: len(looks) >= 11)
+        await eventually(lambda: len(looks) >= 11)
         gaps = sorted(b - a for a, b in zip(looks, looks[1:]))
         # window 0.05 s: a look every 0.02 s (the floor; a quarter would be 0.0125 s), not
         # the 0.25 s ceiling, nor anything near the window itself
@@ -858,7 +852,7 @@ def test_the_autoscaler_looks_every_quarter_of_the_shortest_window() -> None:
 def test_a_ready_report_with_a_tcp_address_goes_into_the_next_hello_and_the_relaunch_port() -> None:
     async def body(c: Coordinator, stub: StubLauncher) -> None:
         stub.processes["voice#1"].send(m.Ready("voice#1", 1000, "tcp://127.0.0.1:6123"))
-        await until(lambda: "voice#1" in c.launcher.tcp_ports)
+        await eventually(lambda: "voice#1" in c.launcher.tcp_ports)
         assert c.launcher.tcp_ports == {"voice#1": 6123}  # a relaunch binds the same port
         assert c.endpoint.tcp_addresses == {"voice#1": "tcp://127.0.0.1:6123"}
         await c._handshake(["voice#0"])  # the hello every peer hears carries the address book

@@ -7,8 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -18,21 +16,12 @@ from omnictl.profiling.collector import Collector
 from omnictl.profiling.events import EventKind
 from omnictl.profiling.store import TraceStore
 from tests.support.synthetic import synthetic_request
+from tests.support.wait import until
 
 
 @pytest.fixture(params=[True, False], ids=["own-process", "thread"])
 def separate_process(request: pytest.FixtureRequest) -> bool:
     return bool(request.param)
-
-
-def _wait_until(condition: "object", timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            return False
-        pause.wait(0.02)
-    return True
 
 
 def test_local_recorder_events_are_stored_and_aggregated(tmp_path: Path, separate_process: bool) -> None:
@@ -67,7 +56,7 @@ def test_malformed_messages_are_counted_and_skipped(tmp_path: Path, separate_pro
         recorder.record(EventKind.ADMITTED, "r")
         recorder.close()
         assert collector.wait_for(1, timeout=10)
-        assert _wait_until(lambda: collector.malformed == 1, timeout=10)
+        until(lambda: collector.malformed == 1, timeout=10)
         push.close(linger=0)
         context.term()
     assert collector.malformed == 1
@@ -126,7 +115,7 @@ def test_the_collector_process_exits_with_its_parent(tmp_path: Path) -> None:
         # A zombie (dead, unreaped by its dead parent) counts as gone.
         return Path(f"/proc/{collector_pid}/stat").read_text().split(")")[1].split()[0] == "Z"
 
-    assert _wait_until(gone, timeout=10), "the orphaned collector process kept running"
+    until(gone, "the orphaned collector process to exit", timeout=10)
 
 
 def test_control_address_is_needed_beyond_ipc(tmp_path: Path) -> None:

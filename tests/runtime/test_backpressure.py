@@ -15,6 +15,7 @@ import omnictl
 from omnictl.admission import Admission
 from tests.support import topo
 from tests.support.loop import LoopThread, launch
+from tests.support.wait import eventually
 
 E = "omnictl.models.examples"
 INBOX = 4
@@ -101,7 +102,7 @@ def test_a_full_pipeline_aborts_everything_promptly_and_ends_with_zero_state(loo
 
     async def fill_then_abort() -> float:
         handles = [await pipe.submit({"i": i}) for i in range(INBOX + 1)]
-        assert await until_async(lambda: pipe.admission.held)
+        await eventually(lambda: pipe.admission.held, timeout=5)
         blocked = asyncio.create_task(pipe.submit({"i": "late"}))  # waits for room: the stage is full
         await asyncio.sleep(0.1)
         assert not blocked.done()
@@ -124,15 +125,6 @@ def test_a_full_pipeline_aborts_everything_promptly_and_ends_with_zero_state(loo
         assert loop.run(loop_result(pipe, {"after": 1})) == {"consume": {"after": 1}}
     finally:
         loop.run(pipe.close())
-
-
-async def until_async(condition: Any, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        await asyncio.sleep(0.01)
-    return False
 
 
 async def loop_result(pipe: omnictl.Pipeline, data: dict[str, int]) -> dict[str, object]:

@@ -20,7 +20,7 @@ import resource
 import socket
 import struct
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -33,6 +33,7 @@ from websockets.exceptions import ConnectionClosed
 
 from omnictl.serving.common import connections
 from omnictl.serving.common.connections import RESERVED_FDS, ConnectionGuard, connection_cap
+from tests.support.wait import eventually, run
 
 HEADER_TIMEOUT_S = 0.2
 GET = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
@@ -48,19 +49,6 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 WebSocketRoute = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-def run(scenario: Coroutine[Any, Any, None]) -> None:
-    """Run one test's scenario on a fresh event loop, with a deadline so a hang fails fast."""
-
-    asyncio.run(asyncio.wait_for(scenario, 10))
-
-
-async def wait_until(condition: Callable[[], bool], within: float = 3.0) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        await asyncio.sleep(0.005)
 
 
 def warnings_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -144,7 +132,7 @@ async def serving(guard: ConnectionGuard, app: App) -> AsyncIterator[tuple[str, 
     server = QuietServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
-        await wait_until(lambda: server.started or task.done())
+        await eventually(lambda: server.started or task.done())
         if task.done():
             task.result()
         host, port = sock.getsockname()[:2]
@@ -273,16 +261,16 @@ def test_a_connection_that_sends_nothing_or_half_its_headers_is_closed_after_the
             partial = await open_client(address)
             leaving = await open_client(address)
             await partial.send(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
-            await wait_until(lambda: guard.open == 3)
+            await eventually(lambda: guard.open == 3)
             assert len(guard.idle) == 3
             await leaving.close()  # a client that leaves by itself is not a timeout
-            await wait_until(lambda: guard.open == 2)
+            await eventually(lambda: guard.open == 2)
             assert len(guard.idle) == 2
             await silent.stays_open(0.1)
             assert await silent.closed_within(3) == b""  # closed, without an answer
             assert await partial.closed_within(3) == b""
             assert HEADER_TIMEOUT_S <= time.monotonic() - opened < HEADER_TIMEOUT_S * 1.75
-            await wait_until(lambda: guard.open == 0)
+            await eventually(lambda: guard.open == 0)
             assert (guard.timed_out, guard.refused, guard.evicted, len(guard.idle)) == (2, 0, 0, 0)
             served = await open_client(address)  # the server itself is fine
             await served.send(GET)
@@ -299,7 +287,7 @@ def test_headers_finished_in_time_are_served_and_a_slow_body_is_not_cut() -> Non
             client = await open_client(address)
             await asyncio.sleep(HEADER_TIMEOUT_S / 2)
             await client.send(b"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\n\r\n")
-            await wait_until(lambda: len(guard.idle) == 0)  # a request in progress: not idle
+            await eventually(lambda: len(guard.idle) == 0)  # a request in progress: not idle
             await client.stays_open(HEADER_TIMEOUT_S * 1.25)  # the body may take its time (--body-timeout bounds it)
             assert (guard.open, guard.timed_out) == (1, 0)
             await client.send(b"hello")
@@ -330,7 +318,7 @@ def test_after_each_response_the_next_request_has_the_header_timeout_again() -> 
             assert (len(guard.idle), guard.open) == (1, 1)
             assert await kept.closed_within(3) == b""  # then idle past the timeout: closed
             assert time.monotonic() - answered >= HEADER_TIMEOUT_S * 0.75
-            await wait_until(lambda: guard.open == 0)
+            await eventually(lambda: guard.open == 0)
             assert (guard.timed_out, guard.refused, guard.evicted, len(guard.idle)) == (2, 0, 0, 0)
 
     run(scenario())
@@ -344,18 +332,18 @@ def test_at_the_cap_a_new_connection_closes_the_oldest_idle_one(caplog: pytest.L
         guard = ConnectionGuard(max_connections=3, header_timeout_s=5.0)
         async with serving(guard, App()) as address, clients() as open_client:
             first = await open_client(address)
-            await wait_until(lambda: guard.open == 1)
+            await eventually(lambda: guard.open == 1)
             second = await open_client(address)
-            await wait_until(lambda: guard.open == 2)
+            await eventually(lambda: guard.open == 2)
             third = await open_client(address)
-            await wait_until(lambda: guard.open == 3)
+            await eventually(lambda: guard.open == 3)
             await first.send(GET)  # served: idle again, now the newest idle one
             assert await first.response() == (200, b"ok")
             assert warnings_logged(caplog) == []
 
             fourth = await open_client(address)
             assert await second.closed_within(3) == b""
-            await wait_until(lambda: guard.open == 3)
+            await eventually(lambda: guard.open == 3)
             assert (guard.evicted, guard.refused, guard.timed_out) == (1, 0, 0)
             await fourth.send(GET)
             assert await fourth.response() == (200, b"ok")
@@ -365,7 +353,7 @@ def test_at_the_cap_a_new_connection_closes_the_oldest_idle_one(caplog: pytest.L
 
             await open_client(address)  # idle now, oldest first: third, fourth, first
             assert await third.closed_within(3) == b""
-            await wait_until(lambda: guard.open == 3)
+            await eventually(lambda: guard.open == 3)
             assert (guard.evicted, guard.refused) == (2, 0)
             await fourth.send(GET)
             assert await fourth.response() == (200, b"ok")
@@ -383,7 +371,7 @@ def test_at_the_cap_with_none_idle_a_new_connection_is_refused_at_once(caplog: p
             for count in (1, 2):
                 client = await open_client(address)
                 await client.send(b"GET /wait HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-                await wait_until(lambda: app.waiting == count)  # noqa: B023  # awaited here, in this iteration
+                await eventually(lambda: app.waiting == count)  # noqa: B023  # awaited here, in this iteration
                 busy.append(client)
             assert (guard.open, len(guard.idle)) == (2, 0)
 
@@ -404,7 +392,7 @@ def test_at_the_cap_with_none_idle_a_new_connection_is_refused_at_once(caplog: p
             await open_client(address)  # idle ones again: the first answered makes room
             assert await busy[0].closed_within(3) == b""
             await busy[1].stays_open(0.05)
-            await wait_until(lambda: guard.open == 2)
+            await eventually(lambda: guard.open == 2)
             assert (guard.refused, guard.evicted) == (2, 1)
             assert warnings_logged(caplog) == [REFUSING % 2, EVICTING % 2]  # each kind its own line
         assert errors_logged(caplog) == []
@@ -539,11 +527,11 @@ def test_a_websocket_counts_once_and_is_released_when_it_closes(caplog: pytest.L
                 async with ws_client(address) as other:
                     assert await echoes(other, "two")
                     assert guard.open == 2
-                await wait_until(lambda: guard.open == 1)
+                await eventually(lambda: guard.open == 1)
                 await asyncio.sleep(HEADER_TIMEOUT_S * 1.5)  # no header timeout once upgraded
                 assert await echoes(ws, "still here")
                 assert (guard.open, guard.timed_out, len(guard.idle)) == (1, 0, 0)
-            await wait_until(lambda: guard.open == 0)
+            await eventually(lambda: guard.open == 0)
             assert (guard.refused, guard.evicted, guard.timed_out) == (0, 0, 0)
         assert errors_logged(caplog) == []
 
@@ -560,7 +548,7 @@ def test_at_the_cap_a_websocket_session_is_not_idle_so_a_new_connection_is_refus
                 assert await refused.closed_within(3) == b""
                 assert (guard.open, guard.refused, guard.evicted) == (1, 1, 0)
                 assert await echoes(ws, "still here")
-            await wait_until(lambda: guard.open == 0)
+            await eventually(lambda: guard.open == 0)
 
     run(scenario())
 
@@ -576,7 +564,7 @@ def test_a_websocket_handshake_the_protocol_refuses_is_answered_and_released(cap
             )
             answer = await client.closed_within(3)
             assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer
-            await wait_until(lambda: guard.open == 0)
+            await eventually(lambda: guard.open == 0)
             assert app.scopes == []  # no key, no version: the app never sees it
         assert errors_logged(caplog) == []
 
@@ -613,7 +601,7 @@ def test_the_app_hangs_up_a_websocket_with_its_code_and_reason(
                 started = time.monotonic()
                 await asyncio.wait_for(ws.wait_closed(), 3)
                 assert time.monotonic() - started < 2.0
-            await wait_until(lambda: guard.open == 0)
+            await eventually(lambda: guard.open == 0)
             assert seen == [{"type": "websocket.disconnect", "code": 4001, "reason": "go away now"}]
             (scope,) = app.scopes
             assert sorted(scope["extensions"]) == ["omnictl.hangup", "websocket.http.response"]
@@ -647,7 +635,7 @@ def test_a_client_that_never_answers_the_hang_up_is_cut_after_the_grace(
             assert guard.open == 1
             assert await client.closed_within(3) == b""  # no second close frame, no data
             assert time.monotonic() - received >= 0.15
-            await wait_until(lambda: guard.open == 0)
+            await eventually(lambda: guard.open == 0)
             assert outcome == ["returned"]
         assert errors_logged(caplog) == []
 
@@ -676,7 +664,7 @@ def test_a_second_hang_up_neither_puts_off_the_cut_nor_tells_the_app_twice(monke
             received = time.monotonic()
             assert await client.closed_within(3) == b""
             assert time.monotonic() - received < 0.6  # cut by the first grace (0.4 s), not 0.3 + 0.4 s
-            await wait_until(lambda: guard.open == 0)
+            await eventually(lambda: guard.open == 0)
         assert [m["type"] for m in told[:1]] == ["websocket.disconnect"] and told[0]["code"] == 4002
 
     run(scenario())
@@ -707,7 +695,7 @@ def test_a_hang_up_reads_the_answer_even_when_an_unread_message_had_paused_readi
             await client.send(client_frame(0x8, close_payload(4004, "unread")))
             assert await client.closed_within(3) == b""
             assert time.monotonic() - started < 2.0  # the answer was read: no waiting out the grace
-            await wait_until(lambda: guard.open == 0)
+            await eventually(lambda: guard.open == 0)
 
     run(scenario())
 
@@ -728,7 +716,7 @@ def test_a_hang_up_after_the_client_left_does_nothing(caplog: pytest.LogCaptureF
             async with ws_client(address) as ws:
                 await ws.close(1000, "done")
                 assert ws.close_code == 1000
-            await wait_until(lambda: outcome == ["returned"] and guard.open == 0)
+            await eventually(lambda: outcome == ["returned"] and guard.open == 0)
         assert errors_logged(caplog) == []
 
     run(scenario())

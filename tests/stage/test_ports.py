@@ -4,7 +4,6 @@ coordinator; co-located stages are test doubles that record what they are handed
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator
@@ -16,12 +15,13 @@ import zmq
 from omnictl import messages as m
 from omnictl.profiling.events import EventKind
 from omnictl.stage.ports import WorkerPorts, payload_bytes
-from omnictl.transports.endpoint import Endpoint
 from omnictl.topology import loads
 from omnictl.topology.model import EdgeKind, Transport
 from omnictl.transports.codec import decode
+from omnictl.transports.endpoint import Endpoint
 from omnictl.transports.shm import SegmentReader
 from tests.support.profiler import RecordingProfiler
+from tests.support.wait import eventually, run
 
 # a -> b in the same process (inproc); a -> c in another one; data and stream edges to both.
 TOPOLOGY = loads("""
@@ -113,14 +113,7 @@ def wired(tmp_path: Path, body: Callable[[Wired], Awaitable[None]], topology: An
         finally:
             w.close()
 
-    asyncio.run(asyncio.wait_for(go(), 10))
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    deadline = asyncio.get_running_loop().time() + 5
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met before the deadline"
-        await asyncio.sleep(0.001)
+    run(go, timeout=10)
 
 
 @pytest.fixture
@@ -136,7 +129,7 @@ def test_data_to_a_co_located_stage_is_the_object_itself_handed_over_on_the_loop
     async def body(w: Wired) -> None:
         w.ports.send_data(CTX, "a", "b", data)
         assert w.b.calls == []  # handed over on the loop, not re-entering b from inside a
-        await until(lambda: bool(w.b.calls))
+        await eventually(lambda: bool(w.b.calls))
         assert w.b.calls == [("input", "r", "a", data)] and w.b.calls[0][3] is data
         assert w.profiler.events == [
             (EventKind.HOP_SENT, "r", "a", {"target": "b", "transport": "inproc", "bytes": 0}),
@@ -150,7 +143,7 @@ def test_signals_to_a_co_located_stage_keep_their_order(short_tmp: Path) -> None
     async def body(w: Wired) -> None:
         w.ports.send_skip(CTX, "a", "b")
         w.ports.send_data(CTX, "a", "b", 1)
-        await until(lambda: len(w.b.calls) == 2)
+        await eventually(lambda: len(w.b.calls) == 2)
         assert w.b.calls == [("skip", "r", "a"), ("input", "r", "a", 1)]
 
     wired(short_tmp, body)
@@ -163,7 +156,7 @@ def test_a_stream_to_a_co_located_stage_is_handed_over_chunk_by_chunk_then_done(
         w.ports.send_stream(CTX, "a", "b", 0, chunk)
         w.ports.send_stream(CTX, "a", "b", 1, {"t": [2]})
         w.ports.send_stream_done(CTX, "a", "b")
-        await until(lambda: len(w.b.calls) == 3)
+        await eventually(lambda: len(w.b.calls) == 3)
         assert w.b.calls == [("chunk", "r", "a", 0, chunk), ("chunk", "r", "a", 1, {"t": [2]}), ("stream_done", "r", "a")]
         assert w.b.calls[0][4] is chunk
         assert [meta for _, _, _, meta in w.profiler.events] == [
