@@ -7,7 +7,7 @@ what it holds afterwards and what it asks to broadcast.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -18,6 +18,7 @@ from omnictl.exceptions import InvalidRequest, PipelineDead, RequestAborted, Req
 from omnictl.profiling.events import EventKind
 from omnictl.topology import loads
 from tests.support.profiler import RecordingProfiler
+from tests.support.wait import run  # records own futures: a test body runs inside a loop
 
 T = TypeVar("T")
 
@@ -31,11 +32,6 @@ stages:
 processes:
   voice: {replicas: 2}
 """
-
-
-def run(body: Callable[[], Awaitable[T]]) -> T:
-    """Records own futures, so a test body runs inside a loop (the core never awaits)."""
-    return asyncio.run(body())  # type: ignore[arg-type]  # asyncio.run takes any awaitable's coroutine
 
 
 def core(request_timeout: float = 10.0, replay_limit: int = 0) -> tuple[CoordinatorCore, RecordingProfiler]:
@@ -714,3 +710,83 @@ def test_a_caller_that_streamed_autoregressive_tokens_resumes_with_them_forced()
         assert isinstance(error, RequestFailed) and "it cannot resume from" in str(error)
 
     run(body)
+
+
+# --- streamed input -------------------------------------------------------------------
+
+
+def streaming(c: CoordinatorCore, request_id: str, now: float = 0.0) -> Admitted:
+    admitted = c.admit(now, None, request_id)
+    c.commit(admitted, {"first chunk": 1}, input_stream=True)
+    return admitted
+
+
+def test_a_streamed_input_counts_its_chunks_and_is_refused_once_ended() -> None:
+    async def body() -> None:
+        c, _ = core()
+        admitted = streaming(c, "r1")
+        record = admitted.record
+        assert record.inputs is None  # no chunk is kept for a replay
+        stream = record.input_stream
+        assert stream is not None and (stream.entry, stream.instance) == ("prep", "prep")
+        assert stream.context == admitted.context
+        assert [c.next_chunk(record)[1] for _ in range(3)] == [0, 1, 2]
+        assert c.end_input(record) is stream and stream.ended and stream.sent == 3
+        with pytest.raises(InvalidRequest, match=r"^request r1 ended: no more input is taken$") as error:
+            c.next_chunk(record)
+        assert error.value.field == "input"
+        with pytest.raises(InvalidRequest, match="request r1 ended"):
+            c.end_input(record)
+        assert stream.sent == 3  # a refused chunk takes no seq
+
+    run(body())
+
+
+def test_a_whole_input_takes_no_chunk_and_a_finished_stream_none_either() -> None:
+    async def body() -> None:
+        c, _ = core()
+        whole = started(c, "r1").record
+        with pytest.raises(InvalidRequest, match=r"^request r1 takes no streamed input: no more input is taken$"):
+            c.next_chunk(whole)
+        record = streaming(c, "r2").record
+        assert c.abort("r2") == [m.Abort(("r2",))]
+        with pytest.raises(InvalidRequest, match=r"^request r2 has ended: no more input is taken$"):
+            c.next_chunk(record)
+        assert_holds_nothing(c)
+
+    run(body())
+
+
+def test_a_streamed_input_never_ended_fails_at_its_deadline_naming_the_chunks_it_got() -> None:
+    async def body() -> None:
+        c, rec = core(request_timeout=5.0)
+        admitted = streaming(c, "r1", now=0.0)
+        c.next_chunk(admitted.record)
+        assert c.expire(4.9) == []
+        assert c.expire(5.0) == [m.Abort(("r1",))]
+        error = admitted.record.outcome.exception()
+        assert isinstance(error, RequestFailed)
+        assert str(error) == "request r1 missed its deadline of 5s; its input was never ended (1 chunk(s) received)"
+        assert_holds_nothing(c)
+        # once ended, the deadline names the terminals it waits for, as for any request
+        ended = streaming(c, "r2", now=10.0)
+        c.end_input(ended.record)
+        c.expire(15.0)
+        assert "terminals still expected: ['text', 'tts']" in str(ended.record.outcome.exception())
+
+    run(body())
+
+
+def test_a_death_fails_a_streamed_input_rather_than_replaying_it() -> None:
+    async def body() -> None:
+        c, _ = core(replay_limit=3)
+        admitted = streaming(c, "r1")
+        whole = started(c, "r2")  # beside it, a whole input is replayed as before
+        death = c.process_died("prep", "killed by SIGKILL")
+        assert death.failed == ["r1"] and [r.request_id for r in death.replayed] == ["r2"]
+        error = admitted.record.outcome.exception()
+        assert isinstance(error, RequestFailed) and error.stage == "prep"
+        assert str(error).endswith("(not replayed: its input was streamed in and is not kept)")
+        assert whole.record.state is RequestState.RUNNING
+
+    run(body())

@@ -15,10 +15,7 @@ from omnictl.schedulers.base import IncomingKind, IncomingMessage
 from omnictl.schedulers.runner import StepOutput
 from omnictl.schedulers.sampling import SamplingParams
 from tests.schedulers.harness import GatedRunner, Outcome, new_request, pump
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, timeout=120))
+from tests.support.wait import run
 
 
 class Hooked(AutoregressiveScheduler):
@@ -63,7 +60,7 @@ def test_hooks_choose_sampling_shape_outputs_and_hear_of_drops(runner: HFCausalL
         finally:
             await scheduler.stop()
 
-    scheduler, outcomes = run(scenario())
+    scheduler, outcomes = run(scenario(), timeout=120)
     ok = outcomes["ok"]
     assert [chunk[:2] for chunk in ok.chunks] == [("wrapped", False)] * 3
     assert ok.result[:2] == ("wrapped", True)
@@ -99,7 +96,7 @@ def test_an_abort_reaches_on_drop_and_a_bad_request_sampling_is_refused(runner: 
         finally:
             await scheduler.stop()
 
-    scheduler, outcomes = run(scenario())
+    scheduler, outcomes = run(scenario(), timeout=120)
     assert "sampling.max_tokens" in (outcomes["bad"].error or "")
     assert not any(rid == "bad" for _, rid, _ in scheduler.calls)  # refused before it started
     assert ("drop", "held", None) in scheduler.calls
@@ -165,7 +162,7 @@ def test_in_stream_mode_a_result_that_comes_first_starts_the_request_and_is_its_
         finally:
             await scheduler.stop()
 
-    scheduler, outcomes = run(scenario())
+    scheduler, outcomes = run(scenario(), timeout=120)
     assert outcomes["r"].result is not None, outcomes["r"].error
     assert fed.log == [("r", upstream, True)]
     assert scheduler.calls[0][:2] == ("start", "r")  # on_start comes before anything is fed

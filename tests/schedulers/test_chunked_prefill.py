@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -12,13 +11,10 @@ from omnictl.models.hf_causal_lm import HFCausalLMRunner
 from omnictl.models.tiny_causal_lm import VOCAB_SIZE
 from omnictl.schedulers.autoregressive import AutoregressiveScheduler
 from tests.schedulers.harness import Outcome, new_request, pump, wait_for_condition
+from tests.support.wait import run
 
 LONG = [3 + (i * 7) % (VOCAB_SIZE - 8) for i in range(1900)]  # under tiny_llama's 2048 positions
 CHUNK = 64
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, timeout=120))
 
 
 def test_a_chunked_prefill_gives_the_same_scores_and_tokens_as_a_whole_one(endless_model: Any) -> None:
@@ -65,7 +61,7 @@ def test_another_requests_tokens_keep_coming_while_a_long_prompt_prefills(endles
             await scheduler.stop()
         return outcomes
 
-    outcomes = run(scenario())
+    outcomes = run(scenario(), timeout=120)
     assert outcomes["long"].result.prompt_tokens == len(LONG) and outcomes["chat"].result.completion_tokens == 400
     arrived, first_long = order.index("long arrives"), order.index("long")
     between = order[arrived:first_long].count("chat")
@@ -93,7 +89,7 @@ def test_an_abort_stops_a_long_prefill_part_way_and_frees_its_cache(endless_mode
             await scheduler.stop()
         return outcomes, took
 
-    outcomes, took = run(scenario())
+    outcomes, took = run(scenario(), timeout=120)
     assert "long" not in outcomes  # no token, no result, no error: it just left
     assert outcomes["next"].result.completion_tokens == 3
     assert took < 2.0, took

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import threading
 from typing import Any
@@ -14,12 +13,9 @@ from omnictl.outputs import AudioChunk, AudioResult, TextDelta, TextResult
 from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingMessage
 from omnictl.schedulers.streaming import StreamingScheduler, Window, merge_outputs
 from tests.schedulers.harness import Outcome, pump, wait_for_condition
+from tests.support.wait import run
 
 KERNEL = np.array([0.5, -0.25, 0.125])  # a causal filter: each sample needs the 2 units before it
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, timeout=60))
 
 
 def chunk(rid: str, data: Any) -> IncomingMessage:

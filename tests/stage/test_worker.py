@@ -31,6 +31,7 @@ from omnictl.transports.endpoint import Endpoint
 from omnictl.transports.registry import Placement
 from omnictl.transports.shm import SegmentReader
 from tests.support.profiler import RecordingProfiler
+from tests.support.wait import run
 
 F = "tests.stage.build_factories"
 TWO = f"""
@@ -122,10 +123,6 @@ async def running(text: str, **config: Any) -> AsyncIterator[tuple[Coordinator, 
             worker.stop()
             await asyncio.wait_for(task, 10)
             coordinator.close()
-
-
-def run(scenario: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(scenario, 60))
 
 
 def test_a_worker_reports_ready_runs_its_stages_in_turn_and_answers_hellos_and_stats() -> None:
