@@ -13,6 +13,11 @@ from typing import Any, Union
 import msgspec
 
 COORDINATOR = "coordinator"  # the owner name of buffers the coordinator sends (Submit)
+# The ``src`` of a request's streamed input (StreamChunk / StreamDone to the entry stage, see
+# :meth:`omnictl.coordinator.request.RequestHandle.send`): the caller's process, the one the
+# coordinator runs in. Its profiler records under this name, so each chunk's sent and
+# received events pair up as one hop; no stage can have it as an upstream (the entry has none).
+INPUT_SOURCE = COORDINATOR
 # The request param that resumes an autoregressive stream after a replica died: stage name ->
 # the token ids its caller already received (forced as the continuation's prefix).
 RESUME_PARAM = "resume"
@@ -49,6 +54,12 @@ class EncodedPayload(msgspec.Struct, array_like=True):
     inline: bytes = b""  # tensor bytes when they are tiny
     shm: ShmRef | None = None
     frames: bool = False  # tcp: tensor i is ZeroMQ frame i + 1 of the message (zero-copy)
+
+
+def payload_bytes(payload: EncodedPayload) -> int:
+    """How many bytes ``payload`` moves, however it travels (for the profiler's hops)."""
+    framed = sum(entry.nbytes for entry in payload.layout) if payload.frames else 0
+    return len(payload.skeleton) + len(payload.inline) + (payload.shm.nbytes if payload.shm else 0) + framed
 
 
 class RequestContext(msgspec.Struct, array_like=True, frozen=True):

@@ -198,6 +198,7 @@ class Pipeline:
         request_id: str | None = None,
         traceparent: str | None = None,
         stream: bool = True,
+        input_stream: bool = False,
     ) -> RequestHandle:
         """Start a request. ``modalities`` selects terminals by modality (None: all).
 
@@ -211,6 +212,17 @@ class Pipeline:
         ``stream`` False: the caller reads only the results (it ignores stream events), so a
         replay after a replica died stays possible until the request completes (True: only
         until its first stream chunk or result).
+
+        ``input_stream`` True: the input arrives over time. The request is open at once;
+        the caller sends each chunk with ``await handle.send(chunk)`` and ends the input with
+        ``await handle.end_input()``. The entry stage gets them as stream chunks then a
+        stream end (``stream_chunk`` / ``stream_done`` in its scheduler's inbox), in order,
+        exactly as a ``stream_to`` edge delivers them; ``inputs``, unless None, is the first
+        chunk (and gives the request's params, as above). The chunks go from this process to
+        the entry stage over the data plane, never through the coordinator's control
+        messages. An abort, a failure or the request's deadline (``request_timeout``, which
+        a caller that never ends its input runs into) ends it everywhere; such a request is
+        never replayed (its input is not kept): a replica's death fails it.
         """
         params = request_params(inputs)
         trace_parent = None
@@ -221,7 +233,13 @@ class Pipeline:
         ticket = await self.admission.admit()
         try:
             handle = await self._coordinator.submit(
-                inputs, modalities, request_id, params=params, trace_parent=trace_parent, stream=stream
+                inputs,
+                modalities,
+                request_id,
+                params=params,
+                trace_parent=trace_parent,
+                stream=stream,
+                input_stream=input_stream,
             )
         except BaseException:
             ticket.release()

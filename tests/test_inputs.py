@@ -199,6 +199,27 @@ def test_resample_keeps_a_tone_and_removes_what_the_target_cannot_hold() -> None
     assert resample(low, 22_050, 22_050) is low
 
 
+@pytest.mark.parametrize(("size", "rate", "target"), [(16_000, 16_000, 24_000), (7, 44_100, 16_000), (0, 48_000, 16_000),
+                                                      (384_000, 384_000, 16_000), (1001, 24_000, 8_000)])
+def test_resample_gives_the_length_the_ratio_says_in_float32(size: int, rate: int, target: int) -> None:
+    out = resample(np.zeros(size, np.float32), rate, target)
+    assert out.dtype == np.float32 and out.size == round(size * target / rate)
+
+
+def test_a_wav_over_the_decode_budget_is_refused_before_it_is_converted() -> None:
+    """Issue 40: a duration within the limit in 8 channels at 384 kHz is 24 times the work
+    of stereo at 48 kHz; the budget (decode_budget) counts every channel."""
+    many = wav_bytes(np.zeros(int(0.1 * 384_000) * 8, np.float32), rate=384_000, channels=8)
+    encoded = base64.b64encode(many).decode()
+    request = {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": encoded}}]}]}
+    with pytest.raises(InvalidRequest) as error:
+        parse_request(request, max_audio_seconds=1.0)
+    assert type(error.value) is InvalidRequest and error.value.field == "messages[0].content[0].input_audio.data"
+    assert "WAV data holds 307,200 samples (8 channel(s) at 384000 Hz); the limit is 96,000 decoded samples" in str(
+        error.value)
+    assert parse_request(request, max_audio_seconds=4.0).messages[0].parts[0].sample_rate == 384_000  # under it
+
+
 def test_image_parts_from_data_url_and_path(tmp_path: Path) -> None:
     path = tmp_path / "pixel.png"
     path.write_bytes(PNG_1PX)

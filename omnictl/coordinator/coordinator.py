@@ -29,7 +29,7 @@ from omnictl.coordinator.request import RequestHandle, RequestRecord
 from omnictl.coordinator.stats import node_stats, stage_stats
 from omnictl.exceptions import LaunchError, describe_error
 from omnictl.launch_config import LaunchConfig
-from omnictl.profiling.events import MetaValue, NullProfiler, Profiler
+from omnictl.profiling.events import EventKind, MetaValue, NullProfiler, Profiler, now_ns
 from omnictl.topology.model import RelayKnobs, Topology
 from omnictl.transports import registry
 from omnictl.transports.codec import decode
@@ -106,6 +106,7 @@ class Coordinator:
         # as an edge from a CPU stage on the unlabelled node to the entry stage
         entry = topology.stages[topology.entry]
         entry_transport = registry.select(Placement(False, None, topology.node_of(entry.name), (), tuple(entry.gpu)))
+        self._entry_transport = entry_transport
         self._codec = self.endpoint.codec(m.COORDINATOR, entry_transport, knobs)
         self._reader = SegmentReader()
         self._stats_seq = itertools.count()
@@ -260,21 +261,28 @@ class Coordinator:
         params: Mapping[str, Any] | None = None,
         trace_parent: Mapping[str, MetaValue] | None = None,
         stream: bool = True,
+        input_stream: bool = False,
     ) -> RequestHandle:
         """``params`` (msgpack-plain): what every stage sees of the request besides its data
         (``sampling``, ``voice``); :meth:`Pipeline.submit` derives them from the inputs.
         ``trace_parent``: the caller's span (see :mod:`omnictl.telemetry.traceparent`),
-        recorded with the admission for the OTLP export."""
+        recorded with the admission for the OTLP export. ``input_stream``: the input arrives
+        over time, through the handle (:meth:`send_input`); ``inputs``, unless None, is its
+        first chunk."""
         admitted = self.core.admit(asyncio.get_running_loop().time(), modalities, request_id, params, trace_parent)
         try:
             # before anything is sent: inputs that cannot be sent leave no trace
-            payload, frames = self._codec.encode_frames(inputs)
+            encoded = None if input_stream and inputs is None else self._codec.encode_frames(inputs)
         except BaseException:
             self.core.withdraw(admitted)
             raise
-        self.core.commit(admitted, inputs, stream)
-        self._send_submit(admitted, payload, frames)
-        return RequestHandle(admitted.record, self.abort)
+        self.core.commit(admitted, inputs, stream, input_stream)
+        if not input_stream:
+            assert encoded is not None
+            self._send_submit(admitted, *encoded)
+        elif encoded is not None:
+            self._send_chunk(admitted.record, *encoded)
+        return RequestHandle(admitted.record, self.abort, self if input_stream else None)
 
     def _send_submit(self, admitted: Admitted, payload: m.EncodedPayload, frames: list[memoryview]) -> None:
         # a shm payload's slot is taken back if that process dies before releasing it
@@ -285,6 +293,42 @@ class Coordinator:
             payload,
             lender=m.COORDINATOR,
         )
+
+    # --- streamed input: the caller's chunks, straight to the entry stage ------------------
+
+    def send_input(self, record: RequestRecord, data: Any) -> None:
+        """The next chunk of ``record``'s streamed input (see :meth:`RequestHandle.send`).
+        It is encoded here, in the caller's process, and pushed to the entry stage's process
+        like a ``stream_to`` edge's chunk (in a shared-memory slot this process lends, or
+        tcp frames): the core only counts it. Data that cannot be encoded raises before
+        anything is sent or counted."""
+        payload, frames = self._codec.encode_frames(data)
+        self._send_chunk(record, payload, frames)
+
+    def _send_chunk(self, record: RequestRecord, payload: m.EncodedPayload, frames: list[memoryview]) -> None:
+        try:
+            stream, seq = self.core.next_chunk(record)
+        except BaseException:
+            if payload.shm is not None:  # encoded for nothing: its slot goes back at once
+                self._pool.release(payload.shm)
+            raise
+        self.profiler.record(
+            EventKind.STREAM_SENT,
+            stream.context.request_id,
+            None,  # recorded as this process's (m.INPUT_SOURCE): the entry's receive pairs with it
+            target=stream.entry,
+            seq=seq,
+            transport=self._entry_transport.value,
+            bytes=m.payload_bytes(payload),
+        )
+        chunk = m.StreamChunk(stream.context, m.INPUT_SOURCE, stream.entry, seq, payload, now_ns())
+        self.endpoint.send_to(stream.instance, chunk, frames, payload, lender=m.COORDINATOR)
+
+    def end_input(self, record: RequestRecord) -> None:
+        """End ``record``'s streamed input: the entry stage gets the stream's end after its
+        last chunk (the same socket, so in order)."""
+        stream = self.core.end_input(record)
+        self.endpoint.send_to(stream.instance, m.StreamDone(stream.context, m.INPUT_SOURCE, stream.entry))
 
     def _replay(self) -> None:
         """Send every replay the core could place (arrival order: before any new request,

@@ -17,7 +17,7 @@ from typing import Any, Collection, Container, Mapping, Sequence, Union
 from omnictl import messages as m
 from omnictl.coordinator.placement import ReplicaPlacement
 from omnictl.coordinator.pruning import active_stages, select_terminals
-from omnictl.coordinator.request import RequestEvent, RequestEventKind, RequestRecord, RequestState
+from omnictl.coordinator.request import InputStream, RequestEvent, RequestEventKind, RequestRecord, RequestState
 from omnictl.exceptions import InvalidRequest, PipelineDead, RequestAborted, RequestFailed
 from omnictl.outputs import TokenDelta
 from omnictl.profiling.events import EventKind, MetaValue, NullProfiler, Profiler
@@ -179,19 +179,47 @@ class CoordinatorCore:
             dict(trace_parent or {}),
         )
 
-    def commit(self, admitted: Admitted, inputs: Any = None, stream: bool = True) -> None:
+    def commit(self, admitted: Admitted, inputs: Any = None, stream: bool = True, input_stream: bool = False) -> None:
         """The admitted request's submit is on its way: it is running from now on. Its
         ``inputs`` are held for a replay (see :meth:`process_died`) until its caller sees
         output: its first stream chunk or result, or (``stream`` False: the caller reads
-        only the results, all at the end) its completion."""
+        only the results, all at the end) its completion. ``input_stream``: its input
+        arrives over time instead (:meth:`next_chunk`, :meth:`end_input`); nothing of it is
+        held here, so it is never replayed."""
         record = admitted.record
         record.caller_streams = stream
+        if input_stream:
+            record.input_stream = InputStream(admitted.context, admitted.entry, admitted.instance)
+            inputs = None  # the chunks went to the entry stage; none is kept for a replay
         record.inputs = inputs  # also what moves a queued request to a replica the autoscaler added
         self.requests[record.request_id] = record
         self.profiler.record(
             EventKind.ADMITTED, record.request_id, None, terminals=",".join(admitted.terminals), **admitted.trace_parent
         )
         record.state = RequestState.RUNNING
+
+    def next_chunk(self, record: RequestRecord) -> tuple[InputStream, int]:
+        """The caller sends the next chunk of ``record``'s streamed input: where it goes and
+        its seq. Only control state changes here; the shell sends the chunk itself."""
+        stream = self._open_input(record)
+        seq = stream.sent
+        stream.sent += 1
+        return stream, seq
+
+    def end_input(self, record: RequestRecord) -> InputStream:
+        """The caller ended ``record``'s streamed input: where the stream's end goes."""
+        stream = self._open_input(record)
+        stream.ended = True
+        return stream
+
+    def _open_input(self, record: RequestRecord) -> InputStream:
+        """``record``'s input stream, still open (the handle checked it before it called the
+        shell; a request that ended meanwhile, on this loop, is refused the same way)."""
+        stream = record.input_stream
+        if stream is None or stream.ended or record.finished:
+            state = "takes no streamed input" if stream is None else "has ended" if record.finished else "ended"
+            raise InvalidRequest(f"request {record.request_id} {state}: no more input is taken", field="input")
+        return stream
 
     def withdraw(self, admitted: Admitted) -> None:
         """An admitted request whose inputs could not be encoded: forget it entirely (no
@@ -241,11 +269,14 @@ class CoordinatorCore:
         """Fail every request whose deadline has passed at loop time ``now``."""
         broadcasts: list[Broadcast] = []
         for record in [r for r in self.requests.values() if r.deadline <= now]:
+            stream = record.input_stream
+            waiting = (
+                f"its input was never ended ({stream.sent} chunk(s) received)"
+                if stream is not None and not stream.ended
+                else f"terminals still expected: {sorted(record.expected)}"
+            )
             broadcasts += self._fail(
-                record,
-                None,
-                f"request {record.request_id} missed its deadline of {self.request_timeout:g}s; "
-                f"terminals still expected: {sorted(record.expected)}",
+                record, None, f"request {record.request_id} missed its deadline of {self.request_timeout:g}s; {waiting}"
             )
         return broadcasts
 
@@ -364,9 +395,12 @@ class CoordinatorCore:
             stage = next((s for s in process.stages if s in record.active), process.stages[0])
             dropped.append(record.wire_id)
             resumable = bool(record.sent_tokens) and record.inputs is not None
-            if (record.output_sent and not resumable) or record.replays >= self.replay_limit:
+            streamed_in = record.input_stream is not None  # its input is not kept: nothing to re-run
+            if streamed_in or (record.output_sent and not resumable) or record.replays >= self.replay_limit:
                 failed.append(request_id)
-                if record.output_sent and not resumable and self.replay_limit:
+                if streamed_in:
+                    reason = "not replayed: its input was streamed in and is not kept"
+                elif record.output_sent and not resumable and self.replay_limit:
                     reason = "not replayed: its caller already received output it cannot resume from"
                 elif record.replays:
                     reason = f"replayed {record.replays} time(s) already, the replay limit"

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 
-from omnictl.exceptions import RequestAborted, RequestError
+from omnictl import messages as m
+from omnictl.exceptions import InvalidRequest, RequestAborted, RequestError
 
 
 class RequestState(str, enum.Enum):
@@ -40,6 +41,19 @@ class RequestEvent:
 
 
 @dataclass
+class InputStream:
+    """A request whose input arrives over time (``Pipeline.submit(..., input_stream=True)``):
+    where its chunks go, and how far the caller got. The coordinator keeps only this; the
+    chunks themselves go from the caller's process to the entry stage over the data plane."""
+
+    context: m.RequestContext  # the context every chunk carries
+    entry: str  # the entry stage
+    instance: str  # the OS process (replica) of the entry stage the request was placed on
+    sent: int = 0  # chunks sent so far: the next chunk's seq
+    ended: bool = False  # the caller ended its input (StreamDone sent)
+
+
+@dataclass
 class RequestRecord:
     """The coordinator's single truth about one request."""
 
@@ -63,6 +77,7 @@ class RequestRecord:
     # forced as the prefix. None: it saw something else (a result, another chunk): no resume.
     sent_tokens: dict[str, list[int]] | None = field(default_factory=dict)
     resumes: int = 0  # how many of its replays were resumes
+    input_stream: InputStream | None = None  # its input arrives over time (None: whole at submit)
     results: dict[str, Any] = field(default_factory=dict)
     events: asyncio.Queue[RequestEvent | None] = field(default_factory=asyncio.Queue)  # None closes it
     outcome: asyncio.Future[dict[str, Any]] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
@@ -87,12 +102,24 @@ class RequestRecord:
         self.events.put_nowait(None)
 
 
+class InputChannel(Protocol):
+    """How a handle's :meth:`RequestHandle.send` and :meth:`RequestHandle.end_input` reach
+    the data plane: the coordinator's shell implements it."""
+
+    def send_input(self, record: RequestRecord, data: Any) -> None: ...
+
+    def end_input(self, record: RequestRecord) -> None: ...
+
+
 class RequestHandle:
     """Returned by ``Pipeline.submit``."""
 
-    def __init__(self, record: RequestRecord, abort: Callable[[str], Any]) -> None:
+    def __init__(
+        self, record: RequestRecord, abort: Callable[[str], Awaitable[None]], inputs: InputChannel | None = None
+    ) -> None:
         self._record = record
         self._abort = abort
+        self._inputs = inputs
         self.id = record.request_id
 
     @property
@@ -114,6 +141,41 @@ class RequestHandle:
 
     async def abort(self) -> None:
         await self._abort(self.id)
+
+    async def send(self, data: Any) -> None:
+        """Send the next chunk of a streamed input (a request submitted with
+        ``input_stream=True``): it reaches the entry stage as a stream chunk, after every
+        chunk sent before it. Raises the request's own error (:class:`RequestAborted`,
+        :class:`RequestFailed`) once it has ended that way, :class:`InvalidRequest` (field
+        ``input``) when it takes no streamed input, its input was ended or it completed, and
+        :class:`UnsupportedPayload` for data the data plane cannot carry (nothing is sent;
+        the input stays open)."""
+        self._check_open("send a chunk to")
+        assert self._inputs is not None  # _check_open: an input stream has its channel
+        self._inputs.send_input(self._record, data)
+
+    async def end_input(self) -> None:
+        """End a streamed input: the entry stage gets the stream's end (stream done) after
+        the last chunk. Raises as :meth:`send`; a second call is an :class:`InvalidRequest`."""
+        self._check_open("end the input of")
+        assert self._inputs is not None
+        self._inputs.end_input(self._record)
+
+    def _check_open(self, what: str) -> None:
+        record = self._record
+        if record.input_stream is None or self._inputs is None:
+            raise InvalidRequest(
+                f"cannot {what} request {self.id}: its input was whole at submit "
+                "(submit it with input_stream=True to stream its input)",
+                field="input",
+            )
+        error = record.outcome.exception() if record.outcome.done() else None
+        if error is not None:  # it failed or was aborted: say so, as its result() would
+            raise error
+        if record.finished:
+            raise InvalidRequest(f"cannot {what} request {self.id}: it has completed", field="input")
+        if record.input_stream.ended:
+            raise InvalidRequest(f"cannot {what} request {self.id}: its input was already ended", field="input")
 
     def on_done(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once the request has ended (completed, failed or aborted)."""

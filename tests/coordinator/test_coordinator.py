@@ -24,14 +24,23 @@ from omnictl import messages as m
 from omnictl.coordinator.autoscale import ScaleDecision
 from omnictl.coordinator.coordinator import Coordinator
 from omnictl.coordinator.request import RequestEventKind
-from omnictl.exceptions import LaunchError, PipelineDead, RequestAborted, RequestFailed
+from omnictl.exceptions import (
+    InvalidRequest,
+    LaunchError,
+    PipelineDead,
+    RequestAborted,
+    RequestFailed,
+    UnsupportedPayload,
+)
 from omnictl.launch_config import LaunchConfig
+from omnictl.profiling.events import EventKind
 from omnictl.topology import loads
 from omnictl.topology.model import RelayKnobs, Transport
 from omnictl.transports.codec import decode
 from omnictl.transports.drain import tensor_frames
 from omnictl.transports.registry import codec_for
 from omnictl.transports.shm import SegmentReader, SlotPool
+from tests.support.profiler import RecordingProfiler
 from tests.support.wait import eventually, within
 from tests.support.wait import run as run_bounded
 
@@ -859,3 +868,99 @@ def test_a_ready_report_with_a_tcp_address_goes_into_the_next_hello_and_the_rela
         assert stub.processes["voice#0"].hellos[-1].tcp_addresses == {"voice#1": "tcp://127.0.0.1:6123"}
 
     run(body)
+
+
+# --- streamed input ----------------------------------------------------------------------
+
+
+def test_streamed_input_goes_to_the_entry_process_as_stream_chunks_in_order_then_its_end() -> None:
+    async def body(c: Coordinator, stub: StubLauncher) -> None:
+        recorder = c.profiler = RecordingProfiler()
+        handle = await c.submit({"n": 0}, request_id="r1", params={"voice": "joe"}, input_stream=True)
+        for n in range(1, 4):
+            await handle.send({"n": n})
+        await handle.end_input()
+        prep = stub.processes["prep"]
+        await eventually(lambda: len(prep.received) == 5)
+        chunks = [message for message, _ in prep.received[:4]]
+        assert all(isinstance(chunk, m.StreamChunk) for chunk in chunks)  # no Submit: the input streams
+        assert [(ch.src, ch.dst, ch.seq) for ch in chunks] == [(m.INPUT_SOURCE, "prep", seq) for seq in range(4)]
+        assert [decode(ch.payload, SegmentReader()) for ch in chunks] == [{"n": n} for n in range(4)]
+        assert chunks[0].ctx.request_id == "r1" and chunks[0].ctx.params == {"voice": "joe", "modalities": ["text"]}
+        assert all(ch.ctx == chunks[0].ctx for ch in chunks)
+        done = prep.received[4][0]
+        assert isinstance(done, m.StreamDone) and (done.ctx, done.src, done.dst) == (chunks[0].ctx, m.INPUT_SOURCE, "prep")
+        # each chunk's hop, as a stage's stream_to edge records it (the entry records the receipt)
+        sent = [(rid, stage, meta) for kind, rid, stage, meta in recorder.events if kind is EventKind.STREAM_SENT]
+        assert [(rid, stage, meta["target"], meta["seq"], meta["transport"]) for rid, stage, meta in sent] == [
+            ("r1", None, "prep", seq, "shm") for seq in range(4)
+        ]
+        assert [meta["bytes"] for _, _, meta in sent] == [m.payload_bytes(ch.payload) for ch in chunks]
+        assert c.core.requests["r1"].input_stream is not None  # the coordinator holds the count, not the chunks
+
+    run(body)
+
+
+def test_a_large_chunk_travels_in_a_slot_and_an_abort_mid_input_refuses_the_next() -> None:
+    async def body(c: Coordinator, stub: StubLauncher) -> None:
+        handle = await c.submit(None, request_id="r1", input_stream=True)
+        await handle.send({"x": np.arange(100_000, dtype=np.float32)})
+        prep = stub.processes["prep"]
+        await eventually(lambda: prep.received)
+        chunk = prep.received[0][0]
+        assert isinstance(chunk, m.StreamChunk) and chunk.seq == 0  # None opens it without a chunk
+        assert chunk.payload.shm is not None and c.held()["slots_in_use"] == 1
+        await handle.abort()
+        await eventually(lambda: any(isinstance(b, m.Abort) for b in prep.heard))
+        with pytest.raises(RequestAborted, match="request r1 was aborted"):
+            await handle.send({"x": 1})
+        with pytest.raises(RequestAborted):
+            await handle.end_input()
+        prep.send(m.SlotRelease(chunk.payload.shm))  # the stage read it (or dropped it) and let go
+        await eventually(lambda: c.held() == {**c.core.held(), "slots_in_use": 0})
+        assert c.core.held() == {"requests": 0, "placed": 0, "replica_in_flight": 0, "replays_waiting": 0}
+        assert len(prep.received) == 1  # nothing sent after the abort
+
+    run(body)
+
+
+def test_streamed_input_misuse_is_refused_naming_the_input_and_sends_nothing() -> None:
+    async def body(c: Coordinator, stub: StubLauncher) -> None:
+        whole = await c.submit({"text": "hi"}, request_id="whole")
+        with pytest.raises(InvalidRequest, match="its input was whole at submit") as error:
+            await whole.send({"n": 1})
+        assert error.value.field == "input"
+        handle = await c.submit(None, request_id="r1", input_stream=True)
+        with pytest.raises(UnsupportedPayload):  # nothing sent, no seq taken: the input stays open
+            await handle.send({"thing": object()})
+        await handle.send({"n": 1})
+        await handle.end_input()
+        with pytest.raises(InvalidRequest, match=r"^cannot send a chunk to request r1: its input was already ended$"):
+            await handle.send({"n": 2})
+        with pytest.raises(InvalidRequest, match="cannot end the input of request r1: its input was already ended"):
+            await handle.end_input()
+        prep = stub.processes["prep"]
+        await eventually(lambda: len(prep.received) == 3)  # the whole submit, one chunk, its end
+        assert [type(message) for message, _ in prep.received] == [m.Submit, m.StreamChunk, m.StreamDone]
+        assert prep.received[1][0].seq == 0
+        stub.processes[f"voice#{prep.received[1][0].ctx.replicas['voice']}"].send(result("r1", {"text": "ok"}))
+        await asyncio.wait_for(handle.result(), 3)
+        with pytest.raises(InvalidRequest, match="cannot send a chunk to request r1: it has completed"):
+            await handle.send({"n": 3})
+
+    run(body)
+
+
+def test_a_deadline_fails_an_input_never_ended_and_a_death_fails_it_unreplayed() -> None:
+    async def body(c: Coordinator, stub: StubLauncher) -> None:
+        late = await c.submit({"n": 0}, request_id="late", input_stream=True)
+        with pytest.raises(RequestFailed, match=r"missed its deadline of 0.3s; its input was never ended \(1 chunk"):
+            await asyncio.wait_for(late.result(), 3)
+        await eventually(lambda: any(b == m.Abort(("late",)) for b in stub.processes["prep"].heard))
+        lost = await c.submit({"n": 0}, request_id="lost", input_stream=True)
+        stub.die("prep")
+        with pytest.raises(RequestFailed, match=r"not replayed: its input was streamed in and is not kept"):
+            await asyncio.wait_for(lost.result(), 3)
+        assert c.held() == {"requests": 0, "placed": 0, "replica_in_flight": 0, "replays_waiting": 0, "slots_in_use": 0}
+
+    run(body, LaunchConfig(ready_timeout=5.0, request_timeout=0.3, replay_limit=1))

@@ -752,6 +752,7 @@ def test_a_whole_input_takes_no_chunk_and_a_finished_stream_none_either() -> Non
         assert c.abort("r2") == [m.Abort(("r2",))]
         with pytest.raises(InvalidRequest, match=r"^request r2 has ended: no more input is taken$"):
             c.next_chunk(record)
+        c.abort("r1")
         assert_holds_nothing(c)
 
     run(body())

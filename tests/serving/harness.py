@@ -43,8 +43,10 @@ def _pump(server: ServerProcess, ready: threading.Event) -> None:
     ready.set()
 
 
-def start_server(*args: str, ready_timeout: float = READY_TIMEOUT_S, open_files: int | None = None) -> ServerProcess:
-    """``open_files``: the server's open-files limit (RLIMIT_NOFILE), as ``ulimit -n`` would set it."""
+def start_server(*args: str, ready_timeout: float = READY_TIMEOUT_S, open_files: int | None = None,
+                 cwd: Path | None = None) -> ServerProcess:
+    """``open_files``: the server's open-files limit (RLIMIT_NOFILE), as ``ulimit -n`` would set it;
+    ``cwd``: its working directory (the repository's by default)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, "-m", "omnictl.cli.main", "serve", *args, "--port", "0", "--no-dashboard"]
 
@@ -55,7 +57,7 @@ def start_server(*args: str, ready_timeout: float = READY_TIMEOUT_S, open_files:
         resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
     process = subprocess.Popen(
-        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+        command, cwd=cwd or REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
         preexec_fn=limit_files if open_files is not None else None,
     )
     server = ServerProcess(process)

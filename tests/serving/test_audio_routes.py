@@ -528,11 +528,9 @@ def test_a_form_that_cannot_be_read_or_holds_a_file_where_text_belongs() -> None
 
 
 def test_a_large_file_is_decoded_off_the_loop_and_reaches_the_pipeline_whole() -> None:
-    from omnictl.serving.transcriptions.route import INLINE_DECODE_BYTES
-
     pipeline = ScriptedPipeline(script=heard)
     client, _ = serve(pipeline)
-    samples = tone(INLINE_DECODE_BYTES / 2 / 16_000 + 0.5)  # a WAV over the inline size
+    samples = tone(64 * 1024 / 2 / 16_000 + 0.5)  # a WAV over the size once decoded on the loop
     response = client.post("/v1/audio/transcriptions", headers=AUTH,
                            files={"file": ("a.wav", wav_bytes(samples), "audio/wav")})
     assert response.status_code == 200

@@ -246,6 +246,9 @@ async def admit(
     except InvalidRequest as exc:
         state.metrics.outcome("rejected")
         return invalid_response(exc)
+    except ClientDisconnect:  # it hung up while its body was parsed (an upload decoded): it said why
+        state.metrics.outcome("rejected")
+        return Response(status_code=400)
     except PipelineDead as exc:
         state.metrics.outcome("rejected")
         return error_response(503, f"the pipeline is down: {exc}", "server_error", "pipeline_dead")

@@ -1,25 +1,49 @@
 """An uploaded audio file (``/v1/audio/transcriptions`` and ``/translations``) → float32 mono.
 
-WAV is read by :func:`omnictl.inputs.read_wav` (the same reader as chat's input audio);
-everything else FFmpeg decodes (through PyAV): mp3, m4a/AAC, Ogg (Opus, Vorbis), WebM,
-FLAC, what browsers and phones record. The file is decoded once, here, before the
-request is admitted to the pipeline. The duration limit is checked twice: against what
-the container's header claims, before a single frame is decoded (a header claiming
-hours is refused at once), and against what decoding actually produced, stopping as
-soon as it goes over (a header may lie the other way).
+The upload is untrusted, so FFmpeg (through PyAV) only ever sees it as audio of one
+container format chosen here from the file's own first bytes (:func:`sniff_format`):
+FFmpeg never probes, so no text file is taken for a concat list, an HLS or SDP
+playlist or an image sequence (demuxers that open other files or sockets), and no
+protocol is allowed for anything the file might name. WAV is read by
+:func:`omnictl.inputs.read_wav` (the same reader as chat's input audio); the others are
+the formats browsers and phones record: mp3, AAC (ADTS or in mp4/m4a), Ogg (Opus,
+Vorbis, FLAC), WebM/Matroska, FLAC, CAF, AIFF, AMR.
+
+The work is bounded before it is done: the duration limit and the decoded-sample budget
+(:func:`decode_budget`: ``max_seconds`` of stereo at 48 kHz; every channel of every
+frame counts) are checked against what the container's header claims, before a single
+frame is decoded, and again against what decoding produces, stopping as soon as either
+is over (a header may lie the other way). Audio above 48 kHz comes out at 48 kHz (FFmpeg's
+resampler, while decoding), so nothing downstream resamples hundreds of kHz. A caller
+that gives up (the client hung up) sets ``cancel`` and the decode stops at the next frame.
+Error messages never carry FFmpeg's own text (which, for a file naming another, said
+whether that one existed).
 """
 
 from __future__ import annotations
 
 import io
+import logging
+import threading
 from typing import Any
 
 import numpy as np
 
 from omnictl.exceptions import InvalidRequest, PayloadTooLarge
-from omnictl.inputs import MAX_RATE, MIN_RATE, read_wav
+from omnictl.inputs import MAX_RATE, MIN_RATE, decode_budget, read_wav, resample
+
+log = logging.getLogger(__name__)
 
 _TIME_BASE = 1_000_000  # FFmpeg's AV_TIME_BASE: container durations are in microseconds
+OUTPUT_MAX_RATE = 48_000  # decoded audio above this rate is resampled down to it while decoding
+FORMATS = ("wav", "mp3", "aac", "mp4/m4a", "ogg", "webm/matroska", "flac", "caf", "aiff", "amr")
+# FFmpeg's options for every upload: no protocol at all (the upload is handed over as
+# bytes; nothing it names may be opened), and mp4/mov's external data references off.
+_OPEN_OPTIONS = {"protocol_whitelist": "none", "enable_drefs": "0", "use_absolute_path": "0"}
+
+
+class Cancelled(Exception):
+    """The caller gave up on this decode (its ``cancel`` event was set)."""
 
 
 def _bad(field: str, problem: str) -> InvalidRequest:
@@ -31,61 +55,124 @@ def _too_long(field: str, seconds: float, limit: float, claimed: bool) -> Payloa
     return PayloadTooLarge(f"'{field}' is too long: {what} {seconds:.0f} s; the limit is {limit:g} s", field=field)
 
 
-def decode_audio_file(data: bytes, field: str, max_seconds: float) -> tuple[np.ndarray, int]:
+def _over_budget(field: str, what: str, budget: int, max_seconds: float) -> InvalidRequest:
+    return _bad(
+        field,
+        f"is too much audio to decode: {what}; the limit is {budget:,} decoded samples "
+        f"({max_seconds:g} s of stereo at 48 kHz, all channels counted)",
+    )
+
+
+def sniff_format(data: bytes) -> str | None:
+    """The FFmpeg demuxer for ``data``, chosen by its first bytes; None when it is none of
+    the audio formats taken (:data:`FORMATS`)."""
+    head = data[:16]
+    if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
+        return "wav"
+    if head[:4] == b"fLaC":
+        return "flac"
+    if head[:4] == b"OggS":
+        return "ogg"
+    if head[:4] == b"\x1a\x45\xdf\xa3":  # EBML: WebM and Matroska
+        return "matroska"
+    if head[4:8] == b"ftyp":  # ISO base media: mp4, m4a, 3gp
+        return "mov"
+    if head[:4] == b"caff":
+        return "caf"
+    if head[:4] == b"FORM" and head[8:12] in (b"AIFF", b"AIFC"):
+        return "aiff"
+    if head[:5] == b"#!AMR":
+        return "amr"
+    if head[:3] == b"ID3":
+        return "mp3"
+    if len(head) >= 2 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0:  # an MPEG audio frame sync
+        return "aac" if head[1] & 0x06 == 0 else "mp3"  # layer bits 00: an ADTS (AAC) header
+    return None
+
+
+def decode_audio_file(
+    data: bytes, field: str, max_seconds: float, cancel: threading.Event | None = None
+) -> tuple[np.ndarray, int]:
     """Mono float32 samples and their rate; InvalidRequest naming ``field`` for a file
-    FFmpeg cannot read or that holds no audio, PayloadTooLarge for one over ``max_seconds``."""
+    that is not one of :data:`FORMATS`, cannot be decoded, holds no audio or is over the
+    decoded-sample budget; PayloadTooLarge for one over ``max_seconds``; :class:`Cancelled`
+    once ``cancel`` is set."""
     if not data:
         raise _bad(field, "is empty")
-    if data[:4] == b"RIFF" and data[8:12] == b"WAVE":
-        samples, rate = read_wav(data, field)
+    fmt = sniff_format(data)
+    if fmt is None:
+        raise _bad(field, f"is not an audio file of a format taken here ({', '.join(FORMATS)})")
+    budget = decode_budget(max_seconds)
+    if fmt == "wav":
+        samples, rate = read_wav(data, field, max_samples=budget)
         if samples.size == 0:
             raise _bad(field, "holds no audio")
         if samples.size / rate > max_seconds:
             raise _too_long(field, samples.size / rate, max_seconds, claimed=False)
+        if rate > OUTPUT_MAX_RATE:
+            samples, rate = resample(samples, rate, OUTPUT_MAX_RATE), OUTPUT_MAX_RATE
         return samples, rate
-    return _decode_with_ffmpeg(data, field, max_seconds)
+    return _decode_with_ffmpeg(data, fmt, field, max_seconds, budget, cancel or threading.Event())
 
 
-def _decode_with_ffmpeg(data: bytes, field: str, max_seconds: float) -> tuple[np.ndarray, int]:
+def _decode_with_ffmpeg(
+    data: bytes, fmt: str, field: str, max_seconds: float, budget: int, cancel: threading.Event
+) -> tuple[np.ndarray, int]:
     import av  # PyAV: FFmpeg's demuxers and decoders, in its wheel
 
     try:
-        container: Any = av.open(io.BytesIO(data), mode="r")
+        container: Any = av.open(io.BytesIO(data), mode="r", format=fmt, options=_OPEN_OPTIONS)
     except (av.error.FFmpegError, ValueError, OSError) as exc:
-        raise _bad(field, f"is not an audio file FFmpeg can read ({_reason(exc)})") from exc
+        log.debug("FFmpeg could not open an upload as %s: %s", fmt, exc)  # the 400 says why; this says FFmpeg's words
+        raise _bad(field, f"could not be read as {_named(fmt)} audio (damaged, or not that format)") from None
     with container:
         if not container.streams.audio:
             raise _bad(field, "has no audio stream")
         stream = container.streams.audio[0]
-        claimed = _claimed_seconds(container, stream)
-        if claimed is not None and claimed > max_seconds:
-            raise _too_long(field, claimed, max_seconds, claimed=True)
         rate = stream.codec_context.sample_rate or stream.rate
         if not rate or not MIN_RATE <= rate <= MAX_RATE:
             raise _bad(field, f"has a sample rate of {rate} Hz; it must be between {MIN_RATE} and {MAX_RATE} Hz")
+        channels = max(1, stream.codec_context.channels or 1)
+        claimed = _claimed_seconds(container, stream)
+        if claimed is not None and claimed > max_seconds:
+            raise _too_long(field, claimed, max_seconds, claimed=True)
+        if claimed is not None and claimed * rate * channels > budget:
+            what = f"its header says {claimed:.1f} s at {rate} Hz in {channels} channel(s)"
+            raise _over_budget(field, what, budget, max_seconds)
+        out_rate = min(int(rate), OUTPUT_MAX_RATE)
         # Decoded frames come in the codec's own layout (planar, several channels): one
-        # resampler turns them into float mono at the stream's rate.
-        resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+        # resampler turns them into float mono, at most 48 kHz.
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=out_rate)
         pieces: list[np.ndarray] = []
-        total, limit = 0, int(max_seconds * rate) + 1
+        decoded, total, limit = 0, 0, int(max_seconds * out_rate) + 1
         try:
             for frame in container.decode(stream):
+                if cancel.is_set():
+                    raise Cancelled(field)
+                decoded += frame.samples * max(1, len(frame.layout.channels))
+                if decoded > budget:  # a frame's rate or channels may differ from the header's
+                    raise _over_budget(field, f"it decodes to over {decoded:,} samples", budget, max_seconds)
                 for mono in resampler.resample(frame):
                     piece = mono.to_ndarray().reshape(-1)
                     total += piece.size
                     if total > limit:
-                        raise _too_long(field, total / rate, max_seconds, claimed=False)
+                        raise _too_long(field, total / out_rate, max_seconds, claimed=False)
                     pieces.append(piece)
             for mono in resampler.resample(None):
                 pieces.append(mono.to_ndarray().reshape(-1))
         except (av.error.FFmpegError, ValueError) as exc:
-            raise _bad(field, f"could not be decoded ({_reason(exc)})") from exc
+            log.debug("FFmpeg could not decode an upload (%s): %s", fmt, exc)
+            raise _bad(field, f"could not be decoded as {_named(fmt)} audio (damaged)") from None
     samples = np.concatenate(pieces).astype(np.float32, copy=False) if pieces else np.zeros(0, np.float32)
     if samples.size == 0:
         raise _bad(field, "holds no audio that FFmpeg could decode")
     if not np.isfinite(samples).all():
         raise _bad(field, "decodes to NaN or infinite samples")
-    return np.clip(samples, -1.0, 1.0), int(rate)
+    return np.clip(samples, -1.0, 1.0), out_rate
+
+
+def _named(fmt: str) -> str:
+    return {"mov": "mp4/m4a", "matroska": "webm/matroska", "aac": "AAC"}.get(fmt, fmt)
 
 
 def _claimed_seconds(container: Any, stream: Any) -> float | None:
@@ -95,8 +182,3 @@ def _claimed_seconds(container: Any, stream: Any) -> float | None:
     if container.duration is not None:
         return float(container.duration) / _TIME_BASE
     return None
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.split(": '<", 1)[0] if text else type(exc).__name__

@@ -23,15 +23,18 @@ segment, as the recognizer decodes it, then ``transcript.text.done`` with the te
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import msgspec
+import numpy as np
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import Message
 
@@ -48,6 +51,8 @@ from omnictl.serving.common.intake import Admitted, Submission, admit
 from omnictl.serving.state import PipelineLike, ServingState
 from omnictl.serving.transcriptions.audiofile import decode_audio_file
 
+log = logging.getLogger(__name__)
+
 TRANSCRIPTIONS = "/v1/audio/transcriptions"
 TRANSLATIONS = "/v1/audio/translations"
 FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
@@ -59,7 +64,7 @@ _FIELDS = {
 }
 _DIARIZATION = ("known_speaker_names[]", "known_speaker_references[]")
 _MEDIA = {"srt": "application/x-subrip", "vtt": "text/vtt"}
-INLINE_DECODE_BYTES = 64 * 1024  # a few seconds of compressed speech: decoded on the loop
+HANGUP_POLL_S = 0.1  # how often a decode in progress checks whether its client is still there
 
 
 @dataclass(frozen=True)
@@ -180,12 +185,7 @@ async def parse_audio_form(request: Request, raw: bytes, limits: Limits, task: s
     data = await upload.read()
     if len(data) > limits.max_audio_bytes:
         raise PayloadTooLarge(f"'file' is {len(data)} bytes; the limit is {limits.max_audio_bytes}", field="file")
-    # Decoded once, here; off the event loop when large (minutes of compressed audio take
-    # a while to decode, and the loop streams every other request's answer meanwhile).
-    if len(data) <= INLINE_DECODE_BYTES:
-        samples, rate = decode_audio_file(data, "file", limits.max_audio_seconds)
-    else:
-        samples, rate = await asyncio.to_thread(decode_audio_file, data, "file", limits.max_audio_seconds)
+    samples, rate = await decode_off_the_loop(request, data, limits)
     audio = {"type": "input_audio", "input_audio": {"data": samples, "sample_rate": rate}}
     request_inputs: dict[str, Any] = {"messages": [{"role": "user", "content": [audio]}]}
     if language is not None:
@@ -198,6 +198,36 @@ async def parse_audio_form(request: Request, raw: bytes, limits: Limits, task: s
     if options is not None:
         inputs = msgspec.structs.replace(inputs, recognition=options)
     return inputs, answer, _field(form, "model") or ""
+
+
+async def decode_off_the_loop(request: Request, data: bytes, limits: Limits) -> tuple[np.ndarray, int]:
+    """The upload decoded once, in a worker thread whatever its size (a few bytes may be a
+    file FFmpeg takes seconds over; the loop streams every other request's answer
+    meanwhile). A client that hangs up meanwhile stops the decode at its next frame
+    (ClientDisconnect); so does this coroutine being cancelled."""
+    cancel = threading.Event()
+    work = asyncio.ensure_future(asyncio.to_thread(decode_audio_file, data, "file", limits.max_audio_seconds, cancel))
+    try:
+        while True:
+            done, _ = await asyncio.wait({work}, timeout=HANGUP_POLL_S)
+            if done:
+                return work.result()
+            if await request.is_disconnected():
+                log.info(
+                    "request %s: the client hung up while its upload was decoded; decoding stopped",
+                    request.state.request_id,
+                )
+                raise ClientDisconnect()
+    finally:
+        cancel.set()  # whatever ended the wait ends the decode too (a no-op once it is done)
+        if not work.done():
+            work.add_done_callback(_drop_outcome)
+
+
+def _drop_outcome(work: asyncio.Future[Any]) -> None:
+    # The decode was given up on: its end (Cancelled, or a result no one wants) is not news.
+    if not work.cancelled():
+        work.exception()
 
 
 def _timestamp(seconds: float, separator: str) -> str:
