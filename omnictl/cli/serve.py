@@ -138,6 +138,25 @@ def serve_command(
             help="/v1/realtime sessions at once; one more is refused with an error event and close code 1013.",
         ),
     ] = 16,
+    max_connecting_calls: Annotated[
+        int,
+        typer.Option(
+            "--max-connecting-calls",
+            min=1,
+            metavar="N",
+            help="WebRTC calls (POST /v1/realtime/calls) answered but not yet connected at once; one more is "
+            "refused with 429. Offers that never connect hold at most N realtime sessions.",
+        ),
+    ] = 4,
+    call_connect_timeout: Annotated[
+        float,
+        typer.Option(
+            "--call-connect-timeout",
+            min=0.1,
+            metavar="SECONDS",
+            help="Seconds from a WebRTC offer's arrival until its call must be connected; then it is closed.",
+        ),
+    ] = 10.0,
     max_connections: Annotated[
         int | None,
         typer.Option(
@@ -233,6 +252,8 @@ def serve_command(
             header_timeout_s=header_timeout,
             max_connections=max_connections,
             max_realtime_sessions=max_realtime_sessions,
+            max_realtime_connecting=max_connecting_calls,
+            realtime_connect_timeout_s=call_connect_timeout,
         ),
         allowed_origins=tuple(allowed_origins or ()),
         allowed_hosts=tuple(allowed_hosts or ()),

@@ -53,6 +53,10 @@ class Limits:
     # (see omnictl.serving.common.connections.connection_cap, which keeps a reserve below it either way).
     max_connections: int | None = None
     max_realtime_sessions: int = 16  # /v1/realtime sessions at once; one more is refused with an error event
+    # WebRTC calls among them not yet connected (offer taken, peer connection not connected):
+    # offers that never connect hold at most these slots, for at most the connect timeout.
+    max_realtime_connecting: int = 4
+    realtime_connect_timeout_s: float = 10.0  # from an offer's arrival to its call connected
     # Server events one realtime session may have waiting for a client that does not read
     # (characters of JSON); past it the session is closed with code 1008.
     max_realtime_outbox_bytes: int = 8 * 1024 * 1024

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
+from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Mapping
 
 from omnictl.serving.common.capabilities import capabilities
@@ -81,11 +83,65 @@ class _Silero:
         return self.model
 
 
+@dataclass
+class TokenBucket:
+    """``burst`` at once, then ``rate`` a second."""
+
+    rate: float
+    burst: float
+    allowance: float = field(init=False)
+    _at: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.allowance = self.burst
+
+    def take(self, amount: float) -> bool:
+        """Whether ``amount`` may be taken now (and, if so, take it)."""
+        now = time.monotonic()
+        self.allowance = min(self.burst, self.allowance + (now - self._at) * self.rate)
+        self._at = now
+        if amount > self.allowance:
+            return False
+        self.allowance -= amount
+        return True
+
+
 def message_size(raw: str | bytes) -> int:
     """Bytes on the wire: a text message's limit counts UTF-8 bytes, not characters."""
     if isinstance(raw, bytes) or raw.isascii():
         return len(raw)
     return len(raw.encode("utf-8", "surrogatepass"))
+
+
+@dataclass(eq=False)
+class Slot:
+    """One realtime session's place under ``--max-realtime-sessions``, claimed at the door
+    (:meth:`RealtimeHub.claim`, before the transport's first await) and given back once by
+    :meth:`release`, however the session ends. A WebRTC call's slot is ``connecting`` too
+    until its peer connection connects (``--max-connecting-calls``)."""
+
+    hub: RealtimeHub
+    transport: str
+    connecting: bool = False
+    released: bool = False
+    claimed_at: float = field(default_factory=time.monotonic)
+    call: str | None = None  # the WebRTC call holding it, once there is one (which then releases it)
+
+    def connected(self) -> None:
+        """The call connected: it no longer counts against the connecting calls' cap."""
+        if self.connecting and not self.released:
+            self.connecting = False
+            self.hub.connecting -= 1
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        self.hub.open -= 1
+        self.hub.by_transport[self.transport] -= 1
+        if self.connecting:
+            self.connecting = False
+            self.hub.connecting -= 1
 
 
 class RealtimeHub:
@@ -96,6 +152,7 @@ class RealtimeHub:
         self.silero = _Silero()
         self.limiter = RepeatLimiter()
         self.open = 0  # sessions open, WebSocket and WebRTC together (``--max-realtime-sessions``)
+        self.connecting = 0  # WebRTC calls among them not yet connected (``--max-connecting-calls``)
         self.by_transport: collections.Counter[str] = collections.Counter()
 
     def refused(self, query: Mapping[str, str], pipe: PipelineLike) -> ev.EventError | None:
@@ -122,17 +179,32 @@ class RealtimeHub:
             )
         return None
 
-    def full(self) -> ev.EventError | None:
-        """The protocol's refusal when no more sessions may open ("try again later")."""
+    def claim(self, transport: str) -> Slot | ev.EventError:
+        """A slot for a new session, counted from now on; or the protocol's refusal when no more
+        sessions may open ("try again later"). Claimed before anything is awaited, so that
+        sessions arriving together cannot all pass one check and open past the limit; a WebRTC
+        call's slot is also one of the few that may be connecting at once."""
         limit = self.state.limits.max_realtime_sessions
-        if self.open < limit:
-            return None
-        return ev.EventError(
-            f"this server runs at most {limit} realtime sessions at once (--max-realtime-sessions), "
-            "WebSocket and WebRTC together; retry later",
-            "session_limit_reached",
-            kind="rate_limit_error",
-        )
+        if self.open >= limit:
+            return ev.EventError(
+                f"this server runs at most {limit} realtime sessions at once (--max-realtime-sessions), "
+                "WebSocket and WebRTC together; retry later",
+                "session_limit_reached",
+                kind="rate_limit_error",
+            )
+        connecting = transport == "webrtc"
+        if connecting and self.connecting >= self.state.limits.max_realtime_connecting:
+            return ev.EventError(
+                f"this server lets at most {self.state.limits.max_realtime_connecting} WebRTC calls be "
+                "connecting at once (answered, not yet connected; --max-connecting-calls); retry later",
+                "connecting_limit_reached",
+                kind="rate_limit_error",
+            )
+        self.open += 1
+        self.by_transport[transport] += 1
+        if connecting:
+            self.connecting += 1
+        return Slot(self, transport, connecting)
 
     def session(
         self,
@@ -143,9 +215,7 @@ class RealtimeHub:
         transport: str,
         audio_out: AudioOut | None = None,
     ) -> RealtimeSession:
-        """A new session, counted until :meth:`closed` (which the transport calls once, however it ends)."""
-        self.open += 1
-        self.by_transport[transport] += 1
+        """A new session (its slot is the transport's, claimed by :meth:`claim` and released by it)."""
         return RealtimeSession(
             self.state,
             pipe,
@@ -158,10 +228,6 @@ class RealtimeHub:
             audio_out=audio_out,
         )
 
-    def closed(self, session: RealtimeSession) -> None:
-        self.open -= 1
-        self.by_transport[session.transport] -= 1
-
     async def deliver(self, session: RealtimeSession, raw: str | bytes) -> None:
         """One client message: bounded, parsed, handled; anything wrong is answered with an ``error`` event."""
         limit = self.state.limits.max_realtime_message_bytes
@@ -169,14 +235,18 @@ class RealtimeHub:
         async def handle() -> None:
             size = message_size(raw)
             if size > limit:
-                raise ev.EventError(
-                    f"the message is {size} bytes; this server takes events up to {limit} bytes "
-                    "(send audio in smaller appends)",
-                    "message_too_large",
-                )
+                await self.too_large(size)
             await session.handle(ev.decode_client_event(raw))
 
         await self.guarded(session, handle, "event")
+
+    async def too_large(self, size: int) -> None:
+        """Refuse a client message of ``size`` bytes, past ``Limits.max_realtime_message_bytes``."""
+        limit = self.state.limits.max_realtime_message_bytes
+        raise ev.EventError(
+            f"the message is {size} bytes; this server takes events up to {limit} bytes (send audio in smaller appends)",
+            "message_too_large",
+        )
 
     async def guarded(self, session: RealtimeSession, work: Callable[[], Awaitable[None]], what: str) -> None:
         """Run ``work`` for ``session``: an :class:`~ev.EventError` becomes the ``error`` event (logged

@@ -109,6 +109,7 @@ class SessionConfig(msgspec.Struct):
     output_modalities: list[Literal["text", "audio"]] | UnsetType = UNSET
     audio: AudioConfig | UnsetType = UNSET
     max_output_tokens: int | Literal["inf"] | UnsetType = UNSET
+    temperature: float | UnsetType = UNSET  # the beta protocol's: 0.6 to 1.2 for realtime models
     model: str | UnsetType = UNSET
     tools: list[Any] | UnsetType = UNSET  # read to refuse them: no stage produces tool calls
     tool_choice: Any = UNSET
@@ -120,6 +121,7 @@ class ResponseConfig(msgspec.Struct):
     instructions: str | UnsetType = UNSET
     output_modalities: list[Literal["text", "audio"]] | UnsetType = UNSET
     max_output_tokens: int | Literal["inf"] | UnsetType = UNSET
+    temperature: float | UnsetType = UNSET
     conversation: str | UnsetType = UNSET
     tools: list[Any] | UnsetType = UNSET
     tool_choice: Any = UNSET
@@ -491,7 +493,28 @@ _encoder = msgspec.json.Encoder()
 
 
 def encode(event: ServerEvent) -> str:
-    return _encoder.encode(event).decode()
+    """The event's JSON text. A lone surrogate in any of its strings (text a stage produced:
+    client input is refused with one at :func:`decode_client_event`) cannot be written as
+    UTF-8: it once raised here, in the middle of a response, and the response never sent its
+    ``response.done``. It is written as U+FFFD instead, as a UTF-8 decoder shows bad bytes."""
+    try:
+        return _encoder.encode(event).decode()
+    except UnicodeEncodeError:
+        return _encoder.encode(_valid_text(msgspec.to_builtins(event))).decode()
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")  # in a str, a surrogate is always a lone one
+
+
+def _valid_text(value: Any) -> Any:
+    """``value`` (JSON-plain) with every lone surrogate in its strings replaced by U+FFFD."""
+    if isinstance(value, str):
+        return value if value.isascii() else _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_valid_text(k): _valid_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_valid_text(v) for v in value]
+    return value
 
 
 def error_event(error: EventError) -> ErrorEvent:

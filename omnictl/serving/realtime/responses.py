@@ -243,9 +243,31 @@ class ResponseRun:
             self.send(ev.TextDelta(response_id=self.id, item_id=self.turn.id, delta=delta))
 
     def _done(self, outcome: str, error: str | None = None) -> None:
+        """End the response: its item's closing events, then ``response.done``, which is sent
+        whatever fails before it (then as ``failed``, saying why): a client waits for it."""
         if self._finished:
             return
         self._finished = True
+        try:
+            estimated = self._close_item(outcome)
+        except Exception as exc:
+            log.exception("realtime response %s (request %s): closing its item failed", self.id, self.request_id)
+            outcome, error = "failed", f"the server could not finish this response ({type(exc).__name__})"
+            estimated = False
+        turn = self.turn
+        if estimated and turn is not None and turn.truncated_ms is not None:
+            self.send(ev.ItemTruncated(item_id=turn.id, content_index=0, audio_end_ms=turn.truncated_ms))
+        details = None
+        if outcome == "cancelled":
+            details = ev.StatusDetails(type="cancelled", reason=self.cancel_reason or "client_cancelled")
+        elif outcome == "failed":
+            details = ev.StatusDetails(
+                type="failed", error={"type": "server_error", "code": "stage_failed", "message": error or ""}
+            )
+        self.send(ev.ResponseDone(response=self.response(outcome, details)))
+
+    def _close_item(self, outcome: str) -> bool:
+        """The answer's item, its part and content done; True if its audio was cut to the estimate of what was heard."""
         turn = self.turn
         estimated = False
         if turn is not None:
@@ -274,13 +296,4 @@ class ResponseRun:
             item = turn.item()
             self.send(ev.OutputItemDone(response_id=self.id, output_index=0, item=item))
             self.send(ev.ItemDone(item=item))
-            if estimated and turn.truncated_ms is not None:
-                self.send(ev.ItemTruncated(item_id=turn.id, content_index=0, audio_end_ms=turn.truncated_ms))
-        details = None
-        if outcome == "cancelled":
-            details = ev.StatusDetails(type="cancelled", reason=self.cancel_reason or "client_cancelled")
-        elif outcome == "failed":
-            details = ev.StatusDetails(
-                type="failed", error={"type": "server_error", "code": "stage_failed", "message": error or ""}
-            )
-        self.send(ev.ResponseDone(response=self.response(outcome, details)))
+        return estimated

@@ -26,8 +26,9 @@ from omnictl.serving.common.auth import authorized
 from omnictl.serving.common.capabilities import capabilities
 from omnictl.serving.common.echo import clip
 from omnictl.serving.realtime import events as ev
-from omnictl.serving.realtime.channel import Outbox, RealtimeHub
+from omnictl.serving.realtime.channel import Outbox, RealtimeHub, Slot
 from omnictl.serving.realtime.session import RealtimeSession
+from omnictl.serving.state import PipelineLike
 
 log = logging.getLogger("omnictl.serving.realtime")
 KEY_PROTOCOL = "openai-insecure-api-key."
@@ -68,57 +69,68 @@ def realtime_endpoint(hub: RealtimeHub) -> Callable[[WebSocket], Awaitable[None]
                 code=CLOSE_POLICY, reason=f"topology {pipe.topology.name!r} has no text or audio terminal"
             )
             return
-        # a browser that sent its key as a subprotocol needs one echoed back
-        offered = [p for p in _offered_protocols(websocket) if p == "realtime"] or None
-        await websocket.accept(subprotocol=offered[0] if offered else None)
-        full = hub.full()
-        if full is not None:
-            # Refused in the protocol's own words, then closed: "try again later".
-            state.metrics.outcome("rejected")
-            with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
-                await websocket.send_text(ev.encode(ev.error_event(full)))
-                await websocket.close(code=CLOSE_TRY_LATER, reason="too many realtime sessions")
-            return
-        refused = hub.refused(websocket.query_params, pipe)
-        if refused is not None:
-            state.metrics.outcome("rejected")
-            log.warning("realtime: connection refused: %s", clip(refused.message))
-            with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
-                await websocket.send_text(ev.encode(ev.error_event(refused)))
-                await websocket.close(code=CLOSE_POLICY, reason=clip(refused.message, 100))
-            return
-        outbox = Outbox(state.limits.max_realtime_outbox_bytes)
-        session = hub.session(pipe, outbox.put, websocket.query_params, websocket.headers, "websocket")
-        writer = asyncio.create_task(_write(websocket, outbox))
-        receiver = asyncio.create_task(_receive(websocket, session, hub))
-        overflow = asyncio.create_task(outbox.overflowed.wait())
-        session.send(ev.SessionCreated(session=session.session_object()))
+        # The slot is claimed before the first await (the handshake's accept): sessions that
+        # arrive together must not all pass one check and then open past the limit.
+        slot = hub.claim("websocket")
         try:
-            await asyncio.wait({receiver, overflow, writer}, return_when=asyncio.FIRST_COMPLETED)
-            if outbox.overflowed.is_set():
-                log.warning(
-                    "realtime session %s: the client is not reading its events (%d characters waiting, the "
-                    "limit is %d): closing it with code %d",
-                    session.id,
-                    outbox.pending,
-                    outbox.limit,
-                    CLOSE_NOT_READING,
-                )
-                _hang_up(websocket, CLOSE_NOT_READING, "the client is not reading its events")
+            await _serve(websocket, slot, hub, pipe)
         finally:
-            hub.closed(session)
-            overflow.cancel()
-            receiver.cancel()
-            with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, RuntimeError, OSError):
-                await receiver
-            await session.close()
-            if outbox.overflowed.is_set():
-                writer.cancel()
-            outbox.close()
-            with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, RuntimeError, OSError):
-                await writer  # the socket is gone: nothing left to tell
+            if isinstance(slot, Slot):
+                slot.release()  # however it ended: refused, closed, failed, cancelled
 
     return realtime
+
+
+async def _serve(websocket: WebSocket, slot: Slot | ev.EventError, hub: RealtimeHub, pipe: PipelineLike) -> None:
+    state = hub.state
+    # a browser that sent its key as a subprotocol needs one echoed back
+    offered = [p for p in _offered_protocols(websocket) if p == "realtime"] or None
+    await websocket.accept(subprotocol=offered[0] if offered else None)
+    if isinstance(slot, ev.EventError):
+        # Refused in the protocol's own words, then closed: "try again later".
+        state.metrics.outcome("rejected")
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+            await websocket.send_text(ev.encode(ev.error_event(slot)))
+            await websocket.close(code=CLOSE_TRY_LATER, reason="too many realtime sessions")
+        return
+    refused = hub.refused(websocket.query_params, pipe)
+    if refused is not None:
+        state.metrics.outcome("rejected")
+        log.warning("realtime: connection refused: %s", clip(refused.message))
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+            await websocket.send_text(ev.encode(ev.error_event(refused)))
+            await websocket.close(code=CLOSE_POLICY, reason=clip(refused.message, 100))
+        return
+    outbox = Outbox(state.limits.max_realtime_outbox_bytes)
+    session = hub.session(pipe, outbox.put, websocket.query_params, websocket.headers, "websocket")
+    writer = asyncio.create_task(_write(websocket, outbox))
+    receiver = asyncio.create_task(_receive(websocket, session, hub))
+    overflow = asyncio.create_task(outbox.overflowed.wait())
+    session.send(ev.SessionCreated(session=session.session_object()))
+    try:
+        await asyncio.wait({receiver, overflow, writer}, return_when=asyncio.FIRST_COMPLETED)
+        if outbox.overflowed.is_set():
+            log.warning(
+                "realtime session %s: the client is not reading its events (%d characters waiting, the "
+                "limit is %d): closing it with code %d",
+                session.id,
+                outbox.pending,
+                outbox.limit,
+                CLOSE_NOT_READING,
+            )
+            _hang_up(websocket, CLOSE_NOT_READING, "the client is not reading its events")
+    finally:
+        slot.release()
+        overflow.cancel()
+        receiver.cancel()
+        with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, RuntimeError, OSError):
+            await receiver
+        await session.close()
+        if outbox.overflowed.is_set():
+            writer.cancel()
+        outbox.close()
+        with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, RuntimeError, OSError):
+            await writer  # the socket is gone: nothing left to tell
 
 
 def _hang_up(websocket: WebSocket, code: int, reason: str) -> None:

@@ -20,6 +20,8 @@ import base64
 import binascii
 import contextlib
 import logging
+import math
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Protocol, Sequence
@@ -52,6 +54,7 @@ from omnictl.serving.realtime.vad import (
     to_vad_rate,
     vad_executor,
 )
+from omnictl.serving.speech.voices import installed_voices
 from omnictl.serving.state import PipelineLike, ServingState
 
 log = logging.getLogger("omnictl.serving.realtime")
@@ -62,6 +65,14 @@ DEFAULT_VOICE = "alloy"  # an OpenAI name: the topology's default voice
 
 
 SESSION_TYPES = ("realtime", "transcription")
+# The OpenAI Realtime protocol's ranges; a value outside is refused naming its field.
+THRESHOLD = (0.0, 1.0)  # server_vad's activation threshold
+PADDING_MS = (0, 10_000)  # server_vad's prefix_padding_ms: audio kept before speech (held in the buffer)
+SILENCE_MS = (0, 10_000)  # server_vad's silence_duration_ms: the silence that ends a turn
+TEMPERATURE = (0.6, 1.2)  # a realtime model's sampling temperature
+SPEED = (0.25, 1.5)  # the answer's speaking speed
+# A voice a topology that lists none may take: a name, never a path ("../../x").
+VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 TRANSPORTS = ("websocket", "webrtc")
 
 
@@ -88,13 +99,30 @@ class Settings:
     vad: ev.TurnDetection | None = field(default_factory=ev.ServerVad)  # None: the client commits turns
     voice: str = DEFAULT_VOICE
     max_output_tokens: int | str = "inf"
+    temperature: float | None = None  # None: the stage's own
     transcription: bool = True  # transcripts of the user's audio are sent (when the topology transcribes)
     input_codec: AudioCodec = PCM
     output_codec: AudioCodec = PCM
 
-    def sampling(self, override: int | str | None = None) -> SamplingParams:
+    def sampling(self, override: int | str | None = None, temperature: float | None = None) -> SamplingParams:
         limit = self.max_output_tokens if override is None else override
-        return SamplingParams(max_tokens=limit if isinstance(limit, int) else None)
+        return SamplingParams(
+            max_tokens=limit if isinstance(limit, int) else None,
+            temperature=self.temperature if temperature is None else temperature,
+        )
+
+
+def in_range(value: float, bounds: tuple[float, float], param: str, event_id: str | None, unit: str = "") -> float:
+    """``value`` if it is a finite number within ``bounds``; else the error naming ``param``."""
+    low, high = bounds
+    if isinstance(value, bool) or not math.isfinite(value) or not low <= value <= high:
+        raise ev.EventError(
+            f"{param} must be from {low:g} to {high:g}{unit}, got {clip_repr(value, 64)}",
+            "invalid_value",
+            param,
+            event_id,
+        )
+    return value
 
 
 def _detect(
@@ -242,6 +270,9 @@ class RealtimeSession:
                 event.event_id,
             )
         _no_tools(config.tools, config.tool_choice, "session", event.event_id)
+        temperature = s.temperature
+        if config.temperature is not msgspec.UNSET:  # checked before anything changes
+            temperature = in_range(config.temperature, TEMPERATURE, "session.temperature", event.event_id)
         if config.output_modalities is not msgspec.UNSET:
             s.output_modalities = self._modalities(
                 config.output_modalities, "session.output_modalities", event.event_id
@@ -254,7 +285,7 @@ class RealtimeSession:
             s.max_output_tokens = self._max_tokens(
                 config.max_output_tokens, "session.max_output_tokens", event.event_id
             )
-        s.type = kind
+        s.type, s.temperature = kind, temperature
         self.send(ev.SessionUpdated(session=self.session_object()))
 
     def _modalities(self, wanted: Sequence[str], param: str, event_id: str | None) -> list[str]:
@@ -277,6 +308,22 @@ class RealtimeSession:
             )
         return value
 
+    def _voice(self, voice: str, event_id: str | None) -> str:
+        """A voice this topology has: one it lists (``GET /v1/audio/voices``) or an OpenAI name
+        (its default voice); where it lists none, any plain name (never a path)."""
+        listed = installed_voices(self.pipeline.topology)
+        known = voice in OPENAI_VOICES or (voice in listed if listed is not None else VOICE_NAME.fullmatch(voice))
+        if not known:
+            names = sorted(OPENAI_VOICES | set(listed or ()))
+            raise ev.EventError(
+                f"session.audio.output.voice {clip_repr(voice, 64)} is not a voice of this server; it has "
+                + (", ".join(names) if listed is not None else f"OpenAI's names ({', '.join(names)}) or plain names"),
+                "invalid_value",
+                "session.audio.output.voice",
+                event_id,
+            )
+        return voice
+
     async def _audio(self, audio: ev.AudioConfig, event_id: str | None) -> None:
         """Checks every field before changing any: a refused update changes nothing."""
         s, inp, out = self.settings, audio.input, audio.output
@@ -285,6 +332,16 @@ class RealtimeSession:
             input_codec = codec_for(inp.format, "session.audio.input.format", event_id)
         if out is not msgspec.UNSET and out.format is not msgspec.UNSET:
             output_codec = codec_for(out.format, "session.audio.output.format", event_id)
+        voice = s.voice
+        if out is not msgspec.UNSET and out.voice is not msgspec.UNSET:
+            voice = self._voice(out.voice, event_id)
+        if out is not msgspec.UNSET and out.speed is not msgspec.UNSET:
+            in_range(out.speed, SPEED, "session.audio.output.speed", event_id)
+        if inp is not msgspec.UNSET and isinstance(inp.turn_detection, ev.ServerVad):
+            vad, where = inp.turn_detection, "session.audio.input.turn_detection"
+            in_range(vad.threshold, THRESHOLD, f"{where}.threshold", event_id)
+            in_range(vad.prefix_padding_ms, PADDING_MS, f"{where}.prefix_padding_ms", event_id, " ms")
+            in_range(vad.silence_duration_ms, SILENCE_MS, f"{where}.silence_duration_ms", event_id, " ms")
         transcription = s.transcription
         if inp is not msgspec.UNSET and inp.transcription is not msgspec.UNSET:
             if inp.transcription is not None and not self.can_transcribe:
@@ -309,8 +366,7 @@ class RealtimeSession:
         s.input_codec, s.output_codec, s.transcription = input_codec, output_codec, transcription
         if inp is not msgspec.UNSET and inp.echo_guard is not msgspec.UNSET:
             self.echo.enabled = inp.echo_guard
-        if out is not msgspec.UNSET and out.voice is not msgspec.UNSET:
-            s.voice = out.voice
+        s.voice = voice
         if inp is not msgspec.UNSET and inp.turn_detection is not msgspec.UNSET:
             s.vad = inp.turn_detection
             self._reset_vad()
@@ -656,9 +712,12 @@ class RealtimeSession:
         limit = None
         if config.max_output_tokens is not msgspec.UNSET:
             limit = self._max_tokens(config.max_output_tokens, "response.max_output_tokens", event_id)
+        temperature = None
+        if config.temperature is not msgspec.UNSET:
+            temperature = in_range(config.temperature, TEMPERATURE, "response.temperature", event_id)
         instructions = s.instructions if config.instructions is msgspec.UNSET else config.instructions
         voice = None if s.voice in OPENAI_VOICES else s.voice
-        sampling = s.sampling(limit)
+        sampling = s.sampling(limit, temperature)
         run = ResponseRun(
             ev.new_id("resp"),
             modalities,

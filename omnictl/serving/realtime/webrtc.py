@@ -27,10 +27,19 @@ else the one the offer came in on, which the client reached (for the default loo
 ``--host``, 127.0.0.1: the call's traffic stays on it).
 
 A call ends when its data channel closes, its connection fails or closes, it does not
-connect within ``CONNECT_TIMEOUT_S`` (30 s), nothing arrives on it for ``IDLE_TIMEOUT_S`` (5 min), the
-client stops reading its events, ``POST /v1/realtime/calls/{id}/hangup``, or the server
-stops. Calls count against ``--max-realtime-sessions`` with the WebSockets; ``/health``
-shows them (``realtime.peer_connections``).
+connect within ``--call-connect-timeout`` (10 s, counted from its offer's arrival), nothing
+arrives on it for ``IDLE_TIMEOUT_S`` (5 min), the client stops reading its events,
+``POST /v1/realtime/calls/{id}/hangup``, or the server stops. Calls count against
+``--max-realtime-sessions`` with the WebSockets from the moment the offer arrives (the slot
+is claimed before anything is awaited, and given back however the call ends); calls not yet
+connected count against ``--max-connecting-calls`` (4) too, so offers that never connect
+cannot hold every slot. ``/health`` shows them (``realtime.peer_connections``).
+
+The data channel is bounded as the WebSocket is: a message over
+``Limits.max_realtime_message_bytes`` is answered with an ``error`` event naming the limit
+(it is never queued whole); at most ``CHANNEL_EVENTS_PER_S`` events a second (after a burst
+of ``CHANNEL_BURST``) and ``INBOX_BYTES`` waiting for the session are taken; an event past
+either is dropped and answered with an ``error`` event (``rate_limit_exceeded``).
 """
 
 from __future__ import annotations
@@ -59,7 +68,7 @@ from omnictl.serving.common.echo import clip
 from omnictl.serving.common.errors import error_response, unauthorized
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.answer_track import AnswerTrack
-from omnictl.serving.realtime.channel import Outbox, RealtimeHub
+from omnictl.serving.realtime.channel import Outbox, RealtimeHub, Slot, TokenBucket, message_size
 from omnictl.serving.realtime.ice import install_host_filter, restrict_to
 from omnictl.serving.realtime.session import RealtimeSession
 
@@ -67,11 +76,17 @@ log = logging.getLogger("omnictl.serving.realtime")
 
 CHANNEL = "oai-events"  # the data channel OpenAI's clients open for events
 FEED_BYTES = PCM16_RATE * 100 // 1000 * 2  # the microphone reaches the session in 100 ms pieces
-CONNECT_TIMEOUT_S = 30.0  # an answered offer that never connects is closed after this
 # A call on which nothing arrives this long (no audio, no event) is closed: a page left open
 # with its microphone off. A peer that is gone fails ICE's consent checks (about 30 s) first.
 IDLE_TIMEOUT_S = 300.0
 INBOX_ITEMS = 200  # microphone pieces and events waiting for the session (20 s of audio)
+# What waits for the session, in bytes: 200 pieces of audio are under 1 MB; events are bounded
+# one by one (``max_realtime_message_bytes``) but a flood of big ones is bounded here.
+INBOX_BYTES = 4 * 1024 * 1024
+# Events a client may send on the data channel: a WebSocket's client is held back by TCP while
+# its session works, a data channel's is not (aiortc hands over each message as it arrives).
+CHANNEL_EVENTS_PER_S = 100.0
+CHANNEL_BURST = 200.0
 MAX_OFFER_BYTES = 64 * 1024  # an SDP offer is a few kilobytes
 
 
@@ -84,9 +99,13 @@ class Call:
     pc: RTCPeerConnection
     outbox: Outbox
     track: AnswerTrack
+    slot: Slot  # its place under --max-realtime-sessions (and, until connected, --max-connecting-calls)
+    message_limit: int  # Limits.max_realtime_message_bytes: a bigger data channel message is refused
     session: RealtimeSession | None = None
     channel: Any = None  # aiortc's RTCDataChannel, once the client opened it
-    inbox: asyncio.Queue[tuple[str, str | bytes]] = field(default_factory=lambda: asyncio.Queue(INBOX_ITEMS))
+    inbox: asyncio.Queue[tuple[str, str | bytes | int]] = field(default_factory=lambda: asyncio.Queue(INBOX_ITEMS))
+    inbox_bytes: int = 0  # what the inbox holds, in bytes (INBOX_BYTES at most)
+    events: TokenBucket = field(default_factory=lambda: TokenBucket(CHANNEL_EVENTS_PER_S, CHANNEL_BURST))
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     why: str = ""
     connected: asyncio.Event = field(default_factory=asyncio.Event)
@@ -99,20 +118,52 @@ class Call:
             self.why = why
             self.ended.set()
 
-    def arrive(self, kind: str, data: str | bytes) -> None:
+    def message(self, message: str | bytes) -> None:
+        """A data channel message: too big, too many, or queued for the session in arrival order."""
         self.last_heard = time.monotonic()
+        size = message_size(message)
+        if size > self.message_limit:  # only its size is queued: the session answers with an error event
+            return self.arrive("oversize", size, 0)
+        if not self.events.take(1):
+            return self._drop("event", f"more than {CHANNEL_EVENTS_PER_S:g} events a second")
+        self.arrive("event", message, size)
+
+    def arrive(self, kind: str, data: str | bytes | int, size: int) -> None:
+        self.last_heard = time.monotonic()
+        if self.inbox_bytes and self.inbox_bytes + size > INBOX_BYTES:
+            return self._drop(kind, f"{self.inbox_bytes} bytes waiting")
         try:
             self.inbox.put_nowait((kind, data))
         except asyncio.QueueFull:
-            self.dropped += 1
-            if self.dropped == 1 or self.dropped % 100 == 0:  # once, then every hundredth
-                log.warning(
-                    "realtime call %s: the session is %d items behind; dropped %d %s item(s) so far",
-                    self.id,
-                    INBOX_ITEMS,
-                    self.dropped,
-                    kind,
+            return self._drop(kind, f"{INBOX_ITEMS} items waiting")
+        self.inbox_bytes += size
+
+    def taken(self, data: str | bytes | int) -> None:
+        """The session took ``data`` from the inbox."""
+        if not isinstance(data, int):
+            self.inbox_bytes -= message_size(data)
+
+    def _drop(self, kind: str, why: str) -> None:
+        self.dropped += 1
+        if self.dropped == 1 or self.dropped % 100 == 0:  # once, then every hundredth
+            log.warning(
+                "realtime call %s: the session is behind (%s); dropped %d item(s) so far (the last: %s)",
+                self.id,
+                why,
+                self.dropped,
+                kind,
+            )
+        if kind != "audio" and self.session is not None:  # a client waiting for its event's answer hears why
+            self.session.send(
+                ev.error_event(
+                    ev.EventError(
+                        f"this event was dropped: the data channel takes at most {CHANNEL_EVENTS_PER_S:g} events a "
+                        f"second after a burst of {CHANNEL_BURST:g}, and the session is behind ({why}); send fewer",
+                        "rate_limit_exceeded",
+                        kind="rate_limit_error",
+                    )
                 )
+            )
 
     def spawn(self, work: Any, name: str) -> None:
         task: asyncio.Task[None] = asyncio.create_task(work, name=f"{name} {self.id}")
@@ -162,7 +213,33 @@ class Calls:
                 "invalid_request_error",
                 "unsupported_topology",
             )
-        offer = await _read_offer(request)
+        # The slot is claimed before the first await (reading the offer): offers that arrive
+        # together must not all pass one check and then open past the limit.
+        slot = self.hub.claim("webrtc")
+        if isinstance(slot, ev.EventError):
+            state.metrics.outcome("rejected")
+            return error_response(429, slot.message, "rate_limit_error", slot.code)
+        try:
+            return await self._admitted(request, slot)
+        finally:
+            if slot.call is None:  # refused or failed before its call took the slot: it is given back here
+                slot.release()
+
+    async def _admitted(self, request: Request, slot: Slot) -> Response:
+        state = self.hub.state
+        pipe = state.pipeline
+        assert pipe is not None
+        timeout = state.limits.realtime_connect_timeout_s
+        try:
+            offer = await asyncio.wait_for(_read_offer(request), timeout)
+        except asyncio.TimeoutError:
+            state.metrics.outcome("rejected")
+            return error_response(
+                408,
+                f"the offer did not arrive within {timeout:g} s (--call-connect-timeout)",
+                "invalid_request_error",
+                "timeout",
+            )
         if isinstance(offer, Response):
             state.metrics.outcome("rejected")
             return offer
@@ -175,23 +252,20 @@ class Calls:
             state.metrics.outcome("rejected")
             status = 404 if refused.code == "model_not_found" else 400
             return error_response(status, refused.message, "invalid_request_error", refused.code, refused.param)
-        full = self.hub.full()
-        if full is not None:
-            state.metrics.outcome("rejected")
-            return error_response(429, full.message, "rate_limit_error", full.code)
         server = request.scope.get("server")  # the local address this offer came in on
         restrict_to(server[0] if server else None)
-        return await self._answer(request, sdp, session_config, query)
+        return await self._answer(request, sdp, session_config, query, slot)
 
-    async def _answer(self, request: Request, sdp: str, config: Any, query: dict[str, str]) -> Response:
+    async def _answer(self, request: Request, sdp: str, config: Any, query: dict[str, str], slot: Slot) -> Response:
         state = self.hub.state
         pipe = state.pipeline
         assert pipe is not None
         outbox = Outbox(state.limits.max_realtime_outbox_bytes)
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # no STUN/TURN: host candidates only
         track = AnswerTrack(outbox.put)
-        call = Call(ev.new_id("rtc"), pc, outbox, track)
+        call = Call(ev.new_id("rtc"), pc, outbox, track, slot, state.limits.max_realtime_message_bytes)
         self.open[call.id] = call
+        slot.call = call.id  # from here on, _end gives it back
         self._wire(call)  # before the offer is read: reading it raises the "track" event
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
@@ -258,7 +332,7 @@ class Calls:
                 log.info("realtime call %s: data channel %r ignored (events go on %r)", call.id, channel.label, CHANNEL)
                 return
             call.channel = channel
-            channel.on("message", lambda message: call.arrive("event", message))
+            channel.on("message", call.message)
             channel.on("close", lambda: call.end("the data channel closed"))
 
         @pc.on("track")
@@ -269,6 +343,7 @@ class Calls:
         @pc.on("connectionstatechange")
         def on_state() -> None:
             if pc.connectionState == "connected":
+                call.slot.connected()
                 call.connected.set()
             elif pc.connectionState in ("failed", "closed"):
                 call.end(f"the peer connection {pc.connectionState}")
@@ -287,7 +362,7 @@ class Calls:
             for out in resampler.resample(frame):
                 pending += out.to_ndarray().astype("<i2").tobytes()
             if len(pending) >= FEED_BYTES:
-                call.arrive("audio", bytes(pending))
+                call.arrive("audio", bytes(pending), len(pending))
                 pending.clear()
 
     async def _consume(self, call: Call) -> None:
@@ -296,10 +371,15 @@ class Calls:
         assert session is not None
         while True:
             kind, data = await call.inbox.get()
+            call.taken(data)
             if kind == "audio":
                 assert isinstance(data, bytes)
                 await self.hub.guarded(session, functools.partial(session.feed, data), "piece of microphone audio")
+            elif kind == "oversize":
+                assert isinstance(data, int)
+                await self.hub.guarded(session, functools.partial(self.hub.too_large, data), "event")
             else:
+                assert not isinstance(data, int)
                 await self.hub.deliver(session, data)
 
     async def _write(self, call: Call) -> None:
@@ -315,11 +395,12 @@ class Calls:
             call.channel.send(message)
 
     async def _watch(self, call: Call) -> None:
-        """End the call when it does not connect in time or goes idle."""
+        """End the call when it does not connect in time (counted from its offer's arrival) or goes idle."""
+        timeout = self.hub.state.limits.realtime_connect_timeout_s
         try:
-            await asyncio.wait_for(call.connected.wait(), CONNECT_TIMEOUT_S)
+            await asyncio.wait_for(call.connected.wait(), max(0.0, call.slot.claimed_at + timeout - time.monotonic()))
         except asyncio.TimeoutError:
-            return call.end(f"it did not connect within {CONNECT_TIMEOUT_S:g} s")
+            return call.end(f"it did not connect within {timeout:g} s (--call-connect-timeout)")
         while True:
             idle = time.monotonic() - call.last_heard
             if idle >= IDLE_TIMEOUT_S:
@@ -347,8 +428,8 @@ class Calls:
             return
         log.info("realtime call %s ended: %s", call.id, call.why or "refused")
         current = asyncio.current_task()
+        call.slot.release()
         if call.session is not None:
-            self.hub.closed(call.session)
             await call.session.close()
         call.outbox.close()
         for task in list(call.tasks):

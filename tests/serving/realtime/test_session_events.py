@@ -113,6 +113,21 @@ def test_session_update_sets_what_it_names_and_answers_the_whole_session() -> No
         ({"tools": [{"type": "function", "name": "f"}]}, "invalid_value", "session.tools"),
         ({"tool_choice": "required"}, "invalid_value", "session.tool_choice"),
         ({"audio": {"input": {"format": {"type": "audio/flac"}}}}, "unsupported_audio_format", "session.audio.input.format.type"),
+        # the OpenAI Realtime protocol's ranges (each once accepted as it came)
+        ({"audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": -1}}}}, "invalid_value",
+         "session.audio.input.turn_detection.silence_duration_ms"),
+        ({"audio": {"input": {"turn_detection": {"type": "server_vad", "prefix_padding_ms": 10**9}}}}, "invalid_value",
+         "session.audio.input.turn_detection.prefix_padding_ms"),
+        ({"audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 2}}}}, "invalid_value",
+         "session.audio.input.turn_detection.threshold"),
+        ({"temperature": 1e308}, "invalid_value", "session.temperature"),
+        ({"temperature": 0.1}, "invalid_value", "session.temperature"),
+        ({"audio": {"output": {"speed": 100}}}, "invalid_value", "session.audio.output.speed"),
+        ({"audio": {"output": {"voice": "../../x"}}}, "invalid_value", "session.audio.output.voice"),
+        # a refused field changes none of the others sent with it
+        ({"instructions": "x", "audio": {"output": {"voice": "alloy", "speed": 0.1}}}, "invalid_value",
+         "session.audio.output.speed"),
+        ({"instructions": "x", "max_output_tokens": 5, "temperature": 9}, "invalid_value", "session.temperature"),
     ],
 )
 def test_session_update_refusals_name_the_field_and_change_nothing(session: dict[str, Any], code: str, param: str) -> None:
@@ -122,6 +137,46 @@ def test_session_update_refusals_name_the_field_and_change_nothing(session: dict
         error = await client.refused({"type": "session.update", "event_id": "e7", "session": session})
         assert (error.code, error.param, error.event_id) == (code, param, "e7")
         assert client.session.session_object() == before and client.sent == []
+
+    run(scenario)
+
+
+def test_values_in_the_protocol_s_ranges_are_taken_and_temperature_reaches_the_pipeline() -> None:
+    async def scenario() -> None:
+        pipeline = ScriptedPipeline(topology=CHAT_ONLY)
+        client = Client(pipeline)
+        await client.send({"type": "session.update", "session": {"temperature": 0.6, "audio": {
+            "input": {"turn_detection": {"type": "server_vad", "threshold": 1, "prefix_padding_ms": 0,
+                                         "silence_duration_ms": 0}},
+            "output": {"speed": 1.5, "voice": "en_US-amy-medium"}}}})
+        session = client.of("session.updated")[-1]["session"]
+        assert session["audio"]["input"]["turn_detection"]["threshold"] == 1
+        assert session["audio"]["output"]["voice"] == "en_US-amy-medium"
+        await client.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}})
+        await said(client)
+        await client.send({"type": "response.create"})
+        await client.settle()
+        await client.send({"type": "response.create", "response": {"temperature": 1.2}})
+        await client.settle()
+        assert [inputs.sampling.temperature for inputs, *_ in pipeline.submitted] == [0.6, 1.2]
+        error = await client.refused({"type": "response.create", "event_id": "e9", "response": {"temperature": 2}})
+        assert (error.code, error.param, error.event_id) == ("invalid_value", "response.temperature", "e9")
+        assert "0.6 to 1.2" in error.message and len(pipeline.submitted) == 2
+
+    run(scenario)
+
+
+def test_a_topology_that_lists_its_voices_takes_only_those_and_openai_s_names(tmp_path: Any) -> None:
+    from tests.serving.test_voices_and_playground import voiced
+
+    async def scenario() -> None:
+        client = Client(ScriptedPipeline(topology=voiced(tmp_path, module="voiced_realtime")))
+        for voice in ("nora", "marin"):
+            await client.send({"type": "session.update", "session": {"audio": {"output": {"voice": voice}}}})
+            assert client.of("session.updated")[-1]["session"]["audio"]["output"]["voice"] == voice
+        error = await client.refused({"type": "session.update", "session": {"audio": {"output": {"voice": "zed"}}}})
+        assert error.param == "session.audio.output.voice" and "'zed'" in error.message and "nora" in error.message
+        assert client.session.settings.voice == "marin"
 
     run(scenario)
 
@@ -567,6 +622,51 @@ def test_a_response_refused_or_failing_is_a_failed_response_done() -> None:
         assert frozen.pipeline.submitted == []
 
     run(scenario)
+
+
+def test_text_a_stage_gives_with_a_lone_surrogate_still_ends_in_response_done() -> None:
+    """It once raised while encoding the delta, and again in the handler's closing events:
+    response.created, then nothing."""
+    async def scenario() -> None:
+        pipeline = ScriptedPipeline(topology=CHAT_ONLY, script=lambda inputs, modalities: text_events(["a\ud800", "b"]))
+        client = Client(pipeline)
+        await said(client)
+        await client.send({"type": "session.update", "session": {"output_modalities": ["text"]}})
+        await client.send({"type": "response.create"})
+        await client.settle()
+        assert client.types()[-1] == "response.done", client.types()
+        [done] = client.of("response.done")
+        assert done["response"]["status"] == "completed"
+        assert "".join(d["delta"] for d in client.of("response.output_text.delta")) == "a\ufffd b"
+
+    run(scenario)
+
+
+def test_any_failure_after_response_created_ends_in_a_failed_response_done(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        client = Client(ScriptedPipeline(topology=CHAT_ONLY))
+        send = client.session.send
+
+        def failing(event: ev.ServerEvent) -> None:  # the transport breaks on one closing event
+            if isinstance(event, ev.ContentPartDone):
+                raise RuntimeError("the part could not be sent")
+            send(event)
+
+        client.session.send = failing
+        await said(client)
+        await client.send({"type": "response.create"})
+        await client.settle()
+        [created] = client.of("response.created")
+        [done] = client.of("response.done")
+        assert done["response"]["id"] == created["response"]["id"]
+        assert done["response"]["status"] == "failed"
+        assert "could not finish this response (RuntimeError)" in done["response"]["status_details"]["error"]["message"]
+        assert client.session.response is None  # and the next one may start
+
+    caplog.set_level(logging.ERROR, logger="omnictl.serving.realtime")
+    run(scenario)
+    [logged] = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "closing its item failed" in logged.getMessage()  # once, naming the response
 
 
 def test_one_response_at_a_time_and_cancel_stops_it() -> None:

@@ -939,12 +939,14 @@ def test_a_session_that_falls_behind_drops_what_arrives_and_says_so(
             inside = server.server_side(call)
             free = 3 - inside.inbox.qsize()
             for _ in range(free + 100):  # all at once: the session reads none of them meanwhile
-                inside.arrive("event", json.dumps({"type": "input_audio_buffer.clear"}))
+                inside.message(json.dumps({"type": "input_audio_buffer.clear"}))
             assert inside.dropped == 100
-            behind = [m for m in caplog.messages if "items behind" in m]
+            behind = [m for m in caplog.messages if "the session is behind" in m]
             assert behind == [
-                f"realtime call {inside.id}: the session is 3 items behind; dropped 1 event item(s) so far",
-                f"realtime call {inside.id}: the session is 3 items behind; dropped 100 event item(s) so far",
+                f"realtime call {inside.id}: the session is behind (3 items waiting); dropped 1 item(s) so far "
+                "(the last: event)",
+                f"realtime call {inside.id}: the session is behind (3 items waiting); dropped 100 item(s) so far "
+                "(the last: event)",
             ]
             call.send({"type": "session.update", "session": {"instructions": "last"}})
             await call.next_of("session.updated", 5)
@@ -1034,17 +1036,16 @@ def test_a_call_that_does_not_connect_in_time_is_closed(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     caplog.set_level(logging.INFO, LOG)
-    monkeypatch.setattr(webrtc, "CONNECT_TIMEOUT_S", 0.2)
 
     async def scenario() -> None:
-        async with served(ScriptedPipeline(topology=CHAT_ONLY)) as server:
+        async with served(ScriptedPipeline(topology=CHAT_ONLY), limits=Limits(realtime_connect_timeout_s=0.2)) as server:
             answered = time.monotonic()
             answer = await server.post(await offer())  # and the answer is never applied: no ICE, no DTLS
             assert answer.status_code == 201
             assert (await server.health())["peer_connections"] == 1
             await server.idle()
             assert time.monotonic() - answered >= 0.2
-            assert ended(caplog) == ["it did not connect within 0.2 s"]
+            assert ended(caplog) == ["it did not connect within 0.2 s (--call-connect-timeout)"]
 
     run(scenario)
 
