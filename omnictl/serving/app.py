@@ -75,10 +75,18 @@ async def watch_liveness(state: ServingState, every_s: float = LIVENESS_EVERY_S)
         pipe = state.pipeline
         if pipe is not None:
             try:
-                note_unresponsive(state, pipe, unresponsive_processes(await pipe.stats(HEALTH_STATS_TIMEOUT_S)))
+                stages = await pipe.stats(HEALTH_STATS_TIMEOUT_S)
+                note_unresponsive(state, pipe, unresponsive_processes(stages))
+                note_busy(state, stages)
             except Exception:
                 log.debug("liveness check failed", exc_info=True)
         await asyncio.sleep(every_s)
+
+
+def note_busy(state: ServingState, stages: dict[str, dict[str, Any]]) -> None:
+    """``omnictl_stage_busy_seconds`` of each stage from its stats (0 for one that did not say)."""
+    for name, info in stages.items():
+        state.metrics.stage_busy.labels(name).set(float(info.get("busy_s", 0.0)))
 
 
 def busy_stages(stages: dict[str, dict[str, Any]], threshold: float = BUSY_STEP_S) -> dict[str, float]:
@@ -156,6 +164,7 @@ def create_app(state: ServingState, guard: RequestGuard | None = None) -> Starle
         # stuck) is not serving; requests pinned to it hang. Once 200, now 503 naming it.
         unresponsive = unresponsive_processes(stages)
         note_unresponsive(state, pipe, unresponsive)
+        note_busy(state, stages)
         if unresponsive and status != "down":
             status = "unresponsive"
         code = 503 if status in ("down", "unresponsive") else 200

@@ -427,6 +427,9 @@ def test_health_reports_the_pipeline_and_is_503_when_down_or_unresponsive() -> N
     body = health.json()
     assert body["status"] == "ok" and body["down"] == [] and body["unresponsive"] == []
     assert body["busy"] == {"answer": 6.5} and body["processes"] == {"heads": 4242}
+    scraped = client.get("/metrics", headers=AUTH).text  # a stage stuck in one step shows in /metrics too
+    assert 'omnictl_stage_busy_seconds{stage="answer"} 6.5' in scraped
+    assert 'omnictl_stage_busy_seconds{stage="speak"} 1.0' in scraped
     assert body["in_flight"] == 0 and body["pipeline_in_flight"] == 0 and body["run_dir"] is None
     assert body["stages"] == pipeline.stage_stats and body["nodes"] == {"-": {"status": "up"}}
 

@@ -51,6 +51,14 @@ class ServerMetrics:
             self.overloaded.labels(reason)
         # Requests waiting for admission now; set by the server to its admission's count.
         self.queue_depth = Gauge("omnictl_admission_queue_depth", "Requests waiting for a slot", registry=self.registry)
+        # Per stage: how long its current compute step (one call, on one request) has run;
+        # set from the stages' stats each second (the liveness watch) and on each /health.
+        self.stage_busy = Gauge(
+            "omnictl_stage_busy_seconds",
+            "Seconds each stage's current compute step (one call on one request) has run, by `stage`; 0 when idle",
+            ["stage"],
+            registry=self.registry,
+        )
         self.first_text = Histogram(
             "omnictl_time_to_first_text_seconds",
             "Admission to first text delta",
