@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ import msgspec
 import numpy as np
 
 from omnictl.exceptions import InvalidRequest, PayloadTooLarge
+from omnictl.sampling import SamplingParams
 from omnictl.wire import WireStruct
 
 if TYPE_CHECKING:  # Pillow is only needed by topologies that take images
@@ -45,8 +45,8 @@ MIN_RATE, MAX_RATE = 1000, 384_000  # input audio sample rates accepted (Hz)
 # would take (see decode_budget), not only for its length.
 DECODE_SAMPLES_PER_SECOND = 2 * 48_000
 PARAM_KEYS = ("sampling", "voice")  # what every stage sees of a request (RequestContext.params)
+SPEECH_SAMPLING = "speech_sampling"  # a SpeechRequest's sampling, in RequestContext.params
 _MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}
-_SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 _PCM_DTYPES: dict[int, np.dtype[Any]] = {8: np.dtype(np.uint8), 16: np.dtype("<i2"), 32: np.dtype("<i4")}
 # Leading bytes of the image formats the image processors read.
 _IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM", b"RIFF")
@@ -125,26 +125,6 @@ class ChatMessage(WireStruct, frozen=True, kw_only=True):  # type: ignore[misc] 
         return [part for part in self.parts if isinstance(part, AudioPart)]
 
 
-class SamplingParams(WireStruct, frozen=True, kw_only=True):  # type: ignore[misc]  # msgspec allows a frozen Struct over the unfrozen base; mypy applies the dataclass rule
-    """What the request asks of generation; None: the stage's default."""
-
-    max_tokens: int | None = None
-    temperature: float | None = None  # 0 means greedy
-    top_p: float | None = None
-    top_k: int | None = None  # 0 means no limit
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        _set(self, "stop", tuple(self.stop))
-
-    def as_dict(self) -> dict[str, Any]:
-        """The fields that are set, msgpack-plain (what schedulers read from ``params["sampling"]``)."""
-        values = {name: getattr(self, name) for name in self.__struct_fields__}
-        values["stop"] = list(self.stop) or None
-        return {name: value for name, value in values.items() if value is not None}
-
-
 class RecognitionOptions(WireStruct, frozen=True, kw_only=True):  # type: ignore[misc]  # msgspec allows a frozen Struct over the unfrozen base; mypy applies the dataclass rule
     """What ``/v1/audio/transcriptions`` and ``/translations`` ask of speech recognition."""
 
@@ -201,6 +181,10 @@ class SpeechRequest(WireStruct, frozen=True, kw_only=True):  # type: ignore[misc
     text: str
     voice: str | None = None
     speed: float = 1.0  # 0.25 to 4.0 (OpenAI's range); the TTS stage applies it
+    # What a speech client asks of a generative TTS (vLLM's and SGLang's speech servers take
+    # these); the TTS stage honours them or refuses them by name. Not ``params["sampling"]``:
+    # a chat request's sampling is its language model's, and every stage sees it.
+    sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
 
     def __post_init__(self) -> None:
         if not isinstance(self.text, str) or not self.text.strip():
@@ -210,11 +194,15 @@ class SpeechRequest(WireStruct, frozen=True, kw_only=True):  # type: ignore[misc
         if isinstance(self.speed, bool) or not isinstance(self.speed, (int, float)) or not 0.25 <= self.speed <= 4.0:
             raise _fail("speed", f"must be a number from 0.25 to 4.0, got {self.speed!r}")
         _set(self, "speed", float(self.speed))
+        if not isinstance(self.sampling, SamplingParams):
+            raise _fail("sampling", f"must be a SamplingParams, got {_kind(self.sampling)}")
 
     def params(self) -> dict[str, Any]:
         params: dict[str, Any] = {} if self.voice is None else {"voice": self.voice}
         if self.speed != 1.0:
             params["speed"] = self.speed
+        if self.sampling.given():
+            params[SPEECH_SAMPLING] = self.sampling.as_dict()
         return params
 
 
@@ -295,7 +283,7 @@ def parse_request(
         raise _fail("language", f"must be a language code such as 'en', got {language!r}")
     return ChatRequest(
         messages=tuple(_parse_message(message, f"messages[{i}]", bounds) for i, message in enumerate(messages)),
-        sampling=parse_sampling(inputs.get("sampling") or {}),
+        sampling=SamplingParams.from_mapping(inputs.get("sampling")),
         voice=voice,
         language=language,
     )
@@ -480,42 +468,6 @@ def _parse_image(url: str, field: str, local: bool) -> ImagePart:
     if not path.is_file():
         raise _fail(field, f"no image file at {str(path)!r}")
     return ImagePart(field=field, path=str(path))
-
-
-def parse_sampling(sampling: Any) -> SamplingParams:
-    _expect(sampling, Mapping, "sampling", "an object")
-    _no_unknown_keys(sampling, _SAMPLING_KEYS, "sampling")
-    number = (int, float)
-    temperature = sampling.get("temperature")
-    if temperature is not None and (
-        not math.isfinite(_expect(temperature, number, "sampling.temperature", "a number")) or temperature < 0
-    ):
-        raise _fail("sampling.temperature", f"must be 0 (greedy) or more, got {temperature!r}")
-    top_p = sampling.get("top_p")
-    if top_p is not None and not 0 < _expect(top_p, number, "sampling.top_p", "a number") <= 1:
-        raise _fail("sampling.top_p", f"must be in (0, 1], got {top_p!r}")
-    for key, low in (("max_tokens", 1), ("top_k", 0)):
-        value = sampling.get(key)
-        if value is not None and _expect(value, int, f"sampling.{key}", "an integer") < low:
-            raise _fail(f"sampling.{key}", f"must be at least {low}, got {value}")
-    seed = sampling.get("seed")
-    if seed is not None:
-        _expect(seed, int, "sampling.seed", "an integer")
-    stop = sampling.get("stop") or ()
-    if isinstance(stop, str):
-        stop = (stop,)
-    _expect(stop, (list, tuple), "sampling.stop", "a string or a list of strings")
-    for i, item in enumerate(stop):
-        if not isinstance(item, str) or not item:
-            raise _fail(f"sampling.stop[{i}]", f"must be a non-empty string, got {item!r}")
-    return SamplingParams(
-        max_tokens=sampling.get("max_tokens"),
-        temperature=None if temperature is None else float(temperature),
-        top_p=None if top_p is None else float(top_p),
-        top_k=sampling.get("top_k"),
-        seed=seed,
-        stop=tuple(stop),
-    )
 
 
 def decode_audio(part: AudioPart, sample_rate: int) -> np.ndarray:

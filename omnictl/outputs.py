@@ -57,13 +57,30 @@ class TextDelta(WireStruct):
         _require(isinstance(self.text, str), type(self), f"text must be a str, got {type(self.text).__name__}")
 
 
+class TopLogprob(WireStruct):
+    """One likely token at a position: its text, log probability and UTF-8 bytes (OpenAI's shape)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] = []
+
+
+class TokenLogprob(TopLogprob):
+    """A chosen token's log probability, and the most likely tokens at its position
+    (what a request's ``logprobs`` / ``top_logprobs`` ask for)."""
+
+    top_logprobs: list[TopLogprob] = []
+
+
 class TextResult(WireStruct):
-    """A text terminal's result: the whole text, why it ended, and token usage."""
+    """A text terminal's result: the whole text, why it ended, and token usage; with
+    ``logprobs`` when the request asked for them (one per generated token)."""
 
     text: str
     finish_reason: FinishReason = FinishReason.STOP
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None
 
     def __post_init__(self) -> None:
         cls = type(self)
@@ -79,6 +96,11 @@ class TextResult(WireStruct):
             value = getattr(self, name)
             _require(_is_int(value) and value >= 0, cls, f"{name} must be an integer >= 0, got {value!r}")
             setattr(self, name, int(value))
+        _require(
+            self.logprobs is None or all(isinstance(item, TokenLogprob) for item in self.logprobs),
+            cls,
+            "logprobs must be None or a list of TokenLogprob",
+        )
 
     def plain(self) -> TextResult:
         """Only the contract's fields: what a text terminal returns for an upstream's
@@ -88,6 +110,7 @@ class TextResult(WireStruct):
             finish_reason=self.finish_reason,
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens,
+            logprobs=self.logprobs,
         )
 
 

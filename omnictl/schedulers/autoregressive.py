@@ -87,7 +87,7 @@ from omnictl.schedulers.base import (
     SchedulerLoad,
 )
 from omnictl.schedulers.runner import AutoregressiveRunner, ChunkedPrefillRunner, StreamFedRunner
-from omnictl.schedulers.sampling import SamplingParams
+from omnictl.schedulers.sampling import HF_ENGINE, HF_FIELDS, SamplingParams
 
 __all__ = ["AutoregressiveScheduler", "StartOn", "StreamFedRunner"]
 
@@ -173,7 +173,8 @@ class AutoregressiveScheduler(Scheduler):
         self.stream_every = stream_every
         self.emit_hidden = emit_hidden
         self.max_batch = max_batch
-        SamplingParams.from_mapping(None, defaults=default_sampling, where="default_sampling")  # raises if invalid
+        # raises if invalid, or if it asks what this engine cannot do
+        SamplingParams.from_mapping(None, defaults=default_sampling, supported=HF_FIELDS, engine=HF_ENGINE)
         self._sampling_defaults: dict[str, Any] = dict(default_sampling or {})
         self._fed_runner: StreamFedRunner | None = runner if isinstance(runner, StreamFedRunner) else None
         # Stream mode with a runner that takes increments: the upstream's result is one too.
@@ -281,7 +282,10 @@ class AutoregressiveScheduler(Scheduler):
         """Queue a new request for the worker; False if it was refused (and failed)."""
         try:
             params = SamplingParams.from_mapping(
-                self.request_sampling(message.params), defaults=self._sampling_defaults
+                self.request_sampling(message.params),
+                defaults=self._sampling_defaults,
+                supported=HF_FIELDS,
+                engine=HF_ENGINE,
             )
         except InvalidRequest as exc:
             self._refuse(message.request_id, str(exc), exc.field)

@@ -7,94 +7,65 @@ draws from the softmax with the request's own ``torch.Generator``, seeded from
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Any, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Iterable, Mapping
 
 import torch
 
-from omnictl.exceptions import InvalidRequest
+from omnictl.sampling import SamplingParams as RequestSampling
+from omnictl.sampling import refuse_unsupported
 
-_KNOWN_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+# What the HF runner's Sampler honours (the penalties, min_p, logit_bias and logprobs are vLLM's).
+HF_FIELDS = frozenset({"max_tokens", "temperature", "top_p", "top_k", "seed", "stop"})
+HF_ENGINE = "the HF runner (factory_args.engine: hf)"
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
+    """A request's sampling resolved over its stage's defaults: every field has a value.
+
+    Built by :meth:`from_mapping` from :class:`omnictl.sampling.SamplingParams`, the one
+    place sampling fields are checked; a scheduler reads these and checks nothing."""
+
     max_tokens: int = 256
     temperature: float = 1.0  # OpenAI's default; 0 means greedy
     top_p: float = 1.0
     top_k: int = 0  # 0: no top-k cut
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: Mapping[int, float] | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
 
     @classmethod
     def from_mapping(
-        cls, raw: Mapping[str, Any] | None, *, defaults: Mapping[str, Any] | None = None, where: str = "sampling"
+        cls,
+        raw: Mapping[str, Any] | RequestSampling | None,
+        *,
+        defaults: Mapping[str, Any] | RequestSampling | None = None,
+        where: str = "sampling",
+        supported: Iterable[str] | None = None,
+        engine: str = "this engine",
     ) -> SamplingParams:
-        """Validate ``raw`` (a request's ``sampling`` object) on top of ``defaults``.
+        """``raw`` (a request's ``sampling``) over ``defaults`` (the stage's ``default_sampling``).
 
-        Raises :class:`InvalidRequest` naming the offending field, e.g. ``sampling.top_p``.
+        Raises :class:`InvalidRequest` naming the offending field, e.g. ``sampling.top_p``
+        (``default_sampling.top_p`` for a bad default); with ``supported``, also for a field
+        set (to a value that changes something) that is not among them.
         """
-        merged: dict[str, Any] = {}
-        for source_name, source in (("defaults", defaults), (where, raw)):
-            if source is None:
-                continue
-            if not isinstance(source, Mapping):
-                raise InvalidRequest(f"{where}: expected an object, got {type(source).__name__}", field=where)
-            for key, value in source.items():
-                if key not in _KNOWN_FIELDS:
-                    raise InvalidRequest(
-                        f"{source_name}.{key}: unknown sampling field (known: {', '.join(_KNOWN_FIELDS)})",
-                        field=f"{where}.{key}",
-                    )
-                if value is not None:
-                    merged[key] = value
-        base = cls()
-        params = cls(
-            max_tokens=_int(merged, "max_tokens", base.max_tokens, where, minimum=1),
-            temperature=_float(merged, "temperature", base.temperature, where, minimum=0.0),
-            top_p=_float(merged, "top_p", base.top_p, where, minimum=0.0),
-            top_k=_int(merged, "top_k", base.top_k, where, minimum=0),
-            seed=_int(merged, "seed", None, where, minimum=None),
-            stop=_stop(merged.get("stop"), where),
-        )
-        if params.top_p == 0.0 or params.top_p > 1.0:
-            raise InvalidRequest(f"{where}.top_p: must be in (0, 1], got {params.top_p}", field=f"{where}.top_p")
-        return params
-
-
-def _int(values: Mapping[str, Any], key: str, default: int | None, where: str, *, minimum: int | None) -> Any:
-    if key not in values:
-        return default
-    value = values[key]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequest(f"{where}.{key}: expected an integer, got {value!r}", field=f"{where}.{key}")
-    if minimum is not None and value < minimum:
-        raise InvalidRequest(f"{where}.{key}: must be >= {minimum}, got {value}", field=f"{where}.{key}")
-    return value
-
-
-def _float(values: Mapping[str, Any], key: str, default: float, where: str, *, minimum: float) -> float:
-    if key not in values:
-        return default
-    value = values[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise InvalidRequest(f"{where}.{key}: expected a number, got {value!r}", field=f"{where}.{key}")
-    if value < minimum:
-        raise InvalidRequest(f"{where}.{key}: must be >= {minimum}, got {value}", field=f"{where}.{key}")
-    return float(value)
-
-
-def _stop(value: Any, where: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) and s for s in value):
-        raise InvalidRequest(
-            f"{where}.stop: expected a non-empty string or a list of them, got {value!r}", field=f"{where}.stop"
-        )
-    return tuple(value)
+        request = RequestSampling.from_mapping(raw, where=where)
+        base = RequestSampling.from_mapping(defaults, where="default_sampling")
+        if supported is not None:
+            refuse_unsupported(base, supported, engine, where="default_sampling")
+            refuse_unsupported(request, supported, engine, where=where)
+        merged = request.over(base)
+        names = {f.name for f in fields(cls)}
+        values = {name: getattr(merged, name) for name in merged.given() if name in names}
+        return cls(**values)
 
 
 class Sampler:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, cast
 
 from omnictl.exceptions import InvalidRequest, StartupError
-from omnictl.outputs import FinishReason, TokenDelta, TokenResult
+from omnictl.outputs import FinishReason, TokenDelta, TokenLogprob, TokenResult, TopLogprob
 from omnictl.profiling.events import EventKind
 from omnictl.schedulers.base import (
     IncomingKind,
@@ -345,6 +345,7 @@ class VllmScheduler(Scheduler):
             return
         try:
             params = SamplingParams.from_mapping(message.params.get("sampling"), defaults=self._sampling_defaults)
+            self._check_logit_bias(params)
             prompt_ids = self.prompt_ids(message.data)
             self._check_length(len(prompt_ids))
         except InvalidRequest as exc:
@@ -406,6 +407,15 @@ class VllmScheduler(Scheduler):
                 field="messages",
             )
 
+    def _check_logit_bias(self, params: SamplingParams) -> None:
+        vocab = len(self.tokenizer)
+        unknown = sorted(token for token in params.logit_bias or {} if token >= vocab)
+        if unknown:
+            raise InvalidRequest(
+                f"sampling.logit_bias: token id {unknown[0]} is not in this model's vocabulary (ids 0 to {vocab - 1})",
+                field="sampling.logit_bias",
+            )
+
     def _sampling(self, params: SamplingParams, prompt_tokens: int) -> Any:
         from vllm import SamplingParams as EngineSampling
         from vllm.sampling_params import RequestOutputKind
@@ -415,7 +425,14 @@ class VllmScheduler(Scheduler):
             temperature=params.temperature,
             top_p=params.top_p,
             top_k=params.top_k,
+            min_p=params.min_p,
             seed=params.seed,
+            frequency_penalty=params.frequency_penalty,
+            presence_penalty=params.presence_penalty,
+            repetition_penalty=params.repetition_penalty,
+            logit_bias=dict(params.logit_bias) if params.logit_bias else None,
+            # the chosen token's log probability and top_logprobs alternatives at each position
+            logprobs=params.top_logprobs if params.logprobs else None,
             # Room is left for the answer; the engine would refuse more.
             max_tokens=min(params.max_tokens, self.options.max_model_len - prompt_tokens),
             stop_token_ids=sorted(self._stop_ids),
@@ -433,6 +450,7 @@ class VllmScheduler(Scheduler):
         self.profile(EventKind.PREFILL_START, rid)
         metrics: Any = None
         steps_since_emit = 0
+        chosen: list[TokenLogprob] = []  # when the request asks for logprobs: one per answer token
         stream = engine.generate(
             TokensPrompt(prompt_token_ids=prompt_ids),  # type: ignore[typeddict-item]  # vLLM's stub marks its optional keys required
             self._sampling(params, len(prompt_ids)),
@@ -444,7 +462,9 @@ class VllmScheduler(Scheduler):
                 metrics = out.metrics or metrics
                 if answer.completion_tokens == 0 and completion.token_ids:
                     self._profile_first_token(rid, metrics, len(prompt_ids))
-                for token in completion.token_ids:
+                for position, token in enumerate(completion.token_ids):
+                    if params.logprobs and int(token) not in self._stop_ids:  # a stop token is no part of the answer
+                        chosen.append(self._logprob(int(token), completion.logprobs, position, params.top_logprobs))
                     self._take(answer, int(token))
                     steps_since_emit += 1
                     if answer.finish_reason is not None:
@@ -475,7 +495,10 @@ class VllmScheduler(Scheduler):
             await stream.aclose()  # ended early here (stop string, stop_when): aborts it in the engine
         self._forget(rid)
         self._profile_decode(rid, metrics, answer.completion_tokens)
-        self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, self.on_output(rid, self._result(answer), final=True)))
+        result = self._result(answer)
+        if params.logprobs:
+            result.logprobs = chosen
+        self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, self.on_output(rid, result, final=True)))
 
     def _forget(self, rid: str) -> None:
         if self._tasks.get(rid) is asyncio.current_task():
@@ -524,6 +547,29 @@ class VllmScheduler(Scheduler):
             prompt_tokens=answer.prompt_tokens,
             completion_tokens=answer.completion_tokens,
             token_ids=list(answer.token_ids),
+        )
+
+    def _logprob(self, token: int, logprobs: Any, position: int, top: int) -> TokenLogprob:
+        """OpenAI's entry for one chosen token from vLLM's ``{token id: Logprob}`` at
+        ``position`` of this output's delta (the chosen token and the ``top`` best by rank)."""
+        ranked = logprobs[position] if logprobs is not None and position < len(logprobs) else {}
+        alternatives = sorted(
+            ((entry.rank, token_id, entry.logprob) for token_id, entry in ranked.items() if entry.rank <= top),
+            key=lambda item: item[0],
+        )
+
+        def text(token_id: int) -> str:
+            return str(self.tokenizer.decode([token_id]))
+
+        own = ranked.get(token)
+        return TokenLogprob(
+            token=text(token),
+            logprob=float(own.logprob) if own is not None else float("nan"),
+            bytes=list(text(token).encode()),
+            top_logprobs=[
+                TopLogprob(token=text(token_id), logprob=float(logprob), bytes=list(text(token_id).encode()))
+                for _, token_id, logprob in alternatives[:top]
+            ],
         )
 
     def _detokenize(self, token_ids: Sequence[int]) -> str:

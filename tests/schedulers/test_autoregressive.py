@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.schedulers.harness import GatedRunner, Outcome, RecordingProfiler, new_request, pump, wait_for_condition
+from omnictl.exceptions import InvalidRequest
 from omnictl.models.hf_causal_lm import HFCausalLMRunner
 from omnictl.profiling.events import EventKind
 from omnictl.schedulers.autoregressive import AutoregressiveScheduler
@@ -208,6 +209,36 @@ def test_invalid_sampling_fails_the_request_naming_the_field(runner: HFCausalLMR
     assert "sampling.top_p" in outcomes["bad"].error and "thinker" in outcomes["bad"].error
     assert "max_token" in outcomes["typo"].error
     assert "prefill failed" in outcomes["noinput"].error and "input_ids" in outcomes["noinput"].error
+    assert runner.kv_slots() == 0
+
+
+def test_the_hf_runner_refuses_the_sampling_fields_it_cannot_honour_naming_each(runner: HFCausalLMRunner) -> None:
+    """Issue 40 bug 7: penalties, min_p, logit_bias and logprobs were accepted and ignored.
+    The HF runner's sampler has none of them: each is refused by name; a value that changes
+    nothing (a penalty of 0, logprobs false) is honoured, and the request runs."""
+    asked = {"frequency_penalty": 0.5, "presence_penalty": -1.0, "repetition_penalty": 1.2, "min_p": 0.1,
+             "logit_bias": {"5": 10}, "logprobs": True}
+
+    async def scenario() -> dict[str, Outcome]:
+        scheduler = AutoregressiveScheduler(runner)
+        scheduler.stage_name = "thinker"
+        await scheduler.start()
+        try:
+            requests: dict[str, tuple[Any, dict[str, Any]]] = {
+                name: ({"prompt": "x"}, {name: value, "max_tokens": 2}) for name, value in asked.items()}
+            requests["neutral"] = ({"prompt": "x"}, {"frequency_penalty": 0, "repetition_penalty": 1.0,
+                                                     "logprobs": False, "max_tokens": 2})
+            return await generate(scheduler, requests)
+        finally:
+            await scheduler.stop()
+
+    outcomes = run(scenario())
+    for name in asked:
+        assert outcomes[name].error is not None and f"sampling.{name}: the HF runner" in outcomes[name].error
+        assert "cannot honour" in outcomes[name].error and "stage thinker" in outcomes[name].error
+    assert outcomes["neutral"].result is not None and outcomes["neutral"].result.completion_tokens == 2
+    with pytest.raises(InvalidRequest, match="default_sampling.min_p: the HF runner"):
+        AutoregressiveScheduler(runner, default_sampling={"min_p": 0.2})
     assert runner.kv_slots() == 0
 
 

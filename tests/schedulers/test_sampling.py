@@ -28,7 +28,7 @@ def test_defaults_then_request_values() -> None:
         ({"top_p": 0}, "sampling.top_p"),
         ({"top_k": True}, "sampling.top_k"),
         ({"seed": 1.5}, "sampling.seed"),
-        ({"stop": [""]}, "sampling.stop"),
+        ({"stop": [""]}, "sampling.stop[0]"),
         ({"stop": 3}, "sampling.stop"),
         ({"maxtokens": 3}, "sampling.maxtokens"),
         ([1, 2], "sampling"),
@@ -69,6 +69,10 @@ def test_stop_strings() -> None:
     assert streamable_prefix("caf\ufffd", ()) == "caf"
 
 
+KNOWN = ("max_tokens, temperature, top_p, top_k, min_p, seed, stop, frequency_penalty, presence_penalty, "
+         "repetition_penalty, logit_bias, logprobs, top_logprobs")
+
+
 @pytest.mark.parametrize(
     ("raw", "kwargs", "message", "field"),
     [
@@ -83,17 +87,14 @@ def test_stop_strings() -> None:
         ({"top_k": -1}, {}, "sampling.top_k: must be >= 0, got -1", "sampling.top_k"),
         ({"top_k": True}, {}, "sampling.top_k: expected an integer, got True", "sampling.top_k"),
         ({"seed": 1.5}, {}, "sampling.seed: expected an integer, got 1.5", "sampling.seed"),
-        ({"stop": [""]}, {}, "sampling.stop: expected a non-empty string or a list of them, got ['']",
-         "sampling.stop"),
-        ({"stop": ["a", 3]}, {}, "sampling.stop: expected a non-empty string or a list of them, got ['a', 3]",
-         "sampling.stop"),
-        ({"x": 1}, {"where": "talker"},
-         "talker.x: unknown sampling field (known: max_tokens, temperature, top_p, top_k, seed, stop)", "talker.x"),
-        (None, {"defaults": {"bogus": 1}},
-         "defaults.bogus: unknown sampling field (known: max_tokens, temperature, top_p, top_k, seed, stop)",
-         "sampling.bogus"),
+        ({"stop": [""]}, {}, "sampling.stop[0]: must be a non-empty string, got ''", "sampling.stop[0]"),
+        ({"stop": ["a", 3]}, {}, "sampling.stop[1]: must be a non-empty string, got 3", "sampling.stop[1]"),
+        ({"stop": 3}, {}, "sampling.stop: expected a non-empty string or a list of them, got 3", "sampling.stop"),
+        ({"x": 1}, {"where": "talker"}, f"talker.x: unknown sampling field (known: {KNOWN})", "talker.x"),
+        (None, {"defaults": {"bogus": 1}}, f"default_sampling.bogus: unknown sampling field (known: {KNOWN})",
+         "default_sampling.bogus"),
         ("s", {"where": "w"}, "w: expected an object, got str", "w"),
-        ({}, {"defaults": [1]}, "sampling: expected an object, got list", "sampling"),
+        ({}, {"defaults": [1]}, "default_sampling: expected an object, got list", "default_sampling"),
     ],
 )
 def test_each_refusal_says_which_field_where_and_what_came(raw: Any, kwargs: dict[str, Any], message: str,

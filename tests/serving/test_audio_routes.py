@@ -68,8 +68,13 @@ def test_parse_speech_takes_the_openai_fields() -> None:
     [
         ([], "body", "'body' must be a JSON object"),
         ({"input": "hi", "pitch": 2}, "pitch",
-         "is not a field of this endpoint (expected one of input, instructions, model, response_format, speed, "
-         "stream_format, voice)"),
+         "is not a field of this endpoint (expected one of input, instructions, max_new_tokens, model, "
+         "response_format, seed, speed, stream, stream_format, temperature, top_k, top_p, voice)"),
+        ({"input": "\0" * 100}, "input", "has nothing to speak"),
+        ({"input": "\U0001F600" * 1000}, "input", "has nothing to speak"),
+        ({"input": "." * MAX_INPUT_CHARS}, "input", "has nothing to speak"),
+        ({"input": "hi", "stream": "yes"}, "stream", "must be true or false"),
+        ({"input": "hi", "stream": True, "stream_format": "audio"}, "stream", "asks for the SSE stream"),
         ({}, "input", "must be non-empty text"),
         ({"input": "   "}, "input", "must be non-empty text"),
         ({"input": 5}, "input", "must be non-empty text"),
@@ -91,6 +96,43 @@ def test_parse_speech_takes_the_openai_fields() -> None:
 def test_parse_speech_refuses_naming_the_field(body: Any, field: str, words: str) -> None:
     error = speech_refusal(body)
     assert error.field == field and words in str(error) and str(error).startswith(f"'{field}'")
+
+
+@pytest.mark.parametrize("text", ["\0" * 100, "\U0001F600" * 1000, "." * 4096])
+def test_speech_with_nothing_speakable_is_400_naming_input_before_the_pipeline(text: str) -> None:
+    """Issue 40 bug 7: 100 NULs, 1,000 emoji, 4,096 dots were a 200 audio/mpeg with an empty body."""
+    pipeline = ScriptedPipeline(script=lambda inputs, modalities: [])
+    client, _ = serve(pipeline)
+    response = client.post("/v1/audio/speech", headers=AUTH, json={"input": text})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "input"
+    assert pipeline.submitted == []
+
+
+def test_speech_takes_the_extension_fields_and_stream_true_is_the_sse_stream() -> None:
+    """The fields vLLM's and SGLang's speech servers take were each a 400: they reach the TTS
+    stage as the request's speech sampling (it honours or refuses them), and `stream: true`
+    is the SSE stream."""
+    request, _, sse, _, _ = parse_speech({"input": "Hi", "stream": True, "max_new_tokens": 64, "temperature": 0.7,
+                                          "top_p": 0.9, "top_k": 20, "seed": 5})
+    assert sse is True
+    assert request.params() == {"speech_sampling": {"max_tokens": 64, "temperature": 0.7, "top_p": 0.9, "top_k": 20,
+                                                    "seed": 5}}
+    assert parse_speech({"input": "Hi", "stream": False})[2] is False
+    assert parse_speech({"input": "Hi"})[0].params() == {}  # nothing asked: nothing for the stage to refuse
+    assert speech_refusal({"input": "Hi", "temperature": 3}).field == "temperature"
+    assert speech_refusal({"input": "Hi", "max_new_tokens": 0}).field == "max_new_tokens"
+    pipeline = ScriptedPipeline(script=lambda inputs, modalities: audio_events(2))
+    client, _ = serve(pipeline)
+    response = client.post("/v1/audio/speech", headers=AUTH, json={"input": "Hello", "response_format": "pcm",
+                                                                    "stream": True})
+    assert [e["type"] for e in sse_events(response.text)][-1] == "speech.audio.done"
+
+
+def test_a_speech_sampling_field_the_stage_refuses_is_400_under_the_clients_name() -> None:
+    refusal = error_event("Piper cannot honour sampling.max_tokens", stage="speak", field="sampling.max_tokens")
+    client, _ = serve(ScriptedPipeline(script=lambda inputs, modalities: [refusal]))
+    response = client.post("/v1/audio/speech", headers=AUTH, json={"input": "Hi", "max_new_tokens": 9})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "max_new_tokens"
 
 
 def test_a_non_finite_speed_is_refused() -> None:
@@ -136,11 +178,15 @@ def test_a_failed_speech_request_is_logged_once_with_why(caplog: pytest.LogCaptu
     assert line.getMessage() == "request r-tts failed: stage 'speak': tts crashed"
 
 
-def test_speech_that_produces_no_audio_is_an_empty_body_and_a_model_is_checked() -> None:
+def test_speech_that_produces_no_audio_is_400_naming_input_and_a_model_is_checked() -> None:
+    """Issue 40 bug 7: a text the voice made nothing of was a 200 with an empty body (no
+    audio file at all, whatever the media type said)."""
     pipeline = ScriptedPipeline(script=lambda inputs, modalities: [])
     client, state = serve(pipeline)
-    response = client.post("/v1/audio/speech", headers=AUTH, json={"input": "Hi", "response_format": "pcm"})
-    assert response.status_code == 200 and response.content == b"" and state.metrics.count("completed") == 1
+    response = client.post("/v1/audio/speech", headers=AUTH, json={"input": "Hi", "response_format": "mp3"})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "input"
+    assert "nothing the voice could speak" in response.json()["error"]["message"]
+    assert state.metrics.count("rejected") == 1 and state.active == {}
     other = client.post("/v1/audio/speech", headers=AUTH, json={"input": "Hi", "model": "other"})
     assert other.status_code == 404 and other.json()["error"]["code"] == "model_not_found"
     assert len(pipeline.submitted) == 1

@@ -105,14 +105,14 @@ def test_no_tools_and_tool_choice_none_are_accepted() -> None:
 @pytest.mark.parametrize(
     ("extra", "message", "field"),
     [
-        ({"temperature": "hot"}, "'temperature' must be a number, got str", "temperature"),
-        ({"top_p": "x"}, "'top_p' must be a number, got str", "top_p"),
-        ({"max_tokens": True}, "'max_tokens' must be an integer, got True", "max_tokens"),
-        ({"max_completion_tokens": 0}, "'max_completion_tokens' must be at least 1, got 0", "max_completion_tokens"),
-        ({"top_k": 0}, "'top_k' must be at least 1, got 0", "top_k"),
-        ({"top_k": "x"}, "'top_k' must be an integer, got str", "top_k"),
-        ({"seed": 1.5}, "'seed' must be an integer, got float", "seed"),
-        ({"stop": 5}, "'stop' must be a string or a list of strings, got int", "stop"),
+        ({"temperature": "hot"}, "temperature: expected a number, got 'hot'", "temperature"),
+        ({"top_p": "x"}, "top_p: expected a number, got 'x'", "top_p"),
+        ({"max_tokens": True}, "max_tokens: expected an integer, got True", "max_tokens"),
+        ({"max_completion_tokens": 0}, "max_completion_tokens: must be >= 1, got 0", "max_completion_tokens"),
+        ({"top_k": -1}, "top_k: must be >= 0, got -1", "top_k"),
+        ({"top_k": "x"}, "top_k: expected an integer, got 'x'", "top_k"),
+        ({"seed": 1.5}, "seed: expected an integer, got 1.5", "seed"),
+        ({"stop": 5}, "stop: expected a non-empty string or a list of them, got 5", "stop"),
         ({"n": 2}, "'n' must be 1 (one choice per request), got 2", "n"),
         ({"modalities": []}, "'modalities' must name at least one output", "modalities"),
         ({"audio": "mp3"}, "'audio' must be an object with 'voice' and 'format', got str", "audio"),
@@ -150,3 +150,44 @@ def test_a_body_that_is_not_an_object_is_refused_naming_the_body() -> None:
 def test_sampling_fields_reach_the_request(extra: dict[str, object], sampling: dict[str, object]) -> None:
     parsed = parse_chat_request(body(**extra), BOTH).inputs.sampling
     assert {key: getattr(parsed, key) for key in sampling} == sampling
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"frequency_penalty": 1e308}, "frequency_penalty"),
+        ({"presence_penalty": float("-inf")}, "presence_penalty"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"min_p": 2}, "min_p"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"logprobs": True, "top_logprobs": 10**9}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"top_logprobs": 3}, "top_logprobs"),  # without logprobs: true
+        ({"logprobs": "yes"}, "logprobs"),
+        ({"logit_bias": {"50256": 101}}, "logit_bias.50256"),
+        ({"logit_bias": {"the": 1}}, "logit_bias"),
+        ({"logit_bias": [1, 2]}, "logit_bias"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"colour": "blue"}, "colour"),
+        ({"stream_options": {"include_obfuscation": True}}, "stream_options.include_obfuscation"),
+    ],
+)
+def test_fields_once_accepted_and_ignored_are_refused_by_name(extra: dict[str, object], field: str) -> None:
+    """Issue 40 bug 7: these were accepted and did nothing; out of OpenAI's ranges, or not
+    a field this server takes, each is a 400 naming the field."""
+    with pytest.raises(InvalidRequest) as info:
+        parse_chat_request(body(**extra), BOTH)
+    assert info.value.field == field and field in str(info.value)
+
+
+def test_every_sampling_field_reaches_the_one_sampling_type() -> None:
+    """OpenAI's fields and the vLLM/SGLang extensions (top_k, min_p, repetition_penalty,
+    seed) land in the request's sampling, where the stage honours or refuses them."""
+    req = parse_chat_request(body(logprobs=True, top_logprobs=2, logit_bias={"5": -100, "7": 2.5}, frequency_penalty=0.5,
+                                  presence_penalty=-2, top_k=0, min_p=0.1, repetition_penalty=1.1, seed=3,
+                                  max_completion_tokens=4, user="u1", stream_options={"include_usage": True},
+                                  stream=True), BOTH)
+    assert req.inputs.sampling == SamplingParams(
+        max_tokens=4, top_k=0, min_p=0.1, seed=3, frequency_penalty=0.5, presence_penalty=-2.0, repetition_penalty=1.1,
+        logit_bias={5: -100.0, 7: 2.5}, logprobs=True, top_logprobs=2)
+    assert req.inputs.params()["sampling"]["logit_bias"] == {5: -100.0, 7: 2.5}

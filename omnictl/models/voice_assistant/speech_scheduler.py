@@ -25,6 +25,7 @@ import numpy as np
 
 from omnictl.audio.policy import DEFAULT_POLICY, DEFAULT_TTFP_TARGET_S, PlaybackDeadlines
 from omnictl.exceptions import describe_error
+from omnictl.inputs import SPEECH_SAMPLING
 from omnictl.models.voice_assistant.text_stream import FollowedText, TextStreamFollower
 from omnictl.models.voice_assistant.tts import (
     DEFAULT_VOICE,
@@ -149,6 +150,15 @@ class SentenceSpeechScheduler(TextStreamFollower):
                     request_id,
                     f"voice {voice!r} is not installed; this stage speaks with: {', '.join(sorted(VOICES))}",
                     field="audio.voice",
+                )
+                return None
+            asked = sorted(state.params.get(SPEECH_SAMPLING) or {})
+            if asked:  # Piper's voices are not sampled token by token: nothing here to steer
+                self.fail(
+                    request_id,
+                    f"this stage speaks with Piper, which cannot honour sampling.{asked[0]} "
+                    "(it takes voice, speed and the text only); send the request without it",
+                    field=f"sampling.{asked[0]}",
                 )
                 return None
             speed = state.params.get("speed") or 1.0

@@ -1,7 +1,8 @@
 """The OpenAI chat-completions request envelope, checked field by field.
 
 This module checks the HTTP envelope (model, stream, n, modalities, the output audio
-format and voice, the sampling knobs) and hands the messages to
+format and voice), maps the sampling fields onto :class:`omnictl.sampling.SamplingParams`
+(which checks them), refuses fields it does not take by name, and hands the messages to
 :func:`omnictl.inputs.parse_request`, the one parser of request contents. That is where
 each input audio part is base64-decoded, once, after its size is checked; the typed
 request it returns is what the pipeline's entry stage receives.
@@ -16,6 +17,7 @@ from typing import Any, Mapping
 from omnictl.exceptions import InvalidRequest
 from omnictl.inputs import ChatRequest as PipelineRequest  # ChatRequest, here, is the HTTP envelope
 from omnictl.inputs import parse_request
+from omnictl.sampling import SamplingParams
 from omnictl.serving.common.jsonbody import decode_json
 from omnictl.serving.speech.encode import FORMATS as OUTPUT_FORMATS  # wav, pcm16, mp3, opus, aac, flac
 
@@ -94,50 +96,69 @@ def _expect(value: Any, kind: type | tuple[type, ...], name: str, what: str) -> 
     return value
 
 
-def _number(body: Mapping[str, Any], key: str, low: float, high: float) -> float | None:
-    if body.get(key) is None:
-        return None
-    value = float(_expect(body[key], (int, float), key, "a number"))
-    if not low <= value <= high:
-        raise InvalidRequest(f"'{key}' must be between {low:g} and {high:g}, got {value:g}", field=key)
-    return value
+# What a chat-completions body may hold. The sampling fields are OpenAI's (``logprobs``,
+# ``top_logprobs``, ``logit_bias``, the penalties, ``seed``, ``stop``) plus the extensions
+# vLLM's and SGLang's servers take (``top_k``, ``min_p``, ``repetition_penalty``); the stage
+# that generates honours each or refuses it by name (a 400). The rest of OpenAI's fields are
+# refused by name, not ignored: a client that sends one expects it to act.
+SAMPLING_KEYS = (
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+)
+_ENVELOPE_KEYS = ("model", "messages", "stream", "n", "modalities", "audio")
+# Fields that change nothing here and are accepted as such: who the end user is (`user`,
+# `safety_identifier`), and tool settings while no tool is offered (those are refused below).
+_INERT_KEYS = ("user", "safety_identifier", "tools", "functions", "tool_choice", "function_call", "parallel_tool_calls")
+BODY_KEYS = frozenset(_ENVELOPE_KEYS + SAMPLING_KEYS + _INERT_KEYS + ("stream_options", "response_format"))
 
 
-def _positive_int(body: Mapping[str, Any], key: str) -> int | None:
-    if body.get(key) is None:
-        return None
-    value = _expect(body[key], int, key, "an integer")
-    if value < 1:
-        raise InvalidRequest(f"'{key}' must be at least 1, got {value}", field=key)
-    return int(value)
+def parse_sampling(body: Mapping[str, Any]) -> SamplingParams:
+    """The body's sampling fields, under OpenAI's names, as the one sampling type (which
+    checks them, naming each field as the body does)."""
+    raw = {key: body[key] for key in SAMPLING_KEYS if body.get(key) is not None}
+    names = {}
+    if "max_completion_tokens" in raw:  # OpenAI's newer name wins over the deprecated one
+        raw["max_tokens"] = raw.pop("max_completion_tokens")
+        names["max_tokens"] = "max_completion_tokens"
+    return SamplingParams.from_mapping(raw, where="", names=names)
 
 
-def parse_sampling(body: Mapping[str, Any]) -> dict[str, Any]:
-    sampling: dict[str, Any] = {}
-    max_tokens = _positive_int(body, "max_completion_tokens") or _positive_int(body, "max_tokens")
-    if max_tokens is not None:
-        sampling["max_tokens"] = max_tokens
-    for key, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):
-        value = _number(body, key, low, high)
-        if value is not None:
-            sampling[key] = value
-    if sampling.get("top_p") == 0:  # a nucleus of nothing: omnictl.inputs would refuse it as 'sampling.top_p'
-        raise InvalidRequest("'top_p' must be in (0, 1], got 0", field="top_p")
-    top_k = _positive_int(body, "top_k")
-    if top_k is not None:
-        sampling["top_k"] = top_k
-    if body.get("seed") is not None:
-        sampling["seed"] = int(_expect(body["seed"], int, "seed", "an integer"))
-    stop = body.get("stop")
-    if stop is not None:
-        if isinstance(stop, str):
-            stop = [stop]
-        _expect(stop, list, "stop", "a string or a list of strings")
-        for i, item in enumerate(stop):
-            if not _expect(item, str, f"stop[{i}]", "a string"):
-                raise InvalidRequest(f"'stop[{i}]' must be a non-empty string", field=f"stop[{i}]")
-        sampling["stop"] = list(stop)
-    return sampling
+def _unknown_fields(body: Mapping[str, Any]) -> None:
+    for key in body:
+        if key not in BODY_KEYS:
+            raise InvalidRequest(
+                f"'{key}' is not a field this server takes; send the request without it "
+                "(docs/serving.md lists the fields each endpoint takes)",
+                field=str(key),
+            )
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:  # text is what every answer is
+        raise InvalidRequest(
+            f"'response_format' {response_format!r}: this server answers in plain text only ({{'type': 'text'}})",
+            field="response_format",
+        )
+    options = body.get("stream_options")
+    if options is not None:
+        _expect(options, dict, "stream_options", "an object")
+        for key, value in options.items():
+            # usage is always in the last chunk; include_usage asks for what is sent anyway
+            if key != "include_usage" or not isinstance(value, bool):
+                raise InvalidRequest(
+                    f"'stream_options.{key}': only include_usage (true or false) is taken",
+                    field=f"stream_options.{key}",
+                )
 
 
 def _modalities(body: Mapping[str, Any], produces: Mapping[str, str]) -> list[str]:
@@ -211,6 +232,7 @@ def parse_chat_request(body: Any, produces: Mapping[str, str], limits: Limits = 
         raise InvalidRequest(f"'n' must be 1 (one choice per request), got {n!r}", field="n")
     stream = body.get("stream")
     stream = False if stream is None else _expect(stream, bool, "stream", "true or false")
+    _unknown_fields(body)
     _no_tools(body)
     modalities = _modalities(body, produces)
     audio_format, voice = _audio_output(body)

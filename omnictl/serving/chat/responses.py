@@ -21,6 +21,22 @@ from omnictl.serving.speech.encode import AudioStreamEncoder, b64, encode_whole
 AUDIO_TTL_S = 3600
 
 
+def logprobs_of(result: TextResult) -> dict[str, Any] | None:
+    """A choice's ``logprobs`` in OpenAI's shape, when the request asked for them."""
+    if result.logprobs is None:
+        return None
+    content = [
+        {
+            "token": item.token,
+            "logprob": item.logprob,
+            "bytes": item.bytes,
+            "top_logprobs": [{"token": t.token, "logprob": t.logprob, "bytes": t.bytes} for t in item.top_logprobs],
+        }
+        for item in result.logprobs
+    ]
+    return {"content": content, "refusal": None}
+
+
 @dataclass
 class Usage:
     prompt_tokens: int = 0
@@ -51,6 +67,9 @@ class ChunkTranslator:
     usage: Usage = field(default_factory=Usage)
     finish_reason: FinishReason = FinishReason.STOP
     streamed: set[str] = field(default_factory=set)  # terminals that sent at least one chunk
+    # The text's logprobs, when asked for: stages stream text deltas only, so they come
+    # whole with the result, in the last chunk (a client joins each chunk's content list).
+    logprobs: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.encoder = AudioStreamEncoder(self.audio_format)
@@ -112,10 +131,13 @@ class ChunkTranslator:
     def on_result(self, stage: str, data: object) -> list[dict[str, Any]]:
         if isinstance(data, TextResult):
             self.finish_reason = self.usage.take(data)
+            self.logprobs = logprobs_of(data)
         return [] if stage in self.streamed else self._delta(data)
 
     def last(self) -> dict[str, Any]:
         chunk = self._chunk({}, self.finish_reason)
+        if self.logprobs is not None:
+            chunk["choices"][0]["logprobs"] = self.logprobs
         chunk["usage"] = self.usage.as_dict()
         return chunk
 
@@ -126,10 +148,14 @@ def build_completion(request_id: str, model: str, results: Mapping[str, object],
     usage = Usage()
     finish_reason = FinishReason.STOP
     message: dict[str, Any] = {"role": "assistant", "content": None}
+    choice: dict[str, Any] = {"index": 0, "message": message}
     for data in results.values():
         if isinstance(data, TextResult):
             finish_reason = usage.take(data)
             message["content"] = data.text
+            logprobs = logprobs_of(data)
+            if logprobs is not None:
+                choice["logprobs"] = logprobs
         elif isinstance(data, AudioChunk):
             message["audio"] = {
                 "id": f"audio_{secrets.token_hex(12)}",
@@ -142,6 +168,6 @@ def build_completion(request_id: str, model: str, results: Mapping[str, object],
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason.value}],
+        "choices": [{**choice, "finish_reason": finish_reason.value}],
         "usage": usage.as_dict(),
     }

@@ -131,6 +131,12 @@ def _error_of(event: PipelineEvent) -> str:
     return message
 
 
+def client_field(field: str) -> str:
+    """A field a stage named, as the chat body names it: the request's ``sampling.top_k``
+    came as the body's ``top_k`` (the HTTP layer maps OpenAI's names onto the sampling type)."""
+    return field.removeprefix("sampling.")
+
+
 async def stream_chunks(tracked: Tracked, translator: ChunkTranslator) -> AsyncIterator[bytes]:
     """The SSE body: a role chunk, deltas as they come, a usage chunk, ``[DONE]``."""
     yield sse_event(translator.first())
@@ -138,7 +144,9 @@ async def stream_chunks(tracked: Tracked, translator: ChunkTranslator) -> AsyncI
         if event.kind is RequestEventKind.ERROR:
             if event.field is not None:  # a stage found the input bad: the client's mistake, named
                 tracked.finish("rejected")
-                yield sse_event(error_body(_error_of(event), "invalid_request_error", "invalid_request", event.field))
+                yield sse_event(
+                    error_body(_error_of(event), "invalid_request_error", "invalid_request", client_field(event.field))
+                )
             else:
                 tracked.finish("failed", _error_of(event))
                 yield sse_error(_error_of(event), "server_error", "stage_failed")
@@ -179,7 +187,7 @@ async def _collect(tracked: Tracked) -> dict[str, object] | _Refusal:
     async for event in tracked.request.events():
         if event.kind is RequestEventKind.ERROR:
             if event.field is not None:  # a stage found the input bad: a 400 naming the field
-                return 400, _error_of(event), "invalid_request", event.field
+                return 400, _error_of(event), "invalid_request", client_field(event.field)
             return 500, _error_of(event), "stage_failed", None
         if event.kind is RequestEventKind.ABORTED:
             if tracked.ended_by_server:

@@ -13,6 +13,13 @@ sentence by sentence (chunked transfer); ``sse`` sends ``speech.audio.delta`` ev
 status line waits for the first audio, so a request the pipeline refuses (an unknown
 voice) is still a JSON 400, not a 200 with an empty body.
 
+``"stream": true`` (vLLM's spelling) is ``stream_format: sse``. The sampling extensions
+vLLM's and SGLang's speech servers take (``max_new_tokens``, ``temperature``, ``top_p``,
+``top_k``, ``seed``) are checked as :class:`omnictl.sampling.SamplingParams` and reach the TTS
+stage, which honours them or refuses them by name (Piper has nothing to sample: a 400). Text
+with nothing to speak (no letter or digit), or that the voice turns into no audio at all, is
+a 400 naming ``input``: an empty body is no audio file.
+
 ``speed`` (0.25–4.0) reaches the TTS stage, which applies it. ``instructions`` (steering
 tone or accent) is accepted because OpenAI's clients send it, but a Piper voice has no
 way to follow it: the response says so in its ``X-Omnictl-Ignored: instructions`` header.
@@ -29,6 +36,7 @@ from starlette.responses import JSONResponse, Response
 from omnictl.coordinator.request import RequestEventKind
 from omnictl.inputs import SpeechRequest
 from omnictl.outputs import AUDIO, AudioChunk, AudioResult
+from omnictl.sampling import SamplingParams
 from omnictl.serving.chat.protocol import OPENAI_VOICES
 from omnictl.serving.chat.sse import error_body, sse_error, sse_event
 from omnictl.serving.common import tracking as chat
@@ -44,8 +52,28 @@ MAX_INPUT_CHARS = 4096  # OpenAI's limit too
 FORMATS = {"mp3": "mp3", "opus": "opus", "aac": "aac", "flac": "flac", "wav": "wav", "pcm": "pcm16"}  # -> encoder
 DEFAULT_FORMAT = "mp3"  # OpenAI's default
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
-_KEYS = {"model", "input", "voice", "response_format", "stream_format", "speed", "instructions"}
+# The extensions vLLM's and SGLang's speech servers take, as they name them -> the sampling
+# type's names. The TTS stage honours them or refuses them by name (Piper refuses them all).
+SAMPLING_KEYS = {
+    "max_new_tokens": "max_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "seed": "seed",
+}
+_KEYS = {
+    "model",
+    "input",
+    "voice",
+    "response_format",
+    "stream_format",
+    "speed",
+    "instructions",
+    "stream",
+    *SAMPLING_KEYS,
+}
 IGNORED_HEADER = "X-Omnictl-Ignored"
+NOTHING_SPOKEN = "'input' has nothing the voice could speak (it made no audio of it); send words"
 
 
 def _choice(body: dict[str, Any], key: str, allowed: Any, default: str) -> str:
@@ -72,11 +100,22 @@ def parse_speech(body: Any) -> tuple[SpeechRequest, str, bool, str, bool]:
         raise field_error("input", "must be non-empty text")
     if len(text) > MAX_INPUT_CHARS:
         raise field_error("input", f"is {len(text)} characters; the limit is {MAX_INPUT_CHARS}")
+    if not any(ch.isalnum() for ch in text):  # only punctuation, symbols, emoji or control characters
+        raise field_error("input", "has nothing to speak (no letter or digit in it)")
     voice = body.get("voice")
     if voice is not None and (not isinstance(voice, str) or not voice):
         raise field_error("voice", f"must be a voice name, got {type(voice).__name__}")
     fmt = _choice(body, "response_format", FORMATS, DEFAULT_FORMAT)
     stream_format = _choice(body, "stream_format", ("audio", "sse"), "audio")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise field_error("stream", f"must be true or false, got {stream!r}")
+    if stream:  # vLLM's spelling of the SSE stream
+        if body.get("stream_format") == "audio":
+            raise field_error("stream", "true asks for the SSE stream; stream_format 'audio' asks for the raw one")
+        stream_format = "sse"
+    raw = {SAMPLING_KEYS[key]: body[key] for key in SAMPLING_KEYS if body.get(key) is not None}
+    sampling = SamplingParams.from_mapping(raw, where="", names={name: key for key, name in SAMPLING_KEYS.items()})
     speed = body.get("speed", 1.0)
     if speed is None:
         speed = 1.0
@@ -95,7 +134,7 @@ def parse_speech(body: Any) -> tuple[SpeechRequest, str, bool, str, bool]:
         raise field_error("model", "must be a string")
     chosen = None if voice is None or voice in OPENAI_VOICES else voice
     return (
-        SpeechRequest(text=text, voice=chosen, speed=float(speed)),
+        SpeechRequest(text=text, voice=chosen, speed=float(speed), sampling=sampling),
         fmt,
         stream_format == "sse",
         model,
@@ -111,7 +150,7 @@ async def _parse(request: Request, raw: bytes, pipe: PipelineLike) -> Submission
 async def _audio(tracked: chat.Tracked) -> AsyncIterator[AudioChunk | chat.PipelineEvent]:
     """The request's audio in order (its result only when nothing streamed before it), or
     the error / aborted event that ends the request (the request is finished then)."""
-    streamed = False
+    streamed = sent = False
     async for event in tracked.request.events():
         if event.kind is RequestEventKind.ERROR:
             tracked.finish("rejected" if event.field is not None else "failed", chat.error_of(event))
@@ -125,16 +164,27 @@ async def _audio(tracked: chat.Tracked) -> AsyncIterator[AudioChunk | chat.Pipel
         if not isinstance(data, AudioChunk) or (isinstance(data, AudioResult) and streamed):
             continue
         streamed = streamed or event.kind is RequestEventKind.STREAM
+        sent = True
         yield data
         tracked.saw(data)  # once the body asks for the next one: this one has been sent
-    tracked.finish("completed")
+    if sent:
+        tracked.finish("completed")
+    else:  # the voice made nothing of the text: the route answers 400 naming `input`
+        tracked.finish("rejected", NOTHING_SPOKEN)
+
+
+def client_field(field: str) -> str:
+    """A field a stage named, as the speech body names it (``sampling.max_tokens`` came as ``max_new_tokens``)."""
+    name = field.removeprefix("sampling.")
+    return next((key for key, ours in SAMPLING_KEYS.items() if ours == name), name) if name != field else field
 
 
 def _refusal(tracked: chat.Tracked, event: chat.PipelineEvent) -> JSONResponse:
     """The JSON error for a request that ended before its first audio."""
     if event.kind is RequestEventKind.ERROR and event.field is not None:  # the stage found the input bad
         return JSONResponse(
-            error_body(chat.error_of(event), "invalid_request_error", "invalid_request", event.field), status_code=400
+            error_body(chat.error_of(event), "invalid_request_error", "invalid_request", client_field(event.field)),
+            status_code=400,
         )
     if event.kind is RequestEventKind.ERROR:
         return JSONResponse(error_body(chat.error_of(event), "server_error", "stage_failed"), status_code=500)
@@ -215,6 +265,10 @@ def endpoint(state: ServingState) -> Callable[[Request], Awaitable[Response | Ev
             return Response(status_code=499)  # nobody reads it: the client has gone
         if first is not None and not isinstance(first, AudioChunk):
             return _refusal(tracked, first)
+        if first is None:  # ended without a sample: an empty body would be no audio file at all
+            return JSONResponse(
+                error_body(NOTHING_SPOKEN, "invalid_request_error", "invalid_request", "input"), status_code=400
+            )
         headers = {IGNORED_HEADER: "instructions"} if instructions else {}
         if sse:
             closing = sse_error("the server failed to send the audio", "server_error", "internal_error")

@@ -126,6 +126,25 @@ def test_unknown_voice_fails_the_request_naming_the_voice(speaker: PiperSpeaker)
     run(main())
 
 
+def test_piper_refuses_speech_sampling_naming_the_field_and_speaks_without_it(speaker: PiperSpeaker) -> None:
+    """A speech request's sampling (vLLM's speech fields) reaches this stage; Piper samples
+    nothing, so it refuses by name rather than speak as if it had honoured it."""
+    async def main() -> None:
+        scheduler = scheduler_with(speaker)
+        await scheduler.start()
+        try:
+            asked = {"speech_sampling": {"temperature": 0.5, "max_tokens": 9}}
+            scheduler.inbox.put_nowait(incoming(IncomingKind.NEW_REQUEST, "r4", TokenResult(text="Hi. "), **asked))
+            error = await next_out(scheduler)
+            assert error.kind is OutgoingKind.ERROR and error.field == "sampling.max_tokens"
+            assert "Piper" in (error.error or "") and "cannot honour" in (error.error or "")
+            assert scheduler.load().running == 0
+        finally:
+            await scheduler.stop()
+
+    run(main())
+
+
 def test_chunks_without_text_fail_the_request(speaker: PiperSpeaker) -> None:
     async def main() -> None:
         scheduler = scheduler_with(speaker)
