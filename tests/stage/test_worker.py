@@ -30,6 +30,7 @@ from omnictl.transports.drain import Drain
 from omnictl.transports.endpoint import Endpoint
 from omnictl.transports.registry import Placement
 from omnictl.transports.shm import SegmentReader
+from tests.support.input_stages import chunk
 from tests.support.profiler import RecordingProfiler
 from tests.support.wait import run
 
@@ -452,5 +453,38 @@ def test_the_worker_builds_its_stages_with_the_launch_s_model_path_and_audio_pol
             coordinator.submit("r1", {"n": 1})
             _, data = await coordinator.next(m.TerminalOutput)
             assert data == {"model_path": "/weights", "device": "cpu", "audio_policy": "deadline"}
+
+    run(scenario())
+
+
+# the entry stage takes a streamed input (a request opened with `input_stream=True`)
+STREAMED_INPUT = """
+stages:
+  - {name: a, factory: tests.support.input_stages.recorder, terminal: true, modality: order, process: one}
+"""
+
+
+def test_a_callers_streamed_input_reaches_the_entry_in_order_and_each_slot_goes_back_to_the_caller() -> None:
+    async def scenario() -> None:
+        async with running(STREAMED_INPUT) as (coordinator, worker):
+            await coordinator.next(m.Ready)
+            spy = worker.stages["a"].profiler = RecordingProfiler()
+            pool = coordinator.endpoint.pools[m.COORDINATOR]
+            ctx = m.RequestContext("r1", {}, ("a",))
+            for seq in range(6):  # as Coordinator.send_input sends them: from the caller's pool
+                payload, frames = coordinator.codec.encode_frames(chunk(seq, 5_000 if seq % 2 else 8))
+                message = m.StreamChunk(ctx, m.INPUT_SOURCE, "a", seq, payload, 0)
+                coordinator.endpoint.send_to("one", message, frames, payload, lender=m.COORDINATOR)
+            assert pool.in_use == 3  # the three 20 KB chunks, in slots
+            coordinator.endpoint.send_to("one", m.StreamDone(ctx, m.INPUT_SOURCE, "a"))
+            output, data = await coordinator.next(m.TerminalOutput)
+            assert output.final and data == {"order": list(range(6)), "sources": [m.INPUT_SOURCE], "corrupt": 0}
+            for _ in range(3):  # each slot back to its lender, the caller's process, once read
+                pool.release((await coordinator.next(m.SlotRelease)).ref)
+            assert pool.in_use == 0
+            received = [r for r in spy.events if r[0] is EventKind.STREAM_RECEIVED]
+            assert received == [
+                (EventKind.STREAM_RECEIVED, "r1", "a", {"source": m.INPUT_SOURCE, "seq": seq}) for seq in range(6)
+            ]
 
     run(scenario())
