@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from omnictl.exceptions import InvalidRequest
-from omnictl.messages import RequestContext
+from omnictl.messages import INPUT_SOURCE, RequestContext
 from omnictl.profiling.events import EventKind
 from omnictl.schedulers.base import IncomingKind
 from omnictl.schedulers.simple import SimpleScheduler
@@ -373,3 +373,23 @@ def test_a_three_way_fan_in_records_its_wait_once_from_the_first_part_to_the_las
         stage.on_input(ctx, source, source)
         waits.append([kind for kind, _, _ in profiler.events if kind in (EventKind.FANIN_WAIT_START, EventKind.FANIN_WAIT_END)])
     assert waits == [[EventKind.FANIN_WAIT_START]] * 2 + [[EventKind.FANIN_WAIT_START, EventKind.FANIN_WAIT_END]]
+
+
+def test_a_streamed_input_reaches_the_entry_s_scheduler_in_order_as_the_objects_sent() -> None:
+    # Inside one process a chunk is the object itself (no codec): the entry's scheduler gets
+    # each one, in order, then the end, from the caller's source, with the request's params.
+    spec = StageSpec(name="entry", factory="x.y", next=("out",))
+    stage = Stage(spec, SimpleScheduler(lambda data: data), FanIn((), None), Router(spec, None, {}), Sent(),
+                  Recorder())  # type: ignore[arg-type]
+    ctx = RequestContext("r1", {"voice": "zed"}, ("entry", "out"))
+    chunks = [{"i": i} for i in range(5)]
+    for seq, chunk in enumerate(chunks):
+        stage.on_stream_chunk(ctx, INPUT_SOURCE, seq, chunk)
+    stage.on_stream_done(ctx, INPUT_SOURCE)
+    queue = stage.scheduler.inbox
+    messages = [queue.get_nowait() for _ in range(queue.qsize())]
+    assert [message.kind for message in messages] == [IncomingKind.STREAM_CHUNK] * 5 + [IncomingKind.STREAM_DONE]
+    assert all(got.data is sent for got, sent in zip(messages, chunks))
+    assert {(message.source, message.request_id) for message in messages} == {(INPUT_SOURCE, "r1")}
+    assert all(message.params == {"voice": "zed"} for message in messages)
+    assert stage.stats(0).stream_buffers == 0  # the end closed the input's stream here
