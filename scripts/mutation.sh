@@ -6,7 +6,7 @@
 #   scripts/mutation.sh schedulers serving   # with their own unit tests too (package_tests)
 #   scripts/mutation.sh stage topology       # some of them
 #   scripts/mutation.sh topology:shape,derive  # only those modules of a package
-#   scripts/mutation.sh serving:realtime/session,common/*  # a subpackage's module, or all of one
+#   scripts/mutation.sh serving:realtime/responses,realtime/session/*  # a subpackage's module, or all of one
 #   MUTATION_CHILDREN=4 scripts/mutation.sh  # more parallel workers (default 2)
 #   MUTATION_SAMPLE=0.2 scripts/mutation.sh serving
 #       # a fixed sample of about a fifth of the mutants (by a hash of each one's name:
@@ -97,7 +97,7 @@ for arg in "${packages[@]}"; do
         done
     fi
     # Output files: topology-shape-derive.log for topology:shape,derive, and
-    # serving-realtime.session-common.all.log for serving:realtime/session,common/*.
+    # serving-realtime.responses-realtime.session.all.log for serving:realtime/responses,realtime/session/*.
     name=${arg//\*/all}
     name=${name//\//.}
     name=${name//[:,]/-}

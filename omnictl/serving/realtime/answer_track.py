@@ -33,7 +33,7 @@ class AnswerTrack(MediaStreamTrack):
         self._samples = 0  # samples sent since _start
         self.played_samples = 0  # samples of answers played (not silence)
 
-    # the session's side (session.AudioOut)
+    # the session's side (responses.AudioOut)
     def play(self, response_id: str, pcm: bytes) -> None:
         if self._queue and self._queue[-1][0] == response_id:
             self._queue[-1][1].extend(pcm)

@@ -20,7 +20,8 @@ from typing import Awaitable, Callable, Mapping
 from omnictl.serving.common.capabilities import capabilities
 from omnictl.serving.common.echo import RepeatLimiter, clip, clip_repr
 from omnictl.serving.realtime import events as ev
-from omnictl.serving.realtime.session import AudioOut, RealtimeSession
+from omnictl.serving.realtime.responses import AudioOut
+from omnictl.serving.realtime.session import RealtimeSession
 from omnictl.serving.realtime.vad import SileroModel
 from omnictl.serving.state import PipelineLike, ServingState
 

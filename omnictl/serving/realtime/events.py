@@ -197,6 +197,19 @@ CLIENT_EVENT_TYPES = tuple(cls.__struct_config__.tag for cls in ClientEvent.__ar
 EventError = RealtimeEventError  # the name used across this package
 
 
+class Refusal:
+    """The :class:`EventError` s answering one client event, each carrying its ``event_id``:
+    ``raise refuse("why", "code", "param")`` where ``refuse = Refusal(event.event_id)``."""
+
+    __slots__ = ("event_id",)
+
+    def __init__(self, event_id: str | None) -> None:
+        self.event_id = event_id
+
+    def __call__(self, message: str, code: str = "invalid_value", param: str | None = None) -> EventError:
+        return EventError(message, code, param, self.event_id)
+
+
 MAX_EVENT_ID = 128  # characters of a client event_id (OpenAI's own are ~25)
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
 _MISSING = re.compile(r"missing required field `([^`]*)`")

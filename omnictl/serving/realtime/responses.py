@@ -24,7 +24,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from omnictl.coordinator.request import RequestEventKind
 from omnictl.exceptions import InvalidRequest, Overloaded, PipelineDead
@@ -40,11 +40,23 @@ from omnictl.serving.realtime.turns import Conversation, Segment, Turn
 from omnictl.serving.speech.encode import AudioStreamEncoder, b64
 from omnictl.serving.state import PipelineLike, ServingState
 
-if TYPE_CHECKING:  # the session module imports this one
-    from omnictl.serving.realtime.session import AudioOut
-
 Send = Callable[[ev.ServerEvent], None]
 log = logging.getLogger("omnictl.serving.realtime")
+
+
+class AudioOut(Protocol):
+    """Where a transport that plays the answer itself takes its audio (WebRTC's outbound track):
+    then no ``response.output_audio.delta`` is sent, and the transport says when playing starts,
+    stops, and is cleared (``output_audio_buffer.started`` / ``.stopped`` / ``.cleared``)."""
+
+    def play(self, response_id: str, pcm: bytes) -> None:
+        """Queue pcm16 at 24 kHz of ``response_id`` to play after what is queued."""
+
+    def finish(self, response_id: str) -> None:
+        """No more audio comes for ``response_id``: once what is queued is played, it has stopped."""
+
+    def clear(self) -> bool:
+        """Drop what is queued and stop playing now; True if anything was playing."""
 
 
 @dataclass
@@ -57,7 +69,7 @@ class ResponseRun:
     traceparent: str | None = None  # the session's caller span (W3C), for the exported trace
     codec: AudioCodec = PCM  # the session's output audio format
     on_audio: Callable[[bytes], None] | None = None  # told each audio delta sent (pcm16, 24 kHz): the echo guard
-    audio_out: AudioOut | None = None  # a session.AudioOut (WebRTC's track): the audio goes there, not out as events
+    audio_out: AudioOut | None = None  # WebRTC's track: the audio goes there, not out as events
     cancel_reason: str | None = None
     request_id: str | None = None
     tracked: Tracked | None = None

@@ -345,7 +345,7 @@ def test_the_buffer_is_bounded_and_so_is_the_rate_audio_arrives() -> None:
 
 
 def test_the_audio_rate_is_a_token_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
-    import omnictl.serving.realtime.session as session_module
+    import omnictl.serving.realtime.session.core as session_module
 
     now = [0.0]
     monkeypatch.setattr(session_module.time, "monotonic", lambda: now[0])

@@ -180,7 +180,8 @@ def in_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Listening]:
 
     def serve() -> None:
         options = ServeOptions(topology=str(FAST_TOPOLOGY), port=0, api_key=API_KEY, run_dir=str(tmp_path_factory.mktemp("run")),
-                               limits=Limits(max_realtime_sessions=SESSIONS))
+                               # every one of a wave may be connecting at once
+                               limits=Limits(max_realtime_sessions=SESSIONS, max_realtime_connecting=SESSIONS))
         try:
             asyncio.run(run_server(options, on_ready, handle_signals=False))
         except BaseException as exc:  # handed to the test, which fails naming it

@@ -1,0 +1,81 @@
+"""One realtime session: its settings, input audio buffer, turn detection, conversation,
+and the handler of each client event.
+
+Handlers run one at a time, in the order the events arrived; what takes long (a
+transcription, a response) runs in a task, so the session keeps listening, which is
+what lets speech interrupt an answer (barge-in). Each handler either does what its
+event asks or raises :class:`~omnictl.serving.realtime.events.EventError`, which the
+route answers with an ``error`` event; the session goes on either way.
+
+A session is a ``realtime`` one (a conversation answered by the pipeline) or a
+``transcription`` one (``?intent=transcription`` or ``session.type: "transcription"``):
+its committed turns are only transcribed, each one told as
+``conversation.item.input_audio_transcription.delta`` / ``.completed``; no responses.
+
+The session is made of parts, each a module of this package that reads on its own:
+:mod:`.settings` (the settings and their checks), :mod:`.configure` (``session.update``),
+:mod:`.input_audio` (appends, the microphone, turn detection, the echo hold, commits),
+:mod:`.items` (items the client creates, truncates, deletes, retrieves),
+:mod:`.transcription` (the user's turns transcribed) and :mod:`.lifecycle` (responses
+started, cancelled, cleared); :mod:`.core` holds the state they share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from omnictl.serving.realtime import events as ev
+from omnictl.serving.realtime.responses import AudioOut
+from omnictl.serving.realtime.session.configure import Configure
+from omnictl.serving.realtime.session.core import AudioRate, SessionCore
+from omnictl.serving.realtime.session.input_audio import MIN_COMMIT_MS, PREFIX_MS, InputAudio
+from omnictl.serving.realtime.session.items import Items
+from omnictl.serving.realtime.session.lifecycle import Lifecycle
+from omnictl.serving.realtime.session.settings import DEFAULT_VOICE, SESSION_TYPES, TRANSPORTS, Settings
+from omnictl.serving.realtime.session.transcription import Transcription
+
+__all__ = [
+    "DEFAULT_VOICE",
+    "MIN_COMMIT_MS",
+    "PREFIX_MS",
+    "SESSION_TYPES",
+    "TRANSPORTS",
+    "AudioOut",
+    "AudioRate",
+    "RealtimeSession",
+    "SessionCore",
+    "Settings",
+]
+
+
+class RealtimeSession(Configure, InputAudio, Items, Transcription, Lifecycle):
+    """One session over any transport: each client event to the part that handles it."""
+
+    async def handle(self, event: ev.ClientEvent) -> None:
+        handlers = {
+            ev.SessionUpdate: self.session_update,
+            ev.InputAudioBufferAppend: self.append,
+            ev.InputAudioBufferCommit: self.commit,
+            ev.InputAudioBufferClear: self.clear,
+            ev.ConversationItemCreate: self.item_create,
+            ev.ConversationItemTruncate: self.item_truncate,
+            ev.ConversationItemDelete: self.item_delete,
+            ev.ConversationItemRetrieve: self.item_retrieve,
+            ev.ResponseCreate: self.response_create,
+            ev.ResponseCancel: self.response_cancel,
+            ev.OutputAudioBufferClear: self.output_audio_clear,
+        }
+        await handlers[type(event)](event)  # type: ignore[operator]  # the handler table maps each event type to the handler taking it
+
+    async def close(self) -> None:
+        """The socket closed: cancel the response, abort every pipeline request of this session."""
+        if self.response is not None:
+            await self.response[0].cancel("client_cancelled")
+        if self.audio_out is not None:
+            self.audio_out.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

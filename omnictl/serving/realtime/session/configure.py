@@ -1,0 +1,164 @@
+"""``session.update``, and the session object ``session.created`` / ``session.updated`` report.
+
+Every field an update names is checked before any is applied: a refused update changes
+nothing, and its ``error`` event names the field (``session.audio.output.voice``...)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Sequence
+
+import msgspec
+
+from omnictl.exceptions import LaunchError
+from omnictl.serving.chat.protocol import OPENAI_VOICES
+from omnictl.serving.common.echo import clip_repr
+from omnictl.serving.realtime import events as ev
+from omnictl.serving.realtime.formats import codec_for
+from omnictl.serving.realtime.session.core import SessionCore
+from omnictl.serving.realtime.session.settings import (
+    PADDING_MS,
+    SESSION_TYPES,
+    SILENCE_MS,
+    SPEED,
+    TEMPERATURE,
+    THRESHOLD,
+    VOICE_NAME,
+    in_range,
+    max_tokens,
+    no_tools,
+)
+from omnictl.serving.realtime.smart_turn import shared_model
+from omnictl.serving.realtime.vad import vad_executor
+from omnictl.serving.speech.voices import installed_voices
+
+
+class Configure(SessionCore):
+    def session_object(self) -> ev.SessionObject | ev.TranscriptionSessionObject:
+        """What the session does, as it does it: transcription is on when transcripts are sent."""
+        s = self.settings
+        turn_detection = None if s.vad is None else msgspec.to_builtins(s.vad)
+        transcriber = self.transcriber()
+        audio_input = {
+            "format": s.input_codec.describe(),
+            "turn_detection": turn_detection,
+            "transcription": {"model": transcriber} if s.transcription and transcriber else None,
+            "noise_reduction": None,
+            "echo_guard": self.echo.enabled,
+        }
+        if s.type == "transcription":
+            return ev.TranscriptionSessionObject(id=self.id, audio={"input": audio_input}, transport=self.transport)
+        audio = {"input": audio_input, "output": {"format": s.output_codec.describe(), "voice": s.voice, "speed": 1.0}}
+        return ev.SessionObject(
+            id=self.id,
+            model=self.model,
+            instructions=s.instructions,
+            output_modalities=s.output_modalities,
+            audio=audio,
+            max_output_tokens=s.max_output_tokens,  # type: ignore[arg-type]  # an int, or "inf" (checked on update)
+            transport=self.transport,
+        )
+
+    async def session_update(self, event: ev.SessionUpdate) -> None:
+        config, s, refuse = event.session, self.settings, ev.Refusal(event.event_id)
+        kind = s.type if config.type is msgspec.UNSET else config.type
+        if kind not in SESSION_TYPES:
+            raise refuse(
+                f"session.type {clip_repr(kind, 64)} is not supported; this server runs 'realtime' and "
+                "'transcription' sessions",
+                "unsupported_session_type",
+                "session.type",
+            )
+        if kind == "transcription" and not self.can_transcribe:
+            raise refuse(
+                f"session.type 'transcription': topology {self.pipeline.topology.name!r} has no terminal of "
+                "modality 'transcript' (nothing here recognises speech)",
+                "unsupported_session_type",
+                "session.type",
+            )
+        if self.response is not None and kind != s.type:
+            raise refuse(
+                f"session.type cannot change while response {self.response[0].id} is in progress", param="session.type"
+            )
+        no_tools(config.tools, config.tool_choice, "session", event.event_id)
+        temperature = s.temperature
+        if config.temperature is not msgspec.UNSET:  # checked before anything changes
+            temperature = in_range(config.temperature, TEMPERATURE, "session.temperature", event.event_id)
+        if config.output_modalities is not msgspec.UNSET:
+            s.output_modalities = self._modalities(
+                config.output_modalities, "session.output_modalities", event.event_id
+            )
+        if config.audio is not msgspec.UNSET:
+            await self._audio(config.audio, event.event_id)
+        if config.instructions is not msgspec.UNSET:
+            s.instructions = config.instructions
+        if config.max_output_tokens is not msgspec.UNSET:
+            s.max_output_tokens = max_tokens(config.max_output_tokens, "session.max_output_tokens", event.event_id)
+        s.type, s.temperature = kind, temperature
+        self.send(ev.SessionUpdated(session=self.session_object()))
+
+    def _modalities(self, wanted: Sequence[str], param: str, event_id: str | None) -> list[str]:
+        produces = set(self.pipeline.topology.terminals.values())
+        missing = [m for m in wanted if m not in produces]
+        if not wanted or missing:
+            raise ev.Refusal(event_id)(
+                f"{param}: this topology produces {', '.join(sorted(produces))}; cannot give {wanted!r}", param=param
+            )
+        return list(dict.fromkeys(wanted))
+
+    def _voice(self, voice: str, event_id: str | None) -> str:
+        """A voice this topology has: one it lists (``GET /v1/audio/voices``) or an OpenAI name
+        (its default voice); where it lists none, any plain name (never a path)."""
+        listed = installed_voices(self.pipeline.topology)
+        known = voice in OPENAI_VOICES or (voice in listed if listed is not None else VOICE_NAME.fullmatch(voice))
+        if not known:
+            names = sorted(OPENAI_VOICES | set(listed or ()))
+            raise ev.Refusal(event_id)(
+                f"session.audio.output.voice {clip_repr(voice, 64)} is not a voice of this server; it has "
+                + (", ".join(names) if listed is not None else f"OpenAI's names ({', '.join(names)}) or plain names"),
+                param="session.audio.output.voice",
+            )
+        return voice
+
+    async def _audio(self, audio: ev.AudioConfig, event_id: str | None) -> None:
+        """Checks every field before changing any: a refused update changes nothing."""
+        s, inp, out, refuse = self.settings, audio.input, audio.output, ev.Refusal(event_id)
+        input_codec, output_codec = s.input_codec, s.output_codec
+        if inp is not msgspec.UNSET and inp.format is not msgspec.UNSET:
+            input_codec = codec_for(inp.format, "session.audio.input.format", event_id)
+        if out is not msgspec.UNSET and out.format is not msgspec.UNSET:
+            output_codec = codec_for(out.format, "session.audio.output.format", event_id)
+        voice = s.voice
+        if out is not msgspec.UNSET and out.voice is not msgspec.UNSET:
+            voice = self._voice(out.voice, event_id)
+        if out is not msgspec.UNSET and out.speed is not msgspec.UNSET:
+            in_range(out.speed, SPEED, "session.audio.output.speed", event_id)
+        if inp is not msgspec.UNSET and isinstance(inp.turn_detection, ev.ServerVad):
+            vad, where = inp.turn_detection, "session.audio.input.turn_detection"
+            in_range(vad.threshold, THRESHOLD, f"{where}.threshold", event_id)
+            in_range(vad.prefix_padding_ms, PADDING_MS, f"{where}.prefix_padding_ms", event_id, " ms")
+            in_range(vad.silence_duration_ms, SILENCE_MS, f"{where}.silence_duration_ms", event_id, " ms")
+        transcription = s.transcription
+        if inp is not msgspec.UNSET and inp.transcription is not msgspec.UNSET:
+            if inp.transcription is not None and not self.can_transcribe:
+                raise refuse(
+                    f"session.audio.input.transcription: topology {self.pipeline.topology.name!r} has no terminal "
+                    "of modality 'transcript'; send null",
+                    param="session.audio.input.transcription",
+                )
+            transcription = inp.transcription is not None
+        if inp is not msgspec.UNSET and isinstance(inp.turn_detection, ev.SemanticVad):
+            try:  # loaded once per server, off the event loop
+                await asyncio.get_running_loop().run_in_executor(vad_executor(), shared_model)
+            except LaunchError as exc:
+                raise refuse(
+                    f"session.audio.input.turn_detection.type 'semantic_vad': {exc}; use 'server_vad' or null",
+                    param="session.audio.input.turn_detection.type",
+                ) from exc
+        s.input_codec, s.output_codec, s.transcription = input_codec, output_codec, transcription
+        if inp is not msgspec.UNSET and inp.echo_guard is not msgspec.UNSET:
+            self.echo.enabled = inp.echo_guard
+        s.voice = voice
+        if inp is not msgspec.UNSET and inp.turn_detection is not msgspec.UNSET:
+            s.vad = inp.turn_detection
+            self._reset_vad()

@@ -1,0 +1,127 @@
+"""The conversation items a client handles itself: ``conversation.item.create`` (text, or
+audio in the session's input format), ``.truncate`` (a spoken answer cut to what was
+played), ``.delete`` and ``.retrieve``."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+
+import numpy as np
+
+from omnictl.serving.common.echo import clip_repr
+from omnictl.serving.realtime import events as ev
+from omnictl.serving.realtime.formats import PCM
+from omnictl.serving.realtime.session.core import SessionCore
+from omnictl.serving.realtime.turns import Turn
+
+ALLOWED = {  # the content types each role's item takes
+    "user": ("input_text", "input_audio"),
+    "system": ("input_text",),
+    "assistant": ("output_text", "output_audio"),
+}
+
+
+class Items(SessionCore):
+    async def item_create(self, event: ev.ConversationItemCreate) -> None:
+        item, where, refuse = event.item, "item.content", ev.Refusal(event.event_id)
+        allowed = ALLOWED[item.role]
+        if len(item.content) != 1:
+            raise refuse(f"{where} must hold exactly one part, got {len(item.content)}", param=where)
+        part = item.content[0]
+        if part.type not in allowed:
+            raise refuse(
+                f"{where}[0].type: a {item.role} item takes {', '.join(allowed)}, got {part.type!r}",
+                param=f"{where}[0].type",
+            )
+        previous = self.conversation.last_id()
+        if item.id is not None and self.conversation.find(item.id) is not None:
+            raise refuse(f"item.id {clip_repr(item.id, 64)} is already in the conversation", param="item.id")
+        if part.type == "input_audio":
+            codec = self.settings.input_codec
+            try:
+                raw = base64.b64decode(part.audio or "", validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise refuse(
+                    f"{where}[0].audio is not valid base64 ({exc})", "invalid_base64", f"{where}[0].audio"
+                ) from exc
+            limit = self.state.limits.max_realtime_buffer_bytes * codec.bytes_per_second // PCM.bytes_per_second
+            if len(raw) < 2 or len(raw) % codec.sample_bytes or len(raw) > limit:
+                raise refuse(
+                    f"{where}[0].audio must be {codec.type} at {codec.rate} Hz (the session's input format), up to "
+                    f"{limit} bytes, got {len(raw)} bytes",
+                    "invalid_audio",
+                    f"{where}[0].audio",
+                )
+            raw = codec.to_pcm16(raw)
+            self._check_memory(len(raw) * 2, event.event_id)
+            turn = self.conversation.user_audio(np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0, item.id)
+            self.send(ev.ItemAdded(item=turn.item(), previous_item_id=previous))
+            self._transcribe(turn)
+            return
+        text = part.text if part.text is not None else part.transcript
+        turn = self.conversation.text(item.role, text or "", item.id)
+        turn.spoken = part.type == "output_audio"
+        self.send(ev.ItemAdded(item=turn.item(), previous_item_id=previous))
+        self.send(ev.ItemDone(item=turn.item(), previous_item_id=previous))
+
+    def _item(self, item_id: str, event_id: str | None, verb: str) -> Turn:
+        turn = self.conversation.find(item_id)
+        if turn is None:
+            raise ev.Refusal(event_id)(
+                f"conversation.item.{verb}: no item {clip_repr(item_id, 64)} in the conversation",
+                "item_not_found",
+                "item_id",
+            )
+        return turn
+
+    async def item_truncate(self, event: ev.ConversationItemTruncate) -> None:
+        """Cut a spoken answer to what the client played: the next response hears only those words."""
+        refuse = ev.Refusal(event.event_id)
+        turn = self._item(event.item_id, event.event_id, "truncate")
+        if turn.role != "assistant" or not turn.spoken:
+            raise refuse(
+                f"conversation.item.truncate: item {turn.id} is not an assistant audio message; only those "
+                "can be truncated",
+                param="item_id",
+            )
+        if event.content_index != 0:
+            raise refuse(
+                f"conversation.item.truncate: content_index must be 0 (an item has one part), got "
+                f"{event.content_index}",
+                param="content_index",
+            )
+        if self.response is not None and self.response[0].turn is turn:
+            run, task = self.response  # the client stopped playing it: no more of it is wanted
+            self._stop_playing()
+            await run.cancel("client_cancelled")
+            await asyncio.shield(task)
+        if not 0 <= event.audio_end_ms <= turn.audio_ms + 1:
+            raise refuse(
+                f"conversation.item.truncate: audio_end_ms {event.audio_end_ms} is outside the item's audio "
+                f"(0 to {turn.audio_ms:.0f} ms)",
+                param="audio_end_ms",
+            )
+        turn.truncate(event.audio_end_ms)
+        self.echo.stop()  # the client stopped playing it
+        self.send(ev.ItemTruncated(item_id=turn.id, content_index=0, audio_end_ms=event.audio_end_ms))
+
+    async def item_delete(self, event: ev.ConversationItemDelete) -> None:
+        turn = self._item(event.item_id, event.event_id, "delete")
+        if self.response is not None and self.response[0].turn is turn:
+            raise ev.Refusal(event.event_id)(
+                f"conversation.item.delete: item {turn.id} is the answer in progress; cancel the response first",
+                param="item_id",
+            )
+        self.conversation.delete(turn)
+        self.send(ev.ItemDeleted(item_id=turn.id))
+
+    async def item_retrieve(self, event: ev.ConversationItemRetrieve) -> None:
+        """The server's view of an item; a spoken user item still held carries its audio (input format)."""
+        turn = self._item(event.item_id, event.event_id, "retrieve")
+        item = turn.item()
+        if turn.audio is not None:
+            pcm = (np.clip(turn.audio, -1, 1) * 32767).astype("<i2").tobytes()
+            item.content[0].audio = base64.b64encode(self.settings.input_codec.from_pcm16(pcm)).decode()
+        self.send(ev.ItemRetrieved(item=item))

@@ -1,0 +1,102 @@
+"""The transcription of the user's spoken turns, by the topology's own speech recognition
+(its ``transcript`` terminal), as soon as each is committed: told as
+``conversation.item.input_audio_transcription.delta`` / ``.completed``. Once transcribed, a
+turn keeps only its transcript; a failed transcription is an ``error`` event and leaves the
+audio for the response to hear."""
+
+from __future__ import annotations
+
+import logging
+
+from omnictl.coordinator.request import RequestEventKind
+from omnictl.exceptions import InvalidRequest, Overloaded, PipelineDead
+from omnictl.inputs import PCM16_RATE, AudioPart, ChatMessage, ChatRequest
+from omnictl.outputs import TRANSCRIPT, Transcript
+from omnictl.serving.common.tracking import Tracked
+from omnictl.serving.realtime import events as ev
+from omnictl.serving.realtime.session.core import SessionCore
+from omnictl.serving.realtime.turns import Turn
+
+log = logging.getLogger("omnictl.serving.realtime")
+
+
+class Transcription(SessionCore):
+    def _transcribe(self, turn: Turn) -> None:
+        """What the user said, by the topology's own speech recognition, as soon as it is committed."""
+        if not self.can_transcribe:
+            turn.transcribed.set()  # it goes to the pipeline as audio
+            return
+        self._transcribing[id(turn)] = turn
+        self._spawn(self._transcription(turn))
+
+    async def _transcription(self, turn: Turn) -> None:
+        assert turn.audio is not None
+        request = ChatRequest(
+            messages=(
+                ChatMessage(
+                    role="user", parts=(AudioPart(samples=turn.audio, sample_rate=PCM16_RATE, field=f"item {turn.id}"),)
+                ),
+            )
+        )
+        tracked: Tracked | None = None
+        try:
+            submitted = await self.pipeline.submit(
+                request, [TRANSCRIPT], request_id=ev.new_id("transcribe"), traceparent=self.traceparent
+            )
+            self.state.metrics.in_flight.inc()
+            tracked = Tracked(submitted, self.state.metrics, self.state.active, self.model)
+            self.state.active[submitted.id] = tracked
+            heard: Transcript | None = None
+            async for event in submitted.events():
+                if event.kind is RequestEventKind.RESULT and isinstance(event.data, Transcript):
+                    heard = event.data
+                elif event.kind in (RequestEventKind.ERROR, RequestEventKind.ABORTED):
+                    tracked.finish("failed" if event.kind is RequestEventKind.ERROR else "aborted")
+                    log.warning(
+                        "realtime session %s: transcribing item %s (request %s) failed: %s",
+                        self.id,
+                        turn.id,
+                        submitted.id,
+                        event.error,
+                    )
+                    self.send(
+                        ev.error_event(
+                            ev.EventError(
+                                f"transcribing item {turn.id} failed: {event.error}",
+                                "transcription_failed",
+                                kind="server_error",
+                            )
+                        )
+                    )
+                    return
+            tracked.finish("completed")
+            if heard is not None:
+                turn.text = heard.text
+                turn.release_audio()  # the transcript is what later responses hear
+                self.conversation.trim()  # a transcript may weigh less (or more) than its audio did
+            if heard is not None and self.settings.transcription:
+                # The recogniser gives its transcript whole: one delta, then the completed text.
+                self.send(ev.TranscriptionDelta(item_id=turn.id, content_index=0, delta=heard.text))
+                self.send(
+                    ev.TranscriptionCompleted(
+                        item_id=turn.id,
+                        content_index=0,
+                        transcript=heard.text,
+                        usage=ev.DurationUsage(seconds=round(heard.duration, 3)),
+                    )
+                )
+            self.send(ev.ItemDone(item=turn.item()))
+        except (InvalidRequest, Overloaded, PipelineDead) as exc:
+            self.send(
+                ev.error_event(
+                    ev.EventError(
+                        f"transcribing item {turn.id} failed: {exc}", "transcription_failed", kind="server_error"
+                    )
+                )
+            )
+        finally:
+            if tracked is not None and tracked.outcome is None:  # the session closed meanwhile
+                await self.pipeline.abort(tracked.request.id)
+                tracked.finish("aborted")
+            self._transcribing.pop(id(turn), None)
+            turn.transcribed.set()  # a failed transcription leaves the audio for the response to hear
