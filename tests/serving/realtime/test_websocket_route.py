@@ -275,3 +275,26 @@ def _wait(predicate: Any, timeout: float = 5.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met within 5 s")
         time.sleep(0.01)
+
+
+@pytest.mark.parametrize(
+    ("response", "param"),
+    [({"max_output_tokens": 2**64}, "response.max_output_tokens"), ({"instructions": "a\ud800b"}, "response.instructions")],
+)
+def test_a_response_the_pipeline_could_not_take_is_refused_never_left_without_its_done(
+    client: Any, response: dict[str, Any], param: str
+) -> None:
+    """Issue 40 bug 6, as clients met it: ``response.created``, then nothing. Values no encoder
+    can carry are refused before a response starts; a response that starts ends in ``response.done``."""
+    http, _ = client
+    with http.websocket_connect(URL, headers=AUTH) as ws:
+        assert json.loads(ws.receive_text())["type"] == "session.created"
+        item = {"role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+        ws.send_text(json.dumps({"type": "conversation.item.create", "item": item}))
+        ws.send_text(json.dumps({"type": "response.create", "event_id": "r1", "response": response}))
+        error = events_until(ws, "error")[-1]["error"]
+        assert (error["code"], error["param"], error["event_id"]) == ("invalid_value", param, "r1")
+        ask(ws)  # and the session goes on: the next response is created and done
+        answered = events_until(ws, "response.done")
+        assert [e["type"] for e in answered].count("response.created") == 1
+        assert answered[-1]["response"]["status"] == "completed"
