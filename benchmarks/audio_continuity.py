@@ -12,7 +12,7 @@ changing load falls on every configuration alike):
 
 Each request is a streamed chat completion asking for text and pcm16 audio, timed by the
 bench's own receive clock (:mod:`omnictl.bench.client`); the playback clock
-(:mod:`omnictl.audio.continuity`) makes its figures. Per rate: TTFP p50/p90, largest
+(:mod:`omnictl.playback.continuity`) makes its figures. Per rate: TTFP p50/p90, largest
 underrun p50/p95, continuity at 100 ms (streams whose largest underrun stayed within it),
 goodput under the SLO (``--slo-ttfp``, ``--slo-underrun``), refused requests. The server's
 own figure per stream (the underruns it recorded into the trace) is compared with the

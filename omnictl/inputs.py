@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Union
@@ -28,6 +27,12 @@ from typing import TYPE_CHECKING, Any, Mapping, Union
 import msgspec
 import numpy as np
 
+# The audio toolkit's: imported by name here too, where callers have always found them.
+from omnictl.audio import MAX_RATE as MAX_RATE
+from omnictl.audio import MIN_RATE as MIN_RATE
+from omnictl.audio import decode_base64, decode_budget, pcm16_base64, pcm16_to_float
+from omnictl.audio import read_wav as read_wav
+from omnictl.audio import resample as resample
 from omnictl.exceptions import InvalidRequest, PayloadTooLarge
 from omnictl.sampling import SamplingParams
 from omnictl.wire import WireStruct
@@ -39,15 +44,9 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 AUDIO_FORMATS = ("wav", "pcm16")
 PCM16_RATE = 24_000  # the OpenAI convention for raw pcm16
 ARRAY_RATE = 16_000  # numpy arrays without a sample_rate are taken as 16 kHz
-MIN_RATE, MAX_RATE = 1000, 384_000  # input audio sample rates accepted (Hz)
-# Decoded samples (every channel counted) allowed per second of the duration limit:
-# stereo at 48 kHz. A file at 384 kHz, or in many channels, is refused for the work it
-# would take (see decode_budget), not only for its length.
-DECODE_SAMPLES_PER_SECOND = 2 * 48_000
 PARAM_KEYS = ("sampling", "voice")  # what every stage sees of a request (RequestContext.params)
 SPEECH_SAMPLING = "speech_sampling"  # a SpeechRequest's sampling, in RequestContext.params
 _MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}
-_PCM_DTYPES: dict[int, np.dtype[Any]] = {8: np.dtype(np.uint8), 16: np.dtype("<i2"), 32: np.dtype("<i4")}
 # Leading bytes of the image formats the image processors read.
 _IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM", b"RIFF")
 
@@ -345,32 +344,15 @@ def _parse_audio(
     fmt = audio.get("format", "wav")
     if fmt not in AUDIO_FORMATS:
         raise _fail(f"{field}.format", f"must be one of {', '.join(AUDIO_FORMATS)}, got {fmt!r}")
-    raw = _decode_base64(
-        _expect(data, str, f"{field}.data", "a base64 string or a numpy array"), f"{field}.data", max_audio_bytes
-    )
+    encoded = _expect(data, str, f"{field}.data", "a base64 string or a numpy array")
     if fmt == "pcm16":
-        if len(raw) % 2:
-            raise _fail(f"{field}.data", f"pcm16 audio must hold whole 16-bit samples, got {len(raw)} bytes")
-        samples = np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
+        samples = pcm16_base64(encoded, f"{field}.data", max_audio_bytes)
         return AudioPart(samples=_array_samples(samples, f"{field}.data"), sample_rate=rate or PCM16_RATE, field=field)
+    raw = decode_base64(encoded, f"{field}.data", max_audio_bytes)
     if rate is not None:
         raise _fail(f"{field}.sample_rate", "a WAV file carries its own sample rate; drop this field")
     samples, wav_rate = read_wav(raw, f"{field}.data", max_samples)
     return AudioPart(samples=_array_samples(samples, f"{field}.data"), sample_rate=wav_rate, field=field)
-
-
-def _decode_base64(encoded: str, field: str, max_bytes: int | None) -> bytes:
-    """The one place input audio is base64-decoded, after its size is checked."""
-    if max_bytes is not None and len(encoded) * 3 // 4 - _padding(encoded) > max_bytes:
-        raise PayloadTooLarge(f"{field}: decodes to more than {max_bytes} bytes", field=field)
-    try:
-        return base64.b64decode(encoded, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise _fail(field, f"not valid base64 ({exc})") from exc
-
-
-def _padding(encoded: str) -> int:
-    return 2 if encoded.endswith("==") else 1 if encoded.endswith("=") else 0
 
 
 def _array_samples(array: np.ndarray, field: str) -> np.ndarray:
@@ -379,73 +361,13 @@ def _array_samples(array: np.ndarray, field: str) -> np.ndarray:
     if array.size == 0:
         raise _fail(field, "audio is empty")
     if array.dtype == np.int16:
-        return array.astype(np.float32) / 32768.0
+        return pcm16_to_float(array)
     if not np.issubdtype(array.dtype, np.floating):
         raise _fail(field, f"audio arrays must be float (in [-1, 1]) or int16, got {array.dtype}")
     samples = np.ascontiguousarray(array, dtype=np.float32)
     if not np.isfinite(samples).all():
         raise _fail(field, "audio contains NaN or infinite samples")
     return samples
-
-
-def decode_budget(max_seconds: float) -> int:
-    """How many decoded samples (all channels counted) one audio input under a duration
-    limit of ``max_seconds`` may take to decode: that long in stereo at 48 kHz."""
-    return int(max_seconds * DECODE_SAMPLES_PER_SECOND)
-
-
-def read_wav(raw: bytes, field: str = "audio", max_samples: int | None = None) -> tuple[np.ndarray, int]:
-    """Mono float32 samples and the rate of a RIFF/WAVE file (PCM 8/16/24/32-bit or float).
-
-    ``max_samples`` bounds the samples (all channels counted) its data chunk may hold:
-    more is refused before any is converted (:func:`decode_budget`)."""
-    if len(raw) < 12 or raw[:4] != b"RIFF" or raw[8:12] != b"WAVE":
-        raise _fail(field, "not a WAV file (no RIFF/WAVE header)")
-    fmt: tuple[int, int, int, int] | None = None
-    offset = 12
-    while offset + 8 <= len(raw):
-        chunk_id, size = raw[offset : offset + 4], struct.unpack_from("<I", raw, offset + 4)[0]
-        body = raw[offset + 8 : offset + 8 + size]  # a streamed WAV marks the data size 0xFFFFFFFF
-        if chunk_id == b"fmt " and len(body) >= 16:
-            tag, channels, rate, _, _, bits = struct.unpack_from("<HHIIHH", body)
-            if tag == 0xFFFE and len(body) >= 26:  # WAVE_FORMAT_EXTENSIBLE: the real tag is in the GUID
-                tag = struct.unpack_from("<H", body, 24)[0]
-            fmt = (tag, channels, rate, bits)
-        elif chunk_id == b"data":
-            if fmt is None:
-                raise _fail(field, "WAV file has its data before its fmt chunk")
-            if max_samples is not None and fmt[3] >= 8 and len(body) // (fmt[3] // 8) > max_samples:
-                raise _fail(
-                    field,
-                    f"WAV data holds {len(body) // (fmt[3] // 8):,} samples ({fmt[1]} channel(s) at {fmt[2]} Hz); "
-                    f"the limit is {max_samples:,} decoded samples",
-                )
-            return _wav_samples(body, *fmt, field=field), fmt[2]
-        offset += 8 + size + (size & 1)
-    raise _fail(field, "WAV file has no data chunk" if fmt else "WAV file has no fmt chunk")
-
-
-def _wav_samples(body: bytes, tag: int, channels: int, rate: int, bits: int, field: str) -> np.ndarray:
-    if channels < 1:
-        raise _fail(field, f"WAV header is broken ({channels} channels)")
-    # As for pcm16's `sample_rate`: a header claiming 1 Hz would make a few KB resample for minutes.
-    if not MIN_RATE <= rate <= MAX_RATE:
-        raise _fail(field, f"WAV sample rate must be between {MIN_RATE} and {MAX_RATE} Hz, got {rate}")
-    if tag == 1 and bits in (8, 16, 32):
-        ints = np.frombuffer(body[: len(body) - len(body) % (bits // 8)], dtype=_PCM_DTYPES[bits]).astype(np.float32)
-        samples = (ints - 128.0) / 128.0 if bits == 8 else ints / float(2 ** (bits - 1))
-    elif tag == 1 and bits == 24:
-        triples = np.frombuffer(body[: len(body) - len(body) % 3], dtype=np.uint8).reshape(-1, 3).astype(np.int32)
-        packed = triples[:, 0] | (triples[:, 1] << 8) | (triples[:, 2] << 16)
-        samples = (np.where(packed >= 1 << 23, packed - (1 << 24), packed) / float(1 << 23)).astype(np.float32)
-    elif tag == 3 and bits in (32, 64):
-        samples = np.frombuffer(body[: len(body) - len(body) % (bits // 8)], dtype=f"<f{bits // 8}").astype(np.float32)
-    else:
-        raise _fail(field, f"unsupported WAV encoding (format tag {tag}, {bits} bits); send PCM or float WAV")
-    frames = samples.size // channels
-    # Several channels are averaged: every model here hears mono.
-    mono: np.ndarray = samples[: frames * channels].reshape(frames, channels).mean(axis=1, dtype=np.float32)
-    return mono
 
 
 def _parse_image(url: str, field: str, local: bool) -> ImagePart:
@@ -473,32 +395,6 @@ def _parse_image(url: str, field: str, local: bool) -> ImagePart:
 def decode_audio(part: AudioPart, sample_rate: int) -> np.ndarray:
     """The part's samples as float32 mono at ``sample_rate`` (resampled; already decoded)."""
     return resample(part.samples, part.sample_rate, sample_rate)
-
-
-def resample(samples: np.ndarray, rate: int, target: int) -> np.ndarray:
-    """Band-limited resampling (FFmpeg's, through PyAV: low-passes going down, so speech
-    keeps its shape); ``round(samples.size * target / rate)`` samples come back.
-
-    In C, a few hundred million samples a minute on one core: the preprocessing stage
-    resamples the longest upload taken (600 s at 48 kHz) in seconds, where the numpy sinc
-    it replaced took minutes (and over six for 570 s at 384 kHz)."""
-    if rate == target:
-        return samples
-    import av  # PyAV: a dependency of omnictl; imported here, as only audio needs it
-
-    count = int(round(samples.size * target / rate))
-    if samples.size == 0:
-        return np.zeros(0, dtype=np.float32)
-    frame = av.AudioFrame.from_ndarray(
-        np.ascontiguousarray(samples, dtype=np.float32).reshape(1, -1), format="flt", layout="mono"
-    )
-    frame.sample_rate = rate
-    resampler = av.AudioResampler(format="flt", layout="mono", rate=target)
-    pieces = [out.to_ndarray().reshape(-1) for out in (*resampler.resample(frame), *resampler.resample(None))]
-    out = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
-    if out.size < count:  # the filter's tail may round a sample short
-        out = np.concatenate([out, np.zeros(count - out.size, dtype=np.float32)])
-    return np.ascontiguousarray(out[:count], dtype=np.float32)
 
 
 def load_image(part: ImagePart) -> Image:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omnictl.audio.policy import check_policy
+from omnictl.playback.policy import check_policy
 
 if TYPE_CHECKING:
     from omnictl.topology.model import Topology
@@ -42,7 +42,7 @@ class LaunchConfig:
     ray_address: str | None = None  # the Ray cluster to join; None: Ray's default
     data_host: str | None = None  # the address tcp sockets bind and advertise; None: $OMNICTL_DATA_HOST, ...
     # how stages that make audio for several streams pick the next: "fifo" or "deadline"
-    # (least playback slack first; see omnictl.audio.policy)
+    # (least playback slack first; see omnictl.playback.policy)
     audio_policy: str = "fifo"
 
     def __post_init__(self) -> None:

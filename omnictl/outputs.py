@@ -25,6 +25,7 @@ from typing import Any, Union
 
 import numpy as np
 
+from omnictl.audio import pcm16_to_float
 from omnictl.wire import WireStruct
 
 TEXT = "text"
@@ -128,7 +129,7 @@ def as_samples(audio: Any, where: str) -> np.ndarray:
     if audio.ndim != 1:
         raise TypeError(f"{where}: samples must be mono (1-D), got shape {audio.shape}")
     if audio.dtype == np.int16:
-        return audio.astype(np.float32) / 32768.0
+        return pcm16_to_float(audio)
     if not np.issubdtype(audio.dtype, np.floating):
         raise TypeError(f"{where}: samples must be float in [-1, 1] (or int16), got {audio.dtype}")
     return np.ascontiguousarray(audio, dtype=np.float32)

@@ -79,7 +79,7 @@ class Pipeline:
         cluster at ``ray_address`` (None: Ray's default: a running local cluster, or a new one).
         ``data_host``: the address tcp sockets bind and advertise (default ``$OMNICTL_DATA_HOST``).
         ``audio_policy``: how stages making audio for several streams pick the next,
-        ``"fifo"`` or ``"deadline"`` (see :mod:`omnictl.audio.policy`); a stage factory
+        ``"fifo"`` or ``"deadline"`` (see :mod:`omnictl.playback.policy`); a stage factory
         that takes an ``audio_policy`` argument is given it.
         """
         config = (config or LaunchConfig()).replace(**options) if options else (config or LaunchConfig())
@@ -221,9 +221,8 @@ class Pipeline:
         chunk (and gives the request's params, as above). The chunks go from this process to
         the entry stage over the data plane, never through the coordinator's control
         messages. An abort, a failure or the request's deadline (``request_timeout``, which
-        a caller that never ends its input runs into) ends it everywhere. A replica's death
-        replays it as a whole input would be (``replay_limit``): the chunks sent so far are
-        kept until its caller sees output, and sent again, in order, to the new attempt.
+        a caller that never ends its input runs into) ends it everywhere; such a request is
+        never replayed (its input is not kept): a replica's death fails it.
         """
         params = request_params(inputs)
         trace_parent = None

@@ -7,7 +7,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from omnictl.audio.continuity import GAP_THRESHOLDS_MS, Continuity, PlaybackClock
+from omnictl.playback.continuity import GAP_THRESHOLDS_MS, Continuity, PlaybackClock
 
 PERCENTILES = (50, 90, 99)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from omnictl.audio import float_to_pcm16
 from omnictl.data import SAMPLES, data_path
 
 QUESTIONS = (
@@ -25,13 +26,13 @@ INPUT_KINDS = ("text", "audio", "mixed")
 def tone_wav(seconds: float = 1.0, rate: int = 16_000) -> bytes:
     """A plain tone: valid audio input when no spoken sample is available."""
     t = np.arange(int(seconds * rate)) / rate
-    samples = (0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype("<i2")
+    samples = float_to_pcm16(0.3 * np.sin(2 * np.pi * 220 * t))
     buffer = io.BytesIO()
     with wave.open(buffer, "wb") as wav:
         wav.setnchannels(1)
         wav.setsampwidth(2)
         wav.setframerate(rate)
-        wav.writeframes(samples.tobytes())
+        wav.writeframes(samples.astype("<i2").tobytes())
     return buffer.getvalue()
 
 

@@ -214,7 +214,7 @@ def serve_command(
             f"(got {log_format!r}, {log_level!r})"
         )
         raise typer.Exit(2)
-    from omnictl.audio.policy import POLICIES
+    from omnictl.playback.policy import POLICIES
 
     if audio_policy not in POLICIES:
         errors.print(f"error: --audio-policy must be one of {', '.join(POLICIES)} (got {audio_policy!r})")

@@ -51,7 +51,7 @@ the private ones (all default to doing nothing special):
 Playback deadlines (``audio_policy="deadline"``, for a stage whose tokens become audio
 downstream: a talker's codec frames, a TTS's text): ``max_batch`` is then the width of a
 round, and when more requests are ready than fit, the slots go to the streams nearest
-starvation by :meth:`~omnictl.audio.policy.PlaybackDeadlines.choose`. A request's slack
+starvation by :meth:`~omnictl.playback.policy.PlaybackDeadlines.choose`. A request's slack
 counts ``audio_s_per_token`` seconds of audio per token it has emitted; one that has
 emitted nothing is due its ``ttfp_target_s`` after it arrived. A running stream far ahead
 of its listener gives its slot up (it is *parked*: it keeps its KV cache and takes no
@@ -71,10 +71,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, Mapping
 
-from omnictl.audio.policy import DEFAULT_POLICY, DEFAULT_TTFP_TARGET_S, PlaybackDeadlines, check_policy
 from omnictl.exceptions import InvalidRequest
 from omnictl.messages import RESUME_PARAM
 from omnictl.outputs import TokenDelta, TokenResult
+from omnictl.playback.policy import DEFAULT_POLICY, DEFAULT_TTFP_TARGET_S, PlaybackDeadlines, check_policy
 from omnictl.profiling.events import EventKind
 from omnictl.recent import RecentIds
 from omnictl.schedulers.ar_request import ArRequest

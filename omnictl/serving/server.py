@@ -54,7 +54,7 @@ class ServeOptions:
     launcher: str = "local"  # or "ray" (see Pipeline.launch)
     ray_address: str | None = None
     data_host: str | None = None
-    audio_policy: str = "fifo"  # see omnictl.audio.policy
+    audio_policy: str = "fifo"  # see omnictl.playback.policy
     ready_timeout: float = 120.0  # seconds every stage process may take to load
     # Admission by continuity: refuse a new audio request (429) when the streams playing
     # would underrun by more than this many ms if it were admitted; None: off.

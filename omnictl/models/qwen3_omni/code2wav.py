@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from omnictl.audio.policy import DEFAULT_POLICY, DEFAULT_TTFP_TARGET_S, PlaybackDeadlines
 from omnictl.models.qwen3_omni.weights import load_code2wav
 from omnictl.outputs import AudioChunk, AudioResult
+from omnictl.playback.policy import DEFAULT_POLICY, DEFAULT_TTFP_TARGET_S, PlaybackDeadlines
 from omnictl.schedulers.base import (
     IncomingKind,
     IncomingMessage,
@@ -84,7 +84,7 @@ class Code2WavScheduler(Scheduler):
         in (default: ``chunk_frames``), so a request's first audio waits for fewer talker steps;
         the vocoder is causal, so where chunks are cut does not change the samples.
         ``audio_policy``: which stream with a chunk due is vocoded next (see
-        :mod:`omnictl.audio.policy`): the oldest (``fifo``) or the one whose listener runs
+        :mod:`omnictl.playback.policy`): the oldest (``fifo``) or the one whose listener runs
         out of audio soonest (``deadline``)."""
         super().__init__()
         first = chunk_frames if first_chunk_frames is None else first_chunk_frames

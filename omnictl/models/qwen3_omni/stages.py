@@ -12,7 +12,6 @@ from typing import Any, Callable, Mapping
 
 import msgspec
 
-from omnictl.audio.policy import DEFAULT_POLICY, DEFAULT_TTFP_TARGET_S
 from omnictl.inputs import ChatRequest
 from omnictl.models.qwen3_omni.code2wav import Code2WavScheduler, Vocoder
 from omnictl.models.qwen3_omni.decode import DecodeScheduler
@@ -23,6 +22,7 @@ from omnictl.models.qwen3_omni.talker import TalkerRunner
 from omnictl.models.qwen3_omni.talker_scheduler import TalkerScheduler
 from omnictl.models.qwen3_omni.thinker import ThinkerRunner, ThinkerScheduler
 from omnictl.outputs import TokenResult
+from omnictl.playback.policy import DEFAULT_POLICY, DEFAULT_TTFP_TARGET_S
 from omnictl.schedulers.base import Scheduler
 
 StageFn = Callable[[Mapping[str, Any]], dict[str, Any]]

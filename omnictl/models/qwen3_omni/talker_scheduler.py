@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from omnictl.audio.policy import DEFAULT_POLICY, DEFAULT_TTFP_TARGET_S
 from omnictl.models.qwen3_omni.payloads import TalkerDelta, TalkerResult, extend
 from omnictl.models.qwen3_omni.talker import TalkerRunner
+from omnictl.playback.policy import DEFAULT_POLICY, DEFAULT_TTFP_TARGET_S
 from omnictl.schedulers.autoregressive import AutoregressiveScheduler, StartOn
 from omnictl.schedulers.sampling import SamplingParams
 

@@ -16,8 +16,9 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from omnictl.audio import resample
 from omnictl.exceptions import InvalidRequest
-from omnictl.inputs import RecognitionOptions, resample
+from omnictl.inputs import RecognitionOptions
 from omnictl.models.voice_assistant.cache import build_once, cache_dir, package_data_dir, source_fingerprint
 from omnictl.outputs import TranscriptSegment, TranscriptWord
 

@@ -3,7 +3,7 @@
 Sentences wait in a queue per request, synthesized one at a time by a worker thread
 (Piper is not thread-safe and the CPU is the limit anyway), so requests interleave
 sentence by sentence and a request's audio stays in order. Which request's sentence goes
-next is the audio policy's choice (:mod:`omnictl.audio.policy`): ``fifo``, the oldest
+next is the audio policy's choice (:mod:`omnictl.playback.policy`): ``fifo``, the oldest
 queued sentence; ``deadline``, the request whose listener runs out of audio soonest, and
 a sentence too long to synthesise within the audio its listeners have in hand is spoken in
 pieces sized from the measured synthesis speed (a ramp: :meth:`_ramp_chars`).
@@ -23,7 +23,6 @@ from typing import Callable
 
 import numpy as np
 
-from omnictl.audio.policy import DEFAULT_POLICY, DEFAULT_TTFP_TARGET_S, PlaybackDeadlines
 from omnictl.exceptions import describe_error
 from omnictl.inputs import SPEECH_SAMPLING
 from omnictl.models.voice_assistant.text_stream import FollowedText, TextStreamFollower
@@ -37,6 +36,7 @@ from omnictl.models.voice_assistant.tts import (
     speakable,
 )
 from omnictl.outputs import AudioChunk, AudioResult, TextResult
+from omnictl.playback.policy import DEFAULT_POLICY, DEFAULT_TTFP_TARGET_S, PlaybackDeadlines
 from omnictl.profiling.events import EventKind
 from omnictl.schedulers.base import OutgoingKind, OutgoingMessage, SchedulerLoad
 

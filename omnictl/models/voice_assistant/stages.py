@@ -24,7 +24,6 @@ from typing import Any, Callable, Generator, Mapping
 
 import numpy as np
 
-from omnictl.audio.policy import DEFAULT_POLICY, DEFAULT_TTFP_TARGET_S
 from omnictl.exceptions import InvalidRequest
 from omnictl.inputs import (
     AudioPart,
@@ -42,6 +41,7 @@ from omnictl.models.voice_assistant.text_terminal import TextTerminalScheduler
 from omnictl.models.voice_assistant.transcript_terminal import TranscriptTerminalScheduler
 from omnictl.models.voice_assistant.tts import DEFAULT_VOICE, VOICES
 from omnictl.outputs import TextResult, Transcript
+from omnictl.playback.policy import DEFAULT_POLICY, DEFAULT_TTFP_TARGET_S
 from omnictl.schedulers.base import Scheduler
 
 Data = dict[str, Any]
@@ -310,7 +310,7 @@ def thinker(
 def sentence_cap(max_sentences: int) -> Callable[[str], bool]:
     """``text -> bool``: whether an answer so far has said ``max_sentences`` sentences (the
     vLLM thinker's ``stop_when``; the HF runner forces end-of-answer at the same point)."""
-    from omnictl.models.voice_assistant.sentences import sentences_ended
+    from omnictl.models.voice_assistant.answer_runner import sentences_ended
 
     def answer_is_done(text: str) -> bool:
         return sentences_ended(text) >= max_sentences

@@ -18,8 +18,8 @@ from typing import Any, Awaitable, Callable, Generic, TypeVar
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from omnictl.audio.admission import predict
 from omnictl.exceptions import AdmissionTimeout, InvalidRequest, Overloaded, PayloadTooLarge, PipelineDead
+from omnictl.playback.admission import predict
 from omnictl.serving.chat.protocol import Limits
 from omnictl.serving.common.auth import authorized
 from omnictl.serving.common.capabilities import cannot_serve, capabilities
@@ -103,7 +103,7 @@ class UnderrunRefusal:
 def underrun_refusal(state: ServingState, modalities: list[str]) -> UnderrunRefusal | None:
     """Whether a new audio request is refused because admitting it is predicted to make a
     playing stream underrun by more than ``--max-underrun-ms`` (see
-    :mod:`omnictl.audio.admission`); None to admit it. Requests without audio are never
+    :mod:`omnictl.playback.admission`); None to admit it. Requests without audio are never
     held by this. A refusal is counted; each endpoint answers it in its own protocol."""
     if state.max_underrun_ms is None or "audio" not in modalities:
         return None

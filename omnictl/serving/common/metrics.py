@@ -14,7 +14,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from omnictl.audio.continuity import GAP_THRESHOLDS_MS, Continuity
+from omnictl.playback.continuity import GAP_THRESHOLDS_MS, Continuity
 
 # the *_created series only add noise to every scrape
 disable_created_metrics()
@@ -98,7 +98,7 @@ class ServerMetrics:
 
 class AudioMetrics:
     """The continuity of every audio stream that left the server, by model and endpoint:
-    the playback clock's figures (:mod:`omnictl.audio.continuity`) once a stream ends."""
+    the playback clock's figures (:mod:`omnictl.playback.continuity`) once a stream ends."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.ttfp = Histogram(

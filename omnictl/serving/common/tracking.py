@@ -18,9 +18,9 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from omnictl.audio.continuity import PlaybackClock
 from omnictl.coordinator.request import RequestEventKind
 from omnictl.outputs import AudioChunk, TextDelta, TextResult
+from omnictl.playback.continuity import PlaybackClock
 from omnictl.profiling.events import EventKind, NullProfiler, Profiler
 from omnictl.serving.common.eventstream import EventStreamResponse
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from omnictl.inputs import PCM16_RATE, resample
+from omnictl.audio import float_to_pcm16, pcm16_to_float, resample
+from omnictl.inputs import PCM16_RATE
 from omnictl.serving.common.echo import clip_repr
 from omnictl.serving.realtime.events import AudioFormat, EventError
 
@@ -60,14 +61,6 @@ def alaw_decode(data: np.ndarray) -> np.ndarray:
     return np.where(a & 0x80, magnitude, -magnitude).astype(np.int16)
 
 
-def _to_float(pcm: np.ndarray) -> np.ndarray:
-    return pcm.astype(np.float32) / 32768.0
-
-
-def _to_int16(samples: np.ndarray) -> np.ndarray:
-    return (np.clip(samples, -1.0, 32767 / 32768) * 32768.0).round().astype(np.int16)
-
-
 @dataclass(frozen=True)
 class AudioCodec:
     """One of the protocol's audio formats, and its conversion to and from pcm16 at 24 kHz."""
@@ -90,14 +83,14 @@ class AudioCodec:
             return raw
         codes = np.frombuffer(raw, np.uint8)
         pcm = ulaw_decode(codes) if self.type == "audio/pcmu" else alaw_decode(codes)
-        return _to_int16(resample(_to_float(pcm), self.rate, PCM16_RATE)).astype("<i2").tobytes()
+        return float_to_pcm16(resample(pcm16_to_float(pcm), self.rate, PCM16_RATE)).astype("<i2").tobytes()
 
     def from_pcm16(self, pcm: bytes) -> bytes:
         """pcm16 at 24 kHz in this format."""
         if self.type == "audio/pcm":
             return pcm
-        samples = resample(_to_float(np.frombuffer(pcm, "<i2")), PCM16_RATE, self.rate)
-        pcm8k = _to_int16(samples)
+        samples = resample(pcm16_to_float(pcm), PCM16_RATE, self.rate)
+        pcm8k = float_to_pcm16(samples)
         return bytes(ulaw_encode(pcm8k) if self.type == "audio/pcmu" else alaw_encode(pcm8k))
 
 

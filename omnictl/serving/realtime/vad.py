@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from omnictl.audio import resample
 from omnictl.exceptions import LaunchError
-from omnictl.inputs import resample
 
 VAD_RATE = 16_000
 FRAME = 512  # samples per frame at 16 kHz: what the model is trained on (32 ms)
@@ -74,36 +74,14 @@ class SileroModel:
         return float(np.asarray(probs).reshape(-1)[0]), h, c
 
 
-_LOWPASS_24K: np.ndarray | None = None
-
-
-def _lowpass_24k() -> np.ndarray:
-    """A 33-tap Hann-windowed sinc low-pass at 8 kHz for 24 kHz audio (unit DC gain)."""
-    global _LOWPASS_24K
-    if _LOWPASS_24K is None:
-        n = np.arange(-16, 17)
-        taps = (2 / 3) * np.sinc(2 / 3 * n) * (0.5 + 0.5 * np.cos(np.pi * n / 17))
-        _LOWPASS_24K = (taps / taps.sum()).astype(np.float32)
-    return _LOWPASS_24K
-
-
 def to_vad_rate(samples: np.ndarray, rate: int) -> np.ndarray:
     """``samples`` at 16 kHz. From 24 kHz (every realtime session) a low-pass and a 3:2
     decimation (one C convolution, ~100x cheaper than the general band-limited resampler,
     which cost ~1 s per 16 s of audio: a flood of appends kept two cores busy); good enough
-    for a speech/no-speech decision. Other rates go through :func:`omnictl.inputs.resample`."""
-    if rate == VAD_RATE:
-        return samples
-    if rate != 24_000:
-        return resample(samples, rate, VAD_RATE)
-    filtered = np.convolve(samples.astype(np.float32, copy=False), _lowpass_24k(), mode="same")
-    count = int(round(samples.size * 2 / 3))
-    out = np.empty(count, dtype=np.float32)
-    even = filtered[0::3][: (count + 1) // 2]  # output 2m is input 3m
-    out[0::2] = even
-    odd_at = np.arange(count // 2) * 3 + 1  # output 2m+1 is input 3m+1.5
-    out[1::2] = 0.5 * (filtered[odd_at] + filtered[np.minimum(odd_at + 1, filtered.size - 1)])
-    return out
+    for a speech/no-speech decision (:func:`omnictl.audio.resample`'s ``fast`` quality). Other
+    rates get its ``high`` quality."""
+    # from 24 kHz the toolkit's "fast" quality is exactly that low-pass and 3:2 decimation
+    return resample(samples, rate, VAD_RATE, quality="fast" if rate == 24_000 else "high")
 
 
 @dataclass

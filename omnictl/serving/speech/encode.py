@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from omnictl import audio
 from omnictl.inputs import PCM16_RATE  # one definition for audio in and out
 
 
@@ -57,24 +58,14 @@ MEDIA_TYPES = {"pcm16": "audio/pcm", **{name: codec.media_type for name, codec i
 
 
 def resample(samples: np.ndarray, rate: int, target: int) -> np.ndarray:
-    """Linear-interpolation resampling; enough for speech at these rates."""
-    if rate == target or samples.size == 0:
-        return samples
-    count = max(1, round(samples.size * target / rate))
-    positions = np.linspace(0.0, samples.size - 1, num=count, dtype=np.float64)
-    resampled: np.ndarray = np.interp(positions, np.arange(samples.size), samples).astype(np.float32)
-    return resampled
-
-
-def pcm16_bytes(samples: np.ndarray) -> bytes:
-    clipped = np.clip(samples, -1.0, 1.0)
-    return bytes((clipped * 32767.0).round().astype("<i2").tobytes())
+    """To an encoder's rate: the toolkit's ``fast`` quality (linear; enough for speech at these rates)."""
+    return audio.resample(samples, rate, target, quality="fast")
 
 
 def encode_whole(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
     """One complete waveform (float32 mono) as a file of ``fmt`` (a WAV with its real sizes)."""
     if fmt == "pcm16":
-        return pcm16_bytes(resample(samples, sample_rate, PCM16_RATE))
+        return audio.float_to_pcm16_bytes(resample(samples, sample_rate, PCM16_RATE))
     if fmt not in CODECS:
         raise ValueError(f"audio format {fmt!r} is not one of {', '.join(FORMATS)}")
     muxed = _Muxed(CODECS[fmt], sample_rate, seekable=True)  # the muxer goes back to write the totals
@@ -176,7 +167,7 @@ class AudioStreamEncoder:
         self.seconds += samples.size / sample_rate if sample_rate else 0.0
         self._rate = self._rate or sample_rate
         if self.fmt == "pcm16":
-            return pcm16_bytes(resample(samples, sample_rate, PCM16_RATE))
+            return audio.float_to_pcm16_bytes(resample(samples, sample_rate, PCM16_RATE))
         if self._muxed is None:
             self._muxed = _Muxed(CODECS[self.fmt], sample_rate)
         return self._muxed.encode(samples, sample_rate)

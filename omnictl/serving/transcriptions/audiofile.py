@@ -5,7 +5,7 @@ container format chosen here from the file's own first bytes (:func:`sniff_forma
 FFmpeg never probes, so no text file is taken for a concat list, an HLS or SDP
 playlist or an image sequence (demuxers that open other files or sockets), and no
 protocol is allowed for anything the file might name. WAV is read by
-:func:`omnictl.inputs.read_wav` (the same reader as chat's input audio); the others are
+:func:`omnictl.audio.read_wav` (the same reader as chat's input audio); the others are
 the formats browsers and phones record: mp3, AAC (ADTS or in mp4/m4a), Ogg (Opus,
 Vorbis, FLAC), WebM/Matroska, FLAC, CAF, AIFF, AMR.
 
@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from omnictl.audio import MAX_RATE, MIN_RATE, decode_budget, read_wav, resample
 from omnictl.exceptions import InvalidRequest, PayloadTooLarge
-from omnictl.inputs import MAX_RATE, MIN_RATE, decode_budget, read_wav, resample
 
 log = logging.getLogger(__name__)
 

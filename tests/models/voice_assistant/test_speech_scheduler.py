@@ -259,7 +259,7 @@ def test_a_long_sentence_after_a_short_first_piece_is_cut_to_fit_the_audio_in_ha
     piece's audio pays for a longer next one), and the listener never waits."""
     import time
 
-    from omnictl.audio.continuity import PlaybackClock
+    from omnictl.playback.continuity import PlaybackClock
 
     first = "Bees are small and busy."
     second = ("Bees visit thousands of flowers every single day, carrying pollen from one plant "

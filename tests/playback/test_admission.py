@@ -2,8 +2,8 @@
 
 import pytest
 
-from omnictl.audio.admission import predict
-from omnictl.audio.continuity import PlaybackClock
+from omnictl.playback.admission import predict
+from omnictl.playback.continuity import PlaybackClock
 
 
 def clock(chunks: list[tuple[float, float]]) -> PlaybackClock:

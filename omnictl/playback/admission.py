@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from omnictl.audio.continuity import PlaybackClock
+from omnictl.playback.continuity import PlaybackClock
 
 
 @dataclass(frozen=True)

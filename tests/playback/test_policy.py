@@ -2,7 +2,7 @@
 
 import pytest
 
-from omnictl.audio.policy import PlaybackDeadlines
+from omnictl.playback.policy import PlaybackDeadlines
 
 
 def test_the_stream_with_less_slack_is_served_first() -> None:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from omnictl.audio.continuity import PlaybackClock
+from omnictl.playback.continuity import PlaybackClock
 
 
 def feed(timings: list[tuple[float, float]], start: float = 0.0) -> PlaybackClock:

@@ -16,9 +16,9 @@ import omnictl
 TOPOLOGY = {
     "name": "slow-speech",
     "stages": [
-        {"name": "words", "factory": "tests.audio.slow_stages.words", "next": ["tts"], "stream_to": ["tts"],
+        {"name": "words", "factory": "tests.playback.slow_stages.words", "next": ["tts"], "stream_to": ["tts"],
          "process": "text"},
-        {"name": "tts", "factory": "tests.audio.slow_stages.slow_tts", "terminal": True, "modality": "audio",
+        {"name": "tts", "factory": "tests.playback.slow_stages.slow_tts", "terminal": True, "modality": "audio",
          "process": "speech"},
     ],
 }
