@@ -221,8 +221,9 @@ class Pipeline:
         chunk (and gives the request's params, as above). The chunks go from this process to
         the entry stage over the data plane, never through the coordinator's control
         messages. An abort, a failure or the request's deadline (``request_timeout``, which
-        a caller that never ends its input runs into) ends it everywhere; such a request is
-        never replayed (its input is not kept): a replica's death fails it.
+        a caller that never ends its input runs into) ends it everywhere. A replica's death
+        replays it as a whole input would be (``replay_limit``): the chunks sent so far are
+        kept until its caller sees output, and sent again, in order, to the new attempt.
         """
         params = request_params(inputs)
         trace_parent = None

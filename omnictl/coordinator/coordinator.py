@@ -25,7 +25,7 @@ from omnictl.coordinator.launcher import Launcher
 from omnictl.coordinator.launching import ProcessLauncher
 from omnictl.coordinator.placement import ReplicaPlacement
 from omnictl.coordinator.ray_launcher import RayLauncher
-from omnictl.coordinator.request import RequestHandle, RequestRecord
+from omnictl.coordinator.request import InputStream, RequestHandle, RequestRecord
 from omnictl.coordinator.stats import node_stats, stage_stats
 from omnictl.exceptions import LaunchError, describe_error
 from omnictl.launch_config import LaunchConfig
@@ -281,7 +281,7 @@ class Coordinator:
             assert encoded is not None
             self._send_submit(admitted, *encoded)
         elif encoded is not None:
-            self._send_chunk(admitted.record, *encoded)
+            self._send_chunk(admitted.record, inputs, *encoded)
         return RequestHandle(admitted.record, self.abort, self if input_stream else None)
 
     def _send_submit(self, admitted: Admitted, payload: m.EncodedPayload, frames: list[memoryview]) -> None:
@@ -303,15 +303,26 @@ class Coordinator:
         tcp frames): the core only counts it. Data that cannot be encoded raises before
         anything is sent or counted."""
         payload, frames = self._codec.encode_frames(data)
-        self._send_chunk(record, payload, frames)
+        self._send_chunk(record, data, payload, frames)
 
-    def _send_chunk(self, record: RequestRecord, payload: m.EncodedPayload, frames: list[memoryview]) -> None:
+    def _send_chunk(
+        self, record: RequestRecord, data: Any, payload: m.EncodedPayload, frames: list[memoryview]
+    ) -> None:
         try:
-            stream, seq = self.core.next_chunk(record)
+            sending = self.core.next_chunk(record, data)
         except BaseException:
-            if payload.shm is not None:  # encoded for nothing: its slot goes back at once
-                self._pool.release(payload.shm)
+            self._unsent(payload)
             raise
+        if sending is None:  # it waits for a replay, which sends it with the others (kept)
+            self._unsent(payload)
+            return
+        self._push_chunk(*sending, payload, frames)
+
+    def _unsent(self, payload: m.EncodedPayload) -> None:
+        if payload.shm is not None:  # encoded for nothing: its slot goes back at once
+            self._pool.release(payload.shm)
+
+    def _push_chunk(self, stream: InputStream, seq: int, payload: m.EncodedPayload, frames: list[memoryview]) -> None:
         self.profiler.record(
             EventKind.STREAM_SENT,
             stream.context.request_id,
@@ -328,18 +339,36 @@ class Coordinator:
         """End ``record``'s streamed input: the entry stage gets the stream's end after its
         last chunk (the same socket, so in order)."""
         stream = self.core.end_input(record)
+        if stream is not None:  # else it waits for a replay, which sends the end after the chunks
+            self._end_stream(stream)
+
+    def _end_stream(self, stream: InputStream) -> None:
         self.endpoint.send_to(stream.instance, m.StreamDone(stream.context, m.INPUT_SOURCE, stream.entry))
 
     def _replay(self) -> None:
         """Send every replay the core could place (arrival order: before any new request,
-        which waits for this loop turn to end)."""
+        which waits for this loop turn to end): its whole input again, or, for a streamed
+        input, every chunk sent so far (and its end, if it came) to the new attempt."""
         for admitted in self.core.take_replays():
+            record = admitted.record
+            chunks = record.inputs if record.input_stream is not None else [record.inputs]
+            encoded: list[tuple[m.EncodedPayload, list[memoryview]]] = []
             try:
-                payload, frames = self._codec.encode_frames(admitted.record.inputs)
+                for chunk in chunks:
+                    encoded.append(self._codec.encode_frames(chunk))
             except Exception as exc:  # encoded once already; a slot shortage or a changed object
+                for payload, _ in encoded:
+                    self._unsent(payload)
                 self._broadcast_all(self.core.replay_failed(admitted, describe_error(exc)))
                 continue
-            self._send_submit(admitted, payload, frames)
+            stream = record.input_stream
+            if stream is None:
+                self._send_submit(admitted, *encoded[0])
+                continue
+            for seq, (payload, frames) in enumerate(encoded):
+                self._push_chunk(stream, seq, payload, frames)
+            if stream.ended:
+                self._end_stream(stream)
 
     async def abort(self, request_id: str) -> None:
         self._broadcast_all(self.core.abort(request_id))

@@ -184,13 +184,14 @@ class CoordinatorCore:
         ``inputs`` are held for a replay (see :meth:`process_died`) until its caller sees
         output: its first stream chunk or result, or (``stream`` False: the caller reads
         only the results, all at the end) its completion. ``input_stream``: its input
-        arrives over time instead (:meth:`next_chunk`, :meth:`end_input`); nothing of it is
-        held here, so it is never replayed."""
+        arrives over time instead (:meth:`next_chunk`, :meth:`end_input`, the first chunk
+        too); ``inputs`` is then the list of chunks sent so far, held on the same terms
+        (none when replays are off)."""
         record = admitted.record
         record.caller_streams = stream
         if input_stream:
             record.input_stream = InputStream(admitted.context, admitted.entry, admitted.instance)
-            inputs = None  # the chunks went to the entry stage; none is kept for a replay
+            inputs = [] if self.replay_limit else None
         record.inputs = inputs  # also what moves a queued request to a replica the autoscaler added
         self.requests[record.request_id] = record
         self.profiler.record(
@@ -198,19 +199,24 @@ class CoordinatorCore:
         )
         record.state = RequestState.RUNNING
 
-    def next_chunk(self, record: RequestRecord) -> tuple[InputStream, int]:
-        """The caller sends the next chunk of ``record``'s streamed input: where it goes and
-        its seq. Only control state changes here; the shell sends the chunk itself."""
+    def next_chunk(self, record: RequestRecord, data: Any) -> tuple[InputStream, int] | None:
+        """The caller sends ``data``, the next chunk of ``record``'s streamed input: where it
+        goes and its seq, or None while the request waits for a replay (it is sent then,
+        with those before it). The shell encodes and sends the chunk itself; it is held here
+        only while a replay could need it (see :meth:`commit`)."""
         stream = self._open_input(record)
         seq = stream.sent
         stream.sent += 1
-        return stream, seq
+        if record.inputs is not None:
+            record.inputs.append(data)
+        return (stream, seq) if record.wire_id else None
 
-    def end_input(self, record: RequestRecord) -> InputStream:
-        """The caller ended ``record``'s streamed input: where the stream's end goes."""
+    def end_input(self, record: RequestRecord) -> InputStream | None:
+        """The caller ended ``record``'s streamed input: where the stream's end goes (None
+        while it waits for a replay, which sends the end after the chunks)."""
         stream = self._open_input(record)
         stream.ended = True
-        return stream
+        return stream if record.wire_id else None
 
     def _open_input(self, record: RequestRecord) -> InputStream:
         """``record``'s input stream, still open (the handle checked it before it called the
@@ -395,12 +401,9 @@ class CoordinatorCore:
             stage = next((s for s in process.stages if s in record.active), process.stages[0])
             dropped.append(record.wire_id)
             resumable = bool(record.sent_tokens) and record.inputs is not None
-            streamed_in = record.input_stream is not None  # its input is not kept: nothing to re-run
-            if streamed_in or (record.output_sent and not resumable) or record.replays >= self.replay_limit:
+            if (record.output_sent and not resumable) or record.replays >= self.replay_limit:
                 failed.append(request_id)
-                if streamed_in:
-                    reason = "not replayed: its input was streamed in and is not kept"
-                elif record.output_sent and not resumable and self.replay_limit:
+                if record.output_sent and not resumable and self.replay_limit:
                     reason = "not replayed: its caller already received output it cannot resume from"
                 elif record.replays:
                     reason = f"replayed {record.replays} time(s) already, the replay limit"
@@ -511,6 +514,8 @@ class CoordinatorCore:
                 params = {**params, m.RESUME_PARAM: {s: list(t) for s, t in record.sent_tokens.items()}}
             context = m.RequestContext(record.wire_id, params, record.active, replicas)
             terminals = tuple(t for t in self.topology.terminals if t in record.expected)
+            if record.input_stream is not None:  # its next chunks go to the new attempt
+                record.input_stream.context, record.input_stream.instance = context, instance
             placed.append(Admitted(record, context, entry, instance, terminals, {}))
         return placed
 

@@ -31,6 +31,8 @@ from transformers.cache_utils import DynamicLayer
 from omnictl.exceptions import InvalidRequest
 from omnictl.models import tensor_parallel
 from omnictl.models.kv_batch import KV, BatchCache, kv_layers
+from omnictl.schedulers.chat import text_messages
+from omnictl.schedulers.detokenizer import TextDecoder, WholeDecoder, stream_decoder_factory
 from omnictl.schedulers.runner import StepOutput
 
 if TYPE_CHECKING:
@@ -212,6 +214,11 @@ class HFCausalLMRunner:
             return ""
         return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
 
+    def text_decoder(self) -> TextDecoder:
+        """The tokenizer's streaming decoder when it has one, else :meth:`detokenize` each step."""
+        new_decoder = stream_decoder_factory(self.tokenizer)
+        return new_decoder() if new_decoder is not None else WholeDecoder(self.detokenize)
+
     def kv_slots(self) -> int:
         return len(self._sequences) + len(self._prefills)
 
@@ -330,31 +337,6 @@ class HFCausalLMRunner:
             raise ValueError(
                 f"HFCausalLMRunner supports full-attention KV caches only; {type(self.model).__name__} uses {names}"
             )
-
-
-def text_messages(messages: Any) -> list[dict[str, str]]:
-    """Chat messages with string content (text parts joined), as chat templates expect."""
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("model input: messages must be a non-empty list", field="messages")
-    rendered = []
-    for index, message in enumerate(messages):
-        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
-            raise InvalidRequest(f"messages[{index}]: expected an object with a role", field=f"messages[{index}]")
-        content = message.get("content", "")
-        if isinstance(content, list):
-            texts = []
-            for part_index, part in enumerate(content):
-                if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise InvalidRequest(
-                        f"messages[{index}].content[{part_index}]: this model reads text parts only",
-                        field=f"messages[{index}].content[{part_index}]",
-                    )
-                texts.append(part["text"])
-            content = "".join(texts)
-        elif not isinstance(content, str):
-            raise InvalidRequest(f"messages[{index}].content: expected text", field=f"messages[{index}].content")
-        rendered.append({"role": message["role"], "content": content})
-    return rendered
 
 
 def causal_lm(

@@ -1,13 +1,18 @@
-"""One request's state inside the autoregressive scheduler: tokens, text, finishing."""
+"""One request's state inside the autoregressive scheduler: tokens, hidden rows, finishing.
+
+Its tokens become text by :class:`~omnictl.schedulers.detokenizer.TextGeneration`, the
+text-generation path the vLLM scheduler uses too."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Mapping, Sequence
 
 import torch
 
 from omnictl.outputs import FinishReason, TokenDelta, TokenResult
-from omnictl.schedulers.sampling import Sampler, SamplingParams, cut_at_stop, streamable_prefix
+from omnictl.schedulers.detokenizer import TextGeneration, WholeDecoder
+from omnictl.schedulers.runner import TextDecodingRunner
+from omnictl.schedulers.sampling import Sampler, SamplingParams
 
 if TYPE_CHECKING:
     from omnictl.schedulers.runner import AutoregressiveRunner, StepOutput
@@ -26,93 +31,95 @@ class ArRequest:
         self.params = params
         self.sampler = Sampler(params)
         self.prompt_tokens = 0
-        self.token_ids: list[int] = []  # generated, without a final stop token
         self.hidden_rows: list[torch.Tensor] = []
         self.hidden_size = 0
-        self.completion_tokens = 0
         self.last_token = -1  # the token fed to the next decode step
-        self.finish_reason: FinishReason | None = None
-        self.final_text: str | None = None  # set when a stop string ended the request
-        self.sent_text = ""
-        self.sent_tokens = 0
         self.steps_since_emit = 0
         self.emitted = False
         self.decode_steps = 0
         self.decode_seconds = 0.0
+        self._generation: TextGeneration | None = None  # made with the first token (the runner's decoder)
 
     def take(self, output: StepOutput, runner: AutoregressiveRunner, stop_ids: set[int]) -> None:
         """Sample the next token from ``output`` and decide whether the request is done."""
+        generation = self._text(runner, stop_ids)
         if self.forced:
-            self._force(output, runner)
+            self._force(output, generation)
             return
         token = self.sampler.sample(output.logits)
-        self.completion_tokens += 1
         self.steps_since_emit += 1
         self.last_token = token
         if output.hidden is not None:
             self.hidden_size = int(output.hidden.shape[-1])
-        if token in stop_ids:
-            self.finish_reason = FinishReason.STOP
-            return
-        self.token_ids.append(token)
-        if output.hidden is not None:
-            self.hidden_rows.append(output.hidden)
-        if self.params.stop:
-            text, hit = cut_at_stop(runner.detokenize(self.token_ids), self.params.stop)
-            if hit:
-                self.finish_reason = FinishReason.STOP
-                self.final_text = text
-                return
-        if self.completion_tokens >= self.params.max_tokens:
-            self.finish_reason = FinishReason.LENGTH
+        generation.add(token)
+        if output.hidden is not None and len(self.hidden_rows) < len(generation.token_ids):
+            self.hidden_rows.append(output.hidden)  # a stop token's row is not kept
 
-    def _force(self, output: StepOutput, runner: AutoregressiveRunner) -> None:
+    def _force(self, output: StepOutput, generation: TextGeneration) -> None:
         """Teacher forcing: the next token is the next one the caller already has; it counts
         as sent (what was streamed of it is what the text was then)."""
         token = self.forced.pop(0)
-        self.completion_tokens += 1
         self.last_token = token
-        self.token_ids.append(token)
         if output.hidden is not None:
             self.hidden_size = int(output.hidden.shape[-1])
             self.hidden_rows.append(output.hidden)
-        self.sent_tokens = len(self.token_ids)
-        self.sent_text = streamable_prefix(runner.detokenize(self.token_ids), self.params.stop)
+        generation.force(token)
         self.steps_since_emit = 0
-        if self.completion_tokens >= self.params.max_tokens:
-            self.finish_reason = FinishReason.LENGTH
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Generated, without a final stop token."""
+        return self._generation.token_ids if self._generation is not None else []
+
+    @property
+    def completion_tokens(self) -> int:
+        return self._generation.completion_tokens if self._generation is not None else 0
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return self._generation.finish_reason if self._generation is not None else None
+
+    @property
+    def final_text(self) -> str | None:
+        """Set when a stop string ended the request."""
+        return self._generation.final_text if self._generation is not None else None
+
+    @property
+    def sent_tokens(self) -> int:
+        return self._generation.sent_tokens if self._generation is not None else 0
+
+    @property
+    def sent_text(self) -> str:
+        return self._generation.sent_text if self._generation is not None else ""
 
     def text(self, runner: AutoregressiveRunner) -> str:
         """The whole text when finished, else the part that is safe to stream."""
-        if self.final_text is not None:
-            return self.final_text
-        full = runner.detokenize(self.token_ids)
-        return full if self.finish_reason is not None else streamable_prefix(full, self.params.stop)
+        return self._text(runner).text()
 
     def chunk(self, runner: AutoregressiveRunner, emit_hidden: bool) -> TokenDelta | None:
         """The increment since the last chunk, or None when there is nothing new."""
         self.steps_since_emit = 0
-        token_ids = self.token_ids[self.sent_tokens :]
-        text = self.text(runner)
-        # Detokenizers can rewrite earlier text as tokens arrive; stream only what extends what was sent.
-        delta = text[len(self.sent_text) :] if text.startswith(self.sent_text) else ""
-        if not token_ids and not delta:
-            return None
-        hidden = self._hidden(self.hidden_rows[self.sent_tokens :]) if emit_hidden else None
-        chunk = TokenDelta(text=delta, token_ids=token_ids, hidden=hidden)
-        self.sent_tokens = len(self.token_ids)
-        self.sent_text += delta
+        generation = self._text(runner)
+        sent_tokens = generation.sent_tokens
+        chunk = generation.chunk()
+        if chunk is not None and emit_hidden:
+            chunk.hidden = self._hidden(self.hidden_rows[sent_tokens:])
         return chunk
 
     def result(self, runner: AutoregressiveRunner, emit_hidden: bool) -> TokenResult:
-        return TokenResult(
-            text=self.text(runner),
-            finish_reason=self.finish_reason or FinishReason.STOP,
-            prompt_tokens=self.prompt_tokens,
-            completion_tokens=self.completion_tokens,
-            token_ids=list(self.token_ids),
-            hidden=self._hidden(self.hidden_rows) if emit_hidden else None,
-        )
+        result = self._text(runner).result(self.prompt_tokens)
+        if emit_hidden:
+            result.hidden = self._hidden(self.hidden_rows)
+        return result
+
+    def _text(self, runner: AutoregressiveRunner, stop_ids: Collection[int] = ()) -> TextGeneration:
+        """This request's text generation, made on first use with the runner's decoder."""
+        if self._generation is None:
+            decoder = (
+                runner.text_decoder() if isinstance(runner, TextDecodingRunner) else WholeDecoder(runner.detokenize)
+            )
+            self._generation = TextGeneration(self.params, decoder, stop_ids)
+        return self._generation
 
     def _hidden(self, rows: list[torch.Tensor]) -> torch.Tensor:
         if not rows:

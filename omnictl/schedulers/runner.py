@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_chec
 if TYPE_CHECKING:  # torch stays out of the import path of the CLI
     import torch
 
+    from omnictl.schedulers.detokenizer import TextDecoder
+
 
 @dataclass(slots=True)
 class StepOutput:
@@ -41,6 +43,16 @@ class AutoregressiveRunner(Protocol):
 
     def kv_slots(self) -> int:
         """How many requests hold a KV cache right now."""
+        ...
+
+
+@runtime_checkable
+class TextDecodingRunner(Protocol):
+    """Optional runner method: a decoder that turns one request's tokens into text a token
+    at a time (without it, ``detokenize`` is asked for every token so far on each step)."""
+
+    def text_decoder(self) -> TextDecoder:
+        """A fresh decoder for one request's generated tokens."""
         ...
 
 

@@ -9,8 +9,9 @@ argument and nothing else changes. It owns no batch and no cache: every request 
 process of its own, started with ``spawn``) does continuous batching, paged KV and prefix
 caching.
 
-Text is made here, from the engine's token ids, with the same tokenizer and the same
-rules as the HF path (:mod:`omnictl.schedulers.sampling`): stop strings are cut and never
+Text is made here, from the engine's token ids, with the same tokenizer and by the same
+class as the HF path (:class:`~omnictl.schedulers.detokenizer.TextGeneration`, decoding
+incrementally with the ``tokenizers`` streaming decoder): stop strings are cut and never
 streamed, a trailing half character is held back, a stop token ends the request without
 appearing in ``token_ids`` (it counts in ``completion_tokens``). The engine is asked not
 to detokenize. A request that this side ends early (a stop string, or ``stop_when`` says
@@ -34,7 +35,7 @@ import logging
 import os
 import signal
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, cast
 
 from omnictl.exceptions import InvalidRequest, StartupError
@@ -48,7 +49,9 @@ from omnictl.schedulers.base import (
     Scheduler,
     SchedulerLoad,
 )
-from omnictl.schedulers.sampling import SamplingParams, cut_at_stop, streamable_prefix
+from omnictl.schedulers.chat import text_messages, with_system_prompt
+from omnictl.schedulers.detokenizer import TextDecoder, TextGeneration, WholeDecoder, stream_decoder_factory
+from omnictl.schedulers.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -205,20 +208,6 @@ def _counting_logger(counts: _Counts) -> Any:
             pass
 
     return CountingLogger
-
-
-@dataclass
-class _Answer:
-    """One request's text as it grows (the HF path's rules, see :mod:`omnictl.schedulers.ar_request`)."""
-
-    params: SamplingParams
-    prompt_tokens: int
-    token_ids: list[int] = field(default_factory=list)
-    completion_tokens: int = 0
-    finish_reason: FinishReason | None = None
-    final_text: str | None = None
-    sent_text: str = ""
-    sent_tokens: int = 0
 
 
 class VllmScheduler(Scheduler):
@@ -380,11 +369,7 @@ class VllmScheduler(Scheduler):
                 raise InvalidRequest(f"model input: prompt must be a string, got {type(value).__name__}", field=key)
             ids = list(self.tokenizer(value, add_special_tokens=False)["input_ids"])
         else:
-            from omnictl.models.hf_causal_lm import text_messages
-
-            messages = text_messages(value)
-            if self.system_prompt and not any(m["role"] == "system" for m in messages):
-                messages = [{"role": "system", "content": self.system_prompt}, *messages]
+            messages = with_system_prompt(text_messages(value), self.system_prompt)
             # tokenize=True, return_dict=False: a list of token ids (the stub's union covers every mode)
             ids = list(
                 cast(
@@ -446,7 +431,7 @@ class VllmScheduler(Scheduler):
 
         engine = self.engine
         assert engine is not None, "scheduler not started"
-        answer = _Answer(params, prompt_tokens=len(prompt_ids))
+        answer = TextGeneration(params, self._text_decoder(), self._stop_ids, self.stop_when)
         self.profile(EventKind.PREFILL_START, rid)
         metrics: Any = None
         steps_since_emit = 0
@@ -465,7 +450,7 @@ class VllmScheduler(Scheduler):
                 for position, token in enumerate(completion.token_ids):
                     if params.logprobs and int(token) not in self._stop_ids:  # a stop token is no part of the answer
                         chosen.append(self._logprob(int(token), completion.logprobs, position, params.top_logprobs))
-                    self._take(answer, int(token))
+                    answer.add(int(token))
                     steps_since_emit += 1
                     if answer.finish_reason is not None:
                         break
@@ -495,7 +480,7 @@ class VllmScheduler(Scheduler):
             await stream.aclose()  # ended early here (stop string, stop_when): aborts it in the engine
         self._forget(rid)
         self._profile_decode(rid, metrics, answer.completion_tokens)
-        result = self._result(answer)
+        result = answer.result(len(prompt_ids))
         if params.logprobs:
             result.logprobs = chosen
         self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, self.on_output(rid, result, final=True)))
@@ -504,50 +489,14 @@ class VllmScheduler(Scheduler):
         if self._tasks.get(rid) is asyncio.current_task():
             del self._tasks[rid]
 
-    def _take(self, answer: _Answer, token: int) -> None:
-        """One generated token; sets ``finish_reason`` when the answer ends with it."""
-        answer.completion_tokens += 1
-        if token in self._stop_ids:
-            answer.finish_reason = FinishReason.STOP
+    def _emit_chunk(self, rid: str, answer: TextGeneration) -> None:
+        first = answer.sent_nothing
+        chunk = answer.chunk()
+        if chunk is None:
             return
-        answer.token_ids.append(token)
-        params = answer.params
-        if params.stop:
-            text, hit = cut_at_stop(self._detokenize(answer.token_ids), params.stop)
-            if hit:
-                answer.finish_reason, answer.final_text = FinishReason.STOP, text
-                return
-        if answer.completion_tokens >= params.max_tokens:
-            answer.finish_reason = FinishReason.LENGTH
-        elif self.stop_when is not None and self.stop_when(self._detokenize(answer.token_ids)):
-            answer.finish_reason = FinishReason.STOP
-
-    def _text(self, answer: _Answer) -> str:
-        if answer.final_text is not None:
-            return answer.final_text
-        full = self._detokenize(answer.token_ids)
-        return full if answer.finish_reason is not None else streamable_prefix(full, answer.params.stop)
-
-    def _emit_chunk(self, rid: str, answer: _Answer) -> None:
-        text = self._text(answer)
-        delta = text[len(answer.sent_text) :] if text.startswith(answer.sent_text) else ""
-        token_ids = answer.token_ids[answer.sent_tokens :]
-        if not token_ids and not delta:
-            return
-        if not answer.sent_tokens and not answer.sent_text:
+        if first:
             self.profile(EventKind.FIRST_EMIT, rid)
-        answer.sent_tokens, answer.sent_text = len(answer.token_ids), answer.sent_text + delta
-        chunk = self.on_output(rid, TokenDelta(text=delta, token_ids=token_ids), final=False)
-        self.emit(OutgoingMessage(OutgoingKind.STREAM, rid, chunk))
-
-    def _result(self, answer: _Answer) -> TokenResult:
-        return TokenResult(
-            text=self._text(answer),
-            finish_reason=answer.finish_reason or FinishReason.STOP,
-            prompt_tokens=answer.prompt_tokens,
-            completion_tokens=answer.completion_tokens,
-            token_ids=list(answer.token_ids),
-        )
+        self.emit(OutgoingMessage(OutgoingKind.STREAM, rid, self.on_output(rid, chunk, final=False)))
 
     def _logprob(self, token: int, logprobs: Any, position: int, top: int) -> TokenLogprob:
         """OpenAI's entry for one chosen token from vLLM's ``{token id: Logprob}`` at
@@ -571,6 +520,11 @@ class VllmScheduler(Scheduler):
                 for _, token_id, logprob in alternatives[:top]
             ],
         )
+
+    def _text_decoder(self) -> TextDecoder:
+        """The tokenizer's streaming decoder (a whole decode per token if it has none)."""
+        new_decoder = stream_decoder_factory(self.tokenizer)
+        return new_decoder() if new_decoder is not None else WholeDecoder(self._detokenize)
 
     def _detokenize(self, token_ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))

@@ -23,7 +23,7 @@ import zmq.asyncio
 from omnictl import messages as m
 from omnictl.coordinator.autoscale import ScaleDecision
 from omnictl.coordinator.coordinator import Coordinator
-from omnictl.coordinator.request import RequestEventKind
+from omnictl.coordinator.request import RequestEventKind, RequestState
 from omnictl.exceptions import (
     InvalidRequest,
     LaunchError,
@@ -951,16 +951,59 @@ def test_streamed_input_misuse_is_refused_naming_the_input_and_sends_nothing() -
     run(body)
 
 
-def test_a_deadline_fails_an_input_never_ended_and_a_death_fails_it_unreplayed() -> None:
+def test_a_deadline_fails_an_input_never_ended() -> None:
     async def body(c: Coordinator, stub: StubLauncher) -> None:
         late = await c.submit({"n": 0}, request_id="late", input_stream=True)
         with pytest.raises(RequestFailed, match=r"missed its deadline of 0.3s; its input was never ended \(1 chunk"):
             await asyncio.wait_for(late.result(), 3)
         await eventually(lambda: any(b == m.Abort(("late",)) for b in stub.processes["prep"].heard))
-        lost = await c.submit({"n": 0}, request_id="lost", input_stream=True)
-        stub.die("prep")
-        with pytest.raises(RequestFailed, match=r"not replayed: its input was streamed in and is not kept"):
-            await asyncio.wait_for(lost.result(), 3)
         assert c.held() == {"requests": 0, "placed": 0, "replica_in_flight": 0, "replays_waiting": 0, "slots_in_use": 0}
 
-    run(body, LaunchConfig(ready_timeout=5.0, request_timeout=0.3, replay_limit=1))
+    run(body, LaunchConfig(ready_timeout=5.0, request_timeout=0.3))
+
+
+def test_a_death_replays_a_streamed_input_to_the_entry_every_chunk_again_then_the_rest() -> None:
+    async def body(c: Coordinator, stub: StubLauncher) -> None:
+        handle = await c.submit({"n": 0}, request_id="r1", input_stream=True)
+        await handle.send({"x": np.arange(100_000, dtype=np.float32)})  # in a slot, both times
+        prep = stub.processes["prep"]
+        await eventually(lambda: len(prep.received) == 2)
+        replica = f"voice#{prep.received[0][0].ctx.replicas['voice']}"
+        stub.die(replica)  # the replica it was pinned to; nothing reached the caller yet
+        await eventually(lambda: len(prep.received) == 4)
+        await handle.send({"n": 2})
+        await handle.end_input()
+        await eventually(lambda: len(prep.received) == 6)
+        again = [message for message, _ in prep.received[2:]]
+        assert [type(message) for message in again] == [m.StreamChunk] * 3 + [m.StreamDone]
+        assert {message.ctx.request_id for message in again} == {"r1~1"}  # the replay's wire id
+        assert [message.seq for message in again[:3]] == [0, 1, 2]
+        data = [decode(message.payload, SegmentReader()) for message in again[:3]]
+        assert data[0] == {"n": 0} and data[2] == {"n": 2}
+        assert np.array_equal(data[1]["x"], np.arange(100_000, dtype=np.float32))
+        assert again[0].ctx.replicas["voice"] != int(replica[-1])  # the other replica now
+        for message in (prep.received[1][0], again[1]):
+            prep.send(m.SlotRelease(message.payload.shm))
+        await eventually(lambda: c.held()["slots_in_use"] == 0)
+        assert c.core.replayed == 1 and handle.state is RequestState.RUNNING
+
+    run(body, LaunchConfig(ready_timeout=5.0, replay_limit=1))
+
+
+def test_a_streamed_chunk_changed_after_it_was_sent_fails_the_replay_and_frees_what_it_encoded() -> None:
+    async def body(c: Coordinator, stub: StubLauncher) -> None:
+        handle = await c.submit(None, request_id="r1", input_stream=True)
+        changed: dict[str, Any] = {"n": 1}
+        await handle.send({"x": np.arange(100_000, dtype=np.float32)})
+        await handle.send(changed)
+        prep = stub.processes["prep"]
+        await eventually(lambda: len(prep.received) == 2)
+        changed["n"] = object()  # the caller reused it: the replay cannot send it again
+        stub.die(f"voice#{prep.received[0][0].ctx.replicas['voice']}")
+        with pytest.raises(RequestFailed, match=r"request r1 could not be replayed: .*UnsupportedPayload"):
+            await asyncio.wait_for(handle.result(), 3)
+        assert len(prep.received) == 2  # nothing of the replay went out
+        prep.send(m.SlotRelease(prep.received[0][0].payload.shm))  # the first attempt's slot
+        await eventually(lambda: c.held()["slots_in_use"] == 0)  # the replay's encoded chunk went back at once
+
+    run(body, LaunchConfig(ready_timeout=5.0, replay_limit=1))

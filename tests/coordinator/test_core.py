@@ -717,7 +717,7 @@ def test_a_caller_that_streamed_autoregressive_tokens_resumes_with_them_forced()
 
 def streaming(c: CoordinatorCore, request_id: str, now: float = 0.0) -> Admitted:
     admitted = c.admit(now, None, request_id)
-    c.commit(admitted, {"first chunk": 1}, input_stream=True)
+    c.commit(admitted, None, input_stream=True)  # the shell sends a first chunk, if any, by next_chunk
     return admitted
 
 
@@ -730,10 +730,10 @@ def test_a_streamed_input_counts_its_chunks_and_is_refused_once_ended() -> None:
         stream = record.input_stream
         assert stream is not None and (stream.entry, stream.instance) == ("prep", "prep")
         assert stream.context == admitted.context
-        assert [c.next_chunk(record)[1] for _ in range(3)] == [0, 1, 2]
+        assert [c.next_chunk(record, {"n": n}) for n in range(3)] == [(stream, 0), (stream, 1), (stream, 2)]
         assert c.end_input(record) is stream and stream.ended and stream.sent == 3
         with pytest.raises(InvalidRequest, match=r"^request r1 ended: no more input is taken$") as error:
-            c.next_chunk(record)
+            c.next_chunk(record, {"n": 3})
         assert error.value.field == "input"
         with pytest.raises(InvalidRequest, match="request r1 ended"):
             c.end_input(record)
@@ -747,11 +747,11 @@ def test_a_whole_input_takes_no_chunk_and_a_finished_stream_none_either() -> Non
         c, _ = core()
         whole = started(c, "r1").record
         with pytest.raises(InvalidRequest, match=r"^request r1 takes no streamed input: no more input is taken$"):
-            c.next_chunk(whole)
+            c.next_chunk(whole, {"n": 0})
         record = streaming(c, "r2").record
         assert c.abort("r2") == [m.Abort(("r2",))]
         with pytest.raises(InvalidRequest, match=r"^request r2 has ended: no more input is taken$"):
-            c.next_chunk(record)
+            c.next_chunk(record, {"n": 0})
         c.abort("r1")
         assert_holds_nothing(c)
 
@@ -762,7 +762,7 @@ def test_a_streamed_input_never_ended_fails_at_its_deadline_naming_the_chunks_it
     async def body() -> None:
         c, rec = core(request_timeout=5.0)
         admitted = streaming(c, "r1", now=0.0)
-        c.next_chunk(admitted.record)
+        c.next_chunk(admitted.record, {"n": 0})
         assert c.expire(4.9) == []
         assert c.expire(5.0) == [m.Abort(("r1",))]
         error = admitted.record.outcome.exception()
@@ -778,16 +778,43 @@ def test_a_streamed_input_never_ended_fails_at_its_deadline_naming_the_chunks_it
     run(body())
 
 
-def test_a_death_fails_a_streamed_input_rather_than_replaying_it() -> None:
+def test_a_death_replays_a_streamed_input_from_its_kept_chunks_until_its_caller_sees_output() -> None:
     async def body() -> None:
-        c, _ = core(replay_limit=3)
+        c, _ = core(replay_limit=1)
         admitted = streaming(c, "r1")
-        whole = started(c, "r2")  # beside it, a whole input is replayed as before
+        record = admitted.record
+        assert record.inputs == []  # the chunks are kept while a replay could need them
+        c.next_chunk(record, "a")
+        c.next_chunk(record, "b")
+        instance = f"voice#{admitted.context.replicas['voice']}"
+        death = c.process_died(instance, "killed by SIGKILL")
+        assert death.failed == [] and [r.request_id for r in death.replayed] == ["r1"]
+        assert death.broadcasts[0] == m.Abort(("r1",))
+        # while it waits for a replica, chunks (and the end) are kept, not sent
+        assert c.next_chunk(record, "c") is None and c.end_input(record) is None
+        (replay,) = c.take_replays()
+        stream = record.input_stream
+        assert stream is not None and stream.context == replay.context and stream.instance == replay.instance
+        assert replay.context.request_id == "r1~1" and record.inputs == ["a", "b", "c"] and stream.sent == 3
+        # once the caller has seen output (audio, not a token stream), a death fails it
+        c.terminal_output("r1~1", "tts", 0, False, {"audio": 1})
+        assert record.inputs is None
+        death = c.process_died(f"voice#{replay.context.replicas['voice']}", "killed by SIGKILL")
+        assert death.failed == ["r1"]
+        assert "not replayed: its caller already received output" in str(record.outcome.exception())
+
+    run(body())
+
+
+def test_with_replays_off_a_streamed_input_keeps_no_chunk_and_a_death_fails_it() -> None:
+    async def body() -> None:
+        c, _ = core(replay_limit=0)
+        admitted = streaming(c, "r1")
+        c.next_chunk(admitted.record, "a")
+        assert admitted.record.inputs is None
         death = c.process_died("prep", "killed by SIGKILL")
-        assert death.failed == ["r1"] and [r.request_id for r in death.replayed] == ["r2"]
+        assert death.failed == ["r1"] and death.replayed == []
         error = admitted.record.outcome.exception()
         assert isinstance(error, RequestFailed) and error.stage == "prep"
-        assert str(error).endswith("(not replayed: its input was streamed in and is not kept)")
-        assert whole.record.state is RequestState.RUNNING
 
     run(body())

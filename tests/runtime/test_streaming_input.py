@@ -6,6 +6,8 @@ deadline, 100 concurrent streams and backpressure, each ending with nothing held
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -56,6 +58,15 @@ def slow(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     tmp = tmp_path_factory.mktemp("streaming_input_slow")
     path = _topology(tmp / "t.yaml", {"work_s": 0.02}, relay={"inbox": 4})
     pipeline = launch(loop, path, profile=False, request_timeout=TIMEOUT_S)
+    yield pipeline
+    loop.run(pipeline.close())
+
+
+@pytest.fixture(scope="module")
+def restarting(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A process that dies is started again (and its requests replayed once)."""
+    tmp = tmp_path_factory.mktemp("streaming_input_restart")
+    pipeline = launch(loop, _topology(tmp / "t.yaml", {}), profile=False, max_restarts=1, replay_limit=1)
     yield pipeline
     loop.run(pipeline.close())
 
@@ -185,3 +196,23 @@ def test_chunks_reach_an_entry_on_another_node_over_tcp_in_order(loop: LoopThrea
     result, held = loop.run(scenario())
     _check(result, 60)
     assert held == []
+
+
+def test_a_streamed_input_whose_process_dies_is_replayed_whole_on_the_restarted_one(
+    loop: LoopThread, restarting: Any
+) -> None:
+    async def scenario() -> tuple[dict[str, Any], int, list[str]]:
+        request = await restarting.submit(None, input_stream=True)
+        for i in range(10):
+            await request.send(chunk(i, SLOT if i % 2 else INLINE))
+        await eventually(lambda: restarting.in_flight() == 1)
+        os.kill(restarting.process_ids()["p"], signal.SIGKILL)  # the caller has seen nothing yet
+        for i in range(10, 20):  # kept while the request waits for the restart, then sent after the rest
+            await request.send(chunk(i, SLOT if i % 2 else INLINE))
+        await request.end_input()
+        result = dict((await asyncio.wait_for(request.result(), 60))["near"])
+        return result, restarting.replayed, await held_by(restarting)
+
+    result, replayed, held = loop.run(scenario(), timeout=120)
+    _check(result, 20)  # every chunk, once, in order, on the new process
+    assert replayed == 1 and held == []

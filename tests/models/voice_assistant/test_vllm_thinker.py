@@ -217,6 +217,40 @@ def test_a_stop_string_ends_the_answer_and_is_never_streamed(
     assert loop.run(_engine_is_empty(scheduler, collector, "after-stop"))
 
 
+def test_logprobs_logit_bias_and_penalties_act_on_the_real_engine(
+    loop: LoopThread, vllm_thinker: tuple[VllmScheduler, Collector]
+) -> None:
+    """Issue 40 bug 7: the fields were accepted and did nothing. Greedy, so each effect is
+    certain: logprobs are the engine's (the chosen token is the most likely one), a bias of
+    -100 on the first answer token makes the engine choose another, a strong repetition
+    penalty changes a repetitive answer."""
+    scheduler, collector = vllm_thinker
+    question = "Say the word hello five times."
+    ask(scheduler, "free", question, max_tokens=12)
+    _, free = loop.run(collector.answer("free"), timeout=300)
+    assert free.kind is OutgoingKind.RESULT, free.error
+    ask(scheduler, "scored", question, max_tokens=12, logprobs=True, top_logprobs=3)
+    _, scored = loop.run(collector.answer("scored"), timeout=300)
+    result = scored.data
+    assert result.token_ids == free.data.token_ids and result.logprobs is not None
+    assert len(result.logprobs) == len(result.token_ids)
+    for token_id, entry in zip(result.token_ids, result.logprobs):
+        assert entry.token == scheduler.tokenizer.decode([token_id]) and entry.logprob <= 0.0
+        assert len(entry.top_logprobs) == 3 and entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-4)
+        assert [t.logprob for t in entry.top_logprobs] == sorted((t.logprob for t in entry.top_logprobs), reverse=True)
+    first = free.data.token_ids[0]
+    ask(scheduler, "biased", question, max_tokens=12, logit_bias={str(first): -100})
+    _, biased = loop.run(collector.answer("biased"), timeout=300)
+    assert biased.data.token_ids[0] != first
+    ask(scheduler, "penalised", question, max_tokens=12, repetition_penalty=2.0, frequency_penalty=2.0)
+    _, penalised = loop.run(collector.answer("penalised"), timeout=300)
+    assert penalised.kind is OutgoingKind.RESULT, penalised.error
+    assert penalised.data.token_ids != free.data.token_ids
+    ask(scheduler, "outside", question, logit_bias={str(len(scheduler.tokenizer)): 1})
+    _, outside = loop.run(collector.answer("outside"), timeout=300)
+    assert outside.kind is OutgoingKind.ERROR and outside.field == "sampling.logit_bias"
+
+
 async def _engine_is_empty(scheduler: VllmScheduler, collector: Collector, probe: str) -> bool:
     """True when the engine holds no request: a short probe runs alone in it (the
     engine's scheduler then reports at most the probe running and nothing waiting: a
