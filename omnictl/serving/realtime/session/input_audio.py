@@ -16,6 +16,7 @@ import logging
 
 import numpy as np
 
+from omnictl.audio import pcm16_to_float
 from omnictl.inputs import PCM16_RATE
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.echo_guard import ECHO_SHARE, WINDOW_MS
@@ -43,7 +44,7 @@ def _detect(
     vad: SileroVad, turns: TurnDetector | SemanticTurnDetector, raw: bytes
 ) -> tuple[np.ndarray, list[SpeechStarted | SpeechStopped]]:
     """pcm16 at 24 kHz: (the audio at 16 kHz, the turns it starts or ends)."""
-    audio = to_vad_rate(np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0, PCM16_RATE)
+    audio = to_vad_rate(pcm16_to_float(raw), PCM16_RATE)
     probabilities = vad.feed(audio)
     if isinstance(turns, SemanticTurnDetector):  # the turn model hears the same audio
         return audio, turns.feed(probabilities, audio)
@@ -186,7 +187,7 @@ class InputAudio(SessionCore):
                 "is needed",
                 "input_audio_buffer_commit_empty",
             )
-        samples = np.frombuffer(bytes(self.buffer), "<i2").astype(np.float32) / 32768.0
+        samples = pcm16_to_float(bytes(self.buffer))
         self.buffer.clear()
         self._check_memory(samples.nbytes, event_id)
         previous = self.conversation.last_id()

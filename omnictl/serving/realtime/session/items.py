@@ -8,8 +8,7 @@ import asyncio
 import base64
 import binascii
 
-import numpy as np
-
+from omnictl.audio import float_to_pcm16_bytes, pcm16_to_float
 from omnictl.serving.common.echo import clip_repr
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.formats import PCM
@@ -56,7 +55,7 @@ class Items(SessionCore):
                 )
             raw = codec.to_pcm16(raw)
             self._check_memory(len(raw) * 2, event.event_id)
-            turn = self.conversation.user_audio(np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0, item.id)
+            turn = self.conversation.user_audio(pcm16_to_float(raw), item.id)
             self.send(ev.ItemAdded(item=turn.item(), previous_item_id=previous))
             self._transcribe(turn)
             return
@@ -122,6 +121,6 @@ class Items(SessionCore):
         turn = self._item(event.item_id, event.event_id, "retrieve")
         item = turn.item()
         if turn.audio is not None:
-            pcm = (np.clip(turn.audio, -1, 1) * 32767).astype("<i2").tobytes()
+            pcm = float_to_pcm16_bytes(turn.audio)
             item.content[0].audio = base64.b64encode(self.settings.input_codec.from_pcm16(pcm)).decode()
         self.send(ev.ItemRetrieved(item=item))

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 
 import msgspec
-import numpy as np
 
+from omnictl.audio import pcm16_to_float
 from omnictl.inputs import PCM16_RATE
 from omnictl.serving.chat.protocol import OPENAI_VOICES
 from omnictl.serving.realtime import events as ev
@@ -74,7 +74,7 @@ class Lifecycle(SessionCore):
 
     def _sent_audio(self, pcm: bytes) -> None:
         if self.echo.enabled and self._vad is not None:  # only speech detection can mistake echo for speech
-            self.echo.sent(to_vad_rate(np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0, PCM16_RATE))
+            self.echo.sent(to_vad_rate(pcm16_to_float(pcm), PCM16_RATE))
 
     async def response_cancel(self, event: ev.ResponseCancel) -> None:
         if self.response is None or (event.response_id and event.response_id != self.response[0].id):
