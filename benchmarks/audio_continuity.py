@@ -247,11 +247,13 @@ def measure(url: str, model: str, rate: float, count: int, seed: int, args: Any,
 def run_configs(topology: str | None, model_path: str | None, configs: list[str], rates: list[float],
                 args: Any, slo: AudioSlo,
                 measured: Callable[[str, float, RateFigures], None] = lambda *_: None,
+                started: Callable[[str, dict[str, int]], None] = lambda *_: None,
                 ) -> dict[str, dict[float, RateFigures]]:
     """Every configuration's server up at once, and each rate run on them in turn (the order
     turned by one each rate): on a machine shared with other work, the load changes from
     minute to minute, and configs run one after the other met different machines.
-    ``measured(config, rate, figures)`` is called as each is done."""
+    ``measured(config, rate, figures)`` is called as each is done, ``started(config, pids)``
+    with each server's stage processes once it is up."""
     from omnictl.serving.background import BackgroundServer
     from omnictl.serving.server import ServeOptions
 
@@ -269,6 +271,7 @@ def run_configs(topology: str | None, model_path: str | None, configs: list[str]
                                    request_timeout=600.0, ready_timeout=600.0)  # a busy shared machine loads slowly
             listening = servers.enter_context(BackgroundServer(options))
             up[config] = listening.url, listening.state.model_name, Path(listening.pipeline.run_dir)
+            started(config, listening.pipeline.process_ids())
             measure(up[config][0], up[config][1], 1.0, args.warmup, 99, args, 10_000)  # compile, load, warm
         for index, rate in enumerate(rates):
             for config in configs[index % len(configs):] + configs[: index % len(configs)]:
@@ -431,14 +434,18 @@ def main() -> int:
             unknown = [c for c in configs if c not in CONFIGS]
             if unknown:
                 parser.error(f"--configs takes {', '.join(CONFIGS)}, got {', '.join(unknown)}")
-            part: dict[str, Any] = {"rates": {c: {} for c in configs}}
+            part: dict[str, Any] = {"rates": {c: {} for c in configs}, "stage_pids": {}}
             document["topologies"][name] = part
 
             def measured(config: str, rate: float, figures: RateFigures, part: dict[str, Any] = part) -> None:
                 part["rates"][config][str(rate)] = figures.summary()
                 save()
 
-            results = run_configs(topology, model_path, configs, rates, args, slo, measured)
+            def started(config: str, pids: dict[str, int], part: dict[str, Any] = part) -> None:
+                part["stage_pids"][config] = pids  # GPU memory sampled by pid is placed by these
+                save()
+
+            results = run_configs(topology, model_path, configs, rates, args, slo, measured, started)
             judged = report(name, results, slo)
             part["sustained_per_s"] = {config: highest_sustained(figures) for config, figures in results.items()}
             part["goals"] = [{"goal": text, "met": met} for text, met in judged]

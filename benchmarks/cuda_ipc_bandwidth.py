@@ -105,6 +105,8 @@ def measure(device: str, mib: int, repeats: int, warmup: int) -> dict[str, Any]:
             if round_ >= warmup:
                 times.append(elapsed)
             del tensor
+            if device.startswith("cuda"):
+                torch.cuda.ipc_collect()  # frees what torch kept for a receiver that held a reference
         ours.send(None)
         child.join(30)
     finally:

@@ -157,6 +157,8 @@ async def staged_rates(model_path: str, device: str, schedules: dict[float, list
         run_dir = args.run_dir or scratch  # the stage processes' logs land in <run_dir>/logs
         async with omnictl.Pipeline.launch(topology, model_path=model_path, device=device, run_dir=run_dir,
                                            profile=False) as pipe:
+            results["stage_pids"] = pipe.process_ids()  # GPU memory per process, sampled by pid, is placed by these
+            save()
             for i in range(2):  # warm-up
                 await staged_one(pipe, make_request(i, args.max_tokens))
             singles = [await staged_one(pipe, make_request(i, args.max_tokens)) for i in range(args.single)]
@@ -321,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         unloaded = statistics.median(mono.generate([i]) for i in range(2))
         print(f"monolithic unloaded latency: {unloaded:.2f} s", flush=True)
         target = args.target or 2 * unloaded
-        results.update(model_path=model_path, params_m=params, thinker_step_ms=step_all,
+        results.update(model_path=model_path, params_m=params, thinker_step_ms=step_all, monolithic_pid=os.getpid(),
                        monolithic_unloaded_s=unloaded, target_p90_first_audio_s=target)
         save()
         if args.rates:
@@ -340,6 +342,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  monolithic {rate:6.2f} req/s done: first audio p50 {mono_figures[rate].pct('first_audio', 0.5):.2f} s",
                   flush=True)
         del mono  # its memory back before the stage processes load their parts
+        if args.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.empty_cache()  # and out of this process's cache: the memory samples show the stages alone
         staged_figures = asyncio.run(staged_rates(model_path, args.device, schedules, args, results, save))
     report(staged_figures, mono_figures, target, results)
     save()
