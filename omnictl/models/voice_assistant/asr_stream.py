@@ -1,0 +1,286 @@
+"""The ``asr_stream`` stage: transcribes a streamed input while it arrives.
+
+The request's input comes as stream chunks (``Pipeline.submit(None, input_stream=True)``,
+then ``send(chunk)`` and ``end_input()``; or a ``stream_to`` upstream), each one of:
+
+- an :class:`~omnictl.outputs.AudioChunk` (float32 mono at its ``sample_rate``);
+- ``bytes``: PCM16 little-endian mono at the stage's ``pcm16_rate`` (24 kHz: the Realtime
+  protocol's ``pcm16``);
+- a dict ``{"context": str}`` before any audio: the conversation so far, which primes the
+  decoder (Whisper's previous-text prompt).
+
+Audio is resampled to 16 kHz with the project's resampler (the whole input at each pass, so
+no chunk edge is filtered on its own) and fed to an
+:class:`~omnictl.models.voice_assistant.incremental_asr.IncrementalTranscriber`. Each word
+it confirms is streamed at once as a :class:`~omnictl.outputs.TextDelta`; when the input
+ends, the rest of the transcript goes out as the last delta (the deltas concatenate to the
+transcript) and the :class:`~omnictl.outputs.Transcript` is the result.
+
+Decoding runs in one worker thread (the model's CPU is shared by every request of the
+stage). A request's audio that arrives while a pass runs waits and is decoded in the next
+pass at once, so a slow pass never queues one pass per chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from omnictl.audio import pcm16_to_float, resample
+from omnictl.exceptions import InvalidRequest
+from omnictl.logs import request_scope
+from omnictl.models.voice_assistant.asr import SAMPLE_RATE
+from omnictl.models.voice_assistant.incremental_asr import (
+    IncrementalSettings,
+    IncrementalTranscriber,
+    WhisperDecoder,
+)
+from omnictl.outputs import AudioChunk, TextDelta, Transcript
+from omnictl.recent import RecentIds
+from omnictl.schedulers.base import (
+    IncomingKind,
+    IncomingMessage,
+    OutgoingKind,
+    OutgoingMessage,
+    Scheduler,
+    SchedulerLoad,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Utterance:
+    transcriber: IncrementalTranscriber | None = None  # made with the first audio (after any context)
+    context: str = ""
+    rate: int | None = None  # the input's sample rate (one per request)
+    raw: list[np.ndarray] = field(default_factory=list)  # every sample received, at `rate`
+    raw_samples: int = 0
+    fed: int = 0  # 16 kHz samples handed to the transcriber
+    taken: int = 0  # raw samples the worker has seen
+    ended: bool = False
+    busy: bool = False  # a job is queued or running for it
+    failed: bool = False  # aborted or failed: its job stops at the next step
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class StreamingAsrScheduler(Scheduler):
+    """Streamed audio in, confirmed words streamed out, the transcript as the result."""
+
+    def __init__(
+        self, decoder: WhisperDecoder, settings: IncrementalSettings, *, language: str = "en", pcm16_rate: int = 24_000
+    ) -> None:
+        super().__init__()
+        if pcm16_rate <= 0:
+            raise ValueError(f"pcm16_rate: must be a positive rate in Hz, got {pcm16_rate}")
+        self.decoder = decoder
+        self.settings = settings
+        self.language = language
+        self.pcm16_rate = pcm16_rate
+        self._utterances: dict[str, _Utterance] = {}
+        self._ended = RecentIds()  # finished, failed or aborted: late chunks are ignored
+        self._executor: ThreadPoolExecutor | None = None
+
+    async def start(self) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.stage_name or 'asr'}-worker")
+        await super().start()
+
+    async def stop(self) -> None:
+        await super().stop()
+        if self._executor is not None:
+            executor, self._executor = self._executor, None
+            await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
+
+    async def run(self) -> None:
+        while True:
+            self.accept(await self.inbox.get())
+
+    def abort(self, request_id: str) -> None:
+        utterance = self._utterances.pop(request_id, None)
+        if utterance is not None:
+            with utterance.lock:
+                utterance.failed = True  # its job, if any, stops before its next decode
+                utterance.raw.clear()
+        self._ended.add(request_id)
+
+    def load(self) -> SchedulerLoad:
+        return SchedulerLoad(running=len(self._utterances), stream_buffers=len(self._utterances))
+
+    # --- event loop: take the chunks ------------------------------------------------------
+
+    def accept(self, message: IncomingMessage) -> None:
+        rid = message.request_id
+        if rid in self._ended:
+            return
+        utterance = self._utterances.setdefault(rid, _Utterance())
+        if message.kind is IncomingKind.STREAM_CHUNK:
+            try:
+                self._add(utterance, message.data)
+            except InvalidRequest as exc:
+                self._fail(rid, utterance, str(exc), exc)
+                return
+        elif message.kind is IncomingKind.STREAM_DONE:
+            utterance.ended = True
+        else:
+            self._fail(rid, utterance, "takes a streamed input (input_stream=True), got a whole one", None)
+            return
+        self._wake(rid, utterance)
+
+    def _add(self, utterance: _Utterance, data: Any) -> None:
+        if isinstance(data, dict) and set(data) == {"context"}:
+            if utterance.raw_samples:
+                raise InvalidRequest("input: the context chunk must come before any audio", field="input")
+            if not isinstance(data["context"], str):
+                raise InvalidRequest(
+                    f"input.context: must be a str, got {type(data['context']).__name__}", field="input.context"
+                )
+            utterance.context = data["context"]
+            return
+        if isinstance(data, AudioChunk):
+            samples, rate = data.samples, data.sample_rate
+        elif isinstance(data, (bytes, bytearray, memoryview)):
+            if len(data) % 2:
+                raise InvalidRequest(f"input: PCM16 audio has an odd number of bytes ({len(data)})", field="input")
+            samples, rate = pcm16_to_float(data), self.pcm16_rate
+        else:
+            raise InvalidRequest(
+                "input: a chunk must be an AudioChunk, PCM16 bytes or {'context': str} before the audio, "
+                f"got {type(data).__name__}",
+                field="input",
+            )
+        if utterance.rate is not None and rate != utterance.rate:
+            raise InvalidRequest(
+                f"input: sample_rate changed from {utterance.rate} to {rate} Hz within one input", field="input"
+            )
+        utterance.rate = rate
+        with utterance.lock:
+            utterance.raw.append(np.asarray(samples, dtype=np.float32).reshape(-1))
+            utterance.raw_samples += utterance.raw[-1].size
+
+    def _wake(self, rid: str, utterance: _Utterance) -> None:
+        with utterance.lock:
+            if utterance.busy:
+                return  # the running job takes the new audio (or the end) when its pass is done
+            utterance.busy = True
+        if self._executor is None:
+            raise RuntimeError("scheduler not started")
+        self._executor.submit(self._work, rid, utterance)
+
+    def _fail(self, rid: str, utterance: _Utterance, reason: str, exc: BaseException | None) -> None:
+        with utterance.lock:
+            utterance.failed = True
+            utterance.raw.clear()
+        self._utterances.pop(rid, None)
+        self._ended.add(rid)
+        field_name = exc.field if isinstance(exc, InvalidRequest) else None
+        self.emit(
+            OutgoingMessage(OutgoingKind.ERROR, rid, error=f"stage {self.stage_name}: {reason}", field=field_name)
+        )
+
+    # --- worker thread: decode --------------------------------------------------------------
+
+    def _work(self, rid: str, utterance: _Utterance) -> None:
+        try:
+            with request_scope(rid):
+                while self._step(rid, utterance):
+                    pass
+        except Exception as exc:  # the request fails; the stage logs the traceback once
+            with utterance.lock:
+                utterance.failed = True
+                utterance.busy = False
+            self._ended.add(rid)
+            self._utterances.pop(rid, None)
+            field_name = exc.field if isinstance(exc, InvalidRequest) else None
+            self.emit(
+                OutgoingMessage(
+                    OutgoingKind.ERROR,
+                    rid,
+                    error=f"stage {self.stage_name}: decoding failed: {type(exc).__name__}: {exc}",
+                    field=field_name,
+                    exc=exc,
+                )
+            )
+
+    def _step(self, rid: str, utterance: _Utterance) -> bool:
+        """One pass over what came since the last; False when there is nothing left to do."""
+        with utterance.lock:
+            if utterance.failed:
+                utterance.busy = False
+                return False
+            fresh = utterance.raw_samples > utterance.taken
+            audio = np.concatenate(utterance.raw) if fresh and utterance.raw else None
+            if audio is not None:
+                utterance.raw[:] = [audio]
+                utterance.taken = audio.size
+            ending = utterance.ended and not fresh
+            if audio is None and not ending:
+                utterance.busy = False
+                return False
+        if utterance.transcriber is None:
+            utterance.transcriber = IncrementalTranscriber(self.decoder, self.settings, context=utterance.context)
+        transcriber = utterance.transcriber
+        if audio is not None:
+            assert utterance.rate is not None  # set with the first audio
+            converted = resample(audio, utterance.rate, SAMPLE_RATE)
+            new = converted[utterance.fed :]
+            utterance.fed = converted.size
+            with self.busy():
+                delta = transcriber.feed(new)
+            self._stream(rid, utterance, delta)
+            return True
+        with self.busy():
+            before = transcriber.confirmed_text
+            text = transcriber.finish()
+        self._stream(rid, utterance, text[len(before) :])
+        with utterance.lock:
+            if utterance.failed:
+                utterance.busy = False
+                return False
+            utterance.failed = True  # done: nothing more for this request
+            utterance.busy = False
+        self._ended.add(rid)
+        self._utterances.pop(rid, None)
+        seconds = utterance.fed / SAMPLE_RATE
+        log.debug("transcribed %.2f s in %d passes", seconds, transcriber.passes)
+        self.emit(
+            OutgoingMessage(OutgoingKind.RESULT, rid, Transcript(text=text, language=self.language, duration=seconds))
+        )
+        return False
+
+    def _stream(self, rid: str, utterance: _Utterance, delta: str) -> None:
+        if delta and not utterance.failed:
+            self.emit(OutgoingMessage(OutgoingKind.STREAM, rid, TextDelta(text=delta)))
+
+
+def asr_stream(
+    cadence_s: float = 0.4,
+    beam_size: int = 5,
+    pass_beam_size: int | None = None,
+    window_padding_s: float = 8.0,
+    max_segment_s: float = 20.0,
+    holdback_words: int = 1,
+    quiet_rms: float = 0.01,
+    language: str = "en",
+    pcm16_rate: int = 24_000,
+    cpu_threads: int = 0,
+) -> Scheduler:
+    """Whisper base, incrementally; every setting a ``factory_args`` key (see
+    :class:`~omnictl.models.voice_assistant.incremental_asr.IncrementalSettings`)."""
+    settings = IncrementalSettings(
+        cadence_s=cadence_s,
+        beam_size=beam_size,
+        pass_beam_size=pass_beam_size,
+        window_padding_s=window_padding_s,
+        max_segment_s=max_segment_s,
+        holdback_words=holdback_words,
+        quiet_rms=quiet_rms,
+    )
+    return StreamingAsrScheduler(
+        WhisperDecoder.load(language, cpu_threads), settings, language=language, pcm16_rate=pcm16_rate
+    )
