@@ -14,11 +14,12 @@ scheduled and played back (the playback clock, the deadline policy, admission) i
 
 from omnictl.audio.bounds import DECODE_SAMPLES_PER_SECOND, MAX_RATE, MIN_RATE, decode_budget
 from omnictl.audio.pcm import decode_base64, float_to_pcm16, float_to_pcm16_bytes, pcm16_base64, pcm16_to_float
-from omnictl.audio.resample import QUALITIES, resample
+from omnictl.audio.resample import QUALITIES, FrameResampler, resample
 from omnictl.audio.wav import read_wav
 
 __all__ = [
     "DECODE_SAMPLES_PER_SECOND",
+    "FrameResampler",
     "MAX_RATE",
     "MIN_RATE",
     "QUALITIES",

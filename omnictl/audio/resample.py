@@ -8,13 +8,16 @@
   realtime session's audio for its VAD), a 33-tap low-pass and an exact 3:2 decimation
   (one C convolution: 16 s of audio in ~35 ms).
 
+:class:`FrameResampler` is ``high`` over a stream of decoded frames (a WebRTC microphone,
+an upload being decoded), its state kept between them.
+
 ``round(samples.size * target / rate)`` samples come back (at least one for ``fast`` of a
 non-empty input), float32.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -84,3 +87,29 @@ def _three_to_two(samples: np.ndarray) -> np.ndarray:
     odd_at = np.arange(count // 2) * 3 + 1  # output 2m+1 is input 3m+1.5
     out[1::2] = 0.5 * (filtered[odd_at] + filtered[np.minimum(odd_at + 1, filtered.size - 1)])
     return out
+
+
+class FrameResampler:
+    """The ``high`` resampler over a stream of decoded frames (PyAV ``AudioFrame`` s of any
+    format, layout and rate: a codec's output), keeping its filter's state from one frame
+    to the next: float32 mono at ``rate`` out, a frame's worth at a time, then
+    :meth:`flush` for the filter's tail. Several channels are mixed down to one."""
+
+    def __init__(self, rate: int) -> None:
+        import av
+
+        self.rate = rate
+        self._resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+
+    def push(self, frame: Any) -> np.ndarray:
+        return self._joined(self._resampler.resample(frame))
+
+    def flush(self) -> np.ndarray:
+        return self._joined(self._resampler.resample(None))
+
+    @staticmethod
+    def _joined(frames: list[Any]) -> np.ndarray:
+        pieces = [out.to_ndarray().reshape(-1) for out in frames]
+        if not pieces:
+            return np.zeros(0, dtype=np.float32)
+        return np.ascontiguousarray(np.concatenate(pieces), dtype=np.float32)

@@ -36,3 +36,30 @@ def test_same_rate_is_the_same_array_and_a_bad_quality_is_named() -> None:
     assert resample(samples, 16_000, 16_000) is samples
     with pytest.raises(ValueError, match="quality must be one of high, fast, got 'best'"):
         resample(samples, 16_000, 24_000, "best")  # type: ignore[arg-type]
+
+
+def frames_of(channels: np.ndarray, size: int = 960) -> list[object]:
+    import av
+
+    out = []
+    for start in range(0, channels.shape[1], size):  # 20 ms frames at 48 kHz, as Opus decodes them
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(channels[:, start : start + size]), format="fltp",
+                                           layout="mono" if channels.shape[0] == 1 else "stereo")
+        frame.sample_rate = 48_000
+        out.append(frame)
+    return out
+
+
+def test_the_frame_resampler_keeps_its_state_across_frames_and_mixes_channels_down() -> None:
+    from omnictl.audio import FrameResampler
+
+    mono = tone(1.0, 48_000, 440.0)
+    resampler = FrameResampler(24_000)
+    out = np.concatenate([*(resampler.push(f) for f in frames_of(mono[None, :])), resampler.flush()])
+    assert out.dtype == np.float32 and abs(out.size - 24_000) <= 32
+    # One filter over the whole stream: the frame boundaries leave no seams.
+    whole = resample(mono, 48_000, 24_000)
+    assert np.abs(out[200:20_000] - whole[200:20_000]).max() < 1e-3
+    stereo = FrameResampler(24_000)
+    mixed = np.concatenate([*(stereo.push(f) for f in frames_of(np.stack([mono, mono]))), stereo.flush()])
+    assert mixed.ndim == 1 and mixed.size == out.size  # FFmpeg's downmix (each channel at -3 dB), as before

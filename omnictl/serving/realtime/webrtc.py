@@ -61,6 +61,7 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from omnictl.audio import FrameResampler, float_to_pcm16_bytes
 from omnictl.inputs import PCM16_RATE
 from omnictl.serving.common.auth import authorized
 from omnictl.serving.common.capabilities import capabilities
@@ -350,7 +351,7 @@ class Calls:
 
     async def _listen(self, call: Call, track: MediaStreamTrack) -> None:
         """The microphone: decoded frames, resampled to the session's 24 kHz mono pcm16, in 100 ms pieces."""
-        resampler = av.AudioResampler(format="s16", layout="mono", rate=PCM16_RATE)
+        resampler = FrameResampler(PCM16_RATE)
         pending = bytearray()
         while True:
             try:
@@ -359,8 +360,7 @@ class Calls:
                 return
             if not isinstance(frame, av.AudioFrame):  # an audio track yields audio frames
                 continue
-            for out in resampler.resample(frame):
-                pending += out.to_ndarray().astype("<i2").tobytes()
+            pending += float_to_pcm16_bytes(resampler.push(frame))
             if len(pending) >= FEED_BYTES:
                 call.arrive("audio", bytes(pending), len(pending))
                 pending.clear()

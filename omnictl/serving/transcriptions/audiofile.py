@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from omnictl.audio import MAX_RATE, MIN_RATE, decode_budget, read_wav, resample
+from omnictl.audio import MAX_RATE, MIN_RATE, FrameResampler, decode_budget, read_wav, resample
 from omnictl.exceptions import InvalidRequest, PayloadTooLarge
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ def _decode_with_ffmpeg(
         out_rate = min(int(rate), OUTPUT_MAX_RATE)
         # Decoded frames come in the codec's own layout (planar, several channels): one
         # resampler turns them into float mono, at most 48 kHz.
-        resampler = av.AudioResampler(format="flt", layout="mono", rate=out_rate)
+        resampler = FrameResampler(out_rate)
         pieces: list[np.ndarray] = []
         decoded, total, limit = 0, 0, int(max_seconds * out_rate) + 1
         try:
@@ -152,14 +152,12 @@ def _decode_with_ffmpeg(
                 decoded += frame.samples * max(1, len(frame.layout.channels))
                 if decoded > budget:  # a frame's rate or channels may differ from the header's
                     raise _over_budget(field, f"it decodes to over {decoded:,} samples", budget, max_seconds)
-                for mono in resampler.resample(frame):
-                    piece = mono.to_ndarray().reshape(-1)
-                    total += piece.size
-                    if total > limit:
-                        raise _too_long(field, total / out_rate, max_seconds, claimed=False)
-                    pieces.append(piece)
-            for mono in resampler.resample(None):
-                pieces.append(mono.to_ndarray().reshape(-1))
+                piece = resampler.push(frame)
+                total += piece.size
+                if total > limit:
+                    raise _too_long(field, total / out_rate, max_seconds, claimed=False)
+                pieces.append(piece)
+            pieces.append(resampler.flush())
         except (av.error.FFmpegError, ValueError) as exc:
             log.debug("FFmpeg could not decode an upload (%s): %s", fmt, exc)
             raise _bad(field, f"could not be decoded as {_named(fmt)} audio (damaged)") from None
