@@ -20,6 +20,8 @@ The tree separates "your input was wrong" from "this request failed" from
     │   ├── PayloadTooLarge      a body or input audio part exceeds the server's limits (413)
     │   └── RealtimeEventError   a /v1/realtime client event is refused (an `error` event; the
     │                            session goes on)
+    ├── DecodeCancelled          an upload's decode was given up on: the client hung up (never
+    │                            answered; it only stops the work)
     ├── RequestError             one request did not produce a result; the pipeline is fine
     │   ├── RequestFailed        a stage raised, a route_fn broke its contract, a deadline passed
     │   └── RequestAborted       the request was aborted (by the client or by `Pipeline.abort`)
@@ -152,6 +154,14 @@ class RealtimeEventError(InvalidRequest):
     ) -> None:
         super().__init__(message, field=param)
         self.message, self.code, self.param, self.event_id, self.kind = message, code, param, event_id, kind
+
+
+class DecodeCancelled(OmnictlError):
+    """A client media decode was given up on (the client hung up); ``field`` names the upload."""
+
+    def __init__(self, field: str) -> None:
+        super().__init__(f"the decode of '{field}' was cancelled: the client is gone")
+        self.field = field
 
 
 class RequestError(OmnictlError):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from benchmarks.eval.samples import sample_path
-from omnictl.exceptions import InvalidRequest, PayloadTooLarge
+from omnictl.exceptions import DecodeCancelled, InvalidRequest, PayloadTooLarge
 from omnictl.inputs import read_wav
 from tests.serving.ffprobe import FFMPEG, convert, needs_ffmpeg
 
@@ -244,11 +244,11 @@ def test_audio_above_48_khz_comes_out_at_48_khz() -> None:
 def test_a_decode_given_up_on_stops() -> None:
     import threading
 
-    from omnictl.serving.transcriptions.audiofile import Cancelled, decode_audio_file
+    from omnictl.serving.transcriptions.audiofile import decode_audio_file
 
     cancel = threading.Event()
     cancel.set()
-    with pytest.raises(Cancelled):
+    with pytest.raises(DecodeCancelled, match="the client is gone"):
         decode_audio_file(convert(QUESTION, "mp3"), "file", 600, cancel)
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from omnictl.audio import MAX_RATE, MIN_RATE, FrameResampler, decode_budget, read_wav, resample
-from omnictl.exceptions import InvalidRequest, PayloadTooLarge
+from omnictl.exceptions import DecodeCancelled, InvalidRequest, PayloadTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +40,6 @@ FORMATS = ("wav", "mp3", "aac", "mp4/m4a", "ogg", "webm/matroska", "flac", "caf"
 # FFmpeg's options for every upload: no protocol at all (the upload is handed over as
 # bytes; nothing it names may be opened), and mp4/mov's external data references off.
 _OPEN_OPTIONS = {"protocol_whitelist": "none", "enable_drefs": "0", "use_absolute_path": "0"}
-
-
-class Cancelled(Exception):
-    """The caller gave up on this decode (its ``cancel`` event was set)."""
 
 
 def _bad(field: str, problem: str) -> InvalidRequest:
@@ -95,7 +91,7 @@ def decode_audio_file(
 ) -> tuple[np.ndarray, int]:
     """Mono float32 samples and their rate; InvalidRequest naming ``field`` for a file
     that is not one of :data:`FORMATS`, cannot be decoded, holds no audio or is over the
-    decoded-sample budget; PayloadTooLarge for one over ``max_seconds``; :class:`Cancelled`
+    decoded-sample budget; PayloadTooLarge for one over ``max_seconds``; :class:`~omnictl.exceptions.DecodeCancelled`
     once ``cancel`` is set."""
     if not data:
         raise _bad(field, "is empty")
@@ -148,7 +144,7 @@ def _decode_with_ffmpeg(
         try:
             for frame in container.decode(stream):
                 if cancel.is_set():
-                    raise Cancelled(field)
+                    raise DecodeCancelled(field)
                 decoded += frame.samples * max(1, len(frame.layout.channels))
                 if decoded > budget:  # a frame's rate or channels may differ from the header's
                     raise _over_budget(field, f"it decodes to over {decoded:,} samples", budget, max_seconds)

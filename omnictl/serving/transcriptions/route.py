@@ -225,7 +225,7 @@ async def decode_off_the_loop(request: Request, data: bytes, limits: Limits) -> 
 
 
 def _drop_outcome(work: asyncio.Future[Any]) -> None:
-    # The decode was given up on: its end (Cancelled, or a result no one wants) is not news.
+    # The decode was given up on: its end (DecodeCancelled, or a result no one wants) is not news.
     if not work.cancelled():
         work.exception()
 
