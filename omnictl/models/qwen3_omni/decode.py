@@ -62,6 +62,7 @@ class DecodeScheduler(Scheduler):
                 finish_reason=data.finish_reason,
                 prompt_tokens=data.prompt_tokens,
                 completion_tokens=data.completion_tokens,
+                logprobs=data.logprobs,  # when the request asked the thinker for them
             )
             self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, result))
 
