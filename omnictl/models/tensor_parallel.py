@@ -15,46 +15,14 @@ Outside a group both give the single-process answer ({} and 1).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from omnictl.exceptions import StartupError
 
-
-@dataclass
-class RankInfo:
-    stage: str
-    rank: int
-    size: int
-    device: str  # "cpu" or "cuda:N": where this rank's shard lives
-    join: Callable[[], None] | None = None  # rank 0: start the followers and join them (once)
-    joined: bool = False  # a model was sharded over the group
-    engine: bool = False  # an engine runs the ranks itself
-
-    def join_group(self) -> None:
-        if not self.joined and self.join is not None:
-            self.join()
-        self.joined = True
-
-
-_current: RankInfo | None = None
-
-
-def current() -> RankInfo | None:
-    """The rank being built now (None: not in a tensor-parallel group)."""
-    return _current
-
-
-@contextmanager
-def building(info: RankInfo) -> Iterator[None]:
-    """Mark this process as rank ``info.rank`` while its stage's factory runs."""
-    global _current
-    previous, _current = _current, info
-    try:
-        yield
-    finally:
-        _current = previous
+# Which rank this process is: the stage sets it (omnictl/stage/tp_rank.py), model loaders read it.
+from omnictl.stage.tp_rank import RankInfo as RankInfo
+from omnictl.stage.tp_rank import building as building
+from omnictl.stage.tp_rank import current as current
 
 
 def check_divisible(config: Any, size: int, stage: str) -> None:

@@ -71,9 +71,9 @@ def main() -> None:
 
     import torch.distributed as dist
 
-    from omnictl.models.tensor_parallel import building
     from omnictl.stage.build import call_factory
     from omnictl.stage.tp_group import join, rank_info
+    from omnictl.stage.tp_rank import building
 
     spec = config.topology.stages[config.stage]
     store = dist.TCPStore("127.0.0.1", config.store_port, config.size, is_master=False)

@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from omnictl import logs
 from omnictl.exceptions import GroupLost, StartupError
-from omnictl.models.tensor_parallel import RankInfo
+from omnictl.stage.tp_rank import RankInfo
 from omnictl.topology.model import StageSpec, Topology
 
 log = logging.getLogger(__name__)
@@ -242,7 +242,7 @@ class Group:
         return join(store, spec, 0)
 
     def _watch(self, rank: int, process: subprocess.Popen[bytes]) -> None:
-        from omnictl.coordinator.launcher import describe_exit
+        from omnictl.pids import describe_exit
 
         code = process.wait()
         if self.stopping or (self.mirror is not None and self.mirror.lost is not None):
@@ -291,7 +291,7 @@ def lead(spec: StageSpec, topology: Topology, model_path: str | None, build: Cal
     loads its model through :func:`omnictl.models.tensor_parallel.load_kwargs` starts the
     followers there; then the runner's calls are mirrored to them. An engine that runs its
     own ranks (:func:`~omnictl.models.tensor_parallel.engine_ranks`) needs nothing more."""
-    from omnictl.models.tensor_parallel import building
+    from omnictl.stage.tp_rank import building
 
     group = Group(spec, topology, model_path)
     ops_group: list[Any] = []

@@ -20,9 +20,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
-
-import zmq.asyncio
+from typing import TYPE_CHECKING, Any
 
 from omnictl import logs
 from omnictl import messages as m
@@ -37,6 +35,9 @@ from omnictl.transports.endpoint import Endpoint, resolve_data_host
 from omnictl.transports.frames import receive
 from omnictl.transports.leases import ViewLeases
 from omnictl.transports.shm import SegmentReader
+
+if TYPE_CHECKING:  # the sockets are the Endpoint's; only their type is named here
+    import zmq.asyncio
 
 _PR_SET_PDEATHSIG = 1
 _REPORT_LINGER_MS = 2000  # how long a stage process that failed to start waits for its report to go out

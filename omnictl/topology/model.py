@@ -2,7 +2,8 @@
 
 Everything here is derived from the YAML ``stages`` list; nothing is declared twice.
 Instances are produced by :func:`omnictl.topology.load` and are immutable. This module
-imports nothing from the rest of the package: ``derive`` builds on it, never the reverse.
+imports nothing from the rest of the package but the transports' kinds
+(:mod:`omnictl.transports.kinds`): ``derive`` builds on it, never the reverse.
 """
 
 from __future__ import annotations
@@ -11,70 +12,17 @@ from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import Any, Mapping
 
-
-class Transport:
-    """A kind of edge transport, by name: one object per name, so kinds compare with ``is``.
-
-    The built-in kinds are attributes (``Transport.SHM``); a plug-in adds its own
-    (``Transport("mine")``). What a kind does — when placement picks it, how its payloads
-    are encoded — is registered in :mod:`omnictl.transports.registry`.
-    """
-
-    __slots__ = ("value",)
-    value: str
-    _kinds: ClassVar[dict[str, Transport]] = {}
-    INPROC: ClassVar[Transport]  # same process: the object is passed, no serialization
-    CUDA_IPC: ClassVar[Transport]  # different processes, same GPU
-    SHM: ClassVar[Transport]  # different processes, at least one side on CPU
-    RELAY: ClassVar[Transport]  # different GPUs: staged through host shared memory, like shm
-    TCP: ClassVar[Transport]  # processes on different nodes (`node` labels): ZeroMQ over TCP, zero-copy frames
-
-    def __new__(cls, value: str) -> Transport:
-        kind = cls._kinds.get(value)
-        if kind is None:
-            kind = object.__new__(cls)
-            object.__setattr__(kind, "value", value)
-            cls._kinds[value] = kind
-        return kind
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError("a Transport is immutable")
-
-    def __reduce__(self) -> tuple[type[Transport], tuple[str]]:
-        return Transport, (self.value,)  # unpickled as the same object
-
-    def __repr__(self) -> str:
-        return f"Transport({self.value!r})"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-Transport.INPROC = Transport("inproc")
-Transport.CUDA_IPC = Transport("cuda_ipc")
-Transport.SHM = Transport("shm")
-Transport.RELAY = Transport("relay")
-Transport.TCP = Transport("tcp")
+# The edge transports' kinds and tuning are the transports' vocabulary; the topology names
+# them (these re-exports keep `from omnictl.topology.model import Transport` working).
+from omnictl.transports.kinds import RelayKnobs as RelayKnobs
+from omnictl.transports.kinds import Transport as Transport
 
 
 class EdgeKind(str, Enum):
     DATA = "data"  # results, via `next` (or `route_fn` candidates)
     STREAM = "stream"  # increments while generating, via `stream_to`
-
-
-@dataclass(frozen=True)
-class RelayKnobs:
-    """Transport tuning; never the transport itself (that is derived from placement)."""
-
-    slot_bytes: int = 8 * 1024 * 1024
-    slots: int = 8
-    inline_bytes: int = 16 * 1024
-    # Requests that may wait at this stage for its scheduler (its inbox). While that many
-    # wait, the coordinator admits no new request (they wait at admission or get 429),
-    # so a stage that falls behind slows admission instead of growing its memory.
-    inbox: int = 32
 
 
 @dataclass(frozen=True)

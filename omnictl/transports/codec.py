@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from omnictl.messages import EncodedPayload
-from omnictl.topology.model import RelayKnobs
+from omnictl.transports.kinds import RelayKnobs
 from omnictl.transports.packing import pack, unpack, unpack_frames
 from omnictl.transports.shm import SegmentReader, SlotPool
 

@@ -16,19 +16,22 @@ hellos).
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import zmq
 import zmq.asyncio
 from zmq.auth.thread import ThreadAuthenticator
 
 from omnictl import messages as m
-from omnictl.topology.model import RelayKnobs, Topology, Transport
 from omnictl.transports.codec import PayloadCodec
 from omnictl.transports.curve import CurveKeys, start_authenticator
 from omnictl.transports.drain import Outgoing
+from omnictl.transports.kinds import RelayKnobs, Transport
 from omnictl.transports.registry import codec_for
 from omnictl.transports.shm import SlotPool
+
+if TYPE_CHECKING:  # the topology is handed in; the transports never import it (tests/test_layering.py)
+    from omnictl.topology.model import Topology
 
 
 def resolve_data_host(data_host: str | None, launcher: str) -> str:

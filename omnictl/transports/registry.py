@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Callable
 
-from omnictl.topology.model import RelayKnobs, Transport
 from omnictl.transports.codec import PayloadCodec
 from omnictl.transports.cuda_ipc import CudaIpcCodec
+from omnictl.transports.kinds import RelayKnobs, Transport
 from omnictl.transports.shm import SlotPool
 from omnictl.transports.tcp import TcpCodec
 

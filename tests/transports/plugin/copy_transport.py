@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from omnictl.messages import EncodedPayload
-from omnictl.topology.model import Transport
+from omnictl.transports.kinds import Transport
 from omnictl.transports.codec import PayloadCodec
 from omnictl.transports.packing import pack
 from omnictl.transports.registry import Placement, TransportPlugin
