@@ -12,9 +12,10 @@ then ``send(chunk)`` and ``end_input()``; or a ``stream_to`` upstream), each one
 Audio is resampled to 16 kHz with the project's resampler (the whole input at each pass, so
 no chunk edge is filtered on its own) and fed to an
 :class:`~omnictl.models.voice_assistant.incremental_asr.IncrementalTranscriber`. Each word
-it confirms is streamed at once as a :class:`~omnictl.outputs.TextDelta`; when the input
+it confirms is streamed at once as a :class:`~omnictl.outputs.Transcript` whose ``text`` is
+the delta (a ``transcript`` terminal's stream chunk: a partial transcript); when the input
 ends, the rest of the transcript goes out as the last delta (the deltas concatenate to the
-transcript) and the :class:`~omnictl.outputs.Transcript` is the result.
+transcript) and the whole :class:`~omnictl.outputs.Transcript` is the result.
 
 Decoding runs in one worker thread (the model's CPU is shared by every request of the
 stage). A request's audio that arrives while a pass runs waits and is decoded in the next
@@ -41,7 +42,7 @@ from omnictl.models.voice_assistant.incremental_asr import (
     IncrementalTranscriber,
     WhisperDecoder,
 )
-from omnictl.outputs import AudioChunk, TextDelta, Transcript
+from omnictl.outputs import AudioChunk, Transcript
 from omnictl.recent import RecentIds
 from omnictl.schedulers.base import (
     IncomingKind,
@@ -255,7 +256,7 @@ class StreamingAsrScheduler(Scheduler):
 
     def _stream(self, rid: str, utterance: _Utterance, delta: str) -> None:
         if delta and not utterance.failed:
-            self.emit(OutgoingMessage(OutgoingKind.STREAM, rid, TextDelta(text=delta)))
+            self.emit(OutgoingMessage(OutgoingKind.STREAM, rid, Transcript(text=delta, language=self.language)))
 
 
 def asr_stream(

@@ -1,0 +1,226 @@
+"""The asr_stream stage: its scheduler driven alone as a Stage drives it, and a real pipeline
+with a streamed input (real processes, real Whisper base)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+import omnictl
+from benchmarks.eval.quality import word_errors
+from benchmarks.eval.samples import sample_question, sample_text
+from omnictl.audio import float_to_pcm16_bytes, resample
+from omnictl.models.voice_assistant.asr import whisper_base_dir
+from omnictl.models.voice_assistant.asr_stream import StreamingAsrScheduler
+from omnictl.models.voice_assistant.incremental_asr import IncrementalSettings, WhisperDecoder
+from omnictl.outputs import AudioChunk, Transcript
+from omnictl.pipeline import Pipeline
+from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind, OutgoingMessage
+from tests.models.voice_assistant.conftest import run, until_result
+
+TOPOLOGY = Path(__file__).resolve().parent / "asr_stream.yaml"
+RATE = 24_000  # the Realtime protocol's PCM16 rate
+CHUNK = RATE // 10  # 100 ms
+
+
+@pytest.fixture(scope="module")
+def decoder() -> Iterator[WhisperDecoder]:
+    yield WhisperDecoder.load()
+
+
+def speech(name: str) -> np.ndarray:
+    samples, rate = sample_question(name)
+    return resample(samples, rate, RATE)
+
+
+def chunk(rid: str, data: Any) -> IncomingMessage:
+    return IncomingMessage(IncomingKind.STREAM_CHUNK, rid, data=data, source="coordinator")
+
+
+def done(rid: str) -> IncomingMessage:
+    return IncomingMessage(IncomingKind.STREAM_DONE, rid, source="coordinator")
+
+
+async def started(decoder: WhisperDecoder) -> StreamingAsrScheduler:
+    scheduler = StreamingAsrScheduler(decoder, IncrementalSettings(cadence_s=0.4))
+    await scheduler.start()
+    return scheduler
+
+
+async def idle(scheduler: StreamingAsrScheduler) -> None:
+    """Every message taken and every job the worker had finished."""
+    while not scheduler.inbox.empty():
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    assert scheduler._executor is not None
+    await asyncio.wrap_future(scheduler._executor.submit(lambda: None))
+
+
+def test_deltas_arrive_before_the_input_ends_and_add_up_to_the_transcript(decoder: WhisperDecoder) -> None:
+    audio = speech("largest_planet")
+
+    async def main() -> tuple[list[str], list[OutgoingMessage], OutgoingMessage]:
+        scheduler = await started(decoder)
+        try:
+            before_end: list[str] = []
+            for offset in range(0, audio.size, CHUNK):
+                scheduler.inbox.put_nowait(chunk("r", AudioChunk(samples=audio[offset : offset + CHUNK], sample_rate=RATE)))
+                await idle(scheduler)  # as fast as the decoder goes: each chunk's pass done before the next
+                while not scheduler.outbox.empty():
+                    before_end.append(scheduler.outbox.get_nowait().data.text)
+            scheduler.inbox.put_nowait(done("r"))
+            streamed, result = await until_result(scheduler, "r")
+            await idle(scheduler)
+            assert scheduler.load().running == 0
+            return before_end, streamed, result
+        finally:
+            await scheduler.stop()
+
+    before_end, after_end, result = run(main())
+    assert result.kind is OutgoingKind.RESULT and isinstance(result.data, Transcript), result
+    assert len(before_end) >= 2, before_end
+    assert all(isinstance(message.data, Transcript) for message in after_end)
+    assert "".join(before_end) + "".join(m.data.text for m in after_end) == result.data.text
+    assert word_errors(sample_text("largest_planet"), result.data.text)[0] == 0, result.data.text
+    assert result.data.duration == pytest.approx(audio.size / RATE, abs=0.01)
+
+
+def test_pcm16_at_24_khz_with_a_context_gives_the_spoken_question(decoder: WhisperDecoder) -> None:
+    pcm = float_to_pcm16_bytes(speech("spider_legs"))
+
+    async def main() -> OutgoingMessage:
+        scheduler = await started(decoder)
+        try:
+            scheduler.inbox.put_nowait(chunk("r", {"context": "We were talking about insects and spiders."}))
+            step = CHUNK * 2
+            for offset in range(0, len(pcm), step):
+                scheduler.inbox.put_nowait(chunk("r", pcm[offset : offset + step]))
+            scheduler.inbox.put_nowait(done("r"))
+            return (await until_result(scheduler, "r"))[1]
+        finally:
+            await scheduler.stop()
+
+    result = run(main())
+    assert isinstance(result.data, Transcript), result
+    assert word_errors(sample_text("spider_legs"), result.data.text)[0] == 0, result.data.text
+
+
+def test_an_abort_mid_stream_leaves_nothing(decoder: WhisperDecoder) -> None:
+    audio = speech("largest_planet")
+    pieces = [audio[offset : offset + CHUNK] for offset in range(0, audio.size, CHUNK)]
+
+    async def main() -> list[OutgoingMessage]:
+        scheduler = await started(decoder)
+        try:
+            sent = 0
+            while scheduler.outbox.empty():  # until a word is confirmed: decoding is under way
+                assert sent < len(pieces) // 2, "no word confirmed in the first half of the question"
+                scheduler.inbox.put_nowait(chunk("r", AudioChunk(samples=pieces[sent], sample_rate=RATE)))
+                sent += 1
+                await idle(scheduler)
+            for piece in pieces[sent:]:  # the rest at once: a pass starts on them
+                scheduler.inbox.put_nowait(chunk("r", AudioChunk(samples=piece, sample_rate=RATE)))
+            while not scheduler.inbox.empty():
+                await asyncio.sleep(0.01)
+            scheduler.abort("r")
+            scheduler.inbox.put_nowait(chunk("r", AudioChunk(samples=pieces[0], sample_rate=RATE)))
+            scheduler.inbox.put_nowait(done("r"))
+            await idle(scheduler)
+            await asyncio.sleep(0.2)
+            assert scheduler.load().running == 0 and scheduler.load().stream_buffers == 0
+            assert not scheduler._utterances
+            late = []
+            while not scheduler.outbox.empty():
+                late.append(scheduler.outbox.get_nowait())
+            return late
+        finally:
+            await scheduler.stop()
+
+    late = run(main())
+    # a delta the pass already running confirmed may still come out; never the result
+    assert all(message.kind is OutgoingKind.STREAM for message in late), late
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "named"),
+    [
+        (b"\x00\x01\x02", None, "odd number of bytes"),
+        ("audio", None, "must be an AudioChunk, PCM16 bytes"),
+        (AudioChunk(samples=np.zeros(1600, np.float32), sample_rate=16_000), {"context": "late"}, "before any audio"),
+        (
+            AudioChunk(samples=np.zeros(1600, np.float32), sample_rate=16_000),
+            AudioChunk(samples=np.zeros(2400, np.float32), sample_rate=24_000),
+            "sample_rate changed from 16000 to 24000",
+        ),
+    ],
+)
+def test_a_bad_chunk_fails_the_request_naming_the_input(decoder: WhisperDecoder, first: Any, second: Any, named: str) -> None:
+    async def main() -> OutgoingMessage:
+        scheduler = await started(decoder)
+        try:
+            scheduler.inbox.put_nowait(chunk("r", first))
+            if second is not None:
+                scheduler.inbox.put_nowait(chunk("r", second))
+            scheduler.inbox.put_nowait(done("r"))
+            message = (await until_result(scheduler, "r"))[1]
+            await idle(scheduler)
+            assert not scheduler._utterances
+            return message
+        finally:
+            await scheduler.stop()
+
+    message = run(main())
+    assert message.kind is OutgoingKind.ERROR and named in str(message.error), message
+    assert message.field == "input"
+
+
+def test_a_whole_input_is_refused(decoder: WhisperDecoder) -> None:
+    async def main() -> OutgoingMessage:
+        scheduler = await started(decoder)
+        try:
+            scheduler.inbox.put_nowait(IncomingMessage(IncomingKind.NEW_REQUEST, "r", data={"audio": b""}))
+            return (await until_result(scheduler, "r"))[1]
+        finally:
+            await scheduler.stop()
+
+    message = run(main())
+    assert message.kind is OutgoingKind.ERROR and "input_stream=True" in str(message.error)
+
+
+@pytest.mark.slow  # real processes and Whisper base loaded in the stage's process
+@pytest.mark.timeout(300)
+def test_a_streamed_question_through_a_real_pipeline(tmp_path: Path) -> None:
+    whisper_base_dir()  # the cache built here, where a failure is readable
+    audio = speech("capital_of_france")
+
+    async def main() -> tuple[list[str], int, Any]:
+        async with Pipeline.launch(TOPOLOGY, device="cpu", run_dir=tmp_path, profile=False) as pipe:
+            request = await pipe.submit(None, input_stream=True)
+            ended = asyncio.Event()
+
+            async def feed() -> None:
+                for offset in range(0, audio.size, CHUNK):
+                    await request.send(AudioChunk(samples=audio[offset : offset + CHUNK], sample_rate=RATE))
+                    await asyncio.sleep(0.1)  # real time: a chunk every 100 ms
+                await request.end_input()
+                ended.set()
+
+            feeder = asyncio.create_task(feed())
+            deltas: list[str] = []
+            during = 0
+            async for event in request.events():
+                if event.kind is omnictl.RequestEventKind.STREAM:
+                    deltas.append(event.data.text)
+                    during += not ended.is_set()
+            await feeder
+            return deltas, during, (await request.result())["asr_stream"]
+
+    deltas, during, result = asyncio.run(main())
+    assert isinstance(result, Transcript), result
+    assert during >= 1, deltas  # words came while the input was still streaming
+    assert "".join(deltas) == result.text
+    assert word_errors(sample_text("capital_of_france"), result.text)[0] == 0, result.text

@@ -1,0 +1,117 @@
+"""IncrementalTranscriber on real Whisper base: words confirmed while the audio arrives,
+deltas that add up to the final transcript, which is the whole-utterance decode's."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+from benchmarks.eval.quality import word_errors
+from benchmarks.eval.samples import sample_question, sample_text
+from omnictl.audio import resample
+from omnictl.models.voice_assistant.asr import SAMPLE_RATE, SpeechRecognizer
+from omnictl.models.voice_assistant.incremental_asr import IncrementalSettings, IncrementalTranscriber, WhisperDecoder
+
+CHUNK = SAMPLE_RATE // 10  # 100 ms
+
+
+@pytest.fixture(scope="module")
+def decoder() -> Iterator[WhisperDecoder]:
+    yield WhisperDecoder.load()
+
+
+def question(name: str) -> np.ndarray:
+    samples, rate = sample_question(name)
+    return resample(samples, rate, SAMPLE_RATE)
+
+
+def stream(transcriber: IncrementalTranscriber, audio: np.ndarray) -> list[tuple[int, str]]:
+    """Feed ``audio`` in 100 ms chunks; (samples fed so far, delta) for each delta."""
+    deltas = []
+    for offset in range(0, audio.size, CHUNK):
+        delta = transcriber.feed(audio[offset : offset + CHUNK])
+        if delta:
+            deltas.append((min(offset + CHUNK, audio.size), delta))
+    return deltas
+
+
+def test_words_are_confirmed_while_the_audio_arrives_and_add_up_to_the_transcript(decoder: WhisperDecoder) -> None:
+    audio = question("largest_planet")
+    transcriber = IncrementalTranscriber(decoder, IncrementalSettings(cadence_s=0.4))
+    deltas = stream(transcriber, audio)
+    streamed = "".join(delta for _, delta in deltas)
+    assert streamed == transcriber.confirmed_text
+    final = transcriber.finish()
+    assert len(deltas) >= 2, deltas  # several words confirmed, at different times
+    assert deltas[0][0] < audio.size - SAMPLE_RATE  # the first over a second before the end
+    assert final.startswith(streamed) and transcriber.confirmed_text == final  # the tail goes on after them
+    assert word_errors(sample_text("largest_planet"), final)[0] == 0, final
+
+
+@pytest.mark.parametrize("name", ["capital_of_france", "spider_legs"])
+def test_the_final_transcript_is_the_whole_utterance_decode(decoder: WhisperDecoder, name: str) -> None:
+    audio = question(name)
+    whole = SpeechRecognizer(model_dir=None, beam_size=5, window_padding_s=8.0).transcribe(audio)
+    transcriber = IncrementalTranscriber(decoder, IncrementalSettings(cadence_s=0.3))
+    stream(transcriber, audio)
+    final = transcriber.finish()
+    assert word_errors(whole, final)[0] == 0, (whole, final)
+    assert word_errors(sample_text(name), final)[0] == 0, final
+
+
+def test_after_a_quiet_tail_nothing_is_left_to_decode(decoder: WhisperDecoder) -> None:
+    audio = np.concatenate([question("capital_of_france"), np.zeros(SAMPLE_RATE // 2, np.float32)])
+    finals = []
+    for quiet_rms, decodes_at_the_end in ((0.01, 0), (0.0, 1)):
+        transcriber = IncrementalTranscriber(decoder, IncrementalSettings(cadence_s=0.4, quiet_rms=quiet_rms))
+        stream(transcriber, audio[: audio.size - CHUNK])
+        transcriber.feed(audio[audio.size - CHUNK :])  # silence: under the cadence, no pass
+        passes = transcriber.passes
+        finals.append(transcriber.finish())
+        assert transcriber.passes - passes == decodes_at_the_end
+    assert word_errors(finals[1], finals[0])[0] == 0, finals
+
+
+def test_the_context_primes_the_decoder_without_changing_a_clear_question(decoder: WhisperDecoder) -> None:
+    transcriber = IncrementalTranscriber(
+        decoder, IncrementalSettings(), context="We were talking about the solar system and its planets."
+    )
+    stream(transcriber, question("largest_planet"))
+    assert word_errors(sample_text("largest_planet"), transcriber.finish())[0] == 0
+
+
+def test_a_long_input_is_cut_into_segments_whose_text_adds_up(decoder: WhisperDecoder) -> None:
+    one, two = question("capital_of_france"), question("days_in_a_week")
+    transcriber = IncrementalTranscriber(decoder, IncrementalSettings(max_segment_s=one.size / SAMPLE_RATE))
+    deltas = stream(transcriber, np.concatenate([one, two]))
+    streamed = "".join(delta for _, delta in deltas)
+    final = transcriber.finish()
+    assert streamed.startswith(sample_text("capital_of_france")), streamed  # the first segment, finished
+    assert final.startswith(streamed)
+    reference = f"{sample_text('capital_of_france')} {sample_text('days_in_a_week')}"
+    assert word_errors(reference, final)[0] == 0, final
+
+
+def test_feed_after_finish_is_refused(decoder: WhisperDecoder) -> None:
+    transcriber = IncrementalTranscriber(decoder, IncrementalSettings())
+    assert transcriber.finish() == ""
+    with pytest.raises(RuntimeError, match="feed after finish"):
+        transcriber.feed(np.zeros(CHUNK, np.float32))
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ({"cadence_s": 0}, "cadence_s"),
+        ({"beam_size": 0}, "beam_size"),
+        ({"max_segment_s": 25.0}, "max_segment_s"),
+        ({"window_padding_s": 30.0}, "window_padding_s"),
+        ({"holdback_words": -1}, "holdback_words"),
+        ({"quiet_rms": -0.1}, "quiet_rms"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_setting(arguments: dict[str, float], named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        IncrementalSettings(**arguments)  # type: ignore[arg-type]  # the bad values are the point
