@@ -255,7 +255,7 @@ def run_configs(topology: str | None, model_path: str | None, configs: list[str]
     ``measured(config, rate, figures)`` is called as each is done, ``started(config, pids)``
     with each server's stage processes once it is up."""
     from omnictl.serving.background import BackgroundServer
-    from omnictl.serving.server import ServeOptions
+    from omnictl.serving.config import HttpConfig, ServeConfig
 
     # The voice assistant is CPU-only as shipped; Qwen3-Omni on "cpu" drops the topology's GPU
     # placement, and on "cuda" keeps it (a topology file's loader takes None or "cpu" only).
@@ -265,11 +265,11 @@ def run_configs(topology: str | None, model_path: str | None, configs: list[str]
         up: dict[str, tuple[str, str, Path]] = {}
         for config in configs:
             run_dir = None if args.run_dir is None else str(args.run_dir / config.replace("+", "-"))
-            options = ServeOptions(topology=topology, port=0, model_path=model_path, max_in_flight=None,
-                                   device=device, audio_policy=config.split("+")[0], run_dir=run_dir,
-                                   max_underrun_ms=args.admit_ms if CONFIGS[config] else None,
-                                   request_timeout=600.0, ready_timeout=600.0)  # a busy shared machine loads slowly
-            listening = servers.enter_context(BackgroundServer(options))
+            serving = ServeConfig(topology=topology, http=HttpConfig(port=0),
+                                  max_underrun_ms=args.admit_ms if CONFIGS[config] else None).launching(
+                model_path=model_path, max_in_flight=None, device=device, audio_policy=config.split("+")[0],
+                run_dir=run_dir, request_timeout=600.0, ready_timeout=600.0)  # a busy shared machine loads slowly
+            listening = servers.enter_context(BackgroundServer(serving))
             up[config] = listening.url, listening.state.model_name, Path(listening.pipeline.run_dir)
             started(config, listening.pipeline.process_ids())
             measure(up[config][0], up[config][1], 1.0, args.warmup, 99, args, 10_000)  # compile, load, warm

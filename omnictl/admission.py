@@ -33,6 +33,7 @@ import math
 from dataclasses import dataclass, field
 
 from omnictl.exceptions import AdmissionTimeout, Overloaded
+from omnictl.launch_config import AdmissionConfig, check_admission
 
 __all__ = ["Admission", "AdmissionTimeout", "Overloaded", "Ticket", "DEFAULT_MAX_IN_FLIGHT"]
 
@@ -65,10 +66,12 @@ class Admission:
     _waiters: collections.deque[asyncio.Future[None]] = field(default_factory=collections.deque)
 
     def __post_init__(self) -> None:
-        if self.max_in_flight is not None and self.max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be at least 1 (or None: no limit), got {self.max_in_flight}")
-        if self.max_queue_wait < 0:
-            raise ValueError(f"max_queue_wait must be 0 or more seconds, got {self.max_queue_wait}")
+        check_admission(self.max_in_flight, self.max_queue_wait)
+
+    @classmethod
+    def of(cls, config: AdmissionConfig) -> Admission:
+        """The admission a launch's config asks for (its values were checked when it was made)."""
+        return cls(config.max_in_flight, config.max_queue_wait)
 
     @property
     def queued(self) -> int:

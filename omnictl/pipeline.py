@@ -5,20 +5,22 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any, Generator, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Generator, Iterable, Sequence
 
 from omnictl import logs
 from omnictl.admission import Admission
 from omnictl.coordinator import socketdir
 from omnictl.coordinator.coordinator import Coordinator
 from omnictl.coordinator.request import RequestHandle
+from omnictl.coordinator.wiring import Wiring
 from omnictl.exceptions import StartupError
 from omnictl.inputs import request_params
-from omnictl.launch_config import LaunchConfig
+from omnictl.launch_config import LaunchConfig, LaunchOptions
 from omnictl.topology.derive import on_cpu
 from omnictl.topology.model import Topology
-from omnictl.transports.curve import CurveKeys
-from omnictl.transports.endpoint import resolve_data_host
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from Python 3.11
 
 
 def _load(topology: str | Path | Topology, device: str | None) -> Topology:
@@ -42,18 +44,22 @@ class Pipeline:
         self._collector = collector
         self._recorder = recorder
         self.run_dir = run_dir
-        self.admission = Admission(max_in_flight=None)  # launch() sets the limit it was given
-        self.otlp_endpoint: str | None = None  # where finished requests' traces go; None: off
+        config = coordinator.config
+        self.admission = Admission.of(config.admission)  # the one every entry point calls
+        self.otlp_endpoint = config.profiling.otlp_endpoint  # where finished requests' traces go; None: off
         self._log_file: logging.Handler | None = None  # the server's records in <run_dir>/logs/server.log
         coordinator.on_backpressure = self._backpressure
 
     @classmethod
-    def launch(cls, topology: str | Path | Topology, config: LaunchConfig | None = None, **options: Any) -> _Launch:
+    def launch(
+        cls, topology: str | Path | Topology, config: LaunchConfig | None = None, **options: Unpack[LaunchOptions]
+    ) -> _Launch:
         """Spawn the stage processes; use as ``async with`` (or ``await`` it and close yourself).
 
-        The knobs come as one :class:`~omnictl.launch_config.LaunchConfig`, or as its fields
-        by keyword (``Pipeline.launch(path, device="cpu")``); keywords given beside a config
-        replace its fields.
+        The knobs come as one :class:`~omnictl.launch_config.LaunchConfig`, or by keyword
+        (``Pipeline.launch(path, device="cpu")``, the flat names of
+        :class:`~omnictl.launch_config.LaunchOptions`); keywords given beside a config replace
+        its fields.
 
         ``device="cpu"`` drops the GPU placement (processes stay as declared; a stage with
         ``tp_size`` N runs its N ranks on the CPU). User code (factories, route/merge
@@ -82,16 +88,18 @@ class Pipeline:
         ``"fifo"`` or ``"deadline"`` (see :mod:`omnictl.playback.policy`); a stage factory
         that takes an ``audio_policy`` argument is given it.
         """
-        config = (config or LaunchConfig()).replace(**options) if options else (config or LaunchConfig())
-        Admission(config.max_in_flight, config.max_queue_wait)  # checks the values before any process starts
-        if config.otlp_endpoint is not None:
+        config = config or LaunchConfig()
+        if options:  # each part checks its values as it is made: before any process starts
+            config = config.replace(**options)
+        profiling = config.profiling
+        if profiling.otlp_endpoint is not None:
             from omnictl.telemetry.endpoint import check_installed, traces_url
 
-            if not config.profile:
+            if not profiling.profile:
                 raise StartupError(
                     "otlp_endpoint needs profile=True", hint="traces are built from the profiler's events"
                 )
-            config = config.replace(otlp_endpoint=traces_url(config.otlp_endpoint))
+            config = config.replace(otlp_endpoint=traces_url(profiling.otlp_endpoint))
             check_installed()
         loaded = _load(topology, config.device)
         return _Launch(cls, loaded, config)
@@ -99,43 +107,36 @@ class Pipeline:
     @classmethod
     async def _start(cls, topology: Topology, config: LaunchConfig) -> Pipeline:
         collector = None
-        run_dir = config.run_dir
+        profiling = config.profiling
+        run_dir = profiling.run_dir
         profiler = None
-        profile_address = None
-        socket_dir = socketdir.create()  # owner-only; sweeps those of killed servers
-        # the launch's CurveZMQ keys, when any socket is tcp (shared by coordinator and collector)
-        curve = CurveKeys.generate() if topology.multi_node() or config.remote else None
-        if config.profile:
+        # owner-only (sweeps those of killed servers); the keys when any socket is tcp, shared
+        # by the coordinator, the collector and the launcher
+        wiring = Wiring.resolve(topology, config, socketdir.create(), profiling=profiling.profile)
+        if profiling.profile:
             from omnictl.profiling.collector import Collector
             from omnictl.profiling.rundir import default_run_dir, write_run_info
 
             run_dir = run_dir or default_run_dir()
             write_run_info(run_dir, topology)
-            profile_address = f"ipc://{socket_dir}/profile"
             otlp = None
-            if config.otlp_endpoint is not None:
+            if profiling.otlp_endpoint is not None:
                 from omnictl.telemetry.endpoint import OtlpTarget, sink_spec
 
-                otlp = sink_spec(OtlpTarget(config.otlp_endpoint, topology.name, dict(topology.terminals)))
-            if curve is not None:  # workers on other nodes ship their events over tcp, authenticated
-                tcp_host = resolve_data_host(config.data_host, config.launcher)
-                collector = Collector(run_dir, profile_address, sink=otlp, tcp_host=tcp_host, curve=curve).start()
+                otlp = sink_spec(OtlpTarget(profiling.otlp_endpoint, topology.name, dict(topology.terminals)))
+            address = wiring.profile_address
+            assert address is not None  # resolved with profiling on
+            if wiring.curve is not None:  # workers on other nodes ship their events over tcp, authenticated
+                collector = Collector(
+                    run_dir, address, sink=otlp, tcp_host=wiring.data_host, curve=wiring.curve
+                ).start()
+                wiring = wiring.with_tcp(profile=collector.tcp_address)
             else:
-                collector = Collector(run_dir, profile_address, sink=otlp).start()
+                collector = Collector(run_dir, address, sink=otlp).start()
             profiler = collector.local_recorder()
         config = config.replace(run_dir=run_dir)  # the one it runs in, made above when profiling
-        coordinator = Coordinator(
-            topology,
-            config,
-            profiler=profiler,
-            profile_address=profile_address,
-            socket_dir=socket_dir,
-            curve=curve,
-            profile_tcp_address=collector.tcp_address if collector is not None else None,
-        )
+        coordinator = Coordinator(topology, config, wiring, profiler=profiler)
         pipeline = cls(coordinator, collector, profiler, run_dir)
-        pipeline.admission = Admission(config.max_in_flight, config.max_queue_wait)
-        pipeline.otlp_endpoint = config.otlp_endpoint
         if run_dir is not None and logs.configured():
             pipeline._log_file = logs.attach_file(logs.log_file(run_dir, logs.SERVER_LOG))
         try:
@@ -342,7 +343,7 @@ def run(
     topology: str | Path | Topology,
     inputs: dict[str, Any],
     modalities: Sequence[str] | None = None,
-    **launch_options: Any,
+    **launch_options: Unpack[LaunchOptions],
 ) -> dict[str, Any]:
     """Launch, run one request, shut down: ``{terminal_stage: data}``. For scripts."""
 

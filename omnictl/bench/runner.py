@@ -259,7 +259,7 @@ def run_bench(
 
     ``progress_every_s``: how often a progress line is printed when ``console`` is not a terminal."""
     from omnictl.serving.background import BackgroundServer
-    from omnictl.serving.server import ServeOptions
+    from omnictl.serving.config import HttpConfig, ServeConfig
 
     config.check()
     console = console or Console(stderr=True)
@@ -270,20 +270,17 @@ def run_bench(
             model = served_model(config.url, config.api_key)
             base_url, target = config.url, config.url
         else:
-            options = ServeOptions(
-                topology=config.topology,
-                port=0,
+            serving = ServeConfig(topology=config.topology, http=HttpConfig(port=0, api_key=config.api_key)).launching(
                 model_path=config.model_path,
                 device=config.device,
                 run_dir=config.run_dir,
                 request_timeout=config.request_timeout,
-                api_key=config.api_key,
                 launcher=config.launcher,
                 ray_address=config.ray_address,
                 data_host=config.data_host,
             )
             with console.status("launching the pipeline..."):
-                listening = stack.enter_context(BackgroundServer(options))
+                listening = stack.enter_context(BackgroundServer(serving))
             base_url, target = listening.url, config.topology or "embedded voice assistant"
             model = listening.state.model_name
             run_dir = run_dir or _pipeline_run_dir(listening.pipeline)

@@ -200,8 +200,9 @@ def serve_command(
 
     from omnictl.cli import invocation
     from omnictl.exceptions import OmnictlError
+    from omnictl.launch_config import AdmissionConfig, FaultConfig, LaunchConfig, PlacementConfig, ProfilingConfig
     from omnictl.logs import FORMATS, configure
-    from omnictl.serving import Listening, ServeOptions, serve
+    from omnictl.serving import HttpConfig, Listening, ServeConfig, serve
     from omnictl.serving.chat.protocol import Limits
     from omnictl.serving.ready import ready_message
     from omnictl.serving.server import is_loopback
@@ -234,17 +235,26 @@ def serve_command(
         )
     if api_key is None and "OMNICTL_API_KEY" in os.environ:
         api_key = os.environ["OMNICTL_API_KEY"]  # Click drops an empty variable: it is refused below, not ignored
-    options = ServeOptions(
+    config = ServeConfig(
         topology=topology,
-        host=host,
-        port=port,
-        model_path=model_path,
-        api_key=api_key,
-        device=device,
-        run_dir=str(run_dir) if run_dir else None,
-        request_timeout=request_timeout,
-        max_restarts=max_restarts,
-        replay_limit=replay_limit,
+        http=HttpConfig(
+            host=host,
+            port=port,
+            api_key=api_key,
+            served_model_names=tuple(served_model_name or ()),
+            allowed_origins=tuple(allowed_origins or ()),
+            allowed_hosts=tuple(allowed_hosts or ()),
+        ),
+        launch=LaunchConfig(
+            model_path=model_path,
+            device=device,
+            request_timeout=request_timeout,
+            audio_policy=audio_policy,
+            faults=FaultConfig(max_restarts=max_restarts, replay_limit=replay_limit),
+            admission=AdmissionConfig(max_in_flight=max_in_flight or None, max_queue_wait=max_queue_wait),
+            profiling=ProfilingConfig(run_dir=run_dir, otlp_endpoint=traces_to),  # a server profiles: the dashboard
+            placement=PlacementConfig(launcher=launcher, ray_address=ray_address, data_host=data_host),
+        ),
         limits=Limits(
             int(max_body_mb * 1024 * 1024),
             int(max_audio_mb * 1024 * 1024),
@@ -255,17 +265,7 @@ def serve_command(
             max_realtime_connecting=max_connecting_calls,
             realtime_connect_timeout_s=call_connect_timeout,
         ),
-        allowed_origins=tuple(allowed_origins or ()),
-        allowed_hosts=tuple(allowed_hosts or ()),
-        served_model_names=tuple(served_model_name or ()),
-        max_in_flight=max_in_flight or None,
-        max_queue_wait=max_queue_wait,
-        audio_policy=audio_policy,
         max_underrun_ms=max_underrun_ms,
-        otlp_endpoint=traces_to,
-        launcher=launcher,
-        ray_address=ray_address,
-        data_host=data_host,
     )
     dashboards: list[object] = []
 
@@ -312,7 +312,7 @@ def serve_command(
         )
     console.print(f"omnictl serve: launching {topology or 'the embedded voice assistant'} (loading models)...")
     try:
-        serve(options, on_ready)
+        serve(config, on_ready)
     except OmnictlError as exc:  # every deliberate error: bad topology, stage failed to start, port busy
         from omnictl.cli.failures import report_failure
 

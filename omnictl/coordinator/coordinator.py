@@ -12,30 +12,25 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import shutil
-import tempfile
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from omnictl import messages as m
 from omnictl.coordinator.autoscale import Autoscaler, ScaleDecision
 from omnictl.coordinator.core import Admitted, Broadcast, CoordinatorCore
-from omnictl.coordinator.launcher import Launcher
-from omnictl.coordinator.launching import ProcessLauncher
+from omnictl.coordinator.launching import ProcessLauncher, build_launcher
 from omnictl.coordinator.placement import ReplicaPlacement
-from omnictl.coordinator.ray_launcher import RayLauncher
 from omnictl.coordinator.request import InputStream, RequestHandle, RequestRecord
 from omnictl.coordinator.stats import node_stats, stage_stats
+from omnictl.coordinator.wiring import Wiring
 from omnictl.exceptions import LaunchError, describe_error
 from omnictl.launch_config import LaunchConfig
 from omnictl.profiling.events import EventKind, MetaValue, NullProfiler, Profiler, now_ns
 from omnictl.topology.model import RelayKnobs, Topology
 from omnictl.transports import registry
 from omnictl.transports.codec import decode
-from omnictl.transports.curve import CurveKeys
 from omnictl.transports.drain import Drain
-from omnictl.transports.endpoint import Endpoint, resolve_data_host
+from omnictl.transports.endpoint import Endpoint
 from omnictl.transports.registry import Placement
 from omnictl.transports.shm import SegmentReader
 
@@ -47,58 +42,51 @@ _AUTOSCALE_MIN_TICK_S = 0.02
 log = logging.getLogger(__name__)
 
 
+def _default_launcher(coordinator: Coordinator) -> ProcessLauncher:
+    return build_launcher(coordinator.topology, coordinator.config, coordinator.wiring, coordinator.on_process_exit)
+
+
 class Coordinator:
     def __init__(
         self,
         topology: Topology,
         config: LaunchConfig,
+        wiring: Wiring | None = None,
         *,
         profiler: Profiler | None = None,
-        profile_address: str | None = None,
-        socket_dir: Path | None = None,
-        curve: CurveKeys | None = None,
-        profile_tcp_address: str | None = None,
         launcher: Callable[[Coordinator], ProcessLauncher] | None = None,
     ) -> None:
-        """``config``: the launch's knobs, whole. ``curve``: the launch's keys when the caller
-        made them (the profiling collector shares them); ``profile_tcp_address``: the
-        collector's tcp address for workers on other nodes; ``socket_dir``: where the ipc
-        sockets go (a fresh temporary directory by default). ``launcher``: builds the launcher
-        from this coordinator (its ``process_addresses``, ``control_address``,
-        ``broadcast_address`` and ``on_process_exit``); default: the local or Ray one, as
-        ``config.launcher`` says."""
+        """``config``: the launch's knobs, whole. ``wiring``: its addresses, keys and data
+        host, resolved by the caller (the profiling collector shares them); default: resolved
+        here, in a fresh temporary socket directory. ``launcher``: builds the launcher from
+        this coordinator (its ``wiring`` and ``on_process_exit``); default:
+        :func:`~omnictl.coordinator.launching.build_launcher`, as ``config`` says."""
         self.config = config
         self.topology = topology
-        self.model_path = config.model_path_for(topology)
         self.profiler = profiler or NullProfiler()
         self.core = CoordinatorCore(
-            topology, request_timeout=config.request_timeout, profiler=self.profiler, replay_limit=config.replay_limit
+            topology,
+            request_timeout=config.request_timeout,
+            profiler=self.profiler,
+            replay_limit=config.faults.replay_limit,
         )
         self.ready_timeout = config.ready_timeout
-        self.max_restarts = config.max_restarts
-        # Removed on close. Short paths: ipc:// addresses are limited to ~100 bytes.
-        self.socket_dir = socket_dir or Path(tempfile.mkdtemp(prefix="omnictl-"))
-        self.process_addresses = {name: f"ipc://{self.socket_dir}/p{i}" for i, name in enumerate(topology.instances())}
-        self.control_address = f"ipc://{self.socket_dir}/control"
-        self.broadcast_address = f"ipc://{self.socket_dir}/broadcast"
-        override = config.data_host or os.environ.get("OMNICTL_DATA_HOST")
-        self.data_host = resolve_data_host(config.data_host, config.launcher)
-        self.remote = config.remote  # every process is reached over tcp
-        self.curve: CurveKeys | None = None
-        if topology.multi_node() or self.remote:  # processes on labelled nodes reach the coordinator over tcp
-            self.curve = curve or CurveKeys.generate()  # this launch's; workers get them with their config
+        self.max_restarts = config.faults.max_restarts
+        wiring = wiring or Wiring.resolve(topology, config)
+        self.socket_dir = wiring.socket_dir  # removed on close
         # Under Ray every process is reached over tcp: no ipc address book.
         self.endpoint = Endpoint(
-            m.COORDINATOR, topology, ipc_addresses={} if self.remote else self.process_addresses, curve=self.curve
+            m.COORDINATOR,
+            topology,
+            ipc_addresses={} if config.remote else wiring.process_addresses,
+            curve=wiring.curve,
         )
-        self._control = self.endpoint.pull(self.control_address)
-        self._broadcast = self.endpoint.publisher(self.broadcast_address)
-        tcp_coordinator: tuple[str, str] | None = None
-        if self.curve is not None:
-            tcp_coordinator = (
-                self.endpoint.bind_tcp(self._control, self.data_host),
-                self.endpoint.bind_tcp(self._broadcast, self.data_host),
-            )
+        self._control = self.endpoint.pull(wiring.control_address)
+        self._broadcast = self.endpoint.publisher(wiring.broadcast_address)
+        if wiring.curve is not None:  # processes on labelled nodes reach the coordinator over tcp
+            tcp = self.endpoint.bind_tcp(self._control, wiring.data_host)
+            wiring = wiring.with_tcp(coordinator=(tcp, self.endpoint.bind_tcp(self._broadcast, wiring.data_host)))
+        self.wiring = wiring
         self._drain: Drain | None = None
         # The coordinator lends slots only for entry inputs: a few, of the default size.
         knobs = RelayKnobs(slots=4)
@@ -119,36 +107,7 @@ class Coordinator:
         self.autoscaler = Autoscaler(topology)
         self._starting: set[str] = set()  # standby replicas the autoscaler is starting
         self._retiring: set[str] = set()  # drained replicas being stopped
-        self.launcher: ProcessLauncher
-        if launcher is not None:
-            self.launcher = launcher(self)
-        elif self.remote:
-            assert tcp_coordinator is not None and self.curve is not None
-            self.launcher = RayLauncher(
-                topology,
-                model_path=self.model_path,
-                tcp_coordinator=tcp_coordinator,
-                profile_address=profile_tcp_address,
-                on_exit=self.on_process_exit,
-                curve=self.curve,
-                ray_address=config.ray_address,
-                data_host=override,
-                audio_policy=config.audio_policy,
-            )
-        else:
-            self.launcher = Launcher(
-                topology,
-                config,
-                process_addresses=self.process_addresses,
-                coordinator_address=self.control_address,
-                broadcast_address=self.broadcast_address,
-                profile_address=profile_address,
-                on_exit=self.on_process_exit,
-                tcp_coordinator=tcp_coordinator,
-                data_host=self.data_host,
-                curve=self.curve,
-                profile_tcp_address=profile_tcp_address,
-            )
+        self.launcher: ProcessLauncher = (launcher or _default_launcher)(self)
 
     # --- lifecycle --------------------------------------------------------------------
 

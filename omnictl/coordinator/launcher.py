@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -17,16 +18,26 @@ from typing import Callable
 
 from omnictl import logs
 from omnictl.coordinator.forking import ForkedProcess, Template
+from omnictl.coordinator.wiring import Wiring
 from omnictl.exceptions import LaunchError
 from omnictl.launch_config import LaunchConfig
-from omnictl.pids import describe_exit
 from omnictl.stage.startup import WorkerConfig, encode_config
 from omnictl.topology.imports import topology_dir, worker_sys_path
 from omnictl.topology.model import Topology
-from omnictl.transports.curve import CurveKeys
 
 log = logging.getLogger(__name__)
 _TRACKER_WARNING = "ignore::UserWarning:multiprocessing.resource_tracker"
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
 
 
 @dataclass
@@ -65,32 +76,18 @@ class Launcher:
         self,
         topology: Topology,
         config: LaunchConfig,
-        *,
-        process_addresses: dict[str, str],
-        coordinator_address: str,
-        broadcast_address: str,
-        profile_address: str | None,
+        wiring: Wiring,
         on_exit: Callable[[str, str], None],  # (OS process, how it exited)
-        tcp_coordinator: tuple[str, str] | None = None,  # (control, broadcast) for labelled nodes
-        data_host: str = "127.0.0.1",
-        curve: CurveKeys | None = None,
-        profile_tcp_address: str | None = None,  # the collector, for processes on labelled nodes
     ) -> None:
-        """``config``: the launch's (its model path and run directory); ``data_host``: the
-        address tcp sockets bind here, already resolved."""
+        """``config``: the launch's (its model path, run directory and audio policy);
+        ``wiring``: its addresses, keys and data host, already resolved (processes on a
+        labelled node reach the coordinator and the collector over its tcp addresses)."""
         self.topology = topology
         self.model_path = config.model_path_for(topology)
         self.audio_policy = config.audio_policy
-        self.process_addresses = process_addresses
-        self.coordinator_address = coordinator_address
-        self.broadcast_address = broadcast_address
-        self.profile_address = profile_address
+        self.wiring = wiring
         self.on_exit = on_exit
-        self.run_dir = config.run_dir  # each process logs to <run_dir>/logs/<name>.log too
-        self.tcp_coordinator = tcp_coordinator
-        self.data_host = data_host
-        self.curve = curve
-        self.profile_tcp_address = profile_tcp_address
+        self.run_dir = config.profiling.run_dir  # each process logs to <run_dir>/logs/<name>.log too
         self.tcp_ports: dict[str, int] = {}  # OS process -> the port it reported (a restart asks for it again)
         self.node_of = {name: p.node for p in topology.processes.values() for name in p.instances}
         self.handles: dict[str, ProcessHandle] = {}  # by OS process (replica) name
@@ -105,23 +102,24 @@ class Launcher:
     def start(self, name: str) -> ProcessHandle:
         """Start (or restart) the OS process ``name``: a process, or one replica of it."""
         log_settings = logs.settings()  # read now: a restart logs as the server does then
-        control, broadcast = self.coordinator_address, self.broadcast_address
-        profile = self.profile_address
+        wiring = self.wiring
+        control, broadcast = wiring.control_address, wiring.broadcast_address
+        profile = wiring.profile_address
         node = self.node_of[name]
         if node is not None:  # on another node than the coordinator's: reach it over tcp
-            if self.tcp_coordinator is None:
+            if wiring.tcp_coordinator is None:
                 raise LaunchError(
                     self.topology.processes[self.process_of[name]].stages[0],
                     f"process {name!r} is on node {node!r} but the coordinator takes no tcp",
                 )
-            control, broadcast = self.tcp_coordinator
-            profile = self.profile_tcp_address or profile
+            control, broadcast = wiring.tcp_coordinator
+            profile = wiring.profile_tcp_address or profile
         config = WorkerConfig(
             process=self.process_of[name],
             instance=name,
             topology=self.topology,
             model_path=self.model_path,
-            process_addresses=self.process_addresses,
+            process_addresses=wiring.process_addresses,
             coordinator_address=control,
             broadcast_address=broadcast,
             profile_address=profile,
@@ -132,9 +130,9 @@ class Launcher:
             log_format=log_settings.format,
             log_file=str(logs.log_file(self.run_dir, name)) if self.run_dir is not None else None,
             node=node,
-            data_host=self.data_host,
+            data_host=wiring.data_host,
             tcp_port=self.tcp_ports.get(name, 0),
-            curve=self.curve,  # through the private stdin pipe, never a file
+            curve=wiring.curve,  # through the private stdin pipe, never a file
             audio_policy=self.audio_policy,
         )
         restarts = self.handles[name].restarts + 1 if name in self.handles else 0

@@ -3,13 +3,19 @@
 Two launchers implement it: :class:`~omnictl.coordinator.launcher.Launcher` (one OS process
 per process replica, on this machine) and :class:`~omnictl.coordinator.ray_launcher.
 RayLauncher` (one Ray actor each, placed by `node` label). The coordinator is written
-against these two protocols only and never asks which one it has.
+against these two protocols only and never asks which one it has: :func:`build_launcher`
+chooses and builds it from the launch's config, both the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Mapping, Protocol
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol
+
+if TYPE_CHECKING:
+    from omnictl.coordinator.wiring import Wiring
+    from omnictl.launch_config import LaunchConfig
+    from omnictl.topology.model import Topology
 
 
 class ProcessHandle(Protocol):
@@ -60,3 +66,17 @@ class ProcessLauncher(Protocol):
     async def stop(self, timeout: float = 5.0) -> None:
         """Stop every replica; none is left behind."""
         ...
+
+
+def build_launcher(
+    topology: Topology, config: LaunchConfig, wiring: Wiring, on_exit: Callable[[str, str], None]
+) -> ProcessLauncher:
+    """The launcher ``config.placement.launcher`` names, given the launch's config and
+    wiring whole; ``on_exit(replica, how)`` hears of each replica that ends on its own."""
+    if config.remote:
+        from omnictl.coordinator.ray_launcher import RayLauncher  # Ray itself is imported on first use
+
+        return RayLauncher(topology, config, wiring, on_exit)
+    from omnictl.coordinator.launcher import Launcher
+
+    return Launcher(topology, config, wiring, on_exit)

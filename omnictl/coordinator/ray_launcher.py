@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from omnictl import logs
+from omnictl.coordinator.wiring import Wiring
 from omnictl.exceptions import LaunchError
+from omnictl.launch_config import LaunchConfig
 from omnictl.stage.startup import WorkerConfig, decode_config, encode_config
 from omnictl.topology.imports import topology_dir, worker_sys_path
 from omnictl.topology.model import Topology
-from omnictl.transports.curve import CurveKeys
 
 NODE_LABEL = "omnictl-node"
 
@@ -103,27 +104,27 @@ class RayLauncher:
     def __init__(
         self,
         topology: Topology,
-        *,
-        model_path: str | None,
-        tcp_coordinator: tuple[str, str],
-        profile_address: str | None,
-        on_exit: Callable[[str, str], None],
-        curve: CurveKeys,
-        ray_address: str | None = None,
-        data_host: str | None = None,
-        audio_policy: str = "fifo",
+        config: LaunchConfig,
+        wiring: Wiring,
+        on_exit: Callable[[str, str], None],  # (process replica, how it ended)
     ) -> None:
-        self.ray_address = ray_address
-        self.audio_policy = audio_policy
+        """``config``: the launch's (its model path, Ray address and audio policy);
+        ``wiring``: its keys and the coordinator's and collector's tcp addresses, already
+        bound (every worker reaches them over tcp)."""
+        if wiring.tcp_coordinator is None or wiring.curve is None:
+            raise ValueError("the Ray launcher needs the coordinator's tcp addresses and the launch's CurveZMQ keys")
+        self.ray_address = config.placement.ray_address
+        self.audio_policy = config.audio_policy
         self._owns_ray = False
         self._connected = False
         self.topology = topology
-        self.model_path = model_path
-        self.tcp_coordinator = tcp_coordinator
-        self.profile_address = profile_address
+        self.model_path = config.model_path_for(topology)
+        self.tcp_coordinator = wiring.tcp_coordinator
+        self.profile_address = wiring.profile_tcp_address
         self.on_exit = on_exit
-        self.curve = curve
-        self.data_host = data_host
+        self.curve = wiring.curve
+        # as the operator gave it (None: each worker binds its own node's address)
+        self.data_host = wiring.data_host_given
         self.handles: dict[str, RayHandle] = {}  # the current actor of each process replica
         self.started: list[RayHandle] = []  # every actor this launch started, relaunches included
         self.process_of = {name: p.name for p in topology.processes.values() for name in p.instances}

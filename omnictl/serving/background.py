@@ -12,14 +12,15 @@ import time
 from types import TracebackType
 
 from omnictl.exceptions import LaunchError
-from omnictl.serving.server import Listening, ServeOptions, run_server
+from omnictl.serving.config import ServeConfig
+from omnictl.serving.server import Listening, run_server
 
 
 class BackgroundServer:
-    """``with BackgroundServer(options, start_timeout) as listening: ...``"""
+    """``with BackgroundServer(config, start_timeout) as listening: ...``"""
 
-    def __init__(self, options: ServeOptions, start_timeout: float = 600.0) -> None:
-        self.options = options
+    def __init__(self, config: ServeConfig, start_timeout: float = 600.0) -> None:
+        self.config = config
         self.start_timeout = start_timeout
         self._ready = threading.Event()
         self._listening: Listening | None = None
@@ -36,7 +37,7 @@ class BackgroundServer:
         async def serve() -> None:
             self._loop = asyncio.get_running_loop()
             self._serving = asyncio.current_task()
-            await run_server(self.options, on_ready, handle_signals=False)
+            await run_server(self.config, on_ready, handle_signals=False)
 
         try:
             asyncio.run(serve())

@@ -15,75 +15,21 @@ import ipaddress
 import signal
 import socket
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator
 
 import uvicorn
 
-from omnictl.admission import DEFAULT_MAX_IN_FLIGHT
 from omnictl.data import DEFAULT_TOPOLOGY, data_path
 from omnictl.exceptions import LaunchError, ListenError, StartupError
-from omnictl.launch_config import LaunchConfig
 from omnictl.serving.app import ServingState, create_app, watch_liveness
-from omnictl.serving.chat.protocol import Limits
 from omnictl.serving.common.connections import ConnectionGuard, connection_cap
 from omnictl.serving.common.guard import RequestGuard
 from omnictl.serving.common.tracking import end_in_flight
+from omnictl.serving.config import ServeConfig
 
 GRACEFUL_SHUTDOWN_S = 5
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    topology: str | Path | None = None  # None: the embedded voice assistant
-    host: str = "127.0.0.1"
-    port: int = 8000  # 0: any free port (the ready callback gets the real one)
-    model_path: str | None = None
-    api_key: str | None = None
-    device: str | None = None
-    run_dir: str | None = None
-    request_timeout: float = 300.0
-    max_restarts: int = 0  # per replica: how often a dead stage process is started again
-    replay_limit: int = 1  # how often a request its caller saw nothing of is re-run after a replica died
-    limits: Limits = field(default_factory=Limits)
-    served_model_names: tuple[str, ...] = ()  # model ids accepted besides the topology's name
-    max_in_flight: int | None = DEFAULT_MAX_IN_FLIGHT  # admission control; None: no limit (429 over it)
-    max_queue_wait: float = 0.0  # seconds a request may wait for a slot (503 after)
-    otlp_endpoint: str | None = None  # export every finished request's trace there (OTLP/HTTP); None: off
-    launcher: str = "local"  # or "ray" (see Pipeline.launch)
-    ray_address: str | None = None
-    data_host: str | None = None
-    audio_policy: str = "fifo"  # see omnictl.playback.policy
-    ready_timeout: float = 120.0  # seconds every stage process may take to load
-    # Admission by continuity: refuse a new audio request (429) when the streams playing
-    # would underrun by more than this many ms if it were admitted; None: off.
-    max_underrun_ms: float | None = None
-    # Browser origins (scheme://host[:port]) allowed to open /v1/realtime or send requests
-    # besides the server's own; "*": any (see omnictl.serving.common.guard).
-    allowed_origins: tuple[str, ...] = ()
-    # Host header values accepted besides the bound address and loopback names; "*": any.
-    allowed_hosts: tuple[str, ...] = ()
-
-    def launch_config(self) -> LaunchConfig:
-        """The pipeline's part of these options (a server always profiles: the dashboard)."""
-        return LaunchConfig(
-            model_path=self.model_path,
-            device=self.device,
-            run_dir=Path(self.run_dir) if self.run_dir is not None else None,
-            profile=True,
-            request_timeout=self.request_timeout,
-            max_restarts=self.max_restarts,
-            replay_limit=self.replay_limit,
-            max_in_flight=self.max_in_flight,
-            max_queue_wait=self.max_queue_wait,
-            otlp_endpoint=self.otlp_endpoint,
-            launcher=self.launcher,
-            ray_address=self.ray_address,
-            data_host=self.data_host,
-            audio_policy=self.audio_policy,
-            ready_timeout=self.ready_timeout,
-        )
 
 
 def default_topology() -> Path:
@@ -145,31 +91,32 @@ def _url(host: str, port: int) -> str:
 
 
 async def run_server(
-    options: ServeOptions,
+    config: ServeConfig,
     on_ready: Callable[[Listening], Awaitable[None] | None] | None = None,
     handle_signals: bool = True,
 ) -> None:
     """Serve until stopped (Ctrl-C, SIGTERM, or ``Listening.stop``)."""
     from omnictl.pipeline import Pipeline  # the runtime: heavy, so imported only when serving
 
-    if options.api_key is not None and not options.api_key.strip():
+    http, limits = config.http, config.limits
+    if http.api_key is not None and not http.api_key.strip():
         # An empty key once meant "no authentication" without a word.
         raise StartupError(
             "the API key is empty", hint="pass a non-empty --api-key (or OMNICTL_API_KEY), or none at all"
         )
-    topology = Path(options.topology) if options.topology is not None else default_topology()
-    sock = bind(options.host, options.port)
+    topology = Path(config.topology) if config.topology is not None else default_topology()
+    sock = bind(http.host, http.port)
     port = sock.getsockname()[1]
     state = ServingState(
         model_name=topology.stem,
-        limits=options.limits,
-        api_key=options.api_key,
-        aliases=options.served_model_names,
-        max_underrun_ms=options.max_underrun_ms,
+        limits=limits,
+        api_key=http.api_key,
+        aliases=http.served_model_names,
+        max_underrun_ms=config.max_underrun_ms,
     )
-    guard = ConnectionGuard(connection_cap(options.limits.max_connections), options.limits.header_timeout_s)
-    config = uvicorn.Config(
-        create_app(state, RequestGuard.for_bind(options.host, port, options.allowed_hosts, options.allowed_origins)),
+    guard = ConnectionGuard(connection_cap(limits.max_connections), limits.header_timeout_s)
+    uvicorn_config = uvicorn.Config(
+        create_app(state, RequestGuard.for_bind(http.host, port, http.allowed_hosts, http.allowed_origins)),
         log_level="warning",
         access_log=False,
         lifespan="off",
@@ -183,7 +130,7 @@ async def run_server(
         # sees one. Audio in base64 barely compresses anyway.
         ws_per_message_deflate=False,
     )
-    server = _QuietServer(config)
+    server = _QuietServer(uvicorn_config)
     stopping = asyncio.Event()
 
     def stop() -> None:
@@ -200,7 +147,7 @@ async def run_server(
     serving = asyncio.create_task(server.serve(sockets=[sock]), name="uvicorn")
     serving.add_done_callback(lambda _: stopping.set())  # uvicorn gave up: stop the pipeline too
     try:
-        launch = Pipeline.launch(topology, options.launch_config())
+        launch = Pipeline.launch(topology, config.launch)
         entering = asyncio.create_task(launch.__aenter__(), name="pipeline-launch")
         waiting = asyncio.create_task(stopping.wait())
         await asyncio.wait({entering, waiting}, return_when=asyncio.FIRST_COMPLETED)
@@ -222,7 +169,7 @@ async def run_server(
             if pipe.profile is not None:
                 state.metrics.profile.snapshot = pipe.profile.aggregator.snapshot
             if on_ready is not None:
-                ready = on_ready(Listening(_url(options.host, port), state, pipe, stop, loop))
+                ready = on_ready(Listening(_url(http.host, port), state, pipe, stop, loop))
                 if ready is not None:
                     await ready
             await stopping.wait()

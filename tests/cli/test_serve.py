@@ -148,3 +148,56 @@ def test_loading_prints_one_line_per_stage_no_progress_bars_and_the_run_director
     assert re.search(r"stage 'second' loaded in \d+\.\d s \(process other\)", text)
     traces = re.search(r"traces in (\S+)", text)
     assert traces and (Path(traces.group(1)) / "run.json").is_file(), text
+
+
+def test_the_command_maps_every_option_onto_one_config_and_serves_it_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from omnictl import logs, serving
+    from omnictl.cli.serve import register
+    from omnictl.launch_config import LaunchConfig
+    from omnictl.serving.chat.protocol import Limits
+    from omnictl.serving.config import HttpConfig, ServeConfig
+
+    served: list[ServeConfig] = []
+    monkeypatch.setattr(serving, "serve", lambda config, on_ready: served.append(config))  # the one unit left out
+    monkeypatch.setattr(logs, "configure", lambda level, format: None)  # this process's logging stays the test's
+    monkeypatch.delenv("OMNICTL_API_KEY", raising=False)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    app = typer.Typer()
+
+    @app.callback()
+    def main() -> None:  # keeps `serve` a subcommand, as in `omnictl`
+        """omnictl"""
+
+    register(app)
+    args = ["serve", "t.yaml", "--host", "127.0.0.2", "--port", "0", "--model-path", "/models/x", "--device", "cpu",
+            "--api-key", "k", "--run-dir", str(tmp_path), "--request-timeout", "12.5", "--max-restarts", "3",
+            "--replay-limit", "2", "--max-in-flight", "7", "--max-queue-wait", "1.5",
+            "--otlp-endpoint", "http://127.0.0.1:4318", "--launcher", "ray", "--ray-address", "127.0.0.1:6379",
+            "--data-host", "127.0.0.1", "--audio-policy", "deadline", "--max-underrun-ms", "80",
+            "--served-model-name", "alias", "--allowed-origins", "http://a:1", "--allowed-hosts", "box",
+            "--max-body-mb", "1", "--max-audio-mb", "2", "--body-timeout", "3", "--header-timeout", "4",
+            "--max-connections", "50", "--max-realtime-sessions", "5", "--max-connecting-calls", "2",
+            "--call-connect-timeout", "6"]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    assert served == [ServeConfig(
+        topology=Path("t.yaml"),
+        http=HttpConfig(host="127.0.0.2", port=0, api_key="k", served_model_names=("alias",),
+                        allowed_origins=("http://a:1",), allowed_hosts=("box",)),
+        launch=LaunchConfig.of(model_path="/models/x", device="cpu", run_dir=tmp_path, profile=True,
+                               request_timeout=12.5, max_restarts=3, replay_limit=2, max_in_flight=7,
+                               max_queue_wait=1.5, otlp_endpoint="http://127.0.0.1:4318/v1/traces", launcher="ray",
+                               ray_address="127.0.0.1:6379", data_host="127.0.0.1", audio_policy="deadline"),
+        limits=Limits(1024 * 1024, 2 * 1024 * 1024, body_timeout_s=3.0, header_timeout_s=4.0, max_connections=50,
+                      max_realtime_sessions=5, max_realtime_connecting=2, realtime_connect_timeout_s=6.0),
+        max_underrun_ms=80.0,
+    )]
+    served.clear()
+    assert CliRunner().invoke(app, ["serve"]).exit_code == 0
+    assert served == [ServeConfig()]  # the flags' defaults are the config's: a server admits 64 at once
+    assert served[0].launch.admission.max_in_flight == 64

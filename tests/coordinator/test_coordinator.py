@@ -89,12 +89,12 @@ class StubProcess:
         process = coordinator.topology.processes[name.split("#")[0]]
         self.stages = process.stages
         self.inbound = context.socket(zmq.PULL)
-        self.inbound.bind(coordinator.process_addresses[name])
+        self.inbound.bind(coordinator.wiring.process_addresses[name])
         self.broadcasts = context.socket(zmq.SUB)
         self.broadcasts.setsockopt(zmq.SUBSCRIBE, b"")
-        self.broadcasts.connect(coordinator.broadcast_address)
+        self.broadcasts.connect(coordinator.wiring.broadcast_address)
         self.control = context.socket(zmq.PUSH)
-        self.control.connect(coordinator.control_address)
+        self.control.connect(coordinator.wiring.control_address)
         self.heard: list[Any] = []  # broadcasts other than hellos, in order
         self.hellos: list[m.Hello] = []
         self.received: list[tuple[Any, list[bytes]]] = []  # inbound messages with their frames
@@ -193,7 +193,7 @@ def run(body: Callable[[Coordinator, StubLauncher], Awaitable[T]], config: Launc
             stubs.append(StubLauncher(coordinator))
             return stubs[0]
 
-        coordinator = Coordinator(loads(topology), config or LaunchConfig(ready_timeout=5.0), launcher=launcher)
+        coordinator = Coordinator(loads(topology), config or LaunchConfig.of(ready_timeout=5.0), launcher=launcher)
         try:
             if start:
                 await coordinator.start()
@@ -234,7 +234,7 @@ def test_a_process_that_never_gets_ready_fails_the_start_naming_it() -> None:
         with pytest.raises(LaunchError, match=r"stage 'prep' failed to start: process 'prep' was not ready within 0.3s"):
             await c.start()
 
-    run(body, LaunchConfig(ready_timeout=0.3), start=False)
+    run(body, LaunchConfig.of(ready_timeout=0.3), start=False)
 
 
 def test_a_launch_failure_report_names_the_stage_and_why() -> None:
@@ -452,7 +452,7 @@ def test_a_request_past_its_deadline_fails_naming_what_it_waited_for() -> None:
         with pytest.raises(RequestFailed, match=r"missed its deadline of 0.3s; terminals still expected: \['talk'\]"):
             await asyncio.wait_for(handle.result(), 2)
 
-    run(body, LaunchConfig(ready_timeout=5.0, request_timeout=0.3))
+    run(body, LaunchConfig.of(ready_timeout=5.0, request_timeout=0.3))
 
 
 def test_a_full_inbox_holds_admission_until_it_drains() -> None:
@@ -501,7 +501,7 @@ def test_a_dead_replica_fails_its_requests_and_the_others_keep_serving(caplog: p
             "replica 'voice#0' (stages talk) died: killed by SIGKILL; 1 request(s) pinned to it failed, 0 replayed; "
             "no restart left (max_restarts 0)"]
 
-    run(body, LaunchConfig(ready_timeout=5.0, replay_limit=0))
+    run(body, LaunchConfig.of(ready_timeout=5.0, replay_limit=0))
 
 
 def test_a_dead_replica_s_unseen_requests_are_replayed_from_the_entry_on_the_other() -> None:
@@ -548,7 +548,7 @@ def test_a_dead_process_restarts_and_hears_the_aborts_it_missed(caplog: pytest.L
         await eventually(lambda: m.Abort(("r1",)) in stub.processes["prep"].heard)  # the new one heard it
         assert c.dead_reason is None
 
-    run(body, LaunchConfig(ready_timeout=5.0, max_restarts=1))
+    run(body, LaunchConfig.of(ready_timeout=5.0, max_restarts=1))
 
 
 def test_a_restart_that_never_gets_ready_is_killed_and_the_pipeline_dies_with_no_restart_left(
@@ -566,7 +566,7 @@ def test_a_restart_that_never_gets_ready_is_killed_and_the_pipeline_dies_with_no
             await c.submit({})
         assert c.health()[0] == "down"
 
-    run(body, LaunchConfig(ready_timeout=0.3, max_restarts=1))
+    run(body, LaunchConfig.of(ready_timeout=0.3, max_restarts=1))
 
 
 def test_the_last_replica_lost_makes_the_pipeline_dead_naming_it() -> None:
@@ -603,7 +603,7 @@ def test_stats_gather_every_live_replica_and_show_a_silent_one_as_unknown() -> N
 def test_close_aborts_what_runs_stops_the_launcher_and_removes_the_sockets() -> None:
     async def main() -> None:
         stubs: list[StubLauncher] = []
-        c = Coordinator(loads(TOPOLOGY), LaunchConfig(ready_timeout=5.0),
+        c = Coordinator(loads(TOPOLOGY), LaunchConfig.of(ready_timeout=5.0),
                         launcher=lambda coordinator: stubs.append(StubLauncher(coordinator)) or stubs[0])
         await c.start()
         handle = await c.submit({}, request_id="r1")
@@ -758,7 +758,7 @@ def test_a_replica_that_dies_while_draining_is_not_restarted_and_its_unseen_requ
         outcomes = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 3)
         assert [o["talk"]["text"] for o in outcomes] == ["r0", "r1"]
 
-    run(body, LaunchConfig(ready_timeout=5.0, max_restarts=3), topology=ELASTIC.replace("idle: 0.2", "idle: 30"))
+    run(body, LaunchConfig.of(ready_timeout=5.0, max_restarts=3), topology=ELASTIC.replace("idle: 0.2", "idle: 30"))
 
 
 def test_a_replica_that_never_answers_its_start_is_retired_and_stays_in_standby(caplog: pytest.LogCaptureFixture) -> None:
@@ -779,7 +779,7 @@ def test_a_replica_that_never_answers_its_start_is_retired_and_stays_in_standby(
         assert [o["talk"]["text"] for o in await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 3)] == [
             "r0", "r1", "r2"]
 
-    run(body, LaunchConfig(ready_timeout=0.3), topology=ELASTIC)
+    run(body, LaunchConfig.of(ready_timeout=0.3), topology=ELASTIC)
 
 
 def test_a_replica_that_dies_while_starting_fails_its_start_at_once_and_holds_nothing(
@@ -818,7 +818,7 @@ def test_a_replica_that_reports_ready_but_never_answers_the_hello_is_not_used(ca
             "it stays in standby")
         assert all(c.placement._assigned[h.id]["voice"] == "voice#0" for h in handles)  # nothing moved to it
 
-    run(body, LaunchConfig(ready_timeout=0.3), topology=ELASTIC)
+    run(body, LaunchConfig.of(ready_timeout=0.3), topology=ELASTIC)
 
 
 def test_a_new_replica_takes_no_request_whose_caller_has_seen_output(caplog: pytest.LogCaptureFixture) -> None:
@@ -959,7 +959,7 @@ def test_a_deadline_fails_an_input_never_ended() -> None:
         await eventually(lambda: any(b == m.Abort(("late",)) for b in stub.processes["prep"].heard))
         assert c.held() == {"requests": 0, "placed": 0, "replica_in_flight": 0, "replays_waiting": 0, "slots_in_use": 0}
 
-    run(body, LaunchConfig(ready_timeout=5.0, request_timeout=0.3))
+    run(body, LaunchConfig.of(ready_timeout=5.0, request_timeout=0.3))
 
 
 def test_a_death_replays_a_streamed_input_to_the_entry_every_chunk_again_then_the_rest() -> None:
@@ -987,7 +987,7 @@ def test_a_death_replays_a_streamed_input_to_the_entry_every_chunk_again_then_th
         await eventually(lambda: c.held()["slots_in_use"] == 0)
         assert c.core.replayed == 1 and handle.state is RequestState.RUNNING
 
-    run(body, LaunchConfig(ready_timeout=5.0, replay_limit=1))
+    run(body, LaunchConfig.of(ready_timeout=5.0, replay_limit=1))
 
 
 def test_a_streamed_chunk_changed_after_it_was_sent_fails_the_replay_and_frees_what_it_encoded() -> None:
@@ -1006,4 +1006,4 @@ def test_a_streamed_chunk_changed_after_it_was_sent_fails_the_replay_and_frees_w
         prep.send(m.SlotRelease(prep.received[0][0].payload.shm))  # the first attempt's slot
         await eventually(lambda: c.held()["slots_in_use"] == 0)  # the replay's encoded chunk went back at once
 
-    run(body, LaunchConfig(ready_timeout=5.0, replay_limit=1))
+    run(body, LaunchConfig.of(ready_timeout=5.0, replay_limit=1))

@@ -12,6 +12,7 @@ import pytest
 
 from omnictl.coordinator.launcher import Launcher, describe_exit
 from omnictl.coordinator.ray_launcher import check_labels, cluster_labels
+from omnictl.coordinator.wiring import Wiring
 from omnictl.exceptions import LaunchError
 from omnictl.launch_config import LaunchConfig
 from omnictl.topology import loads
@@ -35,9 +36,8 @@ processes:
 
 
 def launcher(topology: str = THREE) -> Launcher:
-    return Launcher(loads(topology), LaunchConfig(model_path="/weights"), process_addresses={},
-                    coordinator_address="ipc:///x/control", broadcast_address="ipc:///x/broadcast",
-                    profile_address=None, on_exit=lambda name, why: None)
+    wiring = Wiring(Path("/x"), control_address="ipc:///x/control", broadcast_address="ipc:///x/broadcast")
+    return Launcher(loads(topology), LaunchConfig.of(model_path="/weights"), wiring, lambda name, why: None)
 
 
 @pytest.mark.parametrize(("code", "text"), [(None, "still running"), (0, "exit code 0"), (3, "exit code 3"),
@@ -123,7 +123,7 @@ def test_the_local_launcher_starts_watches_restarts_and_stops_real_processes(tmp
 
     async def main() -> None:
         exits: list[tuple[str, str]] = []
-        c = Coordinator(load(path), LaunchConfig(ready_timeout=60.0, max_restarts=1, run_dir=tmp_path / "run"))
+        c = Coordinator(load(path), LaunchConfig.of(ready_timeout=60.0, max_restarts=1, run_dir=tmp_path / "run"))
         launcher = c.launcher
         assert isinstance(launcher, Launcher)
         watched = c.on_process_exit
@@ -172,7 +172,7 @@ def test_an_elastic_replica_is_forked_from_the_template_and_watched_killed_and_s
 
     async def main() -> None:
         exits: list[tuple[str, str]] = []
-        c = Coordinator(load(path), LaunchConfig(ready_timeout=60.0))
+        c = Coordinator(load(path), LaunchConfig.of(ready_timeout=60.0))
         launcher = c.launcher
         assert isinstance(launcher, Launcher)
         watched = c.on_process_exit

@@ -18,7 +18,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from omnictl import logs
 from omnictl.coordinator.ray_launcher import RayHandle, RayLauncher, StageActor
+from omnictl.coordinator.wiring import Wiring
 from omnictl.exceptions import LaunchError
+from omnictl.launch_config import LaunchConfig
 from omnictl.stage.startup import WorkerConfig, decode_config
 from omnictl.topology import load, loads
 from omnictl.topology.model import Topology
@@ -96,14 +98,19 @@ def killed(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Actor, bool]]:
     return calls
 
 
-def make(exits: list[tuple[str, str]] | None = None, topology: Topology | None = None,
-         **kwargs: Any) -> tuple[RayLauncher, ActorClass]:
+def wiring(data_host: str | None = None, tcp: tuple[str, str] = ("tcp://10.0.0.1:5000", "tcp://10.0.0.1:5001"),
+           profile: str | None = "tcp://10.0.0.1:5002") -> Wiring:
+    """What the coordinator resolved and bound before it built the launcher."""
+    return Wiring(Path("/unused"), data_host_given=data_host, curve=CurveKeys.generate(), tcp_coordinator=tcp,
+                  profile_tcp_address=profile)
+
+
+def make(exits: list[tuple[str, str]] | None = None, topology: Topology | None = None, data_host: str | None = None,
+         **options: Any) -> tuple[RayLauncher, ActorClass]:
     """A launcher that has 'connected': its home node and actor class set, as ``_connect`` does."""
-    curve = CurveKeys.generate()
     seen = exits if exits is not None else []
-    launcher = RayLauncher(topology or loads(TOPOLOGY), model_path="/weights", tcp_coordinator=("tcp://10.0.0.1:5000", "tcp://10.0.0.1:5001"),
-                           profile_address="tcp://10.0.0.1:5002", on_exit=lambda name, why: seen.append((name, why)),
-                           curve=curve, **kwargs)
+    launcher = RayLauncher(topology or loads(TOPOLOGY), LaunchConfig.of(model_path="/weights", launcher="ray", **options),
+                           wiring(data_host), lambda name, why: seen.append((name, why)))
     actors = ActorClass()
     launcher._connected = True
     launcher._home = HOME
@@ -125,7 +132,7 @@ async def settle() -> None:
 
 def test_a_labelled_replica_asks_for_its_label_its_cpus_and_gpus_and_gets_its_whole_config() -> None:
     async def main() -> None:
-        launcher, actors = make(data_host="10.0.0.7", audio_policy="audio-first")
+        launcher, actors = make(data_host="10.0.0.7", audio_policy="deadline")
         launcher.tcp_ports["far#1"] = 6123  # the port it had before: a relaunch keeps its address
         handle = launcher.start("far#1")
         actor = actors.actors[0]
@@ -145,7 +152,7 @@ def test_a_labelled_replica_asks_for_its_label_its_cpus_and_gpus_and_gets_its_wh
         assert config.parent_pid == 0  # no parent to watch on another node
         assert (config.node, config.data_host, config.tcp_port) == ("gpu-box", "10.0.0.7", 6123)
         assert config.curve is not None and config.curve.client_secret == launcher.curve.client_secret
-        assert config.audio_policy == "audio-first"
+        assert config.audio_policy == "deadline"
         assert (config.log_level, config.log_format) == (logs.settings().level, logs.settings().format)
         assert handle.watcher is not None and not handle.watcher.done()
         cancel_watchers(launcher)
@@ -373,9 +380,8 @@ def test_connect_joins_the_cluster_once_checks_the_labels_and_pins_to_its_own_no
         monkeypatch: pytest.MonkeyPatch, initialized: bool) -> None:
     inits: list[str | None] = []
     join_cluster(monkeypatch, inits, lambda cls: ("remote", cls), initialized)
-    launcher = RayLauncher(loads(TOPOLOGY), model_path=None, tcp_coordinator=("tcp://h:1", "tcp://h:2"),
-                           profile_address=None, on_exit=lambda name, why: None, curve=CurveKeys.generate(),
-                           ray_address="ray://head:10001")
+    launcher = RayLauncher(loads(TOPOLOGY), LaunchConfig.of(launcher="ray", ray_address="ray://head:10001"),
+                           wiring(tcp=("tcp://h:1", "tcp://h:2"), profile=None), lambda name, why: None)
     launcher._connect()
     assert inits == ([] if initialized else ["ray://head:10001"])
     assert launcher._owns_ray is (not initialized)
@@ -393,8 +399,8 @@ def test_the_first_start_joins_the_cluster_then_starts_the_actor(monkeypatch: py
     join_cluster(monkeypatch, inits, lambda cls: actors)
 
     async def main() -> None:
-        launcher = RayLauncher(loads(TOPOLOGY), model_path=None, tcp_coordinator=("tcp://h:1", "tcp://h:2"),
-                               profile_address=None, on_exit=lambda name, why: None, curve=CurveKeys.generate())
+        launcher = RayLauncher(loads(TOPOLOGY), LaunchConfig.of(launcher="ray"),
+                               wiring(tcp=("tcp://h:1", "tcp://h:2"), profile=None), lambda name, why: None)
         assert not launcher._connected
         launcher.start("a")
         launcher.start("far#0")

@@ -80,7 +80,7 @@ def test_a_peer_without_the_launch_keys_gets_nothing_in_and_nothing_out(loop: Lo
 
 
 def test_the_launch_keys_never_show_their_secrets(pipe) -> None:
-    keys = pipe[0]._coordinator.curve
+    keys = pipe[0]._coordinator.wiring.curve
     assert keys.server_secret.decode() not in repr(keys) and keys.client_secret.decode() not in repr(keys)
 
 
@@ -105,7 +105,7 @@ def test_the_trace_shows_tcp_hops_with_bytes_and_each_stages_node(loop: LoopThre
     trace = build_trace(rid, trace_events(pipeline, rid))
     # labelled processes ship their events to the collector over tcp (CurveZMQ), the others over ipc
     assert pipeline.profile.tcp_address.startswith("tcp://127.0.0.1:")
-    assert pipeline._coordinator.launcher.profile_tcp_address == pipeline.profile.tcp_address
+    assert pipeline._coordinator.launcher.wiring.profile_tcp_address == pipeline.profile.tcp_address
     assert {e.process for e in trace_events(pipeline, rid)} >= {"thinker", "talker", "frontend"}
     hops = {(s.meta["src"], s.meta["dst"]): s for s in trace.of_kind("hop")}
     tcp = hops[("mm_aggregate", "thinker")]

@@ -79,7 +79,7 @@ def test_tp2_greedy_output_equals_tp1_token_for_token(loop: LoopThread, pipe: An
 def test_address_books_hold_one_entry_per_group(pipe: Any) -> None:
     coordinator = pipe._coordinator
     # Rank 0 is the stage process; the follower is the group's own business.
-    assert sorted(coordinator.process_addresses) == ["group", "solo"]
+    assert sorted(coordinator.wiring.process_addresses) == ["group", "solo"]
     assert sorted(coordinator.launcher.handles) == ["group", "solo"]
     rank0 = coordinator.launcher.handles["group"].pid
     followers = _children(rank0)

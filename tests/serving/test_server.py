@@ -21,13 +21,15 @@ from typing import Any
 import httpx
 import pytest
 
+from omnictl.admission import DEFAULT_MAX_IN_FLIGHT
 from omnictl.exceptions import LaunchError, ListenError, StartupError
 from omnictl.launch_config import LaunchConfig
 from omnictl.serving import server as server_module
 from omnictl.serving.background import BackgroundServer
 from omnictl.serving.chat.protocol import Limits
 from omnictl.serving.common.connections import ConnectionGuard
-from omnictl.serving.server import Listening, ServeOptions, bind, default_topology, is_loopback, run_server
+from omnictl.serving.config import HttpConfig, ServeConfig
+from omnictl.serving.server import Listening, bind, default_topology, is_loopback, run_server
 from tests.serving.harness import API_KEY, FAST_TOPOLOGY
 
 # --- where it listens -------------------------------------------------------------------
@@ -106,31 +108,22 @@ def test_an_address_not_on_this_machine_says_where_and_why() -> None:
 # --- the options ------------------------------------------------------------------------
 
 
-def test_the_launch_gets_every_pipeline_option_and_always_profiles(tmp_path: Path) -> None:
-    shared: dict[str, Any] = {
-        "model_path": "/models/x",
-        "device": "cpu",
-        "request_timeout": 12.5,
-        "max_restarts": 3,
-        "replay_limit": 2,
-        "max_in_flight": 7,
-        "max_queue_wait": 1.5,
-        "otlp_endpoint": "http://127.0.0.1:4318",
-        "launcher": "ray",
-        "ray_address": "127.0.0.1:6379",
-        "data_host": "127.0.0.1",
-        "audio_policy": "deadline",
-        "ready_timeout": 33.0,
-    }
-    launch = ServeOptions(run_dir=str(tmp_path), **shared).launch_config()
-    assert launch == LaunchConfig(run_dir=tmp_path, profile=True, **shared)
-    assert ServeOptions().launch_config().run_dir is None
-    assert ServeOptions().launch_config().profile is True
+def test_a_server_launches_with_its_config_whole_and_always_profiles_by_default() -> None:
+    # the flags' mapping onto these parts: tests/cli/test_serve.py
+    config = ServeConfig()
+    assert config.launch.profiling.run_dir is None
+    assert config.launch.profiling.profile is True
+    # the one place the server's admission default differs from the Python API's
+    assert config.launch == LaunchConfig.of(max_in_flight=DEFAULT_MAX_IN_FLIGHT)
+    assert LaunchConfig().admission.max_in_flight is None
+    changed = config.launching(run_dir="runs/x", max_restarts=2)
+    assert changed.launch == LaunchConfig.of(max_in_flight=DEFAULT_MAX_IN_FLIGHT, run_dir="runs/x", max_restarts=2)
+    assert (changed.http, changed.limits, config.launch.faults.max_restarts) == (config.http, config.limits, 0)
 
 
 def test_the_defaults_serve_the_embedded_topology_on_loopback() -> None:
-    options = ServeOptions()
-    assert (options.host, options.port, options.topology) == ("127.0.0.1", 8000, None)
+    options = ServeConfig()
+    assert (options.http.host, options.http.port, options.topology) == ("127.0.0.1", 8000, None)
     path = default_topology()
     assert path.is_file() and path.suffix in (".yaml", ".yml")
 
@@ -147,7 +140,7 @@ def test_an_empty_api_key_is_refused_before_anything_binds(key: str) -> None:
     probe = bind("127.0.0.1", 0)
     port = probe.getsockname()[1]
     probe.close()
-    options = ServeOptions(topology=str(FAST_TOPOLOGY), port=port, api_key=key)
+    options = ServeConfig(topology=str(FAST_TOPOLOGY), http=HttpConfig(port=port, api_key=key))
     with pytest.raises(StartupError) as caught:
         asyncio.run(run_server(options))
     assert str(caught.value).startswith("the API key is empty (pass a non-empty --api-key")
@@ -190,9 +183,9 @@ def test_a_ready_server_answers_then_stops_and_gives_back_what_it_installed(tmp_
 
         threading.Thread(target=ask, name="client").start()
 
-    options = ServeOptions(
-        topology=str(FAST_TOPOLOGY), port=0, api_key=API_KEY, run_dir=str(tmp_path), served_model_names=("alias",)
-    )
+    options = ServeConfig(
+        topology=str(FAST_TOPOLOGY), http=HttpConfig(port=0, api_key=API_KEY, served_model_names=("alias",))
+    ).launching(run_dir=tmp_path)
 
     async def main() -> tuple[Any, Any]:
         loop = asyncio.get_running_loop()
@@ -245,7 +238,7 @@ def test_sigterm_ends_open_answers_with_an_error_and_stops(tmp_path: Path) -> No
 
     clients: list[threading.Thread] = []
     before = signal.getsignal(signal.SIGTERM)
-    options = ServeOptions(topology=str(FAST_TOPOLOGY), port=0, api_key=API_KEY, run_dir=str(tmp_path))
+    options = ServeConfig(topology=str(FAST_TOPOLOGY), http=HttpConfig(port=0, api_key=API_KEY)).launching(run_dir=tmp_path)
     asyncio.run(asyncio.wait_for(run_server(options, on_ready), 60))
     assert signal.getsignal(signal.SIGTERM) == before  # its handler was removed again
     clients[0].join(10)
@@ -284,7 +277,9 @@ def test_ctrl_c_while_the_models_load_stops_without_waiting_for_them(tmp_path: P
         os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=interrupt_once_listening, name="ctrl-c").start()
-    options = ServeOptions(topology=str(topology), port=port, run_dir=str(tmp_path / "run"), ready_timeout=120)
+    options = ServeConfig(topology=str(topology), http=HttpConfig(port=port)).launching(
+        run_dir=tmp_path / "run", ready_timeout=120
+    )
     started = time.monotonic()
     asyncio.run(asyncio.wait_for(run_server(options, ready.append), 60))
     assert health == [503]  # bound before the pipeline started: /health answered while loading
@@ -312,7 +307,7 @@ def test_a_second_stop_does_not_wait_for_open_answers(tmp_path: Path, monkeypatc
         listening.stop()
         flags["after_two"] = servers[0].force_exit
 
-    options = ServeOptions(topology=str(FAST_TOPOLOGY), port=0, api_key=API_KEY, run_dir=str(tmp_path))
+    options = ServeConfig(topology=str(FAST_TOPOLOGY), http=HttpConfig(port=0, api_key=API_KEY)).launching(run_dir=tmp_path)
     asyncio.run(asyncio.wait_for(run_server(options, on_ready, handle_signals=False), 60))
     assert flags == {"made": True, "after_one": False, "after_two": True}
     assert servers[0].should_exit is True
@@ -330,12 +325,11 @@ def test_the_uvicorn_config_bounds_what_a_client_can_make_it_do(
             super().__init__(config)
 
     monkeypatch.setattr(server_module, "_QuietServer", Recording)
-    options = ServeOptions(
+    options = ServeConfig(
         topology=str(FAST_TOPOLOGY),
-        port=0,
-        run_dir=str(tmp_path),
+        http=HttpConfig(port=0),
         limits=Limits(max_connections=50, header_timeout_s=7.0),
-    )
+    ).launching(run_dir=tmp_path)
     asyncio.run(asyncio.wait_for(run_server(options, lambda listening: listening.stop(), handle_signals=False), 60))
     (config,) = configs
     assert config.ws_per_message_deflate is False  # a deflate bomb is inflated before the app sees it
@@ -366,9 +360,9 @@ def test_uvicorn_keeps_its_hands_off_the_signals() -> None:
 
 
 def test_a_background_server_serves_from_its_own_thread_and_stops_on_exit(tmp_path: Path) -> None:
-    options = ServeOptions(topology=str(FAST_TOPOLOGY), port=0, api_key=API_KEY, run_dir=str(tmp_path))
+    options = ServeConfig(topology=str(FAST_TOPOLOGY), http=HttpConfig(port=0, api_key=API_KEY)).launching(run_dir=tmp_path)
     background = BackgroundServer(options, start_timeout=60)
-    assert (background.options, background.start_timeout) == (options, 60)
+    assert (background.config, background.start_timeout) == (options, 60)
     with background as listening:
         assert listening.loop is not None and listening.loop.is_running()  # on the server's thread, not this one
         server_threads = [t for t in threading.enumerate() if t.name == "omnictl-server"]
@@ -384,7 +378,7 @@ def test_a_background_server_that_cannot_start_says_why_in_the_callers_thread() 
     taken = bind("127.0.0.1", 0)
     port = taken.getsockname()[1]
     try:
-        background = BackgroundServer(ServeOptions(topology=str(FAST_TOPOLOGY), port=port), start_timeout=30)
+        background = BackgroundServer(ServeConfig(topology=str(FAST_TOPOLOGY), http=HttpConfig(port=port)), start_timeout=30)
         with pytest.raises(LaunchError) as caught:
             background.__enter__()
         assert str(caught.value).endswith(
@@ -404,7 +398,7 @@ def test_a_background_server_not_ready_in_time_is_a_launch_error(tmp_path: Path)
     topology.write_text("name: slow-load\nstages:\n  - name: only\n    factory: slow_load.load\n    terminal: true\n")
     children = _children()  # a test runner may have its own (mutmut's fork server)
     background = BackgroundServer(
-        ServeOptions(topology=str(topology), port=0, run_dir=str(tmp_path / "run")), start_timeout=0.5
+        ServeConfig(topology=str(topology), http=HttpConfig(port=0)).launching(run_dir=tmp_path / "run"), start_timeout=0.5
     )
     started = time.monotonic()
     with pytest.raises(LaunchError) as caught:

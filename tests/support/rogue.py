@@ -48,7 +48,7 @@ def assert_a_peer_without_the_keys_gets_nothing(loop: LoopThread, pipeline: Any,
     public key, but is not the launch's client)."""
     coordinator = pipeline._coordinator
     thinker = coordinator.endpoint.tcp_addresses["thinker"]
-    broadcast = coordinator.launcher.tcp_coordinator[1]
+    broadcast = coordinator.wiring.tcp_coordinator[1]
     context = zmq.Context()
     rogue = context.socket(zmq.PUSH)
     listener = context.socket(zmq.SUB)
@@ -56,12 +56,12 @@ def assert_a_peer_without_the_keys_gets_nothing(loop: LoopThread, pipeline: Any,
     if keys != "none":
         public, secret = zmq.curve_keypair()
         for socket in (rogue, listener):
-            socket.setsockopt(zmq.CURVE_SERVERKEY, coordinator.curve.server_public)
+            socket.setsockopt(zmq.CURVE_SERVERKEY, coordinator.wiring.curve.server_public)
             socket.setsockopt(zmq.CURVE_PUBLICKEY, public)
             socket.setsockopt(zmq.CURVE_SECRETKEY, secret)
     insider = context.socket(zmq.SUB)  # the control: with the launch's keys, broadcasts do arrive
     insider.setsockopt(zmq.SUBSCRIBE, b"")
-    coordinator.curve.connect_as_client(insider)
+    coordinator.wiring.curve.connect_as_client(insider)
     monitor = rogue.get_monitor_socket()
     try:
         in_flight = asyncio.run_coroutine_threadsafe(_result(pipeline, {"text": "steady", "tag": "inflight"}),

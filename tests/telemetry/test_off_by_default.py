@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 SERVE_ONE_REQUEST = r'''
 import asyncio, json, sys
 import httpx
-from omnictl.serving.server import ServeOptions, run_server
+from omnictl.serving.config import HttpConfig, ServeConfig
+from omnictl.serving.server import run_server
 
 endpoint = sys.argv[1] or None
 answers = []
@@ -30,8 +31,9 @@ async def on_ready(listening):
     answers.append(response.status_code)
     listening.stop()
 
-asyncio.run(run_server(ServeOptions(topology="tests/serving/fast.yaml", port=0, run_dir=sys.argv[2],
-                                    otlp_endpoint=endpoint), on_ready, handle_signals=False))
+config = ServeConfig(topology="tests/serving/fast.yaml", http=HttpConfig(port=0)).launching(
+    run_dir=sys.argv[2], otlp_endpoint=endpoint)
+asyncio.run(run_server(config, on_ready, handle_signals=False))
 print(json.dumps({"answers": answers, "otel": sorted(m for m in sys.modules if m.startswith("opentelemetry"))}))
 '''
 

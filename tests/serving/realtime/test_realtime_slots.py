@@ -21,7 +21,8 @@ from websockets.asyncio.client import connect
 from omnictl.serving.chat.protocol import Limits
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.channel import RealtimeHub, Slot
-from omnictl.serving.server import Listening, ServeOptions, run_server
+from omnictl.serving.config import HttpConfig, ServeConfig
+from omnictl.serving.server import Listening, run_server
 from omnictl.serving.state import ServingState
 from tests.serving.harness import API_KEY, FAST_TOPOLOGY, ServerProcess, start_server, stop_server, wait_until
 from tests.serving.realtime.rtc import Call, loopback_only
@@ -44,8 +45,8 @@ def capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Listening]:
     def serve() -> None:
         limits = Limits(max_realtime_sessions=CAP, realtime_connect_timeout_s=CONNECT_S,
                         max_realtime_message_bytes=MESSAGE_BYTES)
-        options = ServeOptions(topology=str(FAST_TOPOLOGY), port=0, api_key=API_KEY,
-                               run_dir=str(tmp_path_factory.mktemp("run")), limits=limits)
+        options = ServeConfig(topology=str(FAST_TOPOLOGY), http=HttpConfig(port=0, api_key=API_KEY),
+                              limits=limits).launching(run_dir=tmp_path_factory.mktemp("run"))
         try:
             asyncio.run(run_server(options, on_ready, handle_signals=False))
         except BaseException as exc:  # handed to the test, which fails naming it

@@ -20,7 +20,8 @@ import pytest
 from websockets.asyncio.client import connect
 
 from omnictl.serving.chat.protocol import Limits
-from omnictl.serving.server import Listening, ServeOptions, run_server
+from omnictl.serving.config import HttpConfig, ServeConfig
+from omnictl.serving.server import Listening, run_server
 from tests.serving.harness import API_KEY, FAST_TOPOLOGY, ServerProcess, start_server, stop_server, wait_until
 from tests.serving.realtime.rtc import Call, loopback_only
 from tests.serving.realtime.speech import sample, silence
@@ -179,9 +180,10 @@ def in_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Listening]:
         ready.put(listening)
 
     def serve() -> None:
-        options = ServeOptions(topology=str(FAST_TOPOLOGY), port=0, api_key=API_KEY, run_dir=str(tmp_path_factory.mktemp("run")),
-                               # every one of a wave may be connecting at once
-                               limits=Limits(max_realtime_sessions=SESSIONS, max_realtime_connecting=SESSIONS))
+        options = ServeConfig(topology=str(FAST_TOPOLOGY), http=HttpConfig(port=0, api_key=API_KEY),
+                              # every one of a wave may be connecting at once
+                              limits=Limits(max_realtime_sessions=SESSIONS, max_realtime_connecting=SESSIONS),
+                              ).launching(run_dir=tmp_path_factory.mktemp("run"))
         try:
             asyncio.run(run_server(options, on_ready, handle_signals=False))
         except BaseException as exc:  # handed to the test, which fails naming it
