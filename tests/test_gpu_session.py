@@ -4,6 +4,7 @@ between the sessions that have a GPU."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -19,6 +20,7 @@ SCRIPT = REPO / "benchmarks" / "gpu_session.sh"
 FILES = {"summary.txt", "steps.log", "results.json", "nvidia-smi.txt", "gpu-memory.csv", "logs.tar.gz"}
 STEPS = ["gpu_tests", "cuda_ipc", "checkpoint", "open_loop", "continuity"]
 GOALS = ("first audio at one request", "staged sustains >= 2x", "deadline sustains >= 1.5x", "cuda_ipc moves a 64 MiB")
+SUMMARY = REPO / "benchmarks" / "gpu_session_summary.py"
 VERDICT = re.compile(r"^goal: (?P<text>.+) -> (?P<verdict>met|NOT met|not measured)(?P<note>.*)$", re.M)
 
 
@@ -119,3 +121,75 @@ def test_bad_invocations_are_refused_naming_what_is_wrong(tmp_path: Path, args: 
     assert done.returncode == 2
     assert message in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def _summary_module() -> Any:  # benchmarks/ is scripts, not a package
+    spec = importlib.util.spec_from_file_location("gpu_session_summary", SUMMARY)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _side(p90: float, drain: float) -> dict[str, float]:
+    return {"first_audio_p50_s": p90 / 2, "first_audio_p90_s": p90, "drain_s": drain, "completed_per_s": 1.0}
+
+
+def test_an_open_loop_cut_off_is_judged_over_the_rates_both_sides_finished() -> None:
+    summary = _summary_module()
+    figures = {"target_p90_first_audio_s": 1.0, "rates": {
+        "1.0": {"monolithic": _side(0.9, 0.5), "staged": _side(0.2, 0.1)},
+        "2.0": {"monolithic": _side(3.0, 4.0), "staged": _side(0.3, 0.1)},
+        "4.0": {"monolithic": _side(9.0, 9.0)},  # cut off before the staged side ran: not judged
+    }}
+    rates, met, partial = summary.open_loop_verdict(figures)
+    assert partial and rates == {"staged": 2.0, "monolithic": 1.0, "highest_offered": 2.0} and met
+    figures["rates"]["2.0"]["staged"] = _side(0.3, 2.5)  # a backlog left: not sustained
+    rates, met, _ = summary.open_loop_verdict(figures)
+    assert rates["staged"] == 1.0 and not met
+    # finished: the benchmark's own verdict stands
+    done = {**figures, "sustained_per_s": {"staged": 4.0, "monolithic": 1.0, "highest_offered": 4.0},
+            "goals": {"staged_rate_2x_monolithic": True}}
+    assert summary.open_loop_verdict(done) == (done["sustained_per_s"], True, False)
+    assert summary.open_loop_verdict({"rates": {}}) == (None, None, False)
+
+
+def test_a_continuity_cut_off_is_judged_over_the_rates_both_policies_finished() -> None:
+    summary = _summary_module()
+    rates = {"fifo": {"0.5": {"sustained": True}, "1.0": {"sustained": False}},
+             "deadline": {"0.5": {"sustained": True}, "1.0": {"sustained": True}, "2.0": {"sustained": True}}}
+    best, met, partial = summary.continuity_verdict({"rates": rates})
+    assert partial and best == {"fifo": 0.5, "deadline": 1.0} and met  # 2.0: fifo never ran it
+    rates["deadline"]["0.5"] = {"sustained": False}  # the highest rate up to which every rate held
+    best, met, _ = summary.continuity_verdict({"rates": rates})
+    assert best == {"fifo": 0.5, "deadline": None} and met is False
+    finished = {"rates": rates, "sustained_per_s": {"fifo": 0.5, "deadline": 2.0},
+                "goals": [{"goal": "qwen: deadline sustains >= 1.5x fifo's rate (2.0 vs 0.5 /s)", "met": True}]}
+    assert summary.continuity_verdict(finished) == ({"fifo": 0.5, "deadline": 2.0}, True, False)
+
+
+def test_the_summary_says_which_goals_were_judged_from_a_step_cut_off(tmp_path: Path) -> None:
+    summary = _summary_module()
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    out.mkdir()
+    (work / "steps.tsv").write_text("open_loop\ttimed-out\t124\t200\t200\n")
+    (out / "gpu-memory.csv").write_text("seconds,step,gpu_memory_used_mib,pid,process,process_memory_mib\n"
+                                        "3,open_loop,81000,,,\n3,open_loop,81000,42,python,40000\n")
+    (work / "open_loop.json").write_text(json.dumps({
+        "size": "real", "target_p90_first_audio_s": 1.0, "stage_pids": {"thinker": 42},
+        "staged_one": {"first_text_s": 0.05, "first_audio_s": 0.25, "total_s": 1.0},
+        "rates": {"1.0": {"monolithic": _side(2.0, 3.0), "staged": _side(0.4, 0.2)}}}))
+    text = summary.summarize(work, out, False, "GPU", 480, 525)
+    verdicts = {m["text"].split(":")[0]: m["verdict"] for m in VERDICT.finditer(text)}
+    assert verdicts == {
+        "first audio at one request, Qwen3-Omni released widths on one H200 <= 300 ms": "met",
+        "staged sustains >= 2x the monolithic rate at the same first-audio p90 (<= 1.000 s)": "met",
+        "deadline sustains >= 1.5x fifo's rate without an underrun over 100 ms (p95)": "not measured",
+        "cuda_ipc moves a 64 MiB tensor between two processes on one GPU at >= 100 GB/s": "not measured",
+    }
+    assert "(judged from the rates measured before the time ran out: open_loop)" in text
+    assert "open_loop: open_loop thinker (pid 42): 40000" in text
+    results = json.loads((out / "results.json").read_text())
+    assert results["judged_from_partial_rates"] == ["open_loop"]
+    assert results["peak_gpu_memory_mib_per_step"] == {"open_loop": 81000}
