@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -21,23 +20,13 @@ from omnictl.coordinator.forking import ForkedProcess, Template
 from omnictl.coordinator.wiring import Wiring
 from omnictl.exceptions import LaunchError
 from omnictl.launch_config import LaunchConfig
+from omnictl.pids import describe_exit
 from omnictl.stage.startup import WorkerConfig, encode_config
 from omnictl.topology.imports import topology_dir, worker_sys_path
 from omnictl.topology.model import Topology
 
 log = logging.getLogger(__name__)
 _TRACKER_WARNING = "ignore::UserWarning:multiprocessing.resource_tracker"
-
-
-def describe_exit(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 @dataclass
