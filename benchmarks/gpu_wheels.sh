@@ -40,4 +40,12 @@ if [ "$count" -ne "${#WHEELS[@]}" ]; then
   echo "gpu_wheels: expected ${#WHEELS[@]} wheels in $DEST, found $count" >&2
   exit 1
 fi
-echo "gpu_wheels: $count wheels, $(du -sh "$DEST" | cut -f1) in $DEST"
+wheels=$(du -sb "$DEST" | cut -f1)
+# what a device call sends: tracked and untracked-not-ignored files, plus what it carries
+tree=$(git ls-files -co --exclude-standard -z | xargs -0 du -cb 2>/dev/null | awk 'END { print $1 }')
+echo "gpu_wheels: $count wheels, $((wheels >> 20)) MiB in $DEST; with the working tree ($((tree >> 20)) MiB)" \
+  "$(((wheels + tree) >> 20)) MiB of the 64 MiB a device call may send"
+if [ $((wheels + tree)) -gt $((64 << 20)) ]; then
+  echo "gpu_wheels: over the device call's 64 MiB: carry less, or ignore large untracked files" >&2
+  exit 1
+fi
