@@ -100,6 +100,7 @@ class Aggregator:
         self._completions = window()
         self._ttft = window()
         self._ttfa = window()
+        self._turns = window()  # realtime turns: speech stopped -> first audio sent
         self._stage_process: dict[str, str] = {}
         self._stage_done: dict[str, int] = defaultdict(int)
         self._stage_failed: dict[str, int] = defaultdict(int)
@@ -130,7 +131,8 @@ class Aggregator:
             completions, stale = self._completions.recent(since)
             ttft, ttft_stale = self._ttft.recent(since)
             ttfa, ttfa_stale = self._ttfa.recent(since)
-            ttft, ttfa = sorted(ttft), sorted(ttfa)
+            turns, turns_stale = self._turns.recent(since)
+            ttft, ttfa, turns = sorted(ttft), sorted(ttfa), sorted(turns)
             header = HeaderStats(
                 uptime_s=(now - self.started_ns) / 1e9,
                 in_flight=len(self._open),
@@ -145,7 +147,10 @@ class Aggregator:
                 dropped_events=self._dropped,
                 ttft_n=len(ttft),
                 ttfa_n=len(ttfa),
-                stale=stale or ttft_stale or ttfa_stale,
+                stale=stale or ttft_stale or ttfa_stale or turns_stale,
+                turn_p50_s=percentile(turns, 50),
+                turn_p90_s=percentile(turns, 90),
+                turn_n=len(turns),
             )
             times = {stage: self._stage_times[stage].recent(since) for stage in self._stage_process}
             # Shares among the stages measured in this window (or, for idle ones, among
@@ -163,6 +168,11 @@ class Aggregator:
     def _add(self, event: Event) -> None:
         kind, ts = event.kind, event.ts
         if kind in _INSIDE_STAGE and not event.meta:
+            return
+        if kind is EventKind.TURN_MILESTONE:  # a realtime turn, not a pipeline request
+            since_stop = event.meta.get("since_stop_s")
+            if event.meta.get("milestone") == "first_audio_sent" and isinstance(since_stop, (int, float)):
+                self._turns.add(ts, float(since_stop))
             return
         if kind is EventKind.DROPPED:  # bookkeeping, not a request
             count = event.meta.get("count", 0)
@@ -273,7 +283,7 @@ class Aggregator:
             self._close(rid, self._requests.pop(rid))
         # Samples fall out of windows on read too; this bounds memory when nobody reads.
         since = now - int(self.window_s * 1e9)
-        windows = [self._completions, self._ttft, self._ttfa]
+        windows = [self._completions, self._ttft, self._ttfa, self._turns]
         for group in (self._stage_times, self._batch_sizes, self._hop_times, self._hop_bytes):
             windows.extend(group.values())
         for window in windows:

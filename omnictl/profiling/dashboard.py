@@ -28,7 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 from omnictl.profiling.aggregate import EdgeStats, ProfileSnapshot, StageStats
-from omnictl.profiling.stats import SnapshotSource
+from omnictl.profiling.stats import HeaderStats, SnapshotSource
 from omnictl.profiling.units import format_byte_rate, format_rate, format_seconds
 from omnictl.topology.model import StageSpec, Topology
 
@@ -41,6 +41,7 @@ DashboardMode = Literal["auto", "live", "lines", "off"]
 
 # Percentiles over fewer samples than this show as "-": p50 of two requests is not a fact.
 MIN_SAMPLES_P50 = 3
+MIN_SAMPLES_P90 = 5
 MIN_SAMPLES_P99 = 10
 STALE_STYLE = "dim"
 HEARTBEAT_S = 300.0  # `--no-dashboard`: repeat an unchanged status line this rarely
@@ -124,6 +125,8 @@ def status_line(snapshot: ProfileSnapshot, rejected: int | None = None) -> str:
         f"first text {_percentiles(h.ttft_p50_s, h.ttft_p99_s, h.ttft_n)} | "
         f"first audio {_percentiles(h.ttfa_p50_s, h.ttfa_p99_s, h.ttfa_n)}"
     )
+    if h.turn_n:
+        line += f" | turn latency {_turn_percentiles(h)}"
     return line + (f" | dropped events {h.dropped_events}" if h.dropped_events else "")
 
 
@@ -147,6 +150,10 @@ def _header_items(snapshot: ProfileSnapshot, topology: Topology | None, rejected
         Text(f"{format_rate(h.requests_per_s)} req/s", style=figures),
         Text(f"first text {_percentiles(h.ttft_p50_s, h.ttft_p99_s, h.ttft_n)}", style=figures),
         Text(f"first audio {_percentiles(h.ttfa_p50_s, h.ttfa_p99_s, h.ttfa_n)}", style=figures),
+    ]
+    if h.turn_n:  # realtime turns were answered: end of speech -> first audio sent
+        items.append(Text(f"turn latency {_turn_percentiles(h)}", style=figures))
+    items += [
         Text(f"window {snapshot.window_s:g} s" + (" (idle: last window's figures)" if h.stale else "")),
     ]
     if h.dropped_events:
@@ -193,6 +200,13 @@ def _count(label: str, value: int) -> Text:
 
 def _percentiles(p50: float | None, p99: float | None, n: int) -> str:
     return f"p50 {_enough(p50, n, MIN_SAMPLES_P50)} p99 {_enough(p99, n, MIN_SAMPLES_P99)} (n={n})"
+
+
+def _turn_percentiles(h: HeaderStats) -> str:
+    return (
+        f"p50 {_enough(h.turn_p50_s, h.turn_n, MIN_SAMPLES_P50)} "
+        f"p90 {_enough(h.turn_p90_s, h.turn_n, MIN_SAMPLES_P90)} (n={h.turn_n})"
+    )
 
 
 def _enough(value: float | None, n: int, minimum: int) -> str:

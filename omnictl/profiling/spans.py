@@ -7,6 +7,10 @@ edge the hops (sent → received, matched by source and target, stream chunks al
 ``seq``); zero-length marks (first text, first audio, first emit, terminal complete,
 failure); the underruns of its audio stream (kind ``underrun``: the listener's wait).
 
+A realtime turn is traced by its id (the user item's) the same way: its milestones
+(``turn_milestone`` events) become zero-length spans of kind ``milestone``, named by the
+milestone, and the turn's span runs from the first to the last; its status is ``turn``.
+
 Guarantees, whatever order the events came in: no span ends before it starts; every span
 lies inside its request's span (a span that stuck out, e.g. a stage still working when the
 request was aborted, is clipped and says so in ``meta["clipped"]``); a hop starts at its
@@ -90,6 +94,7 @@ def build_trace(request_id: str, events: Iterable[Event]) -> RequestTrace:
     spans.extend(_hop_spans(ordered))
     spans.extend(_marks(ordered))
     spans.extend(_underruns(ordered))
+    spans.extend(_milestones(ordered))
     spans = sorted((_clip(span, request) for span in spans), key=lambda s: (s.start_ns, -s.duration_ns))
     return RequestTrace(
         request_id=request_id,
@@ -114,6 +119,8 @@ def derive_spans(events: Sequence[Event]) -> list[Span]:
 
 def _request_span(request_id: str, ordered: list[Event]) -> Span:
     admitted = next((e for e in ordered if e.kind is EventKind.ADMITTED), ordered[0])
+    if all(e.kind is EventKind.TURN_MILESTONE for e in ordered):  # a realtime turn: its milestones' extent
+        return Span(request_id, None, admitted.process, admitted.ts, ordered[-1].ts, "request", {"status": "turn"})
     end = next((e for e in ordered if e.kind in _END_STATUS), None)
     status = _END_STATUS[end.kind] if end is not None else "in_flight"
     end_ns = end.ts if end is not None else ordered[-1].ts
@@ -247,6 +254,15 @@ def _match(sends: deque[Event], receives: deque[Event], src: str, dst: str, kind
 def _marks(ordered: list[Event]) -> list[Span]:
     return [
         Span(e.kind.value, e.stage, e.process, e.ts, e.ts, "mark", dict(e.meta)) for e in ordered if e.kind in _MARKS
+    ]
+
+
+def _milestones(ordered: list[Event]) -> list[Span]:
+    """A realtime turn's milestones, each a zero-length span named by the milestone."""
+    return [
+        Span(str(e.meta.get("milestone")), None, e.process, e.ts, e.ts, "milestone", dict(e.meta))
+        for e in ordered
+        if e.kind is EventKind.TURN_MILESTONE
     ]
 
 

@@ -26,6 +26,11 @@ class HeaderStats:
     # Nothing ended within the window: rate and latencies are the last window's (the
     # window ending at the newest sample), shown greyed rather than blanked.
     stale: bool = False
+    # Realtime turns: end of speech -> first answer audio sent (the turn_milestone events'
+    # first_audio_sent, measured from speech stopped), over the window.
+    turn_p50_s: float | None = None
+    turn_p90_s: float | None = None
+    turn_n: int = 0
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,17 @@ SEGMENTS: dict[str, tuple[str, str]] = {
 }
 ARRIVAL = (">", "bold magenta")  # a hop (or the first stream chunk) arrived at this stage
 UNDERRUN = ("!", "bold red")  # the listener's audio had run out: waiting for the next chunk
+# A realtime turn's milestones (omnictl.serving.realtime.session.milestones), in their order.
+MILESTONE_MARKS = {
+    "speech_stopped": ("S", "bold cyan"),
+    "turn_confirmed": ("C", "bold cyan"),
+    "transcript_final": ("W", "bold magenta"),
+    "response_started": ("R", "bold blue"),
+    "first_token": ("T", "bold green"),
+    "first_clause": ("K", "bold green"),
+    "first_audio_sent": ("A", "bold yellow"),
+    "preemptive_dropped": ("D", "bold red"),
+}
 MARKS = {"first_text": ("T", "bold green"), "first_audio": ("A", "bold yellow"), "failed": ("X", "bold red")}
 LEGEND = (
     "legend: > hop arrival  u unpack  ~ fan-in wait  : queue  b build  P prefill",
@@ -56,9 +67,12 @@ def render_waterfall(
     axis = _Axis(trace.request.start_ns, trace.request.end_ns, bar_width)
     out = Text(no_wrap=True, overflow="crop")
     total = format_seconds(trace.request.duration_ns / 1e9)
-    out.append(_fit(f"request {trace.request_id}  {trace.status}  {total}", width) + "\n", style="bold")
+    title = f"turn {trace.request_id}" if trace.status == "turn" else f"request {trace.request_id}  {trace.status}"
+    out.append(_fit(f"{title}  {total}", width) + "\n", style="bold")
     out.append(" " * (NAME_WIDTH + 1) + _axis_labels(total, bar_width + 2) + "\n", style="dim")
     out.append_text(_request_row(trace, axis))
+    if trace.status == "turn":
+        return _turn(out, trace, axis, width)
     for stage in trace.stages:
         out.append_text(_stage_row(trace, stage, axis))
     out.append_text(_marks_line(trace, width))
@@ -73,6 +87,24 @@ def render_waterfall(
     out.append_text(_hops_table(trace, width))
     for line in LEGEND:
         out.append(_fit(line, width) + "\n", style="dim")
+    out.rstrip()
+    return out
+
+
+def _turn(out: Text, trace: RequestTrace, axis: _Axis, width: int) -> Text:
+    """A realtime turn: its milestones on the axis, then each with its time and request."""
+    cells = [(" ", "")] * axis.width
+    lines = []
+    for span in trace.of_kind("milestone"):
+        char, style = MILESTONE_MARKS.get(span.name, ("?", "bold"))
+        cells[axis.column(span.start_ns)] = (char, style)
+        request = span.meta.get("request")
+        at = format_seconds((span.start_ns - trace.request.start_ns) / 1e9)
+        lines.append(f"  {char} {span.name.replace('_', ' ')} +{at}" + (f"  ({request})" if request else ""))
+    out.append_text(_row("milestones", cells, ""))
+    out.append("milestones (from the turn's first):\n")
+    for line in lines:
+        out.append(_fit(line, width) + "\n")
     out.rstrip()
     return out
 

@@ -21,6 +21,8 @@ disable_created_metrics()
 
 # seconds: from a few milliseconds (an in-process hop) to a minute (a long CPU answer)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+# seconds from the end of a spoken turn: the goal is first audio within 0.5 s
+TURN_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 OUTCOMES = ("completed", "failed", "aborted", "rejected")
 # seconds a listener waits with nothing to play: 20 ms is inaudible, a second is a break
 UNDERRUN_BUCKETS = (0.0, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -75,6 +77,15 @@ class ServerMetrics:
             "omnictl_request_latency_seconds",
             "Admission to the last result (end to end)",
             buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        # A realtime turn's milestones, each from the end of its speech (speech stopped; the
+        # commit where no VAD decided the turn): omnictl.serving.realtime.session.milestones.
+        self.turn = Histogram(
+            "omnictl_realtime_turn_seconds",
+            "Realtime turn: seconds from the end of speech to each milestone, by `milestone`",
+            ["milestone"],
+            buckets=TURN_BUCKETS,
             registry=self.registry,
         )
         self.audio = AudioMetrics(self.registry)
