@@ -229,3 +229,48 @@ def test_a_transcription_session_with_transcription_off_sends_no_deltas_but_keep
         assert client.session.conversation.turns[0].text == "w0 w1 end"
 
     run(scenario)
+
+
+# --- a real live transcriber: Whisper base, incrementally, in its own stage process ------------
+
+ASR_STREAM = Path(__file__).resolve().parents[2] / "models" / "voice_assistant" / "asr_stream.yaml"
+
+
+@pytest.mark.slow  # real processes and Whisper base loaded in the stage's process
+@pytest.mark.timeout(300)
+def test_a_spoken_question_is_transcribed_while_it_is_streamed_in_real_time(tmp_path: Path) -> None:
+    from benchmarks.eval.quality import word_errors
+    from benchmarks.eval.samples import sample_question, sample_text
+    from omnictl.models.voice_assistant.asr import whisper_base_dir
+    from omnictl.pipeline import Pipeline
+
+    whisper_base_dir()  # the cache built here, where a failure is readable
+    samples, rate = sample_question("capital_of_france")
+    pcm = float_to_pcm16_bytes(resample(samples, rate, RATE))
+    chunk = RATE // 10 * 2  # 100 ms of pcm16
+
+    async def main() -> tuple[Client, int, dict[str, Any]]:
+        async with Pipeline.launch(ASR_STREAM, device="cpu", run_dir=tmp_path, profile=False) as live:
+            client = Client()
+            client.state.live_transcriber = live  # type: ignore[assignment]
+            for offset in range(0, len(pcm), chunk):
+                audio = base64.b64encode(pcm[offset : offset + chunk]).decode()
+                await client.send({"type": "input_audio_buffer.append", "audio": audio})
+                await asyncio.sleep(0.1)  # real time
+            during = len(client.of("conversation.item.input_audio_transcription.delta"))
+            await client.send({"type": "input_audio_buffer.commit"})
+            await client.settle()
+            held = await live.held()
+            return client, during, held
+
+    client, during, held = asyncio.run(main())
+    deltas = [d["delta"] for d in client.of("conversation.item.input_audio_transcription.delta")]
+    [completed] = client.of("conversation.item.input_audio_transcription.completed")
+    assert during >= 1, deltas  # words came while the question was still being spoken
+    assert "".join(deltas) == completed["transcript"]
+    assert word_errors(sample_text("capital_of_france"), completed["transcript"])[0] == 0, completed["transcript"]
+    assert client.pipeline.submitted == []  # no whole-utterance decode after the turn
+    assert client.state.active == {}
+    figures = [*held["coordinator"].values(), *held["admission"].values(),
+               *(v for stage in held["stages"].values() for v in stage.values())]
+    assert not any(figures), held  # nothing left behind in the live pipeline
