@@ -24,7 +24,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from omnictl.coordinator.request import RequestEventKind
 from omnictl.exceptions import InvalidRequest, Overloaded, PipelineDead
@@ -39,6 +39,9 @@ from omnictl.serving.realtime.formats import PCM, AudioCodec
 from omnictl.serving.realtime.turns import Conversation, Segment, Turn
 from omnictl.serving.speech.encode import AudioStreamEncoder, b64
 from omnictl.serving.state import PipelineLike, ServingState
+
+if TYPE_CHECKING:  # the session package imports this module: only the type, no import cycle
+    from omnictl.serving.realtime.session.milestones import TurnClock
 
 Send = Callable[[ev.ServerEvent], None]
 log = logging.getLogger("omnictl.serving.realtime")
@@ -70,6 +73,7 @@ class ResponseRun:
     codec: AudioCodec = PCM  # the session's output audio format
     on_audio: Callable[[bytes], None] | None = None  # told each audio delta sent (pcm16, 24 kHz): the echo guard
     audio_out: AudioOut | None = None  # WebRTC's track: the audio goes there, not out as events
+    clock: TurnClock | None = None  # the turn this response answers: its milestones
     cancel_reason: str | None = None
     request_id: str | None = None
     tracked: Tracked | None = None
@@ -171,6 +175,8 @@ class ResponseRun:
         submitted = await self.pipeline.submit(
             request, self._pipeline_modalities(), request_id=self.request_id, traceparent=self.traceparent
         )
+        if self.clock is not None:
+            self.clock.mark("response_started", request=self.request_id)
         self.state.metrics.in_flight.inc()
         self.tracked = Tracked(submitted, self.state.metrics, self.state.active, self.state.model_name, "pcm16")
         if "audio" in self.modalities:
@@ -220,6 +226,8 @@ class ResponseRun:
                 if isinstance(data, AudioResult) and streamed_audio:
                     continue
                 streamed_audio = streamed_audio or event.kind is RequestEventKind.STREAM
+                if self.clock is not None:
+                    self.clock.mark("first_clause", request=tracked.request.id)
                 pcm = encoder.encode(data.samples, data.sample_rate)  # pcm16 at 24 kHz
                 start = turn.audio_ms
                 turn.segments.append(Segment(start, start + len(pcm) / 48, data.transcript.strip()))  # 48 bytes/ms
@@ -230,6 +238,8 @@ class ResponseRun:
                         ev.AudioDelta(response_id=self.id, item_id=turn.id, delta=b64(self.codec.from_pcm16(pcm)))
                     )
                 tracked.saw(data)  # handed to the session's sender: the listener's clock counts from here
+                if self.clock is not None:
+                    self.clock.mark("first_audio_sent", request=tracked.request.id)
                 if self._first_audio_at is None:
                     self._first_audio_at = time.monotonic()
                 if self.on_audio is not None:
@@ -250,6 +260,8 @@ class ResponseRun:
         self.turn.text = (self.turn.text or "") + delta
         if delta:
             self.tracked.saw_text()
+            if self.clock is not None:
+                self.clock.mark("first_token", request=self.tracked.request.id)
         if TEXT in self.modalities and delta:
             self._sent_text += delta
             self.send(ev.TextDelta(response_id=self.id, item_id=self.turn.id, delta=delta))

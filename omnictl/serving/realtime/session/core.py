@@ -13,21 +13,19 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Awaitable, Callable, Sequence
+from typing import Awaitable, Callable, Sequence
 
 from omnictl.outputs import TRANSCRIPT
 from omnictl.serving.common.capabilities import capabilities
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.echo_guard import EchoGuard
 from omnictl.serving.realtime.responses import AudioOut, ResponseRun
+from omnictl.serving.realtime.session.milestones import TurnClock
 from omnictl.serving.realtime.session.settings import Settings
 from omnictl.serving.realtime.smart_turn import SemanticTurnDetector
 from omnictl.serving.realtime.turns import Conversation, Turn
 from omnictl.serving.realtime.vad import SileroModel, SileroVad, TurnDetector
 from omnictl.serving.state import PipelineLike, ServingState
-
-if TYPE_CHECKING:
-    from omnictl.serving.realtime.session.live import LiveTurn
 
 
 @dataclass
@@ -87,8 +85,8 @@ class SessionCore:
         self.echo.enabled = transport != "webrtc"
         self._held_start: tuple[int, float] | None = None  # speech held for the echo guard: (start ms, at audio ms)
         self.response: tuple[ResponseRun, asyncio.Task[None]] | None = None
+        self.turn_clock: TurnClock | None = None  # the latest turn's milestones (:mod:`.milestones`)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._live: LiveTurn | None = None  # the turn being transcribed as it is spoken (:mod:`.live`)
         self.can_transcribe = capabilities(pipeline.topology).transcription
         self.settings.transcription = self.can_transcribe
         if intent == "transcription":
@@ -99,6 +97,13 @@ class SessionCore:
         """The topology stage that transcribes the user's audio."""
         terminals = self.pipeline.topology.terminals
         return next((name for name, modality in terminals.items() if modality == TRANSCRIPT), None)
+
+    def turn(self, item_id: str) -> TurnClock:
+        """The milestones of the turn whose user item is ``item_id``: the latest turn's, or a new
+        one's (which becomes the latest). Mark on it with ``turn(item_id).mark("speech_stopped")``."""
+        if self.turn_clock is None or self.turn_clock.id != item_id:
+            self.turn_clock = TurnClock(item_id, self.id, self.state.profiler, self.state.metrics.turn)
+        return self.turn_clock
 
     def _spawn(self, work: Awaitable[None]) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.ensure_future(work)
@@ -136,22 +141,6 @@ class SessionCore:
 
     def _transcribe(self, turn: Turn) -> None:
         """Transcribe a committed turn, in a task (:mod:`.transcription`)."""
-        raise NotImplementedError
-
-    def _live_open(self, item_id: str) -> None:
-        """Start transcribing the turn ``item_id`` while it is spoken, if the server can (:mod:`.live`)."""
-        raise NotImplementedError
-
-    def _live_audio(self, raw: bytes) -> None:
-        """Audio appended during a live-transcribed turn (:mod:`.live`)."""
-        raise NotImplementedError
-
-    def _live_commit(self, turn: Turn) -> bool:
-        """End the committed turn's live transcription; False if it has none (:mod:`.live`)."""
-        raise NotImplementedError
-
-    def _live_drop(self) -> None:
-        """Abort the live transcription of the cleared turn (:mod:`.live`)."""
         raise NotImplementedError
 
     def _start_response(self, config: ev.ResponseConfig, event_id: str | None) -> None:

@@ -59,6 +59,11 @@ class Lifecycle(SessionCore):
             codec=s.output_codec,
             on_audio=self._sent_audio,
             audio_out=self.audio_out,
+            # the latest turn's answer, if it has none yet: its milestones (a later response,
+            # e.g. to a text item, is no turn's)
+            clock=self.turn_clock
+            if self.turn_clock is not None and "response_started" not in self.turn_clock.stamps
+            else None,
         )
 
         async def respond() -> None:

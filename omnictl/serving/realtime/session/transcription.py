@@ -26,13 +26,12 @@ class Transcription(SessionCore):
         if not self.can_transcribe:
             turn.transcribed.set()  # it goes to the pipeline as audio
             return
-        if self._live_commit(turn):
-            return  # transcribed while spoken (:mod:`.live`): its input ends now
         self._transcribing[id(turn)] = turn
         self._spawn(self._transcription(turn))
 
     async def _transcription(self, turn: Turn) -> None:
         assert turn.audio is not None
+        clock = self.turn_clock if self.turn_clock is not None and self.turn_clock.id == turn.id else None
         request = ChatRequest(
             messages=(
                 ChatMessage(
@@ -73,6 +72,8 @@ class Transcription(SessionCore):
                     return
             tracked.finish("completed")
             if heard is not None:
+                if clock is not None:
+                    clock.mark("transcript_final", request=submitted.id)
                 turn.text = heard.text
                 turn.release_audio()  # the transcript is what later responses hear
                 self.conversation.trim()  # a transcript may weigh less (or more) than its audio did
