@@ -58,6 +58,11 @@ class ServeConfig:
     # request (429) when the streams playing would underrun by more than this many ms if
     # it were admitted; None: off.
     max_underrun_ms: float | None = None
+    # A topology whose entry takes a streamed input and streams each confirmed word (a
+    # `transcript` terminal; the asr_stream stage): launched beside the served one, it
+    # transcribes realtime turns while they are spoken (docs/serving.md, "Transcribed while
+    # spoken"). None: each committed turn is transcribed whole.
+    live_transcriber: str | Path | None = None
 
     def launching(self, **changes: Unpack[LaunchOptions]) -> ServeConfig:
         """A copy whose ``launch`` has ``changes`` (the flat names

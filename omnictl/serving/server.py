@@ -23,6 +23,7 @@ import uvicorn
 
 from omnictl.data import DEFAULT_TOPOLOGY, data_path
 from omnictl.exceptions import LaunchError, ListenError, StartupError
+from omnictl.launch_config import LaunchConfig
 from omnictl.serving.app import ServingState, create_app, watch_liveness
 from omnictl.serving.common.connections import ConnectionGuard, connection_cap
 from omnictl.serving.common.guard import RequestGuard
@@ -83,6 +84,12 @@ class Listening:
     pipeline: Any
     stop: Callable[[], None]
     loop: asyncio.AbstractEventLoop | None = None  # the loop the server and pipeline run on
+
+
+def _beside(launch: LaunchConfig, name: str) -> LaunchConfig:
+    """The launch of a second pipeline of the server: its own run dir (under the first's, if set)."""
+    run_dir = launch.profiling.run_dir
+    return launch if run_dir is None else launch.replace(run_dir=run_dir / name)
 
 
 def _url(host: str, port: int) -> str:
@@ -158,8 +165,13 @@ async def run_server(
                 await entering
             return
         pipe = entering.result()
+        live = None
         liveness = asyncio.create_task(watch_liveness(state), name="liveness")  # admission skips frozen stages
         try:
+            if config.live_transcriber is not None:  # before the server is ready: its sessions use it from the first
+                launching = Pipeline.launch(Path(config.live_transcriber), _beside(config.launch, "live-transcriber"))
+                state.live_transcriber = await launching.__aenter__()
+                live = launching
             state.model_name = pipe.topology.name  # the model id is the topology's `name`
             state.pipeline = pipe
             state.tracing = pipe.otlp_endpoint is not None
@@ -182,6 +194,9 @@ async def run_server(
         finally:
             liveness.cancel()
             state.pipeline = None
+            state.live_transcriber = None
+            if live is not None:
+                await live.__aexit__(None, None, None)
             await launch.__aexit__(None, None, None)
     finally:
         server.should_exit = True
