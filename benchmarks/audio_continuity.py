@@ -160,6 +160,16 @@ def qwen_topology(scratch: Path, max_codes: int, size: str = "mid", model_path: 
     return str(path), model_path
 
 
+def serve_device(device: str, model_path: str | None) -> str | None:
+    """The server's ``device`` for ``--device``: the voice assistant (no ``model_path``) is
+    CPU-only as shipped; Qwen3-Omni on ``cpu`` drops the topology's GPU placement, and on
+    ``cuda`` keeps it (None: a topology file's loader takes None or "cpu" only, and refused
+    "cuda" before any stage started)."""
+    if model_path is None or device.startswith("cuda"):
+        return None
+    return "cpu"
+
+
 def _gpu_count() -> int:
     import torch
 
@@ -257,9 +267,7 @@ def run_configs(topology: str | None, model_path: str | None, configs: list[str]
     from omnictl.serving.background import BackgroundServer
     from omnictl.serving.config import HttpConfig, ServeConfig
 
-    # The voice assistant is CPU-only as shipped; Qwen3-Omni on "cpu" drops the topology's GPU
-    # placement, and on "cuda" keeps it (a topology file's loader takes None or "cpu" only).
-    device = "cpu" if model_path is not None and not args.device.startswith("cuda") else None
+    device = serve_device(args.device, model_path)
     results: dict[str, dict[float, RateFigures]] = {config: {} for config in configs}
     with contextlib.ExitStack() as servers:
         up: dict[str, tuple[str, str, Path]] = {}

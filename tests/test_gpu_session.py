@@ -123,10 +123,15 @@ def test_bad_invocations_are_refused_naming_what_is_wrong(tmp_path: Path, args: 
     assert list(tmp_path.iterdir()) == []
 
 
-def _summary_module() -> Any:  # benchmarks/ is scripts, not a package
-    spec = importlib.util.spec_from_file_location("gpu_session_summary", SUMMARY)
+def _summary_module() -> Any:
+    return _benchmark("gpu_session_summary")
+
+
+def _benchmark(name: str) -> Any:  # benchmarks/ is scripts, not a package
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "benchmarks" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -193,3 +198,20 @@ def test_the_summary_says_which_goals_were_judged_from_a_step_cut_off(tmp_path: 
     results = json.loads((out / "results.json").read_text())
     assert results["judged_from_partial_rates"] == ["open_loop"]
     assert results["peak_gpu_memory_mib_per_step"] == {"open_loop": 81000}
+
+
+def test_the_continuity_step_on_cuda_keeps_the_qwen_topologys_gpu_placement(tmp_path: Path) -> None:
+    from omnictl.topology import load
+
+    bench = _benchmark("audio_continuity")
+    topology, checkpoint = bench.qwen_topology(tmp_path, 8, model_path="a-checkpoint", device="cuda")
+    assert checkpoint == "a-checkpoint"
+    # --device cuda reached the topology loader as "cuda", which it refuses ("None or 'cpu'")
+    loaded = load(topology, device=bench.serve_device("cuda", checkpoint))
+    placed = {name: spec.device for name, spec in loaded.stages.items() if spec.gpu}
+    # one GPU here, or none: the talker's process joins the thinker on GPU 0
+    assert placed and set(placed.values()) == {"cuda:0"} and {"thinker", "talker_ar", "code2wav"} <= set(placed)
+    assert loaded.stages["talker_ar"].factory_args == {"max_codes": 8}
+    on_cpu = load(topology, device=bench.serve_device("cpu", checkpoint))
+    assert not any(spec.gpu for spec in on_cpu.stages.values())
+    assert bench.serve_device("cuda", None) is None  # the voice assistant: CPU-only as shipped

@@ -30,6 +30,7 @@ that no longer matches an import fails too, so the list only shrinks.
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,6 +96,7 @@ class Use:
     line: int
 
 
+@functools.cache  # each file is parsed once however many tests read it
 def uses_of(path: Path, this: str) -> list[Use]:
     """Every runtime import in ``path``, of omnictl's modules and of third-party ones alike."""
     is_package = path.name == "__init__.py"
@@ -148,6 +150,7 @@ def broken(files: list[tuple[Path, str]], modules: set[str]) -> list[str]:
     return sorted(problems, key=lambda problem: (problem.split(":")[0], int(problem.split(":")[1])))
 
 
+@functools.cache  # both tests read the same files
 def _package() -> tuple[list[tuple[Path, str]], set[str]]:
     files = [(path, module_name(path)) for path in sorted(PACKAGE.rglob("*.py"))]
     return files, {module for _, module in files}

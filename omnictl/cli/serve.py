@@ -215,11 +215,6 @@ def serve_command(
             f"(got {log_format!r}, {log_level!r})"
         )
         raise typer.Exit(2)
-    from omnictl.playback.policy import POLICIES
-
-    if audio_policy not in POLICIES:
-        errors.print(f"error: --audio-policy must be one of {', '.join(POLICIES)} (got {audio_policy!r})")
-        raise typer.Exit(2)
     configure(log_level, log_format)  # type: ignore[arg-type]  # checked just above
     from omnictl.telemetry.endpoint import resolve_endpoint
 
@@ -235,38 +230,42 @@ def serve_command(
         )
     if api_key is None and "OMNICTL_API_KEY" in os.environ:
         api_key = os.environ["OMNICTL_API_KEY"]  # Click drops an empty variable: it is refused below, not ignored
-    config = ServeConfig(
-        topology=topology,
-        http=HttpConfig(
-            host=host,
-            port=port,
-            api_key=api_key,
-            served_model_names=tuple(served_model_name or ()),
-            allowed_origins=tuple(allowed_origins or ()),
-            allowed_hosts=tuple(allowed_hosts or ()),
-        ),
-        launch=LaunchConfig(
-            model_path=model_path,
-            device=device,
-            request_timeout=request_timeout,
-            audio_policy=audio_policy,
-            faults=FaultConfig(max_restarts=max_restarts, replay_limit=replay_limit),
-            admission=AdmissionConfig(max_in_flight=max_in_flight or None, max_queue_wait=max_queue_wait),
-            profiling=ProfilingConfig(run_dir=run_dir, otlp_endpoint=traces_to),  # a server profiles: the dashboard
-            placement=PlacementConfig(launcher=launcher, ray_address=ray_address, data_host=data_host),
-        ),
-        limits=Limits(
-            int(max_body_mb * 1024 * 1024),
-            int(max_audio_mb * 1024 * 1024),
-            body_timeout_s=body_timeout,
-            header_timeout_s=header_timeout,
-            max_connections=max_connections,
-            max_realtime_sessions=max_realtime_sessions,
-            max_realtime_connecting=max_connecting_calls,
-            realtime_connect_timeout_s=call_connect_timeout,
-        ),
-        max_underrun_ms=max_underrun_ms,
-    )
+    try:  # each part checks its values as it is made (--audio-policy's among them)
+        config = ServeConfig(
+            topology=topology,
+            http=HttpConfig(
+                host=host,
+                port=port,
+                api_key=api_key,
+                served_model_names=tuple(served_model_name or ()),
+                allowed_origins=tuple(allowed_origins or ()),
+                allowed_hosts=tuple(allowed_hosts or ()),
+            ),
+            launch=LaunchConfig(
+                model_path=model_path,
+                device=device,
+                request_timeout=request_timeout,
+                audio_policy=audio_policy,
+                faults=FaultConfig(max_restarts=max_restarts, replay_limit=replay_limit),
+                admission=AdmissionConfig(max_in_flight=max_in_flight or None, max_queue_wait=max_queue_wait),
+                profiling=ProfilingConfig(run_dir=run_dir, otlp_endpoint=traces_to),  # a server profiles: the dashboard
+                placement=PlacementConfig(launcher=launcher, ray_address=ray_address, data_host=data_host),
+            ),
+            limits=Limits(
+                int(max_body_mb * 1024 * 1024),
+                int(max_audio_mb * 1024 * 1024),
+                body_timeout_s=body_timeout,
+                header_timeout_s=header_timeout,
+                max_connections=max_connections,
+                max_realtime_sessions=max_realtime_sessions,
+                max_realtime_connecting=max_connecting_calls,
+                realtime_connect_timeout_s=call_connect_timeout,
+            ),
+            max_underrun_ms=max_underrun_ms,
+        )
+    except ValueError as exc:
+        errors.print(f"error: {exc}")
+        raise typer.Exit(2) from exc
     dashboards: list[object] = []
 
     def on_ready(listening: Listening) -> None:

@@ -32,6 +32,7 @@ class PipelineLike(Protocol):
         request_id: str | None = None,
         traceparent: str | None = None,
         stream: bool = True,
+        input_stream: bool = False,
     ) -> Any: ...
 
     async def abort(self, request_id: str) -> Any: ...
@@ -56,6 +57,10 @@ class ServingState:
     model_name: str  # the topology's `name`: the model id clients ask for
     aliases: tuple[str, ...] = ()  # other model ids accepted (`--served-model-name`)
     pipeline: PipelineLike | None = None
+    # The streaming speech recognition realtime sessions transcribe a turn with while it is
+    # spoken (a pipeline whose entry takes a streamed input: the asr-stream topology); None:
+    # each committed turn is transcribed whole by `pipeline`'s transcript terminal.
+    live_transcriber: PipelineLike | None = None
     limits: Limits = field(default_factory=Limits)
     api_key: str | None = None
     metrics: ServerMetrics = field(default_factory=ServerMetrics)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import wave
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -150,19 +151,16 @@ def test_loading_prints_one_line_per_stage_no_progress_bars_and_the_run_director
     assert traces and (Path(traces.group(1)) / "run.json").is_file(), text
 
 
-def test_the_command_maps_every_option_onto_one_config_and_serves_it_whole(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _serve_in_process(monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[Any, list[Any]]:
+    """``omnictl serve ARGS`` in this process, the server itself left out: (the result, the
+    configs it would have served)."""
     import typer
     from typer.testing import CliRunner
 
     from omnictl import logs, serving
     from omnictl.cli.serve import register
-    from omnictl.launch_config import LaunchConfig
-    from omnictl.serving.chat.protocol import Limits
-    from omnictl.serving.config import HttpConfig, ServeConfig
 
-    served: list[ServeConfig] = []
+    served: list[Any] = []
     monkeypatch.setattr(serving, "serve", lambda config, on_ready: served.append(config))  # the one unit left out
     monkeypatch.setattr(logs, "configure", lambda level, format: None)  # this process's logging stays the test's
     monkeypatch.delenv("OMNICTL_API_KEY", raising=False)
@@ -174,7 +172,17 @@ def test_the_command_maps_every_option_onto_one_config_and_serves_it_whole(
         """omnictl"""
 
     register(app)
-    args = ["serve", "t.yaml", "--host", "127.0.0.2", "--port", "0", "--model-path", "/models/x", "--device", "cpu",
+    return CliRunner().invoke(app, ["serve", *args], env={"COLUMNS": "200"}), served
+
+
+def test_the_command_maps_every_option_onto_one_config_and_serves_it_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from omnictl.launch_config import LaunchConfig
+    from omnictl.serving.chat.protocol import Limits
+    from omnictl.serving.config import HttpConfig, ServeConfig
+
+    args = ["t.yaml", "--host", "127.0.0.2", "--port", "0", "--model-path", "/models/x", "--device", "cpu",
             "--api-key", "k", "--run-dir", str(tmp_path), "--request-timeout", "12.5", "--max-restarts", "3",
             "--replay-limit", "2", "--max-in-flight", "7", "--max-queue-wait", "1.5",
             "--otlp-endpoint", "http://127.0.0.1:4318", "--launcher", "ray", "--ray-address", "127.0.0.1:6379",
@@ -183,7 +191,7 @@ def test_the_command_maps_every_option_onto_one_config_and_serves_it_whole(
             "--max-body-mb", "1", "--max-audio-mb", "2", "--body-timeout", "3", "--header-timeout", "4",
             "--max-connections", "50", "--max-realtime-sessions", "5", "--max-connecting-calls", "2",
             "--call-connect-timeout", "6"]
-    result = CliRunner().invoke(app, args, env={"COLUMNS": "120"})
+    result, served = _serve_in_process(monkeypatch, *args)
     assert result.exit_code == 0, result.output
     assert served == [ServeConfig(
         topology=Path("t.yaml"),
@@ -197,7 +205,19 @@ def test_the_command_maps_every_option_onto_one_config_and_serves_it_whole(
                       max_realtime_sessions=5, max_realtime_connecting=2, realtime_connect_timeout_s=6.0),
         max_underrun_ms=80.0,
     )]
-    served.clear()
-    assert CliRunner().invoke(app, ["serve"]).exit_code == 0
+    result, served = _serve_in_process(monkeypatch)
+    assert result.exit_code == 0, result.output
     assert served == [ServeConfig()]  # the flags' defaults are the config's: a server admits 64 at once
     assert served[0].launch.admission.max_in_flight == 64
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--audio-policy", "loudest"], "error: audio_policy must be one of fifo, deadline, got 'loudest'"),
+    (["--request-timeout", "0"], "error: request_timeout must be > 0 seconds, not 0.0"),
+])
+def test_a_value_the_config_refuses_is_a_usage_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    result, served = _serve_in_process(monkeypatch, *args)
+    assert result.exit_code == 2 and served == []
+    assert message in result.output

@@ -189,7 +189,7 @@ class Reference:
 _CHARS = st.sampled_from(list("ab .,\n") + ["é", "日", "😀"])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(
     text=st.text(_CHARS, max_size=30),
     stops=st.lists(st.text(_CHARS, min_size=1, max_size=4), max_size=3),

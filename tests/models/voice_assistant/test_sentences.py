@@ -41,7 +41,7 @@ _WORDS = st.sampled_from(["Paris", "is", "big", "3.14", "ok", "Yes!", "why?", "e
 _SPACES = st.sampled_from([" ", "  ", "\n", " \n\n", "\t"])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(
     words=st.lists(st.tuples(_WORDS, _SPACES), max_size=12),
     lead=_SPACES,

@@ -16,7 +16,8 @@ The session is made of parts, each a module of this package that reads on its ow
 :mod:`.settings` (the settings and their checks), :mod:`.configure` (``session.update``),
 :mod:`.input_audio` (appends, the microphone, turn detection, the echo hold, commits),
 :mod:`.items` (items the client creates, truncates, deletes, retrieves),
-:mod:`.transcription` (the user's turns transcribed) and :mod:`.lifecycle` (responses
+:mod:`.transcription` (the user's turns transcribed), :mod:`.live` (transcribed while
+spoken, with a live transcriber) and :mod:`.lifecycle` (responses
 started, cancelled, cleared); :mod:`.core` holds the state they share.
 """
 
@@ -32,6 +33,7 @@ from omnictl.serving.realtime.session.core import AudioRate, SessionCore
 from omnictl.serving.realtime.session.input_audio import MIN_COMMIT_MS, PREFIX_MS, InputAudio
 from omnictl.serving.realtime.session.items import Items
 from omnictl.serving.realtime.session.lifecycle import Lifecycle
+from omnictl.serving.realtime.session.live import LiveTranscription
 from omnictl.serving.realtime.session.settings import DEFAULT_VOICE, SESSION_TYPES, TRANSPORTS, Settings
 from omnictl.serving.realtime.session.transcription import Transcription
 
@@ -49,7 +51,7 @@ __all__ = [
 ]
 
 
-class RealtimeSession(Configure, InputAudio, Items, Transcription, Lifecycle):
+class RealtimeSession(Configure, InputAudio, Items, LiveTranscription, Transcription, Lifecycle):
     """One session over any transport: each client event to the part that handles it."""
 
     async def handle(self, event: ev.ClientEvent) -> None:

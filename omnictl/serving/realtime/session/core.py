@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Awaitable, Callable, Sequence
 
 from omnictl.outputs import TRANSCRIPT
 from omnictl.serving.common.capabilities import capabilities
@@ -26,6 +26,9 @@ from omnictl.serving.realtime.smart_turn import SemanticTurnDetector
 from omnictl.serving.realtime.turns import Conversation, Turn
 from omnictl.serving.realtime.vad import SileroModel, SileroVad, TurnDetector
 from omnictl.serving.state import PipelineLike, ServingState
+
+if TYPE_CHECKING:
+    from omnictl.serving.realtime.session.live import LiveTurn
 
 
 @dataclass
@@ -87,6 +90,7 @@ class SessionCore:
         self.response: tuple[ResponseRun, asyncio.Task[None]] | None = None
         self.turn_clock: TurnClock | None = None  # the latest turn's milestones (:mod:`.milestones`)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._live: LiveTurn | None = None  # the turn being transcribed as it is spoken (:mod:`.live`)
         self.can_transcribe = capabilities(pipeline.topology).transcription
         self.settings.transcription = self.can_transcribe
         if intent == "transcription":
@@ -141,6 +145,22 @@ class SessionCore:
 
     def _transcribe(self, turn: Turn) -> None:
         """Transcribe a committed turn, in a task (:mod:`.transcription`)."""
+        raise NotImplementedError
+
+    def _live_open(self, item_id: str) -> None:
+        """Start transcribing the turn ``item_id`` while it is spoken, if the server can (:mod:`.live`)."""
+        raise NotImplementedError
+
+    def _live_audio(self, raw: bytes) -> None:
+        """Audio appended during a live-transcribed turn (:mod:`.live`)."""
+        raise NotImplementedError
+
+    def _live_commit(self, turn: Turn) -> bool:
+        """End the committed turn's live transcription; False if it has none (:mod:`.live`)."""
+        raise NotImplementedError
+
+    def _live_drop(self) -> None:
+        """Abort the live transcription of the cleared turn (:mod:`.live`)."""
         raise NotImplementedError
 
     def _start_response(self, config: ev.ResponseConfig, event_id: str | None) -> None:

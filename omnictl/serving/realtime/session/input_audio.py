@@ -108,6 +108,10 @@ class InputAudio(SessionCore):
             raise self._too_large(ev.Refusal(event_id))
         self.buffer += raw
         self.audio_ms += len(raw) / 2 / PCM16_RATE * 1000
+        if self._live is not None:
+            self._live_audio(raw)
+        elif self.settings.vad is None:  # no turn detection: the turn starts with its first audio
+            self._live_open(ev.new_id("item"))
         if self._vad is not None and self._turns is not None:
             # Resampling and Silero run in a worker thread: on the event loop, a flood of
             # appends once held /health for 41 s. This session waits for its own audio (and
@@ -158,6 +162,7 @@ class InputAudio(SessionCore):
     async def _speech_started(self, audio_start_ms: int) -> None:
         self._speech_item = ev.new_id("item")
         self.send(ev.SpeechStartedEvent(audio_start_ms=audio_start_ms, item_id=self._speech_item))
+        self._live_open(self._speech_item)  # transcribed from now on, the prefix padding first
         assert self.settings.vad is not None
         if self.settings.vad.interrupt_response and self.response is not None:
             self._stop_playing()
@@ -178,7 +183,7 @@ class InputAudio(SessionCore):
         self._start_response(ev.ResponseConfig(), None)
 
     async def commit(self, event: ev.InputAudioBufferCommit) -> None:
-        self._commit(ev.new_id("item"), event.event_id)
+        self._commit(self._live.item_id if self._live is not None else ev.new_id("item"), event.event_id)
 
     def _commit(self, item_id: str, event_id: str | None) -> None:
         ms = len(self.buffer) / 2 / PCM16_RATE * 1000
@@ -200,5 +205,6 @@ class InputAudio(SessionCore):
 
     async def clear(self, event: ev.InputAudioBufferClear) -> None:
         self.buffer.clear()
+        self._live_drop()
         self._reset_vad()
         self.send(ev.Cleared())

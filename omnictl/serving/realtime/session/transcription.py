@@ -26,6 +26,8 @@ class Transcription(SessionCore):
         if not self.can_transcribe:
             turn.transcribed.set()  # it goes to the pipeline as audio
             return
+        if self._live_commit(turn):
+            return  # transcribed while spoken (:mod:`.live`): its input ends now
         self._transcribing[id(turn)] = turn
         self._spawn(self._transcription(turn))
 
