@@ -102,3 +102,27 @@ def test_a_spoken_turns_milestones_are_in_the_trace_and_metrics_in_order(server:
     assert f"turn {stopped.item_id}" in result.output
     names = [m.group(1) for m in re.finditer(r"^  [A-Z] (.+?) \+", result.output, re.M)]
     assert names == [m.replace("_", " ") for m in order], result.output
+
+
+def test_a_turn_transcribed_while_spoken_marks_its_final_transcript() -> None:
+    """The live transcription's final transcript is the turn's ``transcript_final``, between its
+    commit and the answer (the session over a live transcriber's test double)."""
+    from tests.profiling.test_turn_milestones import Recorded
+    from tests.serving.realtime.test_live_transcription import Client, run
+
+    async def scenario() -> None:
+        client = Client()
+        recorded = Recorded([0])
+        client.state.profiler = recorded
+        for _ in range(3):
+            await client.append(0.1)
+        await client.send({"type": "input_audio_buffer.commit"})
+        await client.settle()
+        await client.send({"type": "response.create"})
+        await client.settle()
+        [committed] = client.of("input_audio_buffer.committed")
+        assert {e.request_id for e in recorded.events} == {committed["item_id"]}
+        assert [e.meta["milestone"] for e in recorded.events] == [
+            "turn_confirmed", "transcript_final", "response_started", "first_token"]
+
+    run(scenario)

@@ -154,6 +154,8 @@ class LiveTranscription(SessionCore):
             )
             return  # the response hears the turn's audio
         assert turn is not None  # a result comes only after the input ends, which the commit does
+        if self.turn_clock is not None and self.turn_clock.id == turn.id:
+            self.turn_clock.mark("transcript_final")
         turn.text = heard.text
         turn.release_audio()  # the transcript is what later responses hear
         self.conversation.trim()
