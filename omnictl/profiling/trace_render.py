@@ -70,9 +70,9 @@ def render_waterfall(
     title = f"turn {trace.request_id}" if trace.status == "turn" else f"request {trace.request_id}  {trace.status}"
     out.append(_fit(f"{title}  {total}", width) + "\n", style="bold")
     out.append(" " * (NAME_WIDTH + 1) + _axis_labels(total, bar_width + 2) + "\n", style="dim")
-    out.append_text(_request_row(trace, axis))
     if trace.status == "turn":
         return _turn(out, trace, axis, width)
+    out.append_text(_request_row(trace, axis))
     for stage in trace.stages:
         out.append_text(_stage_row(trace, stage, axis))
     out.append_text(_marks_line(trace, width))
@@ -101,8 +101,8 @@ def _turn(out: Text, trace: RequestTrace, axis: _Axis, width: int) -> Text:
         request = span.meta.get("request")
         at = format_seconds((span.start_ns - trace.request.start_ns) / 1e9)
         lines.append(f"  {char} {span.name.replace('_', ' ')} +{at}" + (f"  ({request})" if request else ""))
-    out.append_text(_row("milestones", cells, ""))
-    out.append("milestones (from the turn's first):\n")
+    out.append_text(_row("turn", cells, format_seconds(trace.request.duration_ns / 1e9)))
+    out.append("milestones (from the end of speech; the pipeline request each came from):\n")
     for line in lines:
         out.append(_fit(line, width) + "\n")
     out.rstrip()

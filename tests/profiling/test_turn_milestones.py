@@ -88,11 +88,11 @@ def test_the_trace_of_a_turn_draws_its_milestones_in_order() -> None:
     assert max(len(line) for line in text.splitlines()) <= 80
     assert text.splitlines()[0].startswith("turn item_7")
     listed = text.splitlines()
-    lines = [line.strip() for line in listed[listed.index("milestones (from the turn's first):") + 1:]]
+    lines = [line.strip() for line in listed[listed.index("milestones (from the end of speech; the pipeline request each came from):") + 1:]]
     assert lines[0].startswith("S speech stopped +0")
     assert lines[-1] == "A first audio sent +702 ms  (resp_req_1)"
     assert [line.split()[0] for line in lines] == ["S", "C", "W", "R", "T", "K", "A"]
-    row = next(line for line in text.splitlines() if line.startswith("milestones ") and "|" in line)
+    row = next(line for line in text.splitlines() if line.startswith("turn ") and "|" in line)
     assert row.index("C") < row.index("R") < row.index("T") < row.index("A")  # a later mark covers one in its column
 
 
