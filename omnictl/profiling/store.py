@@ -156,11 +156,17 @@ class TraceStore:
         first: dict[str, int] = {}
         admitted: dict[str, int] = {}
         ended: dict[str, tuple[int, str]] = {}
+        turns: dict[str, int] = {}  # a realtime turn's id -> its last milestone; "turn" its status
+        requests: set[str] = set()  # ids with any event that is not a turn's milestone
         for event in self.iter_events():
             if not event.request_id:
                 continue  # bookkeeping (recorder drops), not a request
             if event.request_id not in first or event.ts < first[event.request_id]:
                 first[event.request_id] = event.ts
+            if event.kind is EventKind.TURN_MILESTONE:
+                turns[event.request_id] = max(event.ts, turns.get(event.request_id, event.ts))
+                continue
+            requests.add(event.request_id)
             if event.kind is EventKind.ADMITTED:
                 admitted[event.request_id] = event.ts
             elif event.kind in _END_KINDS:
@@ -169,6 +175,8 @@ class TraceStore:
         for request_id, first_ts in first.items():
             start = admitted.get(request_id, first_ts)
             end, status = ended.get(request_id, (None, "in_flight"))
+            if request_id in turns and request_id not in requests:
+                end, status = turns[request_id], "turn"
             summaries.append(RequestSummary(request_id, start, end, status))
         return sorted(summaries, key=lambda summary: summary.start_ns)
 

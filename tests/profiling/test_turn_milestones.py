@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import time
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
@@ -14,6 +15,7 @@ from omnictl.profiling.aggregate import Aggregator
 from omnictl.profiling.dashboard import render_dashboard, status_line
 from omnictl.profiling.events import Event, EventKind, MetaValue
 from omnictl.profiling.spans import build_trace
+from omnictl.profiling.store import TraceStore
 from omnictl.profiling.trace_render import render_waterfall
 from omnictl.serving.realtime.session.milestones import MILESTONES, TurnClock
 
@@ -124,3 +126,14 @@ def test_every_milestone_has_a_mark_on_the_waterfall() -> None:
     from omnictl.profiling.trace_render import MILESTONE_MARKS
 
     assert list(MILESTONE_MARKS) == list(MILESTONES)
+
+
+def test_the_trace_store_lists_a_turn_with_its_milestones_extent(tmp_path: Path) -> None:
+    clock = [time.time_ns()]
+    recorded = Recorded(clock)
+    _turn(recorded, clock, "item_3", STEPS)
+    store = TraceStore(tmp_path)
+    store.append(recorded.events)
+    store.close()
+    [summary] = TraceStore(tmp_path).select(slowest=5)  # finished: --slowest lists it
+    assert (summary.request_id, summary.status, summary.duration_s) == ("item_3", "turn", pytest.approx(0.702))
