@@ -141,8 +141,12 @@ async def measure(args: argparse.Namespace) -> list[Row]:
             pass_beam_size=args.pass_beam,
             window_padding_s=whole.window_padding_s or 8.0,
             quiet_rms=args.quiet_rms,
+            agreement=args.agreement,
+            holdback_words=args.holdback,
         )
-        name = f"incremental · every {cadence * 1000:g} ms" + (f" · pass beam {args.pass_beam}" if args.pass_beam else "")
+        name = f"incremental · every {cadence * 1000:g} ms · agree {args.agreement}" + (
+            f" · pass beam {args.pass_beam}" if args.pass_beam else ""
+        )
         schedulers[name] = StreamingAsrScheduler(decoder, incremental_settings)
         await schedulers[name].start()
     sets: list[tuple[str, list[Question], list[Voice]]] = [
@@ -203,6 +207,8 @@ def main() -> int:
     parser.add_argument("--heldout", type=int, default=len(HELDOUT_QUESTIONS), help="the first N held-out questions (x their voices)")
     parser.add_argument("--cadences", default="0.4", help="comma-separated: re-decode every this many seconds of new audio")
     parser.add_argument("--pass-beam", type=int, default=None, help="beam of the passes made while audio arrives (default: the final's)")
+    parser.add_argument("--agreement", type=int, default=2, help="passes in a row that must agree on a word")
+    parser.add_argument("--holdback", type=int, default=1, help="newest words of a pass never confirmed by it")
     parser.add_argument("--quiet-rms", type=float, default=0.01, help="IncrementalSettings.quiet_rms (0: always decode the tail)")
     parser.add_argument("--speed", type=float, default=1.0, help="times real time (0: as fast as it goes)")
     parser.add_argument("--audio-dir", type=Path, help="cache the spoken clips here (default: a temporary folder)")

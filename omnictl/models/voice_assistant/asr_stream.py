@@ -266,6 +266,7 @@ def asr_stream(
     window_padding_s: float = 8.0,
     max_segment_s: float = 20.0,
     holdback_words: int = 1,
+    agreement: int = 2,
     quiet_rms: float = 0.01,
     language: str = "en",
     pcm16_rate: int = 24_000,
@@ -280,6 +281,7 @@ def asr_stream(
         window_padding_s=window_padding_s,
         max_segment_s=max_segment_s,
         holdback_words=holdback_words,
+        agreement=agreement,
         quiet_rms=quiet_rms,
     )
     return StreamingAsrScheduler(

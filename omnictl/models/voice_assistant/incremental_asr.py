@@ -3,7 +3,7 @@
 :class:`IncrementalTranscriber` takes a growing 16 kHz buffer and, every ``cadence_s`` of
 new audio, re-decodes it with Whisper (the window fitted to the clip, as
 ``SpeechRecognizer(window_padding_s=...)`` does). A word is *confirmed* when two passes in a
-row agree on it (LocalAgreement-2, as in whisper_streaming) and it is not the last word the
+row (``agreement``) agree on it (LocalAgreement-2, as in whisper_streaming) and it is not the last word the
 newer pass heard (a word at the edge of the audio may still be cut). Confirmed words never
 change: each later pass, and the final one, starts its decoder with their tokens forced as
 the prefix, so when speech stops only the words after them are left to decode. The text
@@ -40,6 +40,8 @@ class IncrementalSettings:
     max_segment_s: audio held at most; longer input is cut here into segments, each
         finished on its own, its text the next one's prompt (Whisper hears 30 s at most).
     holdback_words: the newest words of a pass never confirmed by it (they may be cut).
+    agreement: how many passes in a row must agree on a word to confirm it (2:
+        LocalAgreement-2; 3 waits a pass longer and confirms fewer early mishearings).
     quiet_rms: when every sample after the last pass is quieter than this (RMS, full scale
         1.0), the speech ended before that pass and its words are the final transcript: no
         decode is left when the input ends (only with ``pass_beam_size`` = ``beam_size``, so
@@ -52,6 +54,7 @@ class IncrementalSettings:
     window_padding_s: float = 8.0
     max_segment_s: float = 20.0
     holdback_words: int = 1
+    agreement: int = 2
     quiet_rms: float = 0.01
 
     def __post_init__(self) -> None:
@@ -68,6 +71,8 @@ class IncrementalSettings:
             )
         if self.quiet_rms < 0:
             raise ValueError(f"quiet_rms: must be >= 0, got {self.quiet_rms}")
+        if self.agreement < 2:
+            raise ValueError(f"agreement: must be >= 2 passes, got {self.agreement}")
         if self.holdback_words < 0:
             raise ValueError(f"holdback_words: must be >= 0, got {self.holdback_words}")
 
@@ -153,7 +158,8 @@ class IncrementalTranscriber:
         self._samples = 0  # in this segment
         self._decoded_at = 0  # samples of this segment the last pass heard
         self._confirmed: list[int] = []  # this segment's confirmed tokens (forced from now on)
-        self._previous: list[int] | None = None  # the last pass's tokens after the confirmed ones
+        # the last passes' tokens after the confirmed ones (agreement - 1 of them, newest last)
+        self._history: list[list[int]] = []
         self._done_text = ""  # finished segments' text
         self._emitted = ""  # every delta returned so far
         self._finished: str | None = None
@@ -210,11 +216,12 @@ class IncrementalTranscriber:
     def _pass(self) -> str:
         tokens = self._decode(self.settings.pass_beam_size or self.settings.beam_size)
         current = tokens[len(self._confirmed) :]
-        if self._previous is not None:
-            agreed = self._agreed(self._previous, current)
+        if len(self._history) == self.settings.agreement - 1:
+            agreed = min((self._agreed(previous, current) for previous in self._history), default=0)
             self._confirmed.extend(current[:agreed])
             current = current[agreed:]
-        self._previous = current
+            self._history = [previous[agreed:] for previous in self._history]  # each began with them
+        self._history = [*self._history, current][-(self.settings.agreement - 1) :]
         return self._emit(self._done_text, self._confirmed)
 
     def _agreed(self, previous: list[int], current: list[int]) -> int:
@@ -242,20 +249,20 @@ class IncrementalTranscriber:
             self._context = [*self._context, *tokens]
         delta = self._emit(self._done_text, [])
         self._chunks, self._samples, self._decoded_at = [], 0, 0
-        self._confirmed, self._previous = [], None
+        self._confirmed, self._history = [], []
         return delta
 
     def _quiet_since_pass(self) -> list[int] | None:
         """The last pass's tokens, if only silence came after it and it decoded as a final would."""
         settings = self.settings
-        if self._previous is None or settings.quiet_rms <= 0:
+        if not self._history or settings.quiet_rms <= 0:
             return None
         if (settings.pass_beam_size or settings.beam_size) != settings.beam_size:
             return None
         after = self._audio()[self._decoded_at :]
         if after.size and float(np.sqrt(np.mean(np.square(after, dtype=np.float64)))) >= settings.quiet_rms:
             return None
-        return [*self._confirmed, *self._previous]
+        return [*self._confirmed, *self._history[-1]]
 
     def _emit(self, done: str, tokens: list[int]) -> str:
         text = _join(done, self.decoder.text(tokens))

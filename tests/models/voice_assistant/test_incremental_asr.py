@@ -109,6 +109,7 @@ def test_feed_after_finish_is_refused(decoder: WhisperDecoder) -> None:
         ({"max_segment_s": 25.0}, "max_segment_s"),
         ({"window_padding_s": 30.0}, "window_padding_s"),
         ({"holdback_words": -1}, "holdback_words"),
+        ({"agreement": 1}, "agreement"),
         ({"quiet_rms": -0.1}, "quiet_rms"),
     ],
 )
