@@ -129,6 +129,11 @@ class Client:
         for _ in range(5):
             await asyncio.sleep(0)  # the live request's task sends it on
 
+    async def append_raw(self, pcm: bytes) -> None:
+        await self.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
+        for _ in range(5):
+            await asyncio.sleep(0)
+
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.sent if e["type"] == kind]
 
@@ -337,3 +342,43 @@ def test_a_server_with_a_live_transcriber_sends_words_over_the_websocket_before_
         assert listening.loop is not None
         listening.loop.call_soon_threadsafe(listening.stop)
         thread.join(60)
+
+
+def test_server_vad_opens_the_live_request_at_speech_start_and_it_gets_exactly_the_committed_audio() -> None:
+    from benchmarks.eval.samples import sample_question
+    from omnictl.serving.realtime.vad import SileroModel
+
+    samples, rate = sample_question("spider_legs")
+    pad = np.zeros(RATE // 2, np.float32)
+    spoken = float_to_pcm16_bytes(np.concatenate([pad, resample(samples, rate, RATE), pad, pad]))
+    silero = SileroModel()
+
+    async def scenario() -> None:
+        client = Client()
+        client.session._silero = lambda: silero
+        client.session.settings.vad = ev.ServerVad(silence_duration_ms=400)
+        client.session._reset_vad()
+        committed_samples: list[int] = []
+        user_audio = client.session.conversation.user_audio
+        client.session.conversation.user_audio = lambda samples, item_id=None: (  # type: ignore[method-assign]
+            committed_samples.append(samples.size), user_audio(samples, item_id))[1]
+        for start in range(0, len(spoken), 4800):  # 100 ms pieces, as a microphone delivers them
+            await client.append_raw(spoken[start : start + 4800])
+        await client.settle()
+        [started] = client.of("input_audio_buffer.speech_started")
+        [committed] = client.of("input_audio_buffer.committed")
+        deltas = client.of("conversation.item.input_audio_transcription.delta")
+        types = client.types()
+        # words came between speech start and the commit, for the item the turn became
+        assert types.index("input_audio_buffer.speech_started") < types.index(
+            "conversation.item.input_audio_transcription.delta") < types.index("input_audio_buffer.committed")
+        assert {d["item_id"] for d in deltas} == {started["item_id"], committed["item_id"]}
+        [live] = client.live.requests  # one request for the turn, none before speech started
+        [(request, *_)] = client.pipeline.submitted  # the response, on the live transcript
+        said = [p.text for m in request.messages for p in m.parts if hasattr(p, "text")]
+        assert said[-1] == client.of("conversation.item.input_audio_transcription.completed")[0]["transcript"]
+        # the live request got the turn's audio from its prefix padding on: what the commit holds
+        turn = client.session.conversation.turns[0]
+        assert turn.audio is None and live.ended and live.received == committed_samples[0] * 2 > RATE * 2
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
