@@ -101,6 +101,15 @@ def serve_command(
             help="Refuse a new audio request (429) when admitting it would make a playing stream underrun by more.",
         ),
     ] = None,
+    live_transcriber: Annotated[
+        Path | None,
+        typer.Option(
+            "--live-transcriber",
+            metavar="TOPOLOGY",
+            help="A streaming recogniser's topology (an entry taking streamed audio, e.g. asr_stream), launched "
+            "beside the served one: realtime turns are transcribed while they are spoken.",
+        ),
+    ] = None,
     max_restarts: Annotated[
         int,
         typer.Option(
@@ -262,6 +271,7 @@ def serve_command(
                 realtime_connect_timeout_s=call_connect_timeout,
             ),
             max_underrun_ms=max_underrun_ms,
+            live_transcriber=live_transcriber,
         )
     except ValueError as exc:
         errors.print(f"error: {exc}")

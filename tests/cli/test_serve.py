@@ -190,7 +190,7 @@ def test_the_command_maps_every_option_onto_one_config_and_serves_it_whole(
             "--served-model-name", "alias", "--allowed-origins", "http://a:1", "--allowed-hosts", "box",
             "--max-body-mb", "1", "--max-audio-mb", "2", "--body-timeout", "3", "--header-timeout", "4",
             "--max-connections", "50", "--max-realtime-sessions", "5", "--max-connecting-calls", "2",
-            "--call-connect-timeout", "6"]
+            "--call-connect-timeout", "6", "--live-transcriber", "asr.yaml"]
     result, served = _serve_in_process(monkeypatch, *args)
     assert result.exit_code == 0, result.output
     assert served == [ServeConfig(
@@ -204,6 +204,7 @@ def test_the_command_maps_every_option_onto_one_config_and_serves_it_whole(
         limits=Limits(1024 * 1024, 2 * 1024 * 1024, body_timeout_s=3.0, header_timeout_s=4.0, max_connections=50,
                       max_realtime_sessions=5, max_realtime_connecting=2, realtime_connect_timeout_s=6.0),
         max_underrun_ms=80.0,
+        live_transcriber=Path("asr.yaml"),
     )]
     result, served = _serve_in_process(monkeypatch)
     assert result.exit_code == 0, result.output
