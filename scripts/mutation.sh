@@ -61,16 +61,16 @@ declare -A package_tests=(
     # the coordinator's autoscaler shell and replay run only under load or a killed replica:
     # these run a real pipeline whose coordinator is in the test process (seconds each)
     [coordinator]="tests/runtime/test_elastic.py tests/runtime/test_replay.py"
-    [serving]="tests/serving/test_protocol.py tests/serving/test_responses.py tests/serving/test_audio.py
-               tests/serving/test_audiofile.py tests/serving/test_audio_codecs.py tests/serving/test_auth.py
-               tests/serving/test_eventstream.py tests/serving/test_app_starting.py tests/serving/realtime/test_events.py
+    [serving]="tests/serving/chat/test_protocol.py tests/serving/chat/test_responses.py tests/serving/speech/test_audio.py
+               tests/serving/transcriptions/test_audiofile.py tests/serving/speech/test_audio_codecs.py tests/serving/common/test_auth.py
+               tests/serving/common/test_eventstream.py tests/serving/test_app_starting.py tests/serving/realtime/test_events.py
                tests/serving/realtime/test_conversation_bounds.py tests/serving/realtime/test_vad.py
-               tests/serving/test_app_inputs.py tests/serving/test_app_routes.py tests/serving/test_request_checks.py
+               tests/serving/test_app_inputs.py tests/serving/test_app_routes.py tests/serving/common/test_request_checks.py
                tests/serving/test_audio_routes.py tests/serving/realtime/test_formats.py
                tests/serving/test_route_clients.py tests/serving/realtime/test_echo_guard.py
                tests/serving/realtime/test_session_events.py tests/serving/realtime/test_semantic_vad.py
-               tests/serving/test_server.py tests/serving/realtime/test_websocket_route.py tests/serving/test_metrics.py
-               tests/serving/test_voices_and_playground.py tests/serving/test_connections.py tests/serving/test_ready.py
+               tests/serving/test_server.py tests/serving/realtime/test_websocket_route.py tests/serving/common/test_metrics.py
+               tests/serving/test_voices_and_playground.py tests/serving/common/test_connections.py tests/serving/test_ready.py
                tests/serving/realtime/test_webrtc_session.py"
 )
 

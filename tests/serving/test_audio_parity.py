@@ -24,7 +24,7 @@ from omnictl.serving.transcriptions.audiofile import decode_audio_file
 from tests.serving.ffprobe import CODEC_NAMES, convert, needs_ffmpeg, probe
 from tests.serving.harness import API_KEY, ServerProcess, wait_until
 from tests.serving.test_app import audio_of
-from tests.serving.test_audiofile import claims_hours
+from tests.serving.transcriptions.test_audiofile import claims_hours
 
 pytestmark = [pytest.mark.slow, needs_ffmpeg]
 SENTENCE = "The quick brown fox jumps over the lazy dog."

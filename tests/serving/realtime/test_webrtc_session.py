@@ -37,10 +37,10 @@ from omnictl.serving.realtime.answer_track import FRAME_SAMPLES, AnswerTrack
 from omnictl.serving.realtime.channel import Outbox
 from omnictl.serving.realtime.ice import HOSTS_ENV, restrict_to
 from omnictl.serving.state import ServingState
+from tests.serving.common.test_request_checks import topology
 from tests.serving.realtime.rtc import Call, Microphone, loopback_only
 from tests.serving.realtime.speech import sample, silence
 from tests.serving.scripted import CHAT_ONLY, EVERY_ENDPOINT, ScriptedPipeline, audio_events, text_events
-from tests.serving.test_request_checks import topology
 
 KEY = "sk-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}

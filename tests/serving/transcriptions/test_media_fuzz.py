@@ -25,7 +25,7 @@ from benchmarks.eval.samples import sample_path
 from tests.serving.ffprobe import convert, needs_ffmpeg
 from tests.serving.harness import API_KEY, HERE, ServerProcess, start_server, stop_server
 from tests.serving.hearing_stages import describe
-from tests.serving.test_audiofile import flac_of, without_total
+from tests.serving.transcriptions.test_audiofile import flac_of, without_total
 from tests.test_inputs import tone, wav_bytes
 
 pytestmark = needs_ffmpeg
