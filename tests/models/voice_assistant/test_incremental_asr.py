@@ -116,3 +116,58 @@ def test_feed_after_finish_is_refused(decoder: WhisperDecoder) -> None:
 def test_bad_settings_are_refused_naming_the_setting(arguments: dict[str, float], named: str) -> None:
     with pytest.raises(ValueError, match=named):
         IncrementalSettings(**arguments)  # type: ignore[arg-type]  # the bad values are the point
+
+
+class ScriptedDecoder:
+    """A test double for WhisperDecoder alone: each decode returns the next scripted
+    hypothesis (words as tokens, one token per entry of ``VOCAB``) and records the prefix
+    it was asked to force, so LocalAgreement and the forcing are checked exactly."""
+
+    VOCAB = (" What", " is", " the", " my", " capital", " of", " France", "?")
+
+    def __init__(self, hypotheses: list[str]) -> None:
+        self.hypotheses = [[self.VOCAB.index(piece) for piece in hypothesis.split("|")] for hypothesis in hypotheses]
+        self.prefixes: list[list[int]] = []
+
+    def encode_text(self, text: str) -> list[int]:
+        return []
+
+    def text(self, tokens: list[int]) -> str:
+        return "".join(self.VOCAB[t] for t in tokens).strip()
+
+    def starts_word(self, token: int) -> bool:
+        return self.VOCAB[token].startswith(" ")
+
+    def decode(self, audio: np.ndarray, *, padding_s: float, beam_size: int, prompt: list[int], prefix: list[int]) -> list[int]:
+        self.prefixes.append(list(prefix))
+        tokens = self.hypotheses.pop(0)
+        assert tokens[: len(prefix)] == prefix, "a scripted hypothesis must begin with the forced prefix"
+        return tokens
+
+
+def test_words_two_passes_agree_on_are_confirmed_and_forced_from_then_on() -> None:
+    scripted = ScriptedDecoder(
+        [
+            " What| is| my",  # pass 1: nothing to agree with yet
+            " What| is| the| capital",  # pass 2: "What is" agreed ("my"/"the" differ)
+            " What| is| the| capital| of",  # pass 3: "the capital" agreed, "of" held back (newest)
+            " What| is| the| capital| of| France|?",  # the final decode
+        ]
+    )
+    settings = IncrementalSettings(cadence_s=0.1, quiet_rms=0.0)
+    transcriber = IncrementalTranscriber(scripted, settings)  # type: ignore[arg-type]  # the test double
+    silence = np.zeros(CHUNK, np.float32)
+    deltas = [transcriber.feed(silence) for _ in range(3)]
+    assert deltas == ["", "What is", " the capital"]
+    final = transcriber.finish()
+    assert final == "What is the capital of France?" and "".join(deltas) + final[len("What is the capital") :] == final
+    what, is_, the, capital = (ScriptedDecoder.VOCAB.index(w) for w in (" What", " is", " the", " capital"))
+    assert scripted.prefixes == [[], [], [what, is_], [what, is_, the, capital]]
+
+
+def test_agreement_3_waits_for_three_passes() -> None:
+    scripted = ScriptedDecoder([" What| is| the"] * 3 + [" What| is| the| capital"])
+    transcriber = IncrementalTranscriber(scripted, IncrementalSettings(cadence_s=0.1, agreement=3, quiet_rms=0.0))  # type: ignore[arg-type]  # the test double
+    deltas = [transcriber.feed(np.zeros(CHUNK, np.float32)) for _ in range(3)]
+    assert deltas == ["", "", "What is"]  # "the" is the newest word of each pass: held back
+    assert transcriber.finish() == "What is the capital"
