@@ -17,9 +17,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from omnictl.logs import request_scope
 from omnictl.serving import playground
 from omnictl.serving.chat import route as chat
-from omnictl.serving.common.auth import authorized
+from omnictl.serving.common.auth import HttpEndpoint, key_presented, requires_key, requires_key_socket
 from omnictl.serving.common.capabilities import capabilities
-from omnictl.serving.common.errors import error_response, unauthorized
+from omnictl.serving.common.errors import error_response
 from omnictl.serving.common.guard import GuardMiddleware, RequestGuard
 from omnictl.serving.common.metrics import CONTENT_TYPE
 from omnictl.serving.realtime.calls import webrtc_calls
@@ -134,8 +134,6 @@ def create_app(state: ServingState, guard: RequestGuard | None = None) -> Starle
     state.on_stop.append(calls.close_all)
 
     async def abort_request(request: Request) -> Response:
-        if not authorized(request.headers, state.api_key):
-            return unauthorized()
         target = request.path_params["request_id"]
         pipe = state.pipeline
         if pipe is None or target not in state.active:
@@ -144,8 +142,6 @@ def create_app(state: ServingState, guard: RequestGuard | None = None) -> Starle
         return JSONResponse({"id": target, "status": "aborting"})
 
     async def models(request: Request) -> Response:
-        if not authorized(request.headers, state.api_key):
-            return unauthorized()
         models: list[dict[str, object]] = []
         for name in (state.model_name, *state.aliases):
             model: dict[str, object] = {"id": name, "object": "model", "created": state.created, "owned_by": "omnictl"}
@@ -168,7 +164,7 @@ def create_app(state: ServingState, guard: RequestGuard | None = None) -> Starle
         if unresponsive and status != "down":
             status = "unresponsive"
         code = 503 if status in ("down", "unresponsive") else 200
-        if not authorized(request.headers, state.api_key):
+        if not key_presented(request, state.api_key):
             # A load balancer probes without the key: it gets the verdict and nothing
             # more. PIDs, the run directory's path and the stages' state are the key's.
             return JSONResponse({"status": status}, status_code=code)
@@ -194,27 +190,33 @@ def create_app(state: ServingState, guard: RequestGuard | None = None) -> Starle
     async def metrics(request: Request) -> Response:
         # Behind the key like every route but /health's verdict: it tells traffic, models and failures
         # (Prometheus scrapes with `authorization: {credentials: KEY}`).
-        if not authorized(request.headers, state.api_key):
-            return unauthorized()
         pipe = state.pipeline
         if pipe is not None:
             state.metrics.queue_depth.set(pipe.admission.queued)
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE)
 
+    def keyed(endpoint: HttpEndpoint, counted: bool = False) -> HttpEndpoint:
+        return requires_key(state, endpoint, counted=counted)
+
+    # Every route that takes input goes through the key (auth.OPEN_ROUTES are the open ones;
+    # tests/serving/common/test_route_auth.py walks this table). ``counted``: a 401 there is a request
+    # outcome in the metrics (``rejected``), as it was for the inference routes.
     routes: list[BaseRoute] = [
         Route("/", playground.page, methods=["GET"]),
-        Route("/v1/chat/completions", chat.endpoint(state), methods=["POST"]),
-        Route("/v1/audio/speech", speech.endpoint(state), methods=["POST"]),
-        Route("/v1/audio/transcriptions", transcriptions.endpoint(state), methods=["POST"]),
-        Route("/v1/audio/translations", transcriptions.endpoint(state, "translate"), methods=["POST"]),
-        Route("/v1/audio/voices", voices.endpoint(state), methods=["GET"]),
-        WebSocketRoute("/v1/realtime", realtime_endpoint(realtime)),
-        Route("/v1/realtime/calls", calls.create, methods=["POST"]),
-        Route("/v1/realtime/calls/{call_id}/hangup", calls.hangup, methods=["POST"]),
-        Route("/v1/requests/{request_id}/abort", abort_request, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/chat/completions", keyed(chat.endpoint(state), counted=True), methods=["POST"]),
+        Route("/v1/audio/speech", keyed(speech.endpoint(state), counted=True), methods=["POST"]),
+        Route("/v1/audio/transcriptions", keyed(transcriptions.endpoint(state), counted=True), methods=["POST"]),
+        Route(
+            "/v1/audio/translations", keyed(transcriptions.endpoint(state, "translate"), counted=True), methods=["POST"]
+        ),
+        Route("/v1/audio/voices", keyed(voices.endpoint(state)), methods=["GET"]),
+        WebSocketRoute("/v1/realtime", requires_key_socket(state, realtime_endpoint(realtime))),
+        Route("/v1/realtime/calls", keyed(calls.create, counted=True), methods=["POST"]),
+        Route("/v1/realtime/calls/{call_id}/hangup", keyed(calls.hangup), methods=["POST"]),
+        Route("/v1/requests/{request_id}/abort", keyed(abort_request), methods=["POST"]),
+        Route("/v1/models", keyed(models), methods=["GET"]),
         Route("/health", health, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
+        Route("/metrics", keyed(metrics), methods=["GET"]),
     ]
     app = Starlette(routes=routes)
     app.add_middleware(RequestIdMiddleware)

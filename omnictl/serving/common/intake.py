@@ -21,9 +21,8 @@ from starlette.responses import Response
 from omnictl.exceptions import AdmissionTimeout, InvalidRequest, Overloaded, PayloadTooLarge, PipelineDead
 from omnictl.playback.admission import predict
 from omnictl.serving.chat.protocol import Limits
-from omnictl.serving.common.auth import authorized
 from omnictl.serving.common.capabilities import cannot_serve, capabilities
-from omnictl.serving.common.errors import error_response, invalid_response, unauthorized
+from omnictl.serving.common.errors import error_response, outcome_response
 from omnictl.serving.common.tracking import Tracked
 from omnictl.serving.state import PipelineLike, ServingState
 
@@ -82,12 +81,7 @@ def overloaded(state: ServingState, exc: Overloaded) -> Response:
     waited = isinstance(exc, AdmissionTimeout)
     state.metrics.outcome("rejected")
     state.metrics.overloaded.labels("queue_timeout" if waited else "over_limit").inc()
-    response = error_response(
-        503 if waited else 429,
-        str(exc),
-        "server_error" if waited else "rate_limit_error",
-        "queue_timeout" if waited else "overloaded",
-    )
+    response = outcome_response(exc)
     response.headers["Retry-After"] = str(exc.retry_after)
     return response
 
@@ -159,9 +153,6 @@ async def admit(
             "invalid_request",
             "X-Request-Id",
         )
-    if not authorized(request.headers, state.api_key):
-        state.metrics.outcome("rejected")
-        return unauthorized()
     sent_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     if sent_type != media_type:
         # A web page may POST text/plain cross-origin without a preflight; refusing it
@@ -245,13 +236,13 @@ async def admit(
             )
     except InvalidRequest as exc:
         state.metrics.outcome("rejected")
-        return invalid_response(exc)
+        return outcome_response(exc)
     except ClientDisconnect:  # it hung up while its body was parsed (an upload decoded): it said why
         state.metrics.outcome("rejected")
         return Response(status_code=400)
     except PipelineDead as exc:
         state.metrics.outcome("rejected")
-        return error_response(503, f"the pipeline is down: {exc}", "server_error", "pipeline_dead")
+        return outcome_response(exc, f"the pipeline is down: {exc}")
     except Overloaded as exc:
         return overloaded(state, exc)
     state.metrics.in_flight.inc()

@@ -19,14 +19,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from omnictl.coordinator.request import RequestEventKind
+from omnictl.exceptions import InvalidRequest, RequestAborted, RequestFailed
 from omnictl.outputs import AudioChunk, TextDelta, TextResult
 from omnictl.playback.continuity import PlaybackClock
 from omnictl.profiling.events import EventKind, NullProfiler, Profiler
+from omnictl.serving.common.errors import ended, outcome_event, outcome_response
 from omnictl.serving.common.eventstream import EventStreamResponse
 
 __all__ = ["EventStreamResponse", "Tracked", "complete", "end_in_flight", "results", "stream_response"]
 from omnictl.serving.chat.responses import ChunkTranslator, build_completion
-from omnictl.serving.chat.sse import DONE, error_body, sse_error, sse_event
+from omnictl.serving.chat.sse import DONE, sse_error, sse_event
 from omnictl.serving.common.metrics import ServerMetrics
 
 __all__ = ["EventStreamResponse", "Tracked", "complete", "results", "stream_response"]
@@ -124,6 +126,31 @@ def error_of(event: PipelineEvent) -> str:
     return _error_of(event)
 
 
+def outcome_of(
+    tracked: Tracked, event: PipelineEvent, field: Callable[[str], str] | None = None, *, shutdown: bool = True
+) -> Exception:
+    """The outcome an ERROR or ABORTED event ends ``tracked`` with (errors.OUTCOMES maps it
+    to a status and code). ``field``: how the endpoint's body names a field a stage named;
+    ``shutdown``: whether an abort by a stopping server is told apart from the client's."""
+    if event.kind is RequestEventKind.ERROR:
+        named = None if event.field is None else (field(event.field) if field else event.field)
+        return ended(tracked.request.id, error=_error_of(event), field=named, ended_by_server=None)
+    return ended(
+        tracked.request.id, error=None, field=None, ended_by_server=tracked.ended_by_server if shutdown else None
+    )
+
+
+def finish_with(tracked: Tracked, outcome: Exception, message: str | None = None) -> None:
+    """Count ``outcome`` in the metrics: the client's bad input is rejected, a stage's failure
+    failed, the rest (the client, or the server stopping) aborted."""
+    if isinstance(outcome, InvalidRequest):
+        tracked.finish("rejected", message)
+    elif isinstance(outcome, RequestFailed):
+        tracked.finish("failed", message)
+    else:
+        tracked.finish("aborted", message)
+
+
 def _error_of(event: PipelineEvent) -> str:
     message = str(event.error)
     if event.stage and event.stage not in message:
@@ -141,22 +168,12 @@ async def stream_chunks(tracked: Tracked, translator: ChunkTranslator) -> AsyncI
     """The SSE body: a role chunk, deltas as they come, a usage chunk, ``[DONE]``."""
     yield sse_event(translator.first())
     async for event in tracked.request.events():
-        if event.kind is RequestEventKind.ERROR:
-            if event.field is not None:  # a stage found the input bad: the client's mistake, named
-                tracked.finish("rejected")
-                yield sse_event(
-                    error_body(_error_of(event), "invalid_request_error", "invalid_request", client_field(event.field))
-                )
-            else:
-                tracked.finish("failed", _error_of(event))
-                yield sse_error(_error_of(event), "server_error", "stage_failed")
-            break
-        if event.kind is RequestEventKind.ABORTED:
-            tracked.finish("aborted")
-            if tracked.ended_by_server:
-                yield sse_error(tracked.ended_by_server, "server_error", "server_shutdown")
-            else:
-                yield sse_error("the request was aborted", "server_error", "aborted")
+        if event.kind in (RequestEventKind.ERROR, RequestEventKind.ABORTED):
+            outcome = outcome_of(tracked, event, client_field)
+            finish_with(
+                tracked, outcome, None if isinstance(outcome, (InvalidRequest, RequestAborted)) else str(outcome)
+            )
+            yield outcome_event(outcome)
             break
         stage = event.stage or ""
         if event.kind is RequestEventKind.STREAM:
@@ -178,21 +195,12 @@ async def stream_chunks(tracked: Tracked, translator: ChunkTranslator) -> AsyncI
     yield DONE
 
 
-_Refusal = tuple[int, str, str, str | None]  # status, message, code, field
-
-
-async def _collect(tracked: Tracked) -> dict[str, object] | _Refusal:
-    """Every terminal's result, or (status, message, code, field) when it did not complete."""
+async def _collect(tracked: Tracked) -> dict[str, object] | Exception:
+    """Every terminal's result, or the outcome that ended the request before it completed."""
     results: dict[str, object] = {}
     async for event in tracked.request.events():
-        if event.kind is RequestEventKind.ERROR:
-            if event.field is not None:  # a stage found the input bad: a 400 naming the field
-                return 400, _error_of(event), "invalid_request", client_field(event.field)
-            return 500, _error_of(event), "stage_failed", None
-        if event.kind is RequestEventKind.ABORTED:
-            if tracked.ended_by_server:
-                return 503, tracked.ended_by_server, "server_shutdown", None
-            return 409, "the request was aborted", "aborted", None
+        if event.kind in (RequestEventKind.ERROR, RequestEventKind.ABORTED):
+            return outcome_of(tracked, event, client_field)
         tracked.saw(event.data)
         if event.kind is RequestEventKind.RESULT and event.stage:
             results[event.stage] = event.data
@@ -247,11 +255,9 @@ async def results(tracked: Tracked, request: Request, abort: Abort) -> dict[str,
     with contextlib.suppress(asyncio.CancelledError):
         await watch
     outcome = work.result()
-    if isinstance(outcome, tuple):
-        status, message, code, field = outcome
-        tracked.finish({"stage_failed": "failed", "invalid_request": "rejected"}.get(code, "aborted"), message)
-        kind = "invalid_request_error" if status == 400 else "server_error"
-        return JSONResponse(error_body(message, kind, code, field), status_code=status)
+    if isinstance(outcome, Exception):
+        finish_with(tracked, outcome, str(outcome))
+        return outcome_response(outcome)
     return outcome
 
 

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 from typing import Awaitable, Callable
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from omnictl.serving.common.auth import authorized
+from omnictl.serving.common.auth import KEY_PROTOCOL
 from omnictl.serving.common.capabilities import capabilities
 from omnictl.serving.common.echo import clip
 from omnictl.serving.realtime import events as ev
@@ -31,8 +30,8 @@ from omnictl.serving.realtime.session import RealtimeSession
 from omnictl.serving.state import PipelineLike
 
 log = logging.getLogger("omnictl.serving.realtime")
-KEY_PROTOCOL = "openai-insecure-api-key."
 CLOSE_POLICY = 1008
+__all__ = ["KEY_PROTOCOL", "realtime_endpoint"]  # KEY_PROTOCOL: checked in common/auth, the browser's key
 CLOSE_TRY_LATER = 1013
 CLOSE_NOT_READING = 1008  # policy violation: the client let its events pile up unread
 
@@ -42,24 +41,11 @@ def _offered_protocols(websocket: WebSocket) -> list[str]:
     return [p.strip() for p in header.split(",") if p.strip()]
 
 
-def _allowed(websocket: WebSocket, api_key: str | None) -> bool:
-    if authorized(websocket.headers, api_key):
-        return True
-    assert api_key is not None
-    return any(
-        p.startswith(KEY_PROTOCOL) and hmac.compare_digest(p[len(KEY_PROTOCOL) :].encode(), api_key.encode())
-        for p in _offered_protocols(websocket)
-    )
-
-
 def realtime_endpoint(hub: RealtimeHub) -> Callable[[WebSocket], Awaitable[None]]:
     state = hub.state
 
     async def realtime(websocket: WebSocket) -> None:
-        if not _allowed(websocket, state.api_key):
-            state.metrics.outcome("rejected")
-            await websocket.close(code=CLOSE_POLICY, reason="missing or wrong API key")
-            return
+        # the key was checked before this (auth.requires_key_socket, in the route table)
         pipe = state.pipeline
         if pipe is None:
             await websocket.close(code=CLOSE_TRY_LATER, reason="the pipeline is still starting; retry shortly")

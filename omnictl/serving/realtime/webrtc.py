@@ -63,10 +63,9 @@ from starlette.responses import JSONResponse, Response
 
 from omnictl.audio import FrameResampler, float_to_pcm16_bytes
 from omnictl.inputs import PCM16_RATE
-from omnictl.serving.common.auth import authorized
 from omnictl.serving.common.capabilities import capabilities
 from omnictl.serving.common.echo import clip
-from omnictl.serving.common.errors import error_response, unauthorized
+from omnictl.serving.common.errors import error_response
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.answer_track import AnswerTrack
 from omnictl.serving.realtime.channel import Outbox, RealtimeHub, Slot, TokenBucket, message_size
@@ -201,9 +200,6 @@ class Calls:
 
     async def create(self, request: Request) -> Response:
         state = self.hub.state
-        if not authorized(request.headers, state.api_key):
-            state.metrics.outcome("rejected")
-            return unauthorized()
         pipe = state.pipeline
         if pipe is None:
             return error_response(503, "the pipeline is still starting; retry shortly", "server_error", "starting")
@@ -309,8 +305,6 @@ class Calls:
         )
 
     async def hangup(self, request: Request) -> Response:
-        if not authorized(request.headers, self.hub.state.api_key):
-            return unauthorized()
         call = self.open.get(request.path_params["call_id"])
         if call is None:
             return error_response(

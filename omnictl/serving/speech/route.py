@@ -40,7 +40,7 @@ from omnictl.sampling import SamplingParams
 from omnictl.serving.chat.protocol import OPENAI_VOICES
 from omnictl.serving.chat.sse import error_body, sse_error, sse_event
 from omnictl.serving.common import tracking as chat
-from omnictl.serving.common.errors import field_error
+from omnictl.serving.common.errors import field_error, outcome_event, outcome_response
 from omnictl.serving.common.eventstream import EventStreamResponse
 from omnictl.serving.common.intake import Admitted, Submission, admit
 from omnictl.serving.common.jsonbody import decode_json
@@ -181,16 +181,7 @@ def client_field(field: str) -> str:
 
 def _refusal(tracked: chat.Tracked, event: chat.PipelineEvent) -> JSONResponse:
     """The JSON error for a request that ended before its first audio."""
-    if event.kind is RequestEventKind.ERROR and event.field is not None:  # the stage found the input bad
-        return JSONResponse(
-            error_body(chat.error_of(event), "invalid_request_error", "invalid_request", client_field(event.field)),
-            status_code=400,
-        )
-    if event.kind is RequestEventKind.ERROR:
-        return JSONResponse(error_body(chat.error_of(event), "server_error", "stage_failed"), status_code=500)
-    if tracked.ended_by_server:
-        return JSONResponse(error_body(tracked.ended_by_server, "server_error", "server_shutdown"), status_code=503)
-    return JSONResponse(error_body("the request was aborted", "server_error", "aborted"), status_code=409)
+    return outcome_response(chat.outcome_of(tracked, event, client_field))
 
 
 async def _sse(
@@ -200,13 +191,8 @@ async def _sse(
     item: Any = first
     while item is not None:
         if not isinstance(item, AudioChunk):
-            if item.kind is RequestEventKind.ERROR:
-                kind, code = (
-                    ("invalid_request_error", "invalid_request") if item.field else ("server_error", "stage_failed")
-                )
-                yield sse_event(error_body(chat.error_of(item), kind, code, item.field))
-            else:
-                yield sse_error("the request was aborted", "server_error", "aborted")
+            # the stream names a stage's field as the stage did, and an abort as the client's
+            yield outcome_event(chat.outcome_of(tracked, item, shutdown=False))
             return
         data = encoder.encode(item.samples, item.sample_rate)
         if data:

@@ -17,8 +17,7 @@ from starlette.responses import JSONResponse, Response
 
 from omnictl.outputs import AUDIO
 from omnictl.serving.chat.protocol import OPENAI_VOICES
-from omnictl.serving.common.auth import authorized
-from omnictl.serving.common.errors import error_response, unauthorized
+from omnictl.serving.common.errors import error_response
 from omnictl.serving.state import ServingState
 from omnictl.topology.imports import resolve_callable
 
@@ -43,8 +42,6 @@ def _voices_of(factory: str, directory: Any) -> list[str] | None:
 
 def endpoint(state: ServingState) -> Callable[[Request], Awaitable[Response]]:
     async def voices(request: Request) -> Response:
-        if not authorized(request.headers, state.api_key):
-            return unauthorized()
         pipe = state.pipeline
         if pipe is None:
             return error_response(503, "the server is starting", "server_error", "starting")

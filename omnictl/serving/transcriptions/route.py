@@ -39,13 +39,13 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import Message
 
 from omnictl.coordinator.request import RequestEventKind
-from omnictl.exceptions import InvalidRequest, PayloadTooLarge
+from omnictl.exceptions import InvalidRequest, PayloadTooLarge, RequestAborted
 from omnictl.inputs import RecognitionOptions, parse_request
 from omnictl.outputs import TRANSCRIPT, Transcript, TranscriptSegment
 from omnictl.serving.chat.protocol import Limits
-from omnictl.serving.chat.sse import error_body, sse_error, sse_event
+from omnictl.serving.chat.sse import sse_error, sse_event
 from omnictl.serving.common import tracking as chat
-from omnictl.serving.common.errors import field_error
+from omnictl.serving.common.errors import field_error, outcome_event, outcome_response
 from omnictl.serving.common.eventstream import EventStreamResponse
 from omnictl.serving.common.intake import Admitted, Submission, admit
 from omnictl.serving.state import PipelineLike, ServingState
@@ -323,18 +323,11 @@ async def _events(tracked: chat.Tracked) -> AsyncIterator[Transcript | _Final | 
 
 
 def _refusal(tracked: chat.Tracked, event: chat.PipelineEvent) -> JSONResponse:
-    if event.kind is RequestEventKind.ERROR and event.field is not None:  # the stage found the input bad
-        tracked.finish("rejected", str(event.error))
-        return JSONResponse(
-            error_body(chat.error_of(event), "invalid_request_error", "invalid_request", event.field), status_code=400
-        )
-    if event.kind is RequestEventKind.ERROR:
-        tracked.finish("failed", chat.error_of(event))
-        return JSONResponse(error_body(chat.error_of(event), "server_error", "stage_failed"), status_code=500)
-    tracked.finish("aborted")
-    if tracked.ended_by_server:
-        return JSONResponse(error_body(tracked.ended_by_server, "server_error", "server_shutdown"), status_code=503)
-    return JSONResponse(error_body("the request was aborted", "server_error", "aborted"), status_code=409)
+    outcome = chat.outcome_of(tracked, event)
+    # the metrics' note: the stage's own words for bad input, with the stage named for a failure
+    note = str(event.error) if isinstance(outcome, InvalidRequest) else str(outcome)
+    chat.finish_with(tracked, outcome, None if isinstance(outcome, RequestAborted) else note)
+    return outcome_response(outcome)
 
 
 def _delta(segment: TranscriptSegment, first: bool, answer: Answer) -> bytes:
@@ -363,15 +356,10 @@ async def _sse(tracked: chat.Tracked, first: Any, rest: AsyncIterator[Any], answ
             tracked.finish("completed")
             return
         if not isinstance(item, Transcript):
-            if item.kind is RequestEventKind.ERROR:
-                kind, code = (
-                    ("invalid_request_error", "invalid_request") if item.field else ("server_error", "stage_failed")
-                )
-                tracked.finish("rejected" if item.field else "failed", str(item.error))
-                yield sse_event(error_body(chat.error_of(item), kind, code, item.field))
-            else:
-                tracked.finish("aborted")
-                yield sse_error("the request was aborted", "server_error", "aborted")
+            # an abort is the client's here: the stream names no server shutdown
+            outcome = chat.outcome_of(tracked, item, shutdown=False)
+            chat.finish_with(tracked, outcome, None if isinstance(outcome, RequestAborted) else str(item.error))
+            yield outcome_event(outcome)
             return
         for segment in item.segments:
             if segment.id == sent:
