@@ -25,6 +25,7 @@ The tree separates "your input was wrong" from "this request failed" from
     ├── RequestError             one request did not produce a result; the pipeline is fine
     │   ├── RequestFailed        a stage raised, a route_fn broke its contract, a deadline passed
     │   └── RequestAborted       the request was aborted (by the client or by `Pipeline.abort`)
+    │       └── ServerShutdown   the server ended it while stopping (HTTP 503, not 409)
     ├── RouteContractError       a route_fn returned targets outside its `next` (inside a stage;
     │                            the request then fails with RequestFailed)
     ├── UnknownWireType          a payload names a struct type the receiving process cannot rebuild
@@ -180,6 +181,10 @@ class RequestFailed(RequestError):
 
 class RequestAborted(RequestError):
     """The request was aborted before it completed."""
+
+
+class ServerShutdown(RequestAborted):
+    """The server ended the request while stopping (its message says so): HTTP 503, not 409."""
 
 
 class RouteContractError(OmnictlError):

@@ -19,6 +19,7 @@ from omnictl.exceptions import (
     RequestAborted,
     RequestError,
     RequestFailed,
+    ServerShutdown,
 )
 from omnictl.serving.chat.sse import error_body, sse_event
 
@@ -32,10 +33,6 @@ class ErrorCode:
     status: int
     kind: str
     code: str
-
-
-class ServerShutdown(RequestAborted):
-    """The server ended the request while stopping (its message says so): 503, not a 409."""
 
 
 # Most specific first: an outcome answers with the first class it is an instance of.

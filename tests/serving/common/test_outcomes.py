@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from omnictl import exceptions
-from omnictl.serving.common.errors import OUTCOMES, ErrorCode, ServerShutdown, ended, error_code, outcome_response
+from omnictl.exceptions import ServerShutdown
+from omnictl.serving.common.errors import OUTCOMES, ErrorCode, ended, error_code, outcome_response
 
 
 def _tree(root: type[Exception]) -> set[type[Exception]]:
