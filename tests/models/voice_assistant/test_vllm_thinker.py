@@ -225,12 +225,14 @@ def test_logprobs_logit_bias_and_penalties_act_on_the_real_engine(
     -100 on the first answer token makes the engine choose another, a strong repetition
     penalty changes a repetitive answer."""
     scheduler, collector = vllm_thinker
+    # request ids of this test's own ("lp-"): the module's collector keeps every answer, and
+    # an id another test used ("free") would hand back that test's answer at once
     question = "Say the word hello five times."
-    ask(scheduler, "free", question, max_tokens=12)
-    _, free = loop.run(collector.answer("free"), timeout=300)
+    ask(scheduler, "lp-free", question, max_tokens=12)
+    _, free = loop.run(collector.answer("lp-free"), timeout=300)
     assert free.kind is OutgoingKind.RESULT, free.error
-    ask(scheduler, "scored", question, max_tokens=12, logprobs=True, top_logprobs=3)
-    _, scored = loop.run(collector.answer("scored"), timeout=300)
+    ask(scheduler, "lp-scored", question, max_tokens=12, logprobs=True, top_logprobs=3)
+    _, scored = loop.run(collector.answer("lp-scored"), timeout=300)
     result = scored.data
     assert result.token_ids == free.data.token_ids and result.logprobs is not None
     assert len(result.logprobs) == len(result.token_ids)
@@ -239,15 +241,15 @@ def test_logprobs_logit_bias_and_penalties_act_on_the_real_engine(
         assert len(entry.top_logprobs) == 3 and entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-4)
         assert [t.logprob for t in entry.top_logprobs] == sorted((t.logprob for t in entry.top_logprobs), reverse=True)
     first = free.data.token_ids[0]
-    ask(scheduler, "biased", question, max_tokens=12, logit_bias={str(first): -100})
-    _, biased = loop.run(collector.answer("biased"), timeout=300)
+    ask(scheduler, "lp-biased", question, max_tokens=12, logit_bias={str(first): -100})
+    _, biased = loop.run(collector.answer("lp-biased"), timeout=300)
     assert biased.data.token_ids[0] != first
-    ask(scheduler, "penalised", question, max_tokens=12, repetition_penalty=2.0, frequency_penalty=2.0)
-    _, penalised = loop.run(collector.answer("penalised"), timeout=300)
+    ask(scheduler, "lp-penalised", question, max_tokens=12, repetition_penalty=2.0, frequency_penalty=2.0)
+    _, penalised = loop.run(collector.answer("lp-penalised"), timeout=300)
     assert penalised.kind is OutgoingKind.RESULT, penalised.error
     assert penalised.data.token_ids != free.data.token_ids
-    ask(scheduler, "outside", question, logit_bias={str(len(scheduler.tokenizer)): 1})
-    _, outside = loop.run(collector.answer("outside"), timeout=300)
+    ask(scheduler, "lp-outside", question, logit_bias={str(len(scheduler.tokenizer)): 1})
+    _, outside = loop.run(collector.answer("lp-outside"), timeout=300)
     assert outside.kind is OutgoingKind.ERROR and outside.field == "sampling.logit_bias"
 
 
