@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Awaitable, Callable, Sequence
 
-from omnictl.outputs import TRANSCRIPT
+from omnictl.outputs import TRANSCRIPT, Transcript
 from omnictl.serving.common.capabilities import capabilities
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.echo_guard import EchoGuard
@@ -108,6 +108,23 @@ class SessionCore:
         if self.turn_clock is None or self.turn_clock.id != item_id:
             self.turn_clock = TurnClock(item_id, self.id, self.state.profiler, self.state.metrics.turn)
         return self.turn_clock
+
+    def _send_transcript(self, item_id: str, heard: Transcript, streamed: str | None = None) -> None:
+        """A turn's transcript to the client, then its completed text. ``streamed``: the deltas
+        already sent while the user spoke (only what they still lack follows, so the deltas
+        add up to the transcript); None: the transcript came whole, as one delta."""
+        if streamed is None:
+            self.send(ev.TranscriptionDelta(item_id=item_id, content_index=0, delta=heard.text))
+        elif heard.text.startswith(streamed) and len(heard.text) > len(streamed):
+            self.send(ev.TranscriptionDelta(item_id=item_id, content_index=0, delta=heard.text[len(streamed) :]))
+        self.send(
+            ev.TranscriptionCompleted(
+                item_id=item_id,
+                content_index=0,
+                transcript=heard.text,
+                usage=ev.DurationUsage(seconds=round(heard.duration, 3)),
+            )
+        )
 
     def _spawn(self, work: Awaitable[None]) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.ensure_future(work)

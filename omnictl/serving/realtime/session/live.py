@@ -160,15 +160,5 @@ class LiveTranscription(SessionCore):
         turn.release_audio()  # the transcript is what later responses hear
         self.conversation.trim()
         if self.settings.transcription:
-            rest = heard.text[len("".join(live.deltas)) :] if heard.text.startswith("".join(live.deltas)) else ""
-            if rest:  # the deltas always add up to the transcript sent as completed
-                self.send(ev.TranscriptionDelta(item_id=turn.id, content_index=0, delta=rest))
-            self.send(
-                ev.TranscriptionCompleted(
-                    item_id=turn.id,
-                    content_index=0,
-                    transcript=heard.text,
-                    usage=ev.DurationUsage(seconds=round(heard.duration, 3)),
-                )
-            )
+            self._send_transcript(turn.id, heard, streamed="".join(live.deltas))
         self.send(ev.ItemDone(item=turn.item()))

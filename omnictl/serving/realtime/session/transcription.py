@@ -81,15 +81,7 @@ class Transcription(SessionCore):
                 self.conversation.trim()  # a transcript may weigh less (or more) than its audio did
             if heard is not None and self.settings.transcription:
                 # The recogniser gives its transcript whole: one delta, then the completed text.
-                self.send(ev.TranscriptionDelta(item_id=turn.id, content_index=0, delta=heard.text))
-                self.send(
-                    ev.TranscriptionCompleted(
-                        item_id=turn.id,
-                        content_index=0,
-                        transcript=heard.text,
-                        usage=ev.DurationUsage(seconds=round(heard.duration, 3)),
-                    )
-                )
+                self._send_transcript(turn.id, heard)
             self.send(ev.ItemDone(item=turn.item()))
         except (InvalidRequest, Overloaded, PipelineDead) as exc:
             self.send(
