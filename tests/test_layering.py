@@ -67,16 +67,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     # vLLM loads this plug-in by the entry point pyproject.toml names (installed metadata):
     # moving it under models/qwen3_omni needs every install to be reinstalled.
     ("omnictl.schedulers.vllm_plugin", "omnictl.models.qwen3_omni.processor"): "the vLLM entry point's path",
-    # The profiler's event path (the recorder's PUSH in every process; the collector, a
-    # thread or a process of its own, synchronous) still opens its sockets and their
-    # CurveZMQ itself: not moved into transports yet.
-    ("omnictl.profiling", "zmq"): "the profiler's sockets are not in transports yet",
-    ("omnictl.profiling", "zmq.auth.thread"): "the profiler's sockets are not in transports yet",
-    # serving: others are rewriting it now; what it still reads of the runtime's internals,
-    # anywhere in it (a public re-export in omnictl/ would retire each).
-    ("omnictl.serving", "omnictl.coordinator.request"): "RequestHandle and the request's states",
-    ("omnictl.serving", "omnictl.profiling.events"): "the profile's event kinds (/metrics, tracking)",
-    ("omnictl.serving", "omnictl.topology.imports"): "the topology's sys.path (voices, the server's children)",
 }
 
 

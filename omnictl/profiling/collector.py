@@ -14,8 +14,6 @@ import threading
 import time
 from pathlib import Path
 
-import zmq
-
 from omnictl.profiling.aggregate import Aggregator
 from omnictl.profiling.collector_process import (
     CollectorConfig,
@@ -178,10 +176,8 @@ class Collector:
     def _receive_loop(self) -> None:
         receiver = self._receiver
         assert receiver is not None
-        poller = zmq.Poller()
-        poller.register(receiver.socket, zmq.POLLIN)
         while not self._stopping.is_set():
-            if poller.poll(_POLL_MS):
+            if receiver.wire.poll(_POLL_MS):
                 receiver.take_ready()
             if self._sink is not None:
                 self._sink.tick()

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import IO
 
 import msgspec
-import zmq
 
 from omnictl.profiling.aggregate import Aggregator, ProfileSnapshot
 from omnictl.profiling.receiver import Receiver
 from omnictl.profiling.sinks import SinkSpec, open_sink
 from omnictl.profiling.store import TraceStore
 from omnictl.transports.curve import CurveKeys
+from omnictl.transports.profile_wire import ControlClient, ControlServer, wait_readable
 
 _PARENT_CHECK_MS = 200
 _START_TIMEOUT_S = 60.0  # a cold interpreter on a busy machine takes seconds
@@ -74,24 +74,18 @@ def serve(config: CollectorConfig) -> None:
     receiver = Receiver(
         config.address, store, aggregator, sink.add if sink is not None else None, config.tcp_host, config.curve
     )
-    context = zmq.Context()
-    control = context.socket(zmq.REP)
-    control.setsockopt(zmq.LINGER, 1000)
     try:
-        control.bind(config.control_address)
-    except zmq.ZMQError as error:
+        control = ControlServer(config.control_address)
+    except OSError:
         receiver.close()
-        raise OSError(f"profiling collector cannot bind {config.control_address}: {error}") from error
+        raise
     print(f"ready {receiver.tcp_address or ''}".strip(), flush=True)  # and where it takes tcp
-    poller = zmq.Poller()
-    poller.register(receiver.socket, zmq.POLLIN)
-    poller.register(control, zmq.POLLIN)
     decoder = msgspec.msgpack.Decoder(ControlRequest)
     encoder = msgspec.msgpack.Encoder()
     try:
         while os.getppid() == config.parent_pid:
-            ready = dict(poller.poll(_PARENT_CHECK_MS))
-            if receiver.socket in ready:
+            ready = wait_readable([receiver.wire, control], _PARENT_CHECK_MS)
+            if receiver.wire in ready:
                 receiver.take_ready()
             if sink is not None:
                 sink.tick()
@@ -107,7 +101,6 @@ def serve(config: CollectorConfig) -> None:
     finally:
         receiver.close()
         control.close()
-        context.term()
         if sink is not None:
             sink.close()  # after the reply: flushing to a slow endpoint must not delay the stop's answer
 
@@ -141,13 +134,7 @@ class CollectorProcess:
             else:  # its stdout closed: it exited before it could say why (see its stderr)
                 detail = f"the collector process exited with code {self._process.returncode}"
             raise OSError(f"profiling collector did not start: {detail}")
-        self._context = zmq.Context()
-        self._socket = self._context.socket(zmq.REQ)
-        # A timed-out request must not wedge the socket, and its late reply must be ignored.
-        self._socket.setsockopt(zmq.REQ_RELAXED, 1)
-        self._socket.setsockopt(zmq.REQ_CORRELATE, 1)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.connect(config.control_address)
+        self._control = ControlClient(config.control_address)
         self._decoder = msgspec.msgpack.Decoder(ControlReply)
 
     @property
@@ -159,10 +146,8 @@ class CollectorProcess:
         with self._lock:
             if self._process.poll() is not None:
                 return None
-            self._socket.send(msgspec.msgpack.encode(request))
-            if not self._socket.poll(int(timeout_s * 1000)):
-                return None
-            return self._decoder.decode(self._socket.recv())
+            reply = self._control.ask(msgspec.msgpack.encode(request), timeout_s)
+            return None if reply is None else self._decoder.decode(reply)
 
     def stop(self, drain_s: float) -> ControlReply | None:
         reply = self.ask(ControlRequest("stop", drain_s=drain_s), timeout_s=drain_s + _STOP_TIMEOUT_S)
@@ -171,8 +156,7 @@ class CollectorProcess:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
-        self._socket.close()
-        self._context.term()
+        self._control.close()
         if self._process.stdout is not None:
             self._process.stdout.close()
         return reply

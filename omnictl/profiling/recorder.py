@@ -3,7 +3,8 @@
 ``record`` is on the data path of every stage, so it only appends to a deque (atomic
 under the GIL, so no lock on the hot path); when the buffer is full it drops the event
 and counts it. A daemon thread ships the buffer every ``flush_interval`` seconds as one
-msgpack-encoded ``list[Event]`` over a PUSH socket of its own. The socket never blocks
+msgpack-encoded ``list[Event]`` over a PUSH socket of its own (an
+:class:`omnictl.transports.profile_wire.EventPush`). The socket never blocks
 either: with the collector gone the high-water mark fills up and further batches are
 dropped (and counted). Drops are reported to the collector with the next batch that
 gets through, as a ``dropped`` event, so the dashboard can show them.
@@ -16,13 +17,10 @@ import time
 from collections import deque
 
 import msgspec
-import zmq
 
 from omnictl.profiling.events import Event, EventKind, MetaValue
 from omnictl.transports.curve import CurveKeys
-
-# Batches queued in ZeroMQ while the collector is slow or gone, before we drop.
-_SEND_HWM = 64
+from omnictl.transports.profile_wire import EventPush
 
 
 class Recorder:
@@ -50,13 +48,7 @@ class Recorder:
         self._send_lock = threading.Lock()  # the shipping thread and close() both ship
         self._closed = threading.Event()
         self._encoder = msgspec.msgpack.Encoder()
-        self._context = zmq.Context()
-        self._socket = self._context.socket(zmq.PUSH)
-        self._socket.setsockopt(zmq.SNDHWM, _SEND_HWM)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        if address.startswith("tcp://") and curve is not None:
-            curve.connect_as_client(self._socket)
-        self._socket.connect(address)
+        self._wire = EventPush(address, curve)
         self._thread = threading.Thread(target=self._ship_loop, name=f"omnictl-recorder-{process}", daemon=True)
         self._thread.start()
 
@@ -88,8 +80,7 @@ class Recorder:
         self._closed.set()
         self._thread.join(timeout)
         self.flush()
-        self._socket.close(linger=max(0, int(timeout * 1000)))
-        self._context.term()
+        self._wire.close(linger_ms=int(timeout * 1000))
 
     def __enter__(self) -> Recorder:
         return self
@@ -110,13 +101,9 @@ class Recorder:
             self._count_drops(len(batch) - len(kept))
             batch = kept
             message = self._encoder.encode(batch)
-        try:
-            self._socket.send(message, zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            self._count_drops(sum(1 for e in batch if e.kind is not EventKind.DROPPED))
-            return
-        except zmq.ZMQError:
-            # The context is being torn down (close raced a flush): the batch is lost.
+        if not self._wire.send(message):
+            # The high-water mark is reached (the collector is slow or gone), or close()
+            # raced a flush and the socket is gone: the batch is lost.
             self._count_drops(sum(1 for e in batch if e.kind is not EventKind.DROPPED))
             return
         self._reported_drops += announced_drops

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Protocol
 
-from omnictl.profiling.events import NullProfiler, Profiler
+from omnictl.profiler import NullProfiler, Profiler
 from omnictl.serving.chat.protocol import Limits
 from omnictl.serving.common.metrics import ServerMetrics
 

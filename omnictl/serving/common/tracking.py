@@ -18,11 +18,11 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from omnictl.coordinator.request import RequestEventKind
 from omnictl.exceptions import InvalidRequest, RequestAborted, RequestFailed
 from omnictl.outputs import AudioChunk, TextDelta, TextResult
 from omnictl.playback.continuity import PlaybackClock
-from omnictl.profiling.events import EventKind, NullProfiler, Profiler
+from omnictl.profiler import EventKind, NullProfiler, Profiler
+from omnictl.request import RequestEventKind
 from omnictl.serving.common.errors import ended, outcome_event, outcome_response
 from omnictl.serving.common.eventstream import EventStreamResponse
 

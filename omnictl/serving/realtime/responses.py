@@ -26,11 +26,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from omnictl.coordinator.request import RequestEventKind
 from omnictl.exceptions import InvalidRequest, Overloaded, PipelineDead
 from omnictl.inputs import ChatRequest
 from omnictl.outputs import AUDIO, TEXT, AudioChunk, AudioResult, TextResult
 from omnictl.outputs import TextDelta as PipelineTextDelta
+from omnictl.request import RequestEventKind
 from omnictl.serving.common.echo import clip
 from omnictl.serving.common.intake import underrun_refusal
 from omnictl.serving.common.tracking import Tracked

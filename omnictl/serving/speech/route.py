@@ -33,9 +33,9 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from omnictl.coordinator.request import RequestEventKind
 from omnictl.inputs import SpeechRequest
 from omnictl.outputs import AUDIO, AudioChunk, AudioResult
+from omnictl.request import RequestEventKind
 from omnictl.sampling import SamplingParams
 from omnictl.serving.chat.protocol import OPENAI_VOICES
 from omnictl.serving.chat.sse import error_body, sse_error, sse_event

@@ -19,7 +19,7 @@ from omnictl.outputs import AUDIO
 from omnictl.serving.chat.protocol import OPENAI_VOICES
 from omnictl.serving.common.errors import error_response
 from omnictl.serving.state import ServingState
-from omnictl.topology.imports import resolve_callable
+from omnictl.user_code import resolve_callable
 
 
 def installed_voices(topology: Any) -> list[str] | None:

@@ -38,10 +38,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import Message
 
-from omnictl.coordinator.request import RequestEventKind
 from omnictl.exceptions import InvalidRequest, PayloadTooLarge, RequestAborted
 from omnictl.inputs import RecognitionOptions, parse_request
 from omnictl.outputs import TRANSCRIPT, Transcript, TranscriptSegment
+from omnictl.request import RequestEventKind
 from omnictl.serving.chat.protocol import Limits
 from omnictl.serving.chat.sse import sse_error, sse_event
 from omnictl.serving.common import tracking as chat

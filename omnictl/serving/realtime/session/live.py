@@ -20,9 +20,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from omnictl.coordinator.request import RequestEventKind
 from omnictl.exceptions import InvalidRequest, Overloaded, PipelineDead, RequestError
 from omnictl.outputs import TRANSCRIPT, Transcript
+from omnictl.request import RequestEventKind
 from omnictl.serving.common.tracking import Tracked
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.session.core import SessionCore

@@ -28,7 +28,7 @@ from typing import Callable
 
 from prometheus_client import Histogram
 
-from omnictl.profiling.events import EventKind, MetaValue, Profiler
+from omnictl.profiler import EventKind, MetaValue, Profiler
 
 # In the order a turn reaches them.
 MILESTONES = (

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import logging
 
-from omnictl.coordinator.request import RequestEventKind
 from omnictl.exceptions import InvalidRequest, Overloaded, PipelineDead
 from omnictl.inputs import PCM16_RATE, AudioPart, ChatMessage, ChatRequest
 from omnictl.outputs import TRANSCRIPT, Transcript
+from omnictl.request import RequestEventKind
 from omnictl.serving.common.tracking import Tracked
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.session.core import SessionCore
