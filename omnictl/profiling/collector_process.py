@@ -111,6 +111,7 @@ class CollectorProcess:
     def __init__(self, config: CollectorConfig) -> None:
         self.config = config
         self._lock = threading.Lock()  # one request at a time on the REQ socket
+        self._closed = False  # stop() closed the REQ socket: every later ask is unanswered
         self._process = subprocess.Popen(
             [sys.executable, "-m", "omnictl.profiling.collector_process"],
             stdin=subprocess.PIPE,
@@ -144,7 +145,7 @@ class CollectorProcess:
     def ask(self, request: ControlRequest, timeout_s: float) -> ControlReply | None:
         """The collector's reply, or None when it did not answer within ``timeout_s``."""
         with self._lock:
-            if self._process.poll() is not None:
+            if self._closed or self._process.poll() is not None:
                 return None
             reply = self._control.ask(msgspec.msgpack.encode(request), timeout_s)
             return None if reply is None else self._decoder.decode(reply)
@@ -156,7 +157,11 @@ class CollectorProcess:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
-        self._control.close()
+        # Under the lock: the dashboard's status thread may be asking for a snapshot right
+        # now, and a socket closed under its poll fails it ("Socket operation on non-socket").
+        with self._lock:
+            self._closed = True
+            self._control.close()
         if self._process.stdout is not None:
             self._process.stdout.close()
         return reply

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,34 @@ def test_control_address_is_needed_beyond_ipc(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="control_address"):
         Collector(tmp_path, "tcp://127.0.0.1:5555")
     assert Collector(tmp_path, "tcp://127.0.0.1:5555", separate_process=False).control_address is None
+
+
+def test_snapshots_asked_while_the_collector_process_stops_get_the_last_one_never_an_error(tmp_path: Path) -> None:
+    """The dashboard's status thread asks for snapshots whenever it likes; stop() closing the
+    control socket under one of its polls failed it with "Socket operation on non-socket"."""
+    errors: list[BaseException] = []
+    asked = threading.Event()
+    done = threading.Event()
+
+    def keep_asking(collector: Collector) -> None:
+        while not done.is_set():
+            try:
+                collector.aggregator.snapshot()
+            except BaseException as error:  # noqa: BLE001  # any error is the failure this test records
+                errors.append(error)
+                return
+            asked.set()
+
+    for _ in range(5):  # the race is narrow: stop several times while snapshots are being asked for
+        collector = Collector(tmp_path / "run", f"ipc://{tmp_path}/c.sock").start()
+        asker = threading.Thread(target=keep_asking, args=(collector,))
+        asked.clear()
+        done.clear()
+        asker.start()
+        try:
+            until(asked.is_set, "a first snapshot", timeout=10)
+        finally:
+            collector.close()
+            done.set()
+            asker.join(10)
+        assert not errors, errors
