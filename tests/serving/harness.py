@@ -9,8 +9,10 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Iterator
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -89,3 +91,38 @@ def wait_until(predicate, timeout: float = 15.0, interval: float = 0.05):  # typ
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s (last value {value!r})")
         time.sleep(interval)
+
+
+@contextmanager
+def serving_in_process(config: Any, name: str = "in-process omnictl serve") -> Iterator[Any]:
+    """``run_server(config)`` on a thread of this process, so a test can read the server's own
+    state beside its answers; yields its ``Listening`` once ready, stops it on the way out
+    and fails naming the server if it did not start or stop."""
+    import asyncio
+    import queue
+
+    from omnictl.serving.server import Listening, run_server
+
+    ready: queue.Queue[Listening | BaseException] = queue.Queue()
+
+    async def on_ready(listening: Listening) -> None:
+        ready.put(listening)
+
+    def serve() -> None:
+        try:
+            asyncio.run(run_server(config, on_ready, handle_signals=False))
+        except BaseException as exc:  # handed to the test, which fails naming it
+            ready.put(exc)
+
+    thread = threading.Thread(target=serve, name=name)
+    thread.start()
+    listening = ready.get(timeout=120)
+    if isinstance(listening, BaseException):
+        raise AssertionError(f"{name} did not start") from listening
+    try:
+        yield listening
+    finally:
+        assert listening.loop is not None
+        listening.loop.call_soon_threadsafe(listening.stop)
+        thread.join(60)
+    assert not thread.is_alive(), f"{name} did not stop"

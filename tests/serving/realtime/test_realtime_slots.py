@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import queue
-import threading
 import time
 from typing import Any, Iterator
 
@@ -19,12 +17,20 @@ import pytest
 from websockets.asyncio.client import connect
 
 from omnictl.serving.chat.protocol import Limits
+from omnictl.serving.config import HttpConfig, ServeConfig
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.channel import RealtimeHub, Slot
-from omnictl.serving.config import HttpConfig, ServeConfig
-from omnictl.serving.server import Listening, run_server
+from omnictl.serving.server import Listening
 from omnictl.serving.state import ServingState
-from tests.serving.harness import API_KEY, FAST_TOPOLOGY, ServerProcess, start_server, stop_server, wait_until
+from tests.serving.harness import (
+    API_KEY,
+    FAST_TOPOLOGY,
+    ServerProcess,
+    serving_in_process,
+    start_server,
+    stop_server,
+    wait_until,
+)
 from tests.serving.realtime.rtc import Call, loopback_only
 
 loopback_only()
@@ -37,31 +43,12 @@ MESSAGE_BYTES = 64 * 1024  # its largest client event
 @pytest.fixture(scope="module")
 def capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Listening]:
     """The fast topology served from a thread of this process, with small realtime limits."""
-    ready: queue.Queue[Listening | BaseException] = queue.Queue()
-
-    async def on_ready(listening: Listening) -> None:
-        ready.put(listening)
-
-    def serve() -> None:
-        limits = Limits(max_realtime_sessions=CAP, realtime_connect_timeout_s=CONNECT_S,
-                        max_realtime_message_bytes=MESSAGE_BYTES)
-        options = ServeConfig(topology=str(FAST_TOPOLOGY), http=HttpConfig(port=0, api_key=API_KEY),
-                              limits=limits).launching(run_dir=tmp_path_factory.mktemp("run"))
-        try:
-            asyncio.run(run_server(options, on_ready, handle_signals=False))
-        except BaseException as exc:  # handed to the test, which fails naming it
-            ready.put(exc)
-
-    thread = threading.Thread(target=serve, name="in-process omnictl serve (realtime slots)")
-    thread.start()
-    listening = ready.get(timeout=120)
-    if isinstance(listening, BaseException):
-        raise AssertionError("the in-process server did not start") from listening
-    yield listening
-    assert listening.loop is not None
-    listening.loop.call_soon_threadsafe(listening.stop)
-    thread.join(60)
-    assert not thread.is_alive(), "the in-process server did not stop"
+    limits = Limits(max_realtime_sessions=CAP, realtime_connect_timeout_s=CONNECT_S,
+                    max_realtime_message_bytes=MESSAGE_BYTES)
+    options = ServeConfig(topology=str(FAST_TOPOLOGY), http=HttpConfig(port=0, api_key=API_KEY),
+                          limits=limits).launching(run_dir=tmp_path_factory.mktemp("run"))
+    with serving_in_process(options, "in-process omnictl serve (realtime slots)") as listening:
+        yield listening
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import asyncio
 import json
 import logging
 import os
-import queue
 import re
 import threading
 from typing import Any, Iterator
@@ -21,8 +20,16 @@ from websockets.asyncio.client import connect
 
 from omnictl.serving.chat.protocol import Limits
 from omnictl.serving.config import HttpConfig, ServeConfig
-from omnictl.serving.server import Listening, run_server
-from tests.serving.harness import API_KEY, FAST_TOPOLOGY, ServerProcess, start_server, stop_server, wait_until
+from omnictl.serving.server import Listening
+from tests.serving.harness import (
+    API_KEY,
+    FAST_TOPOLOGY,
+    ServerProcess,
+    serving_in_process,
+    start_server,
+    stop_server,
+    wait_until,
+)
 from tests.serving.realtime.rtc import Call, loopback_only
 from tests.serving.realtime.speech import sample, silence
 from tests.support.held import held_by
@@ -174,31 +181,12 @@ SESSIONS = 10  # the in-process server's --max-realtime-sessions
 def in_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Listening]:
     """The fast topology served from a thread of this process, so that the test reads what its
     pipeline holds (tests/support/held.py) and its own state, not only /health."""
-    ready: queue.Queue[Listening | BaseException] = queue.Queue()
-
-    async def on_ready(listening: Listening) -> None:
-        ready.put(listening)
-
-    def serve() -> None:
-        options = ServeConfig(topology=str(FAST_TOPOLOGY), http=HttpConfig(port=0, api_key=API_KEY),
-                              # every one of a wave may be connecting at once
-                              limits=Limits(max_realtime_sessions=SESSIONS, max_realtime_connecting=SESSIONS),
-                              ).launching(run_dir=tmp_path_factory.mktemp("run"))
-        try:
-            asyncio.run(run_server(options, on_ready, handle_signals=False))
-        except BaseException as exc:  # handed to the test, which fails naming it
-            ready.put(exc)
-
-    thread = threading.Thread(target=serve, name="in-process omnictl serve")
-    thread.start()
-    listening = ready.get(timeout=120)
-    if isinstance(listening, BaseException):
-        raise AssertionError("the in-process server did not start") from listening
-    yield listening
-    assert listening.loop is not None
-    listening.loop.call_soon_threadsafe(listening.stop)
-    thread.join(60)
-    assert not thread.is_alive(), "the in-process server did not stop"
+    options = ServeConfig(topology=str(FAST_TOPOLOGY), http=HttpConfig(port=0, api_key=API_KEY),
+                          # every one of a wave may be connecting at once
+                          limits=Limits(max_realtime_sessions=SESSIONS, max_realtime_connecting=SESSIONS),
+                          ).launching(run_dir=tmp_path_factory.mktemp("run"))
+    with serving_in_process(options) as listening:
+        yield listening
 
 
 async def _drop_websocket(url: str) -> None:
