@@ -324,7 +324,9 @@ else:
             assert labels[_node_of(added)] == "box-c"  # on its label, the other box-c machine
             assert _node_of(added) != _node_of(launcher.handles["work#0"])
             deadline = time.monotonic() + 60  # calm: drained and removed after the idle window
-            while "work#1" in launcher.handles and time.monotonic() < deadline:
+            # the launcher forgets the actor before the coordinator puts the replica back in
+            # standby (after retire's await): wait for both, the end of the removal
+            while ("work#1" in launcher.handles or pipe.standby != {"work#1"}) and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert "work#1" not in launcher.handles and pipe.standby == {"work#1"}
             assert pipe.scaling()["work"] == {"replicas": 1, "scaled_up": 1, "scaled_down": 1}
