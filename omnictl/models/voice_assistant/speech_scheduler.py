@@ -7,6 +7,10 @@ next is the audio policy's choice (:mod:`omnictl.playback.policy`): ``fifo``, th
 queued sentence; ``deadline``, the request whose listener runs out of audio soonest, and
 a sentence too long to synthesise within the audio its listeners have in hand is spoken in
 pieces sized from the measured synthesis speed (a ramp: :meth:`_ramp_chars`).
+Under both, a request's first piece is a short clause of a few words (the splitter's
+``first_words``), later pieces end at commas too, and a playing request about to run out
+of audio gets the whole words written so far of its unfinished sentence (:meth:`_running_dry`),
+so first audio waits for a few tokens and the rest follows without gaps.
 After its last sentence, a request's whole waveform is the result. Output follows the audio terminal contract: an
 :class:`~omnictl.outputs.AudioChunk` per sentence, then an :class:`~omnictl.outputs.AudioResult`
 for the whole answer.
@@ -199,10 +203,12 @@ class SentenceSpeechScheduler(TextStreamFollower):
         return request_id, sentence
 
     def _running_dry(self, request_id: str, speech: _Speech) -> bool:
-        """Under ``deadline``: whether a playing stream with nothing queued would run out of
-        audio before the sentence being written ends and is synthesised, so the words
-        written so far go now (the LLM writes slower on a loaded machine)."""
-        if self.deadlines.policy != "deadline" or request_id in self._pending:
+        """Whether a playing stream with nothing queued would run out of audio before the
+        sentence being written ends and is synthesised, so the words written so far go now
+        (the LLM writes slower on a loaded machine). Under either policy: the first piece
+        is a short clause (about a second of audio), and the rest of its sentence would
+        otherwise often come after it has played."""
+        if request_id in self._pending:
             return False
         if not self.deadlines.playing(request_id):
             return False

@@ -35,24 +35,63 @@ RAMP_MIN_CHARS = 30
 # and leaves at least this much for the next one (a lone word at the end sounds clipped too).
 RAMP_MIN_TAIL_CHARS = 12
 _MARKUP = re.compile(r"[*_#`~|>]+")  # markdown the LLM likes to write and nobody should hear
+# The first piece is a short clause: at least FIRST_WORDS[0] and at most FIRST_WORDS[1] words
+# (about a second of speech), so that first audio waits for a few tokens and a short
+# synthesis, not for the whole first sentence; its audio covers the writing of the next one.
+FIRST_WORDS = (3, 5)
+# The first piece ends after a comma (from one word short of the least: "I'm sorry, | but"),
+# or before one of these words (a verb, a preposition or a word that starts a clause): "The
+# capital of France | is Paris", "The largest planet | in our solar system". Not "of": it
+# mostly continues a noun ("The Great Wall of China").
+_BREAK_BEFORE = frozenset(
+    "is are was were has have had can will would could should may might must does do did "
+    "in on at for from with by about to into over under after before during since near between through "
+    "and but or so because which that when while where if who whose than".split()
+)
+# ... and never after one of these (an article, a possessive, a preposition or a conjunction
+# left hanging sounds broken: "The capital of | France").
+_NO_END = frozenset(
+    "a an the my your his her its our their this that these those some any no every each "
+    "of to in on at for from with by about into over under as and or but than very not "
+    "don't doesn't didn't can't won't isn't aren't wasn't".split()
+)
 
 
 class SentenceSplitter:
     """Cuts a growing text into sentences as soon as each one ends.
 
-    ``max_chars`` bounds a sentence that never ends. ``first_clause_chars`` lets the very
-    first piece end at a comma once it is that long, so speech can start sooner.
-    ``first_max_chars`` bounds the first piece when it has no comma: it is cut before a
-    word that starts a clause ("and", "which", "because"...) or else at a space, because
-    first audio waits for the first piece to be written and synthesised whole.
+    ``max_chars`` bounds a sentence that never ends. First audio waits for the first piece
+    to be written and synthesised whole, so the first piece is short:
+
+    - ``first_words`` (min, max; None: off) makes it a clause of a few words: it ends after
+      a comma, or before a verb, preposition or clause word (``_BREAK_BEFORE``), once it has
+      ``min`` words; with neither by ``max`` words, at the latest word boundary within
+      ``max`` words that does not leave an article or preposition hanging (``_NO_END``);
+    - ``first_clause_chars`` lets it end at a comma once it is that long, and
+      ``first_max_chars`` bounds it when it has no comma (cut before a clause word, else at
+      a space): the coarser rules from before ``first_words``, kept for a comparison
+      (benchmarks/tts_first_piece.py) and for text with very long words.
+
+    ``clause_chars`` (None: off): a later piece ends at a comma once it is that long, so
+    the rest of an answer follows clause by clause, each synthesised while the one before
+    plays, instead of waiting for its sentence's end.
     """
 
     def __init__(
-        self, max_chars: int = 250, first_clause_chars: int | None = 40, first_max_chars: int | None = 60
+        self,
+        max_chars: int = 250,
+        first_clause_chars: int | None = 40,
+        first_max_chars: int | None = 60,
+        first_words: tuple[int, int] | None = FIRST_WORDS,
+        clause_chars: int | None = RAMP_MIN_CHARS,
     ) -> None:
+        if first_words is not None and not 1 <= first_words[0] <= first_words[1]:
+            raise ValueError(f"first_words must be (min, max) with 1 <= min <= max, got {first_words}")
         self.max_chars = max_chars
         self.first_clause_chars = first_clause_chars
         self.first_max_chars = first_max_chars
+        self.first_words = first_words
+        self.clause_chars = clause_chars
         self._buffer = ""
         self._pieces = 0  # handed out so far
 
@@ -72,6 +111,16 @@ class SentenceSplitter:
         if ending and not (ending.group().startswith(".") and dot_continues(self._buffer[: ending.start()])):
             sentences.append(self._buffer)
             self._buffer = ""
+        if not sentences and self._pieces == 0 and self.first_words is not None:
+            cut = _first_clause_cut(self._buffer, *self.first_words)
+            if cut:
+                sentences.append(self._buffer[:cut])
+                self._buffer = self._buffer[cut:]
+        if not sentences and self._pieces > 0 and self.clause_chars is not None:
+            comma = self._buffer.find(", ", self.clause_chars - 1)
+            if comma >= 0:
+                sentences.append(self._buffer[: comma + 1])
+                self._buffer = self._buffer[comma + 1 :]
         if not sentences and self._pieces == 0 and self.first_clause_chars is not None:
             comma = self._buffer.find(", ", self.first_clause_chars - 1)
             if comma >= 0:
@@ -134,6 +183,31 @@ class SentenceSplitter:
             if index > 0:
                 return index + len(mark)
         return self.max_chars
+
+
+def _bare(word: str) -> str:
+    return word.strip("\"'“”‘’()[]").lower()
+
+
+def _first_clause_cut(text: str, min_words: int, max_words: int) -> int:
+    """Where the first piece of ``text`` ends (0: not yet): see :class:`SentenceSplitter`'s
+    ``first_words``. Only whole words count: the text after the last space may be a word
+    still being written ("in" may become "inside")."""
+    stripped = text.lstrip()
+    offset = len(text) - len(stripped)
+    ends = [m.start() for m in re.finditer(r"\s+", stripped)]  # each whole word ends at one
+    words = stripped.split()[: len(ends)]
+    # cutting before word p (p words in the piece): needs word p whole, to know what it is
+    for p in range(max(min_words - 1, 1), min(max_words, len(words) - 1) + 1):
+        last, after = words[p - 1], _bare(words[p])
+        if last.endswith(",") or (p >= min_words and after in _BREAK_BEFORE and _bare(last) not in _NO_END):
+            return offset + ends[p - 1] + 1
+    if len(words) <= max_words:
+        return 0
+    for p in range(max_words, min_words - 1, -1):  # no clause boundary: the latest clean word end
+        if _bare(words[p - 1]) not in _NO_END:
+            return offset + ends[p - 1] + 1
+    return offset + ends[max_words - 1] + 1
 
 
 def ramp_chars(budget_s: float, synthesis_s_per_char: float, min_chars: int = RAMP_MIN_CHARS) -> int:
