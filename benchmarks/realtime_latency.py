@@ -1,24 +1,27 @@
-"""End of speech → first audio: ``/v1/realtime`` against chat completions, on one server.
+"""A live conversation over ``/v1/realtime``: end of speech → first answer audio, false
+cut-offs and accuracy, with the server's defaults (issue 39's goals).
 
-Every path answers the same spoken sample questions (Piper, in ``omnictl/data/samples``)
-with the same models and the same ``max_tokens``, against one real ``omnictl serve``
-(started here on the embedded voice assistant, or ``--url``), question by question,
-paths alternating:
+One real ``omnictl serve`` (started here on the embedded voice assistant, or ``--url``); the
+official ``openai`` client; each question streamed in 100 ms appends at the pace it is
+spoken, then silence, on a session left as created (its default turn detection, voice and
+output), as a new user would. The questions are the answer-quality eval set's
+(``benchmarks/eval/quality.py``), spoken by the Piper voice; the clips are made here.
 
-- **chat**: ``POST /v1/chat/completions`` streamed, the question as a WAV ``input_audio``
-  part, text + pcm16 audio out. The clock starts when the request is sent: the whole
-  recording exists only once the speaker has stopped.
-- **realtime, manual commit**: the question appended to the session while it is spoken
-  (100 ms chunks, paced in real time), then ``input_audio_buffer.commit`` and
-  ``response.create``; the clock starts at the commit (a push-to-talk button released).
-- **realtime, server VAD**: the question streamed in real time and followed by silence;
-  the server hears the end of speech (Silero VAD, ``--silence-ms`` of quiet) and answers
-  on its own. The clock starts when the last chunk holding speech was sent (the end of
-  speech as ``speech_stopped.audio_end_ms`` dates it), so the VAD's wait counts.
+- **c=1** and **c=4**: one session, then four at once (each its own share of the
+  questions). From the moment the last append holding speech was sent (the end of the
+  question's voiced audio) to the first ``response.output_audio.delta``. Goals: p50 ≤ 500 ms
+  at one session, ≤ 800 ms at four.
+- **cut-offs**: each question with a 600 ms pause mid-sentence ("What is the capital of ...
+  Germany?"). A cut-off: a response begins (``response.created`` or answer audio) before the
+  last append of the question was sent. Goal: ≤ 10 %, and the answer is to the whole
+  question (it is scored like the others).
+- **accuracy**: answers judged right (``is_correct``: an accepted word in the first
+  sentence) over realtime at c=1, against ``POST /v1/chat/completions`` with the same clip
+  as a WAV (the turn-based path: the whole utterance, then the answer). Goal: no worse.
 
-Reported per question and as medians: end of speech → first audio delta, per path.
+Each figure is printed with met / not met.
 
-Run: ``python benchmarks/realtime_latency.py [--rounds 1] [--max-tokens 40] [--silence-ms 500] [--url URL]``
+Run: ``python benchmarks/realtime_latency.py [--questions 20] [--pause-questions 20] [--url URL]``
 """
 
 from __future__ import annotations
@@ -27,34 +30,55 @@ import argparse
 import base64
 import statistics
 import sys
+import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import openai
-from rich.console import Console
-from rich.table import Table
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tests.serving.harness starts and stops the server
 
+from benchmarks.eval.quality import QUESTIONS, SAMPLE_RATE, VOICES, Question, SpeechMaker, is_correct  # noqa: E402
+from benchmarks.eval.samples import wav_bytes  # noqa: E402
+from benchmarks.realtime_turn_detection import with_pause  # noqa: E402
 from omnictl.inputs import PCM16_RATE, resample  # noqa: E402
-from benchmarks.eval.samples import sample_names, sample_path, sample_question  # noqa: E402
 from tests.serving.harness import start_server, stop_server  # noqa: E402
 
 CHUNK_MS = 100
-PATHS = ("chat", "realtime commit", "realtime VAD")
+TRAILING_SILENCE_S = 3.0  # after the question: time for any turn detection to end the turn
+PAUSE_MS = 600
+GOAL_C1_MS, GOAL_C4_MS, GOAL_CUT_OFFS = 500, 800, 0.10
+VOICED = 0.02  # |sample| above this is speech (the clips are clean synthetic speech)
 
 
-def pcm24(name: str) -> bytes:
-    samples, rate = sample_question(name)
-    audio = resample(samples, rate, PCM16_RATE)
+@dataclass
+class Turn:
+    """One question asked over realtime: what the benchmark saw."""
+
+    question: Question
+    first_audio_ms: float | None = None  # from the end of speech
+    cut_off: bool = False  # a response began before the question was all sent
+    answer: str = ""
+    error: str | None = None
+
+
+def pcm16(audio: np.ndarray) -> bytes:
     return bytes((np.clip(audio, -1, 1) * 32767).round().astype("<i2").tobytes())
 
 
-def paced(pcm: bytes, send: Callable[[str], None]) -> list[tuple[float, float]]:
-    """Send ``pcm`` in 100 ms appends at the pace it is spoken; (audio ms sent, when) per chunk."""
+def speech_end_chunk(audio: np.ndarray) -> int:
+    """The index of the 100 ms append that holds the last voiced sample."""
+    last = int(np.nonzero(np.abs(audio) > VOICED)[0][-1])
+    return last // (PCM16_RATE * CHUNK_MS // 1000)
+
+
+def paced(pcm: bytes, send: Callable[[str], None]) -> list[float]:
+    """Send ``pcm`` in 100 ms appends at the pace it is spoken; when each append was sent."""
     step = PCM16_RATE * CHUNK_MS // 1000 * 2
     sent, start = [], time.perf_counter()
     for index, offset in enumerate(range(0, len(pcm), step)):
@@ -62,114 +86,156 @@ def paced(pcm: bytes, send: Callable[[str], None]) -> list[tuple[float, float]]:
         if delay > 0:
             time.sleep(delay)
         send(base64.b64encode(pcm[offset : offset + step]).decode())
-        sent.append(((offset + step) / 2 / PCM16_RATE * 1000, time.perf_counter()))
+        sent.append(time.perf_counter())
     return sent
 
 
-def chat(client: openai.OpenAI, name: str, max_tokens: int) -> float:
-    data = base64.b64encode(sample_path(name).read_bytes()).decode()
-    started = time.perf_counter()
-    stream = client.chat.completions.create(
-        model="voice-assistant", modalities=["text", "audio"], audio={"voice": "alloy", "format": "pcm16"},
-        messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}]}],
-        max_tokens=max_tokens, stream=True,
-    )
-    first = None
-    for chunk in stream:
-        for choice in chunk.choices:
-            audio = getattr(choice.delta, "audio", None) or (choice.delta.model_extra or {}).get("audio")
-            if first is None and audio:
-                first = time.perf_counter() - started
-    if first is None:
-        raise RuntimeError(f"chat: no audio for {name}")
-    return first
-
-
-def _first_audio(connection: Any) -> float:
-    while True:
-        event = connection.recv()
-        if event.type == "response.output_audio.delta":
-            return time.perf_counter()
-        if event.type == "response.done":
-            raise RuntimeError(f"realtime: the response ended without audio ({event.response.status})")
-        if event.type == "error":
-            raise RuntimeError(f"realtime: {event.error.message}")
-
-
-def _drain(connection: Any) -> None:
-    while connection.recv().type != "response.done":
-        pass
-
-
-def realtime(client: openai.OpenAI, name: str, max_tokens: int, vad: bool, silence_ms: int) -> float:
+def ask_realtime(client: openai.OpenAI, question: Question, audio: np.ndarray) -> Turn:
+    """Stream ``audio`` (24 kHz) into a session with the server's defaults, then silence;
+    read events on a thread meanwhile (a response may begin while the question is sent)."""
+    turn = Turn(question)
+    events: list[tuple[float, Any]] = []
+    done = threading.Event()
     with client.realtime.connect(model="voice-assistant") as connection:
-        connection.recv()  # session.created
-        detection = {"type": "server_vad", "silence_duration_ms": silence_ms} if vad else None
-        connection.session.update(session={"type": "realtime", "output_modalities": ["audio"], "max_output_tokens": max_tokens,
-                                           "audio": {"input": {"turn_detection": detection}}})
-        connection.recv()  # session.updated
-        append = lambda audio: connection.input_audio_buffer.append(audio=audio)  # noqa: E731
-        speech = pcm24(name)
-        if not vad:
-            paced(speech, append)
-            started = time.perf_counter()
-            connection.input_audio_buffer.commit()
-            connection.response.create()
-            first = _first_audio(connection) - started
-            _drain(connection)
-            return first
-        sent = paced(speech + bytes(PCM16_RATE * 2 * 2), append)  # then 2 s of silence
-        while (event := connection.recv()).type != "input_audio_buffer.speech_stopped":
-            pass
-        end_ms = event.audio_end_ms
-        ended = next(at - (ms - end_ms) / 1000 for ms, at in sent if ms >= end_ms)
-        first = _first_audio(connection) - ended
-        _drain(connection)
-        return first
+        connection.recv()  # session.created: its defaults are what is measured
+
+        def read() -> None:
+            try:
+                while True:
+                    event = connection.recv()
+                    events.append((time.perf_counter(), event))
+                    if event.type in ("response.done", "error"):
+                        break
+            except Exception as exc:  # the connection closed under the reader: say so in the result
+                turn.error = f"{type(exc).__name__}: {exc}"
+            finally:
+                done.set()
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        speech = pcm16(audio) + bytes(int(PCM16_RATE * TRAILING_SILENCE_S) * 2)
+        sent = paced(speech, lambda chunk: connection.input_audio_buffer.append(audio=chunk))
+        done.wait(120)
+    question_sent = sent[speech_end_chunk(audio)]
+    for at, event in events:
+        if event.type == "error":
+            turn.error = event.error.message
+        elif event.type in ("response.created", "response.output_audio.delta") and at < question_sent:
+            turn.cut_off = True
+        elif event.type == "response.output_audio.delta" and turn.first_audio_ms is None:
+            turn.first_audio_ms = (at - question_sent) * 1000
+        elif event.type == "response.output_audio_transcript.delta":
+            turn.answer += event.delta
+        elif event.type == "response.done" and event.response.status != "completed" and turn.error is None:
+            turn.error = f"response {event.response.status}"
+    if not done.is_set():
+        turn.error = "no response.done within 120 s"
+    return turn
 
 
-def main(args: argparse.Namespace) -> None:
-    console = Console()
-    names = [n for n in args.questions.split(",") if n] or sample_names()
+def ask_chat(client: openai.OpenAI, question: Question, clip16: np.ndarray) -> str:
+    """The turn-based path: the whole recording as a WAV, the answer's text."""
+    data = base64.b64encode(wav_bytes(clip16, SAMPLE_RATE)).decode()
+    reply = client.chat.completions.create(
+        model="voice-assistant",
+        messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}]}],
+    )
+    return reply.choices[0].message.content or ""
+
+
+def at_once(client: openai.OpenAI, work: list[tuple[Question, np.ndarray]], sessions: int) -> list[Turn]:
+    """``sessions`` clients at once, each asking its share of ``work`` one after another."""
+    results: list[list[Turn]] = [[] for _ in range(sessions)]
+
+    def client_loop(index: int) -> None:
+        for question, audio in work[index::sessions]:
+            results[index].append(ask_realtime(client, question, audio))
+
+    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(sessions)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return [turn for batch in results for turn in batch]
+
+
+def p50(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "not met"
+
+
+def report_latency(label: str, turns: list[Turn], goal_ms: float) -> None:
+    latencies = [t.first_audio_ms for t in turns if t.first_audio_ms is not None]
+    failed = [t for t in turns if t.error is not None]
+    p90 = float(np.percentile(latencies, 90)) if latencies else float("nan")
+    print(
+        f"{label}: end of speech -> first audio p50 {p50(latencies):.0f} ms, p90 {p90:.0f} ms "
+        f"({len(latencies)}/{len(turns)} answered with audio): goal <= {goal_ms:.0f} ms: "
+        f"{verdict(p50(latencies) <= goal_ms)}"
+    )
+    for turn in failed:
+        print(f"  failed: {turn.question.text!r}: {turn.error}")
+
+
+def main(args: argparse.Namespace) -> int:
+    piper = next(v for v in VOICES if v.engine == "piper")
+    questions = list(QUESTIONS[: max(args.questions, args.pause_questions)])
+    with tempfile.TemporaryDirectory() as scratch:
+        speech = SpeechMaker(args.audio_dir or Path(scratch))
+        clips16 = {q.text: speech.speak(q.text, piper) for q in questions}
+    clips = {text: resample(clip, SAMPLE_RATE, PCM16_RATE) for text, clip in clips16.items()}
     server = None
     url = args.url
     if url is None:
-        console.print("starting omnictl serve (the embedded voice assistant)...")
+        print("starting omnictl serve (the embedded voice assistant, server defaults)...", flush=True)
         server = start_server(ready_timeout=300)
         url = server.url
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key=args.api_key, max_retries=0, timeout=300)
-        chat(client, names[0], args.max_tokens)  # warm up: first requests pay one-time costs
-        realtime(client, names[0], args.max_tokens, vad=False, silence_ms=args.silence_ms)
-        results: dict[str, dict[str, list[float]]] = {n: {p: [] for p in PATHS} for n in names}
-        for _ in range(args.rounds):
-            for name in names:
-                results[name]["chat"].append(chat(client, name, args.max_tokens))
-                results[name]["realtime commit"].append(realtime(client, name, args.max_tokens, False, args.silence_ms))
-                results[name]["realtime VAD"].append(realtime(client, name, args.max_tokens, True, args.silence_ms))
+        warm = questions[0]
+        ask_chat(client, warm, clips16[warm.text])  # first requests pay one-time costs
+        ask_realtime(client, warm, clips[warm.text])
+        plain = [(q, clips[q.text]) for q in questions[: args.questions]]
+        one = at_once(client, plain, 1)
+        four = at_once(client, plain, 4)
+        paused = [(q, with_pause(clips[q.text], PAUSE_MS)) for q in questions[: args.pause_questions]]
+        cut = at_once(client, paused, 1)
+        chat_right = sum(is_correct(ask_chat(client, q, clips16[q.text]), q) for q, _ in plain)
     finally:
         if server is not None:
             stop_server(server)
-    table = Table(title=f"end of speech → first audio, ms (max_tokens {args.max_tokens}, VAD silence {args.silence_ms} ms, "
-                        f"{args.rounds} round(s))")
-    table.add_column("question")
-    for path in PATHS:
-        table.add_column(path, justify="right")
-    for name in names:
-        table.add_row(name, *(f"{statistics.median(results[name][p]) * 1000:.0f}" for p in PATHS))
-    medians = [statistics.median([t for n in names for t in results[n][p]]) * 1000 for p in PATHS]
-    table.add_row("[bold]median[/]", *(f"[bold]{m:.0f}[/]" for m in medians))
-    console.print(table)
-    console.print(f"realtime VAD includes its {args.silence_ms} ms wait for silence; without it: "
-                  f"{medians[2] - args.silence_ms:.0f} ms")
+    print(f"{len(plain)} questions (Piper voice), streamed in {CHUNK_MS} ms appends at real time, server defaults")
+    report_latency("c=1", one, GOAL_C1_MS)
+    report_latency("c=4", four, GOAL_C4_MS)
+    cut_offs = sum(t.cut_off for t in cut)
+    whole = sum(is_correct(t.answer, t.question) for t in cut)
+    print(
+        f"cut-offs ({PAUSE_MS} ms pause mid-question): {cut_offs}/{len(cut)} ({cut_offs / len(cut):.0%}) answered "
+        f"before the question ended: goal <= {GOAL_CUT_OFFS:.0%}: {verdict(cut_offs / len(cut) <= GOAL_CUT_OFFS)}; "
+        f"answers right to the whole question: {whole}/{len(cut)}"
+    )
+    for turn in cut:
+        if turn.cut_off:
+            print(f"  cut off: {turn.question.text!r} -> {turn.answer!r}")
+    realtime_right = sum(is_correct(t.answer, t.question) for t in one)
+    print(
+        f"accuracy: realtime {realtime_right}/{len(one)} right, chat completions (whole recording) "
+        f"{chat_right}/{len(plain)}: no worse: {verdict(realtime_right >= chat_right)}"
+    )
+    for turn in one:
+        if not is_correct(turn.answer, turn.question):
+            print(f"  wrong over realtime: {turn.question.text!r} -> {turn.answer!r}")
+    return 0
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--max-tokens", type=int, default=40)
-    parser.add_argument("--silence-ms", type=int, default=500)
-    parser.add_argument("--questions", default="", help=f"comma-separated, from: {', '.join(sample_names())}")
+    parser.add_argument("--questions", type=int, default=20, help="eval questions for c=1, c=4 and accuracy")
+    parser.add_argument("--pause-questions", type=int, default=20, help="eval questions asked with a pause")
+    parser.add_argument("--audio-dir", type=Path, help="cache spoken clips here (default: a temporary folder)")
     parser.add_argument("--url", default=None, help="a running omnictl serve (default: start one here)")
     parser.add_argument("--api-key", default="none")
-    main(parser.parse_args())
+    sys.exit(main(parser.parse_args()))
