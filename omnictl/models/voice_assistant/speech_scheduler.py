@@ -32,6 +32,8 @@ from omnictl.inputs import SPEECH_SAMPLING
 from omnictl.models.voice_assistant.text_stream import FollowedText, TextStreamFollower
 from omnictl.models.voice_assistant.tts import (
     DEFAULT_VOICE,
+    FIRST_WORDS,
+    RAMP_MIN_CHARS,
     VOICES,
     PiperSpeaker,
     SentenceSplitter,
@@ -76,6 +78,7 @@ class SentenceSpeechScheduler(TextStreamFollower):
         speaker_factory: Callable[[str], PiperSpeaker] = PiperSpeaker,
         audio_policy: str = DEFAULT_POLICY,
         ttfp_target_s: float = DEFAULT_TTFP_TARGET_S,
+        first_words: tuple[int, int] | None = FIRST_WORDS,
     ) -> None:
         super().__init__()
         if default_voice not in VOICES:
@@ -84,6 +87,10 @@ class SentenceSpeechScheduler(TextStreamFollower):
         self._speaker_factory = speaker_factory
         self._speakers: dict[str, PiperSpeaker] = {}
         self._max_sentence_chars = max_sentence_chars
+        # None: the first piece is a sentence (or 40-60 characters) and later pieces whole
+        # sentences, as before the short first clause (kept to compare: tts_first_piece.py)
+        self._first_words = first_words
+        SentenceSplitter(max_sentence_chars, first_words=first_words)  # a bad pair fails here, naming it
         self._speech: dict[str, _Speech] = {}
         # request -> its queued sentences in order, each with its place in the arrival order
         self._pending: dict[str, collections.deque[tuple[int, str | None]]] = {}
@@ -166,7 +173,12 @@ class SentenceSpeechScheduler(TextStreamFollower):
                 )
                 return None
             speed = state.params.get("speed") or 1.0
-            speech = self._speech[request_id] = _Speech(voice, SentenceSplitter(self._max_sentence_chars), float(speed))
+            splitter = SentenceSplitter(
+                self._max_sentence_chars,
+                first_words=self._first_words,
+                clause_chars=RAMP_MIN_CHARS if self._first_words is not None else None,
+            )
+            speech = self._speech[request_id] = _Speech(voice, splitter, float(speed))
         return speech
 
     def _queue(self, request_id: str, sentences: list[str]) -> None:

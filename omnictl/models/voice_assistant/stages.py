@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Callable, Generator, Mapping
+from typing import Any, Callable, Generator, Mapping, Sequence
 
 import numpy as np
 
@@ -39,7 +39,7 @@ from omnictl.models.voice_assistant.asr import SAMPLE_RATE, SpeechRecognizer
 from omnictl.models.voice_assistant.speech_scheduler import SentenceSpeechScheduler
 from omnictl.models.voice_assistant.text_terminal import TextTerminalScheduler
 from omnictl.models.voice_assistant.transcript_terminal import TranscriptTerminalScheduler
-from omnictl.models.voice_assistant.tts import DEFAULT_VOICE, VOICES
+from omnictl.models.voice_assistant.tts import DEFAULT_VOICE, FIRST_WORDS, VOICES
 from omnictl.outputs import TextResult, Transcript
 from omnictl.playback.policy import DEFAULT_POLICY, DEFAULT_TTFP_TARGET_S
 from omnictl.schedulers.base import Scheduler
@@ -365,14 +365,27 @@ def tts(
     max_sentence_chars: int = 250,
     audio_policy: str = DEFAULT_POLICY,
     ttfp_target_s: float = DEFAULT_TTFP_TARGET_S,
+    first_words: Sequence[int] | None = FIRST_WORDS,
 ) -> Scheduler:
     """``audio_policy``: which request's sentence is spoken next (``serve --audio-policy``);
-    ``ttfp_target_s``: a new request's first sentence is due this long after it arrives."""
+    ``ttfp_target_s``: a new request's first sentence is due this long after it arrives;
+    ``first_words`` ([min, max]): the first piece spoken is a clause of that many words, so
+    first audio waits for a few tokens, not the first sentence (null: a whole sentence, as
+    before; for comparison: ``benchmarks/first_audio.py --set tts.first_words=null``)."""
+    if first_words is not None and (
+        len(first_words) != 2
+        or not all(isinstance(n, int) for n in first_words)
+        or not 1 <= first_words[0] <= first_words[1]
+    ):
+        raise ValueError(
+            f"factory_args.first_words: must be [min, max] with 1 <= min <= max, or null; got {first_words!r}"
+        )
     scheduler = SentenceSpeechScheduler(
         default_voice=voice,
         max_sentence_chars=max_sentence_chars,
         audio_policy=audio_policy,
         ttfp_target_s=ttfp_target_s,
+        first_words=(first_words[0], first_words[1]) if first_words is not None else None,
     )
     scheduler.speaker(voice)  # load the voice now, not when the first sentence is due
     return scheduler

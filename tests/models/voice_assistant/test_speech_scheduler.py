@@ -397,3 +397,23 @@ def test_a_short_first_clause_then_the_rest_without_gaps(policy: str) -> None:
     # five words written (0.4 s) and four synthesised; a whole first sentence would be 2.2 s
     assert ttfp < 1.0
     assert largest < 0.05, (spoken, largest)
+
+
+def test_without_first_words_the_first_piece_is_the_first_sentence() -> None:
+    """``first_words=None`` (``tts.first_words: null``): the first piece waits for its
+    sentence's end, as before the short first clause (what the benchmarks compare with)."""
+    async def main() -> list[str]:
+        speaker = ProportionalSpeaker()
+        scheduler = SentenceSpeechScheduler(speaker_factory=lambda voice: speaker,  # type: ignore[arg-type,return-value]
+                                            first_words=None)
+        await scheduler.start()
+        try:
+            text = "The capital of France is Paris, a city on the Seine."
+            scheduler.inbox.put_nowait(incoming(IncomingKind.STREAM_CHUNK, "r", TokenDelta(text=text + " ", token_ids=[1])))
+            scheduler.inbox.put_nowait(incoming(IncomingKind.NEW_REQUEST, "r", TokenResult(text=text)))
+            streamed, _ = await until_result(scheduler, "r")
+            return [m.data.transcript for m in streamed]
+        finally:
+            await scheduler.stop()
+
+    assert run(main()) == ["The capital of France is Paris, a city on the Seine."]

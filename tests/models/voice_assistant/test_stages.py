@@ -104,3 +104,9 @@ def test_images_and_unknown_voices_are_refused_naming_the_part() -> None:
 def test_merge_without_an_upstream_is_an_error() -> None:
     with pytest.raises(ValueError, match="asr"):
         stages.merge_question({})
+
+
+@pytest.mark.parametrize("bad", [[5, 2], [0, 3], [3], [3, "five"]])
+def test_the_tts_first_words_setting_is_checked_naming_it(bad: list[object]) -> None:
+    with pytest.raises(ValueError, match="factory_args.first_words"):
+        stages.tts(first_words=bad)  # type: ignore[arg-type]
