@@ -36,6 +36,7 @@ ARRIVAL = (">", "bold magenta")  # a hop (or the first stream chunk) arrived at 
 UNDERRUN = ("!", "bold red")  # the listener's audio had run out: waiting for the next chunk
 # A realtime turn's milestones (omnictl.serving.realtime.session.milestones), in their order.
 MILESTONE_MARKS = {
+    "preempted": ("E", "bold cyan"),  # an early (preemptive) answer started at a pause
     "speech_stopped": ("S", "bold cyan"),
     "turn_confirmed": ("C", "bold cyan"),
     "transcript_final": ("W", "bold magenta"),

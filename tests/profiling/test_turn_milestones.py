@@ -58,7 +58,7 @@ def test_each_milestone_is_stamped_once_from_the_end_of_speech_and_observed() ->
     assert [e.meta["since_stop_s"] for e in recorded.events] == [ms / 1000 for ms in STEPS.values()]
     assert turn.since_stop_s("first_audio_sent") == pytest.approx(0.702)
     assert histogram.labels("first_audio_sent")._sum.get() == pytest.approx(0.702)  # type: ignore[attr-defined]
-    with pytest.raises(ValueError, match="unknown turn milestone 'first_word'; one of: speech_stopped"):
+    with pytest.raises(ValueError, match="unknown turn milestone 'first_word'; one of: preempted, speech_stopped"):
         turn.mark("first_word")
 
 
@@ -74,6 +74,17 @@ def test_a_dropped_preemptive_answer_restarts_the_turn_at_the_next_end_of_speech
     clock[0] += 400 * MS
     assert turn.mark("first_audio_sent")
     assert turn.since_stop_s("first_audio_sent") == pytest.approx(0.4)
+
+
+def test_a_preemptive_answer_used_measures_its_turn_from_the_pause() -> None:
+    """The answer started at the pause: the pause is the end of speech, every figure from it
+    (speech stopped comes later, where the VAD confirmed the same end)."""
+    clock = [time.time_ns()]
+    recorded = Recorded(clock)
+    turn = _turn(recorded, clock, "item_1", {"preempted": 0, "response_started": 150, "speech_stopped": 300,
+                                             "turn_confirmed": 301, "first_audio_sent": 420})
+    assert [e.meta["since_stop_s"] for e in recorded.events] == [0.0, 0.15, 0.3, 0.301, 0.42]
+    assert turn.since_stop_s("first_audio_sent") == pytest.approx(0.42)
 
 
 def test_the_trace_of_a_turn_draws_its_milestones_in_order() -> None:

@@ -88,6 +88,17 @@ class ServerMetrics:
             buckets=TURN_BUCKETS,
             registry=self.registry,
         )
+        # Answers started when the user's speech paused, before the turn was confirmed: "used"
+        # (the turn ended there: it was the response), "dropped" (the user went on speaking,
+        # or the client acted, or it was not ready): omnictl.serving.realtime.session.preempt.
+        self.preemptive = Counter(
+            "omnictl_realtime_preemptive_answers",
+            "Realtime answers started at a pause in speech, by `outcome` (used, dropped)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        for outcome in ("used", "dropped"):
+            self.preemptive.labels(outcome)
         self.audio = AudioMetrics(self.registry)
         self.profile = ProfileMetrics()
         self.registry.register(self.profile)

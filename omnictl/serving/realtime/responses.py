@@ -24,7 +24,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from omnictl.exceptions import InvalidRequest, Overloaded, PipelineDead
 from omnictl.inputs import ChatRequest
@@ -122,19 +122,20 @@ class ResponseRun:
         """Send ``response.created``, wait for transcripts, stream the answer, send ``response.done``."""
         self.send(ev.ResponseCreated(response=self.response("in_progress")))
         try:
-            await self._unless_cancelled(conversation.transcripts())
-            if self.cancel_reason is not None:
-                return self._done("cancelled")
-            if self.state.unresponsive:  # as admission refuses HTTP requests: never sent to hang there
-                names = ", ".join(repr(p) for p in self.state.unresponsive)
-                return self._done("failed", f"stage process {names} is not responding (see /health); retry later")
-            refusal = underrun_refusal(self.state, self.modalities)  # admission by continuity, as HTTP's 429
-            if refusal is not None:
-                refused = f"{refusal.message} (retry after {refusal.retry_after_s} s)"
-                self.send(ev.error_event(ev.EventError(refused, "audio_underrun", kind="rate_limit_error")))
-                return self._done("failed", refused)
-            await self._submit(build())
-            if self.cancel_reason is not None:  # cancelled while submitting
+            if self.tracked is None:  # not submitted ahead by :meth:`prepare`
+                await self._unless_cancelled(conversation.transcripts())
+                if self.cancel_reason is not None:
+                    return self._done("cancelled")
+                if self.state.unresponsive:  # as admission refuses HTTP requests: never sent to hang there
+                    names = ", ".join(repr(p) for p in self.state.unresponsive)
+                    return self._done("failed", f"stage process {names} is not responding (see /health); retry later")
+                refusal = underrun_refusal(self.state, self.modalities)  # admission by continuity, as HTTP's 429
+                if refusal is not None:
+                    refused = f"{refusal.message} (retry after {refusal.retry_after_s} s)"
+                    self.send(ev.error_event(ev.EventError(refused, "audio_underrun", kind="rate_limit_error")))
+                    return self._done("failed", refused)
+                await self._submit(build())
+            if self.cancel_reason is not None:  # cancelled while submitting (or while held)
                 await self.pipeline.abort(self.request_id or "")
                 return self._done("cancelled")
             self.turn = conversation.text("assistant", "")
@@ -160,6 +161,39 @@ class ResponseRun:
             if self.tracked is not None and self.tracked.outcome is None:  # the task itself was cancelled
                 await self.pipeline.abort(self.tracked.request.id)
                 self.tracked.finish("aborted")
+
+    async def prepare(
+        self, conversation: Conversation, turns: Sequence[Turn], build: Callable[[], ChatRequest]
+    ) -> bool:
+        """A preemptive answer's start: the pipeline request submitted before the turn is
+        confirmed, with nothing sent to the client and nothing added to the conversation.
+        :meth:`run` then sends it as any response, from ``response.created`` on, reading the
+        request's events that waited meanwhile in its stream. False when it is not submitted
+        (cancelled, or the server would refuse it now): :meth:`run` then submits as it does
+        without a preemptive start, and says why if it fails. ``turns``: the conversation's
+        items it answers (their transcripts are awaited; the turn it answers is committed
+        meanwhile, and waits for this)."""
+        await self._unless_cancelled(conversation.transcripts(turns))
+        if self.cancel_reason is not None or self.state.unresponsive:
+            return False
+        if underrun_refusal(self.state, self.modalities) is not None:
+            return False
+        try:
+            await self._submit(build())
+        except (Overloaded, InvalidRequest, PipelineDead) as exc:
+            log.info("realtime response %s: not submitted ahead of its turn (%s); it will be at the turn", self.id, exc)
+            self.request_id = None
+            return False
+        return True
+
+    async def discard(self) -> None:
+        """A preemptive answer dropped before :meth:`run`: its pipeline request aborted everywhere,
+        nothing sent. Whatever :meth:`prepare` was doing is cancelled by the caller first."""
+        self._finished = True  # never runs: nothing of it is sent
+        if self.request_id is not None:
+            await self.pipeline.abort(self.request_id)
+        if self.tracked is not None and self.tracked.outcome is None:
+            self.tracked.finish("aborted")
 
     async def _unless_cancelled(self, work: Any) -> None:
         """Wait for ``work`` (a coroutine), or stop waiting when the response is cancelled."""

@@ -10,6 +10,10 @@ the turn ends there; if not, the turn waits for more speech, and ends anyway aft
 ``eagerness`` (the protocol's names) sets both, and how sure the model must be: caps as
 OpenAI's own (low 8 s, medium 4 s, high 2 s; ``auto`` is medium).
 
+As :class:`~omnictl.serving.realtime.vad.TurnDetector`, it says :class:`SpeechPaused` after
+``preempt_ms`` of silence (unless the turn ends sooner) and :class:`SpeechResumed` if speech
+comes back before the turn ends: a preemptive answer starts at the pause.
+
 The features are Whisper's (80 log-mel bins, 25 ms windows every 10 ms, 8 s), as the
 model was trained on them: the same math as ``transformers.WhisperFeatureExtractor``
 with ``chunk_length=8`` and a normalised waveform, in numpy.
@@ -25,7 +29,18 @@ from pathlib import Path
 import numpy as np
 
 from omnictl.exceptions import LaunchError
-from omnictl.serving.realtime.vad import _HYSTERESIS, FRAME, VAD_RATE, SpeechStarted, SpeechStopped
+from omnictl.serving.realtime.vad import (
+    _HYSTERESIS,
+    FRAME,
+    PREEMPT_MS,
+    VAD_RATE,
+    SpeechPaused,
+    SpeechResumed,
+    SpeechStarted,
+    SpeechStopped,
+    TurnEvent,
+    pause_frames,
+)
 
 WINDOW_S = 8  # of audio the model hears, the last of the turn
 _N_FFT, _HOP, _N_MELS = 400, 160, 80
@@ -139,9 +154,11 @@ class SemanticTurnDetector:
     model: SmartTurnModel
     eagerness: str = "auto"
     threshold: float = 0.5  # Silero's speech probability for speech to start
+    preempt_ms: int | None = PREEMPT_MS  # None: no pauses (no preemptive answers)
     frame_ms: float = FRAME * 1000 / VAD_RATE
     frames: int = 0
     speaking: bool = False
+    paused: bool = False  # a SpeechPaused was said and neither a stop nor a resume since
     asked: list[float] = field(default_factory=list)  # the model's answers, for the log and the benchmark
     _quiet_frames: int = 0
     _checked: bool = False
@@ -150,15 +167,16 @@ class SemanticTurnDetector:
 
     def drop_turn(self) -> None:
         """Forget the speech in progress (it was the answer's echo): the next speech starts afresh."""
-        self.speaking, self._quiet_frames, self._checked = False, 0, False
+        self.speaking, self._quiet_frames, self._checked, self.paused = False, 0, False, False
 
-    def feed(self, probabilities: list[float], audio: np.ndarray) -> list[SpeechStarted | SpeechStopped]:
+    def feed(self, probabilities: list[float], audio: np.ndarray) -> list[TurnEvent]:
         """``audio``: the 16 kHz samples these probabilities were computed from."""
         keep = VAD_RATE * (WINDOW_S + 9)  # the window, and the longest silence after it (the low cap)
         self._audio = np.concatenate([self._audio, audio.astype(np.float32, copy=False)])[-keep:]
         self._fed += audio.size
         check_ms, cap_ms, complete = EAGERNESS[self.eagerness]
-        events: list[SpeechStarted | SpeechStopped] = []
+        pause_needed = pause_frames(self.preempt_ms, self.frame_ms)
+        events: list[TurnEvent] = []
         for probability in probabilities:
             self.frames += 1
             if not self.speaking:
@@ -168,6 +186,9 @@ class SemanticTurnDetector:
                 continue
             if probability >= self.threshold - _HYSTERESIS:
                 self._quiet_frames, self._checked = 0, False  # speech goes on: ask again at the next pause
+                if self.paused:
+                    self.paused = False
+                    events.append(SpeechResumed())
                 continue
             self._quiet_frames += 1
             quiet_ms = self._quiet_frames * self.frame_ms
@@ -180,6 +201,9 @@ class SemanticTurnDetector:
                 )
                 done = self.asked[-1] >= complete
             if done:
-                self.speaking = False
+                self.speaking = self.paused = False
                 events.append(SpeechStopped(int((self.frames - self._quiet_frames) * self.frame_ms)))
+            elif pause_needed is not None and self._quiet_frames == pause_needed:
+                self.paused = True
+                events.append(SpeechPaused(int((self.frames - self._quiet_frames) * self.frame_ms)))
         return events

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
@@ -153,15 +154,19 @@ class Conversation:
         turn.transcribed.set()
         return self.add(turn)
 
-    async def transcripts(self) -> None:
-        """Wait for every spoken item still being transcribed."""
-        for turn in list(self.turns):
+    async def transcripts(self, turns: Sequence[Turn] | None = None) -> None:
+        """Wait for every spoken item still being transcribed (of ``turns``, when given)."""
+        for turn in list(self.turns if turns is None else turns):
             await turn.transcribed.wait()
 
-    def request(self, instructions: str, sampling: SamplingParams, voice: str | None) -> ChatRequest:
-        """The whole conversation as one chat request: instructions first, then every item."""
+    def request(
+        self, instructions: str, sampling: SamplingParams, voice: str | None, turns: Sequence[Turn] | None = None
+    ) -> ChatRequest:
+        """The whole conversation as one chat request: instructions first, then every item
+        (``turns`` instead, when given: a preemptive answer's, the conversation as it was at
+        the pause and the tentative turn, which is not in it yet)."""
         messages = [ChatMessage(role="system", parts=(TextPart(text=instructions),))] if instructions else []
-        for turn in self.turns:
+        for turn in self.turns if turns is None else turns:
             if turn.text is None and turn.audio is not None:
                 part: TextPart | AudioPart = AudioPart(
                     samples=turn.audio, sample_rate=PCM16_RATE, field=f"item {turn.id}"

@@ -48,3 +48,26 @@ def test_eagerness_changes_the_wait(models: Any) -> None:
     ends = {e: run(SemanticTurnDetector(smart, e), silero, plain)[0] for e in ("high", "low")}
     assert len(ends["high"]) == len(ends["low"]) == 1
     assert ends["low"][0] - ends["high"][0] >= 300  # asked after 150 ms of silence against 600 ms
+
+
+def test_the_semantic_detector_says_pauses_and_resumes_before_its_one_stop(models: Any) -> None:
+    """A preemptive answer starts at each pause and is dropped when speech resumes: at the
+    mid-sentence pause the detector says SpeechPaused, then SpeechResumed when "have?" comes;
+    at the end a pause at the very point where the turn then stops."""
+    from omnictl.serving.realtime.vad import VAD_RATE, SileroVad, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, to_vad_rate
+
+    silero, smart = models
+    paused = np.concatenate([LEAD, with_pause(question("spider_legs"), 900), TAIL])
+    detector, vad, found = SemanticTurnDetector(smart, "auto"), SileroVad(silero, VAD_RATE), []
+    for start in range(0, paused.size, PCM16_RATE // 10):
+        chunk = to_vad_rate(paused[start : start + PCM16_RATE // 10], PCM16_RATE)
+        found += detector.feed(vad.feed(chunk), chunk)
+    assert [type(e) for e in found] == [SpeechStarted, SpeechPaused, SpeechResumed, SpeechPaused, SpeechStopped], found
+    assert found[1].audio_end_ms < found[3].audio_end_ms == found[4].audio_end_ms
+    quiet = SemanticTurnDetector(smart, "auto", preempt_ms=None)
+    vad = SileroVad(silero, VAD_RATE)
+    types = set()
+    for start in range(0, paused.size, PCM16_RATE // 10):
+        chunk = to_vad_rate(paused[start : start + PCM16_RATE // 10], PCM16_RATE)
+        types |= {type(e) for e in quiet.feed(vad.feed(chunk), chunk)}
+    assert types == {SpeechStarted, SpeechStopped}

@@ -20,13 +20,18 @@ from omnictl.profiling.store import TraceStore
 from tests.serving.harness import API_KEY, FAST_TOPOLOGY, ServerProcess, start_server, stop_server
 from tests.serving.realtime.speech import chunks, collect_until_done, sample, silence
 
-# The fast topology hears the audio itself (no transcript terminal): no transcript_final.
-SPOKEN_TURN = ["speech_stopped", "turn_confirmed", "response_started", "first_token", "first_clause", "first_audio_sent"]
+# The fast topology hears the audio itself (no transcript terminal): no transcript_final. The
+# answer starts at the pause that ends the question (preempted) and is submitted while the VAD
+# waits out the silence; it is released when the turn is confirmed.
+SPOKEN_TURN = ["preempted", "speech_stopped", "turn_confirmed", "response_started", "first_token", "first_clause",
+               "first_audio_sent"]
 # The fast topology writes its text and speaks in two stages at once: the first token and the
-# first clause may come in either order, but each follows the response's start.
+# first clause may come in either order, but each follows the response's start; the response's
+# first text and audio are read only once the turn is confirmed.
 IN_ORDER = (
-    ("speech_stopped", "turn_confirmed", "response_started", "first_token"),
-    ("speech_stopped", "turn_confirmed", "response_started", "first_clause", "first_audio_sent"),
+    ("preempted", "response_started", "first_token"),
+    ("preempted", "speech_stopped", "turn_confirmed", "first_token"),
+    ("preempted", "speech_stopped", "turn_confirmed", "first_clause", "first_audio_sent"),
 )
 
 
@@ -82,8 +87,8 @@ def test_a_spoken_turns_milestones_are_in_the_trace_and_metrics_in_order(server:
     for chain in IN_ORDER:
         assert [m for m in order if m in chain] == list(chain), order
     since = {str(e.meta["milestone"]): float(e.meta["since_stop_s"]) for e in recorded}  # type: ignore[arg-type]
-    assert since["speech_stopped"] == 0.0 and 0 < since["first_audio_sent"] < 10, since
-    requests = {e.meta.get("request") for e in recorded if e.meta["milestone"] != "speech_stopped"}
+    assert since["preempted"] == 0.0 and 0 < since["first_audio_sent"] < 10, since  # from the pause
+    requests = {e.meta.get("request") for e in recorded if e.meta["milestone"] not in ("preempted", "speech_stopped")}
     requests.discard(None)
     assert len(requests) == 1 and next(iter(requests)).startswith("resp_req"), requests  # the response's request
 

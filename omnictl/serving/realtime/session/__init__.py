@@ -17,8 +17,9 @@ The session is made of parts, each a module of this package that reads on its ow
 :mod:`.input_audio` (appends, the microphone, turn detection, the echo hold, commits),
 :mod:`.items` (items the client creates, truncates, deletes, retrieves),
 :mod:`.transcription` (the user's turns transcribed), :mod:`.live` (transcribed while
-spoken, with a live transcriber) and :mod:`.lifecycle` (responses
-started, cancelled, cleared); :mod:`.core` holds the state they share.
+spoken, with a live transcriber), :mod:`.preempt` (the answer started when speech pauses,
+sent once the turn is confirmed) and :mod:`.lifecycle` (responses started, cancelled,
+cleared); :mod:`.core` holds the state they share.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from omnictl.serving.realtime.session.input_audio import MIN_COMMIT_MS, PREFIX_M
 from omnictl.serving.realtime.session.items import Items
 from omnictl.serving.realtime.session.lifecycle import Lifecycle
 from omnictl.serving.realtime.session.live import LiveTranscription
+from omnictl.serving.realtime.session.preempt import Preemption
 from omnictl.serving.realtime.session.settings import DEFAULT_VOICE, SESSION_TYPES, TRANSPORTS, Settings
 from omnictl.serving.realtime.session.transcription import Transcription
 
@@ -51,10 +53,14 @@ __all__ = [
 ]
 
 
-class RealtimeSession(Configure, InputAudio, Items, LiveTranscription, Transcription, Lifecycle):
+class RealtimeSession(Configure, InputAudio, Items, LiveTranscription, Preemption, Transcription, Lifecycle):
     """One session over any transport: each client event to the part that handles it."""
 
     async def handle(self, event: ev.ClientEvent) -> None:
+        if not isinstance(event, (ev.InputAudioBufferAppend, ev.ConversationItemRetrieve)):
+            # The client acts (commits, clears, creates, updates): an answer started at a pause
+            # would answer a conversation that is no longer the one it heard.
+            self._preempt_drop(f"the client sent {event.__struct_config__.tag}")
         handlers = {
             ev.SessionUpdate: self.session_update,
             ev.InputAudioBufferAppend: self.append,
@@ -72,6 +78,9 @@ class RealtimeSession(Configure, InputAudio, Items, LiveTranscription, Transcrip
 
     async def close(self) -> None:
         """The socket closed: cancel the response, abort every pipeline request of this session."""
+        dropping = self._preempt_drop("the session closed")
+        if dropping is not None:
+            await asyncio.shield(dropping)  # before the tasks are cancelled: it aborts the answer's requests
         if self.response is not None:
             await self.response[0].cancel("client_cancelled")
         if self.audio_out is not None:

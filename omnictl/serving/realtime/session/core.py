@@ -5,8 +5,9 @@ The session is one object (:class:`~omnictl.serving.realtime.session.RealtimeSes
 of parts, each a module of this package read on its own: its settings
 (:mod:`.settings`), its input audio with rate, VAD and echo hold (:mod:`.input_audio`),
 the conversation items the client handles by id (:mod:`.items`), the transcription of the
-user's turns (:mod:`.transcription`) and the response lifecycle (:mod:`.lifecycle`). All of
-them read and write the state :class:`SessionCore` sets up."""
+user's turns (:mod:`.transcription`), the response lifecycle (:mod:`.lifecycle`) and the
+answer started before the turn is confirmed (:mod:`.preempt`). All of them read and write
+the state :class:`SessionCore` sets up."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Awaitable, Callable, Sequence
 
+import numpy as np
+
+from omnictl.inputs import ChatRequest
 from omnictl.outputs import TRANSCRIPT, Transcript
 from omnictl.serving.common.capabilities import capabilities
 from omnictl.serving.realtime import events as ev
@@ -29,6 +33,7 @@ from omnictl.serving.state import PipelineLike, ServingState
 
 if TYPE_CHECKING:
     from omnictl.serving.realtime.session.live import LiveTurn
+    from omnictl.serving.realtime.session.preempt import Preempted
 
 
 @dataclass
@@ -91,6 +96,7 @@ class SessionCore:
         self.turn_clock: TurnClock | None = None  # the latest turn's milestones (:mod:`.milestones`)
         self._tasks: set[asyncio.Task[None]] = set()
         self._live: LiveTurn | None = None  # the turn being transcribed as it is spoken (:mod:`.live`)
+        self._preempt: Preempted | None = None  # the answer started at a pause, held (:mod:`.preempt`)
         self.can_transcribe = capabilities(pipeline.topology).transcription
         self.settings.transcription = self.can_transcribe
         if intent == "transcription":
@@ -164,6 +170,16 @@ class SessionCore:
         """Transcribe a committed turn, in a task (:mod:`.transcription`)."""
         raise NotImplementedError
 
+    async def _recognise(
+        self, audio: np.ndarray, item_id: str, request_id: str
+    ) -> tuple[Transcript | None, str | None]:
+        """What ``audio`` says, nothing sent: (transcript, None), (None, None) or (None, why) (:mod:`.transcription`)."""
+        raise NotImplementedError
+
+    def _heard(self, turn: Turn, heard: Transcript, request_id: str | None) -> None:
+        """A committed turn's transcript: its text, told to the client (:mod:`.transcription`)."""
+        raise NotImplementedError
+
     def _live_open(self, item_id: str) -> None:
         """Start transcribing the turn ``item_id`` while it is spoken, if the server can (:mod:`.live`)."""
         raise NotImplementedError
@@ -182,6 +198,37 @@ class SessionCore:
 
     def _start_response(self, config: ev.ResponseConfig, event_id: str | None) -> None:
         """Start a response to the conversation, in a task (:mod:`.lifecycle`)."""
+        raise NotImplementedError
+
+    def _response_run(
+        self, config: ev.ResponseConfig, event_id: str | None, clock: TurnClock | None
+    ) -> tuple[ResponseRun, Callable[[Sequence[Turn]], ChatRequest]]:
+        """A response not started, and what builds its request (:mod:`.lifecycle`)."""
+        raise NotImplementedError
+
+    def _respond(
+        self,
+        run: ResponseRun,
+        build: Callable[[], ChatRequest],
+        ready: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """``run`` becomes the session's response, sent in a task (:mod:`.lifecycle`)."""
+        raise NotImplementedError
+
+    def _speech_paused(self, audio_end_ms: int) -> None:
+        """Speech paused: the answer starts, held from the client (:mod:`.preempt`)."""
+        raise NotImplementedError
+
+    def _preempt_take(self, item_id: str, audio_end_ms: int) -> Preempted | None:
+        """The confirmed turn's preemptive answer, if it answered that turn (:mod:`.preempt`)."""
+        raise NotImplementedError
+
+    def _preempt_drop(self, why: str) -> asyncio.Task[None] | None:
+        """Drop the preemptive answer everywhere, if there is one (:mod:`.preempt`)."""
+        raise NotImplementedError
+
+    def _preempt_release(self, p: Preempted, turn: Turn) -> None:
+        """Send the held answer as the confirmed turn's response (:mod:`.preempt`)."""
         raise NotImplementedError
 
     def _stop_playing(self) -> None:

@@ -3,7 +3,8 @@ turn detection (server VAD or the semantic turn model) and the echo guard's hold
 and clears.
 
 Detected speech starts a turn (and interrupts an answer: barge-in); its end commits the turn
-as a user item and, unless the session only transcribes, starts a response. Speech heard
+as a user item and, unless the session only transcribes, starts a response: the one started
+when the speech paused, if the turn ended there (:mod:`.preempt`), else a new one. Speech heard
 while the answer plays is held until the echo guard judges whether it is the answer's own
 voice coming back (then dropped) or the user's."""
 
@@ -23,12 +24,15 @@ from omnictl.serving.realtime.echo_guard import ECHO_SHARE, WINDOW_MS
 from omnictl.serving.realtime.formats import PCM
 from omnictl.serving.realtime.session.core import SessionCore
 from omnictl.serving.realtime.smart_turn import SemanticTurnDetector, shared_model
+from omnictl.serving.realtime.turns import Turn
 from omnictl.serving.realtime.vad import (
     VAD_RATE,
     SileroVad,
+    SpeechPaused,
+    SpeechResumed,
     SpeechStarted,
-    SpeechStopped,
     TurnDetector,
+    TurnEvent,
     VadSettings,
     to_vad_rate,
     vad_executor,
@@ -42,7 +46,7 @@ PREFIX_MS = 300  # audio kept before speech starts, where the turn detection has
 
 def _detect(
     vad: SileroVad, turns: TurnDetector | SemanticTurnDetector, raw: bytes
-) -> tuple[np.ndarray, list[SpeechStarted | SpeechStopped]]:
+) -> tuple[np.ndarray, list[TurnEvent]]:
     """pcm16 at 24 kHz: (the audio at 16 kHz, the turns it starts or ends)."""
     audio = to_vad_rate(pcm16_to_float(raw), PCM16_RATE)
     probabilities = vad.feed(audio)
@@ -126,6 +130,10 @@ class InputAudio(SessionCore):
                     self._held_start = (turn.audio_start_ms, self.audio_ms)  # echo? judged once enough is heard
                 elif isinstance(turn, SpeechStarted):
                     await self._speech_started(turn.audio_start_ms)
+                elif isinstance(turn, SpeechPaused):
+                    self._speech_paused(turn.audio_end_ms)
+                elif isinstance(turn, SpeechResumed):
+                    self._preempt_drop("the user went on speaking")
                 elif self._held_start is None or not await self._echo_judged(turns):
                     await self._speech_stopped(turn.audio_end_ms)
             if self._held_start is not None and self.audio_ms - self._held_start[1] >= WINDOW_MS:
@@ -172,7 +180,17 @@ class InputAudio(SessionCore):
         item_id = self._speech_item or ev.new_id("item")
         self.turn(item_id).mark("speech_stopped")
         self.send(ev.SpeechStoppedEvent(audio_end_ms=audio_end_ms, item_id=item_id))
-        self._commit(item_id, None)
+        preempted = self._preempt_take(item_id, audio_end_ms)
+        try:
+            turn = self._commit(item_id, None, transcribe=preempted is None)
+        except ev.EventError:
+            if preempted is not None:
+                self._preempt = preempted
+                self._preempt_drop("the turn could not be committed")
+            raise
+        if preempted is not None:
+            self._preempt_release(preempted, turn)  # the answer started at the pause goes out now
+            return
         assert self.settings.vad is not None
         if not self.settings.vad.create_response or self.settings.type == "transcription":
             return
@@ -185,7 +203,9 @@ class InputAudio(SessionCore):
     async def commit(self, event: ev.InputAudioBufferCommit) -> None:
         self._commit(self._live.item_id if self._live is not None else ev.new_id("item"), event.event_id)
 
-    def _commit(self, item_id: str, event_id: str | None) -> None:
+    def _commit(self, item_id: str, event_id: str | None, transcribe: bool = True) -> Turn:
+        """The buffer as the user item ``item_id``, told to the client; transcribed now unless
+        ``transcribe`` is False (a preemptive answer heard it already: :mod:`.preempt`)."""
         ms = len(self.buffer) / 2 / PCM16_RATE * 1000
         if ms < MIN_COMMIT_MS:
             raise ev.Refusal(event_id)(
@@ -201,7 +221,9 @@ class InputAudio(SessionCore):
         self.turn(item_id).mark("turn_confirmed")
         self.send(ev.Committed(item_id=item_id, previous_item_id=previous))
         self.send(ev.ItemAdded(item=turn.item(), previous_item_id=previous))
-        self._transcribe(turn)
+        if transcribe:
+            self._transcribe(turn)
+        return turn
 
     async def clear(self, event: ev.InputAudioBufferClear) -> None:
         self.buffer.clear()

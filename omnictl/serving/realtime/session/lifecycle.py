@@ -5,16 +5,19 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Awaitable, Callable, Sequence
 
 import msgspec
 
 from omnictl.audio import pcm16_to_float
-from omnictl.inputs import PCM16_RATE
+from omnictl.inputs import PCM16_RATE, ChatRequest
 from omnictl.serving.chat.protocol import OPENAI_VOICES
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.responses import ResponseRun
 from omnictl.serving.realtime.session.core import SessionCore
+from omnictl.serving.realtime.session.milestones import TurnClock
 from omnictl.serving.realtime.session.settings import TEMPERATURE, in_range, max_tokens, no_tools
+from omnictl.serving.realtime.turns import Turn
 from omnictl.serving.realtime.vad import to_vad_rate
 
 
@@ -35,6 +38,20 @@ class Lifecycle(SessionCore):
         self._start_response(event.response, event.event_id)
 
     def _start_response(self, config: ev.ResponseConfig, event_id: str | None) -> None:
+        run, build = self._response_run(config, event_id, self._unanswered_clock())
+        self._respond(run, lambda: build(self.conversation.turns))
+
+    def _unanswered_clock(self) -> TurnClock | None:
+        """The latest turn's milestones, if it has no answer yet (a later response, e.g. to a
+        text item, is no turn's)."""
+        clock = self.turn_clock
+        return clock if clock is not None and "response_started" not in clock.stamps else None
+
+    def _response_run(
+        self, config: ev.ResponseConfig, event_id: str | None, clock: TurnClock | None
+    ) -> tuple[ResponseRun, Callable[[Sequence[Turn]], ChatRequest]]:
+        """A response as the session's settings and ``config`` say, not started; and what
+        builds its request from the items given (the conversation's, as a rule)."""
         no_tools(config.tools, config.tool_choice, "response", event_id)
         s = self.settings
         modalities = s.output_modalities
@@ -59,16 +76,23 @@ class Lifecycle(SessionCore):
             codec=s.output_codec,
             on_audio=self._sent_audio,
             audio_out=self.audio_out,
-            # the latest turn's answer, if it has none yet: its milestones (a later response,
-            # e.g. to a text item, is no turn's)
-            clock=self.turn_clock
-            if self.turn_clock is not None and "response_started" not in self.turn_clock.stamps
-            else None,
+            clock=clock,
         )
+        return run, lambda turns: self.conversation.request(instructions, sampling, voice, turns)
+
+    def _respond(
+        self,
+        run: ResponseRun,
+        build: Callable[[], ChatRequest],
+        ready: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """``run`` becomes the session's response, sent in a task (after ``ready``, if given)."""
 
         async def respond() -> None:
             try:
-                await run.run(self.conversation, lambda: self.conversation.request(instructions, sampling, voice))
+                if ready is not None:
+                    await ready()
+                await run.run(self.conversation, build)
             finally:
                 if self.audio_out is not None:
                     self.audio_out.finish(run.id)

@@ -18,7 +18,12 @@ Whoever sees a milestone marks it: :meth:`TurnClock.mark` ignores a second mark 
 milestone, so "first token" is simply marked on every token. A preemptive answer dropped
 because the user went on speaking is marked ``preemptive_dropped``: the answer's milestones go
 with it, and the turn's clock starts again at the next end of speech (the drop stays in the
-trace, and its figure on ``/metrics`` is from the stop it answered).
+trace, and its figure on ``/metrics`` is from the pause it answered).
+
+A preemptive answer (:mod:`.preempt`) starts at a pause in speech, ``preempt_ms`` before the
+VAD says speech stopped at that same point: ``preempted`` is then the turn's end of speech,
+the origin of every figure (the milestones between it and ``speech_stopped``, the answer's
+transcript and its request's submission, come before the stop and measure from the pause).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from omnictl.profiler import EventKind, MetaValue, Profiler
 
 # In the order a turn reaches them.
 MILESTONES = (
+    "preempted",  # speech paused: the answer started preemptively (sent only once the turn is confirmed)
     "speech_stopped",  # the VAD heard the end of speech
     "turn_confirmed",  # the turn ended: the user item committed (by the VAD or the client)
     "transcript_final",  # the user's words, whole
@@ -96,7 +102,9 @@ class TurnClock:
         return None if at is None else (at - self._origin(at)) / 1e9
 
     def _origin(self, now: int) -> int:
-        """The end of speech: speech stopped, else the turn's first milestone (a commit by hand)."""
-        if "speech_stopped" in self.stamps:
-            return self.stamps["speech_stopped"]
+        """The end of speech: the pause a preemptive answer started at, else speech stopped, else
+        the turn's first milestone (a commit by hand)."""
+        for origin in ("preempted", "speech_stopped"):
+            if origin in self.stamps:
+                return self.stamps[origin]
         return min(self.stamps.values(), default=now)

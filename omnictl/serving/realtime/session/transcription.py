@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
+
 from omnictl.exceptions import InvalidRequest, Overloaded, PipelineDead
 from omnictl.inputs import PCM16_RATE, AudioPart, ChatMessage, ChatRequest
 from omnictl.outputs import TRANSCRIPT, Transcript
@@ -33,18 +35,44 @@ class Transcription(SessionCore):
 
     async def _transcription(self, turn: Turn) -> None:
         assert turn.audio is not None
-        clock = self.turn_clock if self.turn_clock is not None and self.turn_clock.id == turn.id else None
+        request_id = ev.new_id("transcribe")
+        try:
+            heard, error = await self._recognise(turn.audio, turn.id, request_id)
+            if heard is None and error is None:  # ended without words: the item is done as it is
+                self.send(ev.ItemDone(item=turn.item()))
+            elif heard is None:
+                self.send(
+                    ev.error_event(
+                        ev.EventError(
+                            f"transcribing item {turn.id} failed: {error}", "transcription_failed", kind="server_error"
+                        )
+                    )
+                )
+            else:
+                self._heard(turn, heard, request_id)
+        finally:
+            self._transcribing.pop(id(turn), None)
+            turn.transcribed.set()  # a failed transcription leaves the audio for the response to hear
+
+    async def _recognise(
+        self, audio: np.ndarray, item_id: str, request_id: str
+    ) -> tuple[Transcript | None, str | None]:
+        """What ``audio`` (the user item ``item_id``'s, pcm float at 24 kHz) says, by the
+        topology's speech recognition, as request ``request_id``: (the transcript, None), (None,
+        None) if it heard no words, or (None, why not), the failure logged. Nothing is sent to the client: a committed
+        turn's transcription announces it (:meth:`_heard`), a preemptive answer's waits for
+        the turn to be confirmed. Cancelled, the request is aborted everywhere."""
         request = ChatRequest(
             messages=(
                 ChatMessage(
-                    role="user", parts=(AudioPart(samples=turn.audio, sample_rate=PCM16_RATE, field=f"item {turn.id}"),)
+                    role="user", parts=(AudioPart(samples=audio, sample_rate=PCM16_RATE, field=f"item {item_id}"),)
                 ),
             )
         )
         tracked: Tracked | None = None
         try:
             submitted = await self.pipeline.submit(
-                request, [TRANSCRIPT], request_id=ev.new_id("transcribe"), traceparent=self.traceparent
+                request, [TRANSCRIPT], request_id=request_id, traceparent=self.traceparent
             )
             self.state.metrics.in_flight.inc()
             tracked = Tracked(submitted, self.state.metrics, self.state.active, self.model)
@@ -58,42 +86,32 @@ class Transcription(SessionCore):
                     log.warning(
                         "realtime session %s: transcribing item %s (request %s) failed: %s",
                         self.id,
-                        turn.id,
+                        item_id,
                         submitted.id,
                         event.error,
                     )
-                    self.send(
-                        ev.error_event(
-                            ev.EventError(
-                                f"transcribing item {turn.id} failed: {event.error}",
-                                "transcription_failed",
-                                kind="server_error",
-                            )
-                        )
-                    )
-                    return
+                    return None, str(event.error)
             tracked.finish("completed")
-            if heard is not None:
-                if clock is not None:
-                    clock.mark("transcript_final", request=submitted.id)
-                turn.text = heard.text
-                turn.release_audio()  # the transcript is what later responses hear
-                self.conversation.trim()  # a transcript may weigh less (or more) than its audio did
-            if heard is not None and self.settings.transcription:
-                # The recogniser gives its transcript whole: one delta, then the completed text.
-                self._send_transcript(turn.id, heard)
-            self.send(ev.ItemDone(item=turn.item()))
+            return heard, None
         except (InvalidRequest, Overloaded, PipelineDead) as exc:
-            self.send(
-                ev.error_event(
-                    ev.EventError(
-                        f"transcribing item {turn.id} failed: {exc}", "transcription_failed", kind="server_error"
-                    )
-                )
+            log.warning(
+                "realtime session %s: transcribing item %s (request %s) failed: %s", self.id, item_id, request_id, exc
             )
+            return None, str(exc)
         finally:
-            if tracked is not None and tracked.outcome is None:  # the session closed meanwhile
+            if tracked is not None and tracked.outcome is None:  # cancelled: the session closed, or an answer dropped
                 await self.pipeline.abort(tracked.request.id)
                 tracked.finish("aborted")
-            self._transcribing.pop(id(turn), None)
-            turn.transcribed.set()  # a failed transcription leaves the audio for the response to hear
+
+    def _heard(self, turn: Turn, heard: Transcript, request_id: str | None) -> None:
+        """A committed turn's transcript: it becomes the turn's text (what later responses hear),
+        is told to the client, and the item is done."""
+        if self.turn_clock is not None and self.turn_clock.id == turn.id:
+            self.turn_clock.mark("transcript_final", request=request_id)
+        turn.text = heard.text
+        turn.release_audio()  # the transcript is what later responses hear
+        self.conversation.trim()  # a transcript may weigh less (or more) than its audio did
+        if self.settings.transcription:
+            # The recogniser gives its transcript whole: one delta, then the completed text.
+            self._send_transcript(turn.id, heard)
+        self.send(ev.ItemDone(item=turn.item()))
