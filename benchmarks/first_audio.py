@@ -6,9 +6,9 @@ asking for more, and a higher ``max_tokens``):
 
 - **floor** (short answers only): each model alone in this process, with the machine
   otherwise idle (the pipeline waits between requests), and the same settings as the
-  topology: the ASR time on the clip + the LLM's time to the end of the answer's first
-  sentence + Piper's time to the first piece of audio (the first piece the TTS stage's
-  sentence splitter cuts from that answer);
+  topology: the ASR time on the clip + the LLM's time to the text of the first piece the
+  TTS stage's splitter hands out (a short clause: ``tts.first_words``) + Piper's time to
+  synthesise that piece;
 - **sequential**: one process, ASR → the whole answer (greedy, the same runner and
   stopping rules as the pipeline's thinker) → TTS of the whole answer (first audio = total);
 - **pipeline**: ``omnictl/data/voice-assistant.yaml`` through ``omnictl.Pipeline``, its
@@ -18,6 +18,9 @@ Goals (reported, not asserted): short answers' first audio ≤ 1.25 × floor; at
 length the pipeline's first audio and total ≤ the sequential script's. Medians over
 questions and rounds. ``--set STAGE.KEY=VALUE`` tries a setting without editing the
 topology (it applies to the floor and the sequential script too where they share it).
+
+Before and after the short first clause: ``--set tts.first_words=null`` (the first piece a
+whole sentence) against the default.
 
 Run: ``python benchmarks/first_audio.py [--rounds 2] [--questions a,b] [--lengths short,medium,long] [--set thinker.threads=1]``
 """
@@ -44,11 +47,11 @@ if __package__ in (None, ""):  # run as a script: benchmarks.* (the evaluation d
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from omnictl.data import data_path
-from omnictl.models.voice_assistant.answer_runner import SpokenAnswerRunner, sentences_ended, with_system_prompt
+from omnictl.models.voice_assistant.answer_runner import SpokenAnswerRunner, with_system_prompt
 from omnictl.models.voice_assistant.asr import SpeechRecognizer
 from omnictl.models.voice_assistant.llm import load_smollm2, set_threads
 from benchmarks.eval.samples import sample_names, sample_question, sample_request
-from omnictl.models.voice_assistant.tts import PiperSpeaker, SentenceSplitter, speakable
+from omnictl.models.voice_assistant.tts import FIRST_WORDS, RAMP_MIN_CHARS, PiperSpeaker, SentenceSplitter, speakable
 from omnictl.pipeline import Pipeline
 
 TOPOLOGY = data_path("voice-assistant.yaml")
@@ -68,12 +71,12 @@ class Timing:
 @dataclass
 class Floor:
     asr: float
-    llm_first_sentence: float
+    llm_first_piece: float
     tts_first_chunk: float
 
     @property
     def total(self) -> float:
-        return self.asr + self.llm_first_sentence + self.tts_first_chunk
+        return self.asr + self.llm_first_piece + self.tts_first_chunk
 
 
 @dataclass
@@ -124,22 +127,34 @@ class Models:
         self.thinker = thinker
         self.speaker = PiperSpeaker(settings["tts"].get("voice", "joe"))
         self.max_piece = int(settings["tts"].get("max_sentence_chars", 250))
+        self.first_words = settings["tts"].get("first_words", FIRST_WORDS)
 
-    def answer(self, question: str, length: str, sentences: int | None = None) -> str:
+    def splitter(self) -> SentenceSplitter:
+        """The TTS stage's splitter with the topology's settings."""
+        first = self.first_words
+        return SentenceSplitter(self.max_piece, first_words=(int(first[0]), int(first[1])) if first else None,
+                                clause_chars=RAMP_MIN_CHARS if first else None)
+
+    def answer(self, question: str, length: str, first_piece: bool = False) -> str:
         """The greedy answer as the pipeline's thinker writes it (short: with its sentence
-        cap), or just its first ``sentences`` sentences (the floor: no step after them)."""
-        runner = self.capped if length == "short" and sentences is None else self.runner
+        cap), or (the floor) its text up to where the TTS stage's splitter hands out its
+        first piece, no step after it."""
+        runner = self.capped if length == "short" and not first_piece else self.runner
         output = runner.prefill("local", {"messages": messages_for(length, question, self.thinker)})
         tokens: list[int] = []
         stop = runner.stop_token_ids()
+        splitter, fed = self.splitter(), ""
         try:
             for _ in range(LENGTHS[length][1]):
                 token = int(output.logits.argmax())
                 if token in stop:
                     break
                 tokens.append(token)
-                if sentences is not None and sentences_ended(runner.detokenize(tokens)) >= sentences:
-                    break
+                if first_piece:
+                    text = runner.detokenize(tokens)
+                    delta, fed = text[len(fed):], text
+                    if splitter.feed(delta):
+                        break
                 output = runner.decode(["local"], [token])[0]
         finally:
             runner.release("local")
@@ -150,10 +165,10 @@ class Models:
         question = self.recognizer.transcribe(clip, rate)
         asr = time.perf_counter() - started
         started = time.perf_counter()
-        answer = self.answer(question, "short", 1)
+        answer = self.answer(question, "short", first_piece=True)
         llm = time.perf_counter() - started
-        splitter = SentenceSplitter(self.max_piece)
-        pieces = [p for p in splitter.feed(answer) + splitter.flush() if speakable(p)]
+        splitter = self.splitter()
+        pieces = [p for p in splitter.feed(answer + " ") + splitter.flush() if speakable(p)]
         started = time.perf_counter()
         self.speaker.synthesize(pieces[0] if pieces else "")
         return Floor(asr, llm, time.perf_counter() - started)
@@ -242,11 +257,11 @@ def report(results: Results, console: Console) -> None:
         goals.append((f"{length}: pipeline total {pipe_total:.2f} s <= sequential {seq_total:.2f} s", "", pipe_total <= seq_total))
     console.print(table)
     if results.floors:
-        floor = Floor(median([f.asr for f in results.floors]), median([f.llm_first_sentence for f in results.floors]),
+        floor = Floor(median([f.asr for f in results.floors]), median([f.llm_first_piece for f in results.floors]),
                       median([f.tts_first_chunk for f in results.floors]))
         ratios = [s.first_audio / f.total for s, f in zip(results.pipeline["short"], results.floors)]
         console.print(
-            f"floor (short answers, medians): ASR {floor.asr:.2f} s + LLM to the first sentence's end {floor.llm_first_sentence:.2f} s "
+            f"floor (short answers, medians): ASR {floor.asr:.2f} s + LLM to the first piece's end {floor.llm_first_piece:.2f} s "
             f"+ TTS to the first audio {floor.tts_first_chunk:.2f} s = {median([f.total for f in results.floors]):.2f} s")
         ratio = median(ratios)
         goals.insert(0, (f"short: first audio / floor = {ratio:.2f} (median of per-question ratios) <= {GOAL_FLOOR_RATIO}", "", ratio <= GOAL_FLOOR_RATIO))

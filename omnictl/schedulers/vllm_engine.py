@@ -94,7 +94,12 @@ class VllmOptions:
     max_model_len: prompt plus answer, in tokens; longer prompts are refused with a 400.
     enforce_eager: skip torch.compile (start-up ~25 s instead of ~100 s on first run).
     dtype: the weights' and activations' type ("float32" matches the HF runner token for token).
-    prefix_caching: reuse the KV cache of a shared prompt prefix (the system prompt).
+    prefix_caching: reuse the KV cache of a shared prompt prefix (the system prompt, and
+        the earlier turns of a conversation: each turn prefills only its new tokens).
+    block_size: tokens per KV cache block (None: vLLM's default, 128 on CPUs and 16 on
+        GPUs). Prefix caching reuses whole blocks only, so with 128 a conversation's turn
+        reuses nothing until the one before it filled a block: a short voice turn adds ~30
+        tokens (benchmarks/turn_prefill.py). On CPUs vLLM is fastest with a multiple of 32.
     device: "cpu" or "cuda".
     tensor_parallel_size: vLLM's own tensor parallelism (its ranks are its processes; a
         stage's ``tp_size`` sets it, see :func:`omnictl.models.tensor_parallel.engine_ranks`).
@@ -106,6 +111,7 @@ class VllmOptions:
     enforce_eager: bool = True
     dtype: str = "float32"
     prefix_caching: bool = True
+    block_size: int | None = None
     device: str = "cpu"
     tensor_parallel_size: int = 1
 
@@ -134,6 +140,10 @@ class VllmOptions:
                 raise bad(key, "must be an integer >= 1")
         if self.max_model_len < 16:
             raise bad("max_model_len", "must be at least 16 tokens")
+        if self.block_size is not None and (
+            isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1
+        ):
+            raise bad("block_size", "must be an integer >= 1 or null (vLLM's default)")
         for key in ("enforce_eager", "prefix_caching"):
             if not isinstance(getattr(self, key), bool):
                 raise bad(key, "must be true or false")
@@ -150,6 +160,8 @@ class VllmOptions:
         extra: dict[str, Any] = dict(model_args)
         if self.device == "cuda":
             extra["kv_cache_memory_bytes"] = int(self.kv_cache_gib * 2**30)
+        if self.block_size is not None:
+            extra["block_size"] = self.block_size
         return AsyncEngineArgs(
             model=model,
             tokenizer=model,

@@ -324,6 +324,8 @@ def test_engine_args_carry_every_knob_and_the_model_factory_arguments() -> None:
     gpu = VllmOptions(kv_cache_gib=3, device="cuda").engine_args("/models/m")
     assert gpu.kv_cache_memory_bytes == 3 * 2**30
     assert (gpu.enforce_eager, gpu.enable_prefix_caching, gpu.tensor_parallel_size) == (True, True, 1)
+    # the block size: vLLM's own default unless given (prefix caching reuses whole blocks)
+    assert args.block_size is None and VllmOptions(block_size=32).engine_args("/models/m").block_size == 32
 
 
 def test_the_counting_logger_keeps_the_engine_scheduler_figures() -> None:

@@ -35,6 +35,8 @@ def test_given_knobs_are_kept() -> None:
         ({"enforce_eager": "yes"}, r"enforce_eager: must be true or false, got 'yes'"),
         ({"dtype": "float64"}, r"dtype: must be one of float32, bfloat16, float16, got 'float64'"),
         ({"device": "tpu"}, r"device: must be 'cpu' or 'cuda', got 'tpu'"),
+        ({"block_size": 0}, r"block_size: must be an integer >= 1 or null \(vLLM's default\), got 0"),
+        ({"block_size": "32"}, r"block_size: must be an integer >= 1 or null \(vLLM's default\), got '32'"),
         ([1, 2], r"factory_args.vllm: expected a mapping of engine options, got list"),
     ],
 )
@@ -53,7 +55,7 @@ def test_an_unknown_knob_lists_every_known_one() -> None:
     with pytest.raises(ValueError) as caught:
         VllmOptions.from_mapping({"kv": 1, "zz": 2})
     assert str(caught.value) == (
-        "factory_args.vllm.kv: unknown engine option (known: device, dtype, enforce_eager, kv_cache_gib, "
+        "factory_args.vllm.kv: unknown engine option (known: block_size, device, dtype, enforce_eager, kv_cache_gib, "
         "max_model_len, max_num_seqs, prefix_caching, tensor_parallel_size)")
 
 

@@ -54,3 +54,14 @@ def test_engine_vllm_refuses_the_penalties_it_cannot_apply_the_same_way() -> Non
         stages.thinker(engine="vllm", no_repeat_ngram=3)
     with pytest.raises(ValueError, match=r"factory_args.vllm.max_num_seq: unknown engine option"):
         stages.thinker(engine="vllm", vllm={"max_num_seq": 8})
+
+
+def test_on_the_cpu_the_vllm_thinker_caches_the_conversation_in_blocks_of_32_tokens() -> None:
+    """Prefix caching reuses whole KV blocks; a voice turn adds ~30 tokens, so vLLM's CPU
+    default of 128 reused nothing of most turns' conversation (benchmarks/turn_prefill.py)."""
+    pytest.importorskip("vllm")
+    scheduler = stages.thinker(engine="vllm")  # built, not started: no engine yet
+    assert scheduler.options.block_size == 32 and scheduler.options.prefix_caching  # type: ignore[attr-defined]
+    assert scheduler.options.engine_args("m").block_size == 32  # type: ignore[attr-defined]
+    given = stages.thinker(engine="vllm", vllm={"block_size": 128})
+    assert given.options.block_size == 128  # type: ignore[attr-defined]
