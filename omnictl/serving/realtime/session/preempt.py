@@ -66,7 +66,9 @@ class Preempted:
     task: asyncio.Task[None] | None = None  # transcribes, then submits the response
 
     def request_ids(self) -> str:
-        ids = [i for i in (self.transcribe_id, self.run.request_id) if i is not None]
+        """Its requests that may still run: the transcription until it has heard, the response."""
+        transcribing = self.transcribe_id if self.transcript is None else None
+        ids = [i for i in (transcribing, self.run.request_id) if i is not None]
         return ", ".join(ids) or "none"
 
 

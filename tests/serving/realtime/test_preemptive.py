@@ -1,0 +1,363 @@
+"""Preemptive answers (issue 39, Build 3), end to end: a real `omnictl serve` of the embedded
+voice assistant (real models), the official `openai` client over `/v1/realtime`, server VAD
+deciding the turns. At a pause in speech the server starts answering the audio so far; the
+client sees nothing of it until the turn is confirmed. A pause mid-question (longer than
+preempt_ms, shorter than the confirmation) drops it everywhere; a plain question is answered
+by it.
+
+What the client cannot see is read from the server: ``/metrics``
+(``omnictl_realtime_preemptive_answers_total``), ``/health`` (requests in flight, each
+stage's state) and the run's trace (the turn's milestones)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from benchmarks.realtime_turn_detection import question, with_pause
+from omnictl.inputs import PCM16_RATE
+from omnictl.profiling.events import Event, EventKind
+from omnictl.profiling.store import TraceStore
+from omnictl.serving.realtime.vad import PREEMPT_MS
+from tests.serving.harness import API_KEY, ServerProcess, start_server, stop_server
+from tests.serving.realtime.speech import chunks, collect_until_done, pcm16, silence
+from tests.support.wait import until
+
+CONFIRM_MS = 800  # the session's silence_duration_ms: the turn is confirmed after this much silence
+PAUSE_MS = 450  # a pause mid-question: past preempt_ms, short of the confirmation
+assert PREEMPT_MS < PAUSE_MS < CONFIRM_MS - 200  # (the VAD's frames and hysteresis blur edges by ~100 ms)
+ANSWER_EVENTS = ("response.", "conversation.item.input_audio_transcription.", "conversation.item.added",
+                 "conversation.item.done", "output_audio_buffer.")
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("preempt-run")
+
+
+@pytest.fixture(scope="module")
+def server(run_dir: Path) -> Iterator[ServerProcess]:
+    """`omnictl serve` on the embedded voice assistant, recording its trace."""
+    running = start_server("--api-key", API_KEY, "--run-dir", str(run_dir), ready_timeout=300)
+    yield running
+    assert stop_server(running) == 0, running.text()
+
+
+@pytest.fixture()
+def client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0)
+
+
+def health(server: ServerProcess) -> dict[str, Any]:
+    return httpx.get(server.url + "/health", headers=AUTH, timeout=10).json()  # type: ignore[no-any-return]
+
+
+def idle(server: ServerProcess) -> bool:
+    """No request left anywhere: server, coordinator, and every stage's buffers and slots."""
+    body = health(server)
+    return (body["in_flight"] == 0 and body["pipeline_in_flight"] == 0
+            and all(s.get("requests", 0) == 0 and s.get("slots_in_use", 0) == 0 for s in body["stages"].values()))
+
+
+def preemptive(server: ServerProcess) -> dict[str, float]:
+    """outcome -> omnictl_realtime_preemptive_answers_total."""
+    text = httpx.get(server.url + "/metrics", headers=AUTH, timeout=10).text
+    found = re.findall(r'^omnictl_realtime_preemptive_answers_total\{outcome="(\w+)"\} (\S+)$', text, re.M)
+    return {outcome: float(value) for outcome, value in found}
+
+
+def open_session(connection: Any) -> None:
+    assert connection.recv().type == "session.created"
+    connection.session.update(session={
+        "type": "realtime", "output_modalities": ["text", "audio"], "max_output_tokens": 12,
+        "instructions": "Answer in a few words.",
+        "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": CONFIRM_MS}}}})
+    assert connection.recv().type == "session.updated"
+
+
+def paused_question(name: str) -> tuple[bytes, bytes]:
+    """The question spoken with a pause before its last word, as (up to the end of the pause,
+    the rest and a silence past the confirmation)."""
+    audio = with_pause(question(name), PAUSE_MS)
+    silent = np.concatenate([[1], (audio != 0).astype(np.int8), [1]])
+    edges = np.diff(silent)
+    starts, ends = np.nonzero(edges == -1)[0], np.nonzero(edges == 1)[0]  # runs of exact zeros: the inserted pause
+    longest = int(np.argmax(ends - starts))
+    assert ends[longest] - starts[longest] >= PAUSE_MS * PCM16_RATE // 1000
+    pcm = pcm16(audio, PCM16_RATE)
+    cut = int(ends[longest]) * 2
+    return silence(300) + pcm[:cut], pcm[cut:] + silence(CONFIRM_MS + 700)
+
+
+ANSWER_STAGES = ("thinker", "decode", "tts")  # the voice assistant's stages a transcription does not use
+
+
+def answering(server: ServerProcess) -> bool:
+    """The preemptive answer's response request is in the pipeline (past its transcription)."""
+    stages = health(server)["stages"]
+    return any(stages[name].get("requests", 0) >= 1 for name in ANSWER_STAGES)
+
+
+def ask_with_a_pause(connection: Any, server: ServerProcess, name: str, wait_for_the_answer: bool = True) -> list[Any]:
+    """Speak ``name`` with its pause; once the server is answering the words before the pause
+    (which the client cannot see: read from /health), the rest. Every event to the answer's end.
+    ``wait_for_the_answer``: until the response's request is in the stages; else only until the
+    preemptive transcription is in flight (the drop then aborts that)."""
+    before, after = paused_question(name)
+    for audio in chunks(before):
+        connection.input_audio_buffer.append(audio=audio)
+    # The preemptive answer is at work: wait for it, so the drop is of work in flight.
+    if wait_for_the_answer:
+        until(lambda: answering(server), "the preemptive answer's response in the stages", timeout=60, interval=0.02)
+    else:
+        until(lambda: health(server)["in_flight"] >= 1, "the preemptive transcription in flight", timeout=60)
+    for audio in chunks(after):
+        connection.input_audio_buffer.append(audio=audio)
+    return collect_until_done(connection, also=("conversation.item.input_audio_transcription.completed",))
+
+
+def check_one_answer_to_the_whole_turn(events: list[Any]) -> None:
+    """Nothing of an answer before the turn was committed; then one user item, one response."""
+    types = [e.type for e in events]
+    committed = types.index("input_audio_buffer.committed")
+    early = [t for t in types[:committed] if t.startswith(ANSWER_EVENTS)]
+    assert early == [], types  # the dropped answer: not a response, transcript, item or audio
+    assert types.count("input_audio_buffer.committed") == 1 and types.count("response.created") == 1, types
+    assert types.count("input_audio_buffer.speech_stopped") == 1, types  # one turn: the pause did not end it
+    user_items = [e for e in events if e.type == "conversation.item.added" and e.item.role == "user"]
+    assert len(user_items) == 1 and user_items[0].item.id == events[committed].item_id
+    response = next(e for e in events if e.type == "response.created").response.id
+    assert {e.response_id for e in events if e.type == "response.output_audio.delta"} == {response}, types
+
+
+def test_a_pause_mid_question_drops_the_preemptive_answer_and_the_answer_hears_it_all(
+    client: openai.OpenAI, server: ServerProcess
+) -> None:
+    before = preemptive(server)
+    with client.realtime.connect(model="voice-assistant") as connection:
+        open_session(connection)
+        events = ask_with_a_pause(connection, server, "capital_of_france")  # "What is the capital of | France?"
+    check_one_answer_to_the_whole_turn(events)
+    heard = next(e for e in events if e.type == "conversation.item.input_audio_transcription.completed")
+    assert "france" in heard.transcript.lower(), heard.transcript  # the turn is the whole question
+    done = next(e for e in events if e.type == "response.done").response
+    assert done.status == "completed" and "Paris" in done.output[0].content[0].transcript, done.output
+    until(lambda: preemptive(server)["used"] == before["used"] + 1, "the preemptive answer counted as used", timeout=10)
+    after = preemptive(server)
+    assert after["dropped"] >= before["dropped"] + 1, (before, after)  # the one started at the pause
+    until(lambda: idle(server), "no request state left anywhere", timeout=30)
+
+
+def milestones(run_dir: Path, turn_id: str, wanted: str, timeout: float = 20.0) -> list[Event]:
+    """The turn's milestone events once ``wanted`` is among them (the recorder ships in batches)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        events = [e for e in TraceStore(run_dir).events(turn_id) if e.kind is EventKind.TURN_MILESTONE]
+        if any(e.meta["milestone"] == wanted for e in events) or time.monotonic() > deadline:
+            return events
+        time.sleep(0.1)
+
+
+def test_a_plain_question_is_answered_by_the_answer_started_at_its_end(
+    client: openai.OpenAI, server: ServerProcess, run_dir: Path
+) -> None:
+    before = preemptive(server)
+    with client.realtime.connect(model="voice-assistant") as connection:
+        open_session(connection)
+        for audio in chunks(silence(300) + pcm16(question("capital_of_france"), PCM16_RATE) + silence(CONFIRM_MS + 700)):
+            connection.input_audio_buffer.append(audio=audio)
+        events = collect_until_done(connection, also=("conversation.item.input_audio_transcription.completed",))
+    types = [e.type for e in events]
+    order = ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
+             "conversation.item.added", "response.created", "response.output_item.added",
+             "response.content_part.added", "response.output_audio.delta", "response.output_audio.done",
+             "response.output_item.done", "response.done"]
+    firsts = [types.index(t) for t in order]
+    assert firsts == sorted(firsts), types  # the usual order
+    check_one_answer_to_the_whole_turn(events)
+    done = next(e for e in events if e.type == "response.done").response
+    assert done.status == "completed" and "Paris" in done.output[0].content[0].transcript, done.output
+    until(lambda: preemptive(server)["used"] == before["used"] + 1, "the preemptive answer counted as used", timeout=10)
+    after = preemptive(server)
+    assert after["dropped"] == before["dropped"], (before, after)  # it was the one started at the pause
+    stopped = next(e for e in events if e.type == "input_audio_buffer.speech_stopped")
+    recorded = milestones(run_dir, stopped.item_id, "first_audio_sent")
+    order = [str(e.meta["milestone"]) for e in recorded]  # in time order
+    assert "preemptive_dropped" not in order, order
+    # answered from the pause: started before the stop (its request submitted before or after the
+    # stop, as fast as the transcription was), its audio sent after the turn was confirmed
+    for chain in (["preempted", "speech_stopped", "turn_confirmed", "first_audio_sent"],
+                  ["preempted", "response_started", "first_audio_sent"]):
+        assert [m for m in order if m in chain] == chain, order
+    until(lambda: idle(server), "no request state left anywhere", timeout=30)
+
+
+QUESTIONS = ("capital_of_france", "days_in_a_week", "largest_planet", "sky_colour", "spider_legs")
+
+
+def test_fifty_paused_questions_leave_nothing_of_their_dropped_answers(
+    client: openai.OpenAI, server: ServerProcess
+) -> None:
+    """The issue's test: 50 questions, each with a pause mid-sentence (the 5 sample questions,
+    10 sessions of 5): every dropped preemptive answer leaves no conversation item, no audio
+    event, no pipeline state."""
+    before = preemptive(server)
+    for _ in range(10):
+        with client.realtime.connect(model="voice-assistant") as connection:
+            open_session(connection)
+            last_item = None  # the conversation's last item, as the client knows it
+            for i, name in enumerate(QUESTIONS):
+                events = ask_with_a_pause(connection, server, name, wait_for_the_answer=i % 2 == 0)
+                check_one_answer_to_the_whole_turn(events)
+                # each item follows the one before it: no item of a dropped answer between them
+                committed = next(e for e in events if e.type == "input_audio_buffer.committed")
+                assert committed.previous_item_id == last_item, (committed, last_item)
+                done = next(e for e in events if e.type == "response.done").response
+                assert done.status == "completed", done
+                last_item = done.output[0].id
+            connection.conversation.item.create(item={"type": "message", "role": "user",
+                                                      "content": [{"type": "input_text", "text": "Thanks."}]})
+            added = connection.recv()
+            assert added.type == "conversation.item.added" and added.previous_item_id == last_item, added
+    until(lambda: preemptive(server)["used"] == before["used"] + 50, "50 preemptive answers used", timeout=10)
+    after = preemptive(server)
+    assert after["dropped"] >= before["dropped"] + 50, (before, after)  # at least the one at each pause
+    until(lambda: idle(server), "no request state left anywhere", timeout=30)
+
+
+# --- in the test process: the session object, real Silero VAD, the scripted pipeline ---------
+# (as tests/serving/realtime/test_session_events.py; the pipeline is the one test double, so
+# every request the session submits and aborts is known)
+
+
+class Session:
+    """A realtime session answering its turns by server VAD, and what it sent."""
+
+    def __init__(self) -> None:
+        from omnictl.coordinator.request import RequestEvent, RequestEventKind
+        from omnictl.outputs import Transcript
+        from omnictl.serving.realtime import events as ev
+        from omnictl.serving.realtime.session import RealtimeSession
+        from omnictl.serving.realtime.vad import SileroModel
+        from omnictl.serving.state import ServingState
+        from tests.serving.scripted import ScriptedPipeline, text_events
+
+        self.pipeline = ScriptedPipeline(script=lambda inputs, modalities: (
+            [RequestEvent(RequestEventKind.RESULT, "hear", Transcript(text="what is the capital of"))]
+            if modalities == ["transcript"] else text_events(["an", "answer"])))
+        self.state = ServingState(model_name="m", pipeline=self.pipeline)  # type: ignore[arg-type]
+        self.sent: list[dict[str, Any]] = []
+        self.ev = ev
+        model = SileroModel()
+        self.session = RealtimeSession(self.state, self.pipeline, lambda e: self.sent.append(json.loads(ev.encode(e))),  # type: ignore[arg-type]
+                                       "m", silero=lambda: model)
+        self.session.settings.output_modalities = ["text"]
+
+    async def send(self, event: dict[str, Any]) -> None:
+        await self.session.handle(self.ev.decode_client_event(json.dumps(event)))
+
+    async def speak(self, pcm: bytes) -> None:
+        for start in range(0, len(pcm), 4800):
+            await self.session.feed(pcm[start : start + 4800])
+
+    def submitted(self, prefix: str) -> list[str]:
+        return [rid for _, _, rid, _, _ in self.pipeline.submitted if rid and rid.startswith(prefix)]
+
+    async def paused(self) -> None:
+        """The question up to its pause: the preemptive answer's response submitted, nothing sent."""
+        from tests.support.wait import eventually
+
+        before, _ = paused_question("capital_of_france")
+        await self.speak(before)
+        await eventually(lambda: self.submitted("resp_req"), "the preemptive answer submitted")
+        assert [e["type"] for e in self.sent] == ["input_audio_buffer.speech_started"]  # nothing of it
+
+    def dropped_everywhere(self) -> None:
+        """Every request the preemptive answer made was aborted; nothing of it sent or kept."""
+        assert set(self.submitted("resp_req")) <= set(self.pipeline.aborts), self.pipeline.aborts
+        assert not self.state.active and not self.session.conversation.turns
+        assert not any(e["type"].startswith(ANSWER_EVENTS) for e in self.sent), self.sent
+
+
+def run_session(scenario: Any) -> None:
+    from tests.support.wait import run
+
+    run(scenario, timeout=60)
+
+
+def test_a_clear_drops_the_preemptive_answer_everywhere() -> None:
+    async def scenario() -> None:
+        s = Session()
+        await s.paused()
+        await s.send({"type": "input_audio_buffer.clear"})
+        await asyncio.gather(*list(s.session._tasks), return_exceptions=True)
+        s.dropped_everywhere()
+        assert [e["type"] for e in s.sent] == ["input_audio_buffer.speech_started", "input_audio_buffer.cleared"]
+        assert s.state.metrics.preemptive.labels("dropped")._value.get() == 1  # type: ignore[attr-defined]
+
+    run_session(scenario)
+
+
+def test_a_closed_session_drops_the_preemptive_answer_everywhere() -> None:
+    async def scenario() -> None:
+        s = Session()
+        await s.paused()
+        await s.session.close()
+        s.dropped_everywhere()
+
+    run_session(scenario)
+
+
+def test_response_create_during_the_pause_drops_it_and_answers_once() -> None:
+    async def scenario() -> None:
+        s = Session()
+        await s.send({"type": "conversation.item.create", "item": {
+            "role": "user", "content": [{"type": "input_text", "text": "Hello."}]}})  # what response.create answers
+        s.sent.clear()
+        await s.paused()
+        [held] = s.submitted("resp_req")
+        await s.send({"type": "response.create"})
+        await asyncio.gather(*list(s.session._tasks), return_exceptions=True)
+        assert held in s.pipeline.aborts
+        types = [e["type"] for e in s.sent]
+        assert types.count("response.created") == 1 and types[-1] == "response.done", types
+        [done] = [e for e in s.sent if e["type"] == "response.done"]
+        assert done["response"]["status"] == "completed"
+        assert s.submitted("resp_req")[-1] != held and s.submitted("resp_req")[-1] not in s.pipeline.aborts
+
+    run_session(scenario)
+
+
+def test_the_turn_confirmed_at_the_pause_is_answered_by_the_held_response() -> None:
+    async def scenario() -> None:
+        s = Session()
+        await s.paused()
+        [held] = s.submitted("resp_req")
+        await s.speak(silence(800))  # the silence goes on: server VAD's 500 ms confirm the turn
+        await asyncio.gather(*list(s.session._tasks), return_exceptions=True)
+        types = [e["type"] for e in s.sent]
+        assert types == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                         "input_audio_buffer.committed", "conversation.item.added",
+                         "conversation.item.input_audio_transcription.delta",
+                         "conversation.item.input_audio_transcription.completed", "conversation.item.done",
+                         "response.created", "conversation.item.added", "response.output_item.added",
+                         "response.content_part.added", "response.output_text.delta", "response.output_text.delta",
+                         "response.output_text.done", "response.content_part.done", "response.output_item.done",
+                         "conversation.item.done", "response.done"], types
+        assert s.submitted("resp_req") == [held] and len(s.submitted("transcribe")) == 1 and not s.pipeline.aborts
+        [heard] = [e for e in s.sent if e["type"] == "conversation.item.input_audio_transcription.completed"]
+        assert heard["transcript"] == "what is the capital of"  # the transcript the answer heard
+        assert [t.role for t in s.session.conversation.turns] == ["user", "assistant"]
+        assert s.state.metrics.preemptive.labels("used")._value.get() == 1  # type: ignore[attr-defined]
+
+    run_session(scenario)
