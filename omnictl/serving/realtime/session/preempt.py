@@ -165,6 +165,13 @@ class Preemption(SessionCore):
             except asyncio.CancelledError:  # the session closed while it was getting ready
                 await p.run.discard()
                 raise
+            except Exception:  # a bug in the preemptive start must not leave the turn unanswered
+                log.exception(
+                    "realtime session %s: the preemptive answer to item %s failed (requests %s); answered at the turn",
+                    self.id,
+                    p.item_id,
+                    p.request_ids(),
+                )
             if p.transcript is not None:
                 self._heard(turn, p.transcript, p.transcribe_id)
                 turn.transcribed.set()
