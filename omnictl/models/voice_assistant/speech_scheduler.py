@@ -34,6 +34,7 @@ from omnictl.models.voice_assistant.tts import (
     DEFAULT_VOICE,
     FIRST_WORDS,
     RAMP_MIN_CHARS,
+    RAMP_MIN_TAIL_CHARS,
     VOICES,
     PiperSpeaker,
     SentenceSplitter,
@@ -65,6 +66,11 @@ RAMP_SHARE = 0.5
 # hand) left, and nothing queued, gets the words written so far of its unfinished sentence:
 # a second covers a short piece's synthesis and a slow token or two.
 RUNNING_DRY_S = 1.0
+# ... and once it has less than this left, words from RAMP_MIN_TAIL_CHARS (two or three) go:
+# after a first clause of a second or less ("I'm sorry,") a thinker writing six words a
+# second had not written RAMP_MIN_CHARS more before it had played (a 0.44 s gap,
+# benchmarks/tts_first_piece.py --words-per-s 6); a short piece sounds better than silence.
+LAST_MOMENT_S = 0.5
 
 
 _FINISH = None  # queue marker: the request's last sentence is queued before it
@@ -138,7 +144,9 @@ class SentenceSpeechScheduler(TextStreamFollower):
         if speech is not None:
             self._queue(request_id, speech.splitter.feed(delta))
             if self._running_dry(request_id, speech):
-                self._queue(request_id, [speech.splitter.take_words()])
+                slack = self.deadlines.slack(request_id, time.monotonic())
+                least = RAMP_MIN_CHARS if slack >= LAST_MOMENT_S else RAMP_MIN_TAIL_CHARS
+                self._queue(request_id, [speech.splitter.take_words(least)])
 
     def on_stream_done(self, request_id: str, state: FollowedText) -> None:
         speech = self._speech.get(request_id)
