@@ -79,8 +79,9 @@ class ServerMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-        # A realtime turn's milestones, each from the end of its speech (speech stopped; the
-        # commit where no VAD decided the turn): omnictl.serving.realtime.session.milestones.
+        # A realtime turn's milestones, each from the end of its speech (the pause a preemptive
+        # answer started at, else speech stopped; the commit where no VAD decided the turn):
+        # omnictl.serving.realtime.session.milestones.
         self.turn = Histogram(
             "omnictl_realtime_turn_seconds",
             "Realtime turn: seconds from the end of speech to each milestone, by `milestone`",
