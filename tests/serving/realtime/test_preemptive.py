@@ -361,3 +361,30 @@ def test_the_turn_confirmed_at_the_pause_is_answered_by_the_held_response() -> N
         assert s.state.metrics.preemptive.labels("used")._value.get() == 1  # type: ignore[attr-defined]
 
     run_session(scenario)
+
+
+def test_speech_resuming_drops_the_held_answer_and_the_turn_gets_the_next_one() -> None:
+    from tests.support.wait import eventually
+
+    async def scenario() -> None:
+        s = Session()
+        await s.paused()
+        [held] = s.submitted("resp_req")
+        _, after = paused_question("capital_of_france")
+        spoken = len(after) - len(silence(CONFIRM_MS + 700))
+        await s.speak(after[:spoken])  # "France?"
+        await eventually(lambda: held in s.pipeline.aborts, "the held answer aborted as the speech came back")
+        assert "input_audio_buffer.speech_stopped" not in [e["type"] for e in s.sent]
+        await s.speak(after[spoken:])  # silence to the confirmation
+        await asyncio.gather(*list(s.session._tasks), return_exceptions=True)
+        answered = s.submitted("resp_req")[-1]
+        assert answered != held and answered not in s.pipeline.aborts  # the answer started at the real end
+        types = [e["type"] for e in s.sent]
+        assert types.count("response.created") == 1 and types.count("input_audio_buffer.committed") == 1, types
+        assert types.index("input_audio_buffer.committed") < types.index("response.created")
+        assert [t.role for t in s.session.conversation.turns] == ["user", "assistant"]
+        assert not s.state.active
+        metrics = s.state.metrics.preemptive
+        assert metrics.labels("dropped")._value.get() == 1 and metrics.labels("used")._value.get() == 1  # type: ignore[attr-defined]
+
+    run_session(scenario)
