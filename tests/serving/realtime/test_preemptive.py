@@ -202,6 +202,29 @@ def test_a_plain_question_is_answered_by_the_answer_started_at_its_end(
     until(lambda: idle(server), "no request state left anywhere", timeout=30)
 
 
+def test_semantic_vad_answers_a_plain_question_with_the_answer_started_at_its_pause(
+    client: openai.OpenAI, server: ServerProcess
+) -> None:
+    """The turn model confirms the turn (after 300 ms of silence at eagerness auto); the answer
+    started at 200 ms is the one the client gets."""
+    before = preemptive(server)
+    with client.realtime.connect(model="voice-assistant") as connection:
+        assert connection.recv().type == "session.created"
+        connection.session.update(session={
+            "type": "realtime", "output_modalities": ["text", "audio"], "max_output_tokens": 12,
+            "audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "auto"}}}})
+        assert connection.recv().type == "session.updated"
+        for audio in chunks(silence(300) + pcm16(question("capital_of_france"), PCM16_RATE) + silence(4500)):
+            connection.input_audio_buffer.append(audio=audio)
+        events = collect_until_done(connection, also=("conversation.item.input_audio_transcription.completed",))
+    check_one_answer_to_the_whole_turn(events)
+    done = next(e for e in events if e.type == "response.done").response
+    assert done.status == "completed" and "Paris" in done.output[0].content[0].transcript, done.output
+    until(lambda: preemptive(server)["used"] == before["used"] + 1, "the preemptive answer counted as used", timeout=10)
+    assert preemptive(server)["dropped"] == before["dropped"]
+    until(lambda: idle(server), "no request state left anywhere", timeout=30)
+
+
 QUESTIONS = ("capital_of_france", "days_in_a_week", "largest_planet", "sky_colour", "spider_legs")
 
 
