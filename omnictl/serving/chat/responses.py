@@ -74,6 +74,7 @@ class ChunkTranslator:
     def __post_init__(self) -> None:
         self.encoder = AudioStreamEncoder(self.audio_format)
         self.audio_sent = False
+        self._spoken = ""  # the audio transcripts sent so far, joined
 
     def tail(self) -> list[dict[str, Any]]:
         """What a compressed audio stream's encoder still held (its last frames), as one
@@ -115,10 +116,16 @@ class ChunkTranslator:
             return [self._chunk({"content": data.text})] if data.text else []
         if isinstance(data, AudioChunk):  # an AudioResult too
             self.audio_sent = True
+            words = data.transcript
+            # The TTS says its pieces without the space between them ("The capital of France",
+            # "is Paris."): a client joins the deltas, so each piece after the first brings its space.
+            if words and self._spoken and not self._spoken[-1].isspace() and not words[0].isspace():
+                words = " " + words
+            self._spoken += words
             audio = {
                 "id": self.audio_id,
                 "data": b64(self.encoder.encode(data.samples, data.sample_rate)),
-                "transcript": data.transcript,
+                "transcript": words,
                 "expires_at": self.created + AUDIO_TTL_S,
             }
             return [self._chunk({"audio": audio})]

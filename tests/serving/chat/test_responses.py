@@ -128,3 +128,11 @@ def test_a_stream_without_audio_has_no_tail() -> None:
     t = ChunkTranslator("chatcmpl-7", "m", "mp3")
     t.on_stream("decode", TextDelta(text="Hi"))
     assert t.tail() == []
+
+
+def test_streamed_audio_transcripts_join_with_a_space_between_the_pieces() -> None:
+    t = ChunkTranslator("chatcmpl-1", "m", "pcm16")
+    pieces = ["The capital of France", "is Paris,", " as", "everyone knows."]
+    sent = [delta(t.on_stream("tts", AudioChunk(samples=TONE, sample_rate=16000, transcript=p))[0])["audio"]["transcript"]
+            for p in pieces]
+    assert "".join(sent) == "The capital of France is Paris, as everyone knows."
