@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from omnictl.playback.policy import check_policy
+from omnictl.playback.policy import DEFAULT_POLICY, check_policy
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's from Python 3.11
@@ -130,7 +130,7 @@ class LaunchConfig:
     ready_timeout: float = 120.0  # seconds every stage process may take to load
     # how stages that make audio for several streams pick the next: "fifo" or "deadline"
     # (least playback slack first; see omnictl.playback.policy)
-    audio_policy: str = "fifo"
+    audio_policy: str = DEFAULT_POLICY
     faults: FaultConfig = field(default_factory=FaultConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     profiling: ProfilingConfig = field(default_factory=ProfilingConfig)

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from omnictl.cli import placement
+from omnictl.playback.policy import DEFAULT_POLICY
 
 
 def serve_command(
@@ -91,7 +92,7 @@ def serve_command(
             metavar="POLICY",
             help="How audio stages pick the next stream: fifo, or deadline (least playback slack first).",
         ),
-    ] = "fifo",
+    ] = DEFAULT_POLICY,
     max_underrun_ms: Annotated[
         float | None,
         typer.Option(

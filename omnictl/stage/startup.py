@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from omnictl.playback.policy import DEFAULT_POLICY
 from omnictl.topology.model import Topology, Transport
 from omnictl.transports.curve import CurveKeys
 
@@ -37,7 +38,7 @@ class WorkerConfig:
         "127.0.0.1"  # where it takes tcp data; None: $OMNICTL_DATA_HOST, else its Ray node's address
     )
     tcp_port: int = 0  # 0: OS-chosen; a restart asks for its predecessor's, so peers reconnect as they are
-    audio_policy: str = "fifo"  # given to stage factories that take `audio_policy`
+    audio_policy: str = DEFAULT_POLICY  # given to stage factories that take `audio_policy`
     curve: CurveKeys | None = None  # the launch's keys: given iff it takes tcp; every tcp socket uses CurveZMQ
 
 
