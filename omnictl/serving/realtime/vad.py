@@ -25,6 +25,7 @@ import numpy as np
 
 from omnictl.audio import resample
 from omnictl.exceptions import LaunchError
+from omnictl.serving.realtime.events import SILENCE_MS
 
 VAD_RATE = 16_000
 FRAME = 512  # samples per frame at 16 kHz: what the model is trained on (32 ms)
@@ -115,7 +116,7 @@ class SileroVad:
 
 
 # ms of silence after speech at which the answer starts preemptively (the turn not confirmed
-# yet). 200 ms: below every confirmation point (server_vad's 500 ms default, semantic_vad's
+# yet). 200 ms: below every confirmation point (server_vad's 700 ms default, semantic_vad's
 # first check at 300 ms) so the answer gets a head start of 100 to 300 ms; above the silences
 # inside words and between most words of running speech (stop closures and word gaps are
 # mostly under 150 ms), which would otherwise start and drop an answer at every gap: each
@@ -127,7 +128,7 @@ PREEMPT_MS = 200
 class VadSettings:
     threshold: float = 0.5
     prefix_padding_ms: int = 300
-    silence_duration_ms: int = 500
+    silence_duration_ms: int = SILENCE_MS
     preempt_ms: int | None = PREEMPT_MS  # None: no pauses (no preemptive answers)
 
 

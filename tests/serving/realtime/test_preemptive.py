@@ -366,7 +366,7 @@ def test_the_turn_confirmed_at_the_pause_is_answered_by_the_held_response() -> N
         s = Session()
         await s.paused()
         [held] = s.submitted("resp_req")
-        await s.speak(silence(800))  # the silence goes on: server VAD's 500 ms confirm the turn
+        await s.speak(silence(800))  # the silence goes on: server VAD's 700 ms confirm the turn
         await asyncio.gather(*list(s.session._tasks), return_exceptions=True)
         types = [e["type"] for e in s.sent]
         assert types == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",

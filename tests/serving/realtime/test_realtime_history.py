@@ -55,7 +55,7 @@ def test_after_a_barge_in_and_a_truncate_the_next_prompt_holds_only_the_words_he
                 item_id = event.item_id
             elif event.type == "response.output_audio_transcript.delta":
                 said.append(event.delta)
-        for audio in chunks(sample("sky_colour") + silence(900)):  # the user talks over it
+        for audio in chunks(sample("sky_colour") + silence(1200)):  # the user talks over it (then the 700 ms that end the turn)
             connection.input_audio_buffer.append(audio=audio)
         events = collect_until_done(connection, also=("conversation.item.input_audio_transcription.completed",))
         done = next(e for e in events if e.type == "response.done").response
