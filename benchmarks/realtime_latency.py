@@ -220,6 +220,8 @@ def main(args: argparse.Namespace) -> int:
     for turn in cut:
         if turn.cut_off:
             print(f"  cut off: {turn.question.text!r} -> {turn.answer!r}")
+        elif not is_correct(turn.answer, turn.question):
+            print(f"  wrong with the pause: {turn.question.text!r} -> {turn.answer!r}")
     realtime_right = sum(is_correct(t.answer, t.question) for t in one)
     print(
         f"accuracy: realtime {realtime_right}/{len(one)} right, chat completions (whole recording) "
