@@ -69,6 +69,21 @@ def wait_readable(wires: Sequence[_Readable], timeout_ms: int) -> list[_Readable
     return [wire for wire in wires if wire._socket in ready]
 
 
+def _bound(kind: int, address: str, linger_ms: int) -> tuple[zmq.Context[zmq.Socket[bytes]], zmq.Socket[bytes]]:
+    """A context of its own and a ``kind`` socket on it bound at ``address``; OSError naming the
+    address when it cannot be bound (the socket and context closed first)."""
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    socket = context.socket(kind)
+    socket.setsockopt(zmq.LINGER, linger_ms)
+    try:
+        socket.bind(address)
+    except zmq.ZMQError as error:
+        socket.close()
+        context.term()
+        raise OSError(f"profiling collector cannot bind {address}: {error}") from error
+    return context, socket
+
+
 class EventPull(_Readable):
     """The collector's PULL socket, bound at ``address`` (and tcp, see ``tcp_address``)."""
 
@@ -78,15 +93,7 @@ class EventPull(_Readable):
         address that could not be bound."""
         self.tcp_address: str | None = None
         self._authenticator: ThreadAuthenticator | None = None
-        self._context = zmq.Context()
-        self._socket = self._context.socket(zmq.PULL)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        try:
-            self._socket.bind(address)
-        except zmq.ZMQError as error:
-            self._socket.close()
-            self._context.term()
-            raise OSError(f"profiling collector cannot bind {address}: {error}") from error
+        self._context, self._socket = _bound(zmq.PULL, address, linger_ms=0)
         if tcp_host is not None and curve is not None:
             self._authenticator = start_authenticator(self._context, curve)
             curve.serve(self._socket)  # the ipc endpoint bound before keeps no security
@@ -121,15 +128,7 @@ class ControlServer(_Readable):
 
     def __init__(self, address: str) -> None:
         """Raises OSError naming the address that could not be bound."""
-        self._context = zmq.Context()
-        self._socket = self._context.socket(zmq.REP)
-        self._socket.setsockopt(zmq.LINGER, 1000)  # the stop's reply must still go out
-        try:
-            self._socket.bind(address)
-        except zmq.ZMQError as error:
-            self._socket.close()
-            self._context.term()
-            raise OSError(f"profiling collector cannot bind {address}: {error}") from error
+        self._context, self._socket = _bound(zmq.REP, address, linger_ms=1000)  # the stop's reply must still go out
 
     def recv(self) -> bytes:
         return self._socket.recv()
