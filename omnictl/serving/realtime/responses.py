@@ -126,14 +126,12 @@ class ResponseRun:
                 await self._unless_cancelled(conversation.transcripts())
                 if self.cancel_reason is not None:
                     return self._done("cancelled")
-                if self.state.unresponsive:  # as admission refuses HTTP requests: never sent to hang there
-                    names = ", ".join(repr(p) for p in self.state.unresponsive)
-                    return self._done("failed", f"stage process {names} is not responding (see /health); retry later")
-                refusal = underrun_refusal(self.state, self.modalities)  # admission by continuity, as HTTP's 429
-                if refusal is not None:
-                    refused = f"{refusal.message} (retry after {refusal.retry_after_s} s)"
-                    self.send(ev.error_event(ev.EventError(refused, "audio_underrun", kind="rate_limit_error")))
-                    return self._done("failed", refused)
+                refused = self._refusal()
+                if refused is not None:
+                    why, told = refused
+                    if told is not None:
+                        self.send(ev.error_event(told))
+                    return self._done("failed", why)
                 await self._submit(build())
             if self.cancel_reason is not None:  # cancelled while submitting (or while held)
                 await self.pipeline.abort(self.request_id or "")
@@ -162,6 +160,19 @@ class ResponseRun:
                 await self.pipeline.abort(self.tracked.request.id)
                 self.tracked.finish("aborted")
 
+    def _refusal(self) -> tuple[str, ev.EventError | None] | None:
+        """Why the server would not take this response now, and the ``error`` event that tells
+        the client (if one does), or None. As admission refuses HTTP requests: never sent to a
+        stage process that is not responding, nor past what playback continuity admits (429)."""
+        if self.state.unresponsive:
+            names = ", ".join(repr(p) for p in self.state.unresponsive)
+            return f"stage process {names} is not responding (see /health); retry later", None
+        refusal = underrun_refusal(self.state, self.modalities)
+        if refusal is None:
+            return None
+        refused = f"{refusal.message} (retry after {refusal.retry_after_s} s)"
+        return refused, ev.EventError(refused, "audio_underrun", kind="rate_limit_error")
+
     async def prepare(
         self, conversation: Conversation, turns: Sequence[Turn], build: Callable[[], ChatRequest]
     ) -> bool:
@@ -174,9 +185,7 @@ class ResponseRun:
         items it answers (their transcripts are awaited; the turn it answers is committed
         meanwhile, and waits for this)."""
         await self._unless_cancelled(conversation.transcripts(turns))
-        if self.cancel_reason is not None or self.state.unresponsive:
-            return False
-        if underrun_refusal(self.state, self.modalities) is not None:
+        if self.cancel_reason is not None or self._refusal() is not None:
             return False
         try:
             await self._submit(build())
