@@ -44,7 +44,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 AUDIO_FORMATS = ("wav", "pcm16")
 PCM16_RATE = 24_000  # the OpenAI convention for raw pcm16
 ARRAY_RATE = 16_000  # numpy arrays without a sample_rate are taken as 16 kHz
-PARAM_KEYS = ("sampling", "voice")  # what every stage sees of a request (RequestContext.params)
+PARAM_KEYS = ("sampling", "voice", "speed")  # what every stage sees of a request (RequestContext.params)
 SPEECH_SAMPLING = "speech_sampling"  # a SpeechRequest's sampling, in RequestContext.params
 _MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}
 # Leading bytes of the image formats the image processors read.
@@ -53,6 +53,13 @@ _IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"B
 
 def _fail(field: str, problem: str) -> InvalidRequest:
     return InvalidRequest(f"{field}: {problem}", field=field)
+
+
+def _speed(value: Any) -> float:
+    """A speaking speed as a float: a number from 0.25 to 4.0 (OpenAI's range; 2.0 is twice as fast)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.25 <= value <= 4.0:
+        raise _fail("speed", f"must be a number from 0.25 to 4.0, got {value!r}")
+    return float(value)
 
 
 def _set(obj: msgspec.Struct, name: str, value: Any) -> None:
@@ -145,6 +152,7 @@ class ChatRequest(WireStruct, frozen=True, kw_only=True):  # type: ignore[misc] 
     messages: tuple[ChatMessage, ...]
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     voice: str | None = None
+    speed: float = 1.0  # of the spoken answer, 0.25 to 4.0 (realtime's audio.output.speed); the TTS stage applies it
     language: str | None = None  # of the spoken parts (ISO-639-1); None: the recognizer's default
     recognition: RecognitionOptions | None = None  # the audio endpoints' options; None: a chat's defaults
 
@@ -157,6 +165,7 @@ class ChatRequest(WireStruct, frozen=True, kw_only=True):  # type: ignore[misc] 
                 raise _fail(f"messages[{i}]", f"must be a ChatMessage, got {_kind(message)}")
         if not isinstance(self.sampling, SamplingParams):
             raise _fail("sampling", f"must be a SamplingParams, got {_kind(self.sampling)}")
+        _set(self, "speed", _speed(self.speed))
 
     def last_user_message(self) -> ChatMessage | None:
         for message in reversed(self.messages):
@@ -169,6 +178,8 @@ class ChatRequest(WireStruct, frozen=True, kw_only=True):  # type: ignore[misc] 
         params: dict[str, Any] = {"sampling": self.sampling.as_dict()}
         if self.voice is not None:
             params["voice"] = self.voice
+        if self.speed != 1.0:
+            params["speed"] = self.speed
         return params
 
 
@@ -190,9 +201,7 @@ class SpeechRequest(WireStruct, frozen=True, kw_only=True):  # type: ignore[misc
             raise _fail("input", "must be non-empty text to speak")
         if self.voice is not None and (not isinstance(self.voice, str) or not self.voice):
             raise _fail("voice", f"must be a voice name (a non-empty string), got {self.voice!r}")
-        if isinstance(self.speed, bool) or not isinstance(self.speed, (int, float)) or not 0.25 <= self.speed <= 4.0:
-            raise _fail("speed", f"must be a number from 0.25 to 4.0, got {self.speed!r}")
-        _set(self, "speed", float(self.speed))
+        _set(self, "speed", _speed(self.speed))
         if not isinstance(self.sampling, SamplingParams):
             raise _fail("sampling", f"must be a SamplingParams, got {_kind(self.sampling)}")
 
@@ -217,7 +226,7 @@ def as_chat_request(inputs: Any) -> ChatRequest:
 
 def request_params(inputs: Any) -> dict[str, Any]:
     """The parameters every stage sees for a request with these ``inputs``: its
-    ``sampling`` and ``voice``. A mapping's are passed as given (stages validate them)."""
+    ``sampling``, ``voice`` and ``speed``. A mapping's are passed as given (stages validate them)."""
     if isinstance(inputs, (ChatRequest, SpeechRequest)):
         return inputs.params()
     if isinstance(inputs, dict):
@@ -268,7 +277,7 @@ def parse_request(
     """
     bounds = _Bounds(max_audio_bytes, max_audio_seconds, local_images)
     _expect(inputs, Mapping, "inputs", "an object")
-    _no_unknown_keys(inputs, {"messages", "sampling", "voice", "language"}, "inputs")
+    _no_unknown_keys(inputs, {"messages", "sampling", "voice", "speed", "language"}, "inputs")
     messages = _expect(inputs.get("messages"), list, "messages", "a list of chat messages")
     if not messages:
         raise _fail("messages", "must contain at least one message")
@@ -284,6 +293,7 @@ def parse_request(
         messages=tuple(_parse_message(message, f"messages[{i}]", bounds) for i, message in enumerate(messages)),
         sampling=SamplingParams.from_mapping(inputs.get("sampling")),
         voice=voice,
+        speed=_speed(inputs.get("speed", 1.0)),
         language=language,
     )
 

@@ -157,6 +157,9 @@ def test_int16_numpy_array_is_scaled() -> None:
         (request(sampling={"temprature": 0.5}), "sampling.temprature"),
         (request(sampling=[1]), "sampling"),
         (request(voice=""), "voice"),
+        (request(speed=0.1), "speed"),
+        (request(speed=True), "speed"),
+        (request(speed="fast"), "speed"),
         (request(colour="red"), "inputs.colour"),
     ],
 )
@@ -302,6 +305,10 @@ def test_request_params_are_what_stages_read_and_msgpack_plain() -> None:
     # A dict's are passed on as given (the stages validate them), as before; anything else has none.
     assert request_params({"text": "x", "sampling": {"top_k": 2}, "voice": "v"}) == {"sampling": {"top_k": 2}, "voice": "v"}
     assert request_params({"text": "x"}) == {} and request_params("text") == {}
+    # A speaking speed reaches the stages only when it asks for something (the TTS applies it).
+    fast = parse_request({"messages": [{"role": "user", "content": "x"}], "speed": 1.5})
+    assert fast.speed == 1.5 and request_params(fast) == {"sampling": {}, "speed": 1.5}
+    assert ChatRequest(messages=fast.messages, speed=2).speed == 2.0  # an int is taken as a float
 
 
 def test_the_request_types_check_themselves_and_are_frozen() -> None:

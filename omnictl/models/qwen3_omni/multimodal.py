@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 import torch
 
+from omnictl.exceptions import InvalidRequest
 from omnictl.inputs import AudioPart, ChatRequest, ImagePart, TextPart, as_chat_request, decode_audio, load_image
 from omnictl.models.qwen3_omni.processor import load_processor
 from omnictl.models.qwen3_omni.weights import check_model_path, load_thinker
@@ -31,6 +32,11 @@ class Preprocessor:
 
     def __call__(self, data: ChatRequest | Mapping[str, Any]) -> dict[str, Any]:
         request = as_chat_request(data)  # audio arrives decoded; only resampled here
+        if request.speed != 1.0:  # refused, not ignored: the talker has no duration control
+            raise InvalidRequest(
+                f"speed: Qwen3-Omni's talker speaks at its own pace and cannot apply {request.speed:g}; send 1.0",
+                field="speed",
+            )
         conversation: list[dict[str, Any]] = []
         audios: list[Any] = []
         images: list[Any] = []

@@ -160,7 +160,13 @@ class Conversation:
             await turn.transcribed.wait()
 
     def request(
-        self, instructions: str, sampling: SamplingParams, voice: str | None, turns: Sequence[Turn] | None = None
+        self,
+        instructions: str,
+        sampling: SamplingParams,
+        voice: str | None,
+        turns: Sequence[Turn] | None = None,
+        *,
+        speed: float = 1.0,
     ) -> ChatRequest:
         """The whole conversation as one chat request: instructions first, then every item
         (``turns`` instead, when given: a preemptive answer's, the conversation as it was at
@@ -174,4 +180,4 @@ class Conversation:
             else:
                 part = TextPart(text=turn.text or "")
             messages.append(ChatMessage(role=turn.role, parts=(part,)))
-        return ChatRequest(messages=tuple(messages), sampling=sampling, voice=voice)
+        return ChatRequest(messages=tuple(messages), sampling=sampling, voice=voice, speed=speed)

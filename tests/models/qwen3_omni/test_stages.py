@@ -18,6 +18,7 @@ import pytest
 import torch
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
+from omnictl.exceptions import InvalidRequest
 from omnictl.inputs import parse_request
 from omnictl.models.qwen3_omni import stages
 from omnictl.models.qwen3_omni.payloads import TalkerResult
@@ -115,6 +116,14 @@ def test_preprocessing_drops_raw_media(tiny_qwen: Path) -> None:
     assert set(front) == {"input_ids", "attention_mask", "input_features", "feature_attention_mask"}
     image_front = stages.preprocessing(str(tiny_qwen))(request("image"))
     assert set(image_front) == {"input_ids", "attention_mask", "pixel_values", "image_grid_thw"}
+
+
+def test_preprocessing_refuses_a_speed_the_talker_cannot_apply_naming_it(tiny_qwen: Path) -> None:
+    preprocess = stages.preprocessing(str(tiny_qwen))
+    with pytest.raises(InvalidRequest, match="speed: .*cannot apply 1.25") as refused:
+        preprocess({**request("text"), "speed": 1.25})
+    assert refused.value.field == "speed"
+    assert "input_ids" in preprocess({**request("text"), "speed": 1.0})  # the default passes
 
 
 def test_merge_multimodal_needs_preprocessing() -> None:

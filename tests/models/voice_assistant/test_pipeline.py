@@ -102,3 +102,19 @@ def test_the_servers_typed_request_is_answered_with_its_sampling(pipeline: tuple
     answer = result["decode"]
     assert isinstance(answer, TextResult)
     assert answer.completion_tokens == 3 and answer.finish_reason is FinishReason.LENGTH
+
+
+def test_the_requests_speed_reaches_piper_and_the_same_answer_is_spoken_faster(pipeline: tuple[LoopThread, Any]) -> None:
+    # A realtime session's audio.output.speed arrives as the chat request's speed; greedy
+    # sampling gives the same words both times, so only the speaking pace differs.
+    loop, pipe = pipeline
+    inputs = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "sampling": {"max_tokens": 16, "temperature": 0}}
+    spoken = {}
+    for speed in (1.0, 2.0):
+        _, result = loop.run(ask(pipe, {**inputs, "speed": speed}), timeout=300)
+        speech = result["tts"]
+        assert isinstance(speech, AudioResult)
+        spoken[speed] = speech
+    assert spoken[1.0].transcript == spoken[2.0].transcript and "Paris" in spoken[2.0].transcript
+    ratio = spoken[2.0].samples.size / spoken[1.0].samples.size
+    assert 0.4 < ratio < 0.65, ratio  # Piper's phonemes take half as long; its pauses shrink too

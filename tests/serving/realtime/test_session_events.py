@@ -152,6 +152,7 @@ def test_values_in_the_protocol_s_ranges_are_taken_and_temperature_reaches_the_p
         session = client.of("session.updated")[-1]["session"]
         assert session["audio"]["input"]["turn_detection"]["threshold"] == 1
         assert session["audio"]["output"]["voice"] == "en_US-amy-medium"
+        assert session["audio"]["output"]["speed"] == 1.5  # taken, and said so
         await client.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}})
         await said(client)
         await client.send({"type": "response.create"})
@@ -159,6 +160,9 @@ def test_values_in_the_protocol_s_ranges_are_taken_and_temperature_reaches_the_p
         await client.send({"type": "response.create", "response": {"temperature": 1.2}})
         await client.settle()
         assert [inputs.sampling.temperature for inputs, *_ in pipeline.submitted] == [0.6, 1.2]
+        # the speed reaches the pipeline with the request, where the TTS stage applies it
+        assert [inputs.speed for inputs, *_ in pipeline.submitted] == [1.5, 1.5]
+        assert [inputs.params()["speed"] for inputs, *_ in pipeline.submitted] == [1.5, 1.5]
         error = await client.refused({"type": "response.create", "event_id": "e9", "response": {"temperature": 2}})
         assert (error.code, error.param, error.event_id) == ("invalid_value", "response.temperature", "e9")
         assert "0.6 to 1.2" in error.message and len(pipeline.submitted) == 2

@@ -48,7 +48,10 @@ class Configure(SessionCore):
         }
         if s.type == "transcription":
             return ev.TranscriptionSessionObject(id=self.id, audio={"input": audio_input}, transport=self.transport)
-        audio = {"input": audio_input, "output": {"format": s.output_codec.describe(), "voice": s.voice, "speed": 1.0}}
+        audio = {
+            "input": audio_input,
+            "output": {"format": s.output_codec.describe(), "voice": s.voice, "speed": s.speed},
+        }
         return ev.SessionObject(
             id=self.id,
             model=self.model,
@@ -131,8 +134,9 @@ class Configure(SessionCore):
         voice = s.voice
         if out is not msgspec.UNSET and out.voice is not msgspec.UNSET:
             voice = self._voice(out.voice, event_id)
+        speed = s.speed
         if out is not msgspec.UNSET and out.speed is not msgspec.UNSET:
-            in_range(out.speed, SPEED, "session.audio.output.speed", event_id)
+            speed = float(in_range(out.speed, SPEED, "session.audio.output.speed", event_id))
         if inp is not msgspec.UNSET and isinstance(inp.turn_detection, ev.ServerVad):
             vad, where = inp.turn_detection, "session.audio.input.turn_detection"
             in_range(vad.threshold, THRESHOLD, f"{where}.threshold", event_id)
@@ -158,7 +162,7 @@ class Configure(SessionCore):
         s.input_codec, s.output_codec, s.transcription = input_codec, output_codec, transcription
         if inp is not msgspec.UNSET and inp.echo_guard is not msgspec.UNSET:
             self.echo.enabled = inp.echo_guard
-        s.voice = voice
+        s.voice, s.speed = voice, speed
         if inp is not msgspec.UNSET and inp.turn_detection is not msgspec.UNSET:
             s.vad = inp.turn_detection
             self._reset_vad()

@@ -78,7 +78,8 @@ class Lifecycle(SessionCore):
             audio_out=self.audio_out,
             clock=clock,
         )
-        return run, lambda turns: self.conversation.request(instructions, sampling, voice, turns)
+        speed = s.speed
+        return run, lambda turns: self.conversation.request(instructions, sampling, voice, turns, speed=speed)
 
     def _respond(
         self,

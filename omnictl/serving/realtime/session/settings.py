@@ -38,6 +38,7 @@ class Settings:
     output_modalities: list[str] = field(default_factory=lambda: ["audio"])
     vad: ev.TurnDetection | None = field(default_factory=ev.ServerVad)  # None: the client commits turns
     voice: str = DEFAULT_VOICE
+    speed: float = 1.0  # the answer's speaking speed (audio.output.speed); the TTS stage applies it
     max_output_tokens: int | str = "inf"
     temperature: float | None = None  # None: the stage's own
     transcription: bool = True  # transcripts of the user's audio are sent (when the topology transcribes)
