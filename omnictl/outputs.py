@@ -160,6 +160,16 @@ class AudioResult(AudioChunk):
     """An audio terminal's result: the whole waveform and its whole transcript."""
 
 
+def transcript_delta(spoken: str, words: str) -> str:
+    """What a client appends to ``spoken`` (the transcripts of the audio pieces so far, as
+    sent) for the next piece, which says ``words``. A TTS says its pieces without the space
+    between them ("The capital of France", "is Paris."): each piece after the first brings
+    its space, unless one side already has it. Chat completions and realtime both send this."""
+    if words and spoken and not spoken[-1].isspace() and not words[0].isspace():
+        return " " + words
+    return words
+
+
 class TokenDelta(TextDelta):
     """What an autoregressive stage streams: new tokens, their text, and optionally the
     hidden state that produced each token (``hidden[i]`` for ``token_ids[i]``)."""

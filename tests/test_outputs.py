@@ -101,3 +101,21 @@ def test_plain_containers_without_structs_are_not_copied_by_packing() -> None:
     data = {"ids": [1, 2, 3], "nested": {"x": "y"}}
     assert _mark_structs(data) is data
     assert roundtrip(data) == data
+
+
+@pytest.mark.parametrize(
+    ("pieces", "joined"),
+    [
+        (["The capital of France", "is Paris."], "The capital of France is Paris."),
+        (["Hello,", " there.", "Bye."], "Hello, there. Bye."),  # a piece that has its space keeps only it
+        (["Hi. ", "Bye."], "Hi. Bye."),
+        (["", "Hi.", "", "Bye."], "Hi. Bye."),  # a piece with no words adds nothing, not a stray space
+    ],
+)
+def test_the_transcript_deltas_of_tts_pieces_join_with_one_space(pieces: list[str], joined: str) -> None:
+    from omnictl.outputs import transcript_delta
+
+    spoken = ""
+    for words in pieces:
+        spoken += transcript_delta(spoken, words)
+    assert spoken == joined

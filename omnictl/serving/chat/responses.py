@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from omnictl.outputs import AudioChunk, FinishReason, TextDelta, TextResult
+from omnictl.outputs import AudioChunk, FinishReason, TextDelta, TextResult, transcript_delta
 from omnictl.serving.speech.encode import AudioStreamEncoder, b64, encode_whole
 
 AUDIO_TTL_S = 3600
@@ -116,11 +116,7 @@ class ChunkTranslator:
             return [self._chunk({"content": data.text})] if data.text else []
         if isinstance(data, AudioChunk):  # an AudioResult too
             self.audio_sent = True
-            words = data.transcript
-            # The TTS says its pieces without the space between them ("The capital of France",
-            # "is Paris."): a client joins the deltas, so each piece after the first brings its space.
-            if words and self._spoken and not self._spoken[-1].isspace() and not words[0].isspace():
-                words = " " + words
+            words = transcript_delta(self._spoken, data.transcript)  # a client joins the deltas
             self._spoken += words
             audio = {
                 "id": self.audio_id,

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from omnictl.exceptions import InvalidRequest, Overloaded, PipelineDead
 from omnictl.inputs import ChatRequest
-from omnictl.outputs import AUDIO, TEXT, AudioChunk, AudioResult, TextResult
+from omnictl.outputs import AUDIO, TEXT, AudioChunk, AudioResult, TextResult, transcript_delta
 from omnictl.outputs import TextDelta as PipelineTextDelta
 from omnictl.request import RequestEventKind
 from omnictl.serving.common.echo import clip
@@ -121,6 +121,8 @@ class ResponseRun:
     async def run(self, conversation: Conversation, build: Callable[[], ChatRequest]) -> None:
         """Send ``response.created``, wait for transcripts, stream the answer, send ``response.done``."""
         self.send(ev.ResponseCreated(response=self.response("in_progress")))
+        if self.tracked is not None:  # held since :meth:`prepare`: the client asks for it now
+            self.tracked.arrived_now()
         try:
             if self.tracked is None:  # not submitted ahead by :meth:`prepare`
                 await self._unless_cancelled(conversation.transcripts())
@@ -239,7 +241,7 @@ class ResponseRun:
         tracked, turn = self.tracked, self.turn
         encoder = AudioStreamEncoder("pcm16")
         streamed_audio = aborted = False
-        transcript: list[str] = []
+        spoken = ""  # the audio transcript deltas sent, joined
         async for event in tracked.request.events():
             if self.cancel_reason is not None or event.kind is RequestEventKind.ABORTED:
                 aborted = True  # nothing more of this response goes out
@@ -261,16 +263,16 @@ class ResponseRun:
                 )
                 rest = data.text[len(turn.text or "") :] if data.text.startswith(turn.text or "") else ""
                 if rest:
-                    self._text(rest)
+                    self._text(rest, event.at_ns)
                 turn.text = data.text
             elif isinstance(data, PipelineTextDelta):
-                self._text(data.text)
+                self._text(data.text, event.at_ns)
             elif isinstance(data, AudioChunk) and AUDIO in self.modalities:
                 if isinstance(data, AudioResult) and streamed_audio:
                     continue
                 streamed_audio = streamed_audio or event.kind is RequestEventKind.STREAM
-                if self.clock is not None:
-                    self.clock.mark("first_clause", request=tracked.request.id)
+                if self.clock is not None:  # when it came out of the pipeline (a held answer's, before its release)
+                    self.clock.mark("first_clause", request=tracked.request.id, at_ns=event.at_ns)
                 pcm = encoder.encode(data.samples, data.sample_rate)  # pcm16 at 24 kHz
                 start = turn.audio_ms
                 turn.segments.append(Segment(start, start + len(pcm) / 48, data.transcript.strip()))  # 48 bytes/ms
@@ -287,24 +289,25 @@ class ResponseRun:
                     self._first_audio_at = time.monotonic()
                 if self.on_audio is not None:
                     self.on_audio(pcm)
-                words = data.transcript if not transcript else " " + data.transcript
-                transcript.append(words)
+                words = transcript_delta(spoken, data.transcript)
+                spoken += words
                 self.send(ev.AudioTranscriptDelta(response_id=self.id, item_id=turn.id, delta=words))
         if aborted or self.cancel_reason is not None:
             tracked.finish("aborted")
             return "cancelled", None
         tracked.finish("completed")
         if AUDIO in self.modalities:
-            turn.text = turn.text or "".join(transcript)
+            turn.text = turn.text or spoken
         return "completed", None
 
-    def _text(self, delta: str) -> None:
+    def _text(self, delta: str, at_ns: int) -> None:
+        """``delta`` of the answer's text, which came out of the pipeline at ``at_ns``."""
         assert self.turn is not None and self.tracked is not None
         self.turn.text = (self.turn.text or "") + delta
         if delta:
             self.tracked.saw_text()
             if self.clock is not None:
-                self.clock.mark("first_token", request=self.tracked.request.id)
+                self.clock.mark("first_token", request=self.tracked.request.id, at_ns=at_ns)
         if TEXT in self.modalities and delta:
             self._sent_text += delta
             self.send(ev.TextDelta(response_id=self.id, item_id=self.turn.id, delta=delta))

@@ -544,7 +544,9 @@ def test_a_spoken_response_streams_audio_and_its_words_then_done() -> None:
         deltas = client.of("response.output_audio.delta")
         assert len(deltas) == 2 and all(base64.b64decode(d["delta"]) for d in deltas)
         assert len(base64.b64decode(deltas[0]["delta"])) == int(0.05 * RATE) * 2  # resampled to 24 kHz pcm16
-        assert [d["delta"] for d in client.of("response.output_audio_transcript.delta")] == ["Hello ", " there."]
+        deltas = [d["delta"] for d in client.of("response.output_audio_transcript.delta")]
+        assert deltas == ["Hello ", "there."]  # one space between the pieces, never two
+        assert "".join(deltas) == "Hello there."  # what a client joining them reads: the transcript below
         assert client.of("response.output_text.delta") == []  # audio was asked for, not text
         [done] = client.of("response.done")
         response = done["response"]
