@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
+import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 
@@ -38,6 +40,9 @@ class RequestEvent:
     data: Any = None
     error: str | None = None
     field: str | None = None  # ERROR: the request's field a stage found bad (the client's mistake)
+    # When the coordinator had it (monotonic ns): a caller that reads the stream late (a held
+    # preemptive answer) still knows when each step happened.
+    at_ns: int = dataclasses.field(default_factory=time.monotonic_ns, compare=False)  # `field`: the attribute above
 
 
 @dataclass

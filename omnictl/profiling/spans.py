@@ -258,12 +258,15 @@ def _marks(ordered: list[Event]) -> list[Span]:
 
 
 def _milestones(ordered: list[Event]) -> list[Span]:
-    """A realtime turn's milestones, each a zero-length span named by the milestone."""
-    return [
-        Span(str(e.meta.get("milestone")), None, e.process, e.ts, e.ts, "milestone", dict(e.meta))
-        for e in ordered
-        if e.kind is EventKind.TURN_MILESTONE
-    ]
+    """A realtime turn's milestones, each a zero-length span named by the milestone, where it
+    happened (``ago_s`` before it was recorded: a held answer's, recorded at its release), in
+    the order they happened."""
+    spans = []
+    for e in ordered:
+        if e.kind is EventKind.TURN_MILESTONE:
+            at = e.ts - int(_as_float(e.meta.get("ago_s")) * 1e9)
+            spans.append(Span(str(e.meta.get("milestone")), None, e.process, at, at, "milestone", dict(e.meta)))
+    return sorted(spans, key=lambda span: span.start_ns)
 
 
 def _underruns(ordered: list[Event]) -> list[Span]:

@@ -87,6 +87,29 @@ def test_a_preemptive_answer_used_measures_its_turn_from_the_pause() -> None:
     assert turn.since_stop_s("first_audio_sent") == pytest.approx(0.42)
 
 
+def test_a_held_answers_milestones_marked_at_its_release_are_stamped_and_drawn_when_they_happened() -> None:
+    """A preemptive answer is read at its release: its transcript, first token and clause
+    came before, at the times given, and the trace and the figures put them there."""
+    clock = [time.time_ns()]
+    recorded = Recorded(clock)
+    start = clock[0]
+    turn = _turn(recorded, clock, "item_9", {"preempted": 0, "response_started": 150, "speech_stopped": 500,
+                                             "turn_confirmed": 500})
+    clock[0] = start + 520 * MS  # the release
+    for milestone, at_ms in (("transcript_final", 140), ("first_token", 260), ("first_clause", 480)):
+        assert turn.mark(milestone, request="resp_req_1", at_ns=start + at_ms * MS)
+    turn.mark("first_audio_sent", request="resp_req_1")
+    assert turn.since_stop_s("first_token") == pytest.approx(0.26)
+    late = {e.meta["milestone"]: e.meta.get("ago_s") for e in recorded.events}
+    assert late == {"preempted": None, "response_started": None, "speech_stopped": None, "turn_confirmed": None,
+                    "transcript_final": 0.38, "first_token": 0.26, "first_clause": 0.04, "first_audio_sent": None}
+    trace = build_trace("item_9", recorded.events)
+    drawn = [(s.name, (s.start_ns - start) // MS) for s in trace.of_kind("milestone")]
+    assert drawn == [("preempted", 0), ("transcript_final", 140), ("response_started", 150), ("first_token", 260),
+                     ("first_clause", 480), ("speech_stopped", 500), ("turn_confirmed", 500),
+                     ("first_audio_sent", 520)]
+
+
 def test_the_trace_of_a_turn_draws_its_milestones_in_order() -> None:
     clock = [time.time_ns()]
     recorded = Recorded(clock)

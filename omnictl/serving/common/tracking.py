@@ -43,6 +43,7 @@ class PipelineEvent(Protocol):
     data: Any
     error: Any
     field: str | None
+    at_ns: int  # when the coordinator had it (monotonic ns)
 
 
 class PipelineRequest(Protocol):
@@ -76,6 +77,15 @@ class Tracked:
         """This request's audio leaves as a stream, on ``endpoint``: keep its playback clock."""
         self.playback = PlaybackClock(self.started)
         self.endpoint = endpoint
+
+    def arrived_now(self) -> None:
+        """The client's request for it arrives now, after its submission: a held preemptive
+        answer (realtime), submitted at a pause in speech and asked for when the turn is
+        confirmed. Its time to first text and audio, and its playback's TTFP and RTF, count
+        from here, not through the hold; nothing of it was seen before."""
+        self.started = time.perf_counter()
+        if self.playback is not None:
+            self.playback.start = self.started
 
     def saw_text(self) -> None:
         if self.first_text is None:

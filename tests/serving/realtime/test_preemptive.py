@@ -386,6 +386,28 @@ def test_the_turn_confirmed_at_the_pause_is_answered_by_the_held_response() -> N
     run_session(scenario)
 
 
+def test_a_held_answers_milestones_are_when_they_happened_and_its_first_text_counts_from_its_release() -> None:
+    # The held answer is read at its release, but its transcript and first token came at the
+    # pause: the turn's clock says so, and the time to first text does not count the hold.
+    async def scenario() -> None:
+        s = Session()
+        await s.paused()
+        await asyncio.sleep(0.3)  # held: the transcript and the answer's text wait, unread
+        await s.speak(silence(800))  # confirmed
+        await asyncio.gather(*list(s.session._tasks), return_exceptions=True)
+        clock = s.session.turn_clock
+        assert clock is not None
+        at = clock.stamps
+        # (the scripted pipeline has its events ready at the submission, before response_started)
+        assert at["preempted"] <= at["transcript_final"] <= at["first_token"] <= at["response_started"] + 0.01e9, at
+        assert at["turn_confirmed"] - at["first_token"] >= 0.25e9, at  # before the release, by the hold
+        assert at["turn_confirmed"] - at["transcript_final"] >= 0.25e9, at
+        first_text = s.state.metrics.first_text
+        assert first_text._sum.get() < 0.25  # type: ignore[attr-defined]  # from the release, not the submission
+
+    run_session(scenario)
+
+
 def test_speech_resuming_drops_the_held_answer_and_the_turn_gets_the_next_one() -> None:
     from tests.support.wait import eventually
 

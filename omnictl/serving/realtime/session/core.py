@@ -176,7 +176,7 @@ class SessionCore:
         """What ``audio`` says, nothing sent: (transcript, None), (None, None) or (None, why) (:mod:`.transcription`)."""
         raise NotImplementedError
 
-    def _heard(self, turn: Turn, heard: Transcript, request_id: str | None) -> None:
+    def _heard(self, turn: Turn, heard: Transcript, request_id: str | None, at_ns: int | None = None) -> None:
         """A committed turn's transcript: its text, told to the client (:mod:`.transcription`)."""
         raise NotImplementedError
 

@@ -48,6 +48,7 @@ MILESTONES = (
     "preemptive_dropped",  # a preemptive answer dropped: the user went on speaking
 )
 DROPPED = "preemptive_dropped"
+LATE_NS = 1_000_000  # a mark this much after its time says how long ago it happened (``ago_s``)
 
 
 class TurnClock:
@@ -69,15 +70,18 @@ class TurnClock:
         self._histogram = histogram
         self._clock = clock
 
-    def mark(self, milestone: str, request: str | None = None) -> bool:
-        """Stamp ``milestone`` now, unless this turn has it already; True if stamped.
-        ``request``: the pipeline request it came from (named in the trace)."""
+    def mark(self, milestone: str, request: str | None = None, at_ns: int | None = None) -> bool:
+        """Stamp ``milestone``, unless this turn has it already; True if stamped.
+        ``request``: the pipeline request it came from (named in the trace). ``at_ns``: when
+        it happened (this clock's monotonic ns), if earlier than now: a held preemptive answer
+        is read at its release, but its transcript and first token came before."""
         if milestone not in MILESTONES:
             raise ValueError(f"unknown turn milestone {milestone!r}; one of: {', '.join(MILESTONES)}")
         if milestone in self.stamps and milestone != DROPPED:
             return False
         now = self._clock()
-        since = (now - self._origin(now)) / 1e9
+        at = now if at_ns is None or milestone == DROPPED else min(at_ns, now)
+        since = (at - self._origin(at)) / 1e9
         meta: dict[str, MetaValue] = {
             "milestone": milestone,
             "since_stop_s": round(since, 6),
@@ -85,12 +89,14 @@ class TurnClock:
         }
         if request is not None:
             meta["request"] = request
+        if now - at >= LATE_NS:  # recorded now, it happened then: the trace draws it there
+            meta["ago_s"] = round((now - at) / 1e9, 6)
         if milestone == DROPPED:
             self.dropped += 1
             meta["dropped"] = self.dropped
             self.stamps.clear()  # the answer is gone; the next end of speech starts the turn's clock again
         else:
-            self.stamps[milestone] = now
+            self.stamps[milestone] = at
         self._profiler.record(EventKind.TURN_MILESTONE, self.id, None, **meta)
         if self._histogram is not None:
             self._histogram.labels(milestone).observe(since)

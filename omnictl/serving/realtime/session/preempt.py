@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -63,6 +64,7 @@ class Preempted:
     before: list[Turn]  # the conversation at the pause: what the answer hears before the turn
     transcribe_id: str | None  # the transcription's request id (None: the pipeline hears the audio)
     transcript: Transcript | None = None  # what the answer heard, once transcribed
+    heard_at_ns: int | None = None  # when (monotonic ns): the turn's transcript_final, marked at the release
     task: asyncio.Task[None] | None = None  # transcribes, then submits the response
 
     def request_ids(self) -> str:
@@ -114,7 +116,7 @@ class Preemption(SessionCore):
             heard, _ = await self._recognise(p.audio, p.item_id, p.transcribe_id)  # a failure is logged there
             if heard is None:
                 return  # at the turn the commit transcribes it again, and the answer starts then
-            p.transcript = heard
+            p.transcript, p.heard_at_ns = heard, time.monotonic_ns()
             pending = Turn(id=p.item_id, role="user", text=heard.text, heard=True)
         else:  # the pipeline hears the audio itself
             pending = Turn(id=p.item_id, role="user", audio=p.audio, heard=True)
@@ -173,7 +175,7 @@ class Preemption(SessionCore):
                     p.request_ids(),
                 )
             if p.transcript is not None:
-                self._heard(turn, p.transcript, p.transcribe_id)
+                self._heard(turn, p.transcript, p.transcribe_id, at_ns=p.heard_at_ns)
                 turn.transcribed.set()
             else:  # not transcribed at the pause (failed), or the pipeline hears the audio
                 self._transcribe(turn)

@@ -103,11 +103,12 @@ class Transcription(SessionCore):
                 await self.pipeline.abort(tracked.request.id)
                 tracked.finish("aborted")
 
-    def _heard(self, turn: Turn, heard: Transcript, request_id: str | None) -> None:
+    def _heard(self, turn: Turn, heard: Transcript, request_id: str | None, at_ns: int | None = None) -> None:
         """A committed turn's transcript: it becomes the turn's text (what later responses hear),
-        is told to the client, and the item is done."""
+        is told to the client, and the item is done. ``at_ns``: when it was heard, if before
+        now (a preemptive answer's, heard at the pause)."""
         if self.turn_clock is not None and self.turn_clock.id == turn.id:
-            self.turn_clock.mark("transcript_final", request=request_id)
+            self.turn_clock.mark("transcript_final", request=request_id, at_ns=at_ns)
         turn.text = heard.text
         turn.release_audio()  # the transcript is what later responses hear
         self.conversation.trim()  # a transcript may weigh less (or more) than its audio did
