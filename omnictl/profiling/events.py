@@ -49,7 +49,8 @@ class EventKind(str, enum.Enum):
     # A stage dropped what it held for a request on the coordinator's abort (a stage that
     # never saw the request records nothing): the abort's arrival, stage by stage.
     STAGE_ABORTED = "stage_aborted"
-    # A realtime turn's milestone (meta: milestone, since_stop_s, session, request): recorded by
+    # A realtime turn's milestone (meta: milestone, since_stop_s, session, request, and ago_s
+    # when it happened that long before it was recorded): recorded by
     # the server under the turn's id (the user item's), not a pipeline request's; see
     # omnictl.serving.realtime.session.milestones.
     TURN_MILESTONE = "turn_milestone"

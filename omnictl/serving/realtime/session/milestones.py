@@ -7,7 +7,8 @@ commit) and one or more pipeline requests (the transcription, the response). Its
 ``input_audio_buffer.speech_stopped`` / ``.committed``), and each :meth:`TurnClock.mark`
 
 - records a ``turn_milestone`` profiling event under that id (meta: ``milestone``,
-  ``since_stop_s``, ``session``, and ``request``, the pipeline request it came from), so
+  ``since_stop_s``, ``session``, ``request``, the pipeline request it came from, and
+  ``ago_s`` for one marked after it happened: a held answer's, read at its release), so
   ``omnictl trace <item id>`` draws the turn's milestones on one timeline and names the
   requests to trace next;
 - observes ``omnictl_realtime_turn_seconds{milestone=...}`` on ``/metrics``: seconds from the
