@@ -53,6 +53,7 @@ class Turn:
     incomplete: bool = False  # an answer cancelled before it was done
     segments: list[Segment] = field(default_factory=list)  # a spoken answer's audio, piece by piece
     truncated_ms: int | None = None  # where the audio was cut to what was played
+    deleted: bool = False  # the client deleted it: nothing more is said of it (a transcript that comes late)
 
     @property
     def audio_ms(self) -> float:
@@ -129,6 +130,7 @@ class Conversation:
 
     def delete(self, turn: Turn) -> None:
         self.turns.remove(turn)
+        turn.deleted = True
 
     def add(self, turn: Turn) -> Turn:
         self.turns.append(turn)

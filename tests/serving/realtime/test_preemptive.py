@@ -12,6 +12,7 @@ stage's state) and the run's trace (the turn's milestones)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 import time
@@ -30,7 +31,7 @@ from omnictl.profiling.store import TraceStore
 from omnictl.serving.realtime.vad import PREEMPT_MS
 from tests.serving.harness import API_KEY, ServerProcess, start_server, stop_server
 from tests.serving.realtime.speech import chunks, collect_until_done, pcm16, silence
-from tests.support.wait import until
+from tests.support.wait import eventually, until
 
 CONFIRM_MS = 800  # the session's silence_duration_ms: the turn is confirmed after this much silence
 PAUSE_MS = 450  # a pause mid-question: past preempt_ms, short of the confirmation
@@ -431,5 +432,207 @@ def test_speech_resuming_drops_the_held_answer_and_the_turn_gets_the_next_one() 
         assert not s.state.active
         metrics = s.state.metrics.preemptive
         assert metrics.labels("dropped")._value.get() == 1 and metrics.labels("used")._value.get() == 1  # type: ignore[attr-defined]
+
+    run_session(scenario)
+
+
+# --- adversarial orderings: every path leaves nothing running, and tells the client the truth ---
+
+
+class Gated:
+    """A scripted request whose events wait for ``gate`` (or its abort): a slow transcription."""
+
+    def __init__(self, inner: Any, gate: asyncio.Event) -> None:
+        self.inner, self.gate, self.id = inner, gate, inner.id
+
+    async def events(self) -> Any:
+        waiting = [asyncio.ensure_future(self.gate.wait()), asyncio.ensure_future(self.inner.aborted.wait())]
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        for task in waiting:
+            task.cancel()
+        async for event in self.inner.events():
+            yield event
+
+
+def gate_next_transcription(s: Session) -> asyncio.Event:
+    """The session's next transcription gives its transcript only once the gate opens."""
+    gate = asyncio.Event()
+    submit = s.pipeline.submit
+
+    async def gated(inputs: Any, modalities: list[str] | None = None, **kw: Any) -> Any:
+        request = await submit(inputs, modalities, **kw)
+        if modalities != ["transcript"]:
+            return request
+        s.pipeline.submit = submit  # type: ignore[method-assign]  # only this one
+        return Gated(request, gate)
+
+    s.pipeline.submit = gated  # type: ignore[method-assign]
+    return gate
+
+
+async def settle(s: Session) -> None:
+    while s.session._tasks:
+        await asyncio.gather(*list(s.session._tasks), return_exceptions=True)
+    await asyncio.sleep(0)  # tasks' done callbacks
+
+
+def nothing_left(s: Session, before: set[asyncio.Task[Any]]) -> None:
+    """No pipeline request tracked, none in flight, no task of the session's or any other left
+    (but those of ``before``: the test's own)."""
+    assert not s.state.active, s.state.active
+    assert s.state.metrics.in_flight._value.get() == 0  # type: ignore[attr-defined]
+    assert not s.session._tasks, s.session._tasks
+    others = [t for t in asyncio.all_tasks() - before if not t.done()]
+    assert not others, others
+
+
+def answered_after_the_commit(s: Session) -> list[str]:
+    """The events sent: exactly one response.done per response.created, none before the commit."""
+    types = [e["type"] for e in s.sent]
+    assert types.count("response.created") == types.count("response.done"), types
+    if "response.created" in types:
+        assert types.index("input_audio_buffer.committed") < types.index("response.created"), types
+    return types
+
+
+def test_the_session_closing_as_the_held_answer_is_released_leaves_nothing_running() -> None:
+    # The turn is confirmed and the session closes before the release's task has run a step:
+    # the held request is aborted and untracked all the same.
+    async def scenario() -> None:
+        s, tests = Session(), asyncio.all_tasks()
+        await s.paused()
+        [held] = s.submitted("resp_req")
+        await eventually(lambda: held in s.state.active, "the held answer tracked")
+        pcm = silence(800)
+        for start in range(0, len(pcm), 960):
+            await s.session.feed(pcm[start : start + 960])
+            if s.session.response is not None:  # released: its task not started yet
+                await s.session.close()
+                break
+        else:
+            raise AssertionError("the turn was not confirmed")
+        await settle(s)
+        assert held in s.pipeline.aborts
+        answered_after_the_commit(s)
+        nothing_left(s, tests)
+
+    run_session(scenario)
+
+
+def test_response_cancel_while_the_released_answer_waits_for_its_transcript() -> None:
+    async def scenario() -> None:
+        s, tests = Session(), asyncio.all_tasks()
+        gate = gate_next_transcription(s)
+        before, _ = paused_question("capital_of_france")
+        await s.speak(before)
+        await eventually(lambda: s.submitted("transcribe"), "the pause's transcription submitted")
+        await s.speak(silence(800))  # confirmed while the transcription is still at work
+        assert s.session.response is not None and "response.created" not in [e["type"] for e in s.sent]
+        await s.send({"type": "response.cancel"})
+        gate.set()
+        await settle(s)
+        types = answered_after_the_commit(s)
+        assert types.count("response.created") == 1, types
+        [done] = [e for e in s.sent if e["type"] == "response.done"]
+        assert done["response"]["status"] == "cancelled"
+        assert all(r in s.pipeline.aborts for r in s.submitted("resp_req")), (s.pipeline.submitted, s.pipeline.aborts)
+        nothing_left(s, tests)
+
+    run_session(scenario)
+
+
+def test_the_held_request_failing_before_the_release_fails_the_response_once() -> None:
+    from omnictl.coordinator.request import RequestEvent, RequestEventKind
+    from omnictl.outputs import Transcript
+    from tests.serving.scripted import error_event
+
+    async def scenario() -> None:
+        s, tests = Session(), asyncio.all_tasks()
+        s.pipeline.script = lambda inputs, modalities: (
+            [RequestEvent(RequestEventKind.RESULT, "hear", Transcript(text="what is the capital of"))]
+            if modalities == ["transcript"] else [error_event("the thinker fell over")])
+        await s.paused()
+        await s.speak(silence(800))
+        await settle(s)
+        answered_after_the_commit(s)
+        [done] = [e for e in s.sent if e["type"] == "response.done"]
+        assert done["response"]["status"] == "failed", done
+        nothing_left(s, tests)
+
+    run_session(scenario)
+
+
+def test_the_pauses_transcription_failing_is_answered_at_the_turn() -> None:
+    from omnictl.coordinator.request import RequestEvent, RequestEventKind
+    from omnictl.outputs import Transcript
+    from tests.serving.scripted import error_event, text_events
+
+    async def scenario() -> None:
+        s, tests = Session(), asyncio.all_tasks()
+        failed: list[int] = []
+
+        def script(inputs: Any, modalities: list[str]) -> list[Any]:
+            if modalities != ["transcript"]:
+                return text_events(["an", "answer"])
+            if not failed:
+                failed.append(1)
+                return [error_event("the recogniser fell over")]
+            return [RequestEvent(RequestEventKind.RESULT, "hear", Transcript(text="what is the capital of France"))]
+
+        s.pipeline.script = script
+        before, _ = paused_question("capital_of_france")
+        await s.speak(before)
+        await eventually(lambda: s.submitted("transcribe"), "the pause's transcription submitted")
+        await s.speak(silence(800))
+        await settle(s)
+        types = answered_after_the_commit(s)
+        assert types.count("response.created") == 1 and types[-1] == "response.done", types
+        [heard] = [e for e in s.sent if e["type"] == "conversation.item.input_audio_transcription.completed"]
+        assert heard["transcript"] == "what is the capital of France"
+        assert len(s.submitted("transcribe")) == 2 and len(s.submitted("resp_req")) == 1
+        nothing_left(s, tests)
+
+    run_session(scenario)
+
+
+def test_deleting_the_turn_while_its_released_answer_waits_for_the_transcript() -> None:
+    # The client deleted the item: nothing more is said of it, and the answer does not hear it.
+    async def scenario() -> None:
+        s, tests = Session(), asyncio.all_tasks()
+        gate = gate_next_transcription(s)
+        before, _ = paused_question("capital_of_france")
+        await s.speak(before)
+        await eventually(lambda: s.submitted("transcribe"), "the pause's transcription submitted")
+        await s.speak(silence(800))
+        [committed] = [e for e in s.sent if e["type"] == "input_audio_buffer.committed"]
+        await s.send({"type": "conversation.item.delete", "item_id": committed["item_id"]})
+        gate.set()
+        await settle(s)
+        answered_after_the_commit(s)
+        deleted = [i for i, e in enumerate(s.sent) if e["type"] == "conversation.item.deleted"]
+        later = [e for e in s.sent[deleted[0] + 1 :] if e.get("item_id") == committed["item_id"]
+                 or e.get("item", {}).get("id") == committed["item_id"]]
+        assert later == [], later
+        nothing_left(s, tests)
+
+    run_session(scenario)
+
+
+@pytest.mark.parametrize("words", [True, False])
+def test_an_item_deleted_while_it_is_transcribed_is_not_told_of_again(words: bool) -> None:
+    from tests.serving.scripted import text_events
+
+    async def scenario() -> None:
+        s, tests = Session(), asyncio.all_tasks()
+        if not words:  # the recogniser heard none
+            s.pipeline.script = lambda inputs, modalities: [] if modalities == ["transcript"] else text_events(["a"])
+        gate = gate_next_transcription(s)
+        await s.send({"type": "conversation.item.create", "item": {"id": "said", "role": "user", "content": [
+            {"type": "input_audio", "audio": base64.b64encode(silence(300)).decode()}]}})
+        await s.send({"type": "conversation.item.delete", "item_id": "said"})
+        gate.set()
+        await settle(s)
+        assert [e["type"] for e in s.sent] == ["conversation.item.added", "conversation.item.deleted"], s.sent
+        nothing_left(s, tests)
 
     run_session(scenario)

@@ -90,3 +90,7 @@ class RealtimeSession(Configure, InputAudio, Items, LiveTranscription, Preemptio
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.response is not None:
+            # Its task was cancelled before it ran a step, so none of its own cleanup ran: a
+            # released preemptive answer's held request is still tracked (and may be submitting).
+            await self.response[0].discard()

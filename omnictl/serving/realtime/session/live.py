@@ -158,6 +158,8 @@ class LiveTranscription(SessionCore):
             self.turn_clock.mark("transcript_final")
         turn.text = heard.text
         turn.release_audio()  # the transcript is what later responses hear
+        if turn.deleted:  # by the client meanwhile: nothing more is said of it
+            return
         self.conversation.trim()
         if self.settings.transcription:
             self._send_transcript(turn.id, heard, streamed="".join(live.deltas))

@@ -163,16 +163,21 @@ class Preemption(SessionCore):
         async def ready() -> None:
             assert p.task is not None
             try:
-                await p.task
+                # Until it is ready, or the response is cancelled (a response.cancel, a barge-in):
+                # then so is it (its requests aborted), rather than holding the session's
+                # handlers up while it transcribes; the turn is then transcribed as any.
+                await p.run._unless_cancelled(p.task)
             except asyncio.CancelledError:  # the session closed while it was getting ready
                 await p.run.discard()
                 raise
-            except Exception:  # a bug in the preemptive start must not leave the turn unanswered
-                log.exception(
+            failed = None if p.task.cancelled() else p.task.exception()
+            if failed is not None:  # a bug in the preemptive start must not leave the turn unanswered
+                log.error(
                     "realtime session %s: the preemptive answer to item %s failed (requests %s); answered at the turn",
                     self.id,
                     p.item_id,
                     p.request_ids(),
+                    exc_info=failed,
                 )
             if p.transcript is not None:
                 self._heard(turn, p.transcript, p.transcribe_id, at_ns=p.heard_at_ns)

@@ -38,6 +38,8 @@ class Transcription(SessionCore):
         request_id = ev.new_id("transcribe")
         try:
             heard, error = await self._recognise(turn.audio, turn.id, request_id)
+            if turn.deleted:  # by the client meanwhile: nothing more is said of it
+                return
             if heard is None and error is None:  # ended without words: the item is done as it is
                 self.send(ev.ItemDone(item=turn.item()))
             elif heard is None:
@@ -111,6 +113,8 @@ class Transcription(SessionCore):
             self.turn_clock.mark("transcript_final", request=request_id, at_ns=at_ns)
         turn.text = heard.text
         turn.release_audio()  # the transcript is what later responses hear
+        if turn.deleted:  # by the client meanwhile (a preemptive answer's turn): nothing more is said of it
+            return
         self.conversation.trim()  # a transcript may weigh less (or more) than its audio did
         if self.settings.transcription:
             # The recogniser gives its transcript whole: one delta, then the completed text.
