@@ -112,7 +112,10 @@ class AudioConfig(msgspec.Struct):
 
 
 class SessionConfig(msgspec.Struct):
-    """What ``session.update`` may set; fields left out keep their value."""
+    """What ``session.update`` may set; fields left out keep their value. Every field of the
+    protocol is read, even those this server cannot honour: those are refused unless they ask
+    for nothing (:data:`omnictl.serving.realtime.session.settings.SESSION_UNHONOURED`), where
+    left out of this struct they were silently dropped."""
 
     type: str | UnsetType = UNSET  # "realtime" or "transcription"; left out: the session's own
     instructions: str | UnsetType = UNSET
@@ -123,18 +126,41 @@ class SessionConfig(msgspec.Struct):
     model: str | UnsetType = UNSET
     tools: list[Any] | UnsetType = UNSET  # read to refuse them: no stage produces tool calls
     tool_choice: Any = UNSET
+    parallel_tool_calls: bool | UnsetType = UNSET  # moot: there are no tools to call
+    # Read to refuse any value but the one asking for nothing (settings.SESSION_UNHONOURED):
+    include: Any = UNSET
+    tracing: Any = UNSET
+    truncation: Any = UNSET
+    prompt: Any = UNSET
+    reasoning: Any = UNSET
+
+
+class ResponseAudioOutput(msgspec.Struct):
+    format: AudioFormat | UnsetType = UNSET
+    voice: str | UnsetType = UNSET
+
+
+class ResponseAudio(msgspec.Struct):
+    output: ResponseAudioOutput | UnsetType = UNSET
 
 
 class ResponseConfig(msgspec.Struct):
-    """What ``response.create`` may set for this one response."""
+    """What ``response.create`` may set for this one response (the fields it cannot honour are
+    read to refuse them: settings.RESPONSE_UNHONOURED)."""
 
     instructions: str | UnsetType = UNSET
     output_modalities: list[Literal["text", "audio"]] | UnsetType = UNSET
     max_output_tokens: int | Literal["inf"] | UnsetType = UNSET
     temperature: float | UnsetType = UNSET
-    conversation: str | UnsetType = UNSET
+    audio: ResponseAudio | UnsetType = UNSET  # this response's voice and output format
+    metadata: dict[str, str] | None | UnsetType = UNSET  # echoed on the response's events
+    conversation: Any = UNSET
+    input: Any = UNSET
+    prompt: Any = UNSET
+    reasoning: Any = UNSET
     tools: list[Any] | UnsetType = UNSET
     tool_choice: Any = UNSET
+    parallel_tool_calls: bool | UnsetType = UNSET  # moot: there are no tools to call
 
 
 class _ClientEvent(msgspec.Struct, tag_field="type"):
@@ -316,6 +342,7 @@ class Response(msgspec.Struct):
     usage: Usage | None = None
     conversation_id: str | None = None
     max_output_tokens: int | Literal["inf"] = "inf"
+    metadata: dict[str, str] | None = None  # the client's, from response.create
     object: str = "realtime.response"
 
 

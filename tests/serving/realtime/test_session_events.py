@@ -1244,3 +1244,153 @@ def test_the_session_type_cannot_change_during_a_response() -> None:
         await client.session.close()
 
     run(scenario)
+
+
+# --- fields the protocol has that this server cannot honour: refused, never ignored ----------
+
+_NEAR = {"type": "near_field"}
+
+
+@pytest.mark.parametrize(
+    ("event", "code", "param"),
+    [
+        ({"type": "session.update", "session": {"include": ["item.input_audio_transcription.logprobs"]}},
+         "invalid_value", "session.include"),
+        ({"type": "session.update", "session": {"tracing": "auto"}}, "invalid_value", "session.tracing"),
+        ({"type": "session.update", "session": {"truncation": "disabled"}}, "invalid_value", "session.truncation"),
+        ({"type": "session.update", "session": {"truncation": {"type": "retention_ratio", "retention_ratio": 0.8}}},
+         "invalid_value", "session.truncation"),
+        ({"type": "session.update", "session": {"prompt": {"id": "pmpt_1"}}}, "invalid_value", "session.prompt"),
+        ({"type": "session.update", "session": {"reasoning": {"effort": "low"}}}, "invalid_value", "session.reasoning"),
+        ({"type": "session.update", "session": {"model": "gpt-realtime"}}, "model_not_found", "session.model"),
+        ({"type": "session.update", "session": {"audio": {"input": {"noise_reduction": _NEAR}}}}, "invalid_value",
+         "session.audio.input.noise_reduction"),
+        ({"type": "session.update", "session": {"audio": {"input": {"turn_detection": {
+            "type": "server_vad", "idle_timeout_ms": 5000}}}}}, "invalid_value",
+         "session.audio.input.turn_detection.idle_timeout_ms"),
+        ({"type": "session.update", "session": {"audio": {"input": {"transcription": {
+            "model": "whisper-1", "language": "fr"}}}}}, "invalid_value", "session.audio.input.transcription.language"),
+        ({"type": "session.update", "session": {"audio": {"input": {"transcription": {"prompt": "omnictl, ZeroMQ"}}}}},
+         "invalid_value", "session.audio.input.transcription.prompt"),
+        ({"type": "session.update", "session": {"audio": {"input": {"transcription": {"keywords": ["omnictl"]}}}}},
+         "invalid_value", "session.audio.input.transcription.keywords"),
+        ({"type": "session.update", "session": {"audio": {"input": {"transcription": {"langauge": "fr"}}}}},
+         "invalid_value", "session.audio.input.transcription.langauge"),
+        # the same for a transcription session's update
+        ({"type": "session.update", "session": {"type": "transcription", "include": ["item.input_audio_transcription"
+                                                                                     ".logprobs"]}},
+         "invalid_value", "session.include"),
+        # a refused field changes none of the others, whichever was checked first (modalities and the
+        # voice were once applied before a later field was refused)
+        ({"type": "session.update", "session": {"output_modalities": ["text"], "instructions": "x",
+                                                "audio": {"input": {"noise_reduction": _NEAR}}}},
+         "invalid_value", "session.audio.input.noise_reduction"),
+        ({"type": "session.update", "session": {"max_output_tokens": 0, "audio": {"output": {"voice": "amy"}}}},
+         "invalid_value", "session.max_output_tokens"),
+        ({"type": "response.create", "response": {"conversation": "none"}}, "invalid_value", "response.conversation"),
+        ({"type": "response.create", "response": {"input": []}}, "invalid_value", "response.input"),
+        ({"type": "response.create", "response": {"prompt": {"id": "pmpt_1"}}}, "invalid_value", "response.prompt"),
+        ({"type": "response.create", "response": {"reasoning": {"effort": "low"}}}, "invalid_value",
+         "response.reasoning"),
+        ({"type": "response.create", "response": {"audio": {"output": {"voice": "../x"}}}}, "invalid_value",
+         "response.audio.output.voice"),
+        ({"type": "response.create", "response": {"audio": {"output": {"format": {"type": "audio/flac"}}}}},
+         "unsupported_audio_format", "response.audio.output.format.type"),
+        ({"type": "response.create", "response": {"metadata": {"k" * 65: "v"}}}, "invalid_value", "response.metadata"),
+        ({"type": "conversation.item.create", "previous_item_id": "nope", "item": {
+            "role": "user", "content": [{"type": "input_text", "text": "x"}]}}, "item_not_found", "previous_item_id"),
+        ({"type": "conversation.item.create", "item": {"role": "assistant", "content": [
+            {"type": "output_audio", "transcript": "x", "audio": base64.b64encode(pcm16(0.1)).decode()}]}},
+         "invalid_value", "item.content[0].audio"),
+        ({"type": "conversation.item.create", "item": {"role": "user", "content": [
+            {"type": "input_audio", "audio": base64.b64encode(pcm16(0.1)).decode(), "transcript": "hi"}]}},
+         "invalid_value", "item.content[0].transcript"),
+        ({"type": "conversation.item.create", "item": {"role": "user", "content": [
+            {"type": "input_text", "text": "x", "audio": base64.b64encode(pcm16(0.1)).decode()}]}},
+         "invalid_value", "item.content[0].audio"),
+        # already refused when decoded: no stage makes or takes tool calls
+        ({"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "c",
+                                                       "output": "{}"}}, "invalid_value", "item.type"),
+    ],
+)
+def test_a_field_the_server_cannot_honour_is_refused_by_name_and_changes_nothing(
+        event: dict[str, Any], code: str, param: str) -> None:
+    async def scenario() -> None:
+        pipeline = ScriptedPipeline()
+        client = Client(pipeline)
+        await client.send({"type": "conversation.item.create", "item": {
+            "id": "u0", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}})
+        client.sent.clear()
+        before = client.session.session_object()
+        with pytest.raises(ev.EventError) as caught:
+            await client.send({**event, "event_id": "E"})  # decoded or handled: refused either way
+        error = caught.value
+        assert (error.code, error.param, error.event_id) == (code, param, "E"), error.message
+        assert param.rsplit(".", 1)[-1].split("[")[0] in error.message  # the message names the field too
+        assert client.session.session_object() == before and client.sent == []
+        assert [t.id for t in client.session.conversation.turns] == ["u0"]
+        assert client.session.response is None and pipeline.submitted == []
+
+    run(scenario)
+
+
+def test_values_that_ask_for_nothing_pass_and_session_updated_says_what_is_done() -> None:
+    async def scenario() -> None:
+        client = Client(ScriptedPipeline())
+        await client.send({"type": "session.update", "session": {
+            "type": "realtime", "model": "m", "include": [], "tracing": None, "truncation": "auto", "prompt": None,
+            "reasoning": None, "parallel_tool_calls": True, "tools": [], "tool_choice": "auto",
+            "audio": {"input": {"noise_reduction": None,
+                                "transcription": {"model": "whisper-1", "language": None, "prompt": ""},
+                                "turn_detection": {"type": "server_vad", "idle_timeout_ms": None}}}}})
+        [updated] = client.of("session.updated")
+        audio_in = updated["session"]["audio"]["input"]
+        assert audio_in["noise_reduction"] is None and audio_in["transcription"] == {"model": "hear"}  # the recognizer
+        assert audio_in["turn_detection"]["idle_timeout_ms"] is None
+        await said(client)
+        await client.send({"type": "response.create", "response": {"conversation": "auto", "metadata": None,
+                                                                     "parallel_tool_calls": False}})
+        await client.settle()
+        assert client.of("response.done")[0]["response"]["status"] == "completed"
+
+    run(scenario)
+
+
+def test_a_response_s_own_voice_and_output_format_are_applied_to_it_alone() -> None:
+    async def scenario() -> None:
+        pipeline = ScriptedPipeline(topology=CHAT_ONLY, script=spoken_answer)
+        client = Client(pipeline)
+        await said(client)
+        await client.send({"type": "response.create", "response": {
+            "audio": {"output": {"voice": "amy", "format": {"type": "audio/pcmu"}}}}})
+        await client.settle()
+        await client.send({"type": "response.create"})
+        await client.settle()
+        assert [inputs.voice for inputs, *_ in pipeline.submitted] == ["amy", None]  # then the session's (alloy)
+        deltas = [base64.b64decode(d["delta"]) for d in client.of("response.output_audio.delta")]
+        assert [len(d) for d in deltas] == [int(0.05 * 8000)] * 2 + [int(0.05 * RATE) * 2] * 2  # G.711: a byte a sample
+        assert client.session.settings.voice == "alloy" and client.session.settings.output_codec.type == "audio/pcm"
+
+    run(scenario)
+
+
+def test_previous_item_id_places_the_item_and_the_answer_hears_that_order() -> None:
+    async def scenario() -> None:
+        pipeline = ScriptedPipeline(topology=CHAT_ONLY, script=lambda inputs, modalities: text_events(["a"]))
+        client = Client(pipeline)
+        for item_id, text, previous in (("u1", "one", None), ("u3", "three", None), ("u2", "two", "u1"),
+                                        ("u0", "zero", "root"), ("u4", "four", "u3")):
+            event: dict[str, Any] = {"type": "conversation.item.create", "item": {
+                "id": item_id, "role": "user", "content": [{"type": "input_text", "text": text}]}}
+            if previous is not None:
+                event["previous_item_id"] = previous
+            await client.send(event)
+        assert [t.id for t in client.session.conversation.turns] == ["u0", "u1", "u2", "u3", "u4"]
+        added = {e["item"]["id"]: e["previous_item_id"] for e in client.of("conversation.item.added")}
+        assert added == {"u1": None, "u3": "u1", "u2": "u1", "u0": None, "u4": "u3"}
+        await client.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
+        await client.settle()
+        [(inputs, *_)] = pipeline.submitted
+        assert [m.parts[0].text for m in inputs.messages] == ["zero", "one", "two", "three", "four"]
+
+    run(scenario)

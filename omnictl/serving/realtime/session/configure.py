@@ -6,31 +6,33 @@ nothing, and its ``error`` event names the field (``session.audio.output.voice``
 from __future__ import annotations
 
 import asyncio
-from typing import Sequence
+from typing import Any, Sequence
 
 import msgspec
 
 from omnictl.exceptions import LaunchError
-from omnictl.serving.chat.protocol import OPENAI_VOICES
-from omnictl.serving.common.echo import clip_repr
+from omnictl.serving.common.echo import clip, clip_repr
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.formats import codec_for
 from omnictl.serving.realtime.session.core import SessionCore
 from omnictl.serving.realtime.session.settings import (
+    NOISE_REDUCTION,
     PADDING_MS,
     SESSION_TYPES,
+    SESSION_UNHONOURED,
     SILENCE_MS,
     SPEED,
     TEMPERATURE,
     THRESHOLD,
-    VOICE_NAME,
+    TRANSCRIPTION_UNHONOURED,
     in_range,
+    known_voice,
     max_tokens,
     no_tools,
+    unhonoured,
 )
 from omnictl.serving.realtime.smart_turn import shared_model
 from omnictl.serving.realtime.vad import vad_executor
-from omnictl.serving.speech.voices import installed_voices
 
 
 class Configure(SessionCore):
@@ -84,20 +86,29 @@ class Configure(SessionCore):
                 f"session.type cannot change while response {self.response[0].id} is in progress", param="session.type"
             )
         no_tools(config.tools, config.tool_choice, "session", event.event_id)
-        temperature = s.temperature
-        if config.temperature is not msgspec.UNSET:  # checked before anything changes
-            temperature = in_range(config.temperature, TEMPERATURE, "session.temperature", event.event_id)
-        if config.output_modalities is not msgspec.UNSET:
-            s.output_modalities = self._modalities(
-                config.output_modalities, "session.output_modalities", event.event_id
+        unhonoured(config, SESSION_UNHONOURED, "session", event.event_id)
+        served = (self.state.model_name, *self.state.aliases)
+        if config.model is not msgspec.UNSET and config.model not in served:
+            raise refuse(  # as the handshake's ?model= is checked
+                f"session.model {clip_repr(config.model, 64)} is not served here; this server serves "
+                f"{', '.join(repr(m) for m in served)}",
+                "model_not_found",
+                "session.model",
             )
+        temperature = s.temperature  # each field is checked before anything changes
+        if config.temperature is not msgspec.UNSET:
+            temperature = in_range(config.temperature, TEMPERATURE, "session.temperature", event.event_id)
+        modalities = s.output_modalities
+        if config.output_modalities is not msgspec.UNSET:
+            modalities = self._modalities(config.output_modalities, "session.output_modalities", event.event_id)
+        limit = s.max_output_tokens
+        if config.max_output_tokens is not msgspec.UNSET:
+            limit = max_tokens(config.max_output_tokens, "session.max_output_tokens", event.event_id)
         if config.audio is not msgspec.UNSET:
-            await self._audio(config.audio, event.event_id)
+            await self._audio(config.audio, event.event_id)  # the last check: it applies what it checked
         if config.instructions is not msgspec.UNSET:
             s.instructions = config.instructions
-        if config.max_output_tokens is not msgspec.UNSET:
-            s.max_output_tokens = max_tokens(config.max_output_tokens, "session.max_output_tokens", event.event_id)
-        s.type, s.temperature = kind, temperature
+        s.type, s.temperature, s.output_modalities, s.max_output_tokens = kind, temperature, modalities, limit
         self.send(ev.SessionUpdated(session=self.session_object()))
 
     def _modalities(self, wanted: Sequence[str], param: str, event_id: str | None) -> list[str]:
@@ -109,19 +120,25 @@ class Configure(SessionCore):
             )
         return list(dict.fromkeys(wanted))
 
-    def _voice(self, voice: str, event_id: str | None) -> str:
-        """A voice this topology has: one it lists (``GET /v1/audio/voices``) or an OpenAI name
-        (its default voice); where it lists none, any plain name (never a path)."""
-        listed = installed_voices(self.pipeline.topology)
-        known = voice in OPENAI_VOICES or (voice in listed if listed is not None else VOICE_NAME.fullmatch(voice))
-        if not known:
-            names = sorted(OPENAI_VOICES | set(listed or ()))
-            raise ev.Refusal(event_id)(
-                f"session.audio.output.voice {clip_repr(voice, 64)} is not a voice of this server; it has "
-                + (", ".join(names) if listed is not None else f"OpenAI's names ({', '.join(names)}) or plain names"),
-                param="session.audio.output.voice",
-            )
-        return voice
+    def _check_transcription(self, config: dict[str, Any] | None, event_id: str | None) -> None:
+        """Refuse what of ``audio.input.transcription`` the recognizer cannot take. Its ``model``
+        passes whatever it names: the topology's recognizer transcribes, and ``session.updated``
+        names it (a client's 'whisper-1' is often what the voice assistant's recognizer is)."""
+        where = "session.audio.input.transcription"
+        for key, value in (config or {}).items():
+            if key == "model":
+                continue
+            if key not in TRANSCRIPTION_UNHONOURED:
+                raise ev.Refusal(event_id)(
+                    f"{where}.{clip(key, 64)} is not a field of {where} (model, {', '.join(TRANSCRIPTION_UNHONOURED)})",
+                    param=f"{where}.{clip(key, 64)}",
+                )
+            if value not in (None, "", []):
+                raise ev.Refusal(event_id)(
+                    f"{where}.{key} {clip_repr(value, 64)} is not supported: the topology's recognizer takes no "
+                    f"{key} from a realtime session (it detects the language itself); send null or leave it out",
+                    param=f"{where}.{key}",
+                )
 
     async def _audio(self, audio: ev.AudioConfig, event_id: str | None) -> None:
         """Checks every field before changing any: a refused update changes nothing."""
@@ -133,7 +150,7 @@ class Configure(SessionCore):
             output_codec = codec_for(out.format, "session.audio.output.format", event_id)
         voice = s.voice
         if out is not msgspec.UNSET and out.voice is not msgspec.UNSET:
-            voice = self._voice(out.voice, event_id)
+            voice = known_voice(self.pipeline.topology, out.voice, "session.audio.output.voice", event_id)
         speed = s.speed
         if out is not msgspec.UNSET and out.speed is not msgspec.UNSET:
             speed = float(in_range(out.speed, SPEED, "session.audio.output.speed", event_id))
@@ -142,6 +159,17 @@ class Configure(SessionCore):
             in_range(vad.threshold, THRESHOLD, f"{where}.threshold", event_id)
             in_range(vad.prefix_padding_ms, PADDING_MS, f"{where}.prefix_padding_ms", event_id, " ms")
             in_range(vad.silence_duration_ms, SILENCE_MS, f"{where}.silence_duration_ms", event_id, " ms")
+        if inp is not msgspec.UNSET and isinstance(inp.turn_detection, ev.ServerVad):
+            if inp.turn_detection.idle_timeout_ms is not None:
+                raise refuse(
+                    "session.audio.input.turn_detection.idle_timeout_ms: this server starts no response on its own "
+                    "after an idle time; send null or leave it out",
+                    param="session.audio.input.turn_detection.idle_timeout_ms",
+                )
+        if inp is not msgspec.UNSET and inp.noise_reduction not in (msgspec.UNSET, None):
+            raise refuse(
+                f"session.audio.input.noise_reduction: {NOISE_REDUCTION}", param="session.audio.input.noise_reduction"
+            )
         transcription = s.transcription
         if inp is not msgspec.UNSET and inp.transcription is not msgspec.UNSET:
             if inp.transcription is not None and not self.can_transcribe:
@@ -150,6 +178,7 @@ class Configure(SessionCore):
                     "of modality 'transcript'; send null",
                     param="session.audio.input.transcription",
                 )
+            self._check_transcription(inp.transcription, event_id)
             transcription = inp.transcription is not None
         if inp is not msgspec.UNSET and isinstance(inp.turn_detection, ev.SemanticVad):
             try:  # loaded once per server, off the event loop

@@ -20,6 +20,16 @@ ALLOWED = {  # the content types each role's item takes
     "system": ("input_text",),
     "assistant": ("output_text", "output_audio"),
 }
+# The fields a part of each type would have ignored: refused instead, naming them. (An
+# assistant's audio cannot be taken, as OpenAI's server cannot: its transcript stands for it;
+# an input_audio's transcript would not be what the model hears, which is its audio's.)
+IGNORED = {
+    "input_text": ("audio",),
+    "output_text": ("audio",),
+    "output_audio": ("audio",),
+    "input_audio": ("text", "transcript"),
+}
+ROOT = "root"  # previous_item_id: the new item goes first
 
 
 class Items(SessionCore):
@@ -34,7 +44,21 @@ class Items(SessionCore):
                 f"{where}[0].type: a {item.role} item takes {', '.join(allowed)}, got {part.type!r}",
                 param=f"{where}[0].type",
             )
+        for name in IGNORED[part.type]:
+            if getattr(part, name) is not None:
+                raise refuse(
+                    f"{where}[0].{name}: a {part.type} part takes no {name}; leave it out", param=f"{where}[0].{name}"
+                )
         previous = self.conversation.last_id()
+        anchor = event.previous_item_id  # where the item goes: after it ('root': first); None: last
+        if anchor is not None and anchor != ROOT and self.conversation.find(anchor) is None:
+            raise refuse(
+                f"previous_item_id {clip_repr(anchor, 64)} is not an item of the conversation",
+                "item_not_found",
+                "previous_item_id",
+            )
+        if anchor is not None:
+            previous = None if anchor == ROOT else anchor
         if item.id is not None and self.conversation.find(item.id) is not None:
             raise refuse(f"item.id {clip_repr(item.id, 64)} is already in the conversation", param="item.id")
         if part.type == "input_audio":
@@ -55,15 +79,25 @@ class Items(SessionCore):
                 )
             raw = codec.to_pcm16(raw)
             self._check_memory(len(raw) * 2, event.event_id)
-            turn = self.conversation.user_audio(pcm16_to_float(raw), item.id)
+            turn = self._placed(self.conversation.user_audio(pcm16_to_float(raw), item.id), anchor)
             self.send(ev.ItemAdded(item=turn.item(), previous_item_id=previous))
             self._transcribe(turn)
             return
         text = part.text if part.text is not None else part.transcript
-        turn = self.conversation.text(item.role, text or "", item.id)
+        turn = self._placed(self.conversation.text(item.role, text or "", item.id), anchor)
         turn.spoken = part.type == "output_audio"
         self.send(ev.ItemAdded(item=turn.item(), previous_item_id=previous))
         self.send(ev.ItemDone(item=turn.item(), previous_item_id=previous))
+
+    def _placed(self, turn: Turn, anchor: str | None) -> Turn:
+        """``turn`` (added last) moved to just after the item ``anchor`` (first for 'root')."""
+        turns = self.conversation.turns
+        if anchor is None or turn not in turns:  # not in: dropped at once by the size limit
+            return turn
+        turns.remove(turn)
+        after = self.conversation.find(anchor) if anchor != ROOT else None
+        turns.insert(turns.index(after) + 1 if after is not None else 0, turn)
+        return turn
 
     def _item(self, item_id: str, event_id: str | None, verb: str) -> Turn:
         turn = self.conversation.find(item_id)

@@ -13,10 +13,20 @@ from omnictl.audio import pcm16_to_float
 from omnictl.inputs import PCM16_RATE, ChatRequest
 from omnictl.serving.chat.protocol import OPENAI_VOICES
 from omnictl.serving.realtime import events as ev
+from omnictl.serving.realtime.formats import codec_for
 from omnictl.serving.realtime.responses import ResponseRun
 from omnictl.serving.realtime.session.core import SessionCore
 from omnictl.serving.realtime.session.milestones import TurnClock
-from omnictl.serving.realtime.session.settings import TEMPERATURE, in_range, max_tokens, no_tools
+from omnictl.serving.realtime.session.settings import (
+    RESPONSE_UNHONOURED,
+    TEMPERATURE,
+    in_range,
+    known_voice,
+    max_tokens,
+    metadata,
+    no_tools,
+    unhonoured,
+)
 from omnictl.serving.realtime.turns import Turn
 from omnictl.serving.realtime.vad import to_vad_rate
 
@@ -53,7 +63,16 @@ class Lifecycle(SessionCore):
         """A response as the session's settings and ``config`` say, not started; and what
         builds its request from the items given (the conversation's, as a rule)."""
         no_tools(config.tools, config.tool_choice, "response", event_id)
+        unhonoured(config, RESPONSE_UNHONOURED, "response", event_id)
         s = self.settings
+        codec, voice_name = s.output_codec, s.voice  # the session's, unless this response sets its own
+        out = config.audio.output if config.audio is not msgspec.UNSET else msgspec.UNSET
+        if out is not msgspec.UNSET and out.format is not msgspec.UNSET:
+            codec = codec_for(out.format, "response.audio.output.format", event_id)
+        if out is not msgspec.UNSET and out.voice is not msgspec.UNSET:
+            voice_name = known_voice(self.pipeline.topology, out.voice, "response.audio.output.voice", event_id)
+        if config.metadata is not msgspec.UNSET:
+            metadata(config.metadata, "response.metadata", event_id)
         modalities = s.output_modalities
         if config.output_modalities is not msgspec.UNSET:
             modalities = self._modalities(config.output_modalities, "response.output_modalities", event_id)
@@ -64,7 +83,7 @@ class Lifecycle(SessionCore):
         if config.temperature is not msgspec.UNSET:
             temperature = in_range(config.temperature, TEMPERATURE, "response.temperature", event_id)
         instructions = s.instructions if config.instructions is msgspec.UNSET else config.instructions
-        voice = None if s.voice in OPENAI_VOICES else s.voice
+        voice = None if voice_name in OPENAI_VOICES else voice_name
         sampling = s.sampling(limit, temperature)
         run = ResponseRun(
             ev.new_id("resp"),
@@ -73,7 +92,7 @@ class Lifecycle(SessionCore):
             self.state,
             self.pipeline,
             traceparent=self.traceparent,
-            codec=s.output_codec,
+            codec=codec,
             on_audio=self._sent_audio,
             audio_out=self.audio_out,
             clock=clock,

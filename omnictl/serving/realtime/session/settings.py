@@ -9,14 +9,16 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 
 from omnictl.sampling import SamplingParams
+from omnictl.serving.chat.protocol import OPENAI_VOICES
 from omnictl.serving.common.echo import clip_repr
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.formats import PCM, AudioCodec
+from omnictl.serving.speech.voices import installed_voices
 
 DEFAULT_VOICE = "alloy"  # an OpenAI name: the topology's default voice
 SESSION_TYPES = ("realtime", "transcription")
@@ -63,11 +65,83 @@ def in_range(value: float, bounds: tuple[float, float], param: str, event_id: st
     return value
 
 
+def known_voice(topology: Any, voice: str, param: str, event_id: str | None) -> str:
+    """A voice ``topology`` has: one it lists (``GET /v1/audio/voices``) or an OpenAI name
+    (its default voice); where it lists none, any plain name (never a path)."""
+    listed = installed_voices(topology)
+    known = voice in OPENAI_VOICES or (voice in listed if listed is not None else VOICE_NAME.fullmatch(voice))
+    if not known:
+        names = sorted(OPENAI_VOICES | set(listed or ()))
+        raise ev.Refusal(event_id)(
+            f"{param} {clip_repr(voice, 64)} is not a voice of this server; it has "
+            + (", ".join(names) if listed is not None else f"OpenAI's names ({', '.join(names)}) or plain names"),
+            param=param,
+        )
+    return voice
+
+
+def metadata(value: dict[str, str] | None, param: str, event_id: str | None) -> dict[str, str] | None:
+    """OpenAI's bounds on metadata: at most 16 pairs, keys of 64 characters, values of 512."""
+    if value is not None and (len(value) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in value.items())):
+        raise ev.Refusal(event_id)(
+            f"{param} holds at most 16 pairs, keys of up to 64 characters and values of up to 512", param=param
+        )
+    return value
+
+
 def max_tokens(value: int | str, param: str, event_id: str | None) -> int | str:
     """A positive integer or ``"inf"``; else the error naming ``param``."""
     if value != "inf" and (not isinstance(value, int) or value < 1):
         raise ev.Refusal(event_id)(f"{param} must be a positive integer or 'inf', got {value!r}", param=param)
     return value
+
+
+# Fields of the protocol this server reads but cannot honour, each with the one value that
+# asks for nothing (a test of the value sent) and why another cannot be: any other value is
+# refused naming the field, never accepted and ignored. What is left out passes.
+Unhonoured = dict[str, tuple[Callable[[Any], bool], str]]
+_NULL = "send null or leave it out"
+SESSION_UNHONOURED: Unhonoured = {
+    "include": (lambda v: not v, "this server sends no transcription logprobs; send [] or leave it out"),
+    "tracing": (
+        lambda v: v is None,
+        f"this server writes no OpenAI traces (its spans follow the handshake's traceparent); {_NULL}",
+    ),
+    "truncation": (
+        lambda v: v == "auto",
+        "the conversation is trimmed from its oldest items past the server's "
+        "limit on its size (max_realtime_conversation_tokens), as 'auto' does; only 'auto'",
+    ),
+    "prompt": (lambda v: v is None, f"this server has no stored prompts; {_NULL}"),
+    "reasoning": (lambda v: v is None, f"no stage here takes a reasoning setting; {_NULL}"),
+}
+RESPONSE_UNHONOURED: Unhonoured = {
+    "conversation": (
+        lambda v: v in (None, "auto"),
+        "every response here answers the session's conversation and is added "
+        "to it (no out-of-band responses); only 'auto'",
+    ),
+    "input": (
+        lambda v: False,
+        "a response answers the session's conversation; out-of-band input is not supported, leave it out",
+    ),
+    "prompt": SESSION_UNHONOURED["prompt"],
+    "reasoning": SESSION_UNHONOURED["reasoning"],
+}
+# The keys of session.audio.input.transcription besides ``model``: the topology's recognizer
+# takes none of them from a realtime session (it detects the language itself).
+TRANSCRIPTION_UNHONOURED = ("language", "prompt", "delay", "keywords", "languages")
+NOISE_REDUCTION = "this server filters no noise from the input audio; send null or leave it out"
+
+
+def unhonoured(config: Any, fields: Unhonoured, where: str, event_id: str | None) -> None:
+    """Refuse each of ``fields`` that ``config`` sets to a value this server would not honour."""
+    for name, (asks_nothing, why) in fields.items():
+        value = getattr(config, name)
+        if value is not msgspec.UNSET and not asks_nothing(value):
+            raise ev.Refusal(event_id)(
+                f"{where}.{name} {clip_repr(value, 64)} is not supported: {why}", param=f"{where}.{name}"
+            )
 
 
 def no_tools(tools: Any, choice: Any, where: str, event_id: str | None) -> None:
