@@ -138,9 +138,10 @@ class ResponseRun:
             if self.cancel_reason is not None:  # cancelled while submitting (or while held)
                 await self.pipeline.abort(self.request_id or "")
                 return self._done("cancelled")
+            previous = conversation.last_id()  # where the answer goes: a client places it after that item
             self.turn = conversation.text("assistant", "")
             self.turn.complete, self.turn.spoken = False, AUDIO in self.modalities
-            self.send(ev.ItemAdded(item=self.turn.item(), previous_item_id=None))
+            self.send(ev.ItemAdded(item=self.turn.item(), previous_item_id=previous))
             self.send(ev.OutputItemAdded(response_id=self.id, output_index=0, item=self.turn.item()))
             self.send(ev.ContentPartAdded(response_id=self.id, item_id=self.turn.id, part=self._part()))
             outcome, error = await self._stream()
@@ -210,9 +211,11 @@ class ResponseRun:
         """Wait for ``work`` (a coroutine), or stop waiting when the response is cancelled."""
         waiting = asyncio.ensure_future(work)
         stop = asyncio.ensure_future(self._cancelled.wait())
-        await asyncio.wait({waiting, stop}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (waiting, stop):
-            task.cancel()
+        try:
+            await asyncio.wait({waiting, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # also when the caller is cancelled (a preemptive answer dropped): else both wait on, forever
+            for task in (waiting, stop):
+                task.cancel()
         await asyncio.gather(waiting, stop, return_exceptions=True)
 
     async def _submit(self, request: ChatRequest) -> None:

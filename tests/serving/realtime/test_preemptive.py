@@ -447,9 +447,11 @@ class Gated:
 
     async def events(self) -> Any:
         waiting = [asyncio.ensure_future(self.gate.wait()), asyncio.ensure_future(self.inner.aborted.wait())]
-        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-        for task in waiting:
-            task.cancel()
+        try:
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waiting:
+                task.cancel()
         async for event in self.inner.events():
             yield event
 
@@ -633,6 +635,59 @@ def test_an_item_deleted_while_it_is_transcribed_is_not_told_of_again(words: boo
         gate.set()
         await settle(s)
         assert [e["type"] for e in s.sent] == ["conversation.item.added", "conversation.item.deleted"], s.sent
+        nothing_left(s, tests)
+
+    run_session(scenario)
+
+
+def test_a_drop_while_the_held_answer_waits_for_an_earlier_transcription_leaves_no_task() -> None:
+    # The answer at the pause waits for the transcripts of the items before it; dropped then,
+    # what it waited with must go too (else a task waits forever for a cancel that never comes).
+    async def scenario() -> None:
+        s, tests = Session(), asyncio.all_tasks()
+        gate = gate_next_transcription(s)
+        await s.send({"type": "conversation.item.create", "item": {"role": "user", "content": [
+            {"type": "input_audio", "audio": base64.b64encode(silence(300)).decode()}]}})  # transcribing, gated
+        before, _ = paused_question("capital_of_france")
+        await s.speak(before)
+        await eventually(lambda: len(s.submitted("transcribe")) == 2, "the pause's transcription submitted")
+        await eventually(lambda: s.session._preempt is not None and s.session._preempt.transcript is not None,
+                         "the pause heard")
+        assert not s.submitted("resp_req")  # waiting for the item before it
+        await s.send({"type": "input_audio_buffer.clear"})  # dropped
+        gate.set()
+        await settle(s)
+        nothing_left(s, tests)
+
+    run_session(scenario)
+
+
+def test_the_answers_item_follows_the_turn_it_answers() -> None:
+    async def scenario() -> None:
+        s = Session()
+        await s.paused()
+        await s.speak(silence(800))  # confirmed: the held answer goes out
+        await settle(s)
+        added = [e for e in s.sent if e["type"] == "conversation.item.added"]
+        assert [(e["item"]["role"], e["previous_item_id"]) for e in added] == [
+            ("user", None), ("assistant", added[0]["item"]["id"])]
+
+    run_session(scenario)
+
+
+def test_the_session_closing_while_the_released_answer_waits_for_its_transcript_leaves_nothing_running() -> None:
+    async def scenario() -> None:
+        s, tests = Session(), asyncio.all_tasks()
+        gate_next_transcription(s)  # never opens: only the close ends it
+        before, _ = paused_question("capital_of_france")
+        await s.speak(before)
+        await eventually(lambda: s.submitted("transcribe"), "the pause's transcription submitted")
+        await s.speak(silence(800))  # confirmed, released: waiting for the transcript
+        assert s.session.response is not None
+        await s.session.close()
+        await settle(s)
+        assert s.submitted("transcribe")[0] in s.pipeline.aborts and not s.submitted("resp_req")
+        answered_after_the_commit(s)
         nothing_left(s, tests)
 
     run_session(scenario)
