@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import re
 import time
 from pathlib import Path
@@ -691,3 +692,44 @@ def test_the_session_closing_while_the_released_answer_waits_for_its_transcript_
         nothing_left(s, tests)
 
     run_session(scenario)
+
+
+def test_a_session_update_between_the_pause_and_the_turn_is_answered_with_the_new_settings() -> None:
+    async def scenario() -> None:
+        s, tests = Session(), asyncio.all_tasks()
+        await s.paused()
+        [held] = s.submitted("resp_req")
+        await s.send({"type": "session.update", "session": {"type": "realtime", "instructions": "Be terse."}})
+        await s.speak(silence(800))
+        await settle(s)
+        assert held in s.pipeline.aborts
+        [answer] = [inputs for inputs, _, rid, _, _ in s.pipeline.submitted if rid and rid != held
+                    and rid.startswith("resp_req")]
+        assert answer.messages[0].parts[0].text == "Be terse."  # not the settings at the pause
+        types = answered_after_the_commit(s)
+        assert types.count("response.created") == 1, types
+        nothing_left(s, tests)
+
+    run_session(scenario)
+
+
+def test_a_preemptive_start_that_failed_and_was_dropped_is_logged_once_with_its_requests(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario() -> None:
+        s, tests = Session(), asyncio.all_tasks()
+        s.pipeline.refuse = RuntimeError("a bug in the pipeline client")  # not a refusal it knows
+        before, _ = paused_question("capital_of_france")
+        await s.speak(before)
+        await eventually(lambda: s.submitted("transcribe"), "the pause's transcription submitted")
+        [transcribe] = s.submitted("transcribe")
+        s.pipeline.refuse = None
+        await s.send({"type": "input_audio_buffer.clear"})
+        await settle(s)
+        failed = [r for r in caplog.records if "RuntimeError" in r.getMessage() + (r.exc_text or "")
+                  or (r.exc_info is not None and isinstance(r.exc_info[1], RuntimeError))]
+        assert len(failed) == 1 and transcribe in failed[0].getMessage(), [r.getMessage() for r in caplog.records]
+        nothing_left(s, tests)
+
+    with caplog.at_level(logging.INFO, logger="omnictl"):
+        run_session(scenario)

@@ -154,6 +154,15 @@ class Preemption(SessionCore):
         if p.task is not None and not p.task.done():
             p.task.cancel()
             await asyncio.wait({p.task})  # its transcription's cleanup aborts that request
+        failed = None if p.task is None or p.task.cancelled() else p.task.exception()
+        if failed is not None:  # a bug: said here, once, or only by the garbage collector with no request id
+            log.error(
+                "realtime session %s: the dropped preemptive answer to item %s had failed (requests %s)",
+                self.id,
+                p.item_id,
+                p.request_ids(),
+                exc_info=failed,
+            )
         await p.run.discard()
 
     def _preempt_release(self, p: Preempted, turn: Turn) -> None:
