@@ -24,7 +24,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence
 
 from omnictl.exceptions import InvalidRequest, Overloaded, PipelineDead
 from omnictl.inputs import ChatRequest
@@ -74,6 +74,8 @@ class ResponseRun:
     on_audio: Callable[[bytes], None] | None = None  # told each audio delta sent (pcm16, 24 kHz): the echo guard
     audio_out: AudioOut | None = None  # WebRTC's track: the audio goes there, not out as events
     clock: TurnClock | None = None  # the turn this response answers: its milestones
+    max_output_tokens: int | Literal["inf"] = "inf"  # its limit, as its events say it
+    metadata: dict[str, str] | None = None  # the client's (response.create), echoed on its events
     cancel_reason: str | None = None
     request_id: str | None = None
     tracked: Tracked | None = None
@@ -105,6 +107,8 @@ class ResponseRun:
             output=output,
             status_details=details,
             usage=self.usage if status != "in_progress" else None,
+            max_output_tokens=self.max_output_tokens,
+            metadata=self.metadata,
         )
 
     async def cancel(self, reason: str) -> None:

@@ -1374,6 +1374,23 @@ def test_a_response_s_own_voice_and_output_format_are_applied_to_it_alone() -> N
     run(scenario)
 
 
+def test_a_response_s_metadata_and_token_limit_are_on_its_events() -> None:
+    async def scenario() -> None:
+        client = Client(ScriptedPipeline(topology=CHAT_ONLY, script=lambda inputs, modalities: text_events(["a"])))
+        await said(client)
+        await client.send({"type": "session.update", "session": {"max_output_tokens": 9}})
+        await client.send({"type": "response.create", "response": {"metadata": {"topic": "weather"},
+                                                                     "output_modalities": ["text"]}})
+        await client.settle()
+        await client.send({"type": "response.create", "response": {"max_output_tokens": 4}})
+        await client.settle()
+        responses = [e["response"] for e in client.of("response.created") + client.of("response.done")]
+        assert [(r["metadata"], r["max_output_tokens"]) for r in responses] == [
+            ({"topic": "weather"}, 9), (None, 4), ({"topic": "weather"}, 9), (None, 4)]
+
+    run(scenario)
+
+
 def test_previous_item_id_places_the_item_and_the_answer_hears_that_order() -> None:
     async def scenario() -> None:
         pipeline = ScriptedPipeline(topology=CHAT_ONLY, script=lambda inputs, modalities: text_events(["a"]))

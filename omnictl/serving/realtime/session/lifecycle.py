@@ -71,8 +71,7 @@ class Lifecycle(SessionCore):
             codec = codec_for(out.format, "response.audio.output.format", event_id)
         if out is not msgspec.UNSET and out.voice is not msgspec.UNSET:
             voice_name = known_voice(self.pipeline.topology, out.voice, "response.audio.output.voice", event_id)
-        if config.metadata is not msgspec.UNSET:
-            metadata(config.metadata, "response.metadata", event_id)
+        tags = None if config.metadata is msgspec.UNSET else metadata(config.metadata, "response.metadata", event_id)
         modalities = s.output_modalities
         if config.output_modalities is not msgspec.UNSET:
             modalities = self._modalities(config.output_modalities, "response.output_modalities", event_id)
@@ -85,6 +84,7 @@ class Lifecycle(SessionCore):
         instructions = s.instructions if config.instructions is msgspec.UNSET else config.instructions
         voice = None if voice_name in OPENAI_VOICES else voice_name
         sampling = s.sampling(limit, temperature)
+        effective = s.max_output_tokens if limit is None else limit
         run = ResponseRun(
             ev.new_id("resp"),
             modalities,
@@ -96,6 +96,8 @@ class Lifecycle(SessionCore):
             on_audio=self._sent_audio,
             audio_out=self.audio_out,
             clock=clock,
+            max_output_tokens=effective if isinstance(effective, int) else "inf",
+            metadata=tags,
         )
         speed = s.speed
         return run, lambda turns: self.conversation.request(instructions, sampling, voice, turns, speed=speed)
