@@ -733,3 +733,26 @@ def test_a_preemptive_start_that_failed_and_was_dropped_is_logged_once_with_its_
 
     with caplog.at_level(logging.INFO, logger="omnictl"):
         run_session(scenario)
+
+
+def test_a_commit_at_the_pause_ends_the_turn_the_speech_started() -> None:
+    # The client commits the turn itself (server VAD on): the held answer is dropped, the turn is
+    # the item speech_started named, and the silence after it is no second turn of its own.
+    async def scenario() -> None:
+        s, tests = Session(), asyncio.all_tasks()
+        await s.paused()
+        [held] = s.submitted("resp_req")
+        await s.send({"type": "input_audio_buffer.commit"})
+        await s.speak(silence(800))  # past where server VAD would have ended the turn
+        await settle(s)
+        assert held in s.pipeline.aborts
+        types = [e["type"] for e in s.sent]
+        assert types == ["input_audio_buffer.speech_started", "input_audio_buffer.committed",
+                         "conversation.item.added", "conversation.item.input_audio_transcription.delta",
+                         "conversation.item.input_audio_transcription.completed", "conversation.item.done"], types
+        started, committed = s.sent[0], s.sent[1]
+        assert committed["item_id"] == started["item_id"]
+        assert [t.id for t in s.session.conversation.turns] == [started["item_id"]]
+        nothing_left(s, tests)
+
+    run_session(scenario)

@@ -201,7 +201,16 @@ class InputAudio(SessionCore):
         self._start_response(ev.ResponseConfig(), None)
 
     async def commit(self, event: ev.InputAudioBufferCommit) -> None:
-        self._commit(self._live.item_id if self._live is not None else ev.new_id("item"), event.event_id)
+        item_id = self._live.item_id if self._live is not None else ev.new_id("item")
+        speaking = self._turns is not None and self._turns.speaking and self._held_start is None
+        if speaking and self._speech_item is not None:
+            item_id = self._speech_item  # the turn speech_started named
+        self._commit(item_id, event.event_id)
+        if speaking and self._turns is not None:
+            # The client ended the turn the VAD was in: its stop would commit the silence after
+            # this as a second item (or, under 100 ms of it, refuse an append), under this id again.
+            self._turns.drop_turn()
+            self._speech_item = None
 
     def _commit(self, item_id: str, event_id: str | None, transcribe: bool = True) -> Turn:
         """The buffer as the user item ``item_id``, told to the client; transcribed now unless
