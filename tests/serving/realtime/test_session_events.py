@@ -1256,7 +1256,8 @@ _NEAR = {"type": "near_field"}
     [
         ({"type": "session.update", "session": {"include": ["item.input_audio_transcription.logprobs"]}},
          "invalid_value", "session.include"),
-        ({"type": "session.update", "session": {"tracing": "auto"}}, "invalid_value", "session.tracing"),
+        ({"type": "session.update", "session": {"tracing": {"workflow_name": "w"}}}, "invalid_value",
+         "session.tracing"),
         ({"type": "session.update", "session": {"truncation": "disabled"}}, "invalid_value", "session.truncation"),
         ({"type": "session.update", "session": {"truncation": {"type": "retention_ratio", "retention_ratio": 0.8}}},
          "invalid_value", "session.truncation"),
@@ -1338,7 +1339,7 @@ def test_values_that_ask_for_nothing_pass_and_session_updated_says_what_is_done(
     async def scenario() -> None:
         client = Client(ScriptedPipeline())
         await client.send({"type": "session.update", "session": {
-            "type": "realtime", "model": "m", "include": [], "tracing": None, "truncation": "auto", "prompt": None,
+            "type": "realtime", "model": "m", "include": [], "tracing": "auto", "truncation": "auto", "prompt": None,
             "reasoning": None, "parallel_tool_calls": True, "tools": [], "tool_choice": "auto",
             "audio": {"input": {"noise_reduction": None,
                                 "transcription": {"model": "whisper-1", "language": None, "prompt": ""},

@@ -103,9 +103,13 @@ Unhonoured = dict[str, tuple[Callable[[Any], bool], str]]
 _NULL = "send null or leave it out"
 SESSION_UNHONOURED: Unhonoured = {
     "include": (lambda v: not v, "this server sends no transcription logprobs; send [] or leave it out"),
+    # 'auto' (what the openai-agents SDK sends) and null pass: the server traces every session
+    # its own way, as its operator set it (spans under the handshake's traceparent, each turn's
+    # milestones); a workflow name, group or metadata would go nowhere.
     "tracing": (
-        lambda v: v is None,
-        f"this server writes no OpenAI traces (its spans follow the handshake's traceparent); {_NULL}",
+        lambda v: v in (None, "auto"),
+        "this server keeps its own traces (spans under the handshake's traceparent) and takes no "
+        "workflow name, group or metadata for them; send 'auto' or null",
     ),
     "truncation": (
         lambda v: v == "auto",
