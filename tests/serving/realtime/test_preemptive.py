@@ -756,3 +756,28 @@ def test_a_commit_at_the_pause_ends_the_turn_the_speech_started() -> None:
         nothing_left(s, tests)
 
     run_session(scenario)
+
+
+def test_with_a_live_transcriber_a_commit_mid_turn_leaves_one_item_of_that_id() -> None:
+    from omnictl.serving.realtime.events import ServerVad
+    from omnictl.serving.realtime.vad import SileroModel
+    from tests.serving.realtime.test_live_transcription import Client
+
+    async def scenario() -> None:
+        # The live request is the turn's from speech start: the commit was already under its id.
+        client, silero = Client(), SileroModel()
+        client.session._silero = lambda: silero
+        client.session.settings.vad = ServerVad()  # (its Client turns detection off)
+        client.session._reset_vad()
+        before, _ = paused_question("capital_of_france")
+        for start in range(0, len(before), 4800):
+            await client.append_raw(before[start : start + 4800])
+        await client.send({"type": "input_audio_buffer.commit"})
+        for start in range(0, len(silence(800)), 4800):
+            await client.append_raw(silence(800)[start : start + 4800])
+        await client.settle()
+        ids = [t.id for t in client.session.conversation.turns if t.role == "user"]
+        [started] = client.of("input_audio_buffer.speech_started")
+        assert ids == [started["item_id"]], (ids, client.types())
+
+    run_session(scenario)
