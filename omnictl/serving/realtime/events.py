@@ -247,6 +247,27 @@ class Refusal:
 
 
 MAX_EVENT_ID = 128  # characters of a client event_id (OpenAI's own are ~25)
+# The beta protocol's names of fields the GA protocol moved: once dropped unread (a beta
+# client's voice, formats, turn detection and limits silently did nothing), now refused
+# naming the GA field to send instead.
+_BETA_SESSION = {
+    "modalities": "output_modalities",
+    "voice": "audio.output.voice",
+    "speed": "audio.output.speed",
+    "input_audio_format": "audio.input.format",
+    "output_audio_format": "audio.output.format",
+    "input_audio_transcription": "audio.input.transcription",
+    "turn_detection": "audio.input.turn_detection",
+    "input_audio_noise_reduction": "audio.input.noise_reduction",
+    "max_response_output_tokens": "max_output_tokens",
+}
+_BETA_RESPONSE = {
+    "modalities": "output_modalities",
+    "voice": "audio.output.voice",
+    "output_audio_format": "audio.output.format",
+    "max_response_output_tokens": "max_output_tokens",
+}
+_BETA = {"session.update": ("session", _BETA_SESSION), "response.create": ("response", _BETA_RESPONSE)}
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
 _MISSING = re.compile(r"missing required field `([^`]*)`")
 
@@ -283,6 +304,18 @@ def decode_client_event(raw: str | bytes) -> ClientEvent:
     except InvalidRequest as exc:
         param = clip(exc.field, 64) if exc.field else None
         raise EventError(f"{kind}: {clip(str(exc))}", "invalid_value", param, event_id) from exc
+    if kind in _BETA:
+        where, renamed = _BETA[kind]
+        body = obj.get(where)
+        for name in body if isinstance(body, dict) else ():
+            if name in renamed:
+                raise EventError(
+                    f"{where}.{name} is the beta protocol's; this server speaks the GA one: send "
+                    f"{where}.{renamed[name]}",
+                    "invalid_value",
+                    f"{where}.{name}",
+                    event_id,
+                )
     try:
         event: ClientEvent = msgspec.convert(obj, ClientEvent)
     except msgspec.ValidationError as exc:

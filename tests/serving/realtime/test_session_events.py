@@ -1309,6 +1309,12 @@ _NEAR = {"type": "near_field"}
         ({"type": "conversation.item.create", "item": {"role": "user", "content": [
             {"type": "input_text", "text": "x", "audio": base64.b64encode(pcm16(0.1)).decode()}]}},
          "invalid_value", "item.content[0].audio"),
+        # the beta protocol's names, once dropped unread: refused naming the GA field
+        ({"type": "session.update", "session": {"voice": "amy"}}, "invalid_value", "session.voice"),
+        ({"type": "session.update", "session": {"turn_detection": None}}, "invalid_value", "session.turn_detection"),
+        ({"type": "session.update", "session": {"input_audio_transcription": {"model": "whisper-1"}}},
+         "invalid_value", "session.input_audio_transcription"),
+        ({"type": "response.create", "response": {"modalities": ["text"]}}, "invalid_value", "response.modalities"),
         # already refused when decoded: no stage makes or takes tool calls
         ({"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "c",
                                                        "output": "{}"}}, "invalid_value", "item.type"),
