@@ -781,3 +781,36 @@ def test_with_a_live_transcriber_a_commit_mid_turn_leaves_one_item_of_that_id() 
         assert ids == [started["item_id"]], (ids, client.types())
 
     run_session(scenario)
+
+
+def test_a_held_answer_submitted_just_after_its_drop_leaves_the_turns_clock_to_the_real_answer() -> None:
+    # Its submission was already under way when the user went on speaking: it must not stamp
+    # response_started on the turn (the drop started the turn's clock again), or the turn's
+    # answer is timed from the dropped one's submission (or, answered without a preemptive
+    # start, is no turn's at all: no milestones).
+    async def scenario() -> None:
+        s, tests = Session(), asyncio.all_tasks()
+        gate, submit = asyncio.Event(), s.pipeline.submit
+
+        async def gated(inputs: Any, modalities: list[str] | None = None, **kw: Any) -> Any:
+            if modalities != ["transcript"] and not gate.is_set():
+                await gate.wait()  # the held answer's submission, in flight
+            return await submit(inputs, modalities, **kw)
+
+        s.pipeline.submit = gated  # type: ignore[method-assign]
+        before, after = paused_question("capital_of_france")
+        await s.speak(before)
+        await eventually(lambda: s.submitted("resp_req") == [] and s.session._preempt is not None
+                         and s.session._preempt.run.request_id is not None, "the held answer submitting")
+        gate.set()  # its submission returns...
+        s.session._preempt_drop("the user went on speaking")  # ...as the speech comes back (feed's SpeechResumed)
+        await s.speak(after)  # "France?", then the turn ends
+        await settle(s)
+        clock = s.session.turn_clock
+        assert clock is not None and "first_token" in clock.stamps, clock.stamps  # the answer is the turn's
+        at = clock.stamps  # its request submitted after the pause it answered, not the dropped one's
+        assert at["preempted"] <= at["response_started"], at
+        answered_after_the_commit(s)
+        nothing_left(s, tests)
+
+    run_session(scenario)

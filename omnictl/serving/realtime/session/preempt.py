@@ -145,6 +145,7 @@ class Preemption(SessionCore):
             why,
             p.request_ids(),
         )
+        p.run.clock = None  # a submission still under way is no milestone of the turn, whose clock starts again
         if self.turn_clock is not None and self.turn_clock.id == p.item_id:
             self.turn_clock.mark(DROPPED, request=p.run.request_id)
         self.state.metrics.preemptive.labels("dropped").inc()
