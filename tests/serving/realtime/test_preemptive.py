@@ -814,3 +814,20 @@ def test_a_held_answer_submitted_just_after_its_drop_leaves_the_turns_clock_to_t
         nothing_left(s, tests)
 
     run_session(scenario)
+
+
+def test_the_session_closing_right_after_a_drop_still_aborts_the_dropped_answer() -> None:
+    # A clear, then the socket closes at once: the drop's own task had not run yet when close
+    # cancelled the session's tasks.
+    async def scenario() -> None:
+        s, tests = Session(), asyncio.all_tasks()
+        await s.paused()
+        [held] = s.submitted("resp_req")
+        await eventually(lambda: held in s.state.active, "the held answer tracked")
+        await s.send({"type": "input_audio_buffer.clear"})
+        await s.session.close()
+        await settle(s)
+        assert held in s.pipeline.aborts
+        nothing_left(s, tests)
+
+    run_session(scenario)

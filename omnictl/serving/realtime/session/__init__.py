@@ -78,9 +78,10 @@ class RealtimeSession(Configure, InputAudio, Items, LiveTranscription, Preemptio
 
     async def close(self) -> None:
         """The socket closed: cancel the response, abort every pipeline request of this session."""
-        dropping = self._preempt_drop("the session closed")
-        if dropping is not None:
-            await asyncio.shield(dropping)  # before the tasks are cancelled: it aborts the answer's requests
+        self._preempt_drop("the session closed")
+        if self._discarding:  # this drop's and any earlier one's not done yet (a clear, then the close at once)
+            # before the tasks are cancelled: they abort the dropped answers' requests
+            await asyncio.shield(asyncio.gather(*self._discarding))
         if self.response is not None:
             await self.response[0].cancel("client_cancelled")
         if self.audio_out is not None:

@@ -97,6 +97,7 @@ class SessionCore:
         self._tasks: set[asyncio.Task[None]] = set()
         self._live: LiveTurn | None = None  # the turn being transcribed as it is spoken (:mod:`.live`)
         self._preempt: Preempted | None = None  # the answer started at a pause, held (:mod:`.preempt`)
+        self._discarding: set[asyncio.Task[None]] = set()  # dropped ones' aborts, awaited (not cancelled) at close
         self.can_transcribe = capabilities(pipeline.topology).transcription
         self.settings.transcription = self.can_transcribe
         if intent == "transcription":

@@ -149,7 +149,10 @@ class Preemption(SessionCore):
         if self.turn_clock is not None and self.turn_clock.id == p.item_id:
             self.turn_clock.mark(DROPPED, request=p.run.request_id)
         self.state.metrics.preemptive.labels("dropped").inc()
-        return self._spawn(self._preempt_discard(p))
+        discarding = self._spawn(self._preempt_discard(p))
+        self._discarding.add(discarding)
+        discarding.add_done_callback(self._discarding.discard)
+        return discarding
 
     async def _preempt_discard(self, p: Preempted) -> None:
         if p.task is not None and not p.task.done():
