@@ -224,6 +224,33 @@ def append(audio: bytes, event_id: str | None = None) -> dict[str, Any]:
     return {"type": "input_audio_buffer.append", "event_id": event_id, "audio": base64.b64encode(audio).decode()}
 
 
+def test_the_transcription_language_a_session_names_is_the_one_its_turns_are_transcribed_in() -> None:
+    heard = Transcript(text="bonjour", duration=0.25)
+
+    async def scenario() -> None:
+        pipeline = ScriptedPipeline(script=lambda inputs, modalities: [RequestEvent(RequestEventKind.RESULT, "hear", heard)])
+        client = Client(pipeline)
+        client.state.live_transcriber = pipeline  # type: ignore[assignment]  # a live transcriber on the server
+        assert client.session._live_pipeline() is pipeline
+        await client.send({"type": "session.update", "session": {"audio": {"input": {
+            "turn_detection": None, "transcription": {"model": "whisper-1", "language": "FR"}}}}})
+        assert client.of("session.updated")[-1]["session"]["audio"]["input"]["transcription"] == {
+            "model": "hear", "language": "fr"}
+        assert client.session._live_pipeline() is None  # it decodes its own language: turns are transcribed whole
+        for _ in range(2):  # a turn, and the next: the language stays
+            await client.send(append(pcm16(0.25)))
+            await client.send({"type": "input_audio_buffer.commit"})
+            await client.settle()
+        assert [(inputs.language, modalities) for inputs, modalities, *_ in pipeline.submitted] == [
+            ("fr", ["transcript"])] * 2
+        await client.send({"type": "session.update", "session": {"audio": {"input": {
+            "transcription": {"model": "whisper-1"}}}}})  # a transcription object without one: the default again
+        assert client.of("session.updated")[-1]["session"]["audio"]["input"]["transcription"] == {"model": "hear"}
+        assert client.session.settings.language is None
+
+    run(scenario)
+
+
 def test_appended_audio_is_committed_as_a_user_item_and_transcribed() -> None:
     heard = Transcript(text="hello there", duration=0.25)
 
@@ -1270,7 +1297,10 @@ _NEAR = {"type": "near_field"}
             "type": "server_vad", "idle_timeout_ms": 5000}}}}}, "invalid_value",
          "session.audio.input.turn_detection.idle_timeout_ms"),
         ({"type": "session.update", "session": {"audio": {"input": {"transcription": {
-            "model": "whisper-1", "language": "fr"}}}}}, "invalid_value", "session.audio.input.transcription.language"),
+            "model": "whisper-1", "language": "French!"}}}}}, "invalid_value",
+         "session.audio.input.transcription.language"),
+        ({"type": "session.update", "session": {"audio": {"input": {"transcription": {"language": 7}}}}},
+         "invalid_value", "session.audio.input.transcription.language"),
         ({"type": "session.update", "session": {"audio": {"input": {"transcription": {"prompt": "omnictl, ZeroMQ"}}}}},
          "invalid_value", "session.audio.input.transcription.prompt"),
         ({"type": "session.update", "session": {"audio": {"input": {"transcription": {"keywords": ["omnictl"]}}}}},

@@ -44,7 +44,11 @@ class Configure(SessionCore):
         audio_input = {
             "format": s.input_codec.describe(),
             "turn_detection": turn_detection,
-            "transcription": {"model": transcriber} if s.transcription and transcriber else None,
+            "transcription": (
+                ({"model": transcriber} | ({"language": s.language} if s.language else {}))
+                if s.transcription and transcriber
+                else None
+            ),
             "noise_reduction": None,
             "echo_guard": self.echo.enabled,
         }
@@ -120,25 +124,35 @@ class Configure(SessionCore):
             )
         return list(dict.fromkeys(wanted))
 
-    def _check_transcription(self, config: dict[str, Any] | None, event_id: str | None) -> None:
-        """Refuse what of ``audio.input.transcription`` the recognizer cannot take. Its ``model``
-        passes whatever it names: the topology's recognizer transcribes, and ``session.updated``
-        names it (a client's 'whisper-1' is often what the voice assistant's recognizer is)."""
+    def _check_transcription(self, config: dict[str, Any] | None, event_id: str | None) -> str | None:
+        """The ``language`` of ``audio.input.transcription`` (None: the recognizer's default),
+        checked; refuse what else of it the recognizer cannot take. Its ``model`` passes
+        whatever it names: the topology's recognizer transcribes, and ``session.updated`` names
+        it (a client's 'whisper-1' is often what the voice assistant's recognizer is)."""
         where = "session.audio.input.transcription"
+        language = (config or {}).get("language")
+        if language is not None and (
+            not isinstance(language, str) or not 2 <= len(language) <= 8 or not language.isalpha()
+        ):
+            raise ev.Refusal(event_id)(
+                f"{where}.language must be a language code such as 'en' or 'fr', got {clip_repr(language, 64)}",
+                param=f"{where}.language",
+            )
         for key, value in (config or {}).items():
-            if key == "model":
+            if key in ("model", "language"):
                 continue
             if key not in TRANSCRIPTION_UNHONOURED:
                 raise ev.Refusal(event_id)(
-                    f"{where}.{clip(key, 64)} is not a field of {where} (model, {', '.join(TRANSCRIPTION_UNHONOURED)})",
+                    f"{where}.{clip(key, 64)} is not a field of {where} (model, language, {', '.join(TRANSCRIPTION_UNHONOURED)})",
                     param=f"{where}.{clip(key, 64)}",
                 )
             if value not in (None, "", []):
                 raise ev.Refusal(event_id)(
                     f"{where}.{key} {clip_repr(value, 64)} is not supported: the topology's recognizer takes no "
-                    f"{key} from a realtime session (it detects the language itself); send null or leave it out",
+                    f"{key} from a realtime session; send null or leave it out",
                     param=f"{where}.{key}",
                 )
+        return language.lower() if language else None
 
     async def _audio(self, audio: ev.AudioConfig, event_id: str | None) -> None:
         """Checks every field before changing any: a refused update changes nothing."""
@@ -170,7 +184,7 @@ class Configure(SessionCore):
             raise refuse(
                 f"session.audio.input.noise_reduction: {NOISE_REDUCTION}", param="session.audio.input.noise_reduction"
             )
-        transcription = s.transcription
+        transcription, language = s.transcription, s.language
         if inp is not msgspec.UNSET and inp.transcription is not msgspec.UNSET:
             if inp.transcription is not None and not self.can_transcribe:
                 raise refuse(
@@ -178,7 +192,7 @@ class Configure(SessionCore):
                     "of modality 'transcript'; send null",
                     param="session.audio.input.transcription",
                 )
-            self._check_transcription(inp.transcription, event_id)
+            language = self._check_transcription(inp.transcription, event_id)
             transcription = inp.transcription is not None
         if inp is not msgspec.UNSET and isinstance(inp.turn_detection, ev.SemanticVad):
             try:  # loaded once per server, off the event loop
@@ -188,7 +202,7 @@ class Configure(SessionCore):
                     f"session.audio.input.turn_detection.type 'semantic_vad': {exc}; use 'server_vad' or null",
                     param="session.audio.input.turn_detection.type",
                 ) from exc
-        s.input_codec, s.output_codec, s.transcription = input_codec, output_codec, transcription
+        s.input_codec, s.output_codec, s.transcription, s.language = input_codec, output_codec, transcription, language
         if inp is not msgspec.UNSET and inp.echo_guard is not msgspec.UNSET:
             self.echo.enabled = inp.echo_guard
         s.voice, s.speed = voice, speed

@@ -46,8 +46,10 @@ class LiveTurn:
 
 class LiveTranscription(SessionCore):
     def _live_pipeline(self) -> PipelineLike | None:
-        """The live transcriber, when the server has one and this session transcribes."""
-        return self.state.live_transcriber if self.can_transcribe else None
+        """The live transcriber, when the server has one and this session transcribes. Not for
+        a session that names its language: the live transcriber decodes the one it was started
+        with, so such a session's turns are transcribed whole, in the language it named."""
+        return self.state.live_transcriber if self.can_transcribe and self.settings.language is None else None
 
     def _live_open(self, item_id: str) -> None:
         """Open the turn's streaming transcription with the buffer so far (the speech's prefix padding)."""

@@ -44,6 +44,7 @@ class Settings:
     max_output_tokens: int | str = "inf"
     temperature: float | None = None  # None: the stage's own
     transcription: bool = True  # transcripts of the user's audio are sent (when the topology transcribes)
+    language: str | None = None  # of the user's speech (transcription.language); None: the recognizer's default
     input_codec: AudioCodec = PCM
     output_codec: AudioCodec = PCM
 
@@ -134,7 +135,7 @@ RESPONSE_UNHONOURED: Unhonoured = {
 }
 # The keys of session.audio.input.transcription besides ``model``: the topology's recognizer
 # takes none of them from a realtime session (it detects the language itself).
-TRANSCRIPTION_UNHONOURED = ("language", "prompt", "delay", "keywords", "languages")
+TRANSCRIPTION_UNHONOURED = ("prompt", "delay", "keywords", "languages")
 NOISE_REDUCTION = "this server filters no noise from the input audio; send null or leave it out"
 
 

@@ -69,7 +69,8 @@ class Transcription(SessionCore):
                 ChatMessage(
                     role="user", parts=(AudioPart(samples=audio, sample_rate=PCM16_RATE, field=f"item {item_id}"),)
                 ),
-            )
+            ),
+            language=self.settings.language,  # the session's transcription.language
         )
         tracked: Tracked | None = None
         try:
