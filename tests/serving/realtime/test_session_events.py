@@ -22,6 +22,7 @@ from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.session import MIN_COMMIT_MS, AudioRate, RealtimeSession, Settings
 from omnictl.serving.state import ServingState
 from tests.serving.scripted import CHAT_ONLY, EVERY_ENDPOINT, ScriptedPipeline, error_event, text_events, tone
+from tests.support.wait import eventually
 
 RATE = 24_000
 
@@ -950,6 +951,25 @@ def test_clearing_a_tracks_audio_cancels_the_response_still_running() -> None:
         await client.send({"type": "output_audio_buffer.clear"})
         assert client.of("response.done")[0]["response"]["status"] == "cancelled"
         assert pipeline.aborts == list(pipeline.requests) and track.cleared >= 1
+
+    run(scenario)
+
+
+def test_clearing_a_track_before_the_answer_has_audio_cancels_it_and_says_cleared_not_an_error() -> None:
+    async def scenario() -> None:
+        track = Track()
+        pipeline = ScriptedPipeline(topology=CHAT_ONLY, script=lambda inputs, modalities: [], hold=True)
+        client = track_client(pipeline, track)
+        await said(client)
+        await client.send({"type": "response.create"})
+        await eventually(lambda: client.of("response.created"), "the response under way")
+        await client.send({"type": "output_audio_buffer.clear", "event_id": "c1"})
+        [done] = client.of("response.done")
+        assert done["response"]["status"] == "cancelled" and not track.played
+        assert client.of("error") == []  # it did something: the answer that would have played is cancelled
+        assert [e["response_id"] for e in client.of("output_audio_buffer.cleared")] == [done["response"]["id"]]
+        error = await client.refused({"type": "output_audio_buffer.clear", "event_id": "c2"})  # now nothing is
+        assert (error.message, error.event_id) == ("output_audio_buffer.clear: no audio is playing", "c2")
 
     run(scenario)
 

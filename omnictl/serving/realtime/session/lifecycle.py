@@ -155,12 +155,16 @@ class Lifecycle(SessionCore):
         still in progress is cancelled too."""
         refuse = ev.Refusal(event.event_id)
         if self.audio_out is not None:
+            cancelled = None
             if self.response is not None:
                 run, task = self.response
                 await run.cancel("client_cancelled")
                 await asyncio.shield(task)
-            if not self.audio_out.clear():
-                raise refuse("output_audio_buffer.clear: no audio is playing", "response_cancel_not_active")
+                cancelled = run.id
+            if not self.audio_out.clear():  # the track held none of it (it tells the client when it did)
+                if cancelled is None:
+                    raise refuse("output_audio_buffer.clear: no audio is playing", "response_cancel_not_active")
+                self.send(ev.OutputAudioBufferCleared(response_id=cancelled))  # its audio will not play
             self.echo.stop()
             return
         if self.response is None:
