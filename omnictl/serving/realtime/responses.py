@@ -224,11 +224,12 @@ class ResponseRun:
 
     async def _submit(self, request: ChatRequest) -> None:
         self.request_id = ev.new_id("resp_req")
+        at = time.monotonic_ns()  # the submission's start: its first events may come in before it returns
         submitted = await self.pipeline.submit(
             request, self._pipeline_modalities(), request_id=self.request_id, traceparent=self.traceparent
         )
         if self.clock is not None:
-            self.clock.mark("response_started", request=self.request_id)
+            self.clock.mark("response_started", request=self.request_id, at_ns=at)
         self.state.metrics.in_flight.inc()
         self.tracked = Tracked(submitted, self.state.metrics, self.state.active, self.state.model_name, "pcm16")
         if "audio" in self.modalities:

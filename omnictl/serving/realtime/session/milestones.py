@@ -49,7 +49,6 @@ MILESTONES = (
     "preemptive_dropped",  # a preemptive answer dropped: the user went on speaking
 )
 DROPPED = "preemptive_dropped"
-LATE_NS = 1_000_000  # a mark this much after its time says how long ago it happened (``ago_s``)
 
 
 class TurnClock:
@@ -90,7 +89,7 @@ class TurnClock:
         }
         if request is not None:
             meta["request"] = request
-        if now - at >= LATE_NS:  # recorded now, it happened then: the trace draws it there
+        if at < now:  # recorded now, it happened then: the trace draws it there
             meta["ago_s"] = round((now - at) / 1e9, 6)
         if milestone == DROPPED:
             self.dropped += 1
