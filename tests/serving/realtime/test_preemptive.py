@@ -307,6 +307,14 @@ class Session:
         await eventually(lambda: self.submitted("resp_req"), "the preemptive answer submitted")
         assert [e["type"] for e in self.sent] == ["input_audio_buffer.speech_started"]  # nothing of it
 
+    async def transcribing(self) -> None:
+        """The question up to its pause: the pause's transcription submitted (it may still be at work)."""
+        from tests.support.wait import eventually
+
+        before, _ = paused_question("capital_of_france")
+        await self.speak(before)
+        await eventually(lambda: self.submitted("transcribe"), "the pause's transcription submitted")
+
     def dropped_everywhere(self) -> None:
         """Every request the preemptive answer made was aborted; nothing of it sent or kept."""
         assert set(self.submitted("resp_req")) <= set(self.pipeline.aborts), self.pipeline.aborts
@@ -526,9 +534,7 @@ def test_response_cancel_while_the_released_answer_waits_for_its_transcript() ->
     async def scenario() -> None:
         s, tests = Session(), asyncio.all_tasks()
         gate = gate_next_transcription(s)
-        before, _ = paused_question("capital_of_france")
-        await s.speak(before)
-        await eventually(lambda: s.submitted("transcribe"), "the pause's transcription submitted")
+        await s.transcribing()
         await s.speak(silence(800))  # confirmed while the transcription is still at work
         assert s.session.response is not None and "response.created" not in [e["type"] for e in s.sent]
         await s.send({"type": "response.cancel"})
@@ -583,9 +589,7 @@ def test_the_pauses_transcription_failing_is_answered_at_the_turn() -> None:
             return [RequestEvent(RequestEventKind.RESULT, "hear", Transcript(text="what is the capital of France"))]
 
         s.pipeline.script = script
-        before, _ = paused_question("capital_of_france")
-        await s.speak(before)
-        await eventually(lambda: s.submitted("transcribe"), "the pause's transcription submitted")
+        await s.transcribing()
         await s.speak(silence(800))
         await settle(s)
         types = answered_after_the_commit(s)
@@ -603,9 +607,7 @@ def test_deleting_the_turn_while_its_released_answer_waits_for_the_transcript() 
     async def scenario() -> None:
         s, tests = Session(), asyncio.all_tasks()
         gate = gate_next_transcription(s)
-        before, _ = paused_question("capital_of_france")
-        await s.speak(before)
-        await eventually(lambda: s.submitted("transcribe"), "the pause's transcription submitted")
+        await s.transcribing()
         await s.speak(silence(800))
         [committed] = [e for e in s.sent if e["type"] == "input_audio_buffer.committed"]
         await s.send({"type": "conversation.item.delete", "item_id": committed["item_id"]})
@@ -680,9 +682,7 @@ def test_the_session_closing_while_the_released_answer_waits_for_its_transcript_
     async def scenario() -> None:
         s, tests = Session(), asyncio.all_tasks()
         gate_next_transcription(s)  # never opens: only the close ends it
-        before, _ = paused_question("capital_of_france")
-        await s.speak(before)
-        await eventually(lambda: s.submitted("transcribe"), "the pause's transcription submitted")
+        await s.transcribing()
         await s.speak(silence(800))  # confirmed, released: waiting for the transcript
         assert s.session.response is not None
         await s.session.close()
@@ -719,9 +719,7 @@ def test_a_preemptive_start_that_failed_and_was_dropped_is_logged_once_with_its_
     async def scenario() -> None:
         s, tests = Session(), asyncio.all_tasks()
         s.pipeline.refuse = RuntimeError("a bug in the pipeline client")  # not a refusal it knows
-        before, _ = paused_question("capital_of_france")
-        await s.speak(before)
-        await eventually(lambda: s.submitted("transcribe"), "the pause's transcription submitted")
+        await s.transcribing()
         [transcribe] = s.submitted("transcribe")
         s.pipeline.refuse = None
         await s.send({"type": "input_audio_buffer.clear"})
