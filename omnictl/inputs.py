@@ -62,6 +62,12 @@ def _speed(value: Any) -> float:
     return float(value)
 
 
+def is_language_code(value: Any) -> bool:
+    """Whether ``value`` has the shape of a language code ('en', 'fr'...): 2 to 8 letters. The
+    recognizer then says whether it knows it."""
+    return isinstance(value, str) and 2 <= len(value) <= 8 and value.isalpha()
+
+
 def _set(obj: msgspec.Struct, name: str, value: Any) -> None:
     # The request types are frozen (stages share one by reference); __post_init__ may
     # still normalize a field, e.g. the list msgpack hands back where a tuple was sent.
@@ -285,9 +291,7 @@ def parse_request(
     if voice is not None and (not isinstance(voice, str) or not voice):
         raise _fail("voice", f"must be a voice name (a non-empty string), got {voice!r}")
     language = inputs.get("language")
-    if language is not None and (
-        not isinstance(language, str) or not 2 <= len(language) <= 8 or not language.isalpha()
-    ):
+    if language is not None and not is_language_code(language):
         raise _fail("language", f"must be a language code such as 'en', got {language!r}")
     return ChatRequest(
         messages=tuple(_parse_message(message, f"messages[{i}]", bounds) for i, message in enumerate(messages)),

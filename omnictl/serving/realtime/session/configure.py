@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import msgspec
 
 from omnictl.exceptions import LaunchError
+from omnictl.inputs import is_language_code
 from omnictl.serving.common.echo import clip, clip_repr
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.formats import codec_for
@@ -131,9 +132,7 @@ class Configure(SessionCore):
         it (a client's 'whisper-1' is often what the voice assistant's recognizer is)."""
         where = "session.audio.input.transcription"
         language = (config or {}).get("language")
-        if language is not None and (
-            not isinstance(language, str) or not 2 <= len(language) <= 8 or not language.isalpha()
-        ):
+        if language is not None and not is_language_code(language):
             raise ev.Refusal(event_id)(
                 f"{where}.language must be a language code such as 'en' or 'fr', got {clip_repr(language, 64)}",
                 param=f"{where}.language",
@@ -173,8 +172,7 @@ class Configure(SessionCore):
             in_range(vad.threshold, THRESHOLD, f"{where}.threshold", event_id)
             in_range(vad.prefix_padding_ms, PADDING_MS, f"{where}.prefix_padding_ms", event_id, " ms")
             in_range(vad.silence_duration_ms, SILENCE_MS, f"{where}.silence_duration_ms", event_id, " ms")
-        if inp is not msgspec.UNSET and isinstance(inp.turn_detection, ev.ServerVad):
-            if inp.turn_detection.idle_timeout_ms is not None:
+            if vad.idle_timeout_ms is not None:
                 raise refuse(
                     "session.audio.input.turn_detection.idle_timeout_ms: this server starts no response on its own "
                     "after an idle time; send null or leave it out",

@@ -224,7 +224,7 @@ class SessionCore:
         """The confirmed turn's preemptive answer, if it answered that turn (:mod:`.preempt`)."""
         raise NotImplementedError
 
-    def _preempt_drop(self, why: str) -> asyncio.Task[None] | None:
+    def _preempt_drop(self, why: str) -> None:
         """Drop the preemptive answer everywhere, if there is one (:mod:`.preempt`)."""
         raise NotImplementedError
 

@@ -133,11 +133,12 @@ class Preemption(SessionCore):
         self._preempt_drop(f"the turn ended at {audio_end_ms} ms, not at its pause")
         return None
 
-    def _preempt_drop(self, why: str) -> asyncio.Task[None] | None:
-        """Drop the preemptive answer, if any, everywhere (the task that aborts its requests)."""
+    def _preempt_drop(self, why: str) -> None:
+        """Drop the preemptive answer, if any, everywhere: its requests are aborted in a task
+        (in ``_discarding`` until done, which a close awaits)."""
         p, self._preempt = self._preempt, None
         if p is None:
-            return None
+            return
         log.info(
             "realtime session %s: preemptive answer to item %s dropped (%s); requests aborted: %s",
             self.id,
@@ -152,7 +153,6 @@ class Preemption(SessionCore):
         discarding = self._spawn(self._preempt_discard(p))
         self._discarding.add(discarding)
         discarding.add_done_callback(self._discarding.discard)
-        return discarding
 
     async def _preempt_discard(self, p: Preempted) -> None:
         if p.task is not None and not p.task.done():

@@ -133,8 +133,8 @@ RESPONSE_UNHONOURED: Unhonoured = {
     "prompt": SESSION_UNHONOURED["prompt"],
     "reasoning": SESSION_UNHONOURED["reasoning"],
 }
-# The keys of session.audio.input.transcription besides ``model``: the topology's recognizer
-# takes none of them from a realtime session (it detects the language itself).
+# The keys of session.audio.input.transcription besides ``model`` and ``language`` (both
+# taken): the topology's recognizer takes none of them from a realtime session.
 TRANSCRIPTION_UNHONOURED = ("prompt", "delay", "keywords", "languages")
 NOISE_REDUCTION = "this server filters no noise from the input audio; send null or leave it out"
 
