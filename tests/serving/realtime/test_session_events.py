@@ -884,6 +884,28 @@ def test_clearing_the_buffer_resets_the_turn_detection(spoken: bytes, silero: An
     run(scenario)
 
 
+def test_an_item_cannot_take_the_id_speech_started_announced(spoken: bytes, silero: Any) -> None:
+    # Accepted before: the VAD's commit then added the turn under the same id (two items of one
+    # id; delete removed one and retrieve still found the other).
+    async def scenario() -> None:
+        client = vad_client(ScriptedPipeline(topology=CHAT_ONLY), silero, create_response=False)
+        half = len(spoken) // 4 // 2 * 2
+        await speak(client, spoken[:half])
+        [started] = client.of("input_audio_buffer.speech_started")
+        taken = started["item_id"]
+        text = {"id": taken, "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+        error = await client.refused({"type": "conversation.item.create", "event_id": "c1", "item": text})
+        assert (error.param, error.code, error.event_id) == ("item.id", "invalid_value", "c1")
+        assert error.message.startswith(f"item.id {taken!r} is taken: the session announced it"), error.message
+        await speak(client, spoken[half:])
+        await client.settle()
+        assert [turn.id for turn in client.session.conversation.turns] == [taken]  # the spoken turn, once
+        error = await client.refused({"type": "conversation.item.create", "item": text})
+        assert error.message == f"item.id {taken!r} is already in the conversation"
+
+    run(scenario)
+
+
 # --- where the answer's audio goes, and what a cancelled answer keeps ---------------------
 
 
@@ -1320,6 +1342,11 @@ _NEAR = {"type": "near_field"}
             "model": "whisper-1", "language": "French!"}}}}}, "invalid_value",
          "session.audio.input.transcription.language"),
         ({"type": "session.update", "session": {"audio": {"input": {"transcription": {"language": 7}}}}},
+         "invalid_value", "session.audio.input.transcription.language"),
+        # well-formed codes the recognizer does not know (taken before: every turn then failed)
+        ({"type": "session.update", "session": {"audio": {"input": {"transcription": {"language": "zz"}}}}},
+         "invalid_value", "session.audio.input.transcription.language"),
+        ({"type": "session.update", "session": {"audio": {"input": {"transcription": {"language": "auto"}}}}},
          "invalid_value", "session.audio.input.transcription.language"),
         ({"type": "session.update", "session": {"audio": {"input": {"transcription": {"prompt": "omnictl, ZeroMQ"}}}}},
          "invalid_value", "session.audio.input.transcription.prompt"),

@@ -30,6 +30,7 @@ from omnictl.serving.realtime.session.settings import (
     known_voice,
     max_tokens,
     no_tools,
+    recognised_languages,
     unhonoured,
 )
 from omnictl.serving.realtime.smart_turn import shared_model
@@ -135,6 +136,14 @@ class Configure(SessionCore):
         if language is not None and not is_language_code(language):
             raise ev.Refusal(event_id)(
                 f"{where}.language must be a language code such as 'en' or 'fr', got {clip_repr(language, 64)}",
+                param=f"{where}.language",
+            )
+        known = recognised_languages()
+        if language is not None and known is not None and language.lower() not in known:
+            # Taken, every turn would then come back transcription_failed: refused here instead.
+            raise ev.Refusal(event_id)(
+                f"{where}.language {clip_repr(language, 64)} is not a language the recognizer (Whisper) knows; "
+                "use an ISO-639-1 code such as 'en', 'fr' or 'de', or null for the recognizer's own choice",
                 param=f"{where}.language",
             )
         for key, value in (config or {}).items():

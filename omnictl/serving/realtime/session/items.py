@@ -61,6 +61,13 @@ class Items(SessionCore):
             previous = None if anchor == ROOT else anchor
         if item.id is not None and self.conversation.find(item.id) is not None:
             raise refuse(f"item.id {clip_repr(item.id, 64)} is already in the conversation", param="item.id")
+        if item.id is not None and item.id in self._ids_announced():
+            # The turn being spoken (or transcribed) commits under this id later: two items of one id.
+            raise refuse(
+                f"item.id {clip_repr(item.id, 64)} is taken: the session announced it for a turn of the input "
+                "audio (input_audio_buffer.speech_started, or a transcription under way); give another id",
+                param="item.id",
+            )
         if part.type == "input_audio":
             codec = self.settings.input_codec
             try:
@@ -88,6 +95,19 @@ class Items(SessionCore):
         turn.spoken = part.type == "output_audio"
         self.send(ev.ItemAdded(item=turn.item(), previous_item_id=previous))
         self.send(ev.ItemDone(item=turn.item(), previous_item_id=previous))
+
+    def _ids_announced(self) -> set[str]:
+        """The ids the session told the client of and will add (or holds) outside the
+        conversation: the turn speech started, the turn transcribed live or preemptively
+        answered, and spoken items still being transcribed (one may have been deleted)."""
+        ids = {turn.id for turn in self._transcribing.values()}
+        if self._speech_item is not None:
+            ids.add(self._speech_item)
+        if self._live is not None:
+            ids.add(self._live.item_id)
+        if self._preempt is not None:
+            ids.add(self._preempt.item_id)
+        return ids
 
     def _placed(self, turn: Turn, anchor: str | None) -> Turn:
         """``turn`` (added last) moved to just after the item ``anchor`` (first for 'root')."""

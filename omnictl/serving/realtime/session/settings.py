@@ -6,6 +6,8 @@ carried it is applied (:mod:`.configure`)."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
 import re
 from dataclasses import dataclass, field
@@ -137,6 +139,20 @@ RESPONSE_UNHONOURED: Unhonoured = {
 # taken): the topology's recognizer takes none of them from a realtime session.
 TRANSCRIPTION_UNHONOURED = ("prompt", "delay", "keywords", "languages")
 NOISE_REDUCTION = "this server filters no noise from the input audio; send null or leave it out"
+
+
+@functools.cache
+def recognised_languages() -> frozenset[str] | None:
+    """The language codes the recognizer knows: Whisper's (faster-whisper's tokenizer; the
+    shipped recognizers are Whisper). None where faster-whisper is not installed: no Whisper
+    recognizer runs then, and a code is checked for its shape only."""
+    if importlib.util.find_spec("faster_whisper") is None:
+        return None
+    # faster-whisper exposes the list only as this name (WhisperModel.supported_languages is
+    # the same tuple, read from a loaded model); the recognizer itself checks against it.
+    from faster_whisper.tokenizer import _LANGUAGE_CODES
+
+    return frozenset(_LANGUAGE_CODES)
 
 
 def unhonoured(config: Any, fields: Unhonoured, where: str, event_id: str | None) -> None:
