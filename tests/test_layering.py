@@ -1,15 +1,17 @@
 """The allowed dependencies between omnictl's packages, checked on every import.
 
 Imports are read statically as in ``tests/test_import_cycles.py`` (``ast`` over every
-``.py`` file: an import inside a function counts, one under ``if TYPE_CHECKING:`` does not,
-an ``importlib.import_module`` of a literal name does). A broken rule fails naming the
-import (``file:line``), what it imports and the rule.
+``.py`` file: an import inside a function counts, an ``importlib.import_module`` of a
+literal name does). One under ``if TYPE_CHECKING:`` counts only for the rules marked
+*types too*: a layer that names another's types still knows it. A broken rule fails naming
+the import (``file:line``), what it imports and the rule.
 
 The rules:
 
-- **stage** (the stage IO shell) does not import the coordinator, the models or ZeroMQ: the
-  coordinator talks to it in messages, a model is a factory it is handed by name, and every
-  socket belongs to the process's ``Endpoint`` (``omnictl/transports/endpoint.py``).
+- **stage** (the stage IO shell) does not import the coordinator, the models or ZeroMQ (types
+  too): the coordinator talks to it in messages, a model is a factory it is handed by name,
+  and every socket belongs to the process's ``Endpoint`` (``omnictl/transports/endpoint.py``;
+  the stage reads the coordinator's broadcasts through its ``Broadcasts``).
 - **schedulers** do not import the models: a model brings its runner or scheduler to them.
 - **topology** and **transports** do not import each other both ways: the topology (the
   YAML language) derives each edge's transport from the transports' registry, and the
@@ -44,6 +46,7 @@ class Rule:
     source: str  # a package of omnictl ("omnictl.stage")
     forbidden: str  # what it must not import: a module prefix ("omnictl.models", "zmq")
     why: str
+    types: bool = False  # types too: an import under `if TYPE_CHECKING:` breaks it as well
 
     def applies(self, module: str, target: str) -> bool:
         return _within(module, self.source) and _within(target, self.forbidden) and not _within(target, self.source)
@@ -52,7 +55,12 @@ class Rule:
 RULES = (
     Rule("omnictl.stage", "omnictl.coordinator", "stage does not import the coordinator"),
     Rule("omnictl.stage", "omnictl.models", "stage does not import the models"),
-    Rule("omnictl.stage", "zmq", "stage opens no socket: sockets belong to the process's Endpoint (transports)"),
+    Rule(
+        "omnictl.stage",
+        "zmq",
+        "stage knows its Endpoint, not the socket library, not even for a type (transports)",
+        types=True,
+    ),
     Rule("omnictl.schedulers", "omnictl.models", "schedulers do not import the models"),
     Rule("omnictl.transports", "omnictl.topology", "transports do not import the topology (it imports them)"),
     Rule("omnictl.profiling", "zmq", "profiling opens no socket: sockets belong to omnictl/transports"),
@@ -61,6 +69,7 @@ RULES = (
         for internal in RUNTIME_INTERNALS
     ),
 )
+STAGE_ZMQ = next(rule for rule in RULES if rule.source == "omnictl.stage" and rule.forbidden == "zmq")
 
 # (importing module or package, imported module) -> why it may, for now.
 ALLOWED: dict[tuple[str, str], str] = {
@@ -84,15 +93,23 @@ class Use:
     target: str  # the imported module, as written (a package's submodule when it is one)
     file: Path
     line: int
+    typed: bool = False  # under `if TYPE_CHECKING:`: it never runs
+
+
+def _nodes(tree: ast.AST) -> list[tuple[ast.AST, bool]]:
+    """Every node, and whether it is under ``if TYPE_CHECKING:`` (``_runtime_nodes`` leaves those out)."""
+    runtime = {id(node) for node in _runtime_nodes(tree)}
+    return [(node, id(node) not in runtime) for node in ast.walk(tree)]
 
 
 @functools.cache  # each file is parsed once however many tests read it
 def uses_of(path: Path, this: str) -> list[Use]:
-    """Every runtime import in ``path``, of omnictl's modules and of third-party ones alike."""
+    """Every import in ``path``, of omnictl's modules and of third-party ones alike (``typed``:
+    one under ``if TYPE_CHECKING:``)."""
     is_package = path.name == "__init__.py"
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     found: list[Use] = []
-    for node in _runtime_nodes(tree):
+    for node, typed in _nodes(tree):
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
@@ -108,7 +125,7 @@ def uses_of(path: Path, this: str) -> list[Use]:
             name = node.args[0]
             if isinstance(name, ast.Constant) and isinstance(name.value, str):
                 targets = [name.value]
-        found.extend(Use(this, target, path, node.lineno) for target in targets)  # type: ignore[attr-defined]
+        found.extend(Use(this, target, path, node.lineno, typed) for target in targets)  # type: ignore[attr-defined]
     return found
 
 
@@ -132,6 +149,8 @@ def broken(files: list[tuple[Path, str]], modules: set[str]) -> list[str]:
         for use in uses_of(path, this):
             target = _resolved(use.target, modules)
             for rule in RULES:
+                if use.typed and not rule.types:
+                    continue
                 if rule.applies(this, target) and not _allowed(this, target):
                     where = use.file.relative_to(ROOT) if use.file.is_relative_to(ROOT) else use.file
                     problem = f"{where}:{use.line}: {this} imports {target} ({rule.why})"
@@ -167,15 +186,24 @@ def test_the_checker_names_the_file_the_line_and_the_rule(tmp_path: Path) -> Non
     stage.mkdir(parents=True)
     shell = stage / "shell.py"
     shell.write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import zmq\n"
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from omnictl.models import huge\n"
         "def f():\n    import zmq.asyncio\n    from omnictl.models import tiny\n"
         "    from omnictl.stage import other\n"
     )
-    modules = {"omnictl.stage.shell", "omnictl.stage.other", "omnictl.models", "omnictl.models.tiny"}
-    found = [(u.target, u.line) for u in uses_of(shell, "omnictl.stage.shell")]
-    assert ("zmq", 3) not in found and ("zmq.asyncio", 5) in found  # TYPE_CHECKING imports never run
+    modules = {"omnictl.stage.shell", "omnictl.stage.other", "omnictl.models", "omnictl.models.tiny",
+               "omnictl.models.huge"}
+    found = {(u.target, u.line, u.typed) for u in uses_of(shell, "omnictl.stage.shell")}
+    assert {("omnictl.models.huge", 3, True), ("zmq.asyncio", 5, False)} <= found
     problems = broken([(shell, "omnictl.stage.shell")], modules)
-    assert problems == [
-        f"{shell}:5: omnictl.stage.shell imports zmq.asyncio ({RULES[2].why})",
+    assert problems == [  # a model named for a type only is no crossing for this rule: it never runs
+        f"{shell}:5: omnictl.stage.shell imports zmq.asyncio ({STAGE_ZMQ.why})",
         f"{shell}:6: omnictl.stage.shell imports omnictl.models.tiny (stage does not import the models)",
     ]
+
+
+def test_a_types_too_rule_counts_an_import_made_only_for_a_type(tmp_path: Path) -> None:
+    worker = tmp_path / "omnictl" / "stage" / "worker.py"
+    worker.parent.mkdir(parents=True)
+    worker.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import zmq.asyncio\n")
+    problems = broken([(worker, "omnictl.stage.worker")], {"omnictl.stage.worker"})
+    assert problems == [f"{worker}:3: omnictl.stage.worker imports zmq.asyncio ({STAGE_ZMQ.why})"]

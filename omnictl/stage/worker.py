@@ -20,7 +20,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from omnictl import logs
 from omnictl import messages as m
@@ -31,13 +31,9 @@ from omnictl.stage.ports import WorkerPorts
 from omnictl.stage.stage import Stage
 from omnictl.stage.startup import WorkerConfig, decode_config
 from omnictl.transports.drain import Drain
-from omnictl.transports.endpoint import Endpoint, resolve_data_host
-from omnictl.transports.frames import receive
+from omnictl.transports.endpoint import Broadcasts, Endpoint, resolve_data_host
 from omnictl.transports.leases import ViewLeases
 from omnictl.transports.shm import SegmentReader
-
-if TYPE_CHECKING:  # the sockets are the Endpoint's; only their type is named here
-    import zmq.asyncio
 
 _PR_SET_PDEATHSIG = 1
 _REPORT_LINGER_MS = 2000  # how long a stage process that failed to start waits for its report to go out
@@ -132,7 +128,7 @@ class Worker:
         if config.curve is not None:  # take tcp data too, on the data host
             host = resolve_data_host(config.data_host, "ray")  # None: $OMNICTL_DATA_HOST, else its Ray node's address
             tcp_address = endpoint.bind_tcp(inbound, host, config.tcp_port)
-        broadcast = endpoint.subscriber(config.broadcast_address)
+        broadcasts = endpoint.broadcasts(config.broadcast_address)
         profiler, recorder = _make_profiler(config)
         self.ports = WorkerPorts(endpoint, config.coordinator_address, profiler)
         self.leases = ViewLeases(self.reader, self.ports.release)
@@ -144,7 +140,7 @@ class Worker:
         self.ports.send_control(m.Ready(config.instance, os.getpid(), tcp_address))
         drain = Drain(inbound, m.inbound_decoder.decode, self._receive, f"stage process {config.instance}")
         tasks = [
-            asyncio.create_task(self._listen(broadcast)),
+            asyncio.create_task(self._listen(broadcasts)),
             asyncio.create_task(self._watch_inboxes()),
         ]
         if config.parent_pid:  # 0: a Ray actor, whose life Ray manages
@@ -252,9 +248,9 @@ class Worker:
         elif isinstance(message, m.Skip):
             stage.on_skip(message.ctx, message.src)
 
-    async def _listen(self, socket: zmq.asyncio.Socket) -> None:
+    async def _listen(self, broadcasts: Broadcasts) -> None:
         while True:
-            message = m.broadcast_decoder.decode((await receive(socket))[0])
+            message = m.broadcast_decoder.decode(await broadcasts.next())
             if isinstance(message, m.Abort):
                 for request_id in message.request_ids:
                     for stage in self.stages.values():

@@ -26,6 +26,7 @@ from omnictl import messages as m
 from omnictl.transports.codec import PayloadCodec
 from omnictl.transports.curve import CurveKeys, start_authenticator
 from omnictl.transports.drain import Outgoing
+from omnictl.transports.frames import receive
 from omnictl.transports.kinds import RelayKnobs, Transport
 from omnictl.transports.registry import codec_for
 from omnictl.transports.shm import SlotPool
@@ -45,6 +46,18 @@ def resolve_data_host(data_host: str | None, launcher: str) -> str:
 
         return str(ray.util.get_node_ip_address())
     return "127.0.0.1"
+
+
+class Broadcasts:
+    """The coordinator's broadcasts (aborts, hellos, lost processes, stats requests) as one
+    process receives them: what a stage process reads, without holding the socket itself."""
+
+    def __init__(self, socket: zmq.asyncio.Socket) -> None:
+        self._socket = socket
+
+    async def next(self) -> bytes:
+        """The next broadcast's header (broadcasts carry no frames)."""
+        return (await receive(self._socket))[0]
 
 
 class Endpoint:
@@ -108,6 +121,10 @@ class Endpoint:
         self._secure_connect(socket, address)
         self._own.append(socket)
         return socket
+
+    def broadcasts(self, address: str) -> Broadcasts:
+        """The coordinator's broadcasts at ``address``, subscribed to."""
+        return Broadcasts(self.subscriber(address))
 
     def bind_tcp(self, socket: zmq.Socket | zmq.asyncio.Socket, host: str, port: int = 0) -> str:
         """Take tcp traffic on ``socket`` too, at ``host``; returns the address bound. The port
