@@ -15,8 +15,9 @@ The rules:
 - **schedulers** do not import the models: a model brings its runner or scheduler to them.
 - **topology** and **transports** do not import each other both ways: the topology (the
   YAML language) derives each edge's transport from the transports' registry, and the
-  transports do not import the topology (the kinds they implement live in
-  ``omnictl/transports/kinds.py``; a topology reaches an ``Endpoint`` as an argument).
+  transports do not import the topology, not even for a type (types too: the kinds they
+  implement live in ``omnictl/transports/kinds.py``, and an ``Endpoint`` is handed the plain
+  ``WireLayout`` it reads, which ``Topology.wire_layout()`` makes).
 - **profiling** opens no ZeroMQ socket of its own: sockets belong to ``omnictl/transports``.
 - **serving** (the HTTP server) reaches the runtime only through its public API: the
   modules at the top of the package (``omnictl``, ``omnictl.pipeline``,
@@ -62,7 +63,13 @@ RULES = (
         types=True,
     ),
     Rule("omnictl.schedulers", "omnictl.models", "schedulers do not import the models"),
-    Rule("omnictl.transports", "omnictl.topology", "transports do not import the topology (it imports them)"),
+    Rule(
+        "omnictl.transports",
+        "omnictl.topology",
+        "transports do not import the topology, not even for a type: it imports them, and hands an Endpoint "
+        "its WireLayout",
+        types=True,
+    ),
     Rule("omnictl.profiling", "zmq", "profiling opens no socket: sockets belong to omnictl/transports"),
     *(
         Rule("omnictl.serving", f"omnictl.{internal}", "serving reaches the runtime only through the public API")

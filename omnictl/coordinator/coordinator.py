@@ -77,7 +77,7 @@ class Coordinator:
         # Under Ray every process is reached over tcp: no ipc address book.
         self.endpoint = Endpoint(
             m.COORDINATOR,
-            topology,
+            topology.wire_layout(),
             ipc_addresses={} if config.remote else wiring.process_addresses,
             curve=wiring.curve,
         )

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from omnictl import messages as m
 from omnictl.profiling.events import EventKind, Profiler, now_ns
-from omnictl.topology.model import EdgeKind, Transport, replica_name
+from omnictl.topology.model import EdgeKind, Topology, Transport, replica_name
 from omnictl.transports import registry
 from omnictl.transports.endpoint import Endpoint
 from omnictl.transports.registry import Placement
@@ -30,10 +30,10 @@ payload_bytes = m.payload_bytes  # where it was first defined: the tests and cal
 class WorkerPorts:
     """What a stage process's stages send, by edge; the sockets are its :class:`Endpoint`'s."""
 
-    def __init__(self, endpoint: Endpoint, coordinator_address: str, profiler: Profiler) -> None:
+    def __init__(self, endpoint: Endpoint, topology: Topology, coordinator_address: str, profiler: Profiler) -> None:
         self.endpoint = endpoint
         self.process = endpoint.owner  # this replica's OS process name (``tts#1``): owner of its slots
-        self.topology = endpoint.topology
+        self.topology = topology
         self.profiler = profiler
         self.node = endpoint.node
         self.local: dict[str, Stage] = {}  # filled by the worker once stages are built

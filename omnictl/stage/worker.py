@@ -117,7 +117,7 @@ class Worker:
         config = self.config
         self.endpoint = endpoint = Endpoint(
             config.instance,
-            config.topology,
+            config.topology.wire_layout(),
             ipc_addresses=config.process_addresses,
             node=config.node,
             curve=config.curve,
@@ -130,7 +130,7 @@ class Worker:
             tcp_address = endpoint.bind_tcp(inbound, host, config.tcp_port)
         broadcasts = endpoint.broadcasts(config.broadcast_address)
         profiler, recorder = _make_profiler(config)
-        self.ports = WorkerPorts(endpoint, config.coordinator_address, profiler)
+        self.ports = WorkerPorts(endpoint, config.topology, config.coordinator_address, profiler)
         self.leases = ViewLeases(self.reader, self.ports.release)
         if not await self._build(profiler):
             # the LaunchFailed report is queued: without a linger, closing would drop it and

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 # them (these re-exports keep `from omnictl.topology.model import Transport` working).
 from omnictl.transports.kinds import RelayKnobs as RelayKnobs
 from omnictl.transports.kinds import Transport as Transport
+from omnictl.transports.kinds import WireLayout
 
 
 class EdgeKind(str, Enum):
@@ -153,6 +154,14 @@ class Topology:
     def multi_node(self) -> bool:
         """Some process runs on a node other than the coordinator's: addresses must be TCP."""
         return any(p.node is not None for p in self.processes.values())
+
+    def wire_layout(self) -> WireLayout:
+        """What a process's :class:`~omnictl.transports.endpoint.Endpoint` reads of this topology."""
+        return WireLayout(
+            nodes={name: p.node for p in self.processes.values() for name in p.instances},
+            relays={name: stage.relay for name, stage in self.stages.items()},
+            allow_pickle=self.allow_pickle,
+        )
 
     def tensor_parallel(self) -> tuple[StageSpec, ...]:
         """Tensor-parallel stages (``tp_size`` > 1: on a GPU list, or N CPU ranks), in file order."""

@@ -16,7 +16,7 @@ hellos).
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import zmq
 import zmq.asyncio
@@ -27,12 +27,9 @@ from omnictl.transports.codec import PayloadCodec
 from omnictl.transports.curve import CurveKeys, start_authenticator
 from omnictl.transports.drain import Outgoing
 from omnictl.transports.frames import receive
-from omnictl.transports.kinds import RelayKnobs, Transport
+from omnictl.transports.kinds import RelayKnobs, Transport, WireLayout
 from omnictl.transports.registry import codec_for
 from omnictl.transports.shm import SlotPool
-
-if TYPE_CHECKING:  # the topology is handed in; the transports never import it (tests/test_layering.py)
-    from omnictl.topology.model import Topology
 
 
 def resolve_data_host(data_host: str | None, launcher: str) -> str:
@@ -62,20 +59,22 @@ class Broadcasts:
 
 class Endpoint:
     """The sockets, peers, slot pools and codecs of one process (``owner``: its OS process
-    name, or :data:`omnictl.messages.COORDINATOR`). Build it on the process's event loop;
-    :meth:`close` releases everything it holds."""
+    name, or :data:`omnictl.messages.COORDINATOR`). ``layout`` is what it reads of the
+    topology (``Topology.wire_layout()``: the transports never import the topology, see
+    tests/test_layering.py). Build it on the process's event loop; :meth:`close` releases
+    everything it holds."""
 
     def __init__(
         self,
         owner: str,
-        topology: Topology,
+        layout: WireLayout,
         *,
         ipc_addresses: dict[str, str],  # OS process -> ipc:// address, for peers on this node
         node: str | None = None,  # this process's `node` label (None: the coordinator's machine)
         curve: CurveKeys | None = None,  # the launch's keys: tcp sockets are CurveZMQ when given
     ) -> None:
         self.owner = owner
-        self.topology = topology
+        self.layout = layout
         self.node = node
         self.curve = curve
         self.context = zmq.asyncio.Context()
@@ -86,7 +85,7 @@ class Endpoint:
         if curve is not None:  # before any tcp socket: every handshake goes through it
             self._authenticator = start_authenticator(zmq.Context.shadow(self.context.underlying), curve)
         self._ipc = ipc_addresses
-        self._node_of = {name: p.node for p in topology.processes.values() for name in p.instances}
+        self._node_of = layout.nodes
         self.tcp_addresses: dict[str, str] = {}  # OS process -> tcp://, from the coordinator's hellos
         self._peers: dict[str, zmq.Socket] = {}
         self._own: list[zmq.Socket | zmq.asyncio.Socket] = []  # bound, subscribed or fixed sockets
@@ -203,7 +202,7 @@ class Endpoint:
         """The slots ``stage`` lends its shm payloads from (``knobs``: default its relay's)."""
         pool = self.pools.get(stage)
         if pool is None:
-            relay = knobs or self.topology.stages[stage].relay
+            relay = knobs or self.layout.relays[stage]
             pool = self.pools[stage] = SlotPool(self.owner, stage, relay.slot_bytes, relay.slots)
         return pool
 
@@ -211,9 +210,9 @@ class Endpoint:
         """How ``stage``'s payloads are encoded for ``transport`` (made once)."""
         codec = self._codecs.get((stage, transport))
         if codec is None:
-            relay = knobs or self.topology.stages[stage].relay
+            relay = knobs or self.layout.relays[stage]
             codec = self._codecs[(stage, transport)] = codec_for(
-                transport, self.pool(stage, relay), relay, self.topology.allow_pickle
+                transport, self.pool(stage, relay), relay, self.layout.allow_pickle
             )
         return codec
 

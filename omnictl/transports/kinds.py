@@ -1,15 +1,16 @@
 """The kinds of edge transport and their tuning: what a topology names, what transports implement.
 
 Here, not in :mod:`omnictl.topology.model` (which re-exports both), so that the transports
-never import the topology: the topology derives each edge's transport from the registry
-(:mod:`omnictl.transports.registry`), and an :class:`~omnictl.transports.endpoint.Endpoint`
-is handed its topology as an argument.
+never import the topology, not even for a type: the topology derives each edge's transport
+from the registry (:mod:`omnictl.transports.registry`), and an
+:class:`~omnictl.transports.endpoint.Endpoint` is handed the plain data it reads of a
+topology, a :class:`WireLayout` (``Topology.wire_layout()``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Mapping
 
 
 class Transport:
@@ -68,3 +69,14 @@ class RelayKnobs:
     # wait, the coordinator admits no new request (they wait at admission or get 429),
     # so a stage that falls behind slows admission instead of growing its memory.
     inbox: int = 32
+
+
+@dataclass(frozen=True)
+class WireLayout:
+    """What an :class:`~omnictl.transports.endpoint.Endpoint` reads of a topology, as plain
+    data (``Topology.wire_layout()`` makes it): where each OS process runs, each stage's
+    relay knobs, and whether payloads may be pickled."""
+
+    nodes: Mapping[str, str | None]  # OS process (a replica's name) -> its `node` label (None: the coordinator's)
+    relays: Mapping[str, RelayKnobs]  # stage -> the knobs its shared-memory slots and codecs use
+    allow_pickle: bool = False  # payloads between processes may carry any Python object, pickled

@@ -74,8 +74,8 @@ class Wired:
         self.two = self._pull(self.addresses["two"])
         self.coordinator = self._pull(f"ipc://{tmp}/coordinator")
         self.profiler = RecordingProfiler()
-        self.endpoint = Endpoint("one", topology, ipc_addresses=self.addresses)
-        self.ports = WorkerPorts(self.endpoint, f"ipc://{tmp}/coordinator", self.profiler)  # type: ignore[arg-type]
+        self.endpoint = Endpoint("one", topology.wire_layout(), ipc_addresses=self.addresses)
+        self.ports = WorkerPorts(self.endpoint, topology, f"ipc://{tmp}/coordinator", self.profiler)  # type: ignore[arg-type]
         self.b = LocalStage("b")
         self.ports.local = {"b": self.b}  # type: ignore[dict-item]
         self.reader = SegmentReader()

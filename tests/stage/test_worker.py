@@ -54,7 +54,7 @@ class Coordinator:
         self.topology = topology
         self.addresses = {"one": f"ipc://{directory}/p0"}
         self.control_address, self.broadcast_address = f"ipc://{directory}/control", f"ipc://{directory}/broadcast"
-        self.endpoint = Endpoint(m.COORDINATOR, topology, ipc_addresses=self.addresses)
+        self.endpoint = Endpoint(m.COORDINATOR, topology.wire_layout(), ipc_addresses=self.addresses)
         self.control = self.endpoint.pull(self.control_address)
         self.broadcast = self.endpoint.publisher(self.broadcast_address)
         entry = topology.stages[topology.entry]

@@ -48,7 +48,14 @@ allow_pickle: true
 """,
     "t.yaml",
 )
+LAYOUT = TOPOLOGY.wire_layout()  # what an Endpoint is handed: the transports never read the topology itself
 CTX = m.RequestContext("r1", {}, ("a", "b", "c"))
+
+
+def test_the_layout_is_what_the_endpoint_reads_of_the_topology() -> None:
+    assert LAYOUT.nodes == {"one": None, "two#0": None, "two#1": None, "far": "box-b"}  # every replica
+    assert LAYOUT.relays["a"] == RelayKnobs(slot_bytes=4096, slots=3, inline_bytes=64)
+    assert LAYOUT.relays["b"] == RelayKnobs() and LAYOUT.allow_pickle is True
 
 
 def skip(dst: str) -> m.Skip:
@@ -111,7 +118,7 @@ def on_loop(body: Callable[[], Awaitable[None]]) -> None:
 
 def endpoint(tmp: Path, **kwargs: Any) -> Endpoint:
     ipc = {name: f"ipc://{tmp}/{name.replace('#', '-')}" for name in ("one", "two#0", "two#1", "far")}
-    return Endpoint("one", TOPOLOGY, ipc_addresses=kwargs.pop("ipc", ipc), **kwargs)
+    return Endpoint("one", LAYOUT, ipc_addresses=kwargs.pop("ipc", ipc), **kwargs)
 
 
 def test_the_data_host_is_the_one_given_then_the_environment_then_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -175,7 +182,7 @@ def test_an_endpoint_on_a_labelled_node_reaches_its_own_node_over_ipc_and_the_co
     one_tcp_socket, one_tcp = peers.pull("tcp://127.0.0.1:*")
 
     async def body() -> None:
-        ep = Endpoint("far", TOPOLOGY, ipc_addresses={"far": far_ipc, "one": one_ipc}, node="box-b")
+        ep = Endpoint("far", LAYOUT, ipc_addresses={"far": far_ipc, "one": one_ipc}, node="box-b")
         try:
             ep.set_tcp_addresses({"one": one_tcp})
             ep.send_to("far", skip("same-node"))
@@ -334,7 +341,7 @@ def test_sends_never_block_on_a_peer_that_is_not_reading(short_tmp: Path) -> Non
 def test_the_pull_socket_and_the_broadcasts_carry_messages(short_tmp: Path) -> None:
     async def body() -> None:
         sender = endpoint(short_tmp)
-        receiver = Endpoint("two#0", TOPOLOGY, ipc_addresses={})
+        receiver = Endpoint("two#0", LAYOUT, ipc_addresses={})
         try:
             inbox = receiver.pull(f"ipc://{short_tmp}/inbox")
             assert inbox.getsockopt(zmq.LINGER) == 0
@@ -388,7 +395,7 @@ def test_with_the_launch_keys_tcp_sockets_serve_and_connect_over_curve(short_tmp
     keys = CurveKeys.generate()
 
     async def body() -> None:
-        server = Endpoint("far", TOPOLOGY, ipc_addresses={}, node="box-b", curve=keys)
+        server = Endpoint("far", LAYOUT, ipc_addresses={}, node="box-b", curve=keys)
         client = endpoint(short_tmp, curve=keys)
         plain = endpoint(short_tmp)
         try:
