@@ -18,6 +18,10 @@ The rules:
   transports do not import the topology, not even for a type (types too: the kinds they
   implement live in ``omnictl/transports/kinds.py``, and an ``Endpoint`` is handed the plain
   ``WireLayout`` it reads, which ``Topology.wire_layout()`` makes).
+- **one worker-thread lifecycle**: a ``Scheduler`` whose model calls run in a worker thread
+  derives from ``WorkerScheduler`` (``omnictl/schedulers/worker.py``: the thread started and
+  stopped with it, jobs in order) and starts no ``ThreadPoolExecutor`` of its own;
+  ``OWN_WORKER_THREADS`` says why each exception stands.
 - **profiling** opens no ZeroMQ socket of its own: sockets belong to ``omnictl/transports``.
 - **serving** (the HTTP server) reaches the runtime only through its public API: the
   modules at the top of the package (``omnictl``, ``omnictl.pipeline``,
@@ -214,3 +218,56 @@ def test_a_types_too_rule_counts_an_import_made_only_for_a_type(tmp_path: Path) 
     worker.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import zmq.asyncio\n")
     problems = broken([(worker, "omnictl.stage.worker")], {"omnictl.stage.worker"})
     assert problems == [f"{worker}:3: omnictl.stage.worker imports zmq.asyncio ({STAGE_ZMQ.why})"]
+
+
+WORKER_RULE = (
+    "a scheduler starts no worker thread of its own: it derives from WorkerScheduler (omnictl/schedulers/worker.py)"
+)
+# Modules whose Scheduler starts a ThreadPoolExecutor of its own -> why it may, for now.
+OWN_WORKER_THREADS: dict[str, str] = {
+    "omnictl.models.qwen3_omni.code2wav": "the loop awaits each vocoder call (run_in_executor), one at a time, "
+    "in the playback deadline policy's order: no queue of jobs in arrival order",
+}
+
+
+def own_worker_threads(path: Path, this: str) -> list[str]:
+    """Each ``ThreadPoolExecutor(...)`` made in a class that derives from ``Scheduler`` itself,
+    as ``file:line: module.Class starts a worker thread of its own (rule)``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    found = []
+    for cls in ast.walk(tree):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        bases = {base.id if isinstance(base, ast.Name) else getattr(base, "attr", None) for base in cls.bases}
+        if "Scheduler" not in bases:
+            continue
+        for node in ast.walk(cls):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+                if name == "ThreadPoolExecutor":
+                    where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+                    found.append(f"{where}:{node.lineno}: {this}.{cls.name} starts a worker thread of its own "
+                                 f"({WORKER_RULE})")
+    return found
+
+
+def test_schedulers_share_one_worker_thread_lifecycle() -> None:
+    files, _ = _package()
+    problems = [problem for path, module in files if module not in OWN_WORKER_THREADS
+                and module != "omnictl.schedulers.worker" for problem in own_worker_threads(path, module)]
+    assert not problems, "worker threads of their own:\n" + "\n".join(problems)
+    stale = sorted(module for path, module in files
+                   if module in OWN_WORKER_THREADS and not own_worker_threads(path, module))
+    missing = sorted(set(OWN_WORKER_THREADS) - {module for _, module in files})
+    assert not stale + missing, "OWN_WORKER_THREADS lists modules that no longer start one (remove them): " + \
+        ", ".join(stale + missing)
+
+
+def test_the_worker_thread_check_names_the_class_and_the_line(tmp_path: Path) -> None:
+    module = tmp_path / "mine.py"
+    module.write_text("from concurrent import futures\nclass Mine(Scheduler):\n    def start(self):\n"
+                      "        self.pool = futures.ThreadPoolExecutor(max_workers=1)\n"
+                      "class Fine(WorkerScheduler):\n    pass\n")
+    assert own_worker_threads(module, "omnictl.mine") == [
+        f"{module}:4: omnictl.mine.Mine starts a worker thread of its own ({WORKER_RULE})"]

@@ -16,7 +16,8 @@ receives the stream), or on the ``new_request`` that carries the upstream's fina
 which receives chunks, then stream-done, then that request). A ``new_request`` for a
 request that streamed nothing is taken as its whole input.
 
-Callbacks run in one worker thread, in arrival order, so the event loop stays free.
+Callbacks run in one worker thread, in arrival order, so the event loop stays free
+(:class:`~omnictl.schedulers.worker.WorkerScheduler`).
 
 Hooks: a model adapts this scheduler through its constructor's public callbacks
 (``process_chunk``, ``split``, ``units``, ``finish``), not by subclassing it; each
@@ -25,12 +26,9 @@ request's parameters reach them as :attr:`Window.params` / ``finish``'s ``params
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import sys
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Sequence
 
@@ -46,9 +44,9 @@ from omnictl.schedulers.base import (
     IncomingMessage,
     OutgoingKind,
     OutgoingMessage,
-    Scheduler,
     SchedulerLoad,
 )
+from omnictl.schedulers.worker import WorkerScheduler
 
 
 class FinishOn(str, enum.Enum):
@@ -85,7 +83,9 @@ class _Stream:
     compute_seconds: float = 0.0
 
 
-class StreamingScheduler(Scheduler):
+class StreamingScheduler(WorkerScheduler):
+    worker_name = "stream"
+
     def __init__(
         self,
         process_chunk: ProcessChunk,
@@ -123,23 +123,6 @@ class StreamingScheduler(Scheduler):
         self.finish = finish if finish is not None else (lambda _rid, _params, outputs: merge_outputs(outputs))
         self._streams: dict[str, _Stream] = {}
         self._ended = RecentIds()  # ended, failed or aborted: late messages for them are ignored
-        self._jobs = 0
-        self._jobs_lock = threading.Lock()
-        self._executor: ThreadPoolExecutor | None = None
-
-    async def start(self) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.stage_name or 'stream'}-worker")
-        await super().start()
-
-    async def stop(self) -> None:
-        await super().stop()
-        if self._executor is not None:
-            executor, self._executor = self._executor, None
-            await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
-
-    async def run(self) -> None:
-        while True:
-            self._accept(await self.inbox.get())  # no local: an idle loop keeps no input alive
 
     def abort(self, request_id: str) -> None:
         stream = self._streams.pop(request_id, None)
@@ -148,13 +131,11 @@ class StreamingScheduler(Scheduler):
         self._ended.add(request_id)
 
     def load(self) -> SchedulerLoad:
-        with self._jobs_lock:
-            jobs = self._jobs
-        return SchedulerLoad(queued=jobs, running=len(self._streams), stream_buffers=len(self._streams))
+        return SchedulerLoad(queued=self.jobs(), running=len(self._streams), stream_buffers=len(self._streams))
 
     # --- event-loop side: buffering and windowing --------------------------------------
 
-    def _accept(self, message: IncomingMessage) -> None:
+    def accept(self, message: IncomingMessage) -> None:
         rid = message.request_id
         if rid in self._ended:
             return
@@ -194,7 +175,7 @@ class StreamingScheduler(Scheduler):
         if stream.pending is not None and len(stream.pending) > 0:
             self._submit_window(rid, stream, stream.pending, final=True)
             stream.pending = None
-        self._submit(self._finish_job, rid, stream)
+        self.submit(self._finish_job, rid, stream)
 
     def _submit_window(self, rid: str, stream: _Stream, new: Any, *, final: bool) -> None:
         context = stream.context if stream.context is not None else new[:0]
@@ -203,14 +184,7 @@ class StreamingScheduler(Scheduler):
         if self.left_context > 0:
             joined = _concat(context, new)
             stream.context = joined[max(len(joined) - self.left_context, 0) :]
-        self._submit(self._process_job, window, stream)
-
-    def _submit(self, job: Callable[..., None], *args: Any) -> None:
-        if self._executor is None:
-            raise RuntimeError("scheduler not started")
-        with self._jobs_lock:
-            self._jobs += 1
-        self._executor.submit(self._counted, job, *args)
+        self.submit(self._process_job, window, stream)
 
     def _fail(self, rid: str, stream: _Stream, reason: str) -> None:
         stream.failed = True
@@ -219,13 +193,6 @@ class StreamingScheduler(Scheduler):
         self.emit(OutgoingMessage(OutgoingKind.ERROR, rid, error=f"stage {self.stage_name}: {reason}"))
 
     # --- worker thread: the callbacks ----------------------------------------------------
-
-    def _counted(self, job: Callable[..., None], *args: Any) -> None:
-        try:
-            job(*args)
-        finally:
-            with self._jobs_lock:
-                self._jobs -= 1
 
     def _process_job(self, window: Window, stream: _Stream) -> None:
         if stream.failed:

@@ -272,8 +272,8 @@ def test_callbacks_run_in_one_named_worker_thread_in_arrival_order() -> None:
 
 def test_a_message_before_start_is_refused() -> None:
     scheduler = StreamingScheduler(echo)
-    with pytest.raises(RuntimeError, match="^scheduler not started$"):
-        scheduler._accept(chunk("r", {"token_ids": [1]}))
+    with pytest.raises(RuntimeError, match="^StreamingScheduler: submit before start \\(or after stop\\)$"):
+        scheduler.accept(chunk("r", {"token_ids": [1]}))
 
 
 def test_stop_waits_for_the_running_callback_and_cancels_the_queued_ones() -> None:

@@ -18,16 +18,15 @@ ends, the rest of the transcript goes out as the last delta (the deltas concaten
 transcript) and the whole :class:`~omnictl.outputs.Transcript` is the result.
 
 Decoding runs in one worker thread (the model's CPU is shared by every request of the
-stage). A request's audio that arrives while a pass runs waits and is decoded in the next
-pass at once, so a slow pass never queues one pass per chunk.
+stage: :class:`~omnictl.schedulers.worker.WorkerScheduler`). A request's audio that arrives
+while a pass runs waits and is decoded in the next pass at once, so a slow pass never queues
+one pass per chunk.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +51,7 @@ from omnictl.schedulers.base import (
     Scheduler,
     SchedulerLoad,
 )
+from omnictl.schedulers.worker import WorkerScheduler
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,10 @@ class _Utterance:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class StreamingAsrScheduler(Scheduler):
+class StreamingAsrScheduler(WorkerScheduler):
     """Streamed audio in, confirmed words streamed out, the transcript as the result."""
+
+    worker_name = "asr"
 
     def __init__(
         self, decoder: WhisperDecoder, settings: IncrementalSettings, *, language: str = "en", pcm16_rate: int = 24_000
@@ -86,21 +88,6 @@ class StreamingAsrScheduler(Scheduler):
         self.pcm16_rate = pcm16_rate
         self._utterances: dict[str, _Utterance] = {}
         self._ended = RecentIds()  # finished, failed or aborted: late chunks are ignored
-        self._executor: ThreadPoolExecutor | None = None
-
-    async def start(self) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.stage_name or 'asr'}-worker")
-        await super().start()
-
-    async def stop(self) -> None:
-        await super().stop()
-        if self._executor is not None:
-            executor, self._executor = self._executor, None
-            await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
-
-    async def run(self) -> None:
-        while True:
-            self.accept(await self.inbox.get())
 
     def abort(self, request_id: str) -> None:
         utterance = self._utterances.pop(request_id, None)
@@ -169,9 +156,7 @@ class StreamingAsrScheduler(Scheduler):
             if utterance.busy:
                 return  # the running job takes the new audio (or the end) when its pass is done
             utterance.busy = True
-        if self._executor is None:
-            raise RuntimeError("scheduler not started")
-        self._executor.submit(self._work, rid, utterance)
+        self.submit(self._work, rid, utterance)
 
     def _fail(self, rid: str, utterance: _Utterance, reason: str, exc: BaseException | None) -> None:
         with utterance.lock:
