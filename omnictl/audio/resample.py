@@ -79,6 +79,8 @@ def _lowpass_24k() -> np.ndarray:
 
 
 def _three_to_two(samples: np.ndarray) -> np.ndarray:
+    if samples.size == 0:  # np.convolve refuses an empty input; a chunk of nothing is a normal case
+        return np.zeros(0, dtype=np.float32)
     filtered = np.convolve(samples.astype(np.float32, copy=False), _lowpass_24k(), mode="same")
     count = int(round(samples.size * 2 / 3))
     out = np.empty(count, dtype=np.float32)

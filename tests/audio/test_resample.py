@@ -63,3 +63,12 @@ def test_the_frame_resampler_keeps_its_state_across_frames_and_mixes_channels_do
     stereo = FrameResampler(24_000)
     mixed = np.concatenate([*(stereo.push(f) for f in frames_of(np.stack([mono, mono]))), stereo.flush()])
     assert mixed.ndim == 1 and mixed.size == out.size  # FFmpeg's downmix (each channel at -3 dB), as before
+
+
+@pytest.mark.parametrize("quality", ["high", "fast"])
+@pytest.mark.parametrize(("rate", "target"), [(24_000, 16_000), (16_000, 24_000), (22_050, 24_000), (48_000, 8_000)])
+def test_no_samples_resample_to_no_samples(quality: str, rate: int, target: int) -> None:
+    # A clause with nothing to pronounce ("...", an emoji) is 0 samples: fast 24 -> 16 kHz
+    # (the echo guard's and the VAD's) raised 'v cannot be empty' and failed the whole answer.
+    out = resample(np.zeros(0, np.float32), rate, target, quality)  # type: ignore[arg-type]
+    assert out.dtype == np.float32 and out.shape == (0,)

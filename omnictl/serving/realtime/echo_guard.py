@@ -44,6 +44,8 @@ class EchoGuard:
 
     def sent(self, audio: np.ndarray, now: float | None = None) -> None:
         """``audio`` (16 kHz) went out: it plays from now, or after what is still playing."""
+        if audio.size == 0:  # a clause with nothing to pronounce: nothing plays, not even from now
+            return
         now = time.monotonic() if now is None else now
         self._play_end = max(self._play_end, now) + audio.size / VAD_RATE
         self._out.append(audio.astype(np.float32, copy=False))

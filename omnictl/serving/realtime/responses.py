@@ -284,19 +284,20 @@ class ResponseRun:
                 pcm = encoder.encode(data.samples, data.sample_rate)  # pcm16 at 24 kHz
                 start = turn.audio_ms
                 turn.segments.append(Segment(start, start + len(pcm) / 48, data.transcript.strip()))  # 48 bytes/ms
-                if self.audio_out is not None:
-                    self.audio_out.play(self.id, pcm)
-                else:
-                    self.send(
-                        ev.AudioDelta(response_id=self.id, item_id=turn.id, delta=b64(self.codec.from_pcm16(pcm)))
-                    )
-                tracked.saw(data)  # handed to the session's sender: the listener's clock counts from here
-                if self.clock is not None:
-                    self.clock.mark("first_audio_sent", request=tracked.request.id)
-                if self._first_audio_at is None:
-                    self._first_audio_at = time.monotonic()
-                if self.on_audio is not None:
-                    self.on_audio(pcm)
+                if pcm:  # a clause with nothing to pronounce ("...", an emoji) sends no audio; its words still go
+                    if self.audio_out is not None:
+                        self.audio_out.play(self.id, pcm)
+                    else:
+                        self.send(
+                            ev.AudioDelta(response_id=self.id, item_id=turn.id, delta=b64(self.codec.from_pcm16(pcm)))
+                        )
+                    tracked.saw(data)  # handed to the session's sender: the listener's clock counts from here
+                    if self.clock is not None:
+                        self.clock.mark("first_audio_sent", request=tracked.request.id)
+                    if self._first_audio_at is None:
+                        self._first_audio_at = time.monotonic()
+                    if self.on_audio is not None:
+                        self.on_audio(pcm)
                 words = transcript_delta(spoken, data.transcript)
                 spoken += words
                 self.send(ev.AudioTranscriptDelta(response_id=self.id, item_id=turn.id, delta=words))

@@ -119,6 +119,11 @@ class _Muxed:
             stream.bit_rate = codec.bit_rate
         self._resampler = av.AudioResampler(format=stream.codec_context.format.name, layout="mono", rate=stream.rate)
         self._stream: Any = stream
+        # Only WAV's header alone is a file FFmpeg reads back as 0 samples (FLAC's encoder
+        # writes its own STREAMINFO at the end). MP3 and AAC (ADTS) have no file header:
+        # 0 samples are 0 frames, no bytes; Ogg Opus's two header pages without an audio
+        # page do not open in FFmpeg either (End of file), so no bytes is no worse.
+        self._header_when_empty = codec.container == "wav"
         self.input_rate = sample_rate
         self._av = av
 
@@ -138,6 +143,10 @@ class _Muxed:
         self._write(self._resampler.resample(None))
         for packet in self._stream.encode(None):
             self._container.mux(packet)
+        if self._header_when_empty:
+            # No samples, no packet: PyAV writes the header at the first packet, so a WAV of
+            # nothing closed as no file at all (""). Started here, it is a WAV of 0 samples.
+            self._container.start_encoding()
         self._container.close()
         if isinstance(self._sink, _File):
             self._sink.done = True
@@ -174,8 +183,8 @@ class AudioStreamEncoder:
 
     def finish(self, sample_rate: int = 24_000) -> bytes:
         """The stream's last bytes (what a compressed format's encoder still held). A stream
-        that never had audio ends as whatever its container writes for no packets (a header
-        for FLAC and WAV, nothing for the frame-by-frame formats)."""
+        that never had audio ends as a file of 0 samples where the format has one (WAV's
+        header, FLAC's), and as nothing for the frame-by-frame formats (mp3, aac, opus, pcm16)."""
         if self.fmt == "pcm16":
             return b""
         if self._muxed is None:

@@ -41,3 +41,14 @@ def test_the_answers_own_voice_coming_back_is_echo_and_another_voice_is_not() ->
     assert guard.echo_share(400) < 0.2  # a voice alone: the played audio explains nothing of it
     guard.stop(now)
     assert not guard.playing(now + 1.5)  # stopped: no echo to expect after the tail
+
+
+def test_an_empty_chunk_sent_or_heard_changes_nothing() -> None:
+    # An answer's clause with nothing to pronounce is 0 samples; it plays for no time.
+    guard = EchoGuard()
+    guard.sent(np.zeros(0, np.float32), now=10.0)
+    guard.heard(np.zeros(0, np.float32))
+    assert not guard.playing(10.0) and guard.echo_share(400) == 0.0
+    guard.sent(np.ones(VAD_RATE, np.float32), now=10.0)  # one second, playing from 10 s
+    guard.sent(np.zeros(0, np.float32), now=20.0)  # long after it ended: still nothing plays
+    assert not guard.playing(20.0)

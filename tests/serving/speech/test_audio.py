@@ -52,3 +52,32 @@ def test_streamed_pcm16_is_resampled_to_24k_with_no_header() -> None:
     assert [len(chunk) for chunk in chunks] == [2 * 6000, 2 * 6000]  # 0.25 s each at 24 kHz
     assert all(set(np.frombuffer(chunk, "<i2")) == {16384} for chunk in chunks)  # no RIFF bytes
     assert encoder.seconds == 0.5  # counted at the stage's rate, not the wire's
+
+
+def _decoded(data: bytes) -> tuple[str, int]:
+    """(codec, samples) of a file as FFmpeg (PyAV) reads it back."""
+    import av
+
+    with av.open(io.BytesIO(data)) as container:
+        codec = container.streams.audio[0].codec_context.name
+        return codec, sum(frame.samples for frame in container.decode(audio=0))
+
+
+def test_no_samples_are_a_file_of_no_samples_where_the_format_has_one() -> None:
+    # What each format gives for an answer with nothing to pronounce ("...", an emoji): WAV and
+    # FLAC have a file header, so a file of 0 samples (a WAV was "" before: FFmpeg writes the
+    # header with the first packet); pcm16 is raw samples, mp3 and aac (ADTS) are frames with
+    # no file header, and Ogg Opus's header pages alone do not open in FFmpeg: no bytes.
+    nothing = np.zeros(0, np.float32)
+    whole = {fmt: encode_whole(nothing, 22050, fmt) for fmt in ("wav", "flac", "pcm16", "mp3", "aac", "opus")}
+    with wave.open(io.BytesIO(whole["wav"])) as wav:
+        assert (wav.getframerate(), wav.getnframes(), len(whole["wav"])) == (22050, 0, 44)
+    assert _decoded(whole["wav"]) == ("pcm_s16le", 0) and _decoded(whole["flac"]) == ("flac", 0)
+    assert whole["pcm16"] == whole["mp3"] == whole["aac"] == whole["opus"] == b""
+    for fmt in whole:  # streamed: the same, from the encoder's finish (the chunk itself gives nothing)
+        encoder = AudioStreamEncoder(fmt)
+        assert encoder.encode(nothing, 22050) == b""
+        streamed = encoder.finish()
+        assert len(streamed) == len(whole[fmt]), fmt  # a streamed WAV's sizes say 'unknown' instead
+        if streamed:
+            assert _decoded(streamed)[1] == 0, fmt
