@@ -166,7 +166,7 @@ def test_an_endpoint_the_topology_cannot_serve_is_404_saying_why() -> None:
     assert error["code"] == "unsupported_endpoint" and error["type"] == "invalid_request_error"
     assert error["message"] == (
         "topology 'fast' does not serve /v1/audio/speech: its entry stage does not route straight to an audio "
-        "terminal (text to speech without an LLM)")
+        "terminal (text to speech without an LLM), nor is every terminal an audio one")
     assert state.metrics.count("rejected") == 1
 
 

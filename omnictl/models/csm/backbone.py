@@ -59,7 +59,7 @@ class BackboneRunner:
         return torch.cat([logits, torch.full((1,), float("-inf"), device=logits.device)])
 
     def _forward(self, state: _State, **inputs: Any) -> StepOutput:
-        out = self.model.backbone_model(past_key_values=state.cache, use_cache=True, **inputs)
+        out = self.model.backbone_model(cache=state.cache, use_cache=True, **inputs)
         hidden = out.last_hidden_state[0, -1]
         state.waiting = True
         return StepOutput(logits=self._scores(hidden), hidden=hidden)

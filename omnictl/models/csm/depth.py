@@ -64,7 +64,7 @@ class DepthDecoder:
         state: torch.Tensor | None = torch.as_tensor(hidden, dtype=torch.float32).reshape(1, -1).to(self.device)
         for _ in range(self.codebooks - 1):
             out = self.depth(
-                input_ids=ids, backbone_last_hidden_state=state, past_key_values=cache, use_cache=True, logits_to_keep=1
+                input_ids=ids, backbone_last_hidden_state=state, cache=cache, use_cache=True, logits_to_keep=1
             )
             code = sampler.sample(out.logits[0, -1])
             codes.append(code)

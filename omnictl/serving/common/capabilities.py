@@ -5,6 +5,8 @@
   an ``audio`` terminal; it routes an :class:`omnictl.inputs.SpeechRequest` there (no
   recognition, no LLM). An entry that fans out to every branch (no ``route_fn``) does
   not choose, so it is not taken to understand speech requests.
+  A topology whose every terminal is ``audio`` (a speech synthesizer end to end, CSM)
+  serves it too: its entry takes text to speak, whatever path it sends it down.
 * ``/v1/audio/transcriptions``: a ``transcript`` terminal (an
   :class:`omnictl.outputs.Transcript`); a request for that modality alone is pruned to
   the stages that lead to it. ``/v1/audio/translations`` too: the same recognizer, asked
@@ -43,14 +45,19 @@ class Capabilities:
 def capabilities(topology: Any) -> Capabilities:
     modalities = set(topology.terminals.values())
     entry = topology.stages[topology.entry]
-    speech = entry.route_fn is not None and any(topology.terminals.get(target) == AUDIO for target in entry.next)
+    speech = modalities == {AUDIO} or (
+        entry.route_fn is not None and any(topology.terminals.get(target) == AUDIO for target in entry.next)
+    )
     return Capabilities(chat=bool({TEXT, AUDIO} & modalities), speech=speech, transcription=TRANSCRIPT in modalities)
 
 
 def cannot_serve(topology: Any, endpoint: str) -> str:
     """Why this topology cannot serve ``endpoint`` (for a 404)."""
     why = {
-        "/v1/audio/speech": "its entry stage does not route straight to an audio terminal (text to speech without an LLM)",
+        "/v1/audio/speech": (
+            "its entry stage does not route straight to an audio terminal (text to speech without an LLM),"
+            " nor is every terminal an audio one"
+        ),
         "/v1/audio/transcriptions": "it has no terminal of modality 'transcript'",
         "/v1/audio/translations": "it has no terminal of modality 'transcript'",
         "/v1/realtime": "it has no text or audio terminal",
