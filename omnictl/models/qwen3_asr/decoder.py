@@ -80,7 +80,8 @@ class DecoderRunner(HFCausalLMRunner):
         model = load_decoder(model_path, device)
         self.audio_token_id = int(model.config.audio_token_id)
         self.embed_tokens = model.model.language_model.get_input_embeddings()
-        super().__init__(DecoderLM(model), load_processor(model_path).tokenizer)
+        lm: Any = DecoderLM(model)  # the call shape of a causal LM, not a PreTrainedModel
+        super().__init__(lm, load_processor(model_path).tokenizer)
         self._requests: dict[str, dict[str, Any]] = {}
 
     def prompt_inputs(self, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:

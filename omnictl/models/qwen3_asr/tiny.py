@@ -134,7 +134,7 @@ def build_tokenizer() -> Any:
         show_progress=False,
     )
     bpe.train_from_iterator(list(_CORPUS) * 20, trainer=trainer)
-    merges = [tuple(pair) for pair in json.loads(bpe.to_str())["model"]["merges"]]
+    merges: Any = [tuple(pair) for pair in json.loads(bpe.to_str())["model"]["merges"]]  # pairs; typed as strings
     tokenizer = Qwen2Tokenizer(
         vocab=bpe.get_vocab(),
         merges=merges,
@@ -199,7 +199,8 @@ def build_config(tokenizer: Any, size: str = "tiny") -> Any:
         eos_token_id=[tid("<|endoftext|>"), tid("<|im_end|>")],
         tie_word_embeddings=True,
     )
-    for part in (config, config.audio_config, config.text_config):
+    parts: tuple[Any, ...] = (config, config.audio_config, config.text_config)  # built: configs, not dicts
+    for part in parts:
         part.initializer_range = w.init_std
     return config
 
@@ -218,7 +219,7 @@ def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, size: str = "tiny"
     config = build_config(tokenizer, size)
     torch.manual_seed(seed)
     with torch.device(device):
-        model = Qwen3ASRForConditionalGeneration(config)
+        model: Any = Qwen3ASRForConditionalGeneration(config)
     if size != "tiny":
         model = model.to(torch.bfloat16)
     model.generation_config.eos_token_id = list(config.eos_token_id)

@@ -54,7 +54,7 @@ def load_processor(model_path: str | Path | None) -> Any:
     )
 
 
-def load_encoder(model_path: str | Path | None, device: str | None = None) -> torch.nn.Module:
+def load_encoder(model_path: str | Path | None, device: str | None = None) -> Any:
     """The audio tower with the projector: ``Qwen3ASRModel`` less its decoder."""
     return _once(model_path, "encoder", device, lambda path, device: _half(path, device, keep="encoder"))
 
@@ -66,7 +66,8 @@ def load_decoder(model_path: str | Path | None, device: str | None = None) -> Qw
 
 def _half(path: Path, device: str, keep: str) -> Any:
     load_config(path)  # a clear error for another model's checkpoint
-    full = Qwen3ASRForConditionalGeneration.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+    # Any: transformers hides `from_pretrained`'s and `to`'s return types behind decorators.
+    full: Any = Qwen3ASRForConditionalGeneration.from_pretrained(path, dtype=torch.float32, local_files_only=True)
     if keep == "encoder":
         inner = full.model
         del inner.language_model
