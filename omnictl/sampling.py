@@ -26,6 +26,10 @@ from omnictl.wire import WireStruct
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 MAX_LOGIT_BIAS = 100.0  # |bias| per token, OpenAI's limit
+# The largest token id a logit_bias key may name: ids are 32-bit in every tokenizer and engine
+# here (no vocabulary comes near it). A key past 2^64 could not even be carried to a stage
+# (msgpack's integers are 64-bit): it was a plain-text 500 where every other integer is a 400.
+MAX_TOKEN_ID = 2**31 - 1
 _SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch's manual_seed and msgpack carry
 
 # The fields every engine here honours; the others are opt-in per engine.
@@ -161,17 +165,31 @@ def _stop(value: Any, label: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _shown(key: Any) -> str:
+    """A refused key as the error shows it: a long one clipped (the client sent it, and a
+    100,000-digit integer has no repr at all: Python refuses to convert it)."""
+    if isinstance(key, int) and not isinstance(key, bool) and key.bit_length() > 64:
+        return f"an integer of {key.bit_length()} bits"
+    text = repr(key[:64]) if isinstance(key, str) else repr(key)[:64]
+    return text + (f"... ({len(key)} characters)" if isinstance(key, str) and len(key) > 64 else "")
+
+
 def _logit_bias(value: Any, label: str) -> dict[int, float]:
     if not isinstance(value, Mapping):
         raise InvalidRequest(f"{label}: expected an object of token id -> bias, got {value!r}", field=label)
     bias: dict[int, float] = {}
+    digits = len(str(MAX_TOKEN_ID))
     for key, amount in value.items():
-        # JSON object keys are strings: "50256" is token 50256
+        # JSON object keys are strings: "50256" is token 50256. Only so many digits are read
+        # (int() of a 5,000-digit key raises, past Python's own limit on such conversions).
         token = key if isinstance(key, int) and not isinstance(key, bool) else None
-        if isinstance(key, str) and key.isascii() and key.isdigit():
+        if isinstance(key, str) and key.isascii() and key.isdigit() and len(key.lstrip("0")) <= digits:
             token = int(key)
-        if token is None or token < 0:
-            raise InvalidRequest(f"{label}: keys must be token ids (integers >= 0), got {key!r}", field=label)
+        if token is None or not 0 <= token <= MAX_TOKEN_ID:
+            raise InvalidRequest(
+                f"{label}: keys must be token ids (integers 0 to {MAX_TOKEN_ID}), got {_shown(key)}",
+                field=label,
+            )
         bias[token] = _number(amount, f"{label}.{key}", -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
     return bias
 

@@ -65,6 +65,14 @@ def test_an_engine_refuses_what_it_cannot_honour_and_takes_what_changes_nothing(
     [
         ({"seed": 2**64}, "sampling.seed"),
         ({"logit_bias": {"-1": 1}}, "sampling.logit_bias"),
+        # token ids past 32 bits: a key of 2^64 or more could not be carried to a stage (a 500);
+        # a 5,000-digit one made int() itself raise (a 500 before any stage)
+        ({"logit_bias": {str(2**64): 1}}, "sampling.logit_bias"),
+        ({"logit_bias": {str(2**31): 1}}, "sampling.logit_bias"),
+        ({"logit_bias": {"9" * 5000: 1}}, "sampling.logit_bias"),
+        ({"logit_bias": {2**70: 1}}, "sampling.logit_bias"),
+        ({"logit_bias": {-(2**70): 1}}, "sampling.logit_bias"),
+        ({"logit_bias": {str(-(2**70)): 1}}, "sampling.logit_bias"),
         ({"logit_bias": {"1": float("nan")}}, "sampling.logit_bias.1"),
         ({"min_p": -0.1}, "sampling.min_p"),
         ({"repetition_penalty": 2.5}, "sampling.repetition_penalty"),
@@ -76,3 +84,14 @@ def test_out_of_range_values_are_named(raw: dict[str, object], field: str) -> No
     with pytest.raises(InvalidRequest) as caught:
         SamplingParams.from_mapping(raw)
     assert caught.value.field == field and str(caught.value).startswith(field)
+
+
+def test_a_logit_bias_key_is_any_32_bit_token_id_and_a_refused_one_is_shown_clipped() -> None:
+    bias = SamplingParams.from_mapping({"logit_bias": {"0": 1, "2147483647": -1, "000050256": 2}}).logit_bias
+    assert bias == {0: 1.0, 2**31 - 1: -1.0, 50256: 2.0}
+    with pytest.raises(InvalidRequest) as caught:
+        SamplingParams.from_mapping({"logit_bias": {"9" * 5000: 1}})
+    assert str(caught.value) == (f"sampling.logit_bias: keys must be token ids (integers 0 to 2147483647), got "
+                                 f"{'9' * 64!r}... (5000 characters)")
+    with pytest.raises(InvalidRequest, match="got an integer of 71 bits$"):
+        SamplingParams.from_mapping({"logit_bias": {2**70: 1}})
