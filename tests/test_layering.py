@@ -22,6 +22,9 @@ The rules:
   derives from ``WorkerScheduler`` (``omnictl/schedulers/worker.py``: the thread started and
   stopped with it, jobs in order) and starts no ``ThreadPoolExecutor`` of its own;
   ``OWN_WORKER_THREADS`` says why each exception stands.
+- **features from the library**: Whisper's log-mel features come from faster-whisper's
+  ``FeatureExtractor`` (``omnictl/serving/realtime/smart_turn.py``, as its Whisper computes
+  them); no module builds a mel scale, a mel filter bank or an STFT window of its own.
 - **profiling** opens no ZeroMQ socket of its own: sockets belong to ``omnictl/transports``.
 - **serving** (the HTTP server) reaches the runtime only through its public API: the
   modules at the top of the package (``omnictl``, ``omnictl.pipeline``,
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -271,3 +275,42 @@ def test_the_worker_thread_check_names_the_class_and_the_line(tmp_path: Path) ->
                       "class Fine(WorkerScheduler):\n    pass\n")
     assert own_worker_threads(module, "omnictl.mine") == [
         f"{module}:4: omnictl.mine.Mine starts a worker thread of its own ({WORKER_RULE})"]
+
+
+FEATURES_RULE = (
+    "log-mel features come from faster-whisper's FeatureExtractor: no mel scale, filter bank or STFT window by hand"
+)
+_MEL_FUNCTION = re.compile(r"(hz.*mel|mel.*(hz|filter|bank))", re.IGNORECASE)
+_WINDOWS = {"hanning", "hamming", "blackman", "hann", "get_window"}  # numpy's and scipy's STFT windows
+
+
+def hand_made_features(path: Path, this: str) -> list[str]:
+    """Each function named for a mel scale or filter bank, and each STFT window made, in ``path``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _MEL_FUNCTION.search(node.name):
+            found.append(f"{where}:{node.lineno}: {this} defines {node.name} ({FEATURES_RULE})")
+        elif isinstance(node, ast.Call):
+            name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+            if name in _WINDOWS:
+                found.append(f"{where}:{node.lineno}: {this} makes a {name} window ({FEATURES_RULE})")
+    return found
+
+
+def test_log_mel_features_come_from_the_library() -> None:
+    files, _ = _package()
+    problems = [problem for path, module in files for problem in hand_made_features(path, module)]
+    assert not problems, "features computed by hand:\n" + "\n".join(problems)
+
+
+def test_the_features_check_names_a_filter_bank_and_a_window(tmp_path: Path) -> None:
+    module = tmp_path / "turn.py"
+    module.write_text("import numpy as np\ndef _hz_to_mel(f):\n    return f\ndef _mel_filters():\n    pass\n"
+                      "def log_mel(x):\n    return np.hanning(401)[:-1] * x\ndef echo(x):\n    return np.fft.rfft(x)\n")
+    assert hand_made_features(module, "omnictl.turn") == [
+        f"{module}:2: omnictl.turn defines _hz_to_mel ({FEATURES_RULE})",
+        f"{module}:4: omnictl.turn defines _mel_filters ({FEATURES_RULE})",
+        f"{module}:7: omnictl.turn makes a hanning window ({FEATURES_RULE})",
+    ]

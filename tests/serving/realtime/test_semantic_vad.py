@@ -32,6 +32,29 @@ def test_the_features_are_those_smart_turn_was_trained_on() -> None:
     np.testing.assert_allclose(features, reference.compute_whisper_log_mel_features(audio), atol=1e-5)
 
 
+def test_on_speech_the_library_features_give_the_model_the_reference_answers(models: Any) -> None:
+    """faster-whisper's extractor (what log_mel uses) against pipecat's reference, on the
+    packaged question whole (finished: p 0.99) and cut at 60 % (not: p 0.13)."""
+    from faster_whisper.feature_extractor import FeatureExtractor
+
+    from omnictl.audio import resample
+    from omnictl.serving.realtime import smart_turn
+
+    reference = pytest.importorskip("pipecat.audio.turn.smart_turn._whisper_features")
+    assert isinstance(smart_turn._extractor(), FeatureExtractor)  # the library's, not a filter bank of our own
+    _silero, smart = models
+    for name in ("capital_of_france",):
+        speech = resample(question(name), PCM16_RATE, 16_000)
+        for spoken in (speech, speech[: int(speech.size * 0.6)]):
+            window = np.zeros(16_000 * 8, np.float32)
+            window[window.size - spoken.size :] = spoken  # at the end, as SmartTurnModel.finished places it
+            ours, theirs = log_mel(window), reference.compute_whisper_log_mel_features(window)
+            np.testing.assert_allclose(ours, theirs, atol=1e-5)
+            answers = [float(np.asarray(smart.session.run(None, {"input_features": f[None]})[0]).reshape(-1)[0])
+                       for f in (ours, theirs)]
+            assert answers[0] == pytest.approx(answers[1], abs=1e-4), (name, spoken.size, answers)
+
+
 def test_a_pause_before_the_last_word_is_one_semantic_turn_and_two_silence_turns(models: Any) -> None:
     silero, smart = models
     paused = np.concatenate([LEAD, with_pause(question("spider_legs"), 900), TAIL])  # "... does a spider | have?"
