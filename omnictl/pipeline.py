@@ -19,6 +19,8 @@ from omnictl.launch_config import LaunchConfig, LaunchOptions
 from omnictl.topology.derive import on_cpu
 from omnictl.topology.model import Topology
 
+log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's from Python 3.11
 
@@ -117,7 +119,12 @@ class Pipeline:
             from omnictl.profiling.collector import Collector
             from omnictl.profiling.rundir import default_run_dir, write_run_info
 
-            run_dir = run_dir or default_run_dir()
+            if run_dir is None:
+                run_dir = default_run_dir()
+                # said, since nobody asked for it: profile=False records nothing, run_dir= chooses
+                log.info(
+                    "recording this run's traces and logs in %s (profile=False: none; run_dir=: elsewhere)", run_dir
+                )
             write_run_info(run_dir, topology)
             otlp = None
             if profiling.otlp_endpoint is not None:
@@ -345,7 +352,13 @@ def run(
     modalities: Sequence[str] | None = None,
     **launch_options: Unpack[LaunchOptions],
 ) -> dict[str, Any]:
-    """Launch, run one request, shut down: ``{terminal_stage: data}``. For scripts."""
+    """Launch, run one request, shut down: ``{terminal_stage: data}``. For scripts.
+
+    Like :meth:`Pipeline.launch`, it profiles the request by default and so writes a run
+    directory: ``<user state dir>/runs/<YYYYmmdd-HHMMSS-pid>`` (``platformdirs``'
+    ``user_state_dir("omnictl")``; the newest ten such runs are kept), logged at INFO on the
+    ``omnictl.pipeline`` logger; ``omnictl trace --last 5`` lists its request there.
+    ``profile=False`` writes none; ``run_dir=`` names the directory to use instead."""
 
     async def once() -> dict[str, Any]:
         async with Pipeline.launch(topology, **launch_options) as pipe:

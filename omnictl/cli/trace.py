@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, NoReturn
 import typer
 
 from omnictl.cli.invocation import program
+from omnictl.cli.words import count
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
@@ -22,6 +23,41 @@ if TYPE_CHECKING:  # pragma: no cover
 class TraceFormat(str, enum.Enum):
     text = "text"
     json = "json"
+
+
+DEFAULT_URL = "http://127.0.0.1:8000"  # where `omnictl serve` listens by default
+HEALTH_TIMEOUT_S = 2.0  # a server that does not answer /health by then is looked past, not waited for
+
+
+class ServerRun:
+    """What the server at ``url`` said of its run directory: ``directory`` when it named one
+    on this machine, else ``why`` it was not used (no server there, no key, another machine)."""
+
+    def __init__(self, url: str, directory: Path | None, why: str | None) -> None:
+        self.url, self.directory, self.why = url, directory, why
+
+
+def server_run(url: str, api_key: str | None) -> ServerRun:
+    """Ask the server at ``url`` where it records traces (its ``/health`` names its run
+    directory to a client with the key, as ``omnictl bench`` reads it)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.get(url.rstrip("/") + "/health", headers=headers, timeout=HEALTH_TIMEOUT_S)
+        body = response.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        return ServerRun(url, None, f"no omnictl server answered at {url} ({type(exc).__name__})")
+    if not isinstance(body, dict) or "status" not in body:
+        return ServerRun(url, None, f"{url}/health is not an omnictl server's")
+    if "run_dir" not in body:  # the verdict only: the run directory is the key's
+        return ServerRun(url, None, f"the server at {url} names its run directory only to its API key (--api-key)")
+    reported = body["run_dir"]
+    if not reported:
+        return ServerRun(url, None, f"the server at {url} records no traces (profiling is off)")
+    if not Path(reported).is_dir():
+        return ServerRun(url, None, f"the server at {url} records into {reported}, not on this machine")
+    return ServerRun(url, Path(reported), None)
 
 
 def trace(
@@ -44,6 +80,21 @@ def trace(
     slowest: int | None = typer.Option(
         None, "--slowest", min=1, metavar="N", help="List the N slowest finished request ids."
     ),
+    url: str = typer.Option(
+        DEFAULT_URL,
+        "--url",
+        envvar="OMNICTL_URL",
+        metavar="URL",
+        help="Without --run-dir: the running server to ask (its /health) where it records traces, "
+        "searched before the runs under the state directory.",
+    ),
+    api_key: str | None = typer.Option(
+        None,
+        "--api-key",
+        envvar="OMNICTL_API_KEY",
+        metavar="KEY",
+        help="The server's API key: its /health names its run directory only to the key.",
+    ),
 ) -> None:
     """Show one request's timeline across stages and hops, or find request ids."""
     # Imported here so `omnictl --help` stays instant.
@@ -54,18 +105,21 @@ def trace(
     console = Console(highlight=False)
     if (last is not None) + (slowest is not None) + (request_id is not None) != 1:
         raise typer.BadParameter("give exactly one of REQUEST_ID, --last N, --slowest N")
-    if request_id is not None and run_dir is None:
-        runs = default_runs()
-        found = find_request(request_id, runs)
-        if found is None:
-            _fail(
-                f"no events for request {request_id!r} in the {len(runs)} recent run(s) under "
-                f"{runs[0].parent if runs else 'the state directory'}. List recorded ids with "
-                f"`{program()} trace --last 20`, or pass the server's --run-dir DIR (serve prints it)."
-            )
-        directory, events = found
-        _show(console, request_id, events, output_format, export_chrome, directory)
-        return
+    if run_dir is None:
+        server = server_run(url, api_key)
+        if request_id is not None:
+            # the server's run first, then the runs under the state directory, newest first
+            runs = ([server.directory] if server.directory is not None else []) + [
+                run for run in default_runs() if server.directory is None or run != server.directory
+            ]
+            found = find_request(request_id, runs)
+            if found is None:
+                _fail(f"no events for request {request_id!r} in {_searched(server, runs)}. {_hint(server)}")
+            directory, events = found
+            _show(console, request_id, events, output_format, export_chrome, directory)
+            return
+        if server.directory is not None:
+            run_dir = server.directory
     try:
         directory = resolve_run_dir(run_dir)
     except TraceError as error:
@@ -140,6 +194,30 @@ def _list_ids(
     console.print(f"{'request id':<36} {'status':<10} {'duration':>10}")
     for s in summaries:
         console.print(f"{s.request_id:<36} {s.status:<10} {format_seconds(s.duration_s):>10}")
+
+
+def _searched(server: ServerRun, runs: list[Path]) -> str:
+    """Where an id was looked for, as the user should read it."""
+    from omnictl.profiling.rundir import runs_root
+
+    others = len(runs) - (server.directory is not None)
+    where = [f"the run of the server at {server.url} ({server.directory})"] if server.directory is not None else []
+    where.append(f"{count(others, 'recent run')} under {runs_root()}")
+    note = f" ({server.why})" if server.why is not None else ""
+    return " nor in ".join(where) + note
+
+
+def _hint(server: ServerRun) -> str:
+    """How to list the ids recorded in the same places the search looked."""
+    if server.directory is not None:
+        return (
+            f"List the server's recorded ids with `{program()} trace --last 20 --run-dir {server.directory}` "
+            "(or `--slowest 20`)."
+        )
+    return (
+        f"List recorded ids with `{program()} trace --last 20` (the latest run under the state directory), "
+        f"or name the server with --url URL (and --api-key) or its run with --run-dir DIR (serve prints it)."
+    )
 
 
 def _fail(message: str) -> NoReturn:

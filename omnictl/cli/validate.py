@@ -16,6 +16,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from omnictl.cli.words import count
 from omnictl.topology import Topology, TopologyReadError, ValidationReport, validate
 
 Outcome = Union[ValidationReport, TopologyReadError]
@@ -77,8 +78,8 @@ def summary(topology: Topology) -> Group:
         processes.add_column(column)
     for process in topology.processes.values():
         gpus = ", ".join(str(g) for g in process.gpus) or "cpu"
-        count = f"{process.elastic.min}-{process.replicas}" if process.elastic is not None else str(process.replicas)
-        row = [process.name, ", ".join(process.stages), gpus, count]
+        replicas = f"{process.elastic.min}-{process.replicas}" if process.elastic is not None else str(process.replicas)
+        row = [process.name, ", ".join(process.stages), gpus, replicas]
         if multi_node:  # "-": the coordinator's machine
             row += [process.node or "-", f"{process.cpus:g}"]
         processes.add_row(*row)
@@ -98,8 +99,8 @@ def summary(topology: Topology) -> Group:
 
 def _os_processes(topology: Topology) -> str:
     """How many OS processes the replicas make, when that differs from the process count."""
-    count = len(topology.instances())
-    return f", {count} OS processes with replicas" if count != len(topology.processes) else ""
+    instances = len(topology.instances())
+    return f", {count(instances, 'OS process')} with replicas" if instances != len(topology.processes) else ""
 
 
 def group_table(topology: Topology) -> Table | None:
@@ -145,8 +146,8 @@ def render_text(outcomes: list[Outcome], console: Console) -> None:
                 Text.assemble(
                     (f"{outcome.file}: ", "bold"),
                     ("valid", "green bold"),
-                    f" ({topology.name}: {len(topology.stages)} stages, "
-                    f"{len(topology.processes)} processes{_os_processes(topology)})",
+                    f" ({topology.name}: {count(len(topology.stages), 'stage')}, "
+                    f"{count(len(topology.processes), 'process')}{_os_processes(topology)})",
                 )
             )
             console.print(summary(topology))
@@ -156,12 +157,12 @@ def render_text(outcomes: list[Outcome], console: Console) -> None:
             for issue in outcome.issues:
                 console.print(issue.format(), markup=False, highlight=False)
             follow = sum(1 for issue in outcome.issues if issue.follows_from)
-            detail = f"; {follow} follow(s) from the others" if follow else ""
+            detail = f"; {follow} {'follows' if follow == 1 else 'follow'} from the others" if follow else ""
             console.print(
                 Text.assemble(
                     (f"{outcome.file}: ", "bold"),
                     ("invalid", "red bold"),
-                    f" ({len(outcome.issues)} problem(s){detail})",
+                    f" ({count(len(outcome.issues), 'problem')}{detail})",
                 )
             )
     if len(outcomes) > 1:

@@ -34,6 +34,28 @@ def test_dash_h_is_help_without_python_type_names(command: tuple[str, ...]) -> N
     assert not PYTHON_TYPE.search(output), PYTHON_TYPE.search(output)
 
 
+def test_the_usage_line_writes_arguments_as_manuals_do() -> None:
+    # Typer's own: `{FILE}...` for a required argument
+    usage = {name: next(line for line in invoke(name, "-h")[1].splitlines() if "Usage:" in line) for name in COMMANDS}
+    assert usage["validate"].split() == ["Usage:", "omnictl", "validate", "[OPTIONS]", "FILE..."]
+    assert usage["serve"].split()[-1] == "[TOPOLOGY]" and usage["trace"].split()[-1] == "[REQUEST_ID]"
+    assert not any("{" in line for line in usage.values()), usage
+
+
+def test_the_version_has_one_source() -> None:
+    # pyproject.toml reads omnictl.__version__ (setuptools' dynamic version): no second copy to drift
+    import sys
+    from pathlib import Path
+
+    if sys.version_info < (3, 11):
+        pytest.skip("tomllib")
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "omnictl.__version__"}
+
+
 def test_completion_is_offered() -> None:
     code, output = invoke("-h")
     assert "--install-completion" in output and "--show-completion" in output

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import typer
@@ -32,8 +36,20 @@ def _app() -> typer.Typer:
     return app
 
 
+def _closed_url() -> str:
+    """A loopback address nothing listens on (a port bound, then let go)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+NO_SERVER = _closed_url()
+
+
 def _run(*args: str) -> "typer.testing.Result":
-    return CliRunner().invoke(_app(), ["trace", *args], env={"COLUMNS": "80"})
+    # OMNICTL_URL: no server answers, unless a test names one with --url (a server on
+    # this machine's default port must not change what these tests see)
+    return CliRunner().invoke(_app(), ["trace", *args], env={"COLUMNS": "80", "OMNICTL_URL": NO_SERVER, "OMNICTL_API_KEY": None})
 
 
 @pytest.fixture
@@ -145,7 +161,68 @@ def test_an_id_is_found_in_the_newest_run_that_recorded_it(tmp_path: Path, monke
     assert result.output.splitlines()[0] == f"run {older}"
     assert _run("both").output.splitlines()[0] == f"run {newer}"
     missing = _run("nope")
-    assert missing.exit_code == 1 and "3 recent run(s)" in missing.output and "--run-dir" in missing.output
+    assert missing.exit_code == 1 and "3 recent runs under" in missing.output and "--run-dir" in missing.output
+    assert f"no omnictl server answered at {NO_SERVER}" in " ".join(missing.output.split())
+
+
+KEY = "sk-trace-test"
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    """A server's /health as `omnictl serve` answers it: the run directory to the key only."""
+
+    run_dir: Path
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        keyed = self.headers.get("Authorization") == f"Bearer {KEY}"
+        body = {"status": "ok", "run_dir": str(self.run_dir)} if keyed else {"status": "ok"}
+        data = json.dumps(body).encode()
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:  # quiet
+        pass
+
+
+@pytest.fixture
+def server_url(run_dir: Path) -> Iterator[str]:
+    handler = type("Health", (_Health,), {"run_dir": run_dir})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_running_servers_request_is_found_through_its_health(
+    run_dir: Path, server_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server records into its own --run-dir, not under the state directory: found all the same.
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    found = _run("req-1", "--url", server_url, "--api-key", KEY)
+    assert found.exit_code == 0, found.output
+    assert found.output.splitlines()[0] == f"run {run_dir}"
+    listed = _run("--last", "2", "--url", server_url, "--api-key", KEY)  # the same place for the list
+    assert listed.exit_code == 0 and listed.output.splitlines()[0] == f"run {run_dir}", listed.output
+    missing = _run("nope", "--url", server_url, "--api-key", KEY)
+    text = " ".join(missing.output.split())
+    assert missing.exit_code == 1
+    assert f"the run of the server at {server_url} ({run_dir})" in text
+    assert f"trace --last 20 --run-dir {run_dir}" in text  # the hint lists where the search looked
+
+
+def test_a_server_that_keeps_its_run_directory_to_its_key_is_named(
+    run_dir: Path, server_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    result = _run("req-1", "--url", server_url)
+    text = " ".join(result.output.split())
+    assert result.exit_code == 1
+    assert f"the server at {server_url} names its run directory only to its API key (--api-key)" in text
 
 
 def test_runs_of_live_processes_are_never_pruned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -184,3 +261,24 @@ def test_a_tensor_parallel_stage_is_one_row_and_its_ranks_are_named(tmp_path: Pa
     assert len([line for line in lines if line.startswith("talker ")]) == 1  # the group is one row
     groups = [line for line in lines if line.startswith("tensor-parallel groups")]
     assert groups == ["tensor-parallel groups (one row each): thinker on 3 CPU ranks; talker on 2 ranks on GPUs 1,2"]
+
+
+@pytest.mark.slow  # launches the parrot example's two stage processes (~3 s)
+def test_omnictl_run_says_where_it_records_and_trace_reads_it_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    import omnictl
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    topology = Path(__file__).resolve().parents[2] / "examples" / "parrot" / "topology.yaml"
+    with caplog.at_level(logging.INFO, logger="omnictl.pipeline"):
+        results = omnictl.run(topology, {"messages": [{"role": "user", "content": "hello"}]})
+    assert results["show"].text == "hello"
+    said = [r.getMessage() for r in caplog.records if "recording this run's traces and logs in" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]
+    (run,) = default_runs()
+    assert str(run) in said[0] and run.is_relative_to(tmp_path / "state")
+    listed = _run("--last", "1")
+    assert listed.exit_code == 0 and listed.output.splitlines()[0] == f"run {run}", listed.output

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -69,7 +70,7 @@ def test_invalid_file_prints_compiler_style_errors_and_exits_1(app: typer.Typer,
            "stage" in lines
     assert f"{bad_file}:5:5: routing-mode: stage 'b' has no routing mode" in lines
     assert any(line.startswith("  hint: ") for line in lines)
-    assert f"{bad_file}: invalid (3 problem(s))" in lines  # + dead-end: no terminal
+    assert f"{bad_file}: invalid (3 problems)" in lines  # + dead-end: no terminal
 
 
 def test_json_for_one_file_is_one_object(app: typer.Typer, bad_file: Path) -> None:
@@ -167,7 +168,7 @@ def test_root_causes_lead_and_consequences_say_what_they_follow_from(app: typer.
     problems = [line for line in result.output.splitlines() if line.startswith(str(path) + ":")]
     assert problems[0].split(": ")[1] == "unknown-stage" and problems[1].split(": ")[1] == "schema"
     assert "follows from unknown-stage at 2:" in result.output
-    assert "follow(s) from the others)" in problems[-1]
+    assert re.search(r"; (1 follows|\d+ follow) from the others\)$", problems[-1]), problems[-1]
     data = json.loads(invoke(app, str(path), "--format", "json").output)
     assert [e["follows_from"] is None for e in data["errors"]][:2] == [True, True]
     assert any(e["follows_from"] for e in data["errors"])
@@ -199,3 +200,19 @@ def test_summary_shows_node_labels_and_tcp_edges(tmp_path: Path) -> None:
     assert "process stages gpus replicas node cpus" in rows
     assert "b b cpu 1 gpu-box 2" in rows and "a a cpu 1 - 1" in rows
     assert "a -> b data tcp" in rows
+
+
+def test_one_stage_in_one_process_is_said_in_the_singular(app: typer.Typer, tmp_path: Path) -> None:
+    path = tmp_path / "one.yaml"
+    path.write_text("name: one\nstages:\n  - {name: only, factory: m.f, terminal: true, modality: text}\n")
+    result = invoke(app, str(path))
+    assert result.exit_code == 0, result.output
+    assert f"{path}: valid (one: 1 stage, 1 process)" in result.output.splitlines()
+
+
+def test_one_problem_is_said_in_the_singular(app: typer.Typer, tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: bad\nstages:\n  - {name: only, factory: m.f, terminal: true, modality: text, nxt: []}\n")
+    result = invoke(app, str(path))
+    assert result.exit_code == 1
+    assert f"{path}: invalid (1 problem)" in result.output.splitlines(), result.output
