@@ -46,7 +46,7 @@ def _closed_url() -> str:
 NO_SERVER = _closed_url()
 
 
-def _run(*args: str) -> "typer.testing.Result":
+def _run(*args: str) -> typer.testing.Result:
     # OMNICTL_URL: no server answers, unless a test names one with --url (a server on
     # this machine's default port must not change what these tests see)
     return CliRunner().invoke(_app(), ["trace", *args], env={"COLUMNS": "80", "OMNICTL_URL": NO_SERVER, "OMNICTL_API_KEY": None})
@@ -173,7 +173,7 @@ class _Health(http.server.BaseHTTPRequestHandler):
 
     run_dir: Path
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         keyed = self.headers.get("Authorization") == f"Bearer {KEY}"
         body = {"status": "ok", "run_dir": str(self.run_dir)} if keyed else {"status": "ok"}
         data = json.dumps(body).encode()
