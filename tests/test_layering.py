@@ -25,6 +25,9 @@ The rules:
 - **features from the library**: Whisper's log-mel features come from faster-whisper's
   ``FeatureExtractor`` (``omnictl/serving/realtime/smart_turn.py``, as its Whisper computes
   them); no module builds a mel scale, a mel filter bank or an STFT window of its own.
+- **uvicorn's private classes**: nothing imports ``uvicorn.protocols`` (uvicorn's private
+  protocol classes) but the connection guard (``omnictl/serving/common/connections.py``, with
+  uvicorn pinned and ``tests/serving/common/test_uvicorn_private_api.py`` checking what it uses).
 - **profiling** opens no ZeroMQ socket of its own: sockets belong to ``omnictl/transports``.
 - **serving** (the HTTP server) reaches the runtime only through its public API: the
   modules at the top of the package (``omnictl``, ``omnictl.pipeline``,
@@ -78,6 +81,11 @@ RULES = (
         "its WireLayout",
         types=True,
     ),
+    Rule(
+        "omnictl",
+        "uvicorn.protocols",
+        "uvicorn's protocol classes are private: only the connection guard uses them, pinned and checked",
+    ),
     Rule("omnictl.profiling", "zmq", "profiling opens no socket: sockets belong to omnictl/transports"),
     *(
         Rule("omnictl.serving", f"omnictl.{internal}", "serving reaches the runtime only through the public API")
@@ -91,6 +99,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     # vLLM loads this plug-in by the entry point pyproject.toml names (installed metadata):
     # moving it under models/qwen3_omni needs every install to be reinstalled.
     ("omnictl.schedulers.vllm_plugin", "omnictl.models.qwen3_omni.processor"): "the vLLM entry point's path",
+    # No public hook for a header timeout, eviction at the cap or a hang-up (connections.py says
+    # why); pyproject.toml pins uvicorn and tests/serving/common/test_uvicorn_private_api.py checks.
+    ("omnictl.serving.common.connections", "uvicorn.protocols.http.h11_impl"): "the connection guard",
+    ("omnictl.serving.common.connections", "uvicorn.protocols.websockets.websockets_sansio_impl"): "the guard",
 }
 
 

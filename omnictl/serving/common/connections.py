@@ -18,22 +18,77 @@ of system resource`` in a tight loop. Here, as uvicorn protocol classes:
   ``HANGUP_GRACE_S`` later (a client that never reads would otherwise hold it, and its
   buffers, forever);
 - accept errors (out of file descriptors) are logged once a minute, without a traceback.
+
+uvicorn has no public hook for any of the first three (``limit_concurrency`` answers 503
+after the headers and evicts nothing; nothing times out headers; ``websocket.close`` waits
+behind what the client has not read), but ``uvicorn.Config`` takes the protocol classes to
+use, and these subclass its own h11 and websockets-sansio ones: private classes, which a
+uvicorn release may change. So pyproject.toml pins uvicorn to the versions they were checked
+on, :data:`UVICORN_PRIVATE_API` lists what of them is used, and
+``tests/serving/common/test_uvicorn_private_api.py`` fails naming what moved (then check the
+subclasses against the new uvicorn and widen the range).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import inspect
 import logging
+import re
 import resource
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 log = logging.getLogger("omnictl.serving")
+
+# What the guard uses of uvicorn's private protocol classes: the methods it overrides or
+# calls (with their parameters) and the attributes it reads or sets (``self.<name>`` in the
+# class's source). Checked by tests/serving/common/test_uvicorn_private_api.py.
+UVICORN_PRIVATE_API: dict[type, tuple[dict[str, tuple[str, ...]], tuple[str, ...]]] = {
+    H11Protocol: (
+        {
+            "connection_made": ("self", "transport"),
+            "data_received": ("self", "data"),
+            "on_response_complete": ("self",),
+            "handle_websocket_upgrade": ("self", "event"),
+            "connection_lost": ("self", "exc"),
+        },
+        ("cycle", "transport", "loop"),
+    ),
+    RequestResponseCycle: ({}, ("response_complete",)),
+    WebSocketsSansIOProtocol: (
+        {
+            "connection_made": ("self", "transport"),
+            "handle_connect": ("self", "event"),
+            "connection_lost": ("self", "exc"),
+        },
+        ("scope", "transport", "loop", "conn", "close_sent", "queue", "read_paused", "close_timer"),
+    ),
+}
+
+
+def uvicorn_api_missing() -> list[str]:
+    """What of :data:`UVICORN_PRIVATE_API` this uvicorn lacks, one line each (empty: all there)."""
+    missing = []
+    for cls, (methods, attributes) in UVICORN_PRIVATE_API.items():
+        where = f"{cls.__module__}.{cls.__qualname__}"
+        for name, parameters in methods.items():
+            method = getattr(cls, name, None)
+            if not callable(method):
+                missing.append(f"{where}.{name}: no such method")
+                continue
+            found = tuple(inspect.signature(method).parameters)
+            if found != parameters:
+                missing.append(f"{where}.{name}: takes ({', '.join(found)}), not ({', '.join(parameters)})")
+        source = inspect.getsource(cls)
+        missing += [f"{where}: no self.{name}" for name in attributes if not re.search(rf"\bself\.{name}\b", source)]
+    return missing
+
 
 RESERVED_FDS = 256  # what the server needs beside client sockets: stage sockets, shared memory, logs, models
 HANGUP_GRACE_S = 10.0
