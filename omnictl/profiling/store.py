@@ -7,11 +7,21 @@ batch. A segment is closed once it passes ``segment_bytes``; only the newest
 ``segment_bytes * max_segments`` bytes. Writes are flushed as they come (the collector
 flushes once per burst of batches), so ``omnictl trace`` can read a run after its server
 has stopped, or crashed: a torn last line is skipped.
+
+One request may hold at most ``request_bytes`` of the store (by default 1/32 of the whole,
+4 MiB of the default 128 MiB): past it, that request's events are dropped and counted, so a
+flood of tiny chunks (each a few events) cannot rotate every other request's trace out. The
+events that place and end a request (admitted, first text/audio, completed, failed,
+aborted) are always kept, and the trace says what was dropped: ``dropped`` events under the
+request's id (meta ``count``, ``share_bytes``), one at the first drop and one with the
+rest when the request ends (or the store closes, or stops tracking it); their counts add up.
 """
 
 from __future__ import annotations
 
+import collections
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator, Sequence
@@ -44,6 +54,11 @@ __all__ = [
 
 _SEGMENT_GLOB = "events-*.jsonl"
 _END_KINDS = {EventKind.COMPLETED: "completed", EventKind.FAILED: "failed", EventKind.ABORTED: "aborted"}
+REQUEST_SHARE = 32  # one request may hold 1/REQUEST_SHARE of the store's bytes
+# Kept past a request's share: what places it in the list and says how it ended (a few each).
+_ALWAYS_KEPT = frozenset({EventKind.ADMITTED, EventKind.FIRST_TEXT, EventKind.FIRST_AUDIO, *_END_KINDS})
+_TRACKED_REQUESTS = 4096  # requests whose bytes are counted; the least recently written is forgotten past it
+NOTE_PROCESS = "trace_store"  # the process named by the store's own 'dropped' notes
 
 
 @dataclass(frozen=True)
@@ -64,14 +79,23 @@ class TraceStore:
         run_dir: Path,
         segment_bytes: int = 16 * 1024 * 1024,
         max_segments: int = 8,
+        request_bytes: int | None = None,
     ) -> None:
+        """``request_bytes``: one request's share (None: the whole's 1/:data:`REQUEST_SHARE`)."""
         if segment_bytes < 1 or max_segments < 1:
             raise ValueError(
                 f"TraceStore needs segment_bytes >= 1 and max_segments >= 1, got {segment_bytes}, {max_segments}"
             )
+        if request_bytes is not None and request_bytes < 1:
+            raise ValueError(f"TraceStore needs request_bytes >= 1, got {request_bytes}")
         self.run_dir = Path(run_dir)
         self.segment_bytes = segment_bytes
         self.max_segments = max_segments
+        self.request_bytes = request_bytes or max(1, segment_bytes * max_segments // REQUEST_SHARE)
+        # request id -> bytes written of it, least recently written first; and the drops not
+        # yet told in a note, per request
+        self._written: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._untold: dict[str, int] = {}
         self._encoder = msgspec.json.Encoder()
         self._decoder = msgspec.json.Decoder(list[Event])
         self._lock = threading.Lock()
@@ -85,10 +109,10 @@ class TraceStore:
         many batches at once flushes after the last); rotates segments as they fill."""
         if not events:
             return
-        lines = bytearray()
-        self._encoder.encode_into(list(events), lines)
-        lines += b"\n"
         with self._lock:
+            lines = self._line(events)
+            if lines is None:  # every event was over its request's share
+                return
             file = self._file if self._file is not None else self._open_next_segment()
             file.write(lines)
             if flush:
@@ -98,6 +122,45 @@ class TraceStore:
                 file.close()
                 self._file = None
 
+    def _line(self, events: Sequence[Event]) -> bytes | None:
+        """The batch as one JSON line (an array of events), each request's within its share,
+        with the notes of what was dropped; None if nothing of it is kept. Under the lock."""
+        parts: list[bytes] = []
+        for event in events:
+            encoded = self._encoder.encode(event)
+            request = event.request_id
+            if not request:  # bookkeeping (a recorder's drops): no request's share
+                parts.append(encoded)
+                continue
+            written = self._written.pop(request, 0)
+            self._written[request] = written  # now the most recently written
+            if written + len(encoded) > self.request_bytes and event.kind not in _ALWAYS_KEPT:
+                if request not in self._untold:  # the first drop: the trace says so at once
+                    self._untold[request] = 0
+                    parts.append(self._note(request, 1, event.ts))
+                else:
+                    self._untold[request] += 1
+                continue
+            self._written[request] = written + len(encoded)
+            parts.append(encoded)
+            if event.kind in _END_KINDS:
+                self._forget(request, event.ts, parts)
+        while len(self._written) > _TRACKED_REQUESTS:
+            self._forget(next(iter(self._written)), events[-1].ts, parts)
+        return b"[" + b",".join(parts) + b"]\n" if parts else None
+
+    def _note(self, request: str, count: int, ts: int) -> bytes:
+        meta: dict[str, int | float | str | bool | None] = {"count": count, "share_bytes": self.request_bytes}
+        return self._encoder.encode(Event(EventKind.DROPPED, request, None, NOTE_PROCESS, ts, meta))
+
+    def _forget(self, request: str, ts: int, parts: list[bytes]) -> None:
+        """Stop counting ``request`` (ended, or the least recent of too many), telling the
+        drops not told yet."""
+        self._written.pop(request, None)
+        untold = self._untold.pop(request, 0)
+        if untold:
+            parts.append(self._note(request, untold, ts))
+
     def flush(self) -> None:
         with self._lock:
             if self._file is not None:
@@ -105,6 +168,12 @@ class TraceStore:
 
     def close(self) -> None:
         with self._lock:
+            notes: list[bytes] = []
+            for request in list(self._untold):
+                self._forget(request, time.time_ns(), notes)
+            if notes:
+                file = self._file if self._file is not None else self._open_next_segment()
+                file.write(b"[" + b",".join(notes) + b"]\n")
             if self._file is not None:
                 self._file.close()
                 self._file = None

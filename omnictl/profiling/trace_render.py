@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.text import Text
 
+from omnictl.profiling.events import EventKind
 from omnictl.profiling.spans import RequestTrace, Span
 from omnictl.profiling.units import format_bytes, format_seconds
 
@@ -78,6 +79,7 @@ def render_waterfall(
         out.append_text(_stage_row(trace, stage, axis))
     out.append_text(_marks_line(trace, width))
     out.append_text(_underruns_line(trace, width))
+    out.append_text(_dropped_line(trace, width))
     if nodes and any(label is not None for label in nodes.values()):
         placed = [f"{stage} on {nodes.get(stage) or '-'}" for stage in trace.stages]  # -: the coordinator's machine
         out.append(_fit("nodes: " + "; ".join(placed), width) + "\n")
@@ -169,6 +171,19 @@ def _underruns_line(trace: RequestTrace, width: int) -> Text:
     ]
     total = format_seconds(sum(s.duration_ns for s in gaps) / 1e9)
     return Text(_fit(f"underruns (!): {len(gaps)}, {total} in all: " + "; ".join(parts), width) + "\n")
+
+
+def _dropped_line(trace: RequestTrace, width: int) -> Text:
+    """What the trace store dropped of this request past its share (its notes' counts add up)."""
+    notes = [e for e in trace.events if e.kind is EventKind.DROPPED]
+    if not notes:
+        return Text("")
+    count = sum(int(e.meta.get("count") or 0) for e in notes)
+    share = format_bytes(int(notes[0].meta.get("share_bytes") or 0))
+    line = (
+        f"trace cut: {count} events of this request were not stored (its share of the trace store, {share}, was full)"
+    )
+    return Text(_fit(line, width) + "\n", style="bold red")
 
 
 def _phases_line(trace: RequestTrace, width: int) -> Text:

@@ -111,3 +111,43 @@ def test_only_the_newest_default_runs_are_kept(tmp_path: Path, monkeypatch: pyte
     assert sorted(p.name for p in root.iterdir() if p.name != "latest") == sorted(
         [f"20200104-120000-{exited.pid}", f"20200105-120000-{exited.pid}", newest.name, "my-notes"]
     )
+
+
+def test_one_request_s_flood_of_events_keeps_to_its_share_and_the_trace_says_what_was_dropped(tmp_path: Path) -> None:
+    # Before: a request of tiny stream chunks (a few events each) filled the whole rotation
+    # and every other request's trace rotated out.
+    from omnictl.profiling.spans import build_trace
+    from omnictl.profiling.trace_render import render_waterfall
+
+    store = TraceStore(tmp_path, segment_bytes=50_000, max_segments=4, request_bytes=20_000)
+    quiet = synthetic_request("quiet", start_ns=1_000 * MS)
+    store.append(quiet)
+    flood = [Event(EventKind.ADMITTED, "flood", None, "coordinator", 2_000 * MS)]
+    flood += [Event(EventKind.STREAM_RECEIVED, "flood", "asr", "asr", 2_000 * MS + i, {"source": "in", "seq": i})
+              for i in range(20_000)]  # ~1.3 MB of events into a store of 200 kB
+    for start in range(0, len(flood), 100):
+        store.append(flood[start : start + 100], flush=False)
+    store.append([Event(EventKind.COMPLETED, "flood", None, "coordinator", 3_000 * MS)])
+    store.close()
+    reader = TraceStore(tmp_path)
+    assert sorted(reader.events("quiet"), key=repr) == sorted(quiet, key=repr)  # not rotated out
+    stored = reader.events("flood")
+    notes = [e for e in stored if e.kind is EventKind.DROPPED]
+    kept = [e for e in stored if e.kind is not EventKind.DROPPED]
+    assert sum(len(msgspec.json.encode(e)) for e in kept) <= 20_000
+    assert [e.kind for e in kept[:1] + kept[-1:]] == [EventKind.ADMITTED, EventKind.COMPLETED]  # always kept
+    assert len(notes) == 2 and notes[0].meta == {"count": 1, "share_bytes": 20_000}  # said at the first drop
+    dropped = sum(int(note.meta["count"]) for note in notes)  # type: ignore[call-overload]
+    assert dropped == len(flood) + 1 - len(kept) and dropped > 19_000
+    assert {s.request_id: s.status for s in reader.summaries()} == {"quiet": "completed", "flood": "completed"}
+    rendered = render_waterfall(build_trace("flood", stored), width=200).plain
+    assert f"trace cut: {dropped} events of this request were not stored (its share of the trace store, 19.5 KB" in rendered
+
+
+def test_a_request_s_share_is_a_32nd_of_the_store_and_bookkeeping_has_none(tmp_path: Path) -> None:
+    assert TraceStore(tmp_path).request_bytes == 4 * 2**20  # of the default 128 MiB
+    store = TraceStore(tmp_path, segment_bytes=1000, max_segments=2, request_bytes=100)
+    drops = [Event(EventKind.DROPPED, "", None, "p", i, {"count": 5}) for i in range(20)]  # a recorder's, ~50 B each
+    store.append(drops)
+    store.close()
+    assert [e for e in store.iter_events() if e.kind is EventKind.DROPPED] == drops
