@@ -171,8 +171,8 @@ class SessionUpdate(_ClientEvent, tag="session.update"):
     session: SessionConfig = msgspec.field(default_factory=SessionConfig)
 
 
-class InputAudioBufferAppend(_ClientEvent, tag="input_audio_buffer.append"):
-    audio: str = ""
+class InputAudioBufferAppend(_ClientEvent, tag="input_audio_buffer.append", kw_only=True):
+    audio: str  # required, as OpenAI's reference has it; "" (no audio) is a no-op
 
 
 class InputAudioBufferCommit(_ClientEvent, tag="input_audio_buffer.commit"):

@@ -6,6 +6,12 @@ telephony speaks. A client's audio is decoded and resampled to 24 kHz as it is a
 (the buffer, VAD and the pipeline see one format); each answer's audio delta is resampled
 to 8 kHz and encoded on its way out. The G.711 tables are the ITU-T reference (the same
 bytes Python's former ``audioop`` gives), in numpy.
+
+A stream of chunks goes through a :class:`Pcm16Decoder` (:meth:`AudioCodec.decoder`) or a
+:class:`Pcm16Encoder` (:meth:`AudioCodec.encoder`), which keep one resampler open from one
+chunk to the next (:class:`~omnictl.audio.resample.StreamResampler`): the same samples
+whatever sizes the chunks had. :meth:`AudioCodec.to_pcm16` and :meth:`AudioCodec.from_pcm16`
+convert one whole piece (an item's audio).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from omnictl.audio import float_to_pcm16, pcm16_to_float, resample
+from omnictl.audio.resample import StreamResampler
 from omnictl.inputs import PCM16_RATE
 from omnictl.serving.common.echo import clip_repr
 from omnictl.serving.realtime.events import AudioFormat, EventError
@@ -92,6 +99,54 @@ class AudioCodec:
         samples = resample(pcm16_to_float(pcm), PCM16_RATE, self.rate)
         pcm8k = float_to_pcm16(samples)
         return bytes(ulaw_encode(pcm8k) if self.type == "audio/pcmu" else alaw_encode(pcm8k))
+
+    def decoder(self) -> Pcm16Decoder:
+        """A stream of chunks in this format as pcm16 at 24 kHz, one resampler kept throughout."""
+        return Pcm16Decoder(self)
+
+    def encoder(self) -> Pcm16Encoder:
+        """A stream of pcm16 at 24 kHz in this format, one resampler kept throughout."""
+        return Pcm16Encoder(self)
+
+
+class Pcm16Decoder:
+    """A client's stream of chunks in ``codec`` as pcm16 at 24 kHz. G.711's 8 kHz goes through
+    one stateful resampler (a new one per chunk filtered each chunk's edges against silence).
+    Each chunk gives exactly three samples per byte, as before: the filter's lag is paid once,
+    as 6.25 ms of silence at the start of the stream (``StreamResampler(aligned=True)``)."""
+
+    def __init__(self, codec: AudioCodec) -> None:
+        self.codec = codec
+        self._resampler = None if codec.type == "audio/pcm" else StreamResampler(codec.rate, PCM16_RATE, aligned=True)
+
+    def decode(self, raw: bytes) -> bytes:
+        if self._resampler is None:
+            return raw
+        codes = np.frombuffer(raw, np.uint8)
+        pcm = ulaw_decode(codes) if self.codec.type == "audio/pcmu" else alaw_decode(codes)
+        return float_to_pcm16(self._resampler.push(pcm16_to_float(pcm))).astype("<i2").tobytes()
+
+
+class Pcm16Encoder:
+    """A stream of pcm16 at 24 kHz in ``codec`` (an answer's audio deltas), one resampler
+    kept throughout. Each delta gives exactly its length at 8 kHz, as before, the filter's lag
+    paid once as 5.5 ms of silence at the start; :meth:`flush` gives what that holds back."""
+
+    def __init__(self, codec: AudioCodec) -> None:
+        self.codec = codec
+        self._resampler = None if codec.type == "audio/pcm" else StreamResampler(PCM16_RATE, codec.rate, aligned=True)
+
+    def encode(self, pcm: bytes) -> bytes:
+        if self._resampler is None:
+            return pcm
+        return self._g711(self._resampler.push(pcm16_to_float(pcm)))
+
+    def flush(self) -> bytes:
+        return b"" if self._resampler is None else self._g711(self._resampler.flush())
+
+    def _g711(self, samples: np.ndarray) -> bytes:
+        pcm8k = float_to_pcm16(samples)
+        return bytes(ulaw_encode(pcm8k) if self.codec.type == "audio/pcmu" else alaw_encode(pcm8k))
 
 
 PCM = AudioCodec("audio/pcm", PCM16_RATE, 2)

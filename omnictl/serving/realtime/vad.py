@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from omnictl.audio import resample
+from omnictl.audio.resample import StreamResampler
 from omnictl.exceptions import LaunchError
 from omnictl.serving.realtime.events import SILENCE_MS
 
@@ -93,7 +94,9 @@ def to_vad_rate(samples: np.ndarray, rate: int) -> np.ndarray:
 
 @dataclass
 class SileroVad:
-    """Speech probability per frame of a stream of audio at any rate."""
+    """Speech probability per frame of a stream of audio at any rate, fed in pieces of any
+    size: one resampler kept open from piece to piece (the qualities :func:`to_vad_rate`
+    picks; at 16 kHz none), and the samples short of a frame carried to the next piece."""
 
     model: SileroModel
     rate: int
@@ -101,10 +104,14 @@ class SileroVad:
     _context: np.ndarray = field(default_factory=lambda: np.zeros(_CONTEXT, np.float32))
     _h: np.ndarray = field(default_factory=lambda: np.zeros((1, 1, 128), np.float32))
     _c: np.ndarray = field(default_factory=lambda: np.zeros((1, 1, 128), np.float32))
+    _resampler: StreamResampler = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._resampler = StreamResampler(self.rate, VAD_RATE, "fast" if self.rate == 24_000 else "high")
 
     def feed(self, samples: np.ndarray) -> list[float]:
         """The probabilities of the frames ``samples`` completes (each FRAME / 16 kHz long)."""
-        audio = to_vad_rate(samples, self.rate)
+        audio = self._resampler.push(samples)
         self._pending = np.concatenate([self._pending, audio.astype(np.float32, copy=False)])
         probabilities = []
         while self._pending.size >= FRAME:

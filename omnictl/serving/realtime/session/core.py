@@ -23,12 +23,13 @@ from omnictl.outputs import TRANSCRIPT, Transcript
 from omnictl.serving.common.capabilities import capabilities
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.echo_guard import EchoGuard
+from omnictl.serving.realtime.frontend import AudioFrontEnd
 from omnictl.serving.realtime.responses import AudioOut, ResponseRun
 from omnictl.serving.realtime.session.milestones import TurnClock
 from omnictl.serving.realtime.session.settings import Settings
 from omnictl.serving.realtime.smart_turn import SemanticTurnDetector
 from omnictl.serving.realtime.turns import Conversation, Turn
-from omnictl.serving.realtime.vad import SileroModel, SileroVad, TurnDetector
+from omnictl.serving.realtime.vad import SileroModel, TurnDetector
 from omnictl.serving.state import PipelineLike, ServingState
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ class SessionCore:
         self.buffer = bytearray()  # pcm16 24 kHz, since the last commit or clear
         self.audio_ms = 0.0  # audio appended over the whole session
         self._silero = silero
-        self._vad: SileroVad | None = None
+        self._frontend = AudioFrontEnd()  # decoding and turn detection, state kept across appends
         self._turns: TurnDetector | SemanticTurnDetector | None = None
         self._speech_item: str | None = None
         self.echo = EchoGuard()

@@ -15,26 +15,21 @@ import base64
 import binascii
 import logging
 
-import numpy as np
-
 from omnictl.audio import pcm16_to_float
 from omnictl.inputs import PCM16_RATE
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.echo_guard import ECHO_SHARE, WINDOW_MS
 from omnictl.serving.realtime.formats import PCM
+from omnictl.serving.realtime.frontend import SpeechFrontEnd
 from omnictl.serving.realtime.session.core import SessionCore
 from omnictl.serving.realtime.smart_turn import SemanticTurnDetector, shared_model
 from omnictl.serving.realtime.turns import Turn
 from omnictl.serving.realtime.vad import (
-    VAD_RATE,
-    SileroVad,
     SpeechPaused,
     SpeechResumed,
     SpeechStarted,
     TurnDetector,
-    TurnEvent,
     VadSettings,
-    to_vad_rate,
     vad_executor,
 )
 
@@ -44,27 +39,17 @@ MIN_COMMIT_MS = 100  # a commit of less audio than this is refused, as OpenAI re
 PREFIX_MS = 300  # audio kept before speech starts, where the turn detection has no setting for it
 
 
-def _detect(
-    vad: SileroVad, turns: TurnDetector | SemanticTurnDetector, raw: bytes
-) -> tuple[np.ndarray, list[TurnEvent]]:
-    """pcm16 at 24 kHz: (the audio at 16 kHz, the turns it starts or ends)."""
-    audio = to_vad_rate(pcm16_to_float(raw), PCM16_RATE)
-    probabilities = vad.feed(audio)
-    if isinstance(turns, SemanticTurnDetector):  # the turn model hears the same audio
-        return audio, turns.feed(probabilities, audio)
-    return audio, turns.feed(probabilities)
-
-
 class InputAudio(SessionCore):
     def _reset_vad(self) -> None:
         vad = self.settings.vad
-        self._vad = None if vad is None else SileroVad(self._silero(), VAD_RATE)  # fed 16 kHz (_detect)
         self._turns = None
         self._held_start = None
         if isinstance(vad, ev.ServerVad):
             self._turns = TurnDetector(VadSettings(vad.threshold, vad.prefix_padding_ms, vad.silence_duration_ms))
         elif isinstance(vad, ev.SemanticVad):
             self._turns = SemanticTurnDetector(shared_model(), vad.eagerness)
+        # a new 16 kHz stream and VAD state for the new turn detection (or none)
+        self._frontend.listen(None if self._turns is None else SpeechFrontEnd(self._silero(), self._turns))
         self._speech_item = None
 
     def _too_large(self, refuse: ev.Refusal) -> ev.EventError:
@@ -103,7 +88,9 @@ class InputAudio(SessionCore):
                 "invalid_audio",
                 "audio",
             )
-        await self.feed(codec.to_pcm16(raw), event.event_id)
+        if not raw:  # no audio: nothing to hear, no turn to open (it was a traceback per event)
+            return
+        await self.feed(self._frontend.to_pcm16(codec, raw), event.event_id)
 
     async def feed(self, raw: bytes, event_id: str | None = None) -> None:
         """pcm16 at 24 kHz into the input buffer and the turn detection: an append's audio, or
@@ -116,13 +103,14 @@ class InputAudio(SessionCore):
             self._live_audio(raw)
         elif self.settings.vad is None:  # no turn detection: the turn starts with its first audio
             self._live_open(ev.new_id("item"))
-        if self._vad is not None and self._turns is not None:
+        speech = self._frontend.speech
+        if speech is not None and raw:
             # Resampling and Silero run in a worker thread: on the event loop, a flood of
             # appends once held /health for 41 s. This session waits for its own audio (and
             # so reads no more from its socket meanwhile); every other request goes on.
-            vad, turns = self._vad, self._turns
-            heard, found = await asyncio.get_running_loop().run_in_executor(vad_executor(), _detect, vad, turns, raw)
-            if vad is not self._vad:  # cleared or reconfigured meanwhile
+            turns = speech.turns
+            heard, found = await asyncio.get_running_loop().run_in_executor(vad_executor(), speech.hear, raw)
+            if speech is not self._frontend.speech:  # cleared or reconfigured meanwhile
                 return
             self.echo.heard(heard)
             for turn in found:

@@ -124,7 +124,7 @@ class Lifecycle(SessionCore):
         self.response = (run, self._spawn(respond()))
 
     def _sent_audio(self, pcm: bytes) -> None:
-        if self.echo.enabled and self._vad is not None:  # only speech detection can mistake echo for speech
+        if self.echo.enabled and self._frontend.speech is not None:  # only speech detection can mistake echo for speech
             self.echo.sent(to_vad_rate(pcm16_to_float(pcm), PCM16_RATE))
 
     async def response_cancel(self, event: ev.ResponseCancel) -> None:
