@@ -13,3 +13,21 @@ def decode_budget(max_seconds: float) -> int:
     """How many decoded samples (all channels counted) one audio input under a duration
     limit of ``max_seconds`` may take to decode: that long in stereo at 48 kHz."""
     return int(max_seconds * DECODE_SAMPLES_PER_SECOND)
+
+
+# Packets (FFmpeg's demuxed units, every stream's counted) allowed per second of audio
+# decoded: 1 ms of audio a packet on average. The shortest frames of codecs in use are
+# Opus's 2.5 ms (400 a second); AAC is ~47 a second, mp3 ~38, AMR and WebRTC's Opus 50,
+# Vorbis of nothing but short blocks ~375 at 48 kHz, PCM in Matroska or WebM ~100 (10 ms
+# blocks). Each packet costs the decode loop Python objects and time whatever it holds,
+# so a file of one-sample packets (2 MB of Matroska lacing holds 1.92 million) costs
+# hundreds of times the decoding its length would: the limit is on what the file costs,
+# not on what it decodes to. A file may use PACKETS_PER_SECOND more than that, for its
+# headers, a decoder's delay and a short file's first second.
+PACKETS_PER_SECOND = 1_000
+
+
+def packet_allowance(audio_seconds: float) -> int:
+    """How many packets a file may have demuxed once ``audio_seconds`` of its audio are
+    decoded: :data:`PACKETS_PER_SECOND` for each second, and as many again."""
+    return int(PACKETS_PER_SECOND * (audio_seconds + 1))

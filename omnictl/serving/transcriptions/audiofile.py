@@ -15,7 +15,16 @@ frame counts) are checked against what the container's header claims, before a s
 frame is decoded, and again against what decoding produces, stopping as soon as either
 is over (a header may lie the other way). Audio above 48 kHz comes out at 48 kHz (FFmpeg's
 resampler, while decoding), so nothing downstream resamples hundreds of kHz. A caller
-that gives up (the client hung up) sets ``cancel`` and the decode stops at the next frame.
+that gives up (the client hung up) sets ``cancel`` and the decode stops at the next packet.
+
+What the file costs is bounded too, not only what it decodes to: every packet the
+demuxer hands over (of any stream) costs the loop its Python objects and time, however
+little audio it holds, so a file may have at most
+:data:`~omnictl.audio.bounds.PACKETS_PER_SECOND` packets per second of audio decoded so
+far (:func:`~omnictl.audio.bounds.packet_allowance`), checked at each packet: 2 MB of
+Matroska holding 40 s of 8-bit PCM in 1.92 million one-sample packets is refused after
+~1,000 packets. The decoded audio goes into one buffer of the most samples the duration
+limit allows (untouched pages cost no memory), not a list of per-frame arrays.
 Error messages never carry FFmpeg's own text (which, for a file naming another, said
 whether that one existed).
 """
@@ -30,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from omnictl.audio import MAX_RATE, MIN_RATE, FrameResampler, decode_budget, read_wav, resample
+from omnictl.audio.bounds import PACKETS_PER_SECOND, packet_allowance
 from omnictl.exceptions import DecodeCancelled, InvalidRequest, PayloadTooLarge
 
 log = logging.getLogger(__name__)
@@ -40,6 +50,7 @@ FORMATS = ("wav", "mp3", "aac", "mp4/m4a", "ogg", "webm/matroska", "flac", "caf"
 # FFmpeg's options for every upload: no protocol at all (the upload is handed over as
 # bytes; nothing it names may be opened), and mp4/mov's external data references off.
 _OPEN_OPTIONS = {"protocol_whitelist": "none", "enable_drefs": "0", "use_absolute_path": "0"}
+_CHUNK = 16_384  # decoded samples (per channel) handed to the resampler at once
 
 
 def _bad(field: str, problem: str) -> InvalidRequest:
@@ -56,6 +67,15 @@ def _over_budget(field: str, what: str, budget: int, max_seconds: float) -> Inva
         field,
         f"is too much audio to decode: {what}; the limit is {budget:,} decoded samples "
         f"({max_seconds:g} s of stereo at 48 kHz, all channels counted)",
+    )
+
+
+def _too_many(field: str, what: str, count: int, seconds: float) -> InvalidRequest:
+    return _bad(
+        field,
+        f"has too many {what} for its audio: {count:,} {what} hold {seconds:.3f} s; the limit is "
+        f"{PACKETS_PER_SECOND:,} {what} per second of audio (and {PACKETS_PER_SECOND:,} more), "
+        "which no audio codec in use needs",
     )
 
 
@@ -137,32 +157,64 @@ def _decode_with_ffmpeg(
             raise _over_budget(field, what, budget, max_seconds)
         out_rate = min(int(rate), OUTPUT_MAX_RATE)
         # Decoded frames come in the codec's own layout (planar, several channels): one
-        # resampler turns them into float mono, at most 48 kHz.
+        # resampler turns them into float mono, at most 48 kHz. It costs ~100 µs a call
+        # whatever the frame holds, so frames are gathered into chunks for it (a FIFO
+        # of the codec's format; one that changes format mid-stream fails either way).
         resampler = FrameResampler(out_rate)
-        pieces: list[np.ndarray] = []
-        decoded, total, limit = 0, 0, int(max_seconds * out_rate) + 1
+        fifo = av.AudioFifo()
+        # One buffer for the most the duration limit lets through (600 s at 48 kHz: 115 MB
+        # of address space, but only the pages written to become memory), filled in
+        # place: a list of per-frame arrays cost ~250 bytes a frame, whatever it held.
+        out = np.empty(int(max_seconds * out_rate) + 1, dtype=np.float32)
+        total, decoded, packets, frames, seconds = 0, 0, 0, 0, 0.0
         try:
-            for frame in container.decode(stream):
+            # Every stream's packets are demuxed and counted (the others are dropped
+            # undecoded): a stream beside the audio costs the loop as much.
+            for packet in container.demux():
                 if cancel.is_set():
                     raise DecodeCancelled(field)
-                decoded += frame.samples * max(1, len(frame.layout.channels))
-                if decoded > budget:  # a frame's rate or channels may differ from the header's
-                    raise _over_budget(field, f"it decodes to over {decoded:,} samples", budget, max_seconds)
-                piece = resampler.push(frame)
-                total += piece.size
-                if total > limit:
-                    raise _too_long(field, total / out_rate, max_seconds, claimed=False)
-                pieces.append(piece)
-            pieces.append(resampler.flush())
+                packets += 1
+                if packets > packet_allowance(seconds):
+                    raise _too_many(field, "packets", packets, seconds)
+                if packet.stream.index != stream.index:
+                    continue
+                for frame in packet.decode():
+                    frames += 1  # one packet may decode to several frames
+                    if frames > packet_allowance(seconds):
+                        raise _too_many(field, "frames", frames, seconds)
+                    decoded += frame.samples * max(1, len(frame.layout.channels))
+                    if decoded > budget:  # a frame's rate or channels may differ from the header's
+                        raise _over_budget(field, f"it decodes to over {decoded:,} samples", budget, max_seconds)
+                    if not frame.samples:
+                        continue
+                    seconds += frame.samples / (frame.sample_rate or rate)
+                    frame.pts = None  # the FIFO refuses timestamps that do not follow on; they are not ours to check
+                    fifo.write(frame)
+                    if fifo.samples >= _CHUNK:
+                        total = _put(out, total, resampler.push(fifo.read()), field, max_seconds, out_rate)
+            if fifo.samples:
+                total = _put(out, total, resampler.push(fifo.read()), field, max_seconds, out_rate)
+            total = _put(out, total, resampler.flush(), field, max_seconds, out_rate)
         except (av.error.FFmpegError, ValueError) as exc:
             log.debug("FFmpeg could not decode an upload (%s): %s", fmt, exc)
             raise _bad(field, f"could not be decoded as {_named(fmt)} audio (damaged)") from None
-    samples = np.concatenate(pieces).astype(np.float32, copy=False) if pieces else np.zeros(0, np.float32)
+    samples = out[:total]
     if samples.size == 0:
         raise _bad(field, "holds no audio that FFmpeg could decode")
     if not np.isfinite(samples).all():
         raise _bad(field, "decodes to NaN or infinite samples")
+    # A new array of the samples alone: the buffer (and its address space) goes with it.
     return np.clip(samples, -1.0, 1.0), out_rate
+
+
+def _put(out: np.ndarray, total: int, piece: np.ndarray, field: str, max_seconds: float, rate: int) -> int:
+    """``piece`` written into ``out`` after its first ``total`` samples; the new total.
+    PayloadTooLarge when it does not fit: ``out`` holds the duration limit's worth."""
+    end = total + piece.size
+    if end > out.size:
+        raise _too_long(field, end / rate, max_seconds, claimed=False)
+    out[total:end] = piece
+    return end
 
 
 def _named(fmt: str) -> str:

@@ -258,3 +258,132 @@ def test_a_damaged_file_says_so_without_ffmpegs_words() -> None:
     with pytest.raises(InvalidRequest) as error:
         decode_audio_file(b"fLaC" + bytes(40), "file", 600)
     assert str(error.value) == "'file' could not be read as flac audio (damaged, or not that format)"
+
+
+# --- what a file costs, not only what it decodes to (issue 45) ------------------------------
+
+
+def _ebml(ident: int, payload: bytes) -> bytes:
+    """One EBML element: its ID, its size (in 8 bytes, which fit anything), its payload."""
+    return ident.to_bytes((ident.bit_length() + 7) // 8, "big") + b"\x01" + len(payload).to_bytes(7, "big") + payload
+
+
+def _ebml_uint(ident: int, value: int) -> bytes:
+    return _ebml(ident, value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big"))
+
+
+def laced_pcm_mkv(seconds: float, rate: int = 48_000, tracks: tuple[int, ...] = (1,)) -> bytes:
+    """Matroska of 8-bit PCM silence, one mono track for each entry of ``tracks`` (its
+    samples a packet), 256 packets laced (fixed-size lacing) in each block: about one byte
+    of file a packet at one sample each. ``laced_pcm_mkv(40)`` is issue 45's file: 40 s in
+    1.92 million packets, 2 MB."""
+    import struct
+
+    total = int(seconds * rate)
+    audio = _ebml(0xE1, _ebml(0xB5, struct.pack(">d", float(rate))) + _ebml_uint(0x9F, 1) + _ebml_uint(0x6264, 8))
+    entries = b"".join(
+        _ebml(0xAE, _ebml_uint(0xD7, number) + _ebml_uint(0x73C5, number) + _ebml_uint(0x83, 2)
+              + _ebml(0x86, b"A_PCM/INT/LIT") + audio)
+        for number in range(1, len(tracks) + 1)
+    )
+    blocks = sorted(  # (start in ms, track, samples a packet, packets): the tracks interleaved in time
+        (start * 1000 // rate, number, per_packet, min(256, -(-(total - start) // per_packet)))
+        for number, per_packet in enumerate(tracks, 1)
+        for start in range(0, total, 256 * per_packet)
+    )
+    clusters, body, base = [], [], 0
+    for ms, number, per_packet, count in blocks:
+        if ms - base > 30_000:  # a block's time is 16 bits of ms after its cluster's
+            clusters.append(_ebml(0x1F43B675, _ebml_uint(0xE7, base) + b"".join(body)))
+            body, base = [], ms
+        head = bytes([0x80 | number]) + (ms - base).to_bytes(2, "big") + bytes([0x80 | 0x04, count - 1])  # fixed lacing
+        body.append(_ebml(0xA3, head + b"\x80" * (count * per_packet)))
+    clusters.append(_ebml(0x1F43B675, _ebml_uint(0xE7, base) + b"".join(body)))
+    header = _ebml(0x1A45DFA3, _ebml_uint(0x4286, 1) + _ebml_uint(0x42F7, 1) + _ebml_uint(0x42F2, 4)
+                   + _ebml_uint(0x42F3, 8) + _ebml(0x4282, b"matroska") + _ebml_uint(0x4287, 4)
+                   + _ebml_uint(0x4285, 2))
+    info = _ebml(0x1549A966, _ebml_uint(0x2AD7B1, 1_000_000) + _ebml(0x4489, struct.pack(">d", seconds * 1000)))
+    return header + _ebml(0x18538067, info + _ebml(0x1654AE6B, entries) + b"".join(clusters))
+
+
+def _status_bytes(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"/proc/self/status has no {key}")
+
+
+def decode_cost(data: bytes, give_up_s: float = 20.0) -> tuple[str, float, int]:
+    """What decoding ``data`` came to (its samples and rate, or the refusal), in how many
+    seconds, and the process's peak memory growth meanwhile (bytes): the resident set's
+    peak, reset to the resident set just before (Linux's clear_refs). A decode still going
+    after ``give_up_s`` is given up on (the test fails rather than waits)."""
+    import threading
+
+    from omnictl.serving.transcriptions.audiofile import decode_audio_file
+
+    decode_audio_file(laced_pcm_mkv(0.1, tracks=(256,)), "file", 600)  # FFmpeg's first-use allocations
+    cancel = threading.Event()
+    timer = threading.Timer(give_up_s, cancel.set)
+    timer.start()
+    before = _status_bytes("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+    started = time.perf_counter()
+    try:
+        samples, rate = decode_audio_file(data, "file", 600, cancel)
+        outcome = f"{samples.size} samples at {rate} Hz"
+    except InvalidRequest as error:
+        outcome = str(error)
+    except DecodeCancelled:
+        outcome = f"still decoding after {give_up_s:g} s"
+    finally:
+        timer.cancel()
+    return outcome, time.perf_counter() - started, _status_bytes("VmHWM") - before
+
+
+def test_a_2_mb_file_of_1_92_million_packets_is_refused_at_once_and_costs_no_memory() -> None:
+    """Issue 45: 40 s of 8-bit PCM at 48 kHz in one-sample packets (2 MB) passed every
+    limit and was decoded packet by packet, one numpy array each: the process grew by
+    ~490 MB and the decode took 45-175 s. Now it is refused after its first ~1,000 packets,
+    the process's peak memory growth meanwhile bounded here at 20 MB (it is ~0)."""
+    data = laced_pcm_mkv(40)
+    assert len(data) < 2_100_000
+    outcome, took, growth = decode_cost(data)
+    assert growth < 20 * 2**20, f"the process grew by {growth / 2**20:.0f} MB in {took:.1f} s ({outcome})"
+    assert outcome == (
+        "'file' has too many packets for its audio: 1,022 packets hold 0.021 s; the limit is 1,000 packets "
+        "per second of audio (and 1,000 more), which no audio codec in use needs"
+    )
+    assert took < 1.0, took
+
+
+def test_a_file_of_1_ms_packets_is_taken_and_one_of_0_8_ms_packets_is_not() -> None:
+    """The limit's edge: 1,000 packets a second of audio is decoded (48 samples a packet at
+    48 kHz); 1,200 (40 samples) is refused once the count outruns the audio."""
+    from omnictl.serving.transcriptions.audiofile import decode_audio_file
+
+    samples, rate = decode_audio_file(laced_pcm_mkv(8, tracks=(48,)), "file", 600)
+    assert (samples.size, rate) == (8 * 48_000, 48_000)
+    with pytest.raises(InvalidRequest, match=r"has too many packets for its audio: 5,996 packets hold 4\.996 s"):
+        decode_audio_file(laced_pcm_mkv(8, tracks=(40,)), "file", 600)
+
+
+def test_the_packets_of_a_stream_beside_the_audio_count() -> None:
+    """A second track of one-sample packets is demuxed (and cost the loop) as much as if
+    it were the audio: it counts, though only the first audio stream is decoded."""
+    from omnictl.serving.transcriptions.audiofile import decode_audio_file
+
+    samples, _ = decode_audio_file(laced_pcm_mkv(2, tracks=(1000, 1000)), "file", 600)
+    assert samples.size == 2 * 48_000
+    with pytest.raises(InvalidRequest, match="has too many packets for its audio"):
+        decode_audio_file(laced_pcm_mkv(2, tracks=(1000, 1)), "file", 600)
+
+
+@pytest.mark.slow
+def test_the_costliest_file_taken_decodes_into_one_buffer() -> None:
+    """At the limit (1 kHz, one sample a packet: 1,000 packets a second) 300 s of audio is
+    300,000 packets: decoded, in one buffer, where a list of per-frame arrays grew the
+    process by ~75 MB (~250 bytes a frame)."""
+    outcome, took, growth = decode_cost(laced_pcm_mkv(300, rate=1000), give_up_s=60)
+    assert growth < 16 * 2**20, f"the process grew by {growth / 2**20:.0f} MB in {took:.1f} s ({outcome})"
+    assert outcome == "300000 samples at 1000 Hz"

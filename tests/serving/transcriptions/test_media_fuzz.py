@@ -10,7 +10,6 @@ import os
 import random
 import socket
 import stat
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,14 +17,13 @@ from pathlib import Path
 from typing import Iterator
 
 import httpx
-import numpy as np
 import pytest
 
 from benchmarks.eval.samples import sample_path
 from tests.serving.ffprobe import convert, needs_ffmpeg
 from tests.serving.harness import API_KEY, HERE, ServerProcess, start_server, stop_server
 from tests.serving.hearing_stages import describe
-from tests.serving.transcriptions.test_audiofile import flac_of, without_total
+from tests.serving.transcriptions.test_audiofile import flac_of, laced_pcm_mkv, without_total
 from tests.test_inputs import tone, wav_bytes
 
 pytestmark = needs_ffmpeg
@@ -214,6 +212,30 @@ def test_a_63_kb_flac_of_219_million_samples_is_400_before_any_work(served: Serv
     assert took < QUICK_S and slowest < QUICK_S
     fine, _ = upload(served, wav_bytes(tone(1.0)))
     assert fine.status_code == 200 and fine.json()["text"] == describe(tone(1.0))
+
+
+def _memory(pid: int, key: str) -> int:
+    """A process's VmRSS or VmHWM (its resident set's peak), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"/proc/{pid}/status has no {key}")
+
+
+def test_a_2_mb_upload_of_1_92_million_packets_is_400_at_once_and_the_server_stays_small(served: Served) -> None:
+    """Issue 45, bug 1: 40 s of 8-bit PCM in one-sample packets (2 MB of Matroska) passed
+    every limit; the server kept a numpy array per packet: it grew by ~520 MB (~290 MB
+    kept) and answered 200 after 155 s (on two shared cores). The server's peak memory
+    growth while answering it is bounded here at 32 MB (it is ~8 MB: the upload, read)."""
+    pid = served.server.process.pid
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # the server's VmHWM := its VmRSS
+    before = _memory(pid, "VmRSS")
+    response, took = upload(served, laced_pcm_mkv(40), "packets.mkv", timeout=10)
+    growth = _memory(pid, "VmHWM") - before
+    assert_refused(response, "'file' has too many packets for its audio: 1,022 packets hold 0.021 s; the limit is "
+                             "1,000 packets per second of audio")
+    assert took < QUICK_S
+    assert growth < 32 * 2**20, f"the server grew by {growth / 2**20:.0f} MB"
 
 
 def test_a_client_hanging_up_stops_its_decode(served: Served, bomb: bytes) -> None:
