@@ -21,7 +21,7 @@ class InProcessAsr:
         self.pre = stages.preprocessing(model_path)
         self.encoder = stages.audio_encoder(model_path, "cpu")
 
-    async def __aenter__(self) -> "InProcessAsr":
+    async def __aenter__(self) -> InProcessAsr:
         # Schedulers' queues belong to one event loop: fresh ones per run (the weights are
         # loaded once per process and shared).
         self.decoder = stages.decoder(self.model_path, "cpu")
