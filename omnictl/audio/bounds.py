@@ -16,10 +16,11 @@ def decode_budget(max_seconds: float) -> int:
 
 
 # Packets (FFmpeg's demuxed units, every stream's counted) allowed per second of audio
-# decoded: 1 ms of audio a packet on average. The shortest frames of codecs in use are
-# Opus's 2.5 ms (400 a second); AAC is ~47 a second, mp3 ~38, AMR and WebRTC's Opus 50,
-# Vorbis of nothing but short blocks ~375 at 48 kHz, PCM in Matroska or WebM ~100 (10 ms
-# blocks). Each packet costs the decode loop Python objects and time whatever it holds,
+# decoded: 1 ms of audio a packet on average. The most packets a second among codecs in
+# use: Apple's IMA ADPCM in CAF (64 samples a packet: 689 at 44.1 kHz, 750 at 48 kHz;
+# above 64 kHz it would be refused), Opus's 2.5 ms frames (400); AAC is ~47 a second,
+# mp3 ~38, AMR and WebRTC's Opus 50, Vorbis of nothing but short blocks ~375 at 48 kHz,
+# PCM in Matroska or WebM ~100 (10 ms blocks). Each packet costs the decode loop Python objects and time whatever it holds,
 # so a file of one-sample packets (2 MB of Matroska lacing holds 1.92 million) costs
 # hundreds of times the decoding its length would: the limit is on what the file costs,
 # not on what it decodes to. A file may use PACKETS_PER_SECOND more than that, for its

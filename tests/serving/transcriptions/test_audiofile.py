@@ -368,6 +368,31 @@ def test_a_file_of_1_ms_packets_is_taken_and_one_of_0_8_ms_packets_is_not() -> N
         decode_audio_file(laced_pcm_mkv(8, tracks=(40,)), "file", 600)
 
 
+def packets_a_second(data: bytes) -> float:
+    """The audio stream's packets per second of its audio, by ffprobe."""
+    from tests.serving.ffprobe import FFPROBE, probe
+
+    assert FFPROBE is not None
+    out = subprocess.run([FFPROBE, "-v", "error", "-select_streams", "a:0", "-count_packets", "-show_entries",
+                          "stream=nb_read_packets", "-of", "csv=p=0", "-"], input=data, capture_output=True,
+                         check=True, timeout=60)
+    return int(out.stdout.decode().strip().strip(",")) / probe(data)[1]
+
+
+@pytest.mark.parametrize(("suffix", "args", "expected"), [
+    ("caf", ("-c:a", "adpcm_ima_qt", "-ar", "48000"), 750),  # Apple's ima4: 64 samples a packet
+    ("ogg", ("-c:a", "libopus", "-frame_duration", "2.5"), 400),  # Opus's shortest frames
+])
+def test_the_codecs_with_the_most_packets_a_second_are_taken(suffix: str, args: tuple[str, ...],
+                                                               expected: int) -> None:
+    from omnictl.serving.transcriptions.audiofile import decode_audio_file
+
+    data = convert(QUESTION, suffix, *args)
+    assert packets_a_second(data) == pytest.approx(expected, rel=0.02)
+    samples, rate = decode_audio_file(data, "file", 600)
+    assert samples.size / rate == pytest.approx(seconds_of(QUESTION), abs=0.08)
+
+
 def test_the_packets_of_a_stream_beside_the_audio_count() -> None:
     """A second track of one-sample packets is demuxed (and cost the loop) as much as if
     it were the audio: it counts, though only the first audio stream is decoded."""
