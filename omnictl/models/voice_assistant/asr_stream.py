@@ -9,8 +9,10 @@ then ``send(chunk)`` and ``end_input()``; or a ``stream_to`` upstream), each one
 - a dict ``{"context": str}`` before any audio: the conversation so far, which primes the
   decoder (Whisper's previous-text prompt).
 
-Audio is resampled to 16 kHz with the project's resampler (the whole input at each pass, so
-no chunk edge is filtered on its own) and fed to an
+Audio is resampled to 16 kHz by one streaming resampler per request
+(:class:`~omnictl.audio.resample.StreamResampler`, FFmpeg's kept open: no chunk edge is
+filtered on its own, and each sample is resampled once, where the whole input was resampled
+again at every pass) and fed to an
 :class:`~omnictl.models.voice_assistant.incremental_asr.IncrementalTranscriber`. Each word
 it confirms is streamed at once as a :class:`~omnictl.outputs.Transcript` whose ``text`` is
 the delta (a ``transcript`` terminal's stream chunk: a partial transcript); when the input
@@ -32,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from omnictl.audio import pcm16_to_float, resample
+from omnictl.audio import pcm16_to_float
+from omnictl.audio.resample import StreamResampler
 from omnictl.exceptions import InvalidRequest
 from omnictl.logs import request_scope
 from omnictl.models.voice_assistant.asr import SAMPLE_RATE
@@ -61,10 +64,11 @@ class _Utterance:
     transcriber: IncrementalTranscriber | None = None  # made with the first audio (after any context)
     context: str = ""
     rate: int | None = None  # the input's sample rate (one per request)
-    raw: list[np.ndarray] = field(default_factory=list)  # every sample received, at `rate`
-    raw_samples: int = 0
+    raw: list[np.ndarray] = field(default_factory=list)  # samples received the worker has not taken, at `rate`
+    raw_samples: int = 0  # received in all
     fed: int = 0  # 16 kHz samples handed to the transcriber
-    taken: int = 0  # raw samples the worker has seen
+    taken: int = 0  # raw samples the worker has taken
+    resampler: StreamResampler | None = None  # `rate` to 16 kHz, made with the first audio
     ended: bool = False
     busy: bool = False  # a job is queued or running for it
     failed: bool = False  # aborted or failed: its job stops at the next step
@@ -202,8 +206,8 @@ class StreamingAsrScheduler(WorkerScheduler):
             fresh = utterance.raw_samples > utterance.taken
             audio = np.concatenate(utterance.raw) if fresh and utterance.raw else None
             if audio is not None:
-                utterance.raw[:] = [audio]
-                utterance.taken = audio.size
+                utterance.raw.clear()  # taken: each sample is resampled once
+                utterance.taken += audio.size
             ending = utterance.ended and not fresh
             if audio is None and not ending:
                 utterance.busy = False
@@ -213,15 +217,20 @@ class StreamingAsrScheduler(WorkerScheduler):
         transcriber = utterance.transcriber
         if audio is not None:
             assert utterance.rate is not None  # set with the first audio
-            converted = resample(audio, utterance.rate, SAMPLE_RATE)
-            new = converted[utterance.fed :]
-            utterance.fed = converted.size
+            if utterance.resampler is None:
+                utterance.resampler = StreamResampler(utterance.rate, SAMPLE_RATE)
+            new = utterance.resampler.push(audio)
+            utterance.fed += new.size
             with self.busy():
                 delta = transcriber.feed(new)
             self._stream(rid, utterance, delta)
             return True
         with self.busy():
             before = transcriber.confirmed_text
+            if utterance.resampler is not None:  # the filter's last few ms
+                tail = utterance.resampler.flush()
+                utterance.fed += tail.size
+                transcriber.feed(tail, decode=False)  # the final decode hears it
             text = transcriber.finish()
         self._stream(rid, utterance, text[len(before) :])
         with utterance.lock:

@@ -169,8 +169,9 @@ class IncrementalTranscriber:
     def confirmed_text(self) -> str:
         return self._emitted
 
-    def feed(self, samples: np.ndarray) -> str:
-        """Add audio; decode once if ``cadence_s`` of new audio has come since the last pass.
+    def feed(self, samples: np.ndarray, decode: bool = True) -> str:
+        """Add audio; decode once if ``cadence_s`` of new audio has come since the last pass
+        (``decode`` False: not now, e.g. a resampler's last few ms just before :meth:`finish`).
         Returns the text newly confirmed (to append to what was returned before)."""
         if self._finished is not None:
             raise RuntimeError("feed after finish")
@@ -184,7 +185,7 @@ class IncrementalTranscriber:
             self._samples += piece.size
             if self._samples >= limit:  # the segment is full: finish it; its text primes the next
                 delta += self._close_segment()
-        if self._samples - self._decoded_at >= self.settings.cadence_s * SAMPLE_RATE:
+        if decode and self._samples - self._decoded_at >= self.settings.cadence_s * SAMPLE_RATE:
             delta += self._pass()
         return delta
 

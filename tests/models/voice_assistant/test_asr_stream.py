@@ -224,3 +224,54 @@ def test_a_streamed_question_through_a_real_pipeline(tmp_path: Path) -> None:
     assert during >= 1, deltas  # words came while the input was still streaming
     assert "".join(deltas) == result.text
     assert word_errors(sample_text("capital_of_france"), result.text)[0] == 0, result.text
+
+
+class HeardDecoder:
+    """A test double for Whisper alone: hears nothing, keeps the audio of each decode."""
+
+    def __init__(self) -> None:
+        self.heard: list[np.ndarray] = []
+
+    def encode_text(self, text: str) -> list[int]:
+        return []
+
+    def text(self, tokens: list[int]) -> str:
+        return ""
+
+    def starts_word(self, token: int) -> bool:
+        return True
+
+    def decode(self, audio: np.ndarray, **_: Any) -> list[int]:
+        self.heard.append(audio.copy())
+        return []
+
+
+def test_the_stream_is_resampled_once_as_it_comes_the_same_as_the_whole() -> None:
+    """Each pass resampled the whole input again (quadratic in the turn) and kept only what was
+    new: its first samples had been made with silence after the previous pass's end. One
+    stream: what the passes and the final decode hear is the whole input resampled."""
+    tone = (0.5 * np.sin(2 * np.pi * 440 * np.arange(3 * RATE) / RATE)).astype(np.float32)
+    pcm = float_to_pcm16_bytes(tone)
+    decoder = HeardDecoder()
+
+    async def main() -> OutgoingMessage:
+        scheduler = StreamingAsrScheduler(decoder, IncrementalSettings(cadence_s=0.1))  # type: ignore[arg-type]
+        await scheduler.start()
+        try:
+            for offset in range(0, len(pcm), 2 * 1_001):  # 1,001 samples a chunk, each taken alone
+                scheduler.inbox.put_nowait(chunk("r", pcm[offset : offset + 2 * 1_001]))
+                while not scheduler.inbox.empty():  # taken, and its job (if any) queued
+                    await asyncio.sleep(0)
+                assert scheduler._executor is not None  # then done: a job after it has run
+                await asyncio.wrap_future(scheduler._executor.submit(lambda: None))
+            scheduler.inbox.put_nowait(done("r"))
+            return (await until_result(scheduler, "r"))[1]
+        finally:
+            await scheduler.stop()
+
+    result = run(main())
+    assert isinstance(result.data, Transcript) and result.data.duration == pytest.approx(3.0)
+    whole = resample(np.frombuffer(pcm, "<i2").astype(np.float32) / 32768, RATE, 16_000)
+    assert len(decoder.heard) > 20 and decoder.heard[-1].size == whole.size
+    for heard in decoder.heard:  # every pass heard the stream so far, exactly
+        assert np.abs(heard - whole[: heard.size]).max() < 1e-4
