@@ -19,6 +19,7 @@ from omnictl.inputs import PCM16_RATE
 from omnictl.serving.app import create_app
 from omnictl.serving.realtime.formats import CODECS, alaw_encode, ulaw_encode
 from omnictl.serving.realtime.frontend import AudioFrontEnd, SpeechFrontEnd
+from omnictl.serving.realtime.smart_turn import SemanticTurnDetector
 from omnictl.serving.realtime.vad import FRAME, VAD_RATE, SileroModel, SileroVad, TurnDetector, VadSettings
 from omnictl.serving.state import ServingState
 from tests.serving.scripted import ScriptedPipeline
@@ -147,3 +148,44 @@ def test_an_append_with_no_audio_is_a_no_op_and_one_without_the_field_names_it(
         ws.send_text(json.dumps({"type": "input_audio_buffer.clear", "event_id": "after"}))
         assert json.loads(ws.receive_text())["type"] == "input_audio_buffer.cleared"  # nothing came before it
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], caplog.records
+
+
+class SpeechThenQuiet:
+    """A test double for Silero alone: speech for the first ``speech`` frames, then silence."""
+
+    def __init__(self, speech: int) -> None:
+        self.speech, self.frames = speech, 0
+
+    def run(self, frame: np.ndarray, context: np.ndarray, h: np.ndarray, c: np.ndarray) -> tuple[float, Any, Any]:
+        self.frames += 1
+        return (0.9 if self.frames <= self.speech else 0.0), h, c
+
+
+class HeardTurnModel:
+    """A test double for Smart Turn alone: keeps what it was asked about; always finished."""
+
+    def __init__(self) -> None:
+        self.heard: list[np.ndarray] = []
+
+    def finished(self, audio: np.ndarray) -> float:
+        self.heard.append(audio.copy())
+        return 1.0
+
+
+def test_the_turn_model_hears_the_same_turn_whatever_the_appends() -> None:
+    """Smart Turn's buffer accumulates across appends: appends of 7 samples give it the audio
+    2,400-sample appends do, up to where the silence began."""
+    audio = (0.3 * np.sin(2 * np.pi * 300 * np.arange(int(1.7 * PCM16_RATE)) / PCM16_RATE)).astype(np.float32)
+    raw = float_to_pcm16_bytes(audio)
+    asked = []
+    for size in (2_400, 7):
+        model = HeardTurnModel()
+        front = SpeechFrontEnd(SpeechThenQuiet(speech=40), SemanticTurnDetector(model, "auto"))  # type: ignore[arg-type]
+        found = []
+        for at in range(0, len(raw), 2 * size):
+            found += front.hear(raw[at : at + 2 * size])[1]
+        assert [type(e).__name__ for e in found] == ["SpeechStarted", "SpeechPaused", "SpeechStopped"]
+        assert found[2].audio_end_ms == 40 * FRAME_MS  # type: ignore[attr-defined]
+        asked.append(model.heard)
+    (whole,), (ones,) = asked
+    assert whole.size == ones.size == 40 * FRAME and np.abs(whole - ones).max() < 1e-6
