@@ -91,7 +91,7 @@ class ServerMetrics:
         )
         # Answers started when the user's speech paused, before the turn was confirmed: "used"
         # (the turn ended there: it was the response), "dropped" (the user went on speaking,
-        # or the client acted, or it was not ready): omnictl.serving.realtime.session.preempt.
+        # or the client acted, or it was not ready): omnictl.serving.realtime.session.replies.
         self.preemptive = Counter(
             "omnictl_realtime_preemptive_answers",
             "Realtime answers started at a pause in speech, by `outcome` (used, dropped)",

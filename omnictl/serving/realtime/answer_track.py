@@ -32,6 +32,9 @@ class AnswerTrack(MediaStreamTrack):
         self._start: float | None = None
         self._samples = 0  # samples sent since _start
         self.played_samples = 0  # samples of answers played (not silence)
+        self._heard: tuple[str, int] = ("", 0)  # the response playing (or last played), its samples played
+        # Told when a response's audio has played to its end (the session's reply is then heard).
+        self.on_stopped: Callable[[str], None] | None = None
 
     # the session's side (responses.AudioOut)
     def play(self, response_id: str, pcm: bytes) -> None:
@@ -45,11 +48,17 @@ class AnswerTrack(MediaStreamTrack):
             self._playing = response_id
             self._send(ev.OutputAudioBufferStarted(response_id=response_id))
 
-    def finish(self, response_id: str) -> None:
+    def finish(self, response_id: str) -> bool:
         if self._playing == response_id and not self._queue:
             self._stopped()
         elif self._playing == response_id or any(queued == response_id for queued, _ in self._queue):
             self._finished.add(response_id)  # stopped once the track has played the rest
+            return True
+        return False
+
+    def played_ms(self, response_id: str) -> float:
+        played_id, samples = self._heard
+        return samples * 1000 / PCM16_RATE if played_id == response_id else 0.0
 
     def clear(self) -> bool:
         was = self._playing or (self._queue[0][0] if self._queue else None)
@@ -63,9 +72,12 @@ class AnswerTrack(MediaStreamTrack):
 
     def _stopped(self) -> None:
         assert self._playing is not None
-        self._send(ev.OutputAudioBufferStopped(response_id=self._playing))
-        self._finished.discard(self._playing)
+        stopped = self._playing
+        self._send(ev.OutputAudioBufferStopped(response_id=stopped))
+        self._finished.discard(stopped)
         self._playing = None
+        if self.on_stopped is not None:
+            self.on_stopped(stopped)
 
     def _take(self) -> bytes:
         """The next 20 ms: the answer's audio, or silence."""
@@ -81,6 +93,8 @@ class AnswerTrack(MediaStreamTrack):
             piece = pcm[: want - len(out)]
             del pcm[: len(piece)]
             out += piece
+            heard_id, heard = self._heard
+            self._heard = (response_id, (heard if heard_id == response_id else 0) + len(piece) // 2)
             if not pcm:
                 self._queue.pop(0)
         self.played_samples += len(out) // 2

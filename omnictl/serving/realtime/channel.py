@@ -84,29 +84,6 @@ class _Silero:
         return self.model
 
 
-@dataclass
-class TokenBucket:
-    """``burst`` at once, then ``rate`` a second."""
-
-    rate: float
-    burst: float
-    allowance: float = field(init=False)
-    _at: float = field(default_factory=time.monotonic)
-
-    def __post_init__(self) -> None:
-        self.allowance = self.burst
-
-    def take(self, amount: float) -> bool:
-        """Whether ``amount`` may be taken now (and, if so, take it)."""
-        now = time.monotonic()
-        self.allowance = min(self.burst, self.allowance + (now - self._at) * self.rate)
-        self._at = now
-        if amount > self.allowance:
-            return False
-        self.allowance -= amount
-        return True
-
-
 def message_size(raw: str | bytes) -> int:
     """Bytes on the wire: a text message's limit counts UTF-8 bytes, not characters."""
     if isinstance(raw, bytes) or raw.isascii():

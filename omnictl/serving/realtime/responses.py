@@ -55,11 +55,15 @@ class AudioOut(Protocol):
     def play(self, response_id: str, pcm: bytes) -> None:
         """Queue pcm16 at 24 kHz of ``response_id`` to play after what is queued."""
 
-    def finish(self, response_id: str) -> None:
-        """No more audio comes for ``response_id``: once what is queued is played, it has stopped."""
+    def finish(self, response_id: str) -> bool | None:
+        """No more audio comes for ``response_id``: once what is queued is played, it has stopped.
+        True if some of it is still to play (the reply is not heard yet)."""
 
     def clear(self) -> bool:
         """Drop what is queued and stop playing now; True if anything was playing."""
+
+    def played_ms(self, response_id: str) -> float:
+        """How much of ``response_id``'s audio has been played (what the listener heard)."""
 
 
 @dataclass

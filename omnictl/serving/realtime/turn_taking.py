@@ -125,6 +125,13 @@ class ClientActed:
 
 
 @dataclass(frozen=True)
+class Drop:
+    """Whatever else makes the held early answer wrong (``why``: the log's words)."""
+
+    why: str
+
+
+@dataclass(frozen=True)
 class ResponseCreate:
     """``response.create``."""
 
@@ -180,6 +187,7 @@ Event = Union[
     Clear,
     Configured,
     ClientActed,
+    Drop,
     ResponseCreate,
     ResponseCancel,
     OutputAudioClear,
@@ -279,6 +287,7 @@ class Refuse:
 
     message: str
     code: str
+    param: str | None = None
 
 
 @dataclass(frozen=True)
@@ -358,6 +367,8 @@ class TurnTaking:
                 self.listening = Listening.SPEAKING
         elif isinstance(event, ClientActed):
             self._drop(f"the client sent {event.what}", out)
+        elif isinstance(event, Drop):
+            self._drop(event.why, out)
         elif isinstance(event, ResponseCreate):
             self._drop("the client sent response.create", out)
             if not self.policy.answers:
@@ -365,6 +376,7 @@ class TurnTaking:
                     Refuse(
                         "response.create: a transcription session only transcribes; open a 'realtime' session for answers",
                         "invalid_request",
+                        "type",
                     )
                 )
             elif self.reply in (Reply.RESPONDING, Reply.CANCELLING):
@@ -485,17 +497,18 @@ class TurnTaking:
         out.append(DropEarlyAnswer(early.item_id, why))
 
     def _cancel(self, named: str | None, out: list[Effect]) -> None:
-        if self.reply is not Reply.RESPONDING or self.response_id is None or (named and named != self.response_id):
+        busy = self.reply in (Reply.RESPONDING, Reply.CANCELLING) and self.response_id is not None
+        if not busy or (named and named != self.response_id):
             out.append(
                 Refuse(
-                    "there is no response in progress to cancel"
-                    if self.reply is not Reply.RESPONDING
-                    else f"response {named} is not in progress",
+                    f"response {named} is not in progress" if busy else "there is no response in progress to cancel",
                     "response_cancel_not_active",
+                    "response_id" if named else None,
                 )
             )
             return
-        self.reply = Reply.CANCELLING
+        assert self.response_id is not None
+        self.reply = Reply.CANCELLING  # cancelled again while cancelling: its last events are awaited all the same
         out.append(CancelResponse(self.response_id))
 
     def _response_done(self, event: ResponseDone, out: list[Effect]) -> None:

@@ -9,7 +9,7 @@ Times are milliseconds of audio since the session's first appended sample.
 
 Before it stops, speech *pauses*: after ``preempt_ms`` of that silence (:data:`PREEMPT_MS`)
 the detector says :class:`SpeechPaused`, where the session starts its answer preemptively
-(:mod:`omnictl.serving.realtime.session.preempt`); if speech comes back before the stop it
+(:mod:`omnictl.serving.realtime.session.replies`); if speech comes back before the stop it
 says :class:`SpeechResumed` (the preemptive answer is dropped). A stop always follows a
 pause at the same ``audio_end_ms`` unless speech resumed between them.
 """

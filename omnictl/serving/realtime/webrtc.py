@@ -68,8 +68,9 @@ from omnictl.serving.common.echo import clip
 from omnictl.serving.common.errors import error_response
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.answer_track import AnswerTrack
-from omnictl.serving.realtime.channel import Outbox, RealtimeHub, Slot, TokenBucket, message_size
+from omnictl.serving.realtime.channel import Outbox, RealtimeHub, Slot, message_size
 from omnictl.serving.realtime.ice import install_host_filter, restrict_to
+from omnictl.serving.realtime.rate import TokenBucket
 from omnictl.serving.realtime.session import RealtimeSession
 
 log = logging.getLogger("omnictl.serving.realtime")
@@ -281,6 +282,7 @@ class Calls:
             return _bad_offer("the SDP offer has no audio media section (m=audio): the call needs one for speech")
         pc.addTrack(track)
         session = self.hub.session(pipe, outbox.put, query, request.headers, "webrtc", audio_out=track)
+        track.on_stopped = session.playout_finished  # a reply lives until it has been heard
         call.session = session
         try:
             if config is not None:

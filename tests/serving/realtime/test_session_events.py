@@ -19,7 +19,7 @@ from omnictl.exceptions import Overloaded, PipelineDead
 from omnictl.outputs import AudioChunk, TextDelta, TextResult, Transcript
 from omnictl.serving.chat.protocol import Limits
 from omnictl.serving.realtime import events as ev
-from omnictl.serving.realtime.session import MIN_COMMIT_MS, AudioRate, RealtimeSession, Settings
+from omnictl.serving.realtime.session import MIN_COMMIT_MS, RealtimeSession, Settings
 from omnictl.serving.state import ServingState
 from tests.serving.scripted import CHAT_ONLY, EVERY_ENDPOINT, ScriptedPipeline, error_event, text_events, tone
 from tests.support.wait import eventually
@@ -374,20 +374,6 @@ def test_the_buffer_is_bounded_and_so_is_the_rate_audio_arrives() -> None:
         assert len(fast.session.buffer) == int(0.2 * RATE) * 2  # the refused append was dropped
 
     run(scenario)
-
-
-def test_the_audio_rate_is_a_token_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
-    import omnictl.serving.realtime.session.core as session_module
-
-    now = [0.0]
-    monkeypatch.setattr(session_module.time, "monotonic", lambda: now[0])
-    rate = AudioRate(speed=2.0, burst_s=1.0)
-    rate._at = 0.0  # its clock starts at the patched zero
-    assert rate.take(0.6) and not rate.take(0.5)
-    now[0] = 0.1  # 0.2 s of allowance back
-    assert rate.take(0.6) and rate.allowance == pytest.approx(0.0)
-    now[0] = 100.0  # never more than the burst
-    assert rate.take(1.0) and not rate.take(0.01)
 
 
 def test_a_session_transcoding_g711_input_holds_pcm16() -> None:

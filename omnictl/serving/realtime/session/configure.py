@@ -1,12 +1,15 @@
 """``session.update``, and the session object ``session.created`` / ``session.updated`` report.
 
 Every field an update names is checked before any is applied: a refused update changes
-nothing, and its ``error`` event names the field (``session.audio.output.voice``...)."""
+nothing, and its ``error`` event names the field (``session.audio.output.voice``...).
+
+:class:`Configure` is handed the echo guard (``audio.input.echo_guard``), the response in
+progress (whose type cannot change under it) and what restarts turn detection."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Sequence
+from typing import Any, Callable
 
 import msgspec
 
@@ -14,8 +17,9 @@ from omnictl.exceptions import LaunchError
 from omnictl.inputs import is_language_code
 from omnictl.serving.common.echo import clip, clip_repr
 from omnictl.serving.realtime import events as ev
+from omnictl.serving.realtime.echo_guard import EchoGuard
 from omnictl.serving.realtime.formats import codec_for
-from omnictl.serving.realtime.session.core import SessionCore
+from omnictl.serving.realtime.session.context import SessionContext
 from omnictl.serving.realtime.session.settings import (
     NOISE_REDUCTION,
     PADDING_MS,
@@ -29,6 +33,7 @@ from omnictl.serving.realtime.session.settings import (
     in_range,
     known_voice,
     max_tokens,
+    modalities,
     no_tools,
     recognised_languages,
     unhonoured,
@@ -37,12 +42,24 @@ from omnictl.serving.realtime.smart_turn import shared_model
 from omnictl.serving.realtime.vad import vad_executor
 
 
-class Configure(SessionCore):
+class Configure:
+    def __init__(
+        self,
+        ctx: SessionContext,
+        echo: EchoGuard,
+        responding: Callable[[], str | None],
+        reset_detection: Callable[[], None],
+    ) -> None:
+        self.ctx = ctx
+        self.echo = echo
+        self._responding = responding  # the id of the response in progress, if any
+        self._reset_detection = reset_detection  # turn detection starts again as the settings now say
+
     def session_object(self) -> ev.SessionObject | ev.TranscriptionSessionObject:
         """What the session does, as it does it: transcription is on when transcripts are sent."""
-        s = self.settings
+        s = self.ctx.settings
         turn_detection = None if s.vad is None else msgspec.to_builtins(s.vad)
-        transcriber = self.transcriber()
+        transcriber = self.ctx.transcriber()
         audio_input = {
             "format": s.input_codec.describe(),
             "turn_detection": turn_detection,
@@ -55,23 +72,25 @@ class Configure(SessionCore):
             "echo_guard": self.echo.enabled,
         }
         if s.type == "transcription":
-            return ev.TranscriptionSessionObject(id=self.id, audio={"input": audio_input}, transport=self.transport)
+            return ev.TranscriptionSessionObject(
+                id=self.ctx.id, audio={"input": audio_input}, transport=self.ctx.transport
+            )
         audio = {
             "input": audio_input,
             "output": {"format": s.output_codec.describe(), "voice": s.voice, "speed": s.speed},
         }
         return ev.SessionObject(
-            id=self.id,
-            model=self.model,
+            id=self.ctx.id,
+            model=self.ctx.model,
             instructions=s.instructions,
             output_modalities=s.output_modalities,
             audio=audio,
             max_output_tokens=s.max_output_tokens,  # type: ignore[arg-type]  # an int, or "inf" (checked on update)
-            transport=self.transport,
+            transport=self.ctx.transport,
         )
 
     async def session_update(self, event: ev.SessionUpdate) -> None:
-        config, s, refuse = event.session, self.settings, ev.Refusal(event.event_id)
+        config, s, refuse = event.session, self.ctx.settings, ev.Refusal(event.event_id)
         kind = s.type if config.type is msgspec.UNSET else config.type
         if kind not in SESSION_TYPES:
             raise refuse(
@@ -80,20 +99,19 @@ class Configure(SessionCore):
                 "unsupported_session_type",
                 "session.type",
             )
-        if kind == "transcription" and not self.can_transcribe:
+        if kind == "transcription" and not self.ctx.can_transcribe:
             raise refuse(
-                f"session.type 'transcription': topology {self.pipeline.topology.name!r} has no terminal of "
+                f"session.type 'transcription': topology {self.ctx.pipeline.topology.name!r} has no terminal of "
                 "modality 'transcript' (nothing here recognises speech)",
                 "unsupported_session_type",
                 "session.type",
             )
-        if self.response is not None and kind != s.type:
-            raise refuse(
-                f"session.type cannot change while response {self.response[0].id} is in progress", param="session.type"
-            )
+        responding = self._responding()
+        if responding is not None and kind != s.type:
+            raise refuse(f"session.type cannot change while response {responding} is in progress", param="session.type")
         no_tools(config.tools, config.tool_choice, "session", event.event_id)
         unhonoured(config, SESSION_UNHONOURED, "session", event.event_id)
-        served = (self.state.model_name, *self.state.aliases)
+        served = (self.ctx.state.model_name, *self.ctx.state.aliases)
         if config.model is not msgspec.UNSET and config.model not in served:
             raise refuse(  # as the handshake's ?model= is checked
                 f"session.model {clip_repr(config.model, 64)} is not served here; this server serves "
@@ -104,9 +122,11 @@ class Configure(SessionCore):
         temperature = s.temperature  # each field is checked before anything changes
         if config.temperature is not msgspec.UNSET:
             temperature = in_range(config.temperature, TEMPERATURE, "session.temperature", event.event_id)
-        modalities = s.output_modalities
+        wanted = s.output_modalities
         if config.output_modalities is not msgspec.UNSET:
-            modalities = self._modalities(config.output_modalities, "session.output_modalities", event.event_id)
+            wanted = modalities(
+                self.ctx.pipeline.topology, config.output_modalities, "session.output_modalities", event.event_id
+            )
         limit = s.max_output_tokens
         if config.max_output_tokens is not msgspec.UNSET:
             limit = max_tokens(config.max_output_tokens, "session.max_output_tokens", event.event_id)
@@ -114,17 +134,8 @@ class Configure(SessionCore):
             await self._audio(config.audio, event.event_id)  # the last check: it applies what it checked
         if config.instructions is not msgspec.UNSET:
             s.instructions = config.instructions
-        s.type, s.temperature, s.output_modalities, s.max_output_tokens = kind, temperature, modalities, limit
-        self.send(ev.SessionUpdated(session=self.session_object()))
-
-    def _modalities(self, wanted: Sequence[str], param: str, event_id: str | None) -> list[str]:
-        produces = set(self.pipeline.topology.terminals.values())
-        missing = [m for m in wanted if m not in produces]
-        if not wanted or missing:
-            raise ev.Refusal(event_id)(
-                f"{param}: this topology produces {', '.join(sorted(produces))}; cannot give {wanted!r}", param=param
-            )
-        return list(dict.fromkeys(wanted))
+        s.type, s.temperature, s.output_modalities, s.max_output_tokens = kind, temperature, wanted, limit
+        self.ctx.send(ev.SessionUpdated(session=self.session_object()))
 
     def _check_transcription(self, config: dict[str, Any] | None, event_id: str | None) -> str | None:
         """The ``language`` of ``audio.input.transcription`` (None: the recognizer's default),
@@ -164,7 +175,7 @@ class Configure(SessionCore):
 
     async def _audio(self, audio: ev.AudioConfig, event_id: str | None) -> None:
         """Checks every field before changing any: a refused update changes nothing."""
-        s, inp, out, refuse = self.settings, audio.input, audio.output, ev.Refusal(event_id)
+        s, inp, out, refuse = self.ctx.settings, audio.input, audio.output, ev.Refusal(event_id)
         input_codec, output_codec = s.input_codec, s.output_codec
         if inp is not msgspec.UNSET and inp.format is not msgspec.UNSET:
             input_codec = codec_for(inp.format, "session.audio.input.format", event_id)
@@ -172,7 +183,7 @@ class Configure(SessionCore):
             output_codec = codec_for(out.format, "session.audio.output.format", event_id)
         voice = s.voice
         if out is not msgspec.UNSET and out.voice is not msgspec.UNSET:
-            voice = known_voice(self.pipeline.topology, out.voice, "session.audio.output.voice", event_id)
+            voice = known_voice(self.ctx.pipeline.topology, out.voice, "session.audio.output.voice", event_id)
         speed = s.speed
         if out is not msgspec.UNSET and out.speed is not msgspec.UNSET:
             speed = float(in_range(out.speed, SPEED, "session.audio.output.speed", event_id))
@@ -193,9 +204,9 @@ class Configure(SessionCore):
             )
         transcription, language = s.transcription, s.language
         if inp is not msgspec.UNSET and inp.transcription is not msgspec.UNSET:
-            if inp.transcription is not None and not self.can_transcribe:
+            if inp.transcription is not None and not self.ctx.can_transcribe:
                 raise refuse(
-                    f"session.audio.input.transcription: topology {self.pipeline.topology.name!r} has no terminal "
+                    f"session.audio.input.transcription: topology {self.ctx.pipeline.topology.name!r} has no terminal "
                     "of modality 'transcript'; send null",
                     param="session.audio.input.transcription",
                 )
@@ -215,4 +226,4 @@ class Configure(SessionCore):
         s.voice, s.speed = voice, speed
         if inp is not msgspec.UNSET and inp.turn_detection is not msgspec.UNSET:
             s.vad = inp.turn_detection
-            self._reset_vad()
+            self._reset_detection()

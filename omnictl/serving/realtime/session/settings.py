@@ -11,7 +11,7 @@ import importlib.util
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import msgspec
 
@@ -66,6 +66,17 @@ def in_range(value: float, bounds: tuple[float, float], param: str, event_id: st
             f"{param} must be from {low:g} to {high:g}{unit}, got {clip_repr(value, 64)}", param=param
         )
     return value
+
+
+def modalities(topology: Any, wanted: Sequence[str], param: str, event_id: str | None) -> list[str]:
+    """``wanted`` if ``topology`` produces it, else the error naming ``param``."""
+    produces = set(topology.terminals.values())
+    missing = [m for m in wanted if m not in produces]
+    if not wanted or missing:
+        raise ev.Refusal(event_id)(
+            f"{param}: this topology produces {', '.join(sorted(produces))}; cannot give {wanted!r}", param=param
+        )
+    return list(dict.fromkeys(wanted))
 
 
 def known_voice(topology: Any, voice: str, param: str, event_id: str | None) -> str:

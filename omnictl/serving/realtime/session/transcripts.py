@@ -1,0 +1,283 @@
+"""The user's spoken turns transcribed: whole once committed, or while spoken.
+
+**Whole.** As soon as a turn is committed, the topology's own speech recognition (its
+``transcript`` terminal) decodes it: told as ``conversation.item.input_audio_transcription.delta``
+/ ``.completed``. Once transcribed, a turn keeps only its transcript; a failed transcription is
+an ``error`` event and leaves the audio for the response to hear.
+
+**While spoken** (issue 39): with a live transcriber (:attr:`ServingState.live_transcriber`: a
+pipeline whose entry takes a streamed input and streams each confirmed word as a
+:class:`~omnictl.outputs.Transcript` delta), the turn opens one streaming-input request when it
+opens (speech started, or the first audio with turn detection off), the microphone's audio is
+sent to it as it is appended, and its input ends when the turn is committed. Each confirmed
+word goes out at once as a delta (while the user is still speaking); the final transcript,
+``...completed``, is the deltas joined, and the turn's text: no second decode runs after the
+turn ends. When the live request fails before the commit, the committed turn is decoded
+whole; when it fails after, the failure is an ``error`` event and the response hears the audio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from omnictl.exceptions import InvalidRequest, Overloaded, PipelineDead, RequestError
+from omnictl.inputs import PCM16_RATE, AudioPart, ChatMessage, ChatRequest
+from omnictl.outputs import TRANSCRIPT, Transcript
+from omnictl.request import RequestEventKind
+from omnictl.serving.common.tracking import Tracked
+from omnictl.serving.realtime import events as ev
+from omnictl.serving.realtime.session.context import SessionContext
+from omnictl.serving.realtime.turns import Turn
+from omnictl.serving.state import PipelineLike
+
+log = logging.getLogger("omnictl.serving.realtime")
+
+
+@dataclass
+class LiveTurn:
+    """One turn's streaming transcription request, from its opening to its final transcript."""
+
+    item_id: str  # the user item the turn becomes when committed
+    chunks: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)  # pcm16 24 kHz; None: the end
+    deltas: list[str] = field(default_factory=list)  # confirmed words sent so far
+    turn: Turn | None = None  # set at commit
+    failed: str | None = None  # why the request failed before the commit (then the turn is decoded whole)
+    task: asyncio.Task[None] | None = None
+
+
+class Transcriber:
+    def __init__(self, ctx: SessionContext) -> None:
+        self.ctx = ctx
+        self.live: LiveTurn | None = None  # the turn being transcribed as it is spoken
+
+    # --- whole ------------------------------------------------------------------------------
+
+    def transcribe(self, turn: Turn) -> None:
+        """What the user said, by the topology's own speech recognition, as soon as it is committed."""
+        ctx = self.ctx
+        if not ctx.can_transcribe:
+            turn.transcribed.set()  # it goes to the pipeline as audio
+            return
+        if self.live_commit(turn):
+            return  # transcribed while spoken: its input ends now
+        ctx.transcribing[id(turn)] = turn
+        ctx.spawn(self._transcription(turn))
+
+    async def _transcription(self, turn: Turn) -> None:
+        assert turn.audio is not None
+        request_id = ev.new_id("transcribe")
+        try:
+            heard, error = await self.recognise(turn.audio, turn.id, request_id)
+            if turn.deleted:  # by the client meanwhile: nothing more is said of it
+                return
+            if heard is None and error is None:  # ended without words: the item is done as it is
+                self.ctx.send(ev.ItemDone(item=turn.item()))
+            elif heard is None:
+                self.ctx.send(
+                    ev.error_event(
+                        ev.EventError(
+                            f"transcribing item {turn.id} failed: {error}", "transcription_failed", kind="server_error"
+                        )
+                    )
+                )
+            else:
+                self.heard(turn, heard, request_id)
+        finally:
+            self.ctx.transcribing.pop(id(turn), None)
+            turn.transcribed.set()  # a failed transcription leaves the audio for the response to hear
+
+    async def recognise(self, audio: np.ndarray, item_id: str, request_id: str) -> tuple[Transcript | None, str | None]:
+        """What ``audio`` (the user item ``item_id``'s, pcm float at 24 kHz) says, by the
+        topology's speech recognition, as request ``request_id``: (the transcript, None), (None,
+        None) if it heard no words, or (None, why not), the failure logged. Nothing is sent to
+        the client: a committed turn's transcription announces it (:meth:`heard`), an early
+        answer's waits for the turn to be confirmed. Cancelled, the request is aborted everywhere."""
+        ctx = self.ctx
+        request = ChatRequest(
+            messages=(
+                ChatMessage(
+                    role="user", parts=(AudioPart(samples=audio, sample_rate=PCM16_RATE, field=f"item {item_id}"),)
+                ),
+            ),
+            language=ctx.settings.language,  # the session's transcription.language
+        )
+        tracked: Tracked | None = None
+        try:
+            submitted = await ctx.pipeline.submit(
+                request, [TRANSCRIPT], request_id=request_id, traceparent=ctx.traceparent
+            )
+            ctx.state.metrics.in_flight.inc()
+            tracked = Tracked(submitted, ctx.state.metrics, ctx.state.active, ctx.model)
+            ctx.state.active[submitted.id] = tracked
+            heard: Transcript | None = None
+            async for event in submitted.events():
+                if event.kind is RequestEventKind.RESULT and isinstance(event.data, Transcript):
+                    heard = event.data
+                elif event.kind in (RequestEventKind.ERROR, RequestEventKind.ABORTED):
+                    tracked.finish("failed" if event.kind is RequestEventKind.ERROR else "aborted")
+                    log.warning(
+                        "realtime session %s: transcribing item %s (request %s) failed: %s",
+                        ctx.id,
+                        item_id,
+                        submitted.id,
+                        event.error,
+                    )
+                    return None, str(event.error)
+            tracked.finish("completed")
+            return heard, None
+        except (InvalidRequest, Overloaded, PipelineDead) as exc:
+            log.warning(
+                "realtime session %s: transcribing item %s (request %s) failed: %s", ctx.id, item_id, request_id, exc
+            )
+            return None, str(exc)
+        finally:
+            if tracked is not None and tracked.outcome is None:  # cancelled: the session closed, or an answer dropped
+                await ctx.pipeline.abort(tracked.request.id)
+                tracked.finish("aborted")
+
+    def heard(self, turn: Turn, heard: Transcript, request_id: str | None, at_ns: int | None = None) -> None:
+        """A committed turn's transcript: it becomes the turn's text (what later responses hear),
+        is told to the client, and the item is done. ``at_ns``: when it was heard, if before
+        now (an early answer's, heard at the pause)."""
+        ctx = self.ctx
+        ctx.mark(turn.id, "transcript_final", request=request_id, at_ns=at_ns)
+        turn.text = heard.text
+        turn.release_audio()  # the transcript is what later responses hear
+        if turn.deleted:  # by the client meanwhile (an early answer's turn): nothing more is said of it
+            return
+        ctx.conversation.trim()  # a transcript may weigh less (or more) than its audio did
+        if ctx.settings.transcription:
+            # The recogniser gives its transcript whole: one delta, then the completed text.
+            ctx.send_transcript(turn.id, heard)
+        ctx.send(ev.ItemDone(item=turn.item()))
+
+    # --- while spoken -----------------------------------------------------------------------
+
+    def live_pipeline(self) -> PipelineLike | None:
+        """The live transcriber, when the server has one and this session transcribes. Not for
+        a session that names its language: the live transcriber decodes the one it was started
+        with, so such a session's turns are transcribed whole, in the language it named."""
+        ctx = self.ctx
+        return ctx.state.live_transcriber if ctx.can_transcribe and ctx.settings.language is None else None
+
+    def live_open(self, item_id: str, prefix: bytes) -> None:
+        """Open the turn's streaming transcription with ``prefix`` (the buffer so far: the speech's prefix padding)."""
+        if self.live is not None or self.live_pipeline() is None:
+            return
+        live = LiveTurn(item_id)
+        if prefix:
+            live.chunks.put_nowait(prefix)
+        live.task = self.ctx.spawn(self._live_run(live))
+        self.live = live
+
+    def live_audio(self, raw: bytes) -> None:
+        """Audio appended during the turn, sent on to its transcription."""
+        if self.live is not None and self.live.failed is None and raw:
+            self.live.chunks.put_nowait(raw)
+
+    def live_commit(self, turn: Turn) -> bool:
+        """The turn is committed: end the live input; False when there is no live transcription of it."""
+        live, self.live = self.live, None
+        if live is None:
+            return False
+        if live.failed is not None:
+            return False  # failed before the commit (and said so in the log): the caller decodes it whole
+        live.turn = turn
+        self.ctx.transcribing[id(turn)] = turn
+        live.chunks.put_nowait(None)
+        return True
+
+    def live_drop(self) -> None:
+        """The buffer was cleared: the turn's transcription is aborted everywhere."""
+        live, self.live = self.live, None
+        if live is not None and live.task is not None:
+            live.task.cancel()  # its finally aborts the pipeline request
+
+    async def _live_run(self, live: LiveTurn) -> None:
+        ctx = self.ctx
+        pipeline = self.live_pipeline()
+        assert pipeline is not None
+        tracked: Tracked | None = None
+        try:
+            try:
+                submitted = await pipeline.submit(
+                    None,
+                    [TRANSCRIPT],
+                    request_id=ev.new_id("transcribe"),
+                    traceparent=ctx.traceparent,
+                    input_stream=True,
+                )
+                ctx.state.metrics.in_flight.inc()
+                tracked = Tracked(submitted, ctx.state.metrics, ctx.state.active, ctx.model)
+                ctx.state.active[submitted.id] = tracked
+                reader = asyncio.ensure_future(self._live_read(live, submitted))
+                try:
+                    while True:
+                        chunk = await live.chunks.get()
+                        if chunk is None:
+                            await submitted.end_input()
+                            break
+                        await submitted.send(chunk)
+                except RequestError:
+                    pass  # it ended (failed or aborted): the reader has its event and says why
+                except BaseException:
+                    reader.cancel()
+                    raise
+                heard, error = await reader
+                tracked.finish("completed" if heard is not None else "failed")
+            except (InvalidRequest, Overloaded, PipelineDead) as exc:
+                heard, error = None, str(exc)
+            self._live_done(live, heard, error)
+        finally:
+            if tracked is not None and tracked.outcome is None:  # cleared, or the session closed meanwhile
+                await pipeline.abort(tracked.request.id)
+                tracked.finish("aborted")
+            if live.turn is not None:
+                ctx.transcribing.pop(id(live.turn), None)
+                live.turn.transcribed.set()  # a failed transcription leaves the audio for the response to hear
+
+    async def _live_read(self, live: LiveTurn, submitted: Any) -> tuple[Transcript | None, str | None]:
+        """The request's words as deltas as they come; (the final transcript, or None and why not)."""
+        heard: Transcript | None = None
+        async for event in submitted.events():
+            if event.kind is RequestEventKind.STREAM and isinstance(event.data, Transcript) and event.data.text:
+                live.deltas.append(event.data.text)
+                if self.ctx.settings.transcription:
+                    self.ctx.send(ev.TranscriptionDelta(item_id=live.item_id, content_index=0, delta=event.data.text))
+            elif event.kind is RequestEventKind.RESULT and isinstance(event.data, Transcript):
+                heard = event.data
+            elif event.kind in (RequestEventKind.ERROR, RequestEventKind.ABORTED):
+                return None, str(event.error)
+        return heard, None if heard is not None else "the live transcription ended without a transcript"
+
+    def _live_done(self, live: LiveTurn, heard: Transcript | None, error: str | None) -> None:
+        ctx = self.ctx
+        turn = live.turn
+        if heard is None:
+            log.warning("realtime session %s: live transcription of item %s failed: %s", ctx.id, live.item_id, error)
+            if turn is None:
+                live.failed = error or "failed"  # not committed yet: the commit decodes it whole
+                return
+            ctx.send(
+                ev.error_event(
+                    ev.EventError(
+                        f"transcribing item {turn.id} failed: {error}", "transcription_failed", kind="server_error"
+                    )
+                )
+            )
+            return  # the response hears the turn's audio
+        assert turn is not None  # a result comes only after the input ends, which the commit does
+        ctx.mark(turn.id, "transcript_final")
+        turn.text = heard.text
+        turn.release_audio()  # the transcript is what later responses hear
+        if turn.deleted:  # by the client meanwhile: nothing more is said of it
+            return
+        ctx.conversation.trim()
+        if ctx.settings.transcription:
+            ctx.send_transcript(turn.id, heard, streamed="".join(live.deltas))
+        ctx.send(ev.ItemDone(item=turn.item()))
