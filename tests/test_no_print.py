@@ -11,6 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "omnictl"
 ALLOWED = {
     "cli",
     "models/qwen3_omni/tiny.py",  # `python -m ... tiny DIR`: says where it wrote the checkpoint
+    "models/qwen3_asr/tiny.py",  # likewise
     "models/voice_assistant/samples.py",  # `python -m ... samples`: lists the files it wrote
     "profiling/collector_process.py",  # "ready" / "error: ..." on stdout: read by the parent at start-up
 }
