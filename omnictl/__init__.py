@@ -10,6 +10,7 @@ from pathlib import Path
 
 from omnictl.exceptions import (
     AdmissionTimeout,
+    InputStalled,
     InvalidRequest,
     LaunchError,
     OmnictlError,
@@ -56,6 +57,7 @@ __all__ = [
     "run",
     "default_topology",
     "AdmissionTimeout",
+    "InputStalled",
     "InvalidRequest",
     "LaunchError",
     "OmnictlError",

@@ -32,7 +32,9 @@ The tree separates "your input was wrong" from "this request failed" from
     ├── UnsupportedPayload       a payload holds an object the typed encoding cannot carry (names
     │                            its path and type); `allow_pickle: true` lets it through
     ├── Overloaded               admission control refused a request: over --max-in-flight
-    │   └── AdmissionTimeout     it waited --max-queue-wait seconds without a slot freeing
+    │   ├── AdmissionTimeout     it waited --max-queue-wait seconds without a slot freeing
+    │   └── InputStalled         a streamed input's send() waited `input_wait` seconds for the
+    │                            entry stage to take its earlier chunks (nothing was sent)
     ├── PipelineDead             a stage is down and no restart policy brings it back:
     │                            the pipeline refuses new work
     ├── GroupLost                a rank of a tensor-parallel group died: the group cannot run
@@ -214,6 +216,12 @@ class Overloaded(OmnictlError):
 
 class AdmissionTimeout(Overloaded):
     """A request waited for admission longer than allowed (HTTP 503)."""
+
+
+class InputStalled(Overloaded):
+    """``RequestHandle.send`` waited its time for the entry stage to take the request's earlier
+    chunks (``input_window`` of them were not taken): this chunk was not sent, the input stays
+    open. Send it again later, or abort."""
 
 
 class PipelineDead(OmnictlError):

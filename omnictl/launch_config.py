@@ -97,6 +97,8 @@ class LaunchOptions(TypedDict, total=False):
     device: str | None
     request_timeout: float
     ready_timeout: float
+    input_window: int
+    input_wait: float
     audio_policy: str
     max_restarts: int
     replay_limit: int
@@ -128,6 +130,11 @@ class LaunchConfig:
     device: str | None = None  # "cpu" drops the GPU placement
     request_timeout: float = 300.0  # seconds a request may take before it fails
     ready_timeout: float = 120.0  # seconds every stage process may take to load
+    # A streamed input's backpressure: a request's chunks sent that its entry stage's scheduler
+    # has not taken yet, at most (RequestHandle.send waits for credit beyond), and how long one
+    # send waits before it raises InputStalled.
+    input_window: int = 64
+    input_wait: float = 30.0
     # how stages that make audio for several streams pick the next: "fifo" or "deadline"
     # (least playback slack first; see omnictl.playback.policy)
     audio_policy: str = DEFAULT_POLICY
@@ -137,9 +144,11 @@ class LaunchConfig:
     placement: PlacementConfig = field(default_factory=PlacementConfig)
 
     def __post_init__(self) -> None:
-        for name in ("request_timeout", "ready_timeout"):
+        for name in ("request_timeout", "ready_timeout", "input_wait"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, not {getattr(self, name)!r}")
+        if not (isinstance(self.input_window, int) and self.input_window >= 1):
+            raise ValueError(f"input_window must be >= 1 chunk, not {self.input_window!r}")
         check_policy(self.audio_policy)
 
     @classmethod

@@ -207,6 +207,17 @@ class InboxState(msgspec.Struct, tag="inbox", array_like=True):
     full: bool
 
 
+class InputTaken(msgspec.Struct, tag="input_taken", array_like=True):
+    """The entry stage's scheduler has taken ``taken`` chunks of the request's streamed input
+    (``Pipeline.submit(..., input_stream=True)``) from its inbox: the caller's credit to send
+    more (``RequestHandle.send`` waits while ``input_window`` chunks are not taken)."""
+
+    process: str
+    stage: str
+    request_id: str  # the attempt's id, as the stages know it (the wire id)
+    taken: int
+
+
 class StatsReply(msgspec.Struct, tag="stats_reply", array_like=True):
     process: str
     seq: int
@@ -216,7 +227,16 @@ class StatsReply(msgspec.Struct, tag="stats_reply", array_like=True):
 StageInbound = Union[Submit, DataReady, StreamChunk, StreamDone, Skip, SlotRelease]
 Broadcast = Union[Abort, Hello, StatsRequest, ProcessLost]
 ToCoordinator = Union[
-    Ready, LaunchFailed, HelloAck, TerminalOutput, TerminalSkipped, StageFailed, StatsReply, SlotRelease, InboxState
+    Ready,
+    LaunchFailed,
+    HelloAck,
+    TerminalOutput,
+    TerminalSkipped,
+    StageFailed,
+    StatsReply,
+    SlotRelease,
+    InboxState,
+    InputTaken,
 ]
 
 _encoder = msgspec.msgpack.Encoder()

@@ -86,6 +86,8 @@ class Pipeline:
         ``omnictl-node`` label is its process's `node` (unlabelled: this machine), joining the
         cluster at ``ray_address`` (None: Ray's default: a running local cluster, or a new one).
         ``data_host``: the address tcp sockets bind and advertise (default ``$OMNICTL_DATA_HOST``).
+        ``input_window`` (default 64) and ``input_wait`` (default 30 s): a streamed input's
+        backpressure (see :meth:`RequestHandle.send`).
         ``audio_policy``: how stages making audio for several streams pick the next,
         ``"fifo"`` or ``"deadline"`` (see :mod:`omnictl.playback.policy`); a stage factory
         that takes an ``audio_policy`` argument is given it.

@@ -35,6 +35,8 @@ def test_defaults_are_those_of_pipeline_launch() -> None:
         ({"ready_timeout": -1.0}, "ready_timeout must be > 0 seconds, not -1.0"),
         ({"max_restarts": -1}, "max_restarts must be >= 0, not -1"),
         ({"replay_limit": -2}, "replay_limit must be >= 0, not -2"),
+        ({"input_window": 0}, "input_window must be >= 1 chunk, not 0"),
+        ({"input_wait": 0.0}, "input_wait must be > 0 seconds, not 0.0"),
     ],
 )
 def test_a_bad_knob_is_refused_naming_it(changes: dict[str, object], message: str) -> None:

@@ -23,7 +23,7 @@ from omnictl.coordinator.placement import ReplicaPlacement
 from omnictl.coordinator.request import InputStream, RequestHandle, RequestRecord
 from omnictl.coordinator.stats import node_stats, stage_stats
 from omnictl.coordinator.wiring import Wiring
-from omnictl.exceptions import LaunchError, describe_error
+from omnictl.exceptions import InputStalled, LaunchError, describe_error
 from omnictl.launch_config import LaunchConfig
 from omnictl.profiling.events import EventKind, MetaValue, NullProfiler, Profiler, now_ns
 from omnictl.topology.model import RelayKnobs, Topology
@@ -100,6 +100,11 @@ class Coordinator:
         self._stats_seq = itertools.count()
         self._stats_waiters: dict[int, tuple[asyncio.Future[None], dict[str, m.StatsReply]]] = {}
         self._hello_acks: set[str] = set()
+        # Streamed inputs' backpressure: a request's send() waits while `input_window` of its
+        # chunks are not taken by the entry (InputTaken), at most `input_wait` s; woken here.
+        self.input_window = config.input_window
+        self.input_wait = config.input_wait
+        self._credit: dict[str, asyncio.Event] = {}
         # Backpressure: while some stage inbox is full (core.full_inboxes), `on_backpressure(True)`
         # tells admission to hold new requests (Pipeline wires it to Admission.hold).
         self.on_backpressure: Callable[[bool], None] = lambda full: None
@@ -277,6 +282,38 @@ class Coordinator:
             return
         self._push_chunk(*sending, payload, frames)
 
+    async def input_credit(self, record: RequestRecord, timeout: float | None) -> None:
+        """Return once ``record``'s input has room for a chunk (under ``input_window`` sent and
+        not taken), or it has ended (the handle then raises its error); :class:`InputStalled`
+        after ``timeout`` seconds (None: ``input_wait``) without room."""
+        stream = record.input_stream
+        assert stream is not None  # the handle checked it
+        if stream.in_flight < self.input_window:
+            return
+        wait = self.input_wait if timeout is None else timeout
+        credit = self._credit.get(record.request_id)
+        if credit is None:
+            credit = self._credit[record.request_id] = asyncio.Event()
+            record.outcome.add_done_callback(lambda _: self._credit.pop(record.request_id, asyncio.Event()).set())
+        deadline = asyncio.get_running_loop().time() + wait
+        while stream.in_flight >= self.input_window and not record.finished:
+            credit.clear()
+            left = deadline - asyncio.get_running_loop().time()
+            try:
+                await asyncio.wait_for(credit.wait(), max(0.0, left))
+            except TimeoutError:
+                raise InputStalled(
+                    f"request {record.request_id}: the entry stage {stream.entry!r} has not taken "
+                    f"{stream.in_flight} chunks of its input (input_window {self.input_window}) in "
+                    f"{wait:g} s; this chunk was not sent (the input stays open)",
+                    retry_after=max(1, round(wait)),
+                ) from None
+
+    def _input_taken(self, message: m.InputTaken) -> None:
+        record = self.core.input_taken(message.request_id, message.taken)
+        if record is not None and record.request_id in self._credit:
+            self._credit[record.request_id].set()
+
     def _unsent(self, payload: m.EncodedPayload) -> None:
         if payload.shm is not None:  # encoded for nothing: its slot goes back at once
             self._pool.release(payload.shm)
@@ -368,6 +405,8 @@ class Coordinator:
             self._hello_acks.add(message.process)
         elif isinstance(message, m.InboxState):
             self._backpressure(self.core.inbox_state(message.process, message.stage, message.full))
+        elif isinstance(message, m.InputTaken):
+            self._input_taken(message)
         elif isinstance(message, m.StatsReply):
             waiter = self._stats_waiters.get(message.seq)
             if waiter is not None:

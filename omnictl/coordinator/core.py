@@ -218,6 +218,16 @@ class CoordinatorCore:
         stream.ended = True
         return stream if record.wire_id else None
 
+    def input_taken(self, wire_id: str, taken: int) -> RequestRecord | None:
+        """The entry's scheduler has taken ``taken`` chunks of the attempt ``wire_id``'s
+        streamed input: the record whose caller may send more, or None (an attempt no longer
+        running, a late report)."""
+        record = self._attempt(wire_id)
+        if record is None or record.input_stream is None:
+            return None
+        record.input_stream.taken = max(record.input_stream.taken, taken)
+        return record
+
     def _open_input(self, record: RequestRecord) -> InputStream:
         """``record``'s input stream, still open (the handle checked it before it called the
         shell; a request that ended meanwhile, on this loop, is refused the same way)."""
@@ -516,6 +526,7 @@ class CoordinatorCore:
             terminals = tuple(t for t in self.topology.terminals if t in record.expected)
             if record.input_stream is not None:  # its next chunks go to the new attempt
                 record.input_stream.context, record.input_stream.instance = context, instance
+                record.input_stream.taken = 0  # which takes every chunk again
             placed.append(Admitted(record, context, entry, instance, terminals, {}))
         return placed
 

@@ -56,6 +56,12 @@ class InputStream:
     instance: str  # the OS process (replica) of the entry stage the request was placed on
     sent: int = 0  # chunks sent so far: the next chunk's seq
     ended: bool = False  # the caller ended its input (StreamDone sent)
+    taken: int = 0  # chunks the entry's scheduler has taken (InputTaken), of this attempt
+
+    @property
+    def in_flight(self) -> int:
+        """Chunks sent that the entry's scheduler has not taken yet."""
+        return self.sent - self.taken
 
 
 @dataclass
@@ -115,6 +121,8 @@ class InputChannel(Protocol):
 
     def end_input(self, record: RequestRecord) -> None: ...
 
+    async def input_credit(self, record: RequestRecord, timeout: float | None) -> None: ...
+
 
 class RequestHandle:
     """Returned by ``Pipeline.submit``."""
@@ -147,17 +155,30 @@ class RequestHandle:
     async def abort(self) -> None:
         await self._abort(self.id)
 
-    async def send(self, data: Any) -> None:
+    async def send(self, data: Any, *, timeout: float | None = None) -> None:
         """Send the next chunk of a streamed input (a request submitted with
         ``input_stream=True``): it reaches the entry stage as a stream chunk, after every
         chunk sent before it. Raises the request's own error (:class:`RequestAborted`,
         :class:`RequestFailed`) once it has ended that way, :class:`InvalidRequest` (field
         ``input``) when it takes no streamed input, its input was ended or it completed, and
         :class:`UnsupportedPayload` for data the data plane cannot carry (nothing is sent;
-        the input stays open)."""
+        the input stays open).
+
+        Backpressure: while ``input_window`` chunks (a launch knob, 64 by default) are sent
+        and not yet taken by the entry stage's scheduler, it waits for the stage to take one;
+        after ``timeout`` seconds (default: the launch's ``input_wait``, 30 s) it raises
+        :class:`InputStalled` (nothing is sent; the input stays open)."""
         self._check_open("send a chunk to")
         assert self._inputs is not None  # _check_open: an input stream has its channel
+        await self._inputs.input_credit(self._record, timeout)
+        self._check_open("send a chunk to")  # it may have ended while this waited
         self._inputs.send_input(self._record, data)
+
+    @property
+    def input_in_flight(self) -> int:
+        """Chunks of a streamed input sent that the entry stage has not taken yet (0 otherwise)."""
+        stream = self._record.input_stream
+        return 0 if stream is None else stream.in_flight
 
     async def end_input(self) -> None:
         """End a streamed input: the entry stage gets the stream's end (stream done) after

@@ -75,11 +75,27 @@ class SchedulerLoad:
         return self.queued if self.waiting_requests is None else self.waiting_requests
 
 
+class Inbox(asyncio.Queue[IncomingMessage]):
+    """A scheduler's inbox: an asyncio queue that tells ``on_take`` of each message a
+    scheduler takes from it (``get`` ends in ``get_nowait``), so the Stage knows how far the
+    scheduler got through a streamed input (the caller's credit to send more)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on_take: Callable[[IncomingMessage], None] | None = None
+
+    def get_nowait(self) -> IncomingMessage:
+        message = super().get_nowait()
+        if self.on_take is not None:
+            self.on_take(message)
+        return message
+
+
 class Scheduler(ABC):
     """Base class: owns the two queues; subclasses consume ``inbox`` in :meth:`run`."""
 
     def __init__(self) -> None:
-        self.inbox: asyncio.Queue[IncomingMessage] = asyncio.Queue()
+        self.inbox: Inbox = Inbox()
         self.outbox: asyncio.Queue[OutgoingMessage] = asyncio.Queue()
         # Set by the Stage before `start`: outputs go to it, each in a loop callback of its
         # own (so a scheduler is never re-entered from inside its own emit).

@@ -7,11 +7,12 @@ FAN-IN, ROUTE and STREAM, plus abort. The Stage talks to the model side only thr
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Callable, Protocol
 
 from omnictl.exceptions import describe_error
-from omnictl.messages import RequestContext, StageStats
+from omnictl.messages import INPUT_SOURCE, RequestContext, StageStats
 from omnictl.outputs import check_output
 from omnictl.profiling.events import EventKind, Profiler
 from omnictl.recent import RecentIds
@@ -63,6 +64,13 @@ class Stage:
         # output, or the worker's poll); the worker tells the coordinator (InboxState).
         self.on_inbox: Callable[[str, bool], None] | None = None
         self._full = False
+        # Streamed input (a caller's chunks): how many of each request's its scheduler has
+        # taken, told to `on_input_taken` (the worker tells the coordinator: InputTaken) once per
+        # loop turn per request, the caller's credit to send more.
+        self.on_input_taken: Callable[[str, str, int], None] | None = None
+        self._input_taken: dict[str, int] = {}
+        self._input_untold: set[str] = set()
+        scheduler.inbox.on_take = self._took
         scheduler.profiler = profiler
         scheduler.stage_name = spec.name
 
@@ -139,7 +147,11 @@ class Stage:
         """Take the request's messages still waiting in the inbox back out (the scheduler
         would otherwise build state from them after its abort), then abort it there."""
         inbox = self.scheduler.inbox
-        keep = [inbox.get_nowait() for _ in range(inbox.qsize())]
+        inbox.on_take = None  # put back, not taken by the scheduler
+        try:
+            keep = [inbox.get_nowait() for _ in range(inbox.qsize())]
+        finally:
+            inbox.on_take = self._took
         for message in keep:
             if message.request_id != request_id:
                 inbox.put_nowait(message)
@@ -149,6 +161,7 @@ class Stage:
         if message.kind is IncomingKind.NEW_REQUEST:
             self.profiler.record(EventKind.QUEUE_ENTER, message.request_id, self.name)
         if self.scheduler.offer(message):
+            self._took(message)
             return
         self.scheduler.inbox.put_nowait(message)
         if not self._full:
@@ -244,7 +257,31 @@ class Stage:
         self._abort_in_scheduler(request_id)
         self._forget(request_id)
 
+    def _took(self, message: IncomingMessage) -> None:
+        """The scheduler took ``message``: a caller's chunk is counted, to be told this loop turn."""
+        if message.kind is not IncomingKind.STREAM_CHUNK or message.source != INPUT_SOURCE:
+            return
+        rid = message.request_id
+        self._input_taken[rid] = self._input_taken.get(rid, 0) + 1
+        first = not self._input_untold
+        self._input_untold.add(rid)
+        if first:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # driven without a loop (a unit test): told at once
+                self._tell_taken()
+                return
+            loop.call_soon(self._tell_taken)
+
+    def _tell_taken(self) -> None:
+        untold, self._input_untold = self._input_untold, set()
+        for rid in untold:
+            taken = self._input_taken.get(rid)
+            if taken is not None and self.on_input_taken is not None:
+                self.on_input_taken(self.name, rid, taken)
+
     def _forget(self, request_id: str) -> None:
+        self._input_taken.pop(request_id, None)
         self._contexts.pop(request_id, None)
         self._stream_seq.pop(request_id, None)
         self._streaming_in.discard(request_id)

@@ -176,6 +176,7 @@ class Worker:
             self.stages[name] = stage
             self.ports.local[name] = stage
             stage.on_inbox = self._inbox_state
+            stage.on_input_taken = self._input_taken
             log.info("stage %r loaded in %.1f s (process %s)", name, time.monotonic() - started, config.process)
         return True
 
@@ -212,6 +213,9 @@ class Worker:
     # the queue stops growing at the door, and everything inside keeps flowing.
     def _inbox_state(self, stage: str, full: bool) -> None:
         self.ports.send_control(m.InboxState(self.config.instance, stage, full))
+
+    def _input_taken(self, stage: str, request_id: str, taken: int) -> None:
+        self.ports.send_control(m.InputTaken(self.config.instance, stage, request_id, taken))
 
     async def _watch_inboxes(self) -> None:
         while True:

@@ -1,7 +1,8 @@
 """Streamed input end to end: a request opened with ``input_stream=True`` whose chunks the
 test sends over time reach the entry stage, in order, in its own OS process (shared memory
 or inline) and from there a stage in the same process (the object itself); an abort, a
-deadline, 100 concurrent streams and backpressure, each ending with nothing held anywhere."""
+deadline, 100 concurrent streams, backpressure at admission and on the caller's sends (a
+slow entry), each ending with nothing held anywhere."""
 
 from __future__ import annotations
 
@@ -58,6 +59,18 @@ def slow(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     tmp = tmp_path_factory.mktemp("streaming_input_slow")
     path = _topology(tmp / "t.yaml", {"work_s": 0.02}, relay={"inbox": 4})
     pipeline = launch(loop, path, profile=False, request_timeout=TIMEOUT_S)
+    yield pipeline
+    loop.run(pipeline.close())
+
+
+WINDOW = 4  # the bounded pipeline's input_window
+
+
+@pytest.fixture(scope="module")
+def bounded(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The entry takes 20 ms a chunk; a caller may have WINDOW chunks it has not taken."""
+    tmp = tmp_path_factory.mktemp("streaming_input_bounded")
+    pipeline = launch(loop, _topology(tmp / "t.yaml", {"work_s": 0.02}), profile=False, input_window=WINDOW)
     yield pipeline
     loop.run(pipeline.close())
 
@@ -216,3 +229,50 @@ def test_a_streamed_input_whose_process_dies_is_replayed_whole_on_the_restarted_
     result, replayed, held = loop.run(scenario(), timeout=120)
     _check(result, 20)  # every chunk, once, in order, on the new process
     assert replayed == 1 and held == []
+
+
+def test_a_slow_entry_makes_send_wait_for_credit_never_more_than_the_window_ahead(
+    loop: LoopThread, bounded: Any
+) -> None:
+    """Without credit a caller's chunks piled up in the entry's inbox as fast as it sent them
+    (24 chunks in a few ms, 480 ms of work queued behind them)."""
+
+    async def scenario() -> tuple[dict[str, Any], list[int], list[str]]:
+        request = await bounded.submit(None, input_stream=True)
+        ahead = []
+        for i in range(24):
+            await request.send(chunk(i, INLINE))
+            ahead.append(request.input_in_flight)
+        await request.end_input()
+        result = dict((await asyncio.wait_for(request.result(), 30))["near"])
+        return result, ahead, await held_by(bounded)
+
+    result, ahead, held = loop.run(scenario())
+    _check(result, 24)
+    assert max(ahead) == WINDOW and all(n <= WINDOW for n in ahead), ahead  # it waited, at the window
+    assert held == []
+
+
+def test_a_send_that_waits_too_long_for_credit_is_refused_naming_the_window_and_the_input_goes_on(
+    loop: LoopThread, bounded: Any
+) -> None:
+    async def scenario() -> tuple[dict[str, Any], str, list[str]]:
+        request = await bounded.submit(None, input_stream=True)
+        i, stalled = 0, None
+        while stalled is None:
+            try:
+                await request.send(chunk(i, INLINE), timeout=0.001)  # the entry needs 20 ms a chunk
+                i += 1
+            except omnictl.InputStalled as exc:
+                stalled = str(exc)
+        assert i >= WINDOW  # the window itself is sent at once
+        for j in range(i, i + 3):  # the refused chunk was not sent: send it again, and on
+            await request.send(chunk(j, INLINE))
+        await request.end_input()
+        result = dict((await asyncio.wait_for(request.result(), 30))["near"])
+        return result, stalled, await held_by(bounded)
+
+    result, stalled, held = loop.run(scenario())
+    assert result["upstream"]["order"] == list(range(len(result["order"])))  # nothing lost, nothing twice
+    assert f"input_window {WINDOW}" in stalled and "the entry stage 'entry' has not taken" in stalled
+    assert held == []
