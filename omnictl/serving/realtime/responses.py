@@ -252,6 +252,7 @@ class ResponseRun:
         assert self.tracked is not None and self.turn is not None
         tracked, turn = self.tracked, self.turn
         encoder = AudioStreamEncoder("pcm16")
+        g711 = self.codec.encoder()  # one resampler for the answer's deltas (G.711), not one per delta
         streamed_audio = aborted = False
         spoken = ""  # the audio transcript deltas sent, joined
         async for event in tracked.request.events():
@@ -292,9 +293,7 @@ class ResponseRun:
                     if self.audio_out is not None:
                         self.audio_out.play(self.id, pcm)
                     else:
-                        self.send(
-                            ev.AudioDelta(response_id=self.id, item_id=turn.id, delta=b64(self.codec.from_pcm16(pcm)))
-                        )
+                        self.send(ev.AudioDelta(response_id=self.id, item_id=turn.id, delta=b64(g711.encode(pcm))))
                     tracked.saw(data)  # handed to the session's sender: the listener's clock counts from here
                     if self.clock is not None:
                         self.clock.mark("first_audio_sent", request=tracked.request.id)
