@@ -12,7 +12,9 @@ The rules:
   too): the coordinator talks to it in messages, a model is a factory it is handed by name,
   and every socket belongs to the process's ``Endpoint`` (``omnictl/transports/endpoint.py``;
   the stage reads the coordinator's broadcasts through its ``Broadcasts``).
-- **schedulers** do not import the models: a model brings its runner or scheduler to them.
+- **schedulers** do not import the models: a model brings its runner or scheduler to them,
+  and registers its hooks by entry point (the vLLM plugin finds Qwen3-Omni's processor in
+  the ``omnictl.vllm_processors`` group, which pyproject.toml fills).
 - **topology** and **transports** do not import each other both ways: the topology (the
   YAML language) derives each edge's transport from the transports' registry, and the
   transports do not import the topology, not even for a type (types too: the kinds they
@@ -96,9 +98,6 @@ STAGE_ZMQ = next(rule for rule in RULES if rule.source == "omnictl.stage" and ru
 
 # (importing module or package, imported module) -> why it may, for now.
 ALLOWED: dict[tuple[str, str], str] = {
-    # vLLM loads this plug-in by the entry point pyproject.toml names (installed metadata):
-    # moving it under models/qwen3_omni needs every install to be reinstalled.
-    ("omnictl.schedulers.vllm_plugin", "omnictl.models.qwen3_omni.processor"): "the vLLM entry point's path",
     # No public hook for a header timeout, eviction at the cap or a hang-up (connections.py says
     # why); pyproject.toml pins uvicorn and tests/serving/common/test_uvicorn_private_api.py checks.
     ("omnictl.serving.common.connections", "uvicorn.protocols.http.h11_impl"): "the connection guard",

@@ -1,4 +1,5 @@
-"""A vLLM plugin that lets vLLM's Qwen3-Omni thinker load on an install without torchvision.
+"""A vLLM plugin that lets vLLM's multimodal models (Qwen3-Omni's thinker) load on an install
+without torchvision.
 
 vLLM loads every ``vllm.general_plugins`` entry point (pyproject.toml names this one) in
 each of its processes: the process that creates the engine, the model-inspection
@@ -12,9 +13,13 @@ things then stop vLLM's ``qwen3_omni_moe_thinker`` before it starts:
   ``No module named 'torchvision'``. The module is pointed at transformers' PIL image
   processor, which has the same ``smart_resize`` and processes images the same way.
 - ``Qwen3OmniMoeProcessor.from_pretrained`` builds a video processor, which requires
-  torchvision (``Qwen2VLVideoProcessor requires the Torchvision library``). It is made to
-  return omnictl's processor without video (:mod:`omnictl.models.qwen3_omni.processor`),
-  the one omnictl's own Qwen3-Omni stages use.
+  torchvision (``Qwen2VLVideoProcessor requires the Torchvision library``). A model
+  registers a processor of its own for such a class, without video: an entry point in the
+  group :data:`PROCESSORS` named after transformers' class, whose object loads a local
+  checkpoint's processor (pyproject.toml registers Qwen3-Omni's,
+  ``omnictl/models/qwen3_omni/processor.py``). The class's ``from_pretrained`` is made to
+  return it. Entry points, not imports: the schedulers never import the models
+  (tests/test_layering.py), and vLLM's processes load nothing else of omnictl's.
 
 With torchvision importable nothing is changed.
 """
@@ -24,9 +29,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 ENTRY_POINT = "omnictl_qwen3_omni"
+# Entry points: transformers' processor class, by name -> a loader of a local checkpoint's
+# processor without video, ``(path) -> processor`` (the model's, registered in pyproject.toml).
+PROCESSORS = "omnictl.vllm_processors"
 _TORCHVISION_IMAGE_PROCESSOR = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
 _PIL_IMAGE_PROCESSOR = "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl"
 
@@ -36,7 +45,7 @@ def register() -> None:
     if importlib.util.find_spec("torchvision") is not None:
         return
     _pil_image_processor_for_qwen2_vl()
-    _qwen3_omni_processor_without_video()
+    _registered_processors_without_video()
 
 
 def _pil_image_processor_for_qwen2_vl() -> None:
@@ -49,28 +58,49 @@ def _pil_image_processor_for_qwen2_vl() -> None:
     sys.modules[_TORCHVISION_IMAGE_PROCESSOR] = pil
 
 
-def _qwen3_omni_processor_without_video() -> None:
-    from transformers import Qwen3OmniMoeProcessor
+def _registered_processors_without_video() -> None:
+    import transformers
 
+    for point in entry_points(group=PROCESSORS):
+        processor_class = getattr(transformers, point.name, None)
+        if processor_class is None:  # a model for a transformers this install does not have
+            continue
+        _from_pretrained_with(processor_class, point)
+
+
+def _from_pretrained_with(processor_class: type, point: EntryPoint) -> None:
     def from_pretrained(cls: type, path: Any, *args: Any, **kwargs: Any) -> Any:
-        from omnictl.models.qwen3_omni.processor import load_processor
-
         # vLLM's extra arguments (revision, trust_remote_code, processor kwargs) have no
         # meaning for a local checkpoint's saved processor.
-        return load_processor(path)
+        return point.load()(path)
 
-    Qwen3OmniMoeProcessor.from_pretrained = classmethod(from_pretrained)  # type: ignore[method-assign,assignment]  # replaced on purpose, see the module docstring
+    processor_class.from_pretrained = classmethod(from_pretrained)  # type: ignore[attr-defined]  # replaced on purpose, see the module docstring
 
 
-def require_plugin() -> None:
-    """Raise one clear error where vLLM would not load this plugin (an install older than it)."""
-    from importlib.metadata import entry_points
-
+def require_plugin(processor: str | None = None) -> None:
+    """Raise one clear error where vLLM would not load this plugin, or it would not find the
+    model's ``processor`` (transformers' class name) among :data:`PROCESSORS`: an install
+    whose metadata is older than either."""
     from omnictl.exceptions import StartupError
 
     if importlib.util.find_spec("torchvision") is not None:
         return
-    if not any(point.name == ENTRY_POINT for point in entry_points(group="vllm.general_plugins")):
+    plugin = any(point.name == ENTRY_POINT for point in entry_points(group="vllm.general_plugins"))
+    if (
+        plugin
+        and processor is not None
+        and not any(point.name == processor for point in entry_points(group=PROCESSORS))
+    ):
+        from importlib.metadata import distribution
+
+        found = getattr(distribution("omnictl"), "_path", None)
+        raise StartupError(
+            f"vLLM will not find omnictl's {processor} without video: omnictl's metadata ({found}) registers none "
+            f"in {PROCESSORS!r}, and without it vLLM's {processor} needs torchvision",
+            hint="reinstall omnictl: pip install -e . (scripts/setup.sh does); remove that metadata if it is a stale "
+            "omnictl.egg-info in the checkout",
+        )
+    if not plugin:
         from importlib.metadata import distribution
 
         # Which metadata Python found: a stale omnictl.egg-info in the working directory

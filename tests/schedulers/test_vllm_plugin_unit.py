@@ -115,6 +115,46 @@ def stale_metadata(folder: Path) -> Path:
     return folder
 
 
+def test_a_processor_a_model_registers_by_entry_point_is_what_from_pretrained_returns(
+        restored: types.ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The registry is the entry-point group: a distribution that names transformers'
+    WhisperProcessor there gets its loader called, with the path alone (vLLM's extra
+    arguments dropped); a name transformers does not have is passed over."""
+    import transformers
+
+    (tmp_path / "fake_processors.py").write_text("def load(path):\n    return ('loaded', path)\n")
+    info = tmp_path / "fakemodel-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakemodel\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        f"[{vllm_plugin.PROCESSORS}]\nWhisperProcessor = fake_processors:load\nNoSuchProcessor = fake_processors:load\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(transformers.WhisperProcessor, "from_pretrained",
+                        inspect.getattr_static(transformers.WhisperProcessor, "from_pretrained"))
+    vllm_plugin._registered_processors_without_video()
+    assert transformers.WhisperProcessor.from_pretrained("/a/checkpoint", revision="main") == ("loaded", "/a/checkpoint")
+    assert not hasattr(transformers, "NoSuchProcessor")
+
+
+def test_require_plugin_names_metadata_that_registers_no_processor_for_the_model(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed: the plugin is not required")
+    vllm_plugin.require_plugin("Qwen3OmniMoeProcessor")  # this install's metadata registers it
+    folder = stale_metadata(tmp_path)
+    (folder / "omnictl.egg-info" / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\nomnictl_qwen3_omni = omnictl.schedulers.vllm_plugin:register\n")
+    monkeypatch.syspath_prepend(str(folder))
+    vllm_plugin.require_plugin()  # the plugin is there: what a model without a processor of its own needs
+    with pytest.raises(StartupError) as caught:
+        vllm_plugin.require_plugin("Qwen3OmniMoeProcessor")
+    assert str(caught.value).startswith(
+        f"vLLM will not find omnictl's Qwen3OmniMoeProcessor without video: omnictl's metadata "
+        f"({tmp_path / 'omnictl.egg-info'}) registers none in 'omnictl.vllm_processors'")
+    hint: Any = caught.value.hint
+    assert hint.startswith("reinstall omnictl: pip install -e .")
+
+
 def test_require_plugin_accepts_this_install_and_names_stale_metadata(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     if importlib.util.find_spec("torchvision") is not None:

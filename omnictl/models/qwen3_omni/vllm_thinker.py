@@ -40,7 +40,7 @@ class VllmThinkerScheduler(VllmScheduler):
 
     def __init__(self, model_path: str | Path | None, options: VllmOptions, *, stream_every: int = 1) -> None:
         require_vllm()
-        require_plugin()
+        require_plugin("Qwen3OmniMoeProcessor")  # its processor without video: pyproject.toml registers it
         path = check_model_path(model_path)
         config = load_config(path)
         thinker = config.thinker_config
