@@ -313,7 +313,7 @@ class RealtimeSession:
         if self.transcriber.live is not None:
             self.transcriber.live_audio(raw)
         elif self.settings.vad is None:  # no turn detection: the turn opens with its first audio
-            await self._run(self._feed(tt.AudioIn()), event_id)
+            await self._run(self._feed(tt.AudioIn()))
         detected = await self.listener.detect(raw)
         if detected is None:
             return
@@ -322,23 +322,23 @@ class RealtimeSession:
             if isinstance(heard, vad.SpeechStarted) and self.echo.playing():
                 self.listener.hold(heard.audio_start_ms)  # echo? judged once enough is heard
             elif isinstance(heard, vad.SpeechStarted):
-                await self._run(self._feed(tt.SpeechStarted(heard.audio_start_ms)), event_id)
+                await self._run(self._feed(tt.SpeechStarted(heard.audio_start_ms)))
             elif isinstance(heard, vad.SpeechPaused):
                 paused = tt.SpeechPaused(heard.audio_end_ms, self.listener.buffered_ms)
-                await self._run(self._feed(paused), event_id)
+                await self._run(self._feed(paused))
             elif isinstance(heard, vad.SpeechResumed):
-                await self._run(self._feed(tt.SpeechResumed(int(self.listener.audio_ms))), event_id)
+                await self._run(self._feed(tt.SpeechResumed(int(self.listener.audio_ms))))
             else:
                 if self.listener.held_start is not None:
                     start = await self.listener.echo_judged(turns)
                     if start is None:
                         continue  # the answer's own echo: no turn
-                    await self._run(self._feed(tt.SpeechStarted(start)), event_id)
-                await self._run(self._feed(tt.SpeechStopped(heard.audio_end_ms)), event_id)
+                    await self._run(self._feed(tt.SpeechStarted(start)))
+                await self._run(self._feed(tt.SpeechStopped(heard.audio_end_ms)))
         if self.listener.judge_due():
             start = await self.listener.echo_judged(turns)
             if start is not None:
-                await self._run(self._feed(tt.SpeechStarted(start)), event_id)
+                await self._run(self._feed(tt.SpeechStarted(start)))
         if self.core.listening is tt.Listening.IDLE:  # between turns: only what prefix padding may need
             self.listener.trim()
 
@@ -357,7 +357,9 @@ class RealtimeSession:
 
     async def _cancel_for_item(self, response_id: str) -> None:
         """The client truncated the answer in progress: no more of it is wanted."""
-        self._feed(tt.ResponseCancel(response_id))  # refused only when it is cancelling already
+        effects = self._feed(tt.ResponseCancel(response_id))
+        # Refused only when it is cancelling already: then its last events are awaited all the same.
+        await self._run([e for e in effects if not isinstance(e, tt.Refuse)])
         await self.replies.cancel("client_cancelled")
 
     async def output_audio_clear(self, event: ev.OutputAudioBufferClear) -> None:
@@ -366,7 +368,9 @@ class RealtimeSession:
         server holds it: the track drops it (``output_audio_buffer.cleared``), and a response
         still in progress is cancelled too."""
         refuse = ev.Refusal(event.event_id)
-        self._feed(tt.OutputAudioClear())  # the core's view; how to clear is the transport's
+        # The core's view changes (a reply cancelling, or no longer playing); how the audio is
+        # cleared, and what is said of it, is the transport's: the track, or the client's buffer.
+        self._feed(tt.OutputAudioClear())
         response = self.replies.response
         if self.audio_out is not None:
             cancelled = None
