@@ -39,9 +39,9 @@ def main(
 
 
 def _register() -> None:
-    from omnictl.cli import bench, serve, trace, validate
+    from omnictl.cli import bench, models, serve, trace, validate
 
-    for command in (validate, serve, bench, trace):
+    for command in (validate, serve, bench, trace, models):
         command.register(app)
 
 

