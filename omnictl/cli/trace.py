@@ -68,7 +68,8 @@ def trace(
         None,
         "--run-dir",
         metavar="DIR",
-        help="Run directory (default: for REQUEST_ID, the newest run that recorded it; for --last / --slowest, the latest run).",
+        help="Run directory (default: the running server's, asked at --url; else, for REQUEST_ID, the newest run "
+        "that recorded it, for --last / --slowest, the latest run).",
     ),
     output_format: TraceFormat = typer.Option(
         TraceFormat.text, "--format", help="text: a waterfall; json: events and spans."
@@ -120,10 +121,12 @@ def trace(
             return
         if server.directory is not None:
             run_dir = server.directory
+    else:
+        server = None
     try:
         directory = resolve_run_dir(run_dir)
     except TraceError as error:
-        _fail(str(error))
+        _fail(str(error) + (f" ({server.why})" if server is not None and server.why is not None else ""))
     store = TraceStore(directory)
     if request_id is None:
         _list_ids(console, store, directory, last, slowest, output_format)
