@@ -19,8 +19,6 @@ Frames are made one request at a time, in arrival order, in one worker thread.
 
 from __future__ import annotations
 
-import asyncio
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -36,10 +34,10 @@ from omnictl.schedulers.base import (
     IncomingMessage,
     OutgoingKind,
     OutgoingMessage,
-    Scheduler,
     SchedulerLoad,
 )
 from omnictl.schedulers.sampling import HF_ENGINE, HF_FIELDS, Sampler, SamplingParams
+from omnictl.schedulers.worker import WorkerScheduler
 
 
 class DepthDecoder:
@@ -79,7 +77,9 @@ class _Request:
     failed: bool = False
 
 
-class DepthScheduler(Scheduler):
+class DepthScheduler(WorkerScheduler):
+    worker_name = "depth"
+
     def __init__(self, decoder: DepthDecoder, *, backbone: str, sampling: Mapping[str, Any]) -> None:
         super().__init__()
         self.decoder = decoder
@@ -87,23 +87,8 @@ class DepthScheduler(Scheduler):
         self.sampling = dict(sampling)
         self._requests: dict[str, _Request] = {}
         self._ended = RecentIds()  # finished or aborted: late chunks for them are ignored
-        self._executor: ThreadPoolExecutor | None = None
 
-    async def start(self) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.stage_name or 'depth'}-worker")
-        await super().start()
-
-    async def stop(self) -> None:
-        await super().stop()
-        if self._executor is not None:
-            executor, self._executor = self._executor, None
-            await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
-
-    async def run(self) -> None:
-        while True:
-            self._accept(await self.inbox.get())
-
-    def _accept(self, message: IncomingMessage) -> None:
+    def accept(self, message: IncomingMessage) -> None:
         rid = message.request_id
         if message.kind is IncomingKind.STREAM_DONE or rid in self._ended:
             return
@@ -120,8 +105,7 @@ class DepthScheduler(Scheduler):
         job = self._make if message.kind is IncomingKind.STREAM_CHUNK else self._finish
         if job == self._finish:
             self._ended.add(rid)  # the backbone's result is the request's last message here
-        assert self._executor is not None, "scheduler not started"
-        self._executor.submit(job, rid, request, message.data)
+        self.submit(job, rid, request, message.data)
 
     def _make(self, rid: str, request: _Request, delta: Any) -> None:
         if request.failed:
