@@ -214,6 +214,7 @@ def serve_command(
     from omnictl.logs import FORMATS, configure
     from omnictl.serving import HttpConfig, Listening, ServeConfig, serve
     from omnictl.serving.chat.protocol import Limits
+    from omnictl.serving.common.capabilities import capabilities
     from omnictl.serving.ready import ready_message
     from omnictl.serving.server import is_loopback
 
@@ -292,6 +293,7 @@ def serve_command(
                 api_key,
                 str(pipe.run_dir) if pipe.run_dir is not None else None,
                 program=invocation.program(),
+                serves=capabilities(topo),
             ),
             soft_wrap=True,
         )

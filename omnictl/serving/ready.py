@@ -9,7 +9,12 @@ from typing import Mapping
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from omnictl.serving.common.capabilities import Capabilities
+
 EXAMPLE_QUESTION = "What is the capital of France?"
+EXAMPLE_SPEECH = "Hello! This is omnictl speaking."
+# The spoken question shipped in the package: a file a transcription request can send from any directory.
+EXAMPLE_RECORDING = "capital_of_france.wav"
 # An error answer (a wrong key, a server still starting) prints the server's own words, not a traceback.
 _SAVE_ANSWER = (
     'import sys, json, base64; r = json.load(sys.stdin); e = r.get("error"); '
@@ -33,13 +38,64 @@ def example_body(model: str, modalities: list[str]) -> dict[str, object]:
 def example_curl(url: str, model: str, terminals: Mapping[str, str], api_key: str | None) -> str:
     """A shell command that asks a question and, with audio, saves the spoken answer as answer.wav."""
     modalities = [m for m in ("text", "audio") if m in terminals.values()] or sorted(set(terminals.values()))
-    # The key itself is never printed (terminals and logs are read by others): the command
-    # reads it from the environment.
-    auth = ' -H "Authorization: Bearer $OMNICTL_API_KEY"' if api_key else ""
     body = shlex.quote(json.dumps(example_body(model, modalities), separators=(",", ":")))
     return (
-        f"curl -s {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d {body}"
+        f"curl -s {url}/v1/chat/completions -H 'Content-Type: application/json'{_auth(api_key)} -d {body}"
         f" | python3 -c {shlex.quote(_SAVE_ANSWER)}"
+    )
+
+
+def speech_curl(url: str, model: str, api_key: str | None) -> str:
+    """A shell command that asks ``/v1/audio/speech`` to say :data:`EXAMPLE_SPEECH` and saves
+    it as speech.wav, printing the status and size (an error's body lands in the file: the
+    status says so)."""
+    body = shlex.quote(
+        json.dumps({"model": model, "input": EXAMPLE_SPEECH, "response_format": "wav"}, separators=(",", ":"))
+    )
+    write_out = shlex.quote("HTTP %{http_code}: %{size_download} bytes saved to speech.wav\\n")
+    return (
+        f"curl -s {url}/v1/audio/speech -H 'Content-Type: application/json'{_auth(api_key)} -d {body}"
+        f" -o speech.wav -w {write_out}"
+    )
+
+
+def transcription_curl(url: str, model: str, api_key: str | None) -> str:
+    """A shell command that sends the packaged spoken question to ``/v1/audio/transcriptions``
+    (its path in full, so it runs from any directory) and prints the JSON answer."""
+    from omnictl.data import SAMPLES, data_path
+
+    recording = data_path(SAMPLES) / EXAMPLE_RECORDING
+    return (
+        f"curl -s {url}/v1/audio/transcriptions{_auth(api_key)} -F model={shlex.quote(model)}"
+        f" -F file=@{shlex.quote(str(recording))}"
+    )
+
+
+def _auth(api_key: str | None) -> str:
+    # The key itself is never printed (terminals and logs are read by others): the command
+    # reads it from the environment.
+    return ' -H "Authorization: Bearer $OMNICTL_API_KEY"' if api_key else ""
+
+
+def try_it(url: str, model: str, terminals: Mapping[str, str], api_key: str | None, serves: Capabilities) -> str:
+    """The one request to paste, for a route the topology serves: a question in chat
+    completions when it answers in text (or speaks, and does not take text to speak); text
+    to speak when it is a speech synthesizer (CSM); a recording when it only transcribes
+    (Qwen3-ASR)."""
+    if serves.chat and ("text" in terminals.values() or not serves.speech):
+        return example_curl(url, model, terminals, api_key)
+    if serves.speech:
+        return speech_curl(url, model, api_key)
+    if serves.transcription:
+        return transcription_curl(url, model, api_key)
+    return example_curl(url, model, terminals, api_key)  # serves no route of the API: the closest ask
+
+
+def _served_by(terminals: Mapping[str, str]) -> Capabilities:
+    """What the terminals alone say (a caller without the topology): chat with a text or audio one."""
+    modalities = set(terminals.values())
+    return Capabilities(
+        chat=bool({"text", "audio"} & modalities), speech=False, transcription="transcript" in modalities
     )
 
 
@@ -52,10 +108,22 @@ def ready_message(
     api_key: str | None,
     run_dir: str | None = None,
     program: str = "omnictl",
+    serves: Capabilities | None = None,
 ) -> RenderableType:
     """``program``: how to type omnictl here (``.venv/bin/omnictl`` when the venv is not
-    active), so the suggested commands paste as they are."""
+    active), so the suggested commands paste as they are. ``serves``: the routes the topology
+    serves (:func:`omnictl.serving.common.capabilities.capabilities`; default: what the
+    terminals alone say), which decide the request to paste and whether the playground is
+    offered."""
+    serves = serves if serves is not None else _served_by(terminals)
     produces = ", ".join(sorted(set(terminals.values())))
+    # The playground is a conversation over /v1/realtime: offered where the model answers in
+    # text (a speech synthesizer such as CSM serves the route, but only says what it is given).
+    playground = (
+        [Text.assemble("  playground at ", (url + "/", "bold cyan"), "  (talk to it in a browser, over /v1/realtime)")]
+        if serves.realtime and "text" in terminals.values()
+        else []
+    )
     traces = (
         [Text.assemble("  traces in ", (run_dir, "bold"), f"  ({program} trace REQUEST_ID finds a request there)")]
         if run_dir
@@ -69,9 +137,9 @@ def ready_message(
         Text.assemble(
             "  listening on ", (url, "bold cyan"), "  (OpenAI API at /v1, health at /health, metrics at /metrics)"
         ),
-        Text.assemble("  playground at ", (url + "/", "bold cyan"), "  (talk to it in a browser, over /v1/realtime)"),
+        *playground,
         Text("  try it:", style="bold"),
-        Text("  " + example_curl(url, model, terminals, api_key)),
+        Text("  " + try_it(url, model, terminals, api_key, serves)),
         Text.assemble("  load-test it: ", (f"{program} bench --url {url}", "bold")),
         *traces,
         Text("  Ctrl-C stops the server and every stage process.", style="dim"),

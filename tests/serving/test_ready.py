@@ -18,7 +18,17 @@ import pytest
 from rich.console import Console, Group
 from rich.text import Text
 
-from omnictl.serving.ready import EXAMPLE_QUESTION, example_body, example_curl, ready_message
+from omnictl.serving.common.capabilities import Capabilities
+from omnictl.serving.ready import (
+    EXAMPLE_QUESTION,
+    EXAMPLE_SPEECH,
+    example_body,
+    example_curl,
+    ready_message,
+    speech_curl,
+    transcription_curl,
+    try_it,
+)
 
 URL = "http://127.0.0.1:8000"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -283,3 +293,67 @@ def test_the_names_and_commands_to_copy_stand_out() -> None:
         ("", [("/runs/r1", "bold")]),
         ("dim", []),
     ]
+
+
+# --- a request for a route the topology serves --------------------------------------------
+
+
+def test_a_speech_synthesizer_is_asked_to_speak_and_offered_no_playground() -> None:
+    """CSM: every terminal audio, /v1/audio/speech served; chat would only make it say the question."""
+    csm = Capabilities(chat=True, speech=True, transcription=False)
+    lines = rendered(ready_message(URL, "csm", {"mimi_decoder": "audio"}, 5, 2, "sk-x", serves=csm))
+    assert not any("playground" in line for line in lines)
+    command = lines[lines.index("  try it:") + 1].strip()
+    assert command == speech_curl(URL, "csm", "sk-x")
+    words = curl_words(command)
+    assert words[:2] == ["curl", "-s"] and words[2] == f"{URL}/v1/audio/speech"
+    assert json.loads(words[words.index("-d") + 1]) == {"model": "csm", "input": EXAMPLE_SPEECH, "response_format": "wav"}
+    assert words[words.index("-o") + 1] == "speech.wav" and "Authorization: Bearer $OMNICTL_API_KEY" in words
+
+
+def test_a_recognizer_is_sent_the_packaged_recording_from_any_directory() -> None:
+    """Qwen3-ASR: a transcript terminal only; no chat, no realtime, no playground."""
+    asr = Capabilities(chat=False, speech=False, transcription=True)
+    lines = rendered(ready_message(URL, "qwen3-asr", {"transcript": "transcript"}, 4, 2, None, serves=asr))
+    assert not any("playground" in line or "chat/completions" in line for line in lines)
+    words = curl_words(lines[lines.index("  try it:") + 1])
+    assert words[2] == f"{URL}/v1/audio/transcriptions" and "model=qwen3-asr" in words
+    recording = Path(words[words.index("-F", words.index("model=qwen3-asr")) + 1].removeprefix("file=@"))
+    assert recording.is_absolute() and recording.is_file() and recording.suffix == ".wav"
+    assert transcription_curl(URL, "qwen3-asr", None) == lines[lines.index("  try it:") + 1].strip()
+
+
+def test_a_model_that_answers_in_text_is_asked_a_question_whatever_else_it_serves() -> None:
+    everything = Capabilities(chat=True, speech=True, transcription=True)  # the voice assistant
+    terminals = {"decode": "text", "tts": "audio", "transcript": "transcript"}
+    assert try_it(URL, "voice", terminals, None, everything) == example_curl(URL, "voice", terminals, None)
+    lines = rendered(ready_message(URL, "voice", terminals, 6, 4, None, serves=everything))
+    assert any(line.startswith("  playground at ") for line in lines)
+    audio_only_chat = Capabilities(chat=True, speech=False, transcription=False)
+    assert try_it(URL, "m", {"wav": "audio"}, None, audio_only_chat) == example_curl(URL, "m", {"wav": "audio"}, None)
+
+
+# A stand-in curl: writes RIFF to -o's file and prints -w's format as curl would for a 200 of 4 bytes.
+CURL_WRITING_OUT = r"""#!/bin/sh
+out=''; format=''
+while [ $# -gt 0 ]; do
+  case $1 in -o) out=$2; shift;; -w) format=$2; shift;; esac
+  shift
+done
+printf RIFF > "$out"
+printf '%s' "$format" | sed -e 's/%{http_code}/200/' -e 's/%{size_download}/4/' -e 's/[\]n$//'
+echo
+"""
+
+
+def test_the_speech_command_saves_the_audio_and_says_what_came_back(tmp_path: Path) -> None:
+    """bash runs the pasted speech line against a stand-in curl that honours -o and -w."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    curl = bin_dir / "curl"
+    curl.write_text(CURL_WRITING_OUT)
+    curl.chmod(0o755)
+    done = subprocess.run(["bash", "-c", speech_curl(URL, "csm", None)], cwd=tmp_path, capture_output=True, text=True,
+                          env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}, timeout=30, check=True)
+    assert done.stdout == "HTTP 200: 4 bytes saved to speech.wav\n"
+    assert (tmp_path / "speech.wav").read_bytes() == b"RIFF"
