@@ -79,3 +79,14 @@ class MimiCodec:
             return np.zeros(0, dtype=np.float32)
         wav = self.model.decode(frames.T[None].to(self.device)).audio_values
         return wav.reshape(-1).float().cpu().numpy()
+
+
+def codec_codebooks(model_path: str | Path) -> int:
+    """How many of Mimi's codebooks the checkpoint's model speaks and listens in: a Moshi
+    checkpoint's ``num_codebooks`` (8 of the released Mimi's 32), else every one Mimi has."""
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    if config.get("model_type") == "moshi":
+        return int(config["num_codebooks"])
+    if config.get("model_type") == "csm":
+        return int(config["num_codebooks"])
+    return int(config["num_quantizers"])

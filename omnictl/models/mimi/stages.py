@@ -10,6 +10,10 @@
   is 250) the difference is below what PCM16 can carry (tests/models/mimi).
 - :func:`encoder`: audio (mono float samples at Mimi's 24 kHz) to code frames, a plain
   function stage: ``{"audio": samples}`` in, ``{"codes": [frames, codebooks]}`` out.
+- :func:`stream_encoder` / :func:`stream_decoder`: the same two with state across a whole
+  stream (:mod:`omnictl.models.mimi.streaming`): a session-long input encoded frame by frame
+  as it arrives (Moshi's entry), frames decoded at a constant cost each, however long the
+  session (Moshi's audio terminal).
 """
 
 from __future__ import annotations
@@ -20,8 +24,12 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from omnictl.models.mimi.codec import MimiCodec
+from omnictl.exceptions import InvalidRequest
+from omnictl.models.mimi.codec import MimiCodec, codec_codebooks
+from omnictl.models.mimi.session import SessionScheduler
+from omnictl.models.mimi.streaming import StreamDecoder, StreamEncoder
 from omnictl.outputs import AudioChunk, AudioResult
+from omnictl.schedulers.base import IncomingKind, IncomingMessage
 from omnictl.schedulers.streaming import FinishOn, StreamingScheduler, Window
 
 
@@ -88,3 +96,108 @@ def encoder(
         return {**data, "codes": codec.encode(np.asarray(data["audio"], dtype=np.float32))}
 
     return run
+
+
+class _EncoderSessions(SessionScheduler):
+    """The streaming encoder stage: audio chunks in (the caller's streamed input), code frames out."""
+
+    worker_name = "mimi-encoder"
+
+    def __init__(self, codec: MimiCodec, codebooks: int) -> None:
+        super().__init__()
+        self.codec = codec
+        self.codebooks = codebooks
+
+    def open(self, request_id: str, params: Mapping[str, Any]) -> StreamEncoder:
+        return StreamEncoder(self.codec.model, self.codebooks)
+
+    def handle(self, request_id: str, state: StreamEncoder, message: IncomingMessage) -> None:
+        if message.kind is IncomingKind.STREAM_CHUNK or message.kind is IncomingKind.NEW_REQUEST:
+            if message.data is not None:
+                codes = state.push(_samples(message.data, self.codec.sample_rate))
+                if codes.shape[0]:
+                    self.stream(request_id, {"codes": codes})
+        if message.kind is not IncomingKind.STREAM_CHUNK:  # the stream's end, or a whole input
+            # The input has ended: a partial last frame is not a frame (Moshi steps on whole frames).
+            self.finish(request_id, {"dropped_samples": state.pending_samples})
+
+
+def _samples(data: Any, rate: int) -> np.ndarray:
+    """Mono float samples at ``rate`` of a streamed input chunk: an AudioChunk, ``{"audio": samples}``,
+    or a mapping of the request's parameters alone (no samples)."""
+    if isinstance(data, AudioChunk):
+        if data.sample_rate != rate:
+            raise InvalidRequest(
+                f"'input': Mimi listens at {rate} Hz; a streamed chunk is at {data.sample_rate} Hz "
+                "(resample it before sending)",
+                field="input",
+            )
+        return np.asarray(data.samples, dtype=np.float32).reshape(-1)
+    if isinstance(data, Mapping):
+        if "audio" not in data:
+            # The session's opening chunk may carry only its parameters (``{"sampling": ...}``).
+            return np.zeros(0, dtype=np.float32)
+        got = data.get("sample_rate", rate)
+        if got != rate:
+            raise InvalidRequest(f"'sample_rate': Mimi listens at {rate} Hz, got {got}", field="sample_rate")
+        return np.asarray(data["audio"], dtype=np.float32).reshape(-1)
+    raise InvalidRequest(
+        f"'input': a streamed chunk for Mimi must be an AudioChunk or {{'audio': samples}}, got {type(data).__name__}",
+        field="input",
+    )
+
+
+def stream_encoder(
+    model_path: str | Path | None = None, device: str | None = None, codebooks: int | None = None
+) -> SessionScheduler:
+    """The Mimi encoder as a streaming entry stage: the caller's streamed audio (24 kHz
+    :class:`~omnictl.outputs.AudioChunk` s, any length) to ``{"codes": [frames, codebooks]}``
+    stream chunks, one per whole 80 ms frame as soon as it completes, with state across the
+    whole stream (:class:`~omnictl.models.mimi.streaming.StreamEncoder`). The result, when
+    the input ends: ``{"dropped_samples": n}`` (a last partial frame). ``codebooks``: the
+    checkpoint's (a Moshi checkpoint's ``num_codebooks``) when not given."""
+    if model_path is None:
+        raise ValueError("factory_args.model_path: the Mimi encoder needs a local checkpoint (serve --model PATH)")
+    codec = MimiCodec(model_path, device)
+    return _EncoderSessions(codec, codebooks or codec_codebooks(model_path))
+
+
+class _DecoderSessions(SessionScheduler):
+    """The streaming decoder stage: code frames in, 80 ms of audio per frame out."""
+
+    worker_name = "mimi-decoder"
+
+    def __init__(self, codec: MimiCodec, finish_on: FinishOn) -> None:
+        super().__init__()
+        self.codec = codec
+        self.finish_on = finish_on
+
+    def open(self, request_id: str, params: Mapping[str, Any]) -> tuple[StreamDecoder, list[np.ndarray]]:
+        return StreamDecoder(self.codec.model), []
+
+    def handle(self, request_id: str, state: tuple[StreamDecoder, list[np.ndarray]], message: IncomingMessage) -> None:
+        decoder, pieces = state
+        if message.kind is IncomingKind.STREAM_CHUNK:
+            samples = decoder.push(_frames(message.data))
+            if samples.size:
+                pieces.append(samples)
+                chunk = AudioChunk(samples=np.ascontiguousarray(samples), sample_rate=self.codec.sample_rate)
+                self.stream(request_id, chunk)
+            return
+        ends = IncomingKind.STREAM_DONE if self.finish_on is FinishOn.STREAM_DONE else IncomingKind.NEW_REQUEST
+        if message.kind is ends:
+            samples = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+            self.finish(request_id, AudioResult(samples=samples, sample_rate=self.codec.sample_rate))
+
+
+def stream_decoder(
+    model_path: str | Path | None = None, device: str | None = None, finish_on: str = "request"
+) -> SessionScheduler:
+    """The Mimi decoder as a stateful streaming audio terminal: each stream chunk's frames
+    (``{"codes": [n, codebooks]}``) decoded with the state the frames before left
+    (:class:`~omnictl.models.mimi.streaming.StreamDecoder`: each frame costs the same,
+    however long the session), sent on as an :class:`~omnictl.outputs.AudioChunk`. The
+    result: the whole waveform. ``finish_on``: as :func:`decoder`'s."""
+    if model_path is None:
+        raise ValueError("factory_args.model_path: the Mimi decoder needs a local checkpoint (serve --model PATH)")
+    return _DecoderSessions(MimiCodec(model_path, device), FinishOn(finish_on))
