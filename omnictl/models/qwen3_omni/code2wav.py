@@ -47,6 +47,7 @@ class _Stream:
     final: bool = False  # the talker's result came: vocode what is left, then the result
     transcript: str = ""
     waiting_since: int = 0  # arrival order of its oldest frames not vocoded yet (fifo's order)
+    voice: str | None = None  # the request's voice (Qwen2.5-Omni's token2wav is conditioned on it)
 
 
 class Vocoder:
@@ -121,7 +122,7 @@ class Code2WavScheduler(Scheduler):
             return
         stream = self._streams.get(rid)
         if stream is None:
-            stream = self._streams[rid] = _Stream()
+            stream = self._streams[rid] = _Stream(voice=message.params.get("voice"))
             self.deadlines.arrived(rid, time.monotonic())
         frames = getattr(message.data, "codes", None)  # TalkerDelta / TalkerResult
         codes = torch.as_tensor(frames if frames is not None else torch.zeros(0, 0))
@@ -170,7 +171,7 @@ class Code2WavScheduler(Scheduler):
         stream.frames = [codes]
         end = stream.count
         loop = asyncio.get_running_loop()
-        piece, emitted = await loop.run_in_executor(self._executor, self.vocoder.samples, codes, end, stream.emitted)
+        piece, emitted = await loop.run_in_executor(self._executor, self.vocode, codes, end, stream)
         if rid not in self._streams:  # aborted meanwhile
             return
         stream.decoded_to = end
@@ -181,6 +182,11 @@ class Code2WavScheduler(Scheduler):
             stream.pieces.append(piece)
             self.deadlines.sent(rid, piece.size / SAMPLE_RATE, time.monotonic())
             self.emit(OutgoingMessage(OutgoingKind.STREAM, rid, AudioChunk(samples=piece, sample_rate=SAMPLE_RATE)))
+
+    def vocode(self, codes: torch.Tensor, end: int, stream: _Stream) -> tuple[np.ndarray, int]:
+        """On the vocoder's thread: the samples owed for frames ``[.., end)`` (a family whose
+        vocoder reads more of the request, as Qwen2.5-Omni's its voice, overrides it)."""
+        return self.vocoder.samples(codes, end, stream.emitted)
 
     def abort(self, request_id: str) -> None:
         self._streams.pop(request_id, None)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omnictl.models.qwen3_omni.processor import load_processor
+from transformers import AutoTokenizer
+
 from omnictl.models.qwen3_omni.weights import check_model_path
 from omnictl.outputs import TextDelta, TextResult, TokenDelta, TokenResult
 from omnictl.schedulers.base import (
@@ -23,7 +24,8 @@ class DecodeScheduler(Scheduler):
 
     def __init__(self, model_path: str | Path | None) -> None:
         super().__init__()
-        self.tokenizer = load_processor(check_model_path(model_path)).tokenizer
+        # The tokenizer alone (Qwen2.5-Omni's decode stage is this one too).
+        self.tokenizer = AutoTokenizer.from_pretrained(check_model_path(model_path), local_files_only=True)
         self._tokens: dict[str, list[int]] = {}
         self._sent: dict[str, str] = {}
 

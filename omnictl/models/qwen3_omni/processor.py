@@ -19,13 +19,18 @@ from transformers import (
 )
 
 
-class Qwen3OmniProcessorWithoutVideo(Qwen3OmniMoeProcessor):
-    """``Qwen3OmniMoeProcessor`` that tolerates ``video_processor=None``."""
+class WithoutVideo:
+    """Mixin for a Qwen-Omni processor class (Qwen3-Omni's, Qwen2.5-Omni's): tolerates
+    ``video_processor=None`` and names the model inputs of the three other parts only."""
+
+    tokenizer: Any
+    feature_extractor: Any
+    image_processor: Any
 
     def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
         if argument_name == "video_processor" and argument is None:
             return None
-        return super().check_argument_for_proper_class(argument_name, argument)
+        return super().check_argument_for_proper_class(argument_name, argument)  # type: ignore[misc]  # the processor class after it
 
     @property
     def model_input_names(self) -> list[str]:
@@ -36,6 +41,10 @@ class Qwen3OmniProcessorWithoutVideo(Qwen3OmniMoeProcessor):
             + ["feature_attention_mask"]
         )
         return list(dict.fromkeys(names))
+
+
+class Qwen3OmniProcessorWithoutVideo(WithoutVideo, Qwen3OmniMoeProcessor):
+    """``Qwen3OmniMoeProcessor`` that tolerates ``video_processor=None``."""
 
 
 def load_processor(model_path: str | Path) -> Qwen3OmniProcessorWithoutVideo:

@@ -213,7 +213,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def _build_tokenizer() -> Any:
+def _build_tokenizer(special_tokens: tuple[str, ...] = SPECIAL_TOKENS) -> Any:
+    """The byte-level BPE trained on :data:`_CORPUS` with ``special_tokens`` (shared with
+    the Qwen2.5-Omni writer, which adds its speakers' text start tokens)."""
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, trainers
     from transformers import Qwen2Tokenizer
 
@@ -222,7 +224,7 @@ def _build_tokenizer() -> Any:
     trainer = trainers.BpeTrainer(
         vocab_size=512,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(special_tokens),
         show_progress=False,
     )
     bpe.train_from_iterator(list(_CORPUS) * 20, trainer=trainer)
@@ -245,7 +247,7 @@ def _build_tokenizer() -> Any:
         model_max_length=4096,
     )
     # Already in the vocabulary; registering them keeps the BPE from splitting them apart.
-    tokenizer.add_tokens([AddedToken(token, special=True) for token in SPECIAL_TOKENS])
+    tokenizer.add_tokens([AddedToken(token, special=True) for token in special_tokens])
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
@@ -293,6 +295,16 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value.tolist()
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+# The talker's rotary embedding is the thinker's class and reads `mrope_section` and
+# `interleaved` from its rope_parameters, but transformers 5.24's talker text config does not
+# list them among its known keys as the thinker's does (Qwen3OmniMoeTextConfig
+# .ignore_keys_at_rope_validation), so every load printed "Unrecognized keys in
+# `rope_parameters` for 'rope_type'='default': {'mrope_section', 'interleaved'}" (once per
+# stage process). Passed with the config they are set before it validates; save_pretrained
+# drops the attribute, so write_tiny_checkpoint puts it back into config.json.
+TALKER_ROPE_KEYS = {"ignore_keys_at_rope_validation": ["mrope_section", "interleaved"]}
 
 
 def build_config(tokenizer: Any, size: str = "tiny") -> Any:
@@ -382,6 +394,7 @@ def build_config(tokenizer: Any, size: str = "tiny") -> Any:
             "num_experts_per_tok": w.talker_experts_per_token,
             "shared_expert_intermediate_size": w.talker_shared_intermediate,  # not defaulted by transformers 5.x
             "rope_parameters": rope,
+            **TALKER_ROPE_KEYS,
             "max_position_embeddings": 4096,
         },
         "code_predictor_config": {
@@ -449,6 +462,10 @@ def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, size: str = "tiny"
     if not size.startswith("tiny"):
         model = model.to(torch.bfloat16)
     model.save_pretrained(out)
+    config_file = out / "config.json"
+    saved = json.loads(config_file.read_text())
+    saved["talker_config"]["text_config"].update(TALKER_ROPE_KEYS)
+    config_file.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
     _save_processor(_build_processor(tokenizer), out)
     return out
 
