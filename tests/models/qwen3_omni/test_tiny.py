@@ -32,3 +32,24 @@ def test_mrope_sections_cover_half_the_head_dim(tiny_qwen: Path) -> None:
     config = json.loads((tiny_qwen / "config.json").read_text())
     text = config["thinker_config"]["text_config"]
     assert sum(text["rope_parameters"]["mrope_section"]) == text["head_dim"] // 2
+
+
+def test_loading_the_checkpoint_prints_no_rope_parameters_warning(tiny_qwen: Path) -> None:
+    """Every stage process loads the config: transformers' talker config warned of the mrope
+    keys its own rotary embedding reads. The keys stay; the warning goes."""
+    import logging
+
+    from transformers import Qwen3OmniMoeConfig
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("transformers.modeling_rope_utils")
+    logger.addHandler(handler)
+    try:
+        config = Qwen3OmniMoeConfig.from_pretrained(tiny_qwen)
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in records if "rope_parameters" in r.getMessage()] == []
+    talker_rope = config.talker_config.text_config.rope_parameters
+    assert talker_rope["mrope_section"] == [4, 2, 2] and talker_rope["interleaved"] is True
