@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from omnictl.cli.words import count
-from omnictl.topology import Topology, TopologyReadError, ValidationReport, validate
+from omnictl.topology import Topology, TopologyReadError, ValidationReport, on_cpu, validate
 
 Outcome = Union[ValidationReport, TopologyReadError]
 
@@ -84,15 +84,20 @@ def summary(topology: Topology) -> Group:
             row += [process.node or "-", f"{process.cpus:g}"]
         processes.add_row(*row)
     edges = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
-    for column in ("edge", "kind", "transport"):
-        edges.add_column(column)
     kinds: dict[tuple[str, str], list[str]] = {}
     transports: dict[tuple[str, str], str] = {}
     for edge in topology.edges:  # data and stream between one pair share a placement
         kinds.setdefault((edge.src, edge.dst), []).append(edge.kind.value)
         transports[(edge.src, edge.dst)] = edge.transport.value
+    # `serve --device cpu` drops the GPU placement: its edges are what a CPU serve really uses
+    # (shared memory where the GPUs would have had cuda_ipc or relay), shown when they differ.
+    on_cpu_transports = {(e.src, e.dst): e.transport.value for e in on_cpu(topology).edges}
+    differs = on_cpu_transports != transports
+    for column in ("edge", "kind", "transport", *(("with --device cpu",) if differs else ())):
+        edges.add_column(column)
     for (src, dst), pair_kinds in kinds.items():
-        edges.add_row(f"{src} -> {dst}", "+".join(pair_kinds), transports[(src, dst)])
+        cpu_column = (on_cpu_transports[(src, dst)],) if differs else ()
+        edges.add_row(f"{src} -> {dst}", "+".join(pair_kinds), transports[(src, dst)], *cpu_column)
     groups = group_table(topology)
     return Group(head, Text(""), processes, *((Text(""), groups) if groups is not None else ()), Text(""), edges)
 

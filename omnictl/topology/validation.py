@@ -68,8 +68,16 @@ def derived_json(topology: Topology) -> dict[str, Any]:
             }
             for spec in topology.tensor_parallel()
         },
+        # transport_on_cpu: what `serve --device cpu` uses instead (its GPU placement dropped).
         "edges": [
-            {"from": e.src, "to": e.dst, "kind": e.kind.value, "transport": e.transport.value} for e in topology.edges
+            {
+                "from": e.src,
+                "to": e.dst,
+                "kind": e.kind.value,
+                "transport": e.transport.value,
+                "transport_on_cpu": cpu.transport.value,
+            }
+            for e, cpu in zip(topology.edges, on_cpu(topology).edges)
         ],
     }
 

@@ -94,7 +94,7 @@ def test_json_for_several_files_is_a_list_with_derived_topologies(app: typer.Typ
                                                       "gpus": [1], "replicas": 1,
                                                       "instances": ["talker"], "node": None, "cpus": 1.0, "elastic": None}
     assert {"from": "thinker", "to": "decode", "kind": "stream",
-            "transport": "inproc"} in good["derived"]["edges"]
+            "transport": "inproc", "transport_on_cpu": "inproc"} in good["derived"]["edges"]
     assert bad["valid"] is False
 
 
@@ -137,8 +137,18 @@ def test_summary_renders_processes_and_edges_in_a_fixed_width_console() -> None:
     rows = [" ".join(line.split()) for line in text.splitlines()]
     assert "frontend preprocessing, image_encoder, audio_encoder, mm_aggregate 0 1" in rows
     assert "talker talker_ar, code2wav 1 1" in rows
-    assert "mm_aggregate -> thinker data cuda_ipc" in rows
-    assert "thinker -> talker_ar data+stream relay" in rows
+    # the placement's transport, then what `serve --device cpu` uses instead
+    assert "edge kind transport with --device cpu" in rows
+    assert "mm_aggregate -> thinker data cuda_ipc shm" in rows
+    assert "thinker -> talker_ar data+stream relay shm" in rows
+    assert "thinker -> decode data+stream inproc inproc" in rows
+
+
+def test_a_topology_without_gpus_shows_one_transport_column() -> None:
+    console = Console(width=100, record=True, file=io.StringIO())
+    console.print(summary(load(REPO / "examples" / "three_stages" / "topology.yaml")))
+    rows = [" ".join(line.split()) for line in console.export_text().splitlines()]
+    assert "edge kind transport" in rows and "tokenize -> shout data shm" in rows
 
 
 def test_the_cli_and_validate_do_not_import_torch_or_transformers() -> None:

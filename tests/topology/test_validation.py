@@ -128,7 +128,13 @@ def test_report_json_shape() -> None:
                                                      "gpus": [], "replicas": 1,
                                                      "instances": ["heads"], "node": None, "cpus": 1.0, "elastic": None}
     assert {"from": "backbone", "to": "video_head", "kind": "data",
-            "transport": "shm"} in good["derived"]["edges"]
+            "transport": "shm", "transport_on_cpu": "shm"} in good["derived"]["edges"]
+    # what `serve --device cpu` uses where the placement says a GPU transport
+    edges = validate(REPO / "topologies" / "qwen3-omni.yaml").to_json()["derived"]["edges"]
+    assert {"from": "mm_aggregate", "to": "thinker", "kind": "data",
+            "transport": "cuda_ipc", "transport_on_cpu": "shm"} in edges
+    assert {"from": "thinker", "to": "talker_ar", "kind": "stream",
+            "transport": "relay", "transport_on_cpu": "shm"} in edges
     bad = validate_text("stages: 3\n", "b.yaml").to_json()
     assert bad["valid"] is False and bad["derived"] is None
     assert set(bad["errors"][0]) == {"rule", "stage", "field", "line", "column", "message",
