@@ -220,7 +220,12 @@ class DepthScheduler(SessionScheduler):
                 torch.stack(state.frames) if state.frames else torch.zeros(0, self.model.codebooks, dtype=torch.long)
             )
             text = self.tokenizer.decode(state.tokens, skip_special_tokens=True)
-            self.finish(request_id, {"codes": codes, "text_tokens": list(state.tokens), "text": text})
+            # The last position made starts a frame the session ended before finishing: its
+            # text token and codes (codebook 0 is that frame's; 1.. finish the last frame sent).
+            in_flight = {"token": state.previous_token, "codes": state.previous}
+            self.finish(
+                request_id, {"codes": codes, "text_tokens": list(state.tokens), "text": text, "in_flight": in_flight}
+            )
 
 
 def depth(
