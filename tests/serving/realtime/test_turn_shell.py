@@ -146,7 +146,7 @@ class ScriptedVoice:
 def paused_question(at: float, resumed: bool) -> list[tuple[float, vad.TurnEvent]]:
     """A question spoken from ``at`` ms with a pause mid-way (an early answer starts there), then
     either resumed and paused again where it ends, or ending 300 ms past its pause."""
-    start, pause = at, at + 1000
+    start, pause = at, at + 1000  # every event 200 ms or more from the one before: one per append
     script: list[tuple[float, vad.TurnEvent]] = [
         (start, vad.SpeechStarted(int(start))), (pause, vad.SpeechPaused(int(pause)))]
     if resumed:
@@ -166,12 +166,12 @@ def test_fifty_paused_questions_over_ten_sessions_leave_no_item_no_early_event_a
         session.settings.output_modalities = ["text"]
         script: list[tuple[float, vad.TurnEvent]] = []
         for q in range(5):
-            script += paused_question(q * 5000 + 200, resumed=q % 2 == 0)
+            script += paused_question(q * 4000 + 200, resumed=q % 2 == 0)
         voice = ScriptedVoice(script)
         session.listener.frontend.speech = voice  # type: ignore[assignment]  # the scripted source hears
         session.listener.turns = voice  # type: ignore[assignment]
-        chunk = np.full(RATE // 10, 1000, "<i2").tobytes()  # 100 ms pieces, as a microphone sends them
-        for _ in range(5 * 50):
+        chunk = np.full(RATE // 5, 1000, "<i2").tobytes()  # 200 ms pieces
+        for _ in range(5 * 20):
             await session.handle(ev.decode_client_event(json.dumps(
                 {"type": "input_audio_buffer.append", "audio": base64.b64encode(chunk).decode()})))
             await asyncio.sleep(0)
