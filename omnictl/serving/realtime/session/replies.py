@@ -37,6 +37,7 @@ import msgspec
 import numpy as np
 
 from omnictl.audio import pcm16_to_float
+from omnictl.audio.resample import StreamResampler
 from omnictl.inputs import PCM16_RATE, ChatRequest
 from omnictl.outputs import Transcript
 from omnictl.serving.chat.protocol import OPENAI_VOICES
@@ -59,7 +60,7 @@ from omnictl.serving.realtime.session.settings import (
 )
 from omnictl.serving.realtime.session.transcripts import Transcriber
 from omnictl.serving.realtime.turns import Turn
-from omnictl.serving.realtime.vad import to_vad_rate
+from omnictl.serving.realtime.vad import VAD_RATE
 
 log = logging.getLogger("omnictl.serving.realtime")
 
@@ -104,6 +105,8 @@ class Replies:
         self.response: tuple[ResponseRun, asyncio.Task[None]] | None = None  # the one generating
         self.early: Preempted | None = None  # the answer started at a pause, held
         self.discarding: set[asyncio.Task[None]] = set()  # dropped ones' aborts, awaited (not cancelled) at close
+        # the answers' audio at 16 kHz for the echo guard's reference: one stream, as the microphone's
+        self._echo_16k = StreamResampler(PCM16_RATE, VAD_RATE, "fast")
 
     # --- responses --------------------------------------------------------------------------
 
@@ -191,7 +194,7 @@ class Replies:
 
     def _sent_audio(self, pcm: bytes) -> None:
         if self.echo.enabled and self._hears_speech():  # only speech detection can mistake echo for speech
-            self.echo.sent(to_vad_rate(pcm16_to_float(pcm), PCM16_RATE))
+            self.echo.sent(self._echo_16k.push(pcm16_to_float(pcm)))
 
     def stop_playing(self) -> None:
         """The answer's audio stops playing: the client stops it (a WebSocket), or the
