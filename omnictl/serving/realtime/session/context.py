@@ -38,9 +38,10 @@ class SessionContext:
     transcribing: dict[int, Turn] = field(default_factory=dict)  # spoken items whose audio a transcription holds
     turn_clock: TurnClock | None = None  # the latest turn's milestones (:mod:`.milestones`)
 
-    @property
-    def can_transcribe(self) -> bool:
-        return capabilities(self.pipeline.topology).transcription
+    can_transcribe: bool = field(init=False)  # the topology recognises speech (a transcript terminal)
+
+    def __post_init__(self) -> None:
+        self.can_transcribe = capabilities(self.pipeline.topology).transcription
 
     def send(self, event: ev.ServerEvent) -> None:
         self.sink()(event)
