@@ -2,7 +2,8 @@
 
 - :mod:`omnictl.audio.pcm`: PCM16 ↔ float32 with one rounding rule, and base64 PCM16
   decoding with its checks;
-- :mod:`omnictl.audio.resample`: one resampler, with a quality setting;
+- :mod:`omnictl.audio.resample`: one resampler, with a quality setting, over a whole array or
+  a stream of chunks (its state kept between them);
 - :mod:`omnictl.audio.wav`: the WAV reader;
 - :mod:`omnictl.audio.bounds`: the sample rates taken and the decoded-sample budget.
 
@@ -14,7 +15,7 @@ scheduled and played back (the playback clock, the deadline policy, admission) i
 
 from omnictl.audio.bounds import DECODE_SAMPLES_PER_SECOND, MAX_RATE, MIN_RATE, decode_budget
 from omnictl.audio.pcm import decode_base64, float_to_pcm16, float_to_pcm16_bytes, pcm16_base64, pcm16_to_float
-from omnictl.audio.resample import QUALITIES, FrameResampler, resample
+from omnictl.audio.resample import QUALITIES, FrameResampler, StreamResampler, resample
 from omnictl.audio.wav import read_wav
 
 __all__ = [
@@ -31,4 +32,5 @@ __all__ = [
     "pcm16_to_float",
     "read_wav",
     "resample",
+    "StreamResampler",
 ]
