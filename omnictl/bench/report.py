@@ -21,6 +21,10 @@ UNITS = {
     "rates": "per second of the measured run (keys ending in _per_s)",
 }
 OTHER_NOTE = "other: time at the stage outside any recorded phase (waiting for stream input, routing, sending)"
+SILENT_NOTE = (
+    "completed without audio: asked for audio, the model spoke none (its audio terminal answered 0 samples; "
+    "not counted in the first-audio figures); omnictl trace ID shows where it ended"
+)
 RTF_NOTE = (
     "real-time factor (RTF) = time spent producing audio ÷ the audio's duration: "
     "below 1 is faster than real time; lower is better"
@@ -53,6 +57,11 @@ def build_result(
 
     completed = sum(r.ok for r in records)
     overloaded = sum(r.overloaded for r in records)
+    # A request that asked for audio can complete with none (Qwen3-Omni's talker may pick its
+    # end code first: code2wav answers 0 samples). It is a completion, but not one with audio:
+    # counted and named here, so the first-audio figures' n is explained, not silently short.
+    asked_audio = "audio" in (config.get("modalities") or ())
+    silent = [r.request_id or f"#{r.index}" for r in records if asked_audio and r.ok and r.audio_seconds <= 0]
     return {
         "omnictl_bench": FORMAT_VERSION,
         "omnictl_version": __version__,
@@ -64,6 +73,8 @@ def build_result(
             "completed": completed,
             "failed": len(records) - completed - overloaded,
             "overloaded": overloaded,  # 429s: admission control shed them; counted apart from failures
+            "completed_without_audio": len(silent),  # asked for audio, completed with none
+            "without_audio": silent,  # their request ids (omnictl trace ID shows where the audio ended)
             "goodput": completed / duration if duration > 0 else 0.0,  # completed requests per second
             "duration_s": duration,
             **throughput(records, duration),
@@ -101,6 +112,8 @@ def render(result: dict[str, Any]) -> Group:
     head.add_row("target", str(result["config"].get("target", "")))
     head.add_row("completed / failed", f"{summary['completed']} / {summary['failed']}")
     head.add_row("refused (429, overloaded)", str(summary.get("overloaded", 0)))
+    if summary.get("completed_without_audio"):  # absent from results written before it was counted
+        head.add_row("completed without audio", str(summary["completed_without_audio"]))
     head.add_row("goodput (completed/s)", f"{summary.get('goodput', 0.0):.2f}")
     head.add_row("duration", f"{summary['duration_s']:.2f} s")
     for key, label in THROUGHPUT.items():
@@ -116,6 +129,10 @@ def render(result: dict[str, Any]) -> Group:
         latency.add_row(label, unit, str(s["count"]), *(_fmt(s[q], unit) for q in ("mean", "p50", "p90", "p99")))
 
     parts: list[Any] = [head, latency, Text(RTF_NOTE, style="dim")]
+    if summary.get("completed_without_audio"):
+        ids = summary["without_audio"]
+        shown = ", ".join(ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+        parts.append(Text(f"{SILENT_NOTE}: {shown}", style="yellow"))
     parts += _continuity_parts(result)
     breakdown = result["breakdown"]
     if breakdown.get("stages"):

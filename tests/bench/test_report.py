@@ -60,3 +60,21 @@ def test_429s_are_counted_apart_from_failures_and_goodput_is_completed_per_secon
     assert summary["goodput"] == pytest.approx(2.0)
     text = text_of(render(build_result({"target": "t"}, records, 1.5, None)))
     assert "refused (429, overloaded)" in text and "goodput" in text
+
+
+def test_a_request_that_asked_for_audio_and_completed_with_none_is_counted_and_named() -> None:
+    """Qwen3-Omni's talker can pick its end code first: the request completes, its client gets
+    no audio (while the trace marks code2wav's empty answer as first audio). The bench says so."""
+    spoke = [RequestRecord(index=i, ok=True, request_id=f"r{i}", ttfa=0.1, last_audio=0.2, audio_seconds=0.5,
+                           audio_chunks=[(0.1, 0.5)], e2e=0.3) for i in range(3)]
+    silent = RequestRecord(index=3, ok=True, request_id="chatcmpl-silent", ttft=0.05, e2e=0.1)
+    failed = RequestRecord(index=4, error="HTTP 500: boom")
+    done = build_result({"target": "t", "modalities": ["text", "audio"]}, [*spoke, silent, failed], 1.0, None)
+    assert done["summary"]["completed"] == 4 and done["latency"]["ttfa"]["count"] == 3
+    assert done["summary"]["completed_without_audio"] == 1
+    assert done["summary"]["without_audio"] == ["chatcmpl-silent"]
+    text = text_of(render(done))
+    assert "completed without audio" in text and "chatcmpl-silent" in text
+    text_only = build_result({"target": "t", "modalities": ["text"]}, [silent], 1.0, None)
+    assert text_only["summary"]["completed_without_audio"] == 0  # it asked for none
+    assert "completed without audio" not in text_of(render(text_only))
