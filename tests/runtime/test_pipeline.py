@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
+from typing import Any, Iterator
 
 import numpy as np
 import pytest
 
 import omnictl
 from tests.support import topo
+from tests.support.loop import LoopThread, launch
 from tests.support.stages import seen
 
 
@@ -17,18 +18,35 @@ from tests.support.stages import seen
 pytestmark = pytest.mark.timeout(120)
 
 
-def test_eight_stage_pipeline_streams_text_and_audio_and_merges_terminals(tmp_path: Path) -> None:
-    log = tmp_path / "seen.log"
-    path = topo.qwen_shaped(tmp_path, log)
+@pytest.fixture(scope="module")
+def qwen(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
+    """One launch of the 8-stage topology for the module (its three processes each import
+    torch: seconds of start-up): the tests below send their own requests, each with its own
+    tag in the stages' log, and kill nothing."""
+    folder = tmp_path_factory.mktemp("qwen-shaped")
+    log = folder / "seen.log"
+    pipe = launch(loop, topo.qwen_shaped(folder, log), device="cpu", profile=False)
+    yield pipe, log
+    loop.run(pipe.close())
+
+
+def ran(log: Path, tag: str) -> set[str]:
+    """The stages that ran the request tagged ``tag``."""
+    return {stage for stage, tags in seen(log).items() if tag in tags}
+
+
+def test_eight_stage_pipeline_streams_text_and_audio_and_merges_terminals(
+    loop: LoopThread, qwen: tuple[Any, Path]
+) -> None:
+    pipe, log = qwen
 
     async def main() -> tuple[list[omnictl.RequestEvent], dict]:
-        async with omnictl.Pipeline.launch(path, device="cpu", profile=False) as pipe:
-            assert len(pipe.topology.processes) == 3
-            request = await pipe.submit({"text": "hello", "tag": "r1"})
-            events = [event async for event in request.events()]
-            return events, await request.result()
+        assert len(pipe.topology.processes) == 3
+        request = await pipe.submit({"text": "hello", "tag": "r1"})
+        events = [event async for event in request.events()]
+        return events, await request.result()
 
-    events, result = asyncio.run(main())
+    events, result = loop.run(main())
     assert set(result) == {"decode", "code2wav"}
     assert result["decode"].text == "hello"  # 5 thinker steps over "hello"
     codes = [sum(range(4 * i, 4 * i + 4)) for i in range(5)]
@@ -40,39 +58,35 @@ def test_eight_stage_pipeline_streams_text_and_audio_and_merges_terminals(tmp_pa
     assert "".join(e.data.text for e in text_events[:-1]) == "hello"  # in order
     audio_events = [e for e in events if e.stage == "code2wav"]
     assert [e.kind for e in audio_events] == ["stream"] * 5 + ["result"]
-    assert set(seen(log)) == {
+    assert ran(log, "r1") == {
         "preprocessing", "image_encoder", "audio_encoder", "mm_aggregate",
         "thinker", "decode", "talker_ar", "code2wav",
     }
 
 
-def test_text_only_request_never_reaches_the_talker_or_vocoder(tmp_path: Path) -> None:
-    log = tmp_path / "seen.log"
-    path = topo.qwen_shaped(tmp_path, log)
+def test_text_only_request_never_reaches_the_talker_or_vocoder(loop: LoopThread, qwen: tuple[Any, Path]) -> None:
+    pipe, log = qwen
 
     async def main() -> dict:
-        async with omnictl.Pipeline.launch(path, device="cpu", profile=False) as pipe:
-            text_only = await (await pipe.submit({"text": "abcd", "tag": "text"}, modalities=["text"])).result()
-            both = await (await pipe.submit({"text": "abcd", "tag": "both"})).result()
-            assert set(both) == {"decode", "code2wav"}
-            return text_only
+        text_only = await (await pipe.submit({"text": "abcd", "tag": "text"}, modalities=["text"])).result()
+        both = await (await pipe.submit({"text": "abcd", "tag": "both"})).result()
+        assert set(both) == {"decode", "code2wav"}
+        return text_only
 
-    result = asyncio.run(main())
+    result = loop.run(main())
     assert set(result) == {"decode"}
-    ran = seen(log)
-    assert "text" not in ran["talker_ar"] and "text" not in ran["code2wav"]
-    assert "text" in ran["thinker"] and "both" in ran["talker_ar"]
+    assert "thinker" in ran(log, "text") and not {"talker_ar", "code2wav"} & ran(log, "text")
+    assert {"talker_ar", "code2wav"} <= ran(log, "both")
 
 
-def test_unknown_modality_is_rejected_with_what_the_topology_produces(tmp_path: Path) -> None:
-    path = topo.qwen_shaped(tmp_path, tmp_path / "seen.log")
+def test_unknown_modality_is_rejected_with_what_the_topology_produces(loop: LoopThread, qwen: tuple[Any, Path]) -> None:
+    pipe, _ = qwen
 
     async def main() -> None:
-        async with omnictl.Pipeline.launch(path, device="cpu", profile=False) as pipe:
-            with pytest.raises(omnictl.InvalidRequest, match=r"\['audio', 'text'\]"):
-                await pipe.submit({"text": "x"}, modalities=["video"])
+        with pytest.raises(omnictl.InvalidRequest, match=r"\['audio', 'text'\]"):
+            await pipe.submit({"text": "x"}, modalities=["video"])
 
-    asyncio.run(main())
+    loop.run(main())
 
 
 def test_run_is_a_synchronous_convenience(tmp_path: Path) -> None:
