@@ -112,6 +112,12 @@ class _EncoderSessions(SessionScheduler):
         return StreamEncoder(self.codec.model, self.codebooks)
 
     def handle(self, request_id: str, state: StreamEncoder, message: IncomingMessage) -> None:
+        if message.kind is IncomingKind.NEW_REQUEST and not _is_audio(message.data):
+            raise InvalidRequest(
+                "'input': this stage listens to audio streamed over the whole session (a /v1/realtime "
+                "session, or Pipeline.submit(None, input_stream=True) and send()), not to a whole request",
+                field="input",
+            )
         if message.kind is IncomingKind.STREAM_CHUNK or message.kind is IncomingKind.NEW_REQUEST:
             if message.data is not None:
                 codes = state.push(_samples(message.data, self.codec.sample_rate))
@@ -120,6 +126,10 @@ class _EncoderSessions(SessionScheduler):
         if message.kind is not IncomingKind.STREAM_CHUNK:  # the stream's end, or a whole input
             # The input has ended: a partial last frame is not a frame (Moshi steps on whole frames).
             self.finish(request_id, {"dropped_samples": state.pending_samples})
+
+
+def _is_audio(data: Any) -> bool:
+    return isinstance(data, AudioChunk) or (isinstance(data, Mapping) and "audio" in data)
 
 
 def _samples(data: Any, rate: int) -> np.ndarray:

@@ -11,6 +11,10 @@
   :class:`omnictl.outputs.Transcript`); a request for that modality alone is pruned to
   the stages that lead to it. ``/v1/audio/translations`` too: the same recognizer, asked
   for its translate task.
+* full duplex (``/v1/realtime`` in its duplex mode, :mod:`omnictl.serving.realtime.duplex`):
+  an entry stage that takes the caller's audio as one session-long stream
+  (:data:`SESSION_AUDIO_ENTRIES`: Moshi listens while it speaks) and an ``audio``
+  terminal. Such a topology serves no chat completions: its input never arrives whole.
 """
 
 from __future__ import annotations
@@ -20,16 +24,21 @@ from typing import Any
 
 from omnictl.outputs import AUDIO, TEXT, TRANSCRIPT
 
+# Entry factories that take the caller's audio as one stream for the whole session (a request
+# opened with input_stream=True), the mark of a full-duplex topology.
+SESSION_AUDIO_ENTRIES = frozenset({"omnictl.models.mimi.stages.stream_encoder"})
+
 
 @dataclass(frozen=True)
 class Capabilities:
     chat: bool
     speech: bool
     transcription: bool
+    full_duplex: bool = False
 
     @property
     def realtime(self) -> bool:
-        return self.chat
+        return self.chat or self.full_duplex
 
     def endpoints(self) -> list[str]:
         served = [
@@ -48,6 +57,8 @@ def capabilities(topology: Any) -> Capabilities:
     speech = modalities == {AUDIO} or (
         entry.route_fn is not None and any(topology.terminals.get(target) == AUDIO for target in entry.next)
     )
+    if entry.factory in SESSION_AUDIO_ENTRIES and AUDIO in modalities:
+        return Capabilities(chat=False, speech=False, transcription=False, full_duplex=True)
     return Capabilities(chat=bool({TEXT, AUDIO} & modalities), speech=speech, transcription=TRANSCRIPT in modalities)
 
 

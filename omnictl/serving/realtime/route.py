@@ -26,6 +26,7 @@ from omnictl.serving.common.capabilities import capabilities
 from omnictl.serving.common.echo import clip
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.channel import Outbox, RealtimeHub, Slot
+from omnictl.serving.realtime.duplex import serve_duplex
 from omnictl.serving.realtime.session import RealtimeSession
 from omnictl.serving.state import PipelineLike
 
@@ -50,7 +51,8 @@ def realtime_endpoint(hub: RealtimeHub) -> Callable[[WebSocket], Awaitable[None]
         if pipe is None:
             await websocket.close(code=CLOSE_TRY_LATER, reason="the pipeline is still starting; retry shortly")
             return
-        if not capabilities(pipe.topology).realtime:
+        serves = capabilities(pipe.topology)
+        if not serves.realtime:
             await websocket.close(
                 code=CLOSE_POLICY, reason=f"topology {pipe.topology.name!r} has no text or audio terminal"
             )
@@ -59,7 +61,10 @@ def realtime_endpoint(hub: RealtimeHub) -> Callable[[WebSocket], Awaitable[None]
         # arrive together must not all pass one check and then open past the limit.
         slot = hub.claim("websocket")
         try:
-            await _serve(websocket, slot, hub, pipe)
+            if serves.full_duplex:  # no turns: one session-long request (omnictl/serving/realtime/duplex.py)
+                await serve_duplex(websocket, slot, hub, pipe)
+            else:
+                await _serve(websocket, slot, hub, pipe)
         finally:
             if isinstance(slot, Slot):
                 slot.release()  # however it ended: refused, closed, failed, cancelled
