@@ -241,6 +241,10 @@ class Transcript(WireStruct):
         self.duration = float(self.duration)
 
 
+# A streamed transcription's chunk whose ``task`` is this holds the whole transcript so far,
+# asked for before the input ends (a realtime answer started at a pause), not a new segment.
+TENTATIVE = "tentative"
+
 TerminalOutput = Union[TextDelta, TextResult, AudioChunk, AudioResult, Transcript]
 _EXPECTED: dict[str, tuple[type, type]] = {
     TEXT: (TextDelta, TextResult),

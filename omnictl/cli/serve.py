@@ -107,8 +107,9 @@ def serve_command(
         typer.Option(
             "--live-transcriber",
             metavar="TOPOLOGY",
-            help="A streaming recogniser's topology (an entry taking streamed audio, e.g. asr_stream), launched "
-            "beside the served one: realtime turns are transcribed while they are spoken.",
+            help="Deprecated: the voice assistant transcribes realtime turns while they are spoken itself, on its "
+            "own Whisper (every session, by default), and this is then ignored. For a topology that does not, a "
+            "streaming recogniser's topology (e.g. asr_stream) launched beside it.",
         ),
     ] = None,
     max_restarts: Annotated[

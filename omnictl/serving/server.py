@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import errno
 import ipaddress
+import logging
 import signal
 import socket
 import threading
@@ -29,8 +30,10 @@ from omnictl.serving.common.connections import ConnectionGuard, connection_cap
 from omnictl.serving.common.guard import RequestGuard
 from omnictl.serving.common.tracking import end_in_flight
 from omnictl.serving.config import ServeConfig
+from omnictl.serving.realtime.session.context import listens
 
 GRACEFUL_SHUTDOWN_S = 5
+log = logging.getLogger("omnictl.serving")
 
 
 def default_topology() -> Path:
@@ -168,7 +171,19 @@ async def run_server(
         live = None
         liveness = asyncio.create_task(watch_liveness(state), name="liveness")  # admission skips frozen stages
         try:
-            if config.live_transcriber is not None:  # before the server is ready: its sessions use it from the first
+            if config.live_transcriber is not None and listens(pipe.topology):
+                # The served topology transcribes while the user speaks, on its own Whisper: a
+                # second pipeline would be a second Whisper in memory doing the same.
+                log.warning(
+                    "--live-transcriber is deprecated and not used: topology %r transcribes realtime turns "
+                    "while they are spoken itself (every session, by default)",
+                    pipe.topology.name,
+                )
+            elif config.live_transcriber is not None:  # before the server is ready: its sessions use it from the first
+                log.warning(
+                    "--live-transcriber is deprecated: a topology that listens (voice-assistant) transcribes "
+                    "realtime turns while spoken without a second pipeline"
+                )
                 launching = Pipeline.launch(Path(config.live_transcriber), _beside(config.launch, "live-transcriber"))
                 state.live_transcriber = await launching.__aenter__()
                 live = launching

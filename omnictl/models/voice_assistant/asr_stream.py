@@ -7,7 +7,12 @@ then ``send(chunk)`` and ``end_input()``; or a ``stream_to`` upstream), each one
 - ``bytes``: PCM16 little-endian mono at the stage's ``pcm16_rate`` (24 kHz: the Realtime
   protocol's ``pcm16``);
 - a dict ``{"context": str}`` before any audio: the conversation so far, which primes the
-  decoder (Whisper's previous-text prompt).
+  decoder (Whisper's previous-text prompt);
+- a dict ``{"tentative": True}`` at any point: the transcript so far is wanted now (an answer
+  started at a pause, before the input ends). It goes out as a stream chunk, a
+  :class:`~omnictl.outputs.Transcript` whose ``task`` is :data:`TENTATIVE` and whose ``text``
+  is the whole transcript so far (not a delta), decoded from the tail only
+  (:meth:`~omnictl.models.voice_assistant.incremental_asr.IncrementalTranscriber.tentative`).
 
 Audio is resampled to 16 kHz by one streaming resampler per request
 (:class:`~omnictl.audio.resample.StreamResampler`, FFmpeg's kept open: no chunk edge is
@@ -18,6 +23,14 @@ it confirms is streamed at once as a :class:`~omnictl.outputs.Transcript` whose 
 the delta (a ``transcript`` terminal's stream chunk: a partial transcript); when the input
 ends, the rest of the transcript goes out as the last delta (the deltas concatenate to the
 transcript) and the whole :class:`~omnictl.outputs.Transcript` is the result.
+
+**The voice assistant's own recogniser.** With ``whole`` (what :func:`listening_asr` gives
+the topology's ``asr`` stage), a request that comes whole (a ``new_request``: a spoken chat
+question, a transcription) is decoded by it on the same Whisper and in the same worker thread,
+so one Whisper serves both; a streamed request comes through the entry stage
+(:class:`~omnictl.models.voice_assistant.stages.ListeningEntry`), and its result goes out when
+both its input has ended and the entry's own result (``{"listened": True}``) has come
+(``result_on="request"``), in the shape the whole decode gives (``messages`` and ``transcript``).
 
 Decoding runs in one worker thread (the model's CPU is shared by every request of the
 stage: :class:`~omnictl.schedulers.worker.WorkerScheduler`). A request's audio that arrives
@@ -30,7 +43,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Generator, Literal, Mapping
 
 import numpy as np
 
@@ -44,7 +57,7 @@ from omnictl.models.voice_assistant.incremental_asr import (
     IncrementalTranscriber,
     WhisperDecoder,
 )
-from omnictl.outputs import AudioChunk, Transcript
+from omnictl.outputs import TENTATIVE, AudioChunk, Transcript
 from omnictl.recent import RecentIds
 from omnictl.schedulers.base import (
     IncomingKind,
@@ -58,6 +71,8 @@ from omnictl.schedulers.worker import WorkerScheduler
 
 log = logging.getLogger(__name__)
 
+Whole = Callable[[dict[str, Any]], Generator[Transcript, None, dict[str, Any]]]
+
 
 @dataclass(slots=True)
 class _Utterance:
@@ -70,6 +85,10 @@ class _Utterance:
     taken: int = 0  # raw samples the worker has taken
     resampler: StreamResampler | None = None  # `rate` to 16 kHz, made with the first audio
     ended: bool = False
+    tentative: bool = False  # the transcript so far is asked for (a {"tentative": True} chunk)
+    final: Transcript | None = None  # the transcript, once the input ended and was decoded
+    requested: bool = False  # the entry's result came (result_on="request")
+    emitted: bool = False  # the result went out
     busy: bool = False  # a job is queued or running for it
     failed: bool = False  # aborted or failed: its job stops at the next step
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -81,16 +100,28 @@ class StreamingAsrScheduler(WorkerScheduler):
     worker_name = "asr"
 
     def __init__(
-        self, decoder: WhisperDecoder, settings: IncrementalSettings, *, language: str = "en", pcm16_rate: int = 24_000
+        self,
+        decoder: WhisperDecoder,
+        settings: IncrementalSettings,
+        *,
+        language: str = "en",
+        pcm16_rate: int = 24_000,
+        whole: Whole | None = None,
+        result_on: Literal["stream_done", "request"] = "stream_done",
     ) -> None:
         super().__init__()
         if pcm16_rate <= 0:
             raise ValueError(f"pcm16_rate: must be a positive rate in Hz, got {pcm16_rate}")
+        if result_on not in ("stream_done", "request"):
+            raise ValueError(f"result_on: must be 'stream_done' or 'request', got {result_on!r}")
         self.decoder = decoder
         self.settings = settings
         self.language = language
         self.pcm16_rate = pcm16_rate
+        self.whole = whole
+        self.result_on = result_on
         self._utterances: dict[str, _Utterance] = {}
+        self._wholes: set[str] = set()  # whole requests queued or decoding (abort: their output is dropped)
         self._ended = RecentIds()  # finished, failed or aborted: late chunks are ignored
 
     def abort(self, request_id: str) -> None:
@@ -99,16 +130,21 @@ class StreamingAsrScheduler(WorkerScheduler):
             with utterance.lock:
                 utterance.failed = True  # its job, if any, stops before its next decode
                 utterance.raw.clear()
+        self._wholes.discard(request_id)
         self._ended.add(request_id)
 
     def load(self) -> SchedulerLoad:
-        return SchedulerLoad(running=len(self._utterances), stream_buffers=len(self._utterances))
+        streams = len(self._utterances)
+        return SchedulerLoad(running=streams + len(self._wholes), stream_buffers=streams)
 
     # --- event loop: take the chunks ------------------------------------------------------
 
     def accept(self, message: IncomingMessage) -> None:
         rid = message.request_id
         if rid in self._ended:
+            return
+        if message.kind is IncomingKind.NEW_REQUEST:
+            self._new_request(rid, message.data)
             return
         utterance = self._utterances.setdefault(rid, _Utterance())
         if message.kind is IncomingKind.STREAM_CHUNK:
@@ -119,12 +155,61 @@ class StreamingAsrScheduler(WorkerScheduler):
                 return
         elif message.kind is IncomingKind.STREAM_DONE:
             utterance.ended = True
-        else:
-            self._fail(rid, utterance, "takes a streamed input (input_stream=True), got a whole one", None)
-            return
         self._wake(rid, utterance)
 
+    def _new_request(self, rid: str, data: Any) -> None:
+        """A whole request (decoded by ``whole``), or the entry's result ending a streamed one."""
+        if isinstance(data, Mapping) and data.get("listened"):
+            utterance = self._utterances.get(rid)
+            if utterance is None:  # it streamed nothing at all: an empty transcript
+                utterance = self._utterances[rid] = _Utterance(ended=True)
+                utterance.final = Transcript(text="", language=self.language)
+            with utterance.lock:
+                utterance.requested = True
+            self._complete(rid, utterance)
+            return
+        if self.whole is None:
+            self._ended.add(rid)
+            self.emit(
+                OutgoingMessage(
+                    OutgoingKind.ERROR,
+                    rid,
+                    error=f"stage {self.stage_name}: takes a streamed input (input_stream=True), got a whole one",
+                )
+            )
+            return
+        self._wholes.add(rid)
+        self.submit(self._whole, rid, data)
+
+    def _complete(self, rid: str, utterance: _Utterance) -> None:
+        """The streamed request's result, once it is decoded (and, with ``result_on="request"``,
+        the entry's result came): from the worker thread or the loop, whichever is last."""
+        with utterance.lock:
+            ready = (
+                utterance.final is not None
+                and (utterance.requested or self.result_on == "stream_done")
+                and not utterance.emitted
+                and not utterance.failed
+            )
+            if ready:
+                utterance.emitted = True
+        if not ready:
+            return
+        heard = utterance.final
+        assert heard is not None
+        self._ended.add(rid)
+        self._utterances.pop(rid, None)
+        result: Any = heard
+        if self.result_on == "request":  # the whole decode's shape: the question's text, and what was heard
+            result = {"messages": [{"role": "user", "content": heard.text}], "transcript": heard}
+        self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, result))
+
     def _add(self, utterance: _Utterance, data: Any) -> None:
+        if isinstance(data, dict) and set(data) == {"tentative"}:
+            if data["tentative"] is not True:
+                raise InvalidRequest("input.tentative: must be true", field="input.tentative")
+            utterance.tentative = True
+            return
         if isinstance(data, dict) and set(data) == {"context"}:
             if utterance.raw_samples:
                 raise InvalidRequest("input: the context chunk must come before any audio", field="input")
@@ -200,7 +285,7 @@ class StreamingAsrScheduler(WorkerScheduler):
     def _step(self, rid: str, utterance: _Utterance) -> bool:
         """One pass over what came since the last; False when there is nothing left to do."""
         with utterance.lock:
-            if utterance.failed:
+            if utterance.failed or utterance.final is not None:  # failed, or done (its result may wait)
                 utterance.busy = False
                 return False
             fresh = utterance.raw_samples > utterance.taken
@@ -208,8 +293,9 @@ class StreamingAsrScheduler(WorkerScheduler):
             if audio is not None:
                 utterance.raw.clear()  # taken: each sample is resampled once
                 utterance.taken += audio.size
-            ending = utterance.ended and not fresh
-            if audio is None and not ending:
+            tentative, utterance.tentative = utterance.tentative, False
+            ending = utterance.ended and not fresh and not tentative
+            if audio is None and not ending and not tentative:
                 utterance.busy = False
                 return False
         if utterance.transcriber is None:
@@ -222,8 +308,23 @@ class StreamingAsrScheduler(WorkerScheduler):
             new = utterance.resampler.push(audio)
             utterance.fed += new.size
             with self.busy():
-                delta = transcriber.feed(new)
+                delta = transcriber.feed(new, decode=not tentative)  # a tentative decode hears it next
             self._stream(rid, utterance, delta)
+        if tentative:
+            with self.busy():
+                delta, text = transcriber.tentative()
+            self._stream(rid, utterance, delta)
+            if not utterance.failed:
+                self.emit(
+                    OutgoingMessage(
+                        OutgoingKind.STREAM,
+                        rid,
+                        Transcript(
+                            text=text, language=self.language, duration=utterance.fed / SAMPLE_RATE, task=TENTATIVE
+                        ),
+                    )
+                )
+        if audio is not None or tentative:
             return True
         with self.busy():
             before = transcriber.confirmed_text
@@ -237,16 +338,44 @@ class StreamingAsrScheduler(WorkerScheduler):
             if utterance.failed:
                 utterance.busy = False
                 return False
-            utterance.failed = True  # done: nothing more for this request
             utterance.busy = False
-        self._ended.add(rid)
-        self._utterances.pop(rid, None)
-        seconds = utterance.fed / SAMPLE_RATE
+            seconds = utterance.fed / SAMPLE_RATE
+            utterance.final = Transcript(text=text, language=self.language, duration=seconds)
         log.debug("transcribed %.2f s in %d passes", seconds, transcriber.passes)
-        self.emit(
-            OutgoingMessage(OutgoingKind.RESULT, rid, Transcript(text=text, language=self.language, duration=seconds))
-        )
+        self._complete(rid, utterance)
         return False
+
+    def _whole(self, rid: str, data: dict[str, Any]) -> None:
+        """A whole request, by ``whole``: its streamed segments, then its result."""
+        assert self.whole is not None
+        try:
+            with request_scope(rid), self.busy():
+                steps = self.whole(data)
+                while True:
+                    if rid not in self._wholes:
+                        return  # aborted meanwhile: nothing more of it
+                    try:
+                        segment = next(steps)
+                    except StopIteration as done:
+                        result = done.value
+                        break
+                    self.emit(OutgoingMessage(OutgoingKind.STREAM, rid, segment))
+        except Exception as exc:  # this request fails; the stage logs the traceback once
+            if rid in self._wholes:
+                self._wholes.discard(rid)
+                self._ended.add(rid)
+                field_name = exc.field if isinstance(exc, InvalidRequest) else None
+                error = (
+                    str(exc)
+                    if isinstance(exc, InvalidRequest)
+                    else f"stage {self.stage_name}: {type(exc).__name__}: {exc}"
+                )
+                self.emit(OutgoingMessage(OutgoingKind.ERROR, rid, error=error, field=field_name, exc=exc))
+            return
+        if rid in self._wholes:
+            self._wholes.discard(rid)
+            self._ended.add(rid)
+            self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, result))
 
     def _stream(self, rid: str, utterance: _Utterance, delta: str) -> None:
         if delta and not utterance.failed:

@@ -44,8 +44,9 @@ class IncrementalSettings:
         LocalAgreement-2; 3 waits a pass longer and confirms fewer early mishearings).
     quiet_rms: when every sample after the last pass is quieter than this (RMS, full scale
         1.0), the speech ended before that pass and its words are the final transcript: no
-        decode is left when the input ends (only with ``pass_beam_size`` = ``beam_size``, so
-        the words are the ones a final decode would choose). 0 turns this off.
+        decode is left when the input ends (only when that pass decoded at ``beam_size``, as
+        every pass does when ``pass_beam_size`` is None and a :meth:`IncrementalTranscriber.tentative`
+        one always does, so the words are the ones a final decode would choose). 0 turns this off.
     """
 
     cadence_s: float = 0.4
@@ -164,10 +165,33 @@ class IncrementalTranscriber:
         self._emitted = ""  # every delta returned so far
         self._finished: str | None = None
         self.passes = 0  # decodes made (the final one included)
+        self.tentatives = 0  # transcripts asked for before the end (:meth:`tentative`)
+        self.decoded_samples = 0  # audio the decodes heard, summed over them (each hears its segment)
+        self._pass_beam: int | None = None  # the beam of the last pass
 
     @property
     def confirmed_text(self) -> str:
         return self._emitted
+
+    def tentative(self) -> tuple[str, str]:
+        """The whole transcript so far, for an answer started before the input ends (a pause):
+        (the text newly confirmed, as :meth:`feed` returns it; the transcript so far). Only the
+        tail is decoded: the confirmed words are forced as the prefix, and when only silence
+        came since the last pass (at the final beam), that pass's words are the answer and
+        nothing is decoded. The decode made here is a pass like any (it may confirm words), so
+        when the input then ends with silence, :meth:`finish` decodes nothing either and gives
+        this same transcript."""
+        if self._finished is not None:
+            return "", self._finished
+        if not self._samples:
+            return "", self._done_text
+        self.tentatives += 1
+        tokens = self._quiet_since_pass()
+        delta = ""
+        if tokens is None:
+            delta = self._pass(self.settings.beam_size)
+            tokens = [*self._confirmed, *self._history[-1]]
+        return delta, _join(self._done_text, self.decoder.text(tokens))
 
     def feed(self, samples: np.ndarray, decode: bool = True) -> str:
         """Add audio; decode once if ``cadence_s`` of new audio has come since the last pass
@@ -206,6 +230,7 @@ class IncrementalTranscriber:
     def _decode(self, beam_size: int) -> list[int]:
         self.passes += 1
         self._decoded_at = self._samples
+        self.decoded_samples += self._samples
         return self.decoder.decode(
             self._audio(),
             padding_s=self.settings.window_padding_s,
@@ -214,8 +239,9 @@ class IncrementalTranscriber:
             prefix=self._confirmed,
         )
 
-    def _pass(self) -> str:
-        tokens = self._decode(self.settings.pass_beam_size or self.settings.beam_size)
+    def _pass(self, beam_size: int | None = None) -> str:
+        self._pass_beam = beam_size or self.settings.pass_beam_size or self.settings.beam_size
+        tokens = self._decode(self._pass_beam)
         current = tokens[len(self._confirmed) :]
         if len(self._history) == self.settings.agreement - 1:
             agreed = min((self._agreed(previous, current) for previous in self._history), default=0)
@@ -250,7 +276,7 @@ class IncrementalTranscriber:
             self._context = [*self._context, *tokens]
         delta = self._emit(self._done_text, [])
         self._chunks, self._samples, self._decoded_at = [], 0, 0
-        self._confirmed, self._history = [], []
+        self._confirmed, self._history, self._pass_beam = [], [], None
         return delta
 
     def _quiet_since_pass(self) -> list[int] | None:
@@ -258,7 +284,7 @@ class IncrementalTranscriber:
         settings = self.settings
         if not self._history or settings.quiet_rms <= 0:
             return None
-        if (settings.pass_beam_size or settings.beam_size) != settings.beam_size:
+        if self._pass_beam != settings.beam_size:
             return None
         after = self._audio()[self._decoded_at :]
         if after.size and float(np.sqrt(np.mean(np.square(after, dtype=np.float64)))) >= settings.quiet_rms:

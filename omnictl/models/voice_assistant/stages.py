@@ -9,7 +9,13 @@
     thinker --stream + result--> decode (text), tts (audio)
 
 preprocessing receives the request (an :class:`omnictl.inputs.ChatRequest` from the HTTP
-server, or the ``{"messages", "sampling", "voice"}`` dict from Python callers). Data
+server, or the ``{"messages", "sampling", "voice"}`` dict from Python callers), or a
+microphone's audio as a streamed input (the listening half: a realtime turn, sent while it is
+spoken): then it passes each chunk on to ``asr`` as it comes (``stream_to``), and at the
+input's end sends ``{"listened": True}``, which ``route_input`` sends to ``asr``, whose
+result is then the transcript of what streamed (:class:`ListeningEntry`). ``asr`` is one
+Whisper for both: a whole question decoded at once, a streamed one while it arrives
+(:func:`asr`). Data
 between stages: preprocessing emits ``{"messages": [...]}`` whose spoken parts
 are placeholders ``{"type": "audio", "key": k}`` plus ``{"audio": {k: float32 16 kHz}}``;
 asr replaces each placeholder by its transcript and drops the audio; the thinker gets
@@ -36,13 +42,16 @@ from omnictl.inputs import (
     decode_audio,
 )
 from omnictl.models.voice_assistant.asr import SAMPLE_RATE, SpeechRecognizer
+from omnictl.models.voice_assistant.asr_stream import StreamingAsrScheduler
+from omnictl.models.voice_assistant.incremental_asr import IncrementalSettings, WhisperDecoder
 from omnictl.models.voice_assistant.speech_scheduler import SentenceSpeechScheduler
 from omnictl.models.voice_assistant.text_terminal import TextTerminalScheduler
 from omnictl.models.voice_assistant.transcript_terminal import TranscriptTerminalScheduler
 from omnictl.models.voice_assistant.tts import DEFAULT_VOICE, FIRST_WORDS, VOICES
 from omnictl.outputs import TextResult, Transcript
 from omnictl.playback.policy import DEFAULT_POLICY, DEFAULT_TTFP_TARGET_S
-from omnictl.schedulers.base import Scheduler
+from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind, OutgoingMessage, Scheduler
+from omnictl.schedulers.simple import SimpleScheduler
 
 Data = dict[str, Any]
 
@@ -97,16 +106,33 @@ def _joined(content: list[Data]) -> str:
     return " ".join(part["text"].strip() for part in content if part["text"].strip())
 
 
-def preprocessing() -> Callable[[ChatRequest | Mapping[str, Any]], Data]:
-    return prepare_question
+class ListeningEntry(SimpleScheduler):
+    """The entry: a whole request is :func:`prepare_question`'s (as a plain function stage
+    runs it); a streamed input (``Pipeline.submit(None, input_stream=True)``: a realtime
+    turn's microphone) is passed on chunk by chunk as it comes, untouched, to the stage it
+    streams to (``asr``), and its end becomes this stage's result, ``{"listened": True}``."""
+
+    def offer(self, message: IncomingMessage) -> bool:
+        # On the loop, as each chunk comes: nothing to compute, so no hop to the worker thread.
+        if message.kind is IncomingKind.STREAM_CHUNK:
+            self.emit(OutgoingMessage(OutgoingKind.STREAM, message.request_id, message.data))
+            return True
+        if message.kind is IncomingKind.STREAM_DONE:
+            self.emit(OutgoingMessage(OutgoingKind.RESULT, message.request_id, {"listened": True}))
+            return True
+        return super().offer(message)
+
+
+def preprocessing() -> Scheduler:
+    return ListeningEntry(prepare_question)
 
 
 def route_input(data: Data) -> str:
-    """Text to speak goes straight to ``tts``; a question with spoken parts to ``asr``; a
-    typed one straight to the ``thinker``."""
+    """Text to speak goes straight to ``tts``; a question with spoken parts, or the end of a
+    streamed one, to ``asr``; a typed one straight to the ``thinker``."""
     if "speak" in data:
         return "tts"
-    return "asr" if data.get("audio") else "thinker"
+    return "asr" if data.get("audio") or data.get("listened") else "thinker"
 
 
 def transcribe_question(recognizer: SpeechRecognizer, data: Data) -> Data:
@@ -170,8 +196,46 @@ def asr(
     without_timestamps: bool = True,
     window_padding_s: float | None = None,
     cpu_threads: int = 0,
-) -> Callable[[Data], Generator[Transcript, None, Data]]:
-    """Whisper base; every decoding setting is a ``factory_args`` key (see :class:`SpeechRecognizer`)."""
+    listening: Mapping[str, Any] | None = None,
+) -> Scheduler:
+    """Whisper base, loaded once, for both a whole question and a streamed one (what
+    :class:`ListeningEntry` passes on while the user speaks: decoded incrementally,
+    :class:`~omnictl.models.voice_assistant.asr_stream.StreamingAsrScheduler`). Every decoding
+    setting is a ``factory_args`` key (see :class:`SpeechRecognizer`); ``listening`` holds the
+    incremental decoder's own (``cadence_s``, ``pass_beam_size``, ``holdback_words``,
+    ``agreement``, ``max_segment_s``, ``quiet_rms``: see
+    :class:`~omnictl.models.voice_assistant.incremental_asr.IncrementalSettings`), whose beam and
+    window padding are this stage's, so a streamed turn's final transcript is decoded as a
+    whole one would be."""
+    recognizer, whole = _whole_asr(
+        beam_size, language, temperatures, vad_filter, initial_prompt, without_timestamps, window_padding_s, cpu_threads
+    )
+    known = {"cadence_s", "pass_beam_size", "holdback_words", "agreement", "max_segment_s", "quiet_rms"}
+    unknown = sorted(set(listening or {}) - known)
+    if unknown:
+        raise ValueError(
+            f"factory_args.listening: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
+    settings = IncrementalSettings(
+        beam_size=beam_size, window_padding_s=8.0 if window_padding_s is None else window_padding_s, **(listening or {})
+    )
+    language = language or "en"
+    decoder = WhisperDecoder(recognizer.model, language)  # the same model: one Whisper in memory
+    return StreamingAsrScheduler(decoder, settings, language=language, whole=whole, result_on="request")
+
+
+def _whole_asr(
+    beam_size: int,
+    language: str | None,
+    temperatures: float | list[float],
+    vad_filter: bool,
+    initial_prompt: str | None,
+    without_timestamps: bool,
+    window_padding_s: float | None,
+    cpu_threads: int,
+) -> tuple[SpeechRecognizer, Callable[[Data], Generator[Transcript, None, Data]]]:
+    """The recogniser, and a whole request's decode with it: a question's spoken parts, or a
+    transcription's clip."""
     recognizer = SpeechRecognizer(
         language=language,
         beam_size=beam_size,
@@ -189,7 +253,7 @@ def asr(
             return result
         return transcribe_question(recognizer, data)
 
-    return run
+    return recognizer, run
 
 
 def transcript() -> Scheduler:

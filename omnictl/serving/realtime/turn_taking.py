@@ -58,7 +58,7 @@ class Policy:
     create_response: bool = True  # a detected turn's end starts a response
     interrupt_response: bool = True  # speech over a reply stops it (barge-in)
     answers: bool = True  # a 'realtime' session; False: a 'transcription' one (never answers)
-    live: bool = False  # turns are transcribed while spoken (then no early answer: its input ends at the commit)
+    live: bool = False  # turns are transcribed while spoken (an early answer starts from that transcript)
 
 
 # --- events -------------------------------------------------------------------------------
@@ -440,7 +440,6 @@ class TurnTaking:
             p.detects_turns
             and p.create_response
             and p.answers
-            and not p.live
             and self.reply in (Reply.NONE, Reply.PLAYING_OUT)
             and self.listening is Listening.SPEAKING
             and self.item_id is not None

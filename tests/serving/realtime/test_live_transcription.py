@@ -24,7 +24,7 @@ import pytest
 from omnictl.audio import float_to_pcm16_bytes, resample
 from omnictl.coordinator.request import RequestEvent, RequestEventKind
 from omnictl.exceptions import Overloaded, RequestAborted
-from omnictl.outputs import Transcript
+from omnictl.outputs import TENTATIVE, Transcript
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.session import RealtimeSession
 from omnictl.serving.state import ServingState
@@ -44,11 +44,18 @@ class LiveRequest:
         self.words: list[str] = []
         self.queue: asyncio.Queue[RequestEvent] = asyncio.Queue()
         self.done = False
+        self.tentatives = 0  # {"tentative": True} chunks answered
 
     async def send(self, data: Any) -> None:
-        assert isinstance(data, bytes) and not self.ended
+        assert not self.ended
         if self.done:
             raise RequestAborted(f"request {self.id} was aborted")
+        if data == {"tentative": True}:  # the transcript so far, for an early answer (issue 46)
+            self.tentatives += 1
+            text = " ".join(self.words)
+            self.queue.put_nowait(RequestEvent(RequestEventKind.STREAM, "live", Transcript(text=text, task=TENTATIVE)))
+            return
+        assert isinstance(data, bytes)
         before = self.received // WORD_BYTES
         self.received += len(data)
         for n in range(before, self.received // WORD_BYTES):
@@ -379,6 +386,9 @@ def test_server_vad_opens_the_live_request_at_speech_start_and_it_gets_exactly_t
         assert said[-1] == client.of("conversation.item.input_audio_transcription.completed")[0]["transcript"]
         # the live request got the turn's audio from its prefix padding on: what the commit holds
         turn = client.session.conversation.turns[0]
-        assert turn.audio is None and live.ended and live.received == committed_samples[0] * 2 > RATE * 2
+        assert turn.audio is None and live.received == committed_samples[0] * 2 > RATE * 2
+        # answered early at the pause from the live transcript (issue 46): asked once for the
+        # transcript so far, which became the turn's; then aborted, its input never ended
+        assert live.tentatives == 1 and not live.ended and client.live.aborts == [live.id]
 
     asyncio.run(asyncio.wait_for(scenario(), 30))

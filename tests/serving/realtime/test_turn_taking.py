@@ -151,8 +151,9 @@ ROWS = [
         *paused_early(), (Closed(), [DropEarlyAnswer("i1", "the session closed"), AwaitDrops()])]),
     Row("no early answer under 100 ms of audio", [*speech(), (SpeechPaused(300, 90), [])],
         listening=Listening.PAUSED, reply=Reply.NONE),
-    Row("no early answer with a live transcriber (its input ends at the commit)", [
-        *speech(), (SpeechPaused(1000, 1000), [])], policy=LIVE, reply=Reply.NONE),
+    # issue 46: the early answer starts from the live transcript (its tail decoded at the pause).
+    Row("an early answer with a live transcriber too (it starts from the live transcript)", [
+        *speech(), (SpeechPaused(1000, 1000), [StartEarlyAnswer("i1", 1000)])], policy=LIVE, reply=Reply.HELD),
     Row("no early answer in a transcription session", [*speech(), (SpeechPaused(1000, 1000), [])],
         policy=TRANSCRIBES, reply=Reply.NONE),
     Row("no early answer without create_response", [*speech(), (SpeechPaused(1000, 1000), [])],

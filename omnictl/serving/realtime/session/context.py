@@ -21,6 +21,25 @@ from omnictl.serving.realtime.session.settings import Settings
 from omnictl.serving.realtime.turns import Conversation, Turn
 from omnictl.serving.state import PipelineLike, ServingState
 
+# Entry factories whose topology listens: a streamed input (``input_stream=True``) of the
+# microphone's audio asked for the ``transcript`` modality alone is transcribed while it comes,
+# each confirmed word a delta (the voice assistant's ``asr``, and the ``asr_stream`` stage alone).
+LISTENING_ENTRIES = frozenset(
+    {
+        "omnictl.models.voice_assistant.stages.preprocessing",
+        "omnictl.models.voice_assistant.asr_stream.asr_stream",
+    }
+)
+
+
+def listens(topology: object) -> bool:
+    """Whether ``topology`` transcribes a streamed input while it comes (its entry is one of
+    :data:`LISTENING_ENTRIES` and it has a ``transcript`` terminal)."""
+    stages = getattr(topology, "stages", {})
+    entry = stages.get(getattr(topology, "entry", None)) if isinstance(stages, dict) else None
+    terminals = getattr(topology, "terminals", {})
+    return getattr(entry, "factory", None) in LISTENING_ENTRIES and TRANSCRIPT in terminals.values()
+
 
 @dataclass(eq=False)
 class SessionContext:
@@ -39,9 +58,11 @@ class SessionContext:
     turn_clock: TurnClock | None = None  # the latest turn's milestones (:mod:`.milestones`)
 
     can_transcribe: bool = field(init=False)  # the topology recognises speech (a transcript terminal)
+    listens: bool = field(init=False)  # ... and while it is spoken (:func:`listens`)
 
     def __post_init__(self) -> None:
         self.can_transcribe = capabilities(self.pipeline.topology).transcription
+        self.listens = self.can_transcribe and listens(self.pipeline.topology)
 
     def send(self, event: ev.ServerEvent) -> None:
         self.sink()(event)

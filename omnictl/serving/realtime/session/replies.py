@@ -58,7 +58,7 @@ from omnictl.serving.realtime.session.settings import (
     no_tools,
     unhonoured,
 )
-from omnictl.serving.realtime.session.transcripts import Transcriber
+from omnictl.serving.realtime.session.transcripts import LiveTurn, Transcriber
 from omnictl.serving.realtime.turns import Turn
 from omnictl.serving.realtime.vad import VAD_RATE
 
@@ -77,6 +77,7 @@ class Preempted:
     build: Build  # the run's request, of these items
     before: list[Turn]  # the conversation at the pause: what the answer hears before the turn
     transcribe_id: str | None  # the transcription's request id (None: the pipeline hears the audio)
+    live: LiveTurn | None = None  # the turn's transcription while spoken: the answer hears its transcript so far
     transcript: Transcript | None = None  # what the answer heard, once transcribed
     heard_at_ns: int | None = None  # when (monotonic ns): the turn's transcript_final, marked at the release
     task: asyncio.Task[None] | None = None  # transcribes, then submits the response
@@ -244,6 +245,9 @@ class Replies:
             build,
             list(ctx.conversation.turns),
             ev.new_id("transcribe") if ctx.can_transcribe else None,
+            live=self.transcriber.live
+            if self.transcriber.live is not None and self.transcriber.live.item_id == item_id
+            else None,
         )
         p.task = ctx.spawn(self._early_run(p))
         self.early = p
@@ -253,9 +257,13 @@ class Replies:
         Cancelled (a drop), each request's own cleanup aborts it; :meth:`ResponseRun.discard`
         aborts the response's."""
         if p.transcribe_id is not None:
-            heard, _ = await self.transcriber.recognise(
-                p.audio, p.item_id, p.transcribe_id
-            )  # a failure is logged there
+            # The transcript so far, from the turn's live transcription (only its tail is
+            # decoded); without one, or if it failed, the buffer at the pause decoded whole.
+            heard = await self.transcriber.tentative(p.live) if p.live is not None else None
+            if heard is None:
+                heard, _ = await self.transcriber.recognise(
+                    p.audio, p.item_id, p.transcribe_id
+                )  # a failure is logged there
             if heard is None:
                 return  # at the turn the commit transcribes it again, and the answer starts then
             p.transcript, p.heard_at_ns = heard, time.monotonic_ns()
@@ -308,6 +316,12 @@ class Replies:
         p, self.early = self.early, None
         assert p is not None and p.item_id == turn.id, "released an early answer to another turn"
         ctx = self.ctx
+        # The turn's live transcription, taken now: the next turn, which may start before the
+        # answer is ready, opens its own.
+        live = self.transcriber.detach()
+        if live is not None and live.item_id != turn.id:  # another turn's (cannot be: the commit ended it)
+            self.transcriber.live = live
+            live = None
 
         async def ready() -> None:
             assert p.task is not None
@@ -328,11 +342,14 @@ class Replies:
                     p.request_ids(),
                     exc_info=failed,
                 )
-            if p.transcript is not None:
+            if p.transcript is not None and live is not None:  # its live request is not needed any more
+                self.transcriber.live_heard(turn, live, p.transcript, at_ns=p.heard_at_ns)
+                turn.transcribed.set()
+            elif p.transcript is not None:
                 self.transcriber.heard(turn, p.transcript, p.transcribe_id, at_ns=p.heard_at_ns)
                 turn.transcribed.set()
             else:  # not transcribed at the pause (failed), or the pipeline hears the audio
-                self.transcriber.transcribe(turn)
+                self.transcriber.transcribe(turn, live, was_detached=True)
             if p.run.tracked is not None:
                 ctx.state.metrics.preemptive.labels("used").inc()
             else:  # not submitted: run() submits it now, as without an early start

@@ -5,15 +5,25 @@
 / ``.completed``. Once transcribed, a turn keeps only its transcript; a failed transcription is
 an ``error`` event and leaves the audio for the response to hear.
 
-**While spoken** (issue 39): with a live transcriber (:attr:`ServingState.live_transcriber`: a
-pipeline whose entry takes a streamed input and streams each confirmed word as a
-:class:`~omnictl.outputs.Transcript` delta), the turn opens one streaming-input request when it
-opens (speech started, or the first audio with turn detection off), the microphone's audio is
-sent to it as it is appended, and its input ends when the turn is committed. Each confirmed
+**While spoken** (issue 39; issue 46: by default). When the served topology listens
+(:func:`~.context.listens`: the voice assistant, whose ``asr`` takes a streamed input through
+its entry and streams each confirmed word as a :class:`~omnictl.outputs.Transcript` delta, on
+the one Whisper that also decodes whole questions), or the server was given a separate live
+transcriber (:attr:`ServingState.live_transcriber`, deprecated), the turn opens one
+streaming-input request of the ``transcript`` modality when it opens (speech started, or the
+first audio with turn detection off), the microphone's audio is sent to it as it is appended,
+and its input ends when the turn is committed. Each confirmed
 word goes out at once as a delta (while the user is still speaking); the final transcript,
 ``...completed``, is the deltas joined, and the turn's text: no second decode runs after the
 turn ends. When the live request fails before the commit, the committed turn is decoded
 whole; when it fails after, the failure is an ``error`` event and the response hears the audio.
+
+**At a pause** (the early answer): :meth:`Transcriber.tentative` asks the live request for the
+transcript so far (a ``{"tentative": True}`` chunk; the answer is a chunk whose ``task`` is
+:data:`~omnictl.outputs.TENTATIVE`): the recogniser decodes only the tail after the words it
+confirmed, and nothing when only silence came since its last pass. No audio is sent again.
+When the turn is confirmed where it paused, that transcript is the turn's
+(:meth:`Transcriber.live_heard`) and the live request is aborted.
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ import numpy as np
 
 from omnictl.exceptions import InvalidRequest, Overloaded, PipelineDead, RequestError
 from omnictl.inputs import PCM16_RATE, AudioPart, ChatMessage, ChatRequest
-from omnictl.outputs import TRANSCRIPT, Transcript
+from omnictl.outputs import TENTATIVE, TRANSCRIPT, Transcript
 from omnictl.request import RequestEventKind
 from omnictl.serving.common.tracking import Tracked
 from omnictl.serving.realtime import events as ev
@@ -43,11 +53,14 @@ class LiveTurn:
     """One turn's streaming transcription request, from its opening to its final transcript."""
 
     item_id: str  # the user item the turn becomes when committed
-    chunks: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)  # pcm16 24 kHz; None: the end
+    # pcm16 24 kHz, or {"tentative": True} (the transcript so far is wanted); None: the end
+    chunks: asyncio.Queue[bytes | dict[str, bool] | None] = field(default_factory=asyncio.Queue)
     deltas: list[str] = field(default_factory=list)  # confirmed words sent so far
     turn: Turn | None = None  # set at commit
     failed: str | None = None  # why the request failed before the commit (then the turn is decoded whole)
     task: asyncio.Task[None] | None = None
+    tentative: asyncio.Future[Transcript | None] | None = None  # the transcript so far, asked for
+    closed: bool = False  # its transcript came another way (the early answer's): no more deltas go out
 
 
 class Transcriber:
@@ -57,13 +70,18 @@ class Transcriber:
 
     # --- whole ------------------------------------------------------------------------------
 
-    def transcribe(self, turn: Turn) -> None:
-        """What the user said, by the topology's own speech recognition, as soon as it is committed."""
+    def transcribe(self, turn: Turn, detached: LiveTurn | None = None, was_detached: bool = False) -> None:
+        """What the user said, by the topology's own speech recognition, as soon as it is
+        committed: its live transcription's input ends (the open turn's, or ``detached`` when
+        ``was_detached``: its turn's, taken by :meth:`detach`), else it is decoded whole."""
         ctx = self.ctx
         if not ctx.can_transcribe:
             turn.transcribed.set()  # it goes to the pipeline as audio
             return
-        if self.live_commit(turn):
+        if was_detached:
+            if detached is not None and self.live_commit(turn, detached):
+                return
+        elif self.live_commit(turn):
             return  # transcribed while spoken: its input ends now
         ctx.transcribing[id(turn)] = turn
         ctx.spawn(self._transcription(turn))
@@ -140,10 +158,17 @@ class Transcriber:
                 await ctx.pipeline.abort(tracked.request.id)
                 tracked.finish("aborted")
 
-    def heard(self, turn: Turn, heard: Transcript, request_id: str | None, at_ns: int | None = None) -> None:
+    def heard(
+        self,
+        turn: Turn,
+        heard: Transcript,
+        request_id: str | None,
+        at_ns: int | None = None,
+        streamed: str | None = None,
+    ) -> None:
         """A committed turn's transcript: it becomes the turn's text (what later responses hear),
         is told to the client, and the item is done. ``at_ns``: when it was heard, if before
-        now (an early answer's, heard at the pause)."""
+        now (an early answer's, heard at the pause); ``streamed``: the deltas already sent."""
         ctx = self.ctx
         ctx.mark(turn.id, "transcript_final", request=request_id, at_ns=at_ns)
         turn.text = heard.text
@@ -152,8 +177,8 @@ class Transcriber:
             return
         ctx.conversation.trim()  # a transcript may weigh less (or more) than its audio did
         if ctx.settings.transcription:
-            # The recogniser gives its transcript whole: one delta, then the completed text.
-            ctx.send_transcript(turn.id, heard)
+            # Whole, the recogniser gives its transcript as one delta; then the completed text.
+            ctx.send_transcript(turn.id, heard, streamed=streamed)
         ctx.send(ev.ItemDone(item=turn.item()))
 
     # --- while spoken -----------------------------------------------------------------------
@@ -163,7 +188,11 @@ class Transcriber:
         a session that names its language: the live transcriber decodes the one it was started
         with, so such a session's turns are transcribed whole, in the language it named."""
         ctx = self.ctx
-        return ctx.state.live_transcriber if ctx.can_transcribe and ctx.settings.language is None else None
+        if not ctx.can_transcribe or ctx.settings.language is not None:
+            return None
+        if ctx.state.live_transcriber is not None:  # a separate one (--live-transcriber, deprecated)
+            return ctx.state.live_transcriber
+        return ctx.pipeline if ctx.listens else None
 
     def live_open(self, item_id: str, prefix: bytes) -> None:
         """Open the turn's streaming transcription with ``prefix`` (the buffer so far: the speech's prefix padding)."""
@@ -180,9 +209,27 @@ class Transcriber:
         if self.live is not None and self.live.failed is None and raw:
             self.live.chunks.put_nowait(raw)
 
-    def live_commit(self, turn: Turn) -> bool:
-        """The turn is committed: end the live input; False when there is no live transcription of it."""
+    def detach(self) -> LiveTurn | None:
+        """The open turn's live transcription, no longer the session's (its turn was committed;
+        the next turn opens its own), for the caller to end (:meth:`live_commit`, :meth:`live_heard`)."""
         live, self.live = self.live, None
+        return live
+
+    async def tentative(self, live: LiveTurn) -> Transcript | None:
+        """The transcript so far of ``live``'s turn (None: the request failed or ended first).
+        Its recogniser decodes only the tail after the words it confirmed."""
+        if live.failed is not None or live.task is None or live.task.done():
+            return None
+        if live.tentative is None or live.tentative.done():
+            live.tentative = asyncio.get_running_loop().create_future()
+            live.chunks.put_nowait({"tentative": True})
+        return await asyncio.shield(live.tentative)
+
+    def live_commit(self, turn: Turn, live: LiveTurn | None = None) -> bool:
+        """The turn is committed: end the live input (the open turn's, or ``live``, detached);
+        False when there is no live transcription of it."""
+        if live is None:
+            live, self.live = self.live, None
         if live is None:
             return False
         if live.failed is not None:
@@ -191,6 +238,16 @@ class Transcriber:
         self.ctx.transcribing[id(turn)] = turn
         live.chunks.put_nowait(None)
         return True
+
+    def live_heard(self, turn: Turn, live: LiveTurn, heard: Transcript, at_ns: int | None) -> None:
+        """The committed ``turn``'s transcript is the one its early answer heard at the pause
+        (``live``'s tentative one): its live request is aborted, and what the deltas sent lack
+        goes out with the completed transcript."""
+        live.closed = True  # no delta of it after this: they would not add up to ``heard``
+        streamed = "".join(live.deltas)
+        if live.task is not None:
+            live.task.cancel()  # its finally aborts the pipeline request
+        self.heard(turn, heard, None, at_ns=at_ns, streamed=streamed)
 
     def live_drop(self) -> None:
         """The buffer was cleared: the turn's transcription is aborted everywhere."""
@@ -222,7 +279,7 @@ class Transcriber:
                         if chunk is None:
                             await submitted.end_input()
                             break
-                        await submitted.send(chunk)
+                        await submitted.send(chunk)  # the audio, or a control chunk ({"tentative": True})
                 except RequestError:
                     pass  # it ended (failed or aborted): the reader has its event and says why
                 except BaseException:
@@ -237,6 +294,8 @@ class Transcriber:
             if tracked is not None and tracked.outcome is None:  # cleared, or the session closed meanwhile
                 await pipeline.abort(tracked.request.id)
                 tracked.finish("aborted")
+            if live.tentative is not None and not live.tentative.done():
+                live.tentative.set_result(None)  # it ended before it could say: the caller decodes whole
             if live.turn is not None:
                 ctx.transcribing.pop(id(live.turn), None)
                 live.turn.transcribed.set()  # a failed transcription leaves the audio for the response to hear
@@ -245,7 +304,16 @@ class Transcriber:
         """The request's words as deltas as they come; (the final transcript, or None and why not)."""
         heard: Transcript | None = None
         async for event in submitted.events():
-            if event.kind is RequestEventKind.STREAM and isinstance(event.data, Transcript) and event.data.text:
+            if (
+                event.kind is RequestEventKind.STREAM
+                and isinstance(event.data, Transcript)
+                and event.data.task == TENTATIVE
+            ):
+                if live.tentative is not None and not live.tentative.done():
+                    live.tentative.set_result(event.data)
+            elif event.kind is RequestEventKind.STREAM and isinstance(event.data, Transcript) and event.data.text:
+                if live.closed:
+                    continue
                 live.deltas.append(event.data.text)
                 if self.ctx.settings.transcription:
                     self.ctx.send(ev.TranscriptionDelta(item_id=live.item_id, content_index=0, delta=event.data.text))
