@@ -96,6 +96,7 @@ class StreamingScheduler(WorkerScheduler):
         units: str | Callable[[Any], Any] = "token_ids",
         finish: Finish | None = None,
         finish_on: FinishOn | Literal["stream_done", "request"] = FinishOn.STREAM_DONE,
+        flush_on_end: bool = False,
     ) -> None:
         """
         process_chunk: ``Window -> dict | None``; a dict is emitted as a stream output.
@@ -107,10 +108,17 @@ class StreamingScheduler(WorkerScheduler):
             data returning them (a str, list, numpy array or torch tensor, concatenated along dim 0).
         finish: ``(request_id, params, outputs) -> result``; default :func:`merge_outputs`.
         finish_on: what ends a request's stream (see :class:`FinishOn`).
+        flush_on_end: when a stream that had windows ends with no units waiting, still call
+            ``process_chunk`` once with an empty final window (its context the last units):
+            a codec that holds its last frames back until it sees the frames after them
+            (a look-ahead) gives them out then. Needs ``left_context`` > 0.
         """
         super().__init__()
         if left_context < 0 or chunk_size < 1:
             raise ValueError(f"need left_context >= 0 and chunk_size >= 1, got {left_context}, {chunk_size}")
+        if flush_on_end and left_context == 0:
+            raise ValueError("flush_on_end needs left_context > 0 (the final window's context is what it flushes)")
+        self.flush_on_end = flush_on_end
         try:
             self.finish_on = FinishOn(finish_on)
         except ValueError:
@@ -175,6 +183,8 @@ class StreamingScheduler(WorkerScheduler):
         if stream.pending is not None and len(stream.pending) > 0:
             self._submit_window(rid, stream, stream.pending, final=True)
             stream.pending = None
+        elif self.flush_on_end and stream.context is not None:
+            self._submit_window(rid, stream, stream.context[:0], final=True)
         self.submit(self._finish_job, rid, stream)
 
     def _submit_window(self, rid: str, stream: _Stream, new: Any, *, final: bool) -> None:

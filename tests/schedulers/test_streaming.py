@@ -272,3 +272,36 @@ def test_merge_outputs_joins_text_deltas_and_dicts_key_by_key() -> None:
     assert merged["ids"] == [1, 2] and merged["rate"] == 2 and merged["raw"].tolist() == [1.0, 0.0]
     with pytest.raises(TypeError, match="cannot merge a TextDelta"):
         merge_outputs([{"a": 1}, TextDelta(text="x")])
+
+
+def test_flush_on_end_gives_a_look_ahead_codec_its_held_frames_when_nothing_waits() -> None:
+    """A stream ending on a window boundary: without flush_on_end no final window is
+    called; with it, one empty final window comes, its context the last units."""
+
+    def windows_of(flush: bool) -> list[Window]:
+        seen: list[Window] = []
+
+        def hold_one(window: Window) -> dict[str, Any] | None:
+            seen.append(window)
+            return None
+
+        async def scenario() -> None:
+            scheduler = StreamingScheduler(hold_one, left_context=2, chunk_size=2, units="codes", flush_on_end=flush)
+            await scheduler.start()
+            outcomes: dict[str, Outcome] = {}
+            try:
+                scheduler.inbox.put_nowait(chunk("r", {"codes": np.arange(4.0)}))
+                scheduler.inbox.put_nowait(done("r"))
+                await pump(scheduler, outcomes, lambda: "r" in outcomes and outcomes["r"].done)
+            finally:
+                await scheduler.stop()
+
+        run(scenario())
+        return seen
+
+    assert [(len(w.new), w.final) for w in windows_of(False)] == [(2, False), (2, False)]
+    flushed = windows_of(True)
+    assert [(len(w.new), w.final) for w in flushed] == [(2, False), (2, False), (0, True)]
+    np.testing.assert_array_equal(flushed[-1].context, [2.0, 3.0])
+    with pytest.raises(ValueError, match="flush_on_end needs left_context"):
+        StreamingScheduler(lambda window: None, flush_on_end=True)
