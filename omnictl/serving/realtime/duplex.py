@@ -120,6 +120,8 @@ class _Response:
             "status_details": details,
             "output": out,
             "output_modalities": ["audio"],
+            # The pipeline request behind the response: `omnictl trace ID` shows its stages.
+            "metadata": {"request_id": self.request.id},
         }
 
 
