@@ -81,7 +81,12 @@ def try_it(url: str, model: str, terminals: Mapping[str, str], api_key: str | No
     """The one request to paste, for a route the topology serves: a question in chat
     completions when it answers in text (or speaks, and does not take text to speak); text
     to speak when it is a speech synthesizer (CSM); a recording when it only transcribes
-    (Qwen3-ASR)."""
+    (Qwen3-ASR); for a full-duplex model (Moshi), where the session is, in words."""
+    if serves.full_duplex:  # no one request: a session of streamed audio (Moshi), which a curl cannot hold
+        return (
+            f"a full-duplex session at {url.replace('http', 'ws', 1)}/v1/realtime: stream audio in with "
+            "input_audio_buffer.append, audio and text stream out (a client: docs/models/moshi.md)"
+        )
     if serves.chat and ("text" in terminals.values() or not serves.speech):
         return example_curl(url, model, terminals, api_key)
     if serves.speech:
@@ -117,11 +122,12 @@ def ready_message(
     offered."""
     serves = serves if serves is not None else _served_by(terminals)
     produces = ", ".join(sorted(set(terminals.values())))
-    # The playground is a conversation over /v1/realtime: offered where the model answers in
-    # text (a speech synthesizer such as CSM serves the route, but only says what it is given).
+    # The playground is a conversation in turns over /v1/realtime: offered where the model
+    # answers chat in text (a speech synthesizer such as CSM serves the route, but only says
+    # what it is given; a full-duplex model refuses turns).
     playground = (
         [Text.assemble("  playground at ", (url + "/", "bold cyan"), "  (talk to it in a browser, over /v1/realtime)")]
-        if serves.realtime and "text" in terminals.values()
+        if serves.chat and "text" in terminals.values()
         else []
     )
     traces = (

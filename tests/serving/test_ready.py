@@ -357,3 +357,12 @@ def test_the_speech_command_saves_the_audio_and_says_what_came_back(tmp_path: Pa
                           env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}, timeout=30, check=True)
     assert done.stdout == "HTTP 200: 4 bytes saved to speech.wav\n"
     assert (tmp_path / "speech.wav").read_bytes() == b"RIFF"
+
+
+def test_a_full_duplex_model_is_pointed_at_its_session_and_offered_no_playground() -> None:
+    """Moshi: /v1/realtime only, in its duplex mode; a chat curl would be a 404, the
+    turn-based playground refused."""
+    duplex = Capabilities(chat=False, speech=False, transcription=False, full_duplex=True)
+    lines = rendered(ready_message(URL, "moshi", {"text": "text", "mimi_decoder": "audio"}, 5, 2, None, serves=duplex))
+    assert not any("playground" in line or "curl" in line for line in lines)
+    assert "ws://127.0.0.1:8000/v1/realtime" in lines[lines.index("  try it:") + 1]
