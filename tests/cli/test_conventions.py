@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 import omnictl
 from omnictl.cli.main import app
 
-COMMANDS = ("validate", "serve", "bench", "trace")
+COMMANDS = ("validate", "serve", "bench", "trace", "models")
 PYTHON_TYPE = re.compile(r"<(str|int|float|bool|path|list\[\w+\])>", re.IGNORECASE)
 
 
