@@ -110,6 +110,16 @@ FAMILIES: tuple[Family, ...] = (
         checkpoint="python -m omnictl.models.qwen2_5_omni.tiny DIR",
         docs="docs/models/qwen2.5-omni.md",
     ),
+    Family(
+        name="higgs-audio",
+        title="Higgs Audio v2 (Boson AI)",
+        package="omnictl.models.higgs_audio",
+        topologies=("higgs-audio.yaml",),
+        architectures=("HiggsAudioV2ForConditionalGeneration",),
+        engines=("hf",),
+        checkpoint="python -m omnictl.models.higgs_audio.tiny DIR",
+        docs="docs/models/higgs-audio.md",
+    ),
 )
 
 # Files in topologies/ that show a feature of the language rather than serve a family.
@@ -183,3 +193,22 @@ def families() -> list[Family]:
 def for_architecture(architecture: str) -> Family | None:
     """The family whose checkpoints name ``architecture`` in their config.json."""
     return next((f for f in families() if architecture in f.architectures), None)
+
+
+def for_checkpoint(model_path: str | Path) -> Family:
+    """The family of the checkpoint in ``model_path``, by the ``architectures`` its
+    config.json names (what ``serve --model PATH`` would pick the topology by); the error
+    names the file, what it names and every architecture omnictl serves."""
+    import json
+
+    config = Path(model_path) / "config.json"
+    try:
+        named = json.loads(config.read_text()).get("architectures") or []
+    except (OSError, ValueError) as exc:
+        raise UnknownFamily(f"{config}: cannot read the checkpoint's architectures: {exc}") from exc
+    for architecture in named:
+        found = for_architecture(architecture)
+        if found is not None:
+            return found
+    served = ", ".join(f"{a} ({f.name})" for f in families() for a in f.architectures)
+    raise UnknownFamily(f"{config} names architectures {named}; omnictl serves {served}")

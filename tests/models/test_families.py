@@ -88,3 +88,17 @@ def test_the_families_that_landed_are_listed_and_one_still_being_added_is_not() 
     no_topology = Family("ghost", "Ghost", "omnictl.models.csm", ("ghost.yaml",), (), ("hf",), None, "x.md")
     assert not installed(no_package) and not installed(no_topology)
     assert installed(family("csm"))
+
+
+def test_a_checkpoint_picks_its_family_by_the_architecture_its_config_names(tmp_path: Path) -> None:
+    import json
+
+    from omnictl.models.families import for_checkpoint
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["CsmForConditionalGeneration"]}))
+    assert for_checkpoint(tmp_path) is family("csm")
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(UnknownFamily, match=r"names architectures \['LlamaForCausalLM'\]; omnictl serves .*\(csm\)"):
+        for_checkpoint(tmp_path)
+    with pytest.raises(UnknownFamily, match="cannot read the checkpoint's architectures"):
+        for_checkpoint(tmp_path / "missing")
