@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from omnictl.cli.main import app
@@ -48,3 +50,18 @@ def test_path_prints_one_topology_for_a_shell_and_errors_name_the_choices() -> N
     assert code == 2 and "no model family named 'qwen9'; omnictl serves: voice-assistant, qwen3-omni, csm" in err
     code, _, err = invoke("models", "--path")
     assert code == 2 and "--path needs a FAMILY" in err
+
+
+def test_installed_from_a_wheel_the_families_are_listed_and_their_topologies_said_to_be_in_the_source_tree(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A wheel carries no topologies/ (only the voice assistant's, in omnictl/data)."""
+    import omnictl.models.families as registry
+
+    monkeypatch.setattr(registry, "TOPOLOGIES", tmp_path / "no-checkout" / "topologies")
+    code, out, _ = invoke("models")
+    assert code == 0, out
+    assert "voice-assistant.yaml" in out  # from the package
+    assert "in omnictl's source tree (topologies/), not installed here" in out.split("csm  ")[1]
+    code, _, err = invoke("models", "csm", "--path")
+    assert code == 2 and "not in the wheel" in err
