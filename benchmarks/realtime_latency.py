@@ -18,6 +18,14 @@ output), as a new user would. The questions are the answer-quality eval set's
 - **accuracy**: answers judged right (``is_correct``: an accepted word in the first
   sentence) over realtime at c=1, against ``POST /v1/chat/completions`` with the same clip
   as a WAV (the turn-based path: the whole utterance, then the answer). Goal: no worse.
+- **deltas while speaking**: questions (c=1) with a
+  ``conversation.item.input_audio_transcription.delta`` before the end of their speech (the
+  turn transcribed while spoken, with server defaults). Goal: every question.
+- **CPU per turn**: the server's processes' CPU seconds (all of them, children included:
+  ``psutil``; only for a server started here) over each phase, per turn; and the seconds
+  dropped early answers ran before their drop (``omnictl_realtime_preemptive_dropped_seconds``
+  from ``/metrics``) as a share of the phase's wall time on the turns' side, with the early
+  answers used and dropped.
 
 Each figure is printed with met / not met.
 
@@ -39,6 +47,7 @@ from typing import Any, Callable
 
 import numpy as np
 import openai
+import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tests.serving.harness starts and stops the server
@@ -65,6 +74,7 @@ class Turn:
     cut_off: bool = False  # a response began before the question was all sent
     answer: str = ""
     error: str | None = None
+    deltas_before_end: int = 0  # transcription deltas that came before the speech ended
 
 
 def pcm16(audio: np.ndarray) -> bytes:
@@ -124,6 +134,8 @@ def ask_realtime(client: openai.OpenAI, question: Question, audio: np.ndarray) -
             turn.cut_off = True
         elif event.type == "response.output_audio.delta" and turn.first_audio_ms is None:
             turn.first_audio_ms = (at - question_sent) * 1000
+        elif event.type == "conversation.item.input_audio_transcription.delta" and at < question_sent:
+            turn.deltas_before_end += 1
         elif event.type == "response.output_audio_transcript.delta":
             turn.answer += event.delta
         elif event.type == "response.done" and event.response.status != "completed" and turn.error is None:
@@ -138,7 +150,9 @@ def ask_chat(client: openai.OpenAI, question: Question, clip16: np.ndarray) -> s
     data = base64.b64encode(wav_bytes(clip16, SAMPLE_RATE)).decode()
     reply = client.chat.completions.create(
         model="voice-assistant",
-        messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}]}],
+        messages=[
+            {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}]}
+        ],
     )
     return reply.choices[0].message.content or ""
 
@@ -157,6 +171,81 @@ def at_once(client: openai.OpenAI, work: list[tuple[Question, np.ndarray]], sess
     for thread in threads:
         thread.join()
     return [turn for batch in results for turn in batch]
+
+
+@dataclass
+class Spent:
+    """What the server spent over one phase."""
+
+    turns: int
+    wall_s: float
+    cpu_s: float | None  # its processes' CPU seconds (None: a server not started here)
+    dropped_s: float  # seconds dropped early answers ran before their drop
+    used: int  # early answers used
+    dropped: int  # ... and dropped
+
+
+class Meter:
+    """The server's CPU time (its process and every child: the stage processes) and its
+    early-answer counters from /metrics, read before and after a phase."""
+
+    def __init__(self, url: str, pid: int | None, api_key: str) -> None:
+        self.url, self.api_key = url, api_key
+        self.process = psutil.Process(pid) if pid is not None else None
+
+    def _cpu(self) -> float | None:
+        if self.process is None:
+            return None
+        total = 0.0
+        for proc in [self.process, *self.process.children(recursive=True)]:
+            try:
+                times = proc.cpu_times()
+            except psutil.NoSuchProcess:  # ended meanwhile (its time is lost to the figure)
+                continue
+            total += times.user + times.system
+        return total
+
+    def _metrics(self) -> dict[str, float]:
+        import urllib.request
+
+        request = urllib.request.Request(self.url + "/metrics", headers={"Authorization": f"Bearer {self.api_key}"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            text = answer.read().decode()
+        wanted = {
+            'omnictl_realtime_preemptive_answers_total{outcome="used"}': "used",
+            'omnictl_realtime_preemptive_answers_total{outcome="dropped"}': "dropped",
+            "omnictl_realtime_preemptive_dropped_seconds_total": "dropped_s",
+        }
+        found = dict.fromkeys(wanted.values(), 0.0)
+        for line in text.splitlines():
+            name, _, value = line.rpartition(" ")
+            if name in wanted:
+                found[wanted[name]] = float(value)
+        return found
+
+    def measure(self, phase: Callable[[], list[Turn]]) -> tuple[list[Turn], Spent]:
+        cpu, metrics, start = self._cpu(), self._metrics(), time.perf_counter()
+        turns = phase()
+        wall = time.perf_counter() - start
+        cpu_after, after = self._cpu(), self._metrics()
+        spent = None if cpu is None or cpu_after is None else cpu_after - cpu
+        return turns, Spent(
+            len(turns),
+            wall,
+            spent,
+            after["dropped_s"] - metrics["dropped_s"],
+            int(after["used"] - metrics["used"]),
+            int(after["dropped"] - metrics["dropped"]),
+        )
+
+
+def report_spent(label: str, spent: Spent) -> None:
+    cpu = "n/a (a server not started here)" if spent.cpu_s is None else f"{spent.cpu_s / max(spent.turns, 1):.2f} s"
+    print(
+        f"{label}: CPU per turn {cpu} (wall {spent.wall_s / max(spent.turns, 1):.1f} s a turn); early answers "
+        f"{spent.used} used, {spent.dropped} dropped, the dropped ones ran {spent.dropped_s:.2f} s before their drop "
+        f"({spent.dropped_s / max(spent.wall_s, 1e-9):.1%} of the phase's wall time)"
+    )
 
 
 def p50(values: list[float]) -> float:
@@ -195,21 +284,32 @@ def main(args: argparse.Namespace) -> int:
         url = server.url
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key=args.api_key, max_retries=0, timeout=300)
+        meter = Meter(url, server.process.pid if server is not None else None, args.api_key)
         warm = questions[0]
         ask_chat(client, warm, clips16[warm.text])  # first requests pay one-time costs
         ask_realtime(client, warm, clips[warm.text])
         plain = [(q, clips[q.text]) for q in questions[: args.questions]]
-        one = at_once(client, plain, 1)
-        four = at_once(client, plain, 4)
+        one, spent_one = meter.measure(lambda: at_once(client, plain, 1))
+        four, spent_four = meter.measure(lambda: at_once(client, plain, 4))
         paused = [(q, with_pause(clips[q.text], PAUSE_MS)) for q in questions[: args.pause_questions]]
-        cut = at_once(client, paused, 1)
+        cut, spent_cut = meter.measure(lambda: at_once(client, paused, 1))
         chat_right = sum(is_correct(ask_chat(client, q, clips16[q.text]), q) for q, _ in plain)
     finally:
         if server is not None:
             stop_server(server)
+    load = ", ".join(f"{x:.1f}" for x in psutil.getloadavg())
     print(f"{len(plain)} questions (Piper voice), streamed in {CHUNK_MS} ms appends at real time, server defaults")
+    print(f"machine: {psutil.cpu_count()} CPUs, load average {load} at the end")
     report_latency("c=1", one, GOAL_C1_MS)
     report_latency("c=4", four, GOAL_C4_MS)
+    heard = sum(t.deltas_before_end > 0 for t in one)
+    print(
+        f"transcription deltas before the end of speech (c=1): {heard}/{len(one)} questions: goal every question: "
+        f"{verdict(heard == len(one))}"
+    )
+    report_spent("c=1", spent_one)
+    report_spent("c=4", spent_four)
+    report_spent(f"{PAUSE_MS} ms pauses", spent_cut)
     cut_offs = sum(t.cut_off for t in cut)
     whole = sum(is_correct(t.answer, t.question) for t in cut)
     print(

@@ -100,6 +100,14 @@ class ServerMetrics:
         )
         for outcome in ("used", "dropped"):
             self.preemptive.labels(outcome)
+        # What dropped early answers may have computed for nothing: the seconds from each one's
+        # start (its tail transcription, its thinker and first clause) to its drop, when its
+        # requests were aborted; with the turns' count, the share benchmarks/realtime_latency.py prints.
+        self.preemptive_dropped_s = Counter(
+            "omnictl_realtime_preemptive_dropped_seconds",
+            "Realtime answers started at a pause and dropped: seconds from their start to the drop, summed",
+            registry=self.registry,
+        )
         self.audio = AudioMetrics(self.registry)
         self.profile = ProfileMetrics()
         self.registry.register(self.profile)

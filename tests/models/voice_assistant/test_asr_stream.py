@@ -275,3 +275,95 @@ def test_the_stream_is_resampled_once_as_it_comes_the_same_as_the_whole() -> Non
     assert len(decoder.heard) > 20 and decoder.heard[-1].size == whole.size
     for heard in decoder.heard:  # every pass heard the stream so far, exactly
         assert np.abs(heard - whole[: heard.size]).max() < 1e-4
+
+
+class WordsDecoder:
+    """A test double for Whisper alone: hears one word per 100 ms of voiced audio ("w0 w1 ..."),
+    always extending the forced prefix; counts the samples each decode heard."""
+
+    def __init__(self) -> None:
+        self.heard: list[int] = []
+
+    def encode_text(self, text: str) -> list[int]:
+        return []
+
+    def text(self, tokens: list[int]) -> str:
+        return " ".join(f"w{t}" for t in tokens)
+
+    def starts_word(self, token: int) -> bool:
+        return True
+
+    def decode(self, audio: np.ndarray, *, prefix: list[int], **_: Any) -> list[int]:
+        self.heard.append(audio.size)
+        return list(range(max(len(prefix), int(np.count_nonzero(np.abs(audio) > 0.01)) // 1_600)))
+
+
+def test_one_scheduler_takes_whole_requests_and_streamed_ones_and_a_tentative_transcript() -> None:
+    """The voice assistant's asr (issue 46): whole requests are decoded by its whole decode,
+    streamed ones incrementally, on one scheduler (one Whisper); a {"tentative": True} chunk
+    gets the transcript so far as a chunk of task 'tentative'; a streamed request's result
+    waits for the entry's {"listened": True} and has the whole decode's shape."""
+    from omnictl.outputs import TENTATIVE
+
+    decoder = WordsDecoder()
+    wholes: list[Any] = []
+
+    def whole(data: dict[str, Any]) -> Any:
+        wholes.append(data)
+        yield Transcript(text="a segment")
+        return {"messages": [{"role": "user", "content": "whole"}], "transcript": Transcript(text="whole")}
+
+    voiced = np.concatenate([np.full(RATE, 0.2, np.float32), np.zeros(RATE // 5, np.float32)])
+    pcm = float_to_pcm16_bytes(voiced)  # 1 s of "speech" at 24 kHz, then 200 ms of silence
+
+    async def main() -> tuple[Any, ...]:
+        scheduler = StreamingAsrScheduler(decoder, IncrementalSettings(cadence_s=0.4), whole=whole, result_on="request")  # type: ignore[arg-type]  # the test double
+        await scheduler.start()
+        try:
+            scheduler.inbox.put_nowait(IncomingMessage(IncomingKind.NEW_REQUEST, "w", data={"audio": {}}, source="preprocessing"))
+            whole_out = await until_result(scheduler, "w")
+            for offset in range(0, len(pcm), 2 * CHUNK):
+                scheduler.inbox.put_nowait(chunk("s", pcm[offset : offset + 2 * CHUNK]))
+            scheduler.inbox.put_nowait(chunk("s", {"tentative": True}))
+            streamed: list[OutgoingMessage] = []
+            while not any(m.data.task == TENTATIVE for m in streamed):
+                message = await asyncio.wait_for(scheduler.outbox.get(), 30)
+                assert message.kind is OutgoingKind.STREAM, message
+                streamed.append(message)
+            heard_at_tentative = list(decoder.heard)
+            scheduler.inbox.put_nowait(done("s"))
+            await idle(scheduler)
+            while not scheduler.outbox.empty():  # the rest of the transcript, as the last delta
+                streamed.append(scheduler.outbox.get_nowait())
+                assert streamed[-1].kind is OutgoingKind.STREAM  # no result before the entry's
+            scheduler.inbox.put_nowait(IncomingMessage(IncomingKind.NEW_REQUEST, "s", data={"listened": True}, source="preprocessing"))
+            rest, result = await until_result(scheduler, "s")
+            return whole_out, streamed + rest, result, heard_at_tentative
+        finally:
+            await scheduler.stop()
+
+    (whole_streamed, whole_result), streamed, result, heard_at_tentative = run(main())
+    assert [m.data.text for m in whole_streamed] == ["a segment"] and whole_result.data["transcript"].text == "whole"
+    assert wholes == [{"audio": {}}]
+    [tentative] = [m.data for m in streamed if m.data.task == TENTATIVE]
+    deltas = "".join(m.data.text for m in streamed if m.data.task != TENTATIVE)
+    assert tentative.text == " ".join(f"w{i}" for i in range(10))  # 1 s of speech: ten words so far
+    assert result.kind is OutgoingKind.RESULT
+    heard = result.data["transcript"]
+    assert heard.text == tentative.text == deltas and result.data["messages"] == [{"role": "user", "content": heard.text}]
+    assert len(decoder.heard) == len(heard_at_tentative)  # only silence (none) since: the end decoded nothing
+
+
+def test_a_streamed_request_that_sent_nothing_has_an_empty_transcript() -> None:
+    async def main() -> OutgoingMessage:
+        scheduler = StreamingAsrScheduler(WordsDecoder(), IncrementalSettings(), result_on="request")  # type: ignore[arg-type]  # the test double
+        await scheduler.start()
+        try:
+            scheduler.inbox.put_nowait(IncomingMessage(IncomingKind.NEW_REQUEST, "e", data={"listened": True}, source="preprocessing"))
+            return (await until_result(scheduler, "e"))[1]
+        finally:
+            await scheduler.stop()
+
+    result = run(main())
+    assert result.kind is OutgoingKind.RESULT and result.data["transcript"].text == ""
+    assert result.data["messages"] == [{"role": "user", "content": ""}]

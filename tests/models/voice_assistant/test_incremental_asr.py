@@ -22,6 +22,13 @@ def decoder() -> Iterator[WhisperDecoder]:
     yield WhisperDecoder.load()
 
 
+@pytest.fixture(scope="module")
+def whole_decode() -> SpeechRecognizer:
+    """The whole-utterance recogniser the final transcript is compared with: loaded once for
+    the module, not once per question."""
+    return SpeechRecognizer(model_dir=None, beam_size=5, window_padding_s=8.0)
+
+
 def question(name: str) -> np.ndarray:
     samples, rate = sample_question(name)
     return resample(samples, rate, SAMPLE_RATE)
@@ -51,9 +58,11 @@ def test_words_are_confirmed_while_the_audio_arrives_and_add_up_to_the_transcrip
 
 
 @pytest.mark.parametrize("name", ["capital_of_france", "spider_legs"])
-def test_the_final_transcript_is_the_whole_utterance_decode(decoder: WhisperDecoder, name: str) -> None:
+def test_the_final_transcript_is_the_whole_utterance_decode(
+    decoder: WhisperDecoder, whole_decode: SpeechRecognizer, name: str
+) -> None:
     audio = question(name)
-    whole = SpeechRecognizer(model_dir=None, beam_size=5, window_padding_s=8.0).transcribe(audio)
+    whole = whole_decode.transcribe(audio)
     transcriber = IncrementalTranscriber(decoder, IncrementalSettings(cadence_s=0.3))
     stream(transcriber, audio)
     final = transcriber.finish()
@@ -171,3 +180,39 @@ def test_agreement_3_waits_for_three_passes() -> None:
     deltas = [transcriber.feed(np.zeros(CHUNK, np.float32)) for _ in range(3)]
     assert deltas == ["", "", "What is"]  # "the" is the newest word of each pass: held back
     assert transcriber.finish() == "What is the capital"
+
+
+def test_a_tentative_transcript_decodes_only_the_tail_and_the_final_is_it() -> None:
+    """At a pause (issue 46) the answer asks for the transcript so far: the confirmed words are
+    forced and only what follows them is decoded; when only silence came since, nothing is
+    decoded at all, and the input then ending in silence leaves no decode either."""
+    scripted = ScriptedDecoder(
+        [
+            " What| is| my",  # pass 1
+            " What| is| the| capital",  # pass 2: "What is" confirmed
+            " What| is| the| capital| of| France|?",  # the tentative decode at the pause
+        ]
+    )
+    transcriber = IncrementalTranscriber(scripted, IncrementalSettings(cadence_s=0.1))  # type: ignore[arg-type]  # the test double
+    voiced = np.full(CHUNK, 0.2, np.float32)
+    assert [transcriber.feed(voiced) for _ in range(2)] == ["", "What is"]
+    transcriber.feed(voiced[: CHUNK // 2])  # under the cadence: no pass
+    delta, so_far = transcriber.tentative()
+    what, is_ = (ScriptedDecoder.VOCAB.index(w) for w in (" What", " is"))
+    assert so_far == "What is the capital of France?" and scripted.prefixes[-1] == [what, is_]
+    assert delta == " the capital"  # the tentative decode is a pass: two agree on "the capital"
+    passes = transcriber.passes
+    transcriber.feed(np.zeros(CHUNK // 2, np.float32))  # silence after it: under the cadence
+    assert transcriber.tentative() == ("", so_far) and transcriber.passes == passes  # asked again: no decode
+    assert transcriber.finish() == so_far and transcriber.passes == passes  # the end: none either
+    assert transcriber.tentatives == 2
+
+
+def test_a_tentative_transcript_after_speech_since_the_last_pass_decodes_once() -> None:
+    scripted = ScriptedDecoder([" What| is", " What| is| the", " What| is| the| capital"])
+    transcriber = IncrementalTranscriber(scripted, IncrementalSettings(cadence_s=0.1))  # type: ignore[arg-type]  # the test double
+    voiced = np.full(CHUNK, 0.2, np.float32)
+    transcriber.feed(voiced)
+    transcriber.feed(voiced)
+    transcriber.feed(voiced[:10], decode=False)  # a little speech after the last pass: it must be heard
+    assert transcriber.tentative()[1] == "What is the capital" and transcriber.passes == 3

@@ -35,11 +35,12 @@ WORD_BYTES = RATE // 10 * 2  # the double confirms a word per 100 ms of pcm16
 
 
 class LiveRequest:
-    """A streaming-input request: a word per 100 ms of audio sent, the rest at the end."""
+    """A streaming-input request: a word per 100 ms of audio sent (not silence), the rest at the end."""
 
     def __init__(self, rid: str) -> None:
         self.id = rid
         self.received = 0
+        self.voiced = 0  # bytes of audio that are not silence
         self.ended = False
         self.words: list[str] = []
         self.queue: asyncio.Queue[RequestEvent] = asyncio.Queue()
@@ -56,9 +57,10 @@ class LiveRequest:
             self.queue.put_nowait(RequestEvent(RequestEventKind.STREAM, "live", Transcript(text=text, task=TENTATIVE)))
             return
         assert isinstance(data, bytes)
-        before = self.received // WORD_BYTES
         self.received += len(data)
-        for n in range(before, self.received // WORD_BYTES):
+        before = self.voiced // WORD_BYTES
+        self.voiced += 2 * int(np.count_nonzero(np.frombuffer(data, "<i2")))  # silence says no words
+        for n in range(before, self.voiced // WORD_BYTES):
             self._word(f"w{n}")
 
     def _word(self, word: str) -> None:

@@ -22,7 +22,9 @@ synthesises its first clause. Nothing of it is sent and nothing is added to the 
   answer is dropped (:meth:`Replies.drop_early`): its pipeline requests aborted everywhere,
   nothing sent, nothing kept. Logged once at info with the request ids, marked
   ``preemptive_dropped`` on the turn's milestones, counted on
-  ``omnictl_realtime_preemptive_answers_total{outcome="dropped"}``.
+  ``omnictl_realtime_preemptive_answers_total{outcome="dropped"}``, the seconds from its start
+  to the drop (what its requests may have computed for nothing) on
+  ``omnictl_realtime_preemptive_dropped_seconds_total``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Sequence
 
 import msgspec
@@ -81,6 +83,7 @@ class Preempted:
     transcript: Transcript | None = None  # what the answer heard, once transcribed
     heard_at_ns: int | None = None  # when (monotonic ns): the turn's transcript_final, marked at the release
     task: asyncio.Task[None] | None = None  # transcribes, then submits the response
+    started_ns: int = field(default_factory=time.monotonic_ns)  # its start (the pause)
 
     def request_ids(self) -> str:
         """Its requests that may still run: the transcription until it has heard, the response."""
@@ -290,6 +293,7 @@ class Replies:
         if ctx.turn_clock is not None and ctx.turn_clock.id == p.item_id:
             ctx.turn_clock.mark(DROPPED, request=p.run.request_id)
         ctx.state.metrics.preemptive.labels("dropped").inc()
+        ctx.state.metrics.preemptive_dropped_s.inc((time.monotonic_ns() - p.started_ns) / 1e9)
         discarding = ctx.spawn(self._discard(p))
         self.discarding.add(discarding)
         discarding.add_done_callback(self.discarding.discard)
