@@ -11,6 +11,9 @@ processes, shared memory) on a checkpoint written by ``python -m omnictl.models.
 2. **As fast as it goes**: the same audio sent at once; the real-time factor is the time
    from the first send to the last frame back over the seconds of audio (under 1: faster
    than real time, the headroom a session has).
+3. **CPU time per frame**, stage by stage, stepped in this process with each thread's own
+   CPU clock: what a frame costs whatever else runs on the machine (the two figures above
+   are wall-clock times, and move with the machine's load).
 
 Run: ``python benchmarks/moshi_duplex.py --model-path /tmp/moshi-tiny [--seconds 20]``
 """
@@ -68,6 +71,42 @@ async def session(pipe: Any, audio: np.ndarray, paced: bool) -> tuple[list[float
     return sent, back, start
 
 
+def cpu_per_frame(model_path: str, seconds: float) -> dict[str, float]:
+    """Each stage's CPU time per frame (its thread's, one torch thread as a stage process has on
+    two cores), in this process: the compute a frame costs, whatever else the machine runs."""
+    import torch
+
+    from omnictl.models.mimi.codec import load_mimi
+    from omnictl.models.mimi.streaming import StreamDecoder, StreamEncoder
+    from omnictl.models.moshi.model import Depth, Temporal
+    from omnictl.schedulers.sampling import Sampler, SamplingParams
+
+    torch.set_num_threads(1)
+    mimi = load_mimi(model_path)
+    temporal, depth = Temporal(model_path), Depth(model_path)
+    encoder, decoder = StreamEncoder(mimi, temporal.codebooks), StreamDecoder(mimi)
+    greedy = Sampler(SamplingParams(temperature=0.0))
+    session = temporal.open()
+    previous = depth.codes(temporal.step(session, greedy, None, None), greedy)
+    spent = {"mimi encoder": 0.0, "temporal": 0.0, "depth": 0.0, "mimi decoder": 0.0}
+    audio = speechlike(seconds)
+    frames = len(audio) // FRAME
+    for index in range(frames):
+        started = time.thread_time()
+        user = encoder.push(audio[index * FRAME : (index + 1) * FRAME])[0]
+        encoded = time.thread_time()
+        step = temporal.step(session, greedy, previous, user)
+        stepped = time.thread_time()
+        codes = depth.codes(step, greedy)
+        made = time.thread_time()
+        decoder.push(torch.cat([previous[:1], codes[1:]])[None])
+        decoded = time.thread_time()
+        previous = codes
+        for name, spell in zip(spent, (encoded - started, stepped - encoded, made - stepped, decoded - made)):
+            spent[name] += spell
+    return {name: total / frames * 1000 for name, total in spent.items()}
+
+
 async def measure(model_path: str, seconds: float, options_trace: bool = False) -> int:
     audio = speechlike(seconds)
     frames = len(audio) // FRAME
@@ -89,6 +128,10 @@ async def measure(model_path: str, seconds: float, options_trace: bool = False) 
     print(f"as fast as it goes: real-time factor {rtf:.2f} ({1 / max(rtf, 1e-9):.1f}x real time)")
     if options_trace:
         print("frame latency over the session (ms, every 25th frame):", " ".join(f"{x:.0f}" for x in lag[::25]))
+    cpu = cpu_per_frame(model_path, min(seconds, 10.0))
+    total = sum(cpu.values())
+    each = ", ".join(f"{name} {ms:.1f} ms" for name, ms in cpu.items())
+    print(f"CPU time per frame (thread time, one thread): {each}; {total:.1f} ms in all, {total / 80:.2f} of a frame")
     print(f"p99 frame latency under one frame (80 ms): {'met' if met else 'not met'}")
     return 0
 
