@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Generator, Iterator
+from typing import Any, Generator, Iterator
 
 import pytest
 
@@ -21,6 +21,23 @@ def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
         del os.environ["XDG_STATE_HOME"]
     else:
         os.environ["XDG_STATE_HOME"] = previous
+
+
+@pytest.fixture(scope="session")
+def fast_server() -> Iterator[Any]:
+    """One `omnictl serve` of the fast topology (tests/serving/fast.yaml: plain functions in
+    two stage processes) for the whole run, with an API key and small limits so that 413 is
+    cheap to provoke: every test that only sends requests shares it (tests/serving's
+    ``server``, the bench's), where each module started its own. Ctrl-C must shut it down
+    cleanly at the end."""
+    from tests.serving.harness import API_KEY, FAST_TOPOLOGY, start_server, stop_server
+
+    running = start_server(str(FAST_TOPOLOGY), "--api-key", API_KEY, "--max-body-mb", "0.25",
+                           "--max-audio-mb", "0.05", "--body-timeout", "2")
+    yield running
+    code = stop_server(running)
+    assert code == 0, running.text()
+    assert "omnictl serve: stopped" in running.text()
 
 
 # Fixtures that start the real voice assistant (Whisper, SmolLM2, Piper): a test using one,

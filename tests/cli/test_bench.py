@@ -5,24 +5,23 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from typer.testing import CliRunner
 
 from omnictl.cli.main import app
-from tests.serving.harness import FAST_TOPOLOGY, ServerProcess, start_server, stop_server
+from tests.serving.harness import API_KEY, ServerProcess
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    running = start_server(str(FAST_TOPOLOGY))
-    yield running
-    assert stop_server(running) == 0
+def server(fast_server: ServerProcess) -> ServerProcess:
+    """The run's shared fast server (tests/conftest.py): it takes an API key, which the
+    bench sends (``--api-key``) for /health's details, where its trace store is named."""
+    return fast_server
 
 
 def bench(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(app, ["bench", *args], env={"COLUMNS": "160"})
+    result = CliRunner().invoke(app, ["bench", *args], env={"COLUMNS": "160", "OMNICTL_API_KEY": API_KEY})
     return result.exit_code, result.output
 
 

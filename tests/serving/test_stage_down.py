@@ -10,7 +10,7 @@ import subprocess
 
 import httpx
 
-from tests.serving.harness import FAST_TOPOLOGY, start_server, stop_server, wait_until
+from tests.serving.harness import API_KEY, FAST_TOPOLOGY, ServerProcess, start_server, stop_server, wait_until
 
 
 def test_a_dead_stage_makes_health_503_and_requests_fail_fast() -> None:
@@ -47,21 +47,22 @@ def test_a_dead_stage_makes_health_503_and_requests_fail_fast() -> None:
         assert stop_server(server) == 0
 
 
-def test_a_frozen_stage_process_makes_health_503_naming_it_until_it_resumes() -> None:
-    server = start_server(str(FAST_TOPOLOGY))
+def test_a_frozen_stage_process_makes_health_503_naming_it_until_it_resumes(server: ServerProcess) -> None:
+    """On the session's shared server (the fast topology): the process is resumed and the
+    server healthy again before the test ends, so nothing of it is left for the next one."""
+    key = {"Authorization": f"Bearer {API_KEY}"}  # /health's details need the key
     children = subprocess.run(["pgrep", "-P", str(server.process.pid), "-f", "omnictl.stage.worker"],
                               capture_output=True, text=True).stdout.split()
     frozen = int(children[0])
     try:
-        assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+        assert httpx.get(server.url + "/health", headers=key, timeout=10).status_code == 200
         os.kill(frozen, signal.SIGSTOP)
-        response = httpx.get(server.url + "/health", timeout=10)
+        response = httpx.get(server.url + "/health", headers=key, timeout=10)
         assert response.status_code == 503
         body = response.json()
         assert body["status"] == "unresponsive" and len(body["unresponsive"]) == 1
         assert body["processes"][body["unresponsive"][0]] == frozen
         os.kill(frozen, signal.SIGCONT)
-        wait_until(lambda: httpx.get(server.url + "/health", timeout=10).status_code == 200)
+        wait_until(lambda: httpx.get(server.url + "/health", headers=key, timeout=10).status_code == 200)
     finally:
         os.kill(frozen, signal.SIGCONT)
-        assert stop_server(server) == 0
