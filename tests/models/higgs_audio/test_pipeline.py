@@ -1,0 +1,133 @@
+"""topologies/higgs-audio.yaml on the real runtime (processes, sockets, shared memory), on CPU,
+against transformers' greedy ``generate`` on the same tiny checkpoint: through the Python
+API (with a terminal that shows the generator's frames) and through ``/v1/audio/speech``."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+import omnictl
+from omnictl.outputs import AudioChunk, AudioResult
+from omnictl.profiling.spans import build_trace
+from omnictl.profiling.store import TraceStore
+from omnictl.request import RequestEventKind, RequestState
+from omnictl.serving.config import HttpConfig, ServeConfig
+from omnictl.topology.validation import loads
+from tests.serving.harness import serving_in_process
+from tests.support.held import held_by
+
+from .conftest import FRAMES, TEXT
+
+# Two launches of two processes, a model load each: ~a minute on a loaded 2-core machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+TOPOLOGY = Path(__file__).resolve().parents[3] / "topologies" / "higgs-audio.yaml"
+GREEDY = {"temperature": 0, "max_tokens": FRAMES}
+STAGES = {"preprocessing", "generator", "audio_decoder"}
+
+
+def with_frames_terminal() -> Any:
+    """The shipped topology, plus a terminal that returns the generator's result (the client
+    hears only audio otherwise): its frames and codes are compared frame by frame."""
+    text = TOPOLOGY.read_text()
+    old = "    next: [audio_decoder]\n"
+    assert old in text
+    text = text.replace(old, "    next: [audio_decoder, frames]\n")
+    text += (
+        "\n  - name: frames\n    factory: omnictl.models.examples.identity\n    process: higgs\n"
+        "    terminal: true\n    modality: codes\n"
+    )
+    return loads(text, str(TOPOLOGY))
+
+
+def test_served_higgs_audio_is_transformers_greedy_output_streamed_and_traced(
+    tiny_higgs: Path, reference: dict[str, Any], tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+
+    async def run() -> tuple[str, dict[str, Any], list[Any], bool, list[str]]:
+        async with omnictl.Pipeline.launch(
+            with_frames_terminal(), model_path=str(tiny_higgs), device="cpu", run_dir=run_dir, profile=True
+        ) as pipe:
+            request = await pipe.submit({"text": TEXT, "sampling": GREEDY})
+            events, early = [], False
+            async for event in request.events():
+                events.append(event)
+                if event.kind is RequestEventKind.STREAM and request.state is RequestState.RUNNING:
+                    early = True  # audio came while the request was still running
+            result = await request.result()
+            # Aborted after its first audio (a long request: the random model is told to go on): nothing is left.
+            aborted = await pipe.submit(
+                {
+                    "text": "The quick brown fox jumps over the lazy dog.",
+                    "sampling": {"temperature": 0.9, "seed": 3, "max_tokens": 500},
+                }
+            )
+            async for event in aborted.events():
+                if event.kind is RequestEventKind.STREAM:
+                    await pipe.abort(aborted.id)
+                    break
+            return request.id, result, events, early, await held_by(pipe)
+
+    request_id, result, events, early, held = asyncio.run(run())
+    made = result["frames"]
+    # Text tokens, frames (every codebook, delayed as generated) and codec frames: exactly transformers'.
+    assert made.token_ids == reference["tokens"][:-1]  # the end-of-turn token stops it and is not kept
+    assert torch.equal(torch.as_tensor(made.frames), reference["frames"])
+    assert torch.equal(torch.as_tensor(made.codes), reference["codes"])
+    # The waveform: the audio tokenizer's decode of those frames, streamed as they complete.
+    chunks = [e.data for e in events if e.kind is RequestEventKind.STREAM and e.stage == "audio_decoder"]
+    assert len(chunks) > 2 and all(isinstance(c, AudioChunk) for c in chunks)
+    audio = result["audio_decoder"]
+    assert isinstance(audio, AudioResult) and audio.sample_rate == 24_000
+    np.testing.assert_allclose(audio.samples, reference["audio"], atol=1e-5)
+    np.testing.assert_array_equal(np.concatenate([c.samples for c in chunks]), audio.samples)
+    assert early, "no audio chunk arrived before the request completed"
+    assert held == []
+    trace = build_trace(request_id, TraceStore(run_dir).events(request_id))
+    assert trace.status == "completed"
+    assert set(trace.stages) >= STAGES
+
+
+def test_speech_route_and_its_sse_form_give_transformers_audio(
+    tiny_higgs: Path, reference: dict[str, Any], tmp_path: Path
+) -> None:
+    config = ServeConfig(topology=str(TOPOLOGY), http=HttpConfig(port=0)).launching(
+        model_path=str(tiny_higgs), device="cpu", run_dir=tmp_path / "run"
+    )
+    body = {"model": "higgs-audio", "input": TEXT, "response_format": "pcm", "temperature": 0, "max_new_tokens": FRAMES}
+    with serving_in_process(config, "in-process omnictl serve (higgs-audio)") as served:
+        raw = httpx.post(served.url + "/v1/audio/speech", json=body, timeout=120)
+        assert raw.status_code == 200, raw.text
+        pcm = np.frombuffer(raw.content, dtype="<i2").astype(np.float32) / 32768
+        assert len(pcm) == len(reference["audio"])
+        np.testing.assert_allclose(pcm, reference["audio"], atol=1e-4)  # PCM16's step is 3e-5
+        deltas = []
+        with httpx.stream(
+            "POST",
+            served.url + "/v1/audio/speech",
+            json={**body, "stream_format": "sse"},
+            timeout=120,
+            headers={"X-Request-Id": f"higgs-{uuid.uuid4().hex[:8]}"},
+        ) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    deltas.append(json.loads(line[len("data: ") :]))
+        assert [d["type"] for d in deltas[:-1]] == ["speech.audio.delta"] * (len(deltas) - 1) and len(deltas) > 2
+        assert deltas[-1]["type"] == "speech.audio.done"
+        streamed = b"".join(base64.b64decode(d["audio"]) for d in deltas[:-1])
+        assert streamed == raw.content  # greedy: the same audio, in pieces
+        assert raw.headers.get("x-request-id")
+        bad = httpx.post(served.url + "/v1/audio/speech", json={**body, "voice": "someone"}, timeout=60)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "voice", bad.text
