@@ -19,7 +19,7 @@ from omnictl.coordinator.placement import ReplicaPlacement
 from omnictl.coordinator.pruning import active_stages, select_terminals
 from omnictl.coordinator.request import InputStream, RequestEvent, RequestEventKind, RequestRecord, RequestState
 from omnictl.exceptions import InvalidRequest, PipelineDead, RequestAborted, RequestFailed
-from omnictl.outputs import TokenDelta
+from omnictl.outputs import AudioChunk, TokenDelta
 from omnictl.profiling.events import EventKind, MetaValue, NullProfiler, Profiler
 from omnictl.recent import RecentIds
 from omnictl.topology.model import Topology
@@ -351,7 +351,10 @@ class CoordinatorCore:
                 record.sent_tokens.setdefault(stage, []).extend(int(t) for t in data.token_ids)
             else:
                 record.sent_tokens, record.inputs = None, None
-        if seq == 0:  # the terminal's first output: its first chunk, or a result that never streamed
+        if stage not in record.first_marked and _carries_output(data):
+            # The terminal's first output that holds something: a talker that ends on its first
+            # step makes a vocoder return no samples, and its client has heard nothing yet.
+            record.first_marked.add(stage)
             modality = self.topology.terminals[stage]
             if modality == "text":
                 self.profiler.record(EventKind.FIRST_TEXT, request_id, stage)
@@ -634,3 +637,11 @@ class _Either:
 
     def __contains__(self, name: object) -> bool:
         return any(name in container for container in self.containers)
+
+
+def _carries_output(data: Any) -> bool:
+    """Whether a terminal's chunk or result holds something its client can hear: audio of no
+    samples does not (a clause of "..." or a talker that stopped at once); anything else does."""
+    if isinstance(data, AudioChunk):
+        return data.samples.size > 0
+    return True

@@ -82,6 +82,7 @@ class RequestRecord:
     inputs: Any = None
     replays: int = 0  # how often it was re-run from the entry after a replica died
     output_sent: bool = False  # the caller has seen a stream chunk or a result
+    first_marked: set[str] = field(default_factory=set)  # terminals whose first output the trace marked
     caller_streams: bool = True  # False: the caller reads only the results, at the end
     # What the caller has of each autoregressive terminal (its TokenDelta chunks' token ids),
     # while every output it saw was such a chunk: a death then resumes the stream with them

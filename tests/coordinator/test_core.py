@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any, TypeVar
 
+import numpy as np
 import pytest
 
 from omnictl import messages as m
 from omnictl.coordinator.core import Admitted, CoordinatorCore, Replayed
 from omnictl.coordinator.request import RequestEvent, RequestEventKind, RequestState
 from omnictl.exceptions import InvalidRequest, PipelineDead, RequestAborted, RequestFailed
+from omnictl.outputs import AudioChunk, AudioResult
 from omnictl.profiling.events import EventKind
 from omnictl.topology import loads
 from tests.support.profiler import RecordingProfiler
@@ -203,6 +205,25 @@ def test_first_output_is_marked_once_per_terminal_by_its_modality() -> None:
         c.terminal_output("r1", "text", 0, False, "x")
         firsts = [(kind, stage) for kind, _, stage, _ in rec.events if kind in (EventKind.FIRST_AUDIO, EventKind.FIRST_TEXT)]
         assert firsts == [(EventKind.FIRST_AUDIO, "tts"), (EventKind.FIRST_TEXT, "text")]
+
+    run(body)
+
+
+def test_first_audio_is_marked_at_the_first_chunk_with_samples_not_at_an_empty_one() -> None:
+    """A talker that ends on its first step makes the vocoder return no samples: nothing was
+    heard, so the trace's first audio waits for a chunk that holds some (or never comes)."""
+
+    async def body() -> None:
+        c, rec = core()
+        started(c, "r1")
+        c.terminal_output("r1", "tts", 0, False, AudioChunk(samples=np.zeros(0, np.float32), sample_rate=16000))
+        assert EventKind.FIRST_AUDIO not in rec.kinds("r1")
+        c.terminal_output("r1", "tts", 1, False, AudioChunk(samples=np.ones(4, np.float32), sample_rate=16000))
+        c.terminal_output("r1", "tts", 2, False, AudioChunk(samples=np.ones(4, np.float32), sample_rate=16000))
+        assert rec.kinds("r1").count(EventKind.FIRST_AUDIO) == 1
+        started(c, "r2")
+        c.terminal_output("r2", "tts", 0, True, AudioResult(samples=np.zeros(0, np.float32), sample_rate=16000))
+        assert EventKind.FIRST_AUDIO not in rec.kinds("r2")
 
     run(body)
 
