@@ -61,8 +61,8 @@ def test_every_shipped_topology_belongs_to_a_family_or_is_an_example() -> None:
 
 
 def test_routes_come_from_the_topology_less_what_the_model_refuses() -> None:
-    assert routes(family("qwen3-asr")) == ["/v1/audio/transcriptions"]
-    assert mounted(family("qwen3-asr")) == ["/v1/audio/transcriptions", "/v1/audio/translations"]
+    assert routes(family("qwen3-asr")) == ["/v1/realtime", "/v1/audio/transcriptions"]  # transcription sessions
+    assert mounted(family("qwen3-asr")) == ["/v1/realtime", "/v1/audio/transcriptions", "/v1/audio/translations"]
     assert routes(family("csm")) == ["/v1/chat/completions", "/v1/realtime", "/v1/audio/speech"]
     assert routes(family("qwen3-omni")) == ["/v1/chat/completions", "/v1/realtime"]
     assert "/v1/audio/speech" in routes(family("voice-assistant"))

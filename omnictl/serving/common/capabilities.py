@@ -1,6 +1,10 @@
 """Which endpoints a topology can serve, derived from its shape (nothing is declared twice).
 
 * chat completions and ``/v1/realtime``: a ``text`` or an ``audio`` terminal.
+* ``/v1/realtime`` transcription sessions alone (``?intent=transcription``): a ``transcript``
+  terminal and neither a ``text`` nor an ``audio`` one (Qwen3-ASR): each committed turn is
+  transcribed by the topology, and a conversation (``realtime``) session is refused, since
+  nothing there answers.
 * ``/v1/audio/speech``: an entry stage with a ``route_fn`` that can send data straight to
   an ``audio`` terminal; it routes an :class:`omnictl.inputs.SpeechRequest` there (no
   recognition, no LLM). An entry that fans out to every branch (no ``route_fn``) does
@@ -38,7 +42,13 @@ class Capabilities:
 
     @property
     def realtime(self) -> bool:
-        return self.chat or self.full_duplex
+        """Some ``/v1/realtime`` session opens: a conversation, a transcription or a full-duplex one."""
+        return self.chat or self.full_duplex or self.transcription
+
+    @property
+    def conversation(self) -> bool:
+        """A ``realtime`` (conversation) session is answered: a text or audio terminal, in turns."""
+        return self.chat
 
     def endpoints(self) -> list[str]:
         served = [
@@ -71,6 +81,6 @@ def cannot_serve(topology: Any, endpoint: str) -> str:
         ),
         "/v1/audio/transcriptions": "it has no terminal of modality 'transcript'",
         "/v1/audio/translations": "it has no terminal of modality 'transcript'",
-        "/v1/realtime": "it has no text or audio terminal",
+        "/v1/realtime": "it has no text, audio or transcript terminal",
     }[endpoint]
     return f"topology {topology.name!r} does not serve {endpoint}: {why}"

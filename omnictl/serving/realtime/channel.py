@@ -149,6 +149,13 @@ class RealtimeHub:
             return ev.EventError(
                 f"intent {clip_repr(intent, 64)} is not one of {', '.join(INTENTS)}", "invalid_value", "intent"
             )
+        if intent == "realtime" and not capabilities(pipe.topology).conversation:
+            return ev.EventError(
+                f"intent 'realtime': topology {pipe.topology.name!r} only transcribes (a 'transcript' terminal, no "
+                "text or audio one): nothing answers a conversation; open a session with ?intent=transcription",
+                "unsupported_session_type",
+                "intent",
+            )
         if intent == "transcription" and not capabilities(pipe.topology).transcription:
             return ev.EventError(
                 f"intent 'transcription': topology {pipe.topology.name!r} has no terminal of modality 'transcript'",

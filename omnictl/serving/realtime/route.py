@@ -6,7 +6,9 @@ browser (which cannot set headers on a WebSocket), as the subprotocol
 missing key closes the handshake (HTTP 403). ``?model=`` is checked like the HTTP
 endpoints' ``model`` (the topology's name or a ``--served-model-name``), ``?intent=``
 (``realtime``, ``transcription``) sets the session's type; a wrong one is answered with an
-``error`` event naming it, and the socket is closed (1008). Every message is bounded
+``error`` event naming it, and the socket is closed (1008). A topology that only transcribes
+(a ``transcript`` terminal, no text or audio one: Qwen3-ASR) opens transcription sessions,
+without ``?intent=`` too, and refuses ``?intent=realtime`` naming why. Every message is bounded
 (``Limits.max_realtime_message_bytes``): a bigger one is answered with an ``error``
 event naming the limit, and the session goes on (:class:`~omnictl.serving.realtime.channel.RealtimeHub`,
 shared with the WebRTC transport).
@@ -54,7 +56,7 @@ def realtime_endpoint(hub: RealtimeHub) -> Callable[[WebSocket], Awaitable[None]
         serves = capabilities(pipe.topology)
         if not serves.realtime:
             await websocket.close(
-                code=CLOSE_POLICY, reason=f"topology {pipe.topology.name!r} has no text or audio terminal"
+                code=CLOSE_POLICY, reason=f"topology {pipe.topology.name!r} has no text, audio or transcript terminal"
             )
             return
         # The slot is claimed before the first await (the handshake's accept): sessions that

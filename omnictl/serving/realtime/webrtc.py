@@ -69,6 +69,7 @@ from omnictl.serving.common.errors import error_response
 from omnictl.serving.realtime import events as ev
 from omnictl.serving.realtime.answer_track import AnswerTrack
 from omnictl.serving.realtime.channel import Outbox, RealtimeHub, Slot, message_size
+from omnictl.serving.realtime.duplex import DuplexSession
 from omnictl.serving.realtime.ice import install_host_filter, restrict_to
 from omnictl.serving.realtime.rate import TokenBucket
 from omnictl.serving.realtime.session import RealtimeSession
@@ -204,10 +205,11 @@ class Calls:
         pipe = state.pipeline
         if pipe is None:
             return error_response(503, "the pipeline is still starting; retry shortly", "server_error", "starting")
-        if not capabilities(pipe.topology).realtime:
+        if not capabilities(pipe.topology).conversation:  # a call is a conversation: something must answer it
             return error_response(
                 400,
-                f"topology {pipe.topology.name!r} has no text or audio terminal",
+                f"topology {pipe.topology.name!r} has no text or audio terminal: nothing answers a call (a "
+                "recognizer alone serves transcription sessions over the WebSocket, /v1/realtime?intent=transcription)",
                 "invalid_request_error",
                 "unsupported_topology",
             )
@@ -281,7 +283,12 @@ class Calls:
             state.metrics.outcome("rejected")
             return _bad_offer("the SDP offer has no audio media section (m=audio): the call needs one for speech")
         pc.addTrack(track)
-        session = self.hub.session(pipe, outbox.put, query, request.headers, "webrtc", audio_out=track)
+        session: Any  # a full-duplex session has the methods a call uses of a turn-taking one
+        if capabilities(pipe.topology).full_duplex:
+            model = query.get("model") or state.model_name
+            session = DuplexSession(pipe, outbox.put, model, transport="webrtc", audio_out=track)
+        else:
+            session = self.hub.session(pipe, outbox.put, query, request.headers, "webrtc", audio_out=track)
         track.on_stopped = session.playout_finished  # a reply lives until it has been heard
         call.session = session
         try:

@@ -253,16 +253,17 @@ def test_capabilities_follow_the_topologys_shape() -> None:
                                  "/v1/audio/transcriptions", "/v1/audio/translations"]
     fan_out = capabilities(topology(False, {"t": "text", "s": "audio"}))  # no route_fn: it does not choose
     assert (fan_out.chat, fan_out.speech, fan_out.transcription) == (True, False, False)
-    indirect = capabilities(topology(True, {"s": "audio"}, via="llm"))  # audio only after another stage
+    # audio only after another stage, and a text answer beside it: the entry does not take text to speak
+    indirect = capabilities(topology(True, {"s": "audio", "t": "text"}, via="llm"))
     assert (indirect.chat, indirect.speech) == (True, False)
     audio_only = capabilities(topology(True, {"s": "audio"}))
     assert audio_only.endpoints() == ["/v1/chat/completions", "/v1/realtime", "/v1/audio/speech"]
-    hearing = capabilities(topology(False, {"h": "transcript"}))
-    assert (hearing.chat, hearing.realtime, hearing.transcription) == (False, False, True)
-    assert hearing.endpoints() == ["/v1/audio/transcriptions", "/v1/audio/translations"]
+    hearing = capabilities(topology(False, {"h": "transcript"}))  # transcription sessions, no conversation
+    assert (hearing.chat, hearing.realtime, hearing.conversation, hearing.transcription) == (False, True, False, True)
+    assert hearing.endpoints() == ["/v1/realtime", "/v1/audio/transcriptions", "/v1/audio/translations"]
     shaped = topology(False, {"h": "transcript"})
     assert cannot_serve(shaped, "/v1/realtime") == (
-        "topology 'shaped' does not serve /v1/realtime: it has no text or audio terminal")
+        "topology 'shaped' does not serve /v1/realtime: it has no text, audio or transcript terminal")
     for endpoint in ("/v1/audio/transcriptions", "/v1/audio/translations"):
         assert cannot_serve(shaped, endpoint).endswith(f"serve {endpoint}: it has no terminal of modality 'transcript'")
 

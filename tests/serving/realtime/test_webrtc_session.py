@@ -343,7 +343,8 @@ def test_while_starting_a_call_is_503_and_a_topology_without_text_or_audio_is_40
             refused = await hearing.post(sdp)
             assert refused.status_code == 400
             assert error_of(refused) == {
-                "message": "topology 'shaped' has no text or audio terminal",
+                "message": "topology 'shaped' has no text or audio terminal: nothing answers a call (a recognizer "
+                "alone serves transcription sessions over the WebSocket, /v1/realtime?intent=transcription)",
                 "type": "invalid_request_error",
                 "code": "unsupported_topology",
                 "param": None,

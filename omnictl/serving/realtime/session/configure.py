@@ -106,6 +106,14 @@ class Configure:
                 "unsupported_session_type",
                 "session.type",
             )
+        if kind == "realtime" and not self.ctx.can_answer:
+            raise refuse(
+                f"session.type 'realtime': topology {self.ctx.pipeline.topology.name!r} only transcribes (a "
+                "'transcript' terminal, no text or audio one): nothing answers a conversation; this session can "
+                "only be a 'transcription' one",
+                "unsupported_session_type",
+                "session.type",
+            )
         responding = self._responding()
         if responding is not None and kind != s.type:
             raise refuse(f"session.type cannot change while response {responding} is in progress", param="session.type")

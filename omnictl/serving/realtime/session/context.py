@@ -59,9 +59,12 @@ class SessionContext:
 
     can_transcribe: bool = field(init=False)  # the topology recognises speech (a transcript terminal)
     listens: bool = field(init=False)  # ... and while it is spoken (:func:`listens`)
+    can_answer: bool = field(init=False)  # a text or audio terminal: a 'realtime' session is answered
 
     def __post_init__(self) -> None:
-        self.can_transcribe = capabilities(self.pipeline.topology).transcription
+        serves = capabilities(self.pipeline.topology)
+        self.can_transcribe = serves.transcription
+        self.can_answer = serves.conversation
         self.listens = self.can_transcribe and listens(self.pipeline.topology)
 
     def send(self, event: ev.ServerEvent) -> None:

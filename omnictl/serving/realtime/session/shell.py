@@ -74,7 +74,7 @@ class RealtimeSession:
         self.echo.enabled = transport != "webrtc"
         self.can_transcribe = self.ctx.can_transcribe
         self.settings.transcription = self.can_transcribe
-        if intent == "transcription":
+        if intent == "transcription" or not self.ctx.can_answer:  # a recognizer alone only transcribes
             self.settings.type = "transcription"
         self.listener = Listener(self.ctx, self.echo, lambda: self._silero())
         self.transcriber = Transcriber(self.ctx)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -89,8 +89,18 @@ class Transcriber:
     async def _transcription(self, turn: Turn) -> None:
         assert turn.audio is not None
         request_id = ev.new_id("transcribe")
+        streamed: list[str] = []  # the pieces a recognizer that streams its decoding sent (Qwen3-ASR)
+
+        def piece(text: str) -> None:
+            # Told as it is decoded; the first piece loses the space a tokenizer puts before a word,
+            # as the completed transcript does, so the deltas add up to it.
+            text = text if streamed else text.lstrip()
+            if text and not turn.deleted and self.ctx.settings.transcription:
+                streamed.append(text)
+                self.ctx.send(ev.TranscriptionDelta(item_id=turn.id, content_index=0, delta=text))
+
         try:
-            heard, error = await self.recognise(turn.audio, turn.id, request_id)
+            heard, error = await self.recognise(turn.audio, turn.id, request_id, piece)
             if turn.deleted:  # by the client meanwhile: nothing more is said of it
                 return
             if heard is None and error is None:  # ended without words: the item is done as it is
@@ -104,17 +114,21 @@ class Transcriber:
                     )
                 )
             else:
-                self.heard(turn, heard, request_id)
+                self.heard(turn, heard, request_id, streamed="".join(streamed) if streamed else None)
         finally:
             self.ctx.transcribing.pop(id(turn), None)
             turn.transcribed.set()  # a failed transcription leaves the audio for the response to hear
 
-    async def recognise(self, audio: np.ndarray, item_id: str, request_id: str) -> tuple[Transcript | None, str | None]:
+    async def recognise(
+        self, audio: np.ndarray, item_id: str, request_id: str, piece: Callable[[str], None] | None = None
+    ) -> tuple[Transcript | None, str | None]:
         """What ``audio`` (the user item ``item_id``'s, pcm float at 24 kHz) says, by the
         topology's speech recognition, as request ``request_id``: (the transcript, None), (None,
         None) if it heard no words, or (None, why not), the failure logged. Nothing is sent to
         the client: a committed turn's transcription announces it (:meth:`heard`), an early
-        answer's waits for the turn to be confirmed. Cancelled, the request is aborted everywhere."""
+        answer's waits for the turn to be confirmed. ``piece``: given each piece of text a
+        recognizer that streams its decoding sends before its transcript (Qwen3-ASR's decoder
+        does; Whisper decoding a whole turn sends none). Cancelled, the request is aborted everywhere."""
         ctx = self.ctx
         request = ChatRequest(
             messages=(
@@ -136,6 +150,13 @@ class Transcriber:
             async for event in submitted.events():
                 if event.kind is RequestEventKind.RESULT and isinstance(event.data, Transcript):
                     heard = event.data
+                elif (
+                    piece is not None
+                    and event.kind is RequestEventKind.STREAM
+                    and isinstance(event.data, Transcript)
+                    and event.data.task != TENTATIVE
+                ):
+                    piece(event.data.text)
                 elif event.kind in (RequestEventKind.ERROR, RequestEventKind.ABORTED):
                     tracked.finish("failed" if event.kind is RequestEventKind.ERROR else "aborted")
                     log.warning(
