@@ -146,6 +146,10 @@ class StreamingAsrScheduler(WorkerScheduler):
         if message.kind is IncomingKind.NEW_REQUEST:
             self._new_request(rid, message.data)
             return
+        if rid in self._wholes:
+            return  # a whole request's (the entry's result ends its stream to us, empty, too)
+        if message.kind is IncomingKind.STREAM_DONE and rid not in self._utterances and self.result_on == "request":
+            return  # nothing streamed: the entry's result, next, says whether it was a whole request
         utterance = self._utterances.setdefault(rid, _Utterance())
         if message.kind is IncomingKind.STREAM_CHUNK:
             try:

@@ -4,7 +4,9 @@ Sentences wait in a queue per request, synthesized one at a time by a worker thr
 (Piper is not thread-safe and the CPU is the limit anyway), so requests interleave
 sentence by sentence and a request's audio stays in order. Which request's sentence goes
 next is the audio policy's choice (:mod:`omnictl.playback.policy`): ``fifo``, the oldest
-queued sentence; ``deadline``, the request whose listener runs out of audio soonest, and
+queued sentence, except that a request none of whose audio is spoken yet goes first (a turn's
+first clause ahead of other sessions' later sentences: those have audio playing, the new one
+has silence until it is spoken); ``deadline``, the request whose listener runs out of audio soonest, and
 a sentence too long to synthesise within the audio its listeners have in hand is spoken in
 pieces sized from the measured synthesis speed (a ramp: :meth:`_ramp_chars`).
 Under both, a request's first piece is a short clause of a few words (the splitter's
@@ -210,6 +212,10 @@ class SentenceSpeechScheduler(TextStreamFollower):
         now = time.monotonic()
         max_chars = self._ramp_chars(now)
         request_id = done
+        if request_id is None and self.deadlines.policy == "fifo":
+            # a first clause ahead of later sentences (the oldest such first): a few words'
+            # synthesis, while the others' listeners have audio in hand
+            request_id = next((rid for rid in waiting if not self._spoken(rid)), None)
         if request_id is None:
             request_id = self.deadlines.pick(waiting, now, lambda rid: self._cost(rid, max_chars))
         queue = self._pending[request_id]
@@ -221,6 +227,11 @@ class SentenceSpeechScheduler(TextStreamFollower):
         if not queue:
             del self._pending[request_id]
         return request_id, sentence
+
+    def _spoken(self, request_id: str) -> bool:
+        """Whether some of the request's audio has been spoken (its first piece is done)."""
+        speech = self._speech.get(request_id)
+        return speech is None or bool(speech.audio)
 
     def _running_dry(self, request_id: str, speech: _Speech) -> bool:
         """Whether a playing stream with nothing queued would run out of audio before the

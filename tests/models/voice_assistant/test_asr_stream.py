@@ -4,6 +4,7 @@ with a streamed input (real processes, real Whisper base)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -367,3 +368,93 @@ def test_a_streamed_request_that_sent_nothing_has_an_empty_transcript() -> None:
     result = run(main())
     assert result.kind is OutgoingKind.RESULT and result.data["transcript"].text == ""
     assert result.data["messages"] == [{"role": "user", "content": ""}]
+
+
+# --- the voice assistant's asr: one Whisper for whole and streamed questions (issue 46) --------
+
+LISTENING = Path(__file__).resolve().parent / "listening.yaml"
+
+
+@pytest.mark.slow  # Whisper base loaded here, two questions decoded
+def test_the_voice_assistants_asr_loads_one_whisper_for_whole_and_streamed_questions(monkeypatch: pytest.MonkeyPatch) -> None:
+    import faster_whisper
+
+    from benchmarks.eval.samples import sample_request
+    from omnictl.models.voice_assistant import stages
+
+    made: list[Any] = []
+
+    class Counted(faster_whisper.WhisperModel):  # type: ignore[misc]  # faster-whisper is untyped
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            made.append(self)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(faster_whisper, "WhisperModel", Counted)
+    scheduler = stages.asr(beam_size=5, window_padding_s=8.0, listening={"cadence_s": 0.4})
+    assert isinstance(scheduler, StreamingAsrScheduler) and len(made) == 1 and scheduler.decoder.model is made[0]
+    pcm = float_to_pcm16_bytes(speech("spider_legs"))
+
+    async def main() -> tuple[OutgoingMessage, OutgoingMessage]:
+        await scheduler.start()
+        try:
+            data = stages.prepare_question(sample_request("largest_planet"))
+            scheduler.inbox.put_nowait(IncomingMessage(IncomingKind.NEW_REQUEST, "whole", data=data, source="preprocessing"))
+            whole = (await until_result(scheduler, "whole"))[1]
+            for offset in range(0, len(pcm), 2 * CHUNK):
+                scheduler.inbox.put_nowait(chunk("streamed", pcm[offset : offset + 2 * CHUNK]))
+            scheduler.inbox.put_nowait(done("streamed"))
+            scheduler.inbox.put_nowait(IncomingMessage(IncomingKind.NEW_REQUEST, "streamed", data={"listened": True}, source="preprocessing"))
+            return whole, (await until_result(scheduler, "streamed"))[1]
+        finally:
+            await scheduler.stop()
+
+    whole, streamed = run(main())
+    assert word_errors(sample_text("largest_planet"), whole.data["transcript"].text)[0] == 0, whole.data
+    assert word_errors(sample_text("spider_legs"), streamed.data["transcript"].text)[0] == 0, streamed.data
+    assert len(made) == 1  # both decoded by the one model
+
+
+@pytest.mark.slow  # real processes, Whisper base in the stage's process
+@pytest.mark.timeout(300)
+def test_the_listening_half_transcribes_a_streamed_question_while_it_comes_and_a_whole_one(tmp_path: Path) -> None:
+    """The voice assistant's entry and asr as its topology wires them: a streamed input goes on
+    from the entry to asr chunk by chunk (words before its end), a whole question as before."""
+    from benchmarks.eval.samples import sample_request
+
+    whisper_base_dir()
+    audio = speech("capital_of_france")
+
+    async def main() -> tuple[list[str], int, Any, Any, dict[str, Any]]:
+        async with Pipeline.launch(LISTENING, device="cpu", run_dir=tmp_path, profile=False) as pipe:
+            request = await pipe.submit(None, ["transcript"], input_stream=True)
+            ended = asyncio.Event()
+
+            async def feed() -> None:
+                pcm = float_to_pcm16_bytes(audio)  # as a realtime session sends it: PCM16 at 24 kHz
+                for offset in range(0, len(pcm), 2 * CHUNK):
+                    await request.send(pcm[offset : offset + 2 * CHUNK])
+                    await asyncio.sleep(0.1)  # real time
+                await request.end_input()
+                ended.set()
+
+            feeder = asyncio.create_task(feed())
+            deltas: list[str] = []
+            during = 0
+            async for event in request.events():
+                if event.kind is omnictl.RequestEventKind.STREAM:
+                    deltas.append(event.data.text)
+                    during += not ended.is_set()
+            await feeder
+            streamed = (await request.result())["transcript"]
+            whole_request = await pipe.submit(sample_request("largest_planet"), ["transcript"])
+            whole = (await whole_request.result())["transcript"]
+            return deltas, during, streamed, whole, await pipe.held()
+
+    deltas, during, streamed, whole, held = asyncio.run(main())
+    assert during >= 1, deltas  # words came while the input was still streaming
+    assert "".join(deltas) == streamed.text
+    assert word_errors(sample_text("capital_of_france"), streamed.text)[0] == 0, streamed.text
+    assert word_errors(sample_text("largest_planet"), whole.text)[0] == 0, whole.text
+    figures = [*held["coordinator"].values(), *held["admission"].values(),
+               *(v for stage in held["stages"].values() for v in stage.values())]
+    assert not any(figures), json.dumps(held)  # nothing left behind
