@@ -24,6 +24,11 @@ The protocol, in OpenAI's Realtime event names where they fit:
   opens a new response.
 - ``response.cancel`` ends the response at once (``response.done``, status ``cancelled``);
   closing the socket does the same, and the request is aborted everywhere: nothing is left.
+- Over WebRTC (``POST /v1/realtime/calls``) the same session runs on the call's data
+  channel; the microphone track is its input and Moshi's audio goes out on the call's audio
+  track (``output_audio_buffer.started`` / ``stopped``), not as delta events. A microphone
+  never stops: after ``input_audio_buffer.commit`` its audio is dropped until ``response.done``,
+  and then opens the next response.
 - ``session.update`` is answered with ``session.updated`` when it asks for nothing a duplex
   session cannot do; a turn detector, another audio format, instructions or text output are
   refused by name. ``input_audio_buffer.clear``, ``conversation.item.*``, ``response.create``
@@ -39,11 +44,12 @@ import contextlib
 import json
 import logging
 import uuid
-from typing import Any
+from typing import Any, Callable
 
+import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from omnictl.audio.pcm import float_to_pcm16_bytes, pcm16_base64
+from omnictl.audio.pcm import float_to_pcm16_bytes, pcm16_base64, pcm16_to_float
 from omnictl.exceptions import OmnictlError
 from omnictl.outputs import AudioChunk, TextDelta
 from omnictl.request import RequestEventKind
@@ -126,12 +132,28 @@ class _Response:
 
 
 class DuplexSession:
-    """One full-duplex session over ``pipe``: client events in (:meth:`handle`), server events out (``send``)."""
+    """One full-duplex session over ``pipe``: client events in (:meth:`handle`), server events out (``send``).
 
-    def __init__(self, pipe: Any, send: Any, model: str) -> None:
+    Over WebRTC (``audio_out``: the call's outbound track) the model's audio goes out on the
+    track, paced in real time, and the microphone comes in through :meth:`feed`, as the
+    turn-taking session's do: no ``response.output_audio.delta`` events. The methods a call
+    uses of a session are here (``feed``, ``handle`` of a decoded event, ``playout_finished``,
+    ``close``)."""
+
+    def __init__(
+        self,
+        pipe: Any,
+        send: Callable[[Any], None],
+        model: str,
+        *,
+        transport: str = "websocket",
+        audio_out: Any | None = None,
+    ) -> None:
         self.pipe = pipe
         self.send = send
         self.model = model
+        self.transport = transport
+        self.audio_out = audio_out
         self.id = _id("sess")
         self.current: _Response | None = None
 
@@ -150,8 +172,11 @@ class DuplexSession:
     def event(self, kind: str, **fields: Any) -> None:
         self.send({"type": kind, "event_id": _id("event"), **fields})
 
-    async def handle(self, raw: str | bytes) -> None:
-        """One client message; a bad one is answered with an ``error`` event."""
+    async def handle(self, raw: Any) -> None:
+        """One client message (its JSON text, or the event decoded by the WebRTC transport);
+        a bad one is answered with an ``error`` event."""
+        if not isinstance(raw, (str, bytes, bytearray)):
+            raw = msgspec.json.encode(raw)  # a decoded client event: read as its text would be
         event_id = None
         try:
             try:
@@ -220,6 +245,20 @@ class DuplexSession:
             )
         self.event("session.updated", session=self.session_object())
 
+    async def feed(self, pcm: bytes) -> None:
+        """A piece of a WebRTC call's microphone (PCM16 at 24 kHz). A microphone never stops: after
+        ``input_audio_buffer.commit`` its pieces are dropped until the response is done."""
+        if self.current is not None and self.current.input_ended:
+            return
+        await self._append(pcm16_to_float(pcm))
+
+    def playout_finished(self, response_id: str) -> None:
+        """The call's track played a response to its end: nothing to do (a duplex response is no turn)."""
+
+    async def close(self) -> None:
+        """The transport is gone: the response's request is aborted everywhere."""
+        await self.cancel("client_gone")
+
     async def _append(self, samples: Any) -> None:
         response = self.current
         if response is None or response.input_ended:
@@ -255,8 +294,12 @@ class DuplexSession:
                 if event.kind is not RequestEventKind.STREAM:
                     continue
                 if isinstance(event.data, AudioChunk):
-                    delta = base64.b64encode(float_to_pcm16_bytes(event.data.samples)).decode()
-                    self.event("response.output_audio.delta", **response.part(), delta=delta)
+                    pcm = float_to_pcm16_bytes(event.data.samples)
+                    if self.audio_out is not None:  # a WebRTC call: on its track, in real time
+                        self.audio_out.play(response.id, pcm)
+                    else:
+                        delta = base64.b64encode(pcm).decode()
+                        self.event("response.output_audio.delta", **response.part(), delta=delta)
                 elif isinstance(event.data, TextDelta) and event.data.text:
                     response.transcript.append(event.data.text)
                     self.event("response.output_audio_transcript.delta", **response.part(), delta=event.data.text)
@@ -268,6 +311,11 @@ class DuplexSession:
             log.warning("realtime duplex session %s: response %s ended: %s", self.id, response.id, clip(str(exc)))
             self.send(error_event(str(exc), "response_failed"))
         transcript = "".join(response.transcript)
+        if self.audio_out is not None:
+            if status == "completed":
+                self.audio_out.finish(response.id)  # the track plays what it holds, then says stopped
+            else:
+                self.audio_out.clear()  # cancelled: what the track holds is dropped
         self.event("response.output_audio.done", **response.part())
         self.event("response.output_audio_transcript.done", **response.part(), transcript=transcript)
         self.event(

@@ -205,7 +205,8 @@ class Calls:
         pipe = state.pipeline
         if pipe is None:
             return error_response(503, "the pipeline is still starting; retry shortly", "server_error", "starting")
-        if not capabilities(pipe.topology).conversation:  # a call is a conversation: something must answer it
+        serves = capabilities(pipe.topology)
+        if not (serves.conversation or serves.full_duplex):  # a call is a conversation: something must answer it
             return error_response(
                 400,
                 f"topology {pipe.topology.name!r} has no text or audio terminal: nothing answers a call (a "
