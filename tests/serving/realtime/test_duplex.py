@@ -106,3 +106,42 @@ def test_a_chat_completion_is_refused_naming_how_to_stream(served: Listening) ->
     reply = httpx.post(served.url + "/v1/chat/completions", json=chat, timeout=60)
     assert reply.status_code == 400 and "/v1/realtime" in reply.text
     assert capabilities(served.pipeline.topology).endpoints() == ["/v1/realtime"]
+
+
+def test_a_webrtc_call_is_a_duplex_session_on_the_call_tracks(
+    served: Listening, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The microphone track is the input; Moshi's audio comes on the call's track (never as delta
+    events); commit ends the response; the call hung up leaves nothing."""
+    import aioice.ice
+
+    from tests.serving.realtime.rtc import Call, loopback_only
+
+    monkeypatch.setattr(aioice.ice, "get_host_addresses", aioice.ice.get_host_addresses)  # restored after
+    loopback_only()
+
+    async def scenario() -> list[dict[str, Any]]:
+        call = Call()
+        try:
+            answer = await call.dial(served.url, None, query="?model=moshi")
+            assert answer.status_code == 201, answer.text
+            await call.opened()
+            created = await call.next_of("session.created")
+            assert created["session"]["mode"] == "full_duplex"
+            call.mic.say(float_to_pcm16_bytes(speechlike(2.0, seed=6)))
+            await call.next_of("output_audio_buffer.started")  # Moshi speaks on the track while it listens
+            await call.mic.done.wait()
+            call.send({"type": "input_audio_buffer.commit"})
+            done = await call.next_of("response.done")
+            assert done["response"]["status"] == "completed"
+            await call.next_of("output_audio_buffer.stopped")
+            return list(call.events)
+        finally:
+            await call.close()
+
+    events = asyncio.run(asyncio.wait_for(scenario(), 180))
+    kinds = [e["type"] for e in events]
+    assert "response.output_audio.delta" not in kinds and "response.created" in kinds
+    assert served.loop is not None
+    held = asyncio.run_coroutine_threadsafe(held_by(served.pipeline), served.loop).result(60)
+    assert held == []
