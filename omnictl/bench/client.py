@@ -1,4 +1,6 @@
-"""One streamed chat completion, timed delta by delta."""
+"""One streamed request, timed as it arrives: a chat completion delta by delta, a speech
+request (``/v1/audio/speech``) chunk of audio by chunk, a transcription
+(``/v1/audio/transcriptions``, ``stream=true``) delta by delta."""
 
 from __future__ import annotations
 
@@ -72,5 +74,97 @@ async def send_request(
     record.e2e = time.perf_counter() - start
     if record.output_tokens == 0:  # a server without usage: count deltas instead
         record.output_tokens = text_deltas
+    record.ok = True
+    return record
+
+
+def _failed(record: RequestRecord, status: int, body: bytes) -> RequestRecord:
+    record.error = f"HTTP {status}: {body.decode(errors='replace')[:300]}"
+    record.overloaded = status == 429
+    return record
+
+
+async def send_speech(
+    client: httpx.AsyncClient, url: str, payload: dict[str, Any], record: RequestRecord, headers: dict[str, str]
+) -> RequestRecord:
+    """Stream one ``/v1/audio/speech`` request (raw pcm16 at 24 kHz, ``stream_format: audio``)
+    into ``record``: first audio, each chunk's seconds on the receive clock, the last audio;
+    never raises for a failed request, records why."""
+    start = time.perf_counter()
+    received = 0  # bytes of pcm16 so far (a chunk may split a sample: seconds are counted from the total)
+    try:
+        async with client.stream("POST", url, json=payload, headers=headers) as response:
+            record.request_id = response.headers.get("x-request-id")
+            if response.status_code != 200:
+                return _failed(record, response.status_code, await response.aread())
+            async for chunk in response.aiter_bytes():
+                if not chunk:
+                    continue
+                now = time.perf_counter() - start
+                if record.ttfa is None:
+                    record.ttfa = now
+                before = received // 2 / PCM16_RATE
+                received += len(chunk)
+                seconds = received // 2 / PCM16_RATE - before
+                record.last_audio = now
+                record.audio_seconds += seconds
+                record.audio_chunks.append((now, seconds))
+    except httpx.HTTPError as exc:
+        record.error = f"{type(exc).__name__}: {exc}"
+        return record
+    record.e2e = time.perf_counter() - start
+    record.ok = True
+    return record
+
+
+async def send_transcription(
+    client: httpx.AsyncClient,
+    url: str,
+    form: dict[str, str],
+    wav: bytes,
+    record: RequestRecord,
+    headers: dict[str, str],
+    seconds: float,
+) -> RequestRecord:
+    """Stream one ``/v1/audio/transcriptions`` request (``stream=true``) into ``record``: the
+    first delta (``ttft``), the gaps between deltas, the latency; ``seconds``: the clip's
+    length, which the real-time factor divides by. Never raises for a failed request."""
+    start = time.perf_counter()
+    record.input_seconds = seconds
+    last: list[float] = []
+    deltas = 0
+    done = False
+    try:
+        files = {"file": ("bench.wav", wav, "audio/wav")}
+        async with client.stream("POST", url, data=form, files=files, headers=headers) as response:
+            record.request_id = response.headers.get("x-request-id")
+            if response.status_code != 200:
+                return _failed(record, response.status_code, await response.aread())
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                event = json.loads(line[len("data: ") :])
+                now = time.perf_counter() - start
+                if "error" in event:
+                    error = event["error"]
+                    record.error = str(error.get("message") if isinstance(error, dict) else error)
+                    return record
+                if event.get("type") == "transcript.text.delta":
+                    deltas += 1
+                    if record.ttft is None:
+                        record.ttft = now
+                    if last:
+                        record.itl.append(now - last[0])
+                    last[:] = [now]
+                elif event.get("type") == "transcript.text.done":
+                    done = True
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        record.error = f"{type(exc).__name__}: {exc}"
+        return record
+    if not done:
+        record.error = "the stream ended without transcript.text.done"
+        return record
+    record.e2e = time.perf_counter() - start
+    record.output_tokens = deltas
     record.ok = True
     return record

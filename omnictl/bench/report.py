@@ -17,8 +17,16 @@ FORMAT_VERSION = 2
 # One unit throughout, stated in the document itself.
 UNITS = {
     "time": "seconds (every duration and latency, per request and summarized)",
-    "rtf": "real-time factor: time spent producing audio / audio duration; below 1 is faster than real time, lower is better",
+    "rtf": (
+        "real-time factor: time spent producing audio / audio duration (a transcription: its latency / the "
+        "duration of the audio it heard); below 1 is faster than real time, lower is better"
+    ),
     "rates": "per second of the measured run (keys ending in _per_s)",
+}
+ROUTE_LABELS = {  # what the requests were, by --route
+    "chat": "/v1/chat/completions",
+    "speech": "/v1/audio/speech (pcm, streamed)",
+    "transcriptions": "/v1/audio/transcriptions (stream=true)",
 }
 OTHER_NOTE = "other: time at the stage outside any recorded phase (waiting for stream input, routing, sending)"
 SILENT_NOTE = (
@@ -26,7 +34,8 @@ SILENT_NOTE = (
     "not counted in the first-audio figures); omnictl trace ID shows where it ended"
 )
 RTF_NOTE = (
-    "real-time factor (RTF) = time spent producing audio ÷ the audio's duration: "
+    "real-time factor (RTF) = time spent producing audio ÷ the audio's duration "
+    "(a transcription: its latency ÷ the duration of the audio it heard): "
     "below 1 is faster than real time; lower is better"
 )
 LATENCIES = {  # key: (label, unit: "ms" or "x")
@@ -38,7 +47,7 @@ LATENCIES = {  # key: (label, unit: "ms" or "x")
     "largest_underrun": ("largest underrun", "ms"),
     "chunk_interval": ("audio chunk interval", "ms"),
 }
-_COMPARABLE = ("target", "concurrency", "rate", "num_requests", "input_kind", "modalities", "max_tokens")
+_COMPARABLE = ("target", "route", "concurrency", "rate", "num_requests", "input_kind", "modalities", "max_tokens")
 THROUGHPUT = {  # key: label; higher is better
     "requests_per_s": "requests/s",
     "output_tokens_per_s": "output tokens/s",
@@ -60,7 +69,8 @@ def build_result(
     # A request that asked for audio can complete with none (Qwen3-Omni's talker may pick its
     # end code first: code2wav answers 0 samples). It is a completion, but not one with audio:
     # counted and named here, so the first-audio figures' n is explained, not silently short.
-    asked_audio = "audio" in (config.get("modalities") or ())
+    route = config.get("route") or "chat"  # results written before the bench had routes drove chat
+    asked_audio = route == "speech" or (route == "chat" and "audio" in (config.get("modalities") or ()))
     silent = [r.request_id or f"#{r.index}" for r in records if asked_audio and r.ok and r.audio_seconds <= 0]
     return {
         "omnictl_bench": FORMAT_VERSION,
@@ -110,6 +120,7 @@ def render(result: dict[str, Any]) -> Group:
     head.add_column(style="bold")
     head.add_column(justify="right")
     head.add_row("target", str(result["config"].get("target", "")))
+    head.add_row("route", ROUTE_LABELS.get(result["config"].get("route") or "chat", "?"))
     head.add_row("completed / failed", f"{summary['completed']} / {summary['failed']}")
     head.add_row("refused (429, overloaded)", str(summary.get("overloaded", 0)))
     if summary.get("completed_without_audio"):  # absent from results written before it was counted
@@ -271,7 +282,12 @@ def compare(old: dict[str, Any], new: dict[str, Any]) -> Table:
     for key in ("completed", "failed"):
         o, n = old["summary"][key], new["summary"][key]
         table.add_row(key, str(o), str(n), f"{n - o:+d}", "-")
-    differing = sorted(k for k in _COMPARABLE if old["config"].get(k) != new["config"].get(k))
+
+    def setting(result: dict[str, Any], key: str) -> Any:
+        value = result["config"].get(key)
+        return value or "chat" if key == "route" else value  # a run from before routes drove chat
+
+    differing = sorted(k for k in _COMPARABLE if setting(old, k) != setting(new, k))
     if differing:
         table.caption = f"note: the runs differ in {', '.join(differing)}"
     return table

@@ -16,12 +16,21 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from omnictl.bench import breakdown
-from omnictl.bench.client import send_request
+from omnictl.bench.client import send_request, send_speech, send_transcription
 from omnictl.bench.loadgen import closed_loop, open_loop
 from omnictl.bench.report import build_result
 from omnictl.bench.slo import AudioSlo, judge, where_late
 from omnictl.bench.stats import RequestRecord
-from omnictl.bench.workload import INPUT_KINDS, build_payload, spoken_samples
+from omnictl.bench.workload import (
+    INPUT_KINDS,
+    ROUTES,
+    build_payload,
+    pick_route,
+    speech_payload,
+    spoken_samples,
+    transcription_form,
+    wav_seconds,
+)
 from omnictl.exceptions import BenchError
 
 
@@ -48,8 +57,11 @@ class BenchConfig:
     data_host: str | None = None
     slo_ttfp: float | None = None  # seconds: the audio SLO's time to first packet
     slo_underrun: float | None = None  # seconds: the audio SLO's largest underrun
+    route: str | None = None  # chat, speech or transcriptions (None: from what the server serves)
 
     def check(self) -> None:
+        if self.route is not None and self.route not in ROUTES:
+            raise BenchError(f"--route must be one of {', '.join(ROUTES)}, got {self.route!r}")
         for name, value in (("--slo-ttfp", self.slo_ttfp), ("--slo-underrun", self.slo_underrun)):
             if value is not None and value < 0:
                 raise BenchError(f"{name} must be at least 0 seconds, got {value}")
@@ -169,22 +181,39 @@ def _dashboard_of(listening: Any) -> Callable[[int], RenderableType] | None:
     return dashboard.render
 
 
-async def _drive(config: BenchConfig, base_url: str, progress: Any, model: str) -> tuple[list[RequestRecord], float]:
+async def _drive(
+    config: BenchConfig,
+    base_url: str,
+    progress: Any,
+    model: str,
+    route: str = "chat",
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> tuple[list[RequestRecord], float]:
+    """Send the warm-up and the measured requests to ``route`` (a key of
+    :data:`~omnictl.bench.workload.ROUTES`). ``transport``: httpx's (a test's in-process app)."""
     audio = [Path(config.audio_file).read_bytes()] if config.audio_file else spoken_samples()
+    durations = [wav_seconds(wav) for wav in audio] if route == "transcriptions" else []
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-    url = base_url.rstrip("/") + "/v1/chat/completions"
+    url = base_url.rstrip("/") + ROUTES[route]
     in_flight = config.concurrency or (1 if config.rate is None else 1000)
     limits = httpx.Limits(max_connections=in_flight + 8, max_keepalive_connections=in_flight + 8)
     timeout = httpx.Timeout(config.request_timeout, connect=30.0)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport) as client:
         origin = time.perf_counter()
 
         def sender(offset: int) -> Callable[[int], Any]:
             async def send(index: int) -> RequestRecord:
+                record = RequestRecord(index=index, sent_at=time.perf_counter() - origin)
+                if route == "speech":
+                    payload = speech_payload(index + offset, config.max_tokens, model)
+                    return await send_speech(client, url, payload, record, headers)
+                if route == "transcriptions":
+                    form, wav = transcription_form(index + offset, audio, model)
+                    seconds = durations[(index + offset) % len(audio)]
+                    return await send_transcription(client, url, form, wav, record, headers, seconds)
                 payload = build_payload(
                     index + offset, config.input_kind, list(config.modalities), config.max_tokens, audio, model
                 )
-                record = RequestRecord(index=index, sent_at=time.perf_counter() - origin)
                 return await send_request(client, url, payload, record, headers)
 
             return send
@@ -213,6 +242,12 @@ async def _drive(config: BenchConfig, base_url: str, progress: Any, model: str) 
 def served_model(url: str, api_key: str | None, timeout_s: float = 5.0) -> str:
     """The model id the server at ``url`` serves (what the requests name). Fails at once, in
     one line, when nothing answers there, rather than after a report of zeros."""
+    return served(url, api_key, timeout_s)[0]
+
+
+def served(url: str, api_key: str | None, timeout_s: float = 5.0) -> tuple[str, list[str] | None]:
+    """The model id the server at ``url`` serves and the routes it lists for it (omnictl's
+    ``/v1/models`` says, under ``endpoints``; None from a server that does not)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         response = httpx.get(url.rstrip("/") + "/v1/models", headers=headers, timeout=timeout_s)
@@ -220,8 +255,10 @@ def served_model(url: str, api_key: str | None, timeout_s: float = 5.0) -> str:
         reason = str(exc) or type(exc).__name__
         raise BenchError(f"cannot reach {url}: {reason} (is `omnictl serve` running there?)") from exc
     try:
-        return str(response.raise_for_status().json()["data"][0]["id"])
-    except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+        model = response.raise_for_status().json()["data"][0]
+        endpoints = model.get("endpoints")
+        return str(model["id"]), [str(e) for e in endpoints] if isinstance(endpoints, list) else None
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, AttributeError) as exc:
         raise BenchError(f"{url}/v1/models did not name a model (HTTP {response.status_code}): {exc}") from exc
 
 
@@ -259,6 +296,7 @@ def run_bench(
 
     ``progress_every_s``: how often a progress line is printed when ``console`` is not a terminal."""
     from omnictl.serving.background import BackgroundServer
+    from omnictl.serving.common.capabilities import capabilities
     from omnictl.serving.config import HttpConfig, ServeConfig
 
     config.check()
@@ -267,7 +305,7 @@ def run_bench(
         run_dir = Path(config.run_dir) if config.run_dir else None
         dashboard = None
         if config.url is not None:
-            model = served_model(config.url, config.api_key)
+            model, endpoints = served(config.url, config.api_key)
             base_url, target = config.url, config.url
         else:
             serving = ServeConfig(topology=config.topology, http=HttpConfig(port=0, api_key=config.api_key)).launching(
@@ -282,17 +320,34 @@ def run_bench(
             with console.status("launching the pipeline..."):
                 listening = stack.enter_context(BackgroundServer(serving))
             base_url, target = listening.url, config.topology or "embedded voice assistant"
-            model = listening.state.model_name
+            model, endpoints = listening.state.model_name, capabilities(listening.pipeline.topology).endpoints()
             run_dir = run_dir or _pipeline_run_dir(listening.pipeline)
             dashboard = _dashboard_of(listening)
             if run_dir is not None:
                 console.print(f"traces in {run_dir}", soft_wrap=True, highlight=False)
+        route = resolve_route(config.route, endpoints)
         with _display(console, dashboard, show_progress, progress_every_s) as progress:
-            records, duration = asyncio.run(_drive(config, base_url, progress, model))
+            records, duration = asyncio.run(_drive(config, base_url, progress, model, route))
         found = _breakdown(config, base_url, run_dir, records)
         slo = _slo(config, base_url, run_dir, records, duration)
     settings = {k: v for k, v in asdict(config).items() if k != "api_key"}
-    return build_result({**settings, "target": target}, records, duration, found, slo)
+    return build_result({**settings, "target": target, "route": route}, records, duration, found, slo)
+
+
+def resolve_route(asked: str | None, endpoints: list[str] | None) -> str:
+    """The route to drive: ``asked`` (--route) when the server serves it, else the one
+    :func:`~omnictl.bench.workload.pick_route` picks from what it serves; a route it does
+    not serve fails at once, naming what it does."""
+    if asked is None:
+        try:
+            return pick_route(endpoints)
+        except ValueError as exc:
+            raise BenchError(str(exc)) from exc
+    if endpoints is not None and ROUTES[asked] not in endpoints:
+        raise BenchError(
+            f"--route {asked}: the server does not serve {ROUTES[asked]}; it serves {', '.join(endpoints) or 'nothing'}"
+        )
+    return asked
 
 
 def _slo(

@@ -31,6 +31,7 @@ class RequestRecord:
     audio_seconds: float = 0.0
     # (received at, seconds of audio) per audio delta: the client's receive clock
     audio_chunks: list[tuple[float, float]] = field(default_factory=list)
+    input_seconds: float = 0.0  # the audio sent to be transcribed (the transcriptions route)
 
     def continuity(self) -> Continuity:
         """The playback clock over this request's audio as received: playing starts with the
@@ -46,10 +47,13 @@ class RequestRecord:
 
     @property
     def rtf(self) -> float | None:
-        """Real-time factor: time spent producing audio ÷ the audio's duration (< 1: faster than real time)."""
-        if self.last_audio is None or self.audio_seconds <= 0:
-            return None
-        return self.last_audio / self.audio_seconds
+        """Real-time factor (< 1: faster than real time): time spent producing audio ÷ the
+        audio's duration; for a transcription, its latency ÷ the duration of the audio heard."""
+        if self.last_audio is not None and self.audio_seconds > 0:
+            return self.last_audio / self.audio_seconds
+        if self.input_seconds > 0 and self.e2e is not None:
+            return self.e2e / self.input_seconds
+        return None
 
     def as_dict(self) -> dict[str, Any]:
         continuity = self.continuity().as_dict() if self.audio_chunks else None

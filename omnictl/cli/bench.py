@@ -31,6 +31,14 @@ def bench_command(
         str, typer.Option(metavar="LIST", help="Outputs to ask for: text, audio or text,audio.")
     ] = "text,audio",
     max_tokens: Annotated[int, typer.Option("--max-tokens", metavar="N", help="Answer length cap per request.")] = 64,
+    route: Annotated[
+        str | None,
+        typer.Option(
+            metavar="ROUTE",
+            help="chat, speech (/v1/audio/speech) or transcriptions (/v1/audio/transcriptions); "
+            "default: what the server serves (a speech synthesizer: speech; a recognizer alone: transcriptions).",
+        ),
+    ] = None,
     json_out: Annotated[
         Path | None,
         typer.Option(
@@ -108,6 +116,7 @@ def bench_command(
             num_requests=num_requests,
             warmup=warmup,
             input_kind=input_kind,
+            route=route,
             modalities=tuple(m.strip() for m in modalities.split(",") if m.strip()),
             max_tokens=max_tokens,
             api_key=api_key,
