@@ -33,9 +33,12 @@ both its input has ended and the entry's own result (``{"listened": True}``) has
 (``result_on="request"``), in the shape the whole decode gives (``messages`` and ``transcript``).
 
 Decoding runs in one worker thread (the model's CPU is shared by every request of the
-stage: :class:`~omnictl.schedulers.worker.WorkerScheduler`). A request's audio that arrives
-while a pass runs waits and is decoded in the next pass at once, so a slow pass never queues
-one pass per chunk.
+stage: :class:`~omnictl.schedulers.worker.WorkerScheduler`), one step at a time: a request's
+audio that arrives while a pass runs waits and is decoded in its next pass at once, so a slow
+pass never queues one pass per chunk; and the next step is the most urgent request's (one
+whose transcript is wanted now: a tentative one, or its input ended), then the one waiting
+longest, so with several sessions a turn's tail waits for the step running, not for every
+other session's passes.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from omnictl.models.voice_assistant.incremental_asr import (
     WhisperDecoder,
 )
 from omnictl.outputs import TENTATIVE, AudioChunk, Transcript
+from omnictl.profiling.events import EventKind
 from omnictl.recent import RecentIds
 from omnictl.schedulers.base import (
     IncomingKind,
@@ -122,6 +126,9 @@ class StreamingAsrScheduler(WorkerScheduler):
         self.result_on = result_on
         self._utterances: dict[str, _Utterance] = {}
         self._wholes: set[str] = set()  # whole requests queued or decoding (abort: their output is dropped)
+        # utterances with a step to make, not making it, in the order they asked (see _work_next)
+        self._ready: dict[str, _Utterance] = {}
+        self._ready_lock = threading.Lock()
         self._ended = RecentIds()  # finished, failed or aborted: late chunks are ignored
 
     def abort(self, request_id: str) -> None:
@@ -247,9 +254,29 @@ class StreamingAsrScheduler(WorkerScheduler):
     def _wake(self, rid: str, utterance: _Utterance) -> None:
         with utterance.lock:
             if utterance.busy:
-                return  # the running job takes the new audio (or the end) when its pass is done
+                return  # its queued or running step takes the new audio (or the end)
             utterance.busy = True
-        self.submit(self._work, rid, utterance)
+        self._ready_up(rid, utterance)
+
+    def _ready_up(self, rid: str, utterance: _Utterance) -> None:
+        """``utterance`` has a step to make: one job more, which steps whichever is most urgent."""
+        with self._ready_lock:
+            self._ready[rid] = utterance
+        self.submit(self._work_next)
+
+    def _work_next(self) -> None:
+        """One step of the most urgent utterance waiting: one whose transcript is wanted now
+        (a tentative one asked for at a pause, or its input ended) before the passes made
+        while others speak, else the one waiting longest; one that has more to do goes to
+        the back. With several sessions on one Whisper, a turn's tail never waits behind
+        every other session's passes, only the step running."""
+        with self._ready_lock:
+            if not self._ready:
+                return
+            rid = next((r for r, u in self._ready.items() if u.tentative or u.ended), next(iter(self._ready)))
+            utterance = self._ready.pop(rid)
+        if self._work(rid, utterance):
+            self._ready_up(rid, utterance)
 
     def _fail(self, rid: str, utterance: _Utterance, reason: str, exc: BaseException | None) -> None:
         with utterance.lock:
@@ -264,11 +291,11 @@ class StreamingAsrScheduler(WorkerScheduler):
 
     # --- worker thread: decode --------------------------------------------------------------
 
-    def _work(self, rid: str, utterance: _Utterance) -> None:
+    def _work(self, rid: str, utterance: _Utterance) -> bool:
+        """One step; True when the utterance has more to do (it stays busy)."""
         try:
             with request_scope(rid):
-                while self._step(rid, utterance):
-                    pass
+                return self._step(rid, utterance)
         except Exception as exc:  # the request fails; the stage logs the traceback once
             with utterance.lock:
                 utterance.failed = True
@@ -285,6 +312,7 @@ class StreamingAsrScheduler(WorkerScheduler):
                     exc=exc,
                 )
             )
+            return False
 
     def _step(self, rid: str, utterance: _Utterance) -> bool:
         """One pass over what came since the last; False when there is nothing left to do."""
@@ -352,6 +380,7 @@ class StreamingAsrScheduler(WorkerScheduler):
     def _whole(self, rid: str, data: dict[str, Any]) -> None:
         """A whole request, by ``whole``: its streamed segments, then its result."""
         assert self.whole is not None
+        self.profile(EventKind.BUILD_START, rid)  # the trace's span of the decode, as a function stage's
         try:
             with request_scope(rid), self.busy():
                 steps = self.whole(data)
@@ -379,6 +408,7 @@ class StreamingAsrScheduler(WorkerScheduler):
         if rid in self._wholes:
             self._wholes.discard(rid)
             self._ended.add(rid)
+            self.profile(EventKind.BUILD_END, rid)
             self.emit(OutgoingMessage(OutgoingKind.RESULT, rid, result))
 
     def _stream(self, rid: str, utterance: _Utterance, delta: str) -> None:

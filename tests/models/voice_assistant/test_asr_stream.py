@@ -458,3 +458,59 @@ def test_the_listening_half_transcribes_a_streamed_question_while_it_comes_and_a
     figures = [*held["coordinator"].values(), *held["admission"].values(),
                *(v for stage in held["stages"].values() for v in stage.values())]
     assert not any(figures), json.dumps(held)  # nothing left behind
+
+
+class GatedDecoder:
+    """A test double for Whisper alone: hears nothing; notes each decode's loudness (which
+    request it was), and holds the first decode until ``gate`` is set."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.gate = threading.Event()
+        self.levels: list[float] = []
+
+    def encode_text(self, text: str) -> list[int]:
+        return []
+
+    def text(self, tokens: list[int]) -> str:
+        return ""
+
+    def starts_word(self, token: int) -> bool:
+        return True
+
+    def decode(self, audio: np.ndarray, **_: Any) -> list[int]:
+        self.levels.append(round(float(np.abs(audio).max()), 1))
+        assert self.gate.wait(30)
+        return []
+
+
+def test_a_tentative_transcript_goes_ahead_of_other_sessions_passes() -> None:
+    """Three sessions on one Whisper (issue 46, Build 4): while c's pass runs, a's audio waits
+    for a pass and b asks for its transcript so far (a pause); b's decode is next, before a's
+    pass, though a asked first. Before, jobs ran in the order asked."""
+    decoder = GatedDecoder()
+
+    def pcm(level: float) -> bytes:
+        return float_to_pcm16_bytes(np.full(RATE // 2, level, np.float32))  # 500 ms: a pass's worth
+
+    async def main() -> None:
+        scheduler = StreamingAsrScheduler(decoder, IncrementalSettings(cadence_s=0.4))  # type: ignore[arg-type]  # the test double
+        await scheduler.start()
+        try:
+            scheduler.inbox.put_nowait(chunk("c", pcm(0.1)))
+            while not decoder.levels:  # c's pass is running, held
+                await asyncio.sleep(0.01)
+            scheduler.inbox.put_nowait(chunk("a", pcm(0.2)))
+            scheduler.inbox.put_nowait(chunk("b", pcm(0.5)))
+            scheduler.inbox.put_nowait(chunk("b", {"tentative": True}))
+            while not scheduler.inbox.empty():
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)  # taken: a and b wait for the worker
+            decoder.gate.set()
+            await idle(scheduler)
+        finally:
+            await scheduler.stop()
+
+    run(main())
+    assert decoder.levels[:3] == [0.1, 0.5, 0.2], decoder.levels  # c's, then b's tentative, then a's pass
