@@ -22,7 +22,9 @@ Two regions, each one explicit state (drawn in ``docs/serving.md``):
   ``PLAYING_OUT`` (its ``response.done`` sent while its audio still plays on a track the
   server drives: a WebRTC call). A reply lives until it has been heard: speech over it
   clears the track and cuts the item to what was heard, whether or not it is still being
-  generated.
+  generated — and so does speech over a later reply that started while it still played
+  (``TurnTaking.playing``: every reply done generating and not yet heard, whatever the
+  region's state).
 
 The effects name what to do, never how: the shell's code for each is one branch.
 """
@@ -327,7 +329,10 @@ class TurnTaking:
     listening: Listening = Listening.IDLE
     reply: Reply = Reply.NONE
     item_id: str | None = None  # the open user turn's item (SPEAKING / PAUSED)
-    response_id: str | None = None  # the reply's (RESPONDING / CANCELLING / PLAYING_OUT)
+    response_id: str | None = None  # the reply generating (RESPONDING / CANCELLING)
+    # Replies done generating whose audio still plays (WebRTC), oldest first: PLAYING_OUT when
+    # nothing else is held or generating, and still there behind a later reply until heard.
+    playing: list[str] = field(default_factory=list)
     early: _Early | None = None  # the held early answer (HELD)
     start_after_cancel: bool = False  # a turn ended while its barge-in's response was cancelling
     closed: bool = False
@@ -393,23 +398,27 @@ class TurnTaking:
             self._cancel(event.response_id, out)
         elif isinstance(event, OutputAudioClear):
             self._drop("the client sent output_audio_buffer.clear", out)
+            self.playing = []  # the track (or the client) drops every reply's audio
             if self.reply is Reply.RESPONDING and self.response_id is not None:
                 self.reply = Reply.CANCELLING
                 out.append(CancelResponse(self.response_id))
             elif self.reply is Reply.PLAYING_OUT:
-                self.reply, self.response_id = Reply.NONE, None
+                self.reply = Reply.NONE
         elif isinstance(event, ResponseStarted):
             self.reply, self.response_id, self.early = Reply.RESPONDING, event.response_id, None
         elif isinstance(event, ResponseDone):
             self._response_done(event, out)
         elif isinstance(event, PlayoutFinished):
-            if self.reply is Reply.PLAYING_OUT and self.response_id == event.response_id:
-                self.reply, self.response_id = Reply.NONE, None
+            if event.response_id in self.playing:
+                self.playing.remove(event.response_id)
+            if self.reply is Reply.PLAYING_OUT and not self.playing:
+                self.reply = Reply.NONE
         elif isinstance(event, Closed):
             self._drop("the session closed", out)
             out.append(AwaitDrops())
             if self.reply in (Reply.RESPONDING, Reply.CANCELLING) and self.response_id is not None:
                 out.append(CancelResponse(self.response_id))
+            self.playing = []
             self.closed = True
         return out
 
@@ -425,14 +434,16 @@ class TurnTaking:
             self.listening = Listening.SPEAKING
             return
         self._open(event.audio_ms, True, out)
-        if not self.policy.interrupt_response or self.response_id is None:
+        if not self.policy.interrupt_response:
             return
-        if self.reply is Reply.RESPONDING:
+        # Done generating, not done playing: they stop all the same, oldest first (cut to what was heard).
+        out.extend(ClearPlayout(response_id) for response_id in self.playing)
+        self.playing = []
+        if self.reply is Reply.RESPONDING and self.response_id is not None:
             self.reply = Reply.CANCELLING
             out.append(Interrupt(self.response_id))
-        elif self.reply is Reply.PLAYING_OUT:  # done generating, not done playing: it stops all the same
-            out.append(ClearPlayout(self.response_id))
-            self.reply, self.response_id = Reply.NONE, None
+        elif self.reply is Reply.PLAYING_OUT:
+            self.reply = Reply.NONE
 
     def _may_answer_early(self, event: SpeechPaused) -> bool:
         p = self.policy
@@ -453,7 +464,7 @@ class TurnTaking:
         self.listening = Listening.PAUSED
         if answer and self.item_id is not None:
             self.early = _Early(self.item_id, event.audio_ms)
-            self.reply, self.response_id = Reply.HELD, None  # a reply playing out is the earlier turn's, not barged
+            self.reply = Reply.HELD  # a reply playing out stays in `playing` until heard or cleared
             out.append(StartEarlyAnswer(self.item_id, event.audio_ms))
 
     def _speech_stopped(self, event: SpeechStopped, out: list[Effect]) -> None:
@@ -491,8 +502,8 @@ class TurnTaking:
         early, self.early = self.early, None
         if early is None:
             return
-        if self.reply is Reply.HELD:
-            self.reply = Reply.NONE
+        if self.reply is Reply.HELD:  # back to what was before the pause: a reply may still play
+            self.reply = Reply.PLAYING_OUT if self.playing else Reply.NONE
         out.append(DropEarlyAnswer(early.item_id, why))
 
     def _cancel(self, named: str | None, out: list[Effect]) -> None:
@@ -514,9 +525,9 @@ class TurnTaking:
         if self.response_id != event.response_id:
             return  # a reply already left behind (cleared while playing, replaced)
         if event.playing and self.reply is Reply.RESPONDING:
-            self.reply = Reply.PLAYING_OUT
-        else:
-            self.reply, self.response_id = Reply.NONE, None
+            self.playing.append(event.response_id)
+        self.response_id = None
+        self.reply = Reply.PLAYING_OUT if self.playing else Reply.NONE
         if self.start_after_cancel:
             self.start_after_cancel = False
             out.append(StartResponse())

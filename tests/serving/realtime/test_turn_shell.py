@@ -29,7 +29,7 @@ from omnictl.serving.realtime.session import RealtimeSession
 from omnictl.serving.state import ServingState
 from tests.serving.realtime.speech import sample
 from tests.serving.realtime.test_live_transcription import LiveTranscriber
-from tests.serving.realtime.test_webrtc_session import RATE, ask, run, served
+from tests.serving.realtime.test_webrtc_session import RATE, ask, run, served, until
 from tests.serving.scripted import CHAT_ONLY, ScriptedPipeline, audio_events, text_events
 
 # --- B1: over WebRTC, a reply done generating is still stopped by speech while it plays ------------
@@ -59,6 +59,39 @@ def test_speech_over_an_answer_still_playing_after_its_done_clears_the_track_and
             assert turn is not None
             item = turn.conversation.find(answer["id"])
             assert item is not None and item.truncated_ms == truncated["audio_end_ms"]
+
+    run(scenario, timeout=25)
+
+
+def test_speech_over_two_answers_still_playing_cuts_each_to_what_was_heard() -> None:
+    """A second answer asked for while the first still plays (both done, both on the track):
+    speech over them cuts the first to what was heard and the second to nothing, where the
+    first was forgotten once the second started and kept words the user never heard."""
+
+    async def scenario() -> None:
+        pipeline = ScriptedPipeline(topology=CHAT_ONLY, script=lambda i, m: audio_events(2, seconds=3.0))
+        async with served(pipeline) as server:
+            call = await server.connected()
+            for event in ask():
+                call.send(event)
+            first = (await call.next_of("response.done", 5))["response"]
+            asked = len(call.events)
+            call.send({"type": "response.create"})  # while 6 s of the first still play
+            second = (await call.next_of("response.done", 5, after=asked))["response"]
+            assert first["status"] == second["status"] == "completed" and first["id"] != second["id"]
+            call.mic.say(sample("spider_legs")[: RATE * 2])
+            await call.next_of("input_audio_buffer.speech_started", 10)
+            cleared = await call.next_of("output_audio_buffer.cleared", 5)
+            assert cleared["response_id"] == first["id"]
+            await call.next_of("conversation.item.truncated", 5)
+            await until(lambda: sum(e["type"] == "conversation.item.truncated" for e in call.events) == 2,
+                        "both answers truncated", 2)
+            cuts = {e["item_id"]: e["audio_end_ms"] for e in call.events if e["type"] == "conversation.item.truncated"}
+            [heard_first], [heard_second] = first["output"], second["output"]
+            assert 0 < cuts[heard_first["id"]] < 6000 and cuts[heard_second["id"]] == 0, cuts
+            assert [e["type"] for e in call.events].count("output_audio_buffer.cleared") == 1
+            session = server.server_side(call).session
+            assert session is not None and not session._playing_out and not session.core.playing
 
     run(scenario, timeout=25)
 

@@ -226,6 +226,34 @@ ROWS = [
     Row("a late done of a reply already cleared changes nothing", [
         *answered(), (SpeechStarted(3000), [OpenTurn("i2", 3000), Interrupt("r1")]),
         (ResponseDone("r1"), []), (ResponseDone("r1"), []), (PlayoutFinished("r1"), [])], reply=Reply.NONE),
+    # A reply still playing when another starts (a response.create after its done, or an early
+    # answer held at a pause) is still not heard: speech over the next one clears it too, and it
+    # is cut to what was heard (it was forgotten: its item kept words the user never heard).
+    Row("B1: speech over a response created while the last reply plays clears that reply too", [
+        *answered(), (ResponseDone("r1", playing=True), []), (ResponseCreate(), [StartResponse()]),
+        (ResponseStarted("r2"), []),
+        (SpeechStarted(3000), [OpenTurn("i2", 3000), ClearPlayout("r1"), Interrupt("r2")])],
+        reply=Reply.CANCELLING),
+    Row("B1: two replies done while both still play: speech clears both, oldest first", [
+        *answered(), (ResponseDone("r1", playing=True), []), (ResponseCreate(), [StartResponse()]),
+        (ResponseStarted("r2"), []), (ResponseDone("r2", playing=True), []),
+        (SpeechStarted(3000), [OpenTurn("i2", 3000), ClearPlayout("r1"), ClearPlayout("r2")])],
+        reply=Reply.NONE),
+    Row("a reply heard to its end while the next one streams is not cleared by speech over that one", [
+        *answered(), (ResponseDone("r1", playing=True), []), (ResponseCreate(), [StartResponse()]),
+        (ResponseStarted("r2"), []), (PlayoutFinished("r1"), []),
+        (SpeechStarted(3000), [OpenTurn("i2", 3000), Interrupt("r2")])], reply=Reply.CANCELLING),
+    Row("an early answer dropped while the last reply still plays leaves that reply playing out", [
+        *speech(), (ResponseCreate(), [StartResponse()]), (ResponseStarted("r1"), []),  # asked for mid-speech
+        (ResponseDone("r1", playing=True), []), (SpeechPaused(1000, 1000), [StartEarlyAnswer("i1", 1000)]),
+        (SpeechResumed(1300), [DropEarlyAnswer("i1", "the user went on speaking")])],
+        reply=Reply.PLAYING_OUT, listening=Listening.SPEAKING),
+    Row("an early answer released while the last reply plays: speech over it clears that reply too", [
+        *speech(), (ResponseCreate(), [StartResponse()]), (ResponseStarted("r1"), []),
+        (ResponseDone("r1", playing=True), []), (SpeechPaused(1000, 1000), [StartEarlyAnswer("i1", 1000)]),
+        (SpeechStopped(1000), [EndSpeech("i1", 1000), CommitTurn("i1", transcribe=False), ReleaseEarlyAnswer("i1")]),
+        (ResponseStarted("r2"), []),
+        (SpeechStarted(3000), [OpenTurn("i2", 3000), ClearPlayout("r1"), Interrupt("r2")])]),
     # --- B3: turn detection changed mid-speech ----------------------------------------------
     Row("B3: session.update of turn detection mid-speech keeps the utterance's item", [
         *speech(), (Configured(LIVE, turn_detection=True), []),

@@ -224,10 +224,13 @@ class Replies:
         assert audio_out is not None
         heard = audio_out.played_ms(run.id)
         self.echo.stop()
-        if not audio_out.clear():
-            return  # it had finished playing meanwhile: heard whole
+        # Nothing left to clear: it had finished playing meanwhile (heard whole), or a reply
+        # ahead of it on the track was cleared with it just now (heard as far as it played).
+        audio_out.clear()
         turn = run.turn
         if turn is None or not turn.spoken or turn.deleted or turn.truncated_ms is not None:
+            return
+        if heard >= turn.audio_ms:
             return
         turn.truncate(int(min(heard, turn.audio_ms)))
         assert turn.truncated_ms is not None

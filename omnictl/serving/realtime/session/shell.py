@@ -91,7 +91,8 @@ class RealtimeSession:
         )
         self.configure = Configure(self.ctx, self.echo, self._responding, self._reset_vad)
         self.core = tt.TurnTaking(self._policy(), new_id=lambda: ev.new_id("item"))
-        self._playing_out: ResponseRun | None = None  # done generating, its audio still on the track
+        # done generating, their audio still on the track (the core's `playing`), by response id
+        self._playing_out: dict[str, ResponseRun] = {}
         self._reset_vad()
 
     # --- what the transports and the tests read ---------------------------------------------
@@ -188,15 +189,12 @@ class RealtimeSession:
     def _ended(self, run: ResponseRun, playing: bool) -> None:
         """A response's task ended (``response.done`` sent); ``playing``: its audio still plays."""
         if playing:
-            self._playing_out = run
-        elif self._playing_out is run:
-            self._playing_out = None
+            self._playing_out[run.id] = run
         self._run_now(self._feed(tt.ResponseDone(run.id, playing)))
 
     def playout_finished(self, response_id: str) -> None:
         """The track played ``response_id``'s audio to its end: that reply has been heard."""
-        if self._playing_out is not None and self._playing_out.id == response_id:
-            self._playing_out = None
+        self._playing_out.pop(response_id, None)
         self._run_now(self._feed(tt.PlayoutFinished(response_id)))
 
     async def _run(
@@ -215,9 +213,9 @@ class RealtimeSession:
                     self.replies.stop_playing()
                     await self.replies.response[0].cancel("turn_detected")
             elif isinstance(effect, tt.ClearPlayout):
-                run, self._playing_out = self._playing_out, None
-                if run is not None and run.id == effect.response_id:
-                    self.replies.cut_to_heard(run)
+                played = self._playing_out.pop(effect.response_id, None)
+                if played is not None:
+                    self.replies.cut_to_heard(played)
             elif isinstance(effect, tt.StartEarlyAnswer):
                 self.replies.start_early(effect.item_id, bytes(self.listener.buffer))
             elif isinstance(effect, tt.DropEarlyAnswer):
@@ -374,7 +372,7 @@ class RealtimeSession:
         response = self.replies.response
         if self.audio_out is not None:
             cancelled = None
-            self._playing_out = None
+            self._playing_out.clear()
             if response is not None:
                 run, task = response
                 await run.cancel("client_cancelled")
@@ -404,6 +402,7 @@ class RealtimeSession:
             await self.replies.response[0].cancel("client_cancelled")
         if self.audio_out is not None:
             self.audio_out.clear()
+        self._playing_out.clear()  # nothing of it plays any more
         for task in list(self.ctx.tasks):
             task.cancel()
         for task in list(self.ctx.tasks):
