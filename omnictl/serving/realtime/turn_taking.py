@@ -213,6 +213,16 @@ class OpenTurn:
 
 
 @dataclass(frozen=True)
+class DropTurn:
+    """The turn ``item_id``, opened by audio alone while turn detection was off, ends
+    uncommitted now that it is on: its live transcription is dropped. A turn is then what the
+    detector hears (its start opens one, announced, barging in; the buffer is trimmed to the
+    prefix padding meanwhile), not everything appended since the last commit."""
+
+    item_id: str
+
+
+@dataclass(frozen=True)
 class Interrupt:
     """Barge-in: the reply ``response_id`` stops playing and is cancelled (``turn_detected``)."""
 
@@ -299,6 +309,7 @@ class AwaitDrops:
 
 Effect = Union[
     OpenTurn,
+    DropTurn,
     Interrupt,
     ClearPlayout,
     StartEarlyAnswer,
@@ -329,6 +340,7 @@ class TurnTaking:
     listening: Listening = Listening.IDLE
     reply: Reply = Reply.NONE
     item_id: str | None = None  # the open user turn's item (SPEAKING / PAUSED)
+    announced: bool = False  # the open turn is one the detector heard start (speech_started said)
     response_id: str | None = None  # the reply generating (RESPONDING / CANCELLING)
     # Replies done generating whose audio still plays (WebRTC), oldest first: PLAYING_OUT when
     # nothing else is held or generating, and still there behind a later reply until heard.
@@ -370,6 +382,10 @@ class TurnTaking:
             # under its item id (its live transcript too), whatever the new detector says.
             if event.turn_detection and self.listening is Listening.PAUSED:
                 self.listening = Listening.SPEAKING
+            # A turn opened by audio alone is no speech heard: with a detector now, it is not one.
+            if event.turn_detection and self.policy.detects_turns and self.item_id is not None and not self.announced:
+                out.append(DropTurn(self.item_id))
+                self.listening, self.item_id = Listening.IDLE, None
         elif isinstance(event, ClientActed):
             self._drop(f"the client sent {event.what}", out)
         elif isinstance(event, Drop):
@@ -425,7 +441,7 @@ class TurnTaking:
     # --- the user's side ------------------------------------------------------------------
 
     def _open(self, audio_ms: int, announce: bool, out: list[Effect]) -> None:
-        self.listening, self.item_id = Listening.SPEAKING, self.new_id()
+        self.listening, self.item_id, self.announced = Listening.SPEAKING, self.new_id(), announce
         out.append(OpenTurn(self.item_id, audio_ms, announce))
 
     def _speech_started(self, event: SpeechStarted, out: list[Effect]) -> None:

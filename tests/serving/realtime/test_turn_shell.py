@@ -149,6 +149,60 @@ def test_turn_detection_changed_mid_speech_keeps_one_item_for_the_utterance() ->
     asyncio.run(asyncio.wait_for(scenario(), 60))
 
 
+def test_turn_detection_turned_on_while_audio_alone_opened_a_turn_announces_speech_and_barges_in() -> None:
+    """Manual turns with audio streaming in (each append after a commit opens a turn), an answer
+    in progress, then ``session.update`` turns server VAD on: the first speech the detector hears
+    says ``speech_started`` and cancels the answer, and its turn is what is committed. Before,
+    the turn opened by audio alone went on: no speech_started, no barge-in, and the detector's
+    stop committed all the audio appended since the update under an id never announced."""
+
+    async def scenario() -> None:
+        pipeline = ScriptedPipeline(script=lambda inputs, modalities: text_events(["an"]), hold=True)
+        state = ServingState(model_name="m", pipeline=pipeline)  # type: ignore[arg-type]
+        sent: list[dict[str, Any]] = []
+        session = RealtimeSession(state, pipeline, lambda e: sent.append(json.loads(ev.encode(e))),  # type: ignore[arg-type]
+                                  "m", silero=lambda: None)  # type: ignore[arg-type,return-value]
+        session.settings.output_modalities = ["text"]
+        session.settings.vad = None
+        session._reset_vad()
+        chunk = np.full(RATE // 5, 1000, "<i2").tobytes()  # 200 ms pieces
+
+        async def client(event: dict[str, Any]) -> None:
+            await session.handle(ev.decode_client_event(json.dumps(event)))
+
+        append = {"type": "input_audio_buffer.append", "audio": base64.b64encode(chunk).decode()}
+        await client(append)  # the manual turn opens
+        for event in ask():  # a text question, answered while the turn is open
+            await client(event)
+        await client(append)
+        assert session.response is not None
+        voice = ScriptedVoice([(400.0, vad.SpeechStarted(400)), (1000.0, vad.SpeechStopped(1000))])
+        original = session.listener.reset
+
+        def scripted_reset() -> None:  # the new detector is the scripted voice
+            original()
+            session.listener.frontend.speech = voice  # type: ignore[assignment]
+            session.listener.turns = voice  # type: ignore[assignment]
+
+        session.listener.reset = scripted_reset  # type: ignore[method-assign]
+        await client({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
+            "turn_detection": {"type": "server_vad"}}}}})
+        for _ in range(6):
+            await client(append)
+        for _ in range(20):  # the cancelled answer's task sends its last events (answers hold: no waiting on all)
+            await asyncio.sleep(0)
+        of = lambda kind: [e for e in sent if e["type"] == kind]
+        [started] = of("input_audio_buffer.speech_started")
+        [stopped] = of("input_audio_buffer.speech_stopped")
+        [committed] = of("input_audio_buffer.committed")
+        assert started["item_id"] == stopped["item_id"] == committed["item_id"]
+        [done] = [e["response"] for e in of("response.done")[:1]]
+        assert done["status"] == "cancelled" and done["status_details"]["reason"] == "turn_detected", done["status_details"]
+        await session.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
 # --- 50 paused questions over 10 sessions ------------------------------------------------------
 
 

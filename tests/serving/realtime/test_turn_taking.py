@@ -27,6 +27,7 @@ from omnictl.serving.realtime.turn_taking import (
     CommitTurn,
     Configured,
     DropEarlyAnswer,
+    DropTurn,
     EndSpeech,
     Interrupt,
     Listening,
@@ -259,6 +260,19 @@ ROWS = [
         *speech(), (Configured(LIVE, turn_detection=True), []),
         (SpeechStarted(1200), []),  # the new detector hears the same speech start
         (SpeechStopped(2000), [EndSpeech("i1", 2000), CommitTurn("i1"), StartResponse()])], policy=LIVE),
+    # The other way round: a turn opened by audio alone (turn detection off) is no speech the
+    # detector heard. It went on as if spoken: the detector's start then neither said
+    # speech_started nor stopped the answer in progress, and its stop committed everything
+    # appended since the last commit, under an item id never announced.
+    Row("turn detection turned on with a turn opened by audio alone: that turn ends uncommitted", [
+        (AudioIn(), [OpenTurn("i1", 0, announce=False)]),
+        (Configured(Policy(), turn_detection=True), [DropTurn("i1")])], policy=MANUAL, listening=Listening.IDLE),
+    Row("turn detection turned on mid-answer: the first speech is announced and barges in", [
+        (AudioIn(), [OpenTurn("i1", 0, announce=False)]), (ResponseCreate(), [StartResponse()]),
+        (ResponseStarted("r1"), []), (Configured(Policy(), turn_detection=True), [DropTurn("i1")]),
+        (SpeechStarted(500), [OpenTurn("i2", 500), Interrupt("r1")]),
+        (SpeechStopped(1500), [EndSpeech("i2", 1500), CommitTurn("i2")]),
+        (ResponseDone("r1"), [StartResponse()])], policy=MANUAL),
     Row("B3: turn detection turned off mid-speech: the client's commit is the same item", [
         *speech(), (Configured(Policy(detects_turns=False, live=True), turn_detection=True), []),
         (AudioIn(), []), (Commit(), [CommitTurn("i1")])], policy=LIVE),

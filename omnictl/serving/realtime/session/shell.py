@@ -177,6 +177,8 @@ class RealtimeSession:
         for effect in effects:
             if isinstance(effect, tt.DropEarlyAnswer):
                 self.replies.drop_early(effect.why)
+            elif isinstance(effect, tt.DropTurn):
+                self.transcriber.live_drop()
             elif isinstance(effect, tt.StartResponse):
                 self._start(ev.ResponseConfig(), None)
             else:
@@ -208,6 +210,8 @@ class RealtimeSession:
                     self.send(ev.SpeechStartedEvent(audio_start_ms=effect.audio_ms, item_id=effect.item_id))
                 # transcribed from now on, the prefix padding first
                 self.transcriber.live_open(effect.item_id, bytes(self.listener.buffer))
+            elif isinstance(effect, tt.DropTurn):
+                self.transcriber.live_drop()
             elif isinstance(effect, tt.Interrupt):
                 if self.replies.response is not None:  # barge-in
                     self.replies.stop_playing()
