@@ -54,6 +54,7 @@ from omnictl.exceptions import OmnictlError
 from omnictl.outputs import AudioChunk, TextDelta
 from omnictl.request import RequestEventKind
 from omnictl.serving.common.echo import clip
+from omnictl.serving.realtime.channel import Slot
 
 log = logging.getLogger("omnictl.serving.realtime")
 
@@ -191,7 +192,7 @@ class DuplexSession:
             self.send(error_event(refused.message, refused.code, refused.param, event_id))
         except OmnictlError as exc:  # the pipeline refused the input (its field named), or is overloaded
             field = getattr(exc, "field", None)
-            self.send(error_event(str(exc), "invalid_value" if field else type(exc).__name__, field, event_id))
+            self.send(error_event(str(exc), "invalid_value" if field else type(exc).__name__.lower(), field, event_id))
 
     async def _dispatch(self, event: dict[str, Any]) -> None:
         kind = event["type"]
@@ -334,11 +335,11 @@ class DuplexSession:
         if response is None:
             return
         self.current = None
-        await self.pipe.abort(response.request.id)
-        if response.pump is not None:
+        if response.pump is not None:  # first: its response.done says cancelled, not the abort's failure
             response.pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await response.pump
+        await self.pipe.abort(response.request.id)
 
 
 async def serve_duplex(websocket: WebSocket, slot: Any, hub: Any, pipe: Any) -> None:
@@ -349,7 +350,7 @@ async def serve_duplex(websocket: WebSocket, slot: Any, hub: Any, pipe: Any) -> 
         p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip() == "realtime"
     ]
     await websocket.accept(subprotocol=offered[0] if offered else None)
-    refused = slot if not hasattr(slot, "release") else hub.refused(websocket.query_params, pipe)
+    refused = hub.refused(websocket.query_params, pipe) if isinstance(slot, Slot) else slot
     if refused is not None:  # the session limit, or a wrong ?model= / ?intent=: said, then closed
         state.metrics.outcome("rejected")
         code = CLOSE_TRY_LATER if refused is slot else CLOSE_POLICY

@@ -90,10 +90,14 @@ def test_a_duplex_session_streams_a_frame_of_audio_per_80_ms_of_input_and_ends_o
     assert kinds.index("response.output_audio.done") > max(i for i, k in enumerate(kinds) if k.endswith(".delta"))
 
 
-def test_a_client_that_disconnects_mid_session_leaves_nothing(served: Listening) -> None:
+def test_a_client_that_cancels_or_disconnects_mid_session_leaves_nothing(served: Listening) -> None:
     with socket(served) as ws:
         assert receive(ws)["type"] == "session.created"
         append(ws, speechlike(4.0, seed=5))
+        until(ws, "response.output_audio.delta")
+        ws.send(json.dumps({"type": "response.cancel"}))
+        assert until(ws, "response.done")[-1]["response"]["status"] == "cancelled"
+        append(ws, speechlike(4.0, seed=7))  # a new response, which the client walks away from
         until(ws, "response.output_audio.delta")  # Moshi is speaking: the client goes away
     assert served.loop is not None
     held = asyncio.run_coroutine_threadsafe(held_by(served.pipeline), served.loop).result(60)
