@@ -1,6 +1,7 @@
 """The streaming-audio example (examples/streaming_audio) runs as written: 60 s of audio
-streamed into a pipeline comes back filtered, chunk by chunk, while it is still streaming in,
-and equal to the same filter applied to the whole signal at once."""
+streamed into a pipeline comes back filtered, chunk by chunk, equal to the same filter
+applied to the whole signal at once; and streamed at real time, it comes back while it is
+still streaming in."""
 
 from __future__ import annotations
 
@@ -48,12 +49,17 @@ def test_a_minute_of_audio_streamed_faster_than_real_time_comes_back_filtered_an
     assert "output matches the filter applied to the whole signal" in stdout
 
 
-@pytest.mark.timeout(180)
-def test_a_minute_of_audio_streamed_at_real_time_comes_back_while_it_streams_in() -> None:
-    stdout = _run("--seconds", "60", timeout=150)
+@pytest.mark.timeout(120)
+def test_ten_seconds_of_audio_streamed_at_real_time_come_back_while_they_stream_in() -> None:
+    """Ten seconds, not the example's default minute: whether chunks come back while the
+    input streams does not depend on its length (the minute streamed faster than real time
+    above checks 600 chunks come back whole), and a real-time minute is a minute of the
+    suite's wall time spent waiting; the example sizes its deadline by --seconds."""
+    stdout = _run("--seconds", "10", timeout=90)
     sent, back, during = _figures(stdout)
-    assert (sent, back) == (600, 600)
-    # Streamed out as it streamed in: all but the last few chunks came back before the input
-    # ended (a pipeline that waited for the whole input would show 0 here).
-    assert during >= 590, stdout
+    assert (sent, back) == (100, 100)
+    # Streamed out as it streamed in: all but the last few chunks (the pipeline's lag, up to
+    # a second of them on a loaded machine) came back before the input ended (a pipeline
+    # that waited for the whole input would show 0 here).
+    assert during >= 90, stdout
     assert "output matches the filter applied to the whole signal" in stdout
