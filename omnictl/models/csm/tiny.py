@@ -21,12 +21,20 @@ Run ``python -m omnictl.models.csm.tiny OUT_DIR [--size real]``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from omnictl.models.tiny_checkpoint import (
+    check_size,
+    fast_tokenizer,
+    random_model,
+    token_id,
+    train_byte_level_bpe,
+    write_marker,
+    writer_main,
+)
 
 SAMPLE_RATE = 24_000  # Mimi's rate at every size
 
@@ -136,30 +144,16 @@ SIZES: dict[str, Widths] = {
 
 
 def build_tokenizer() -> Any:
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from tokenizers import decoders as tk_decoders
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = tk_decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=384,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=list(SPECIAL_TOKENS),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(list(_CORPUS) * 20, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
+    bpe = train_byte_level_bpe(_CORPUS, SPECIAL_TOKENS, vocab_size=384, byte_level_decoder=True)
+    return fast_tokenizer(
+        bpe,
+        chat_template=CHAT_TEMPLATE,
         bos_token=BOS,
         eos_token=EOS,
         pad_token=PAD,
         extra_special_tokens={"audio_token": AUDIO, "audio_eos_token": AUDIO_EOS},
         model_max_length=2048,
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
 
 
 def build_processor(tokenizer: Any) -> Any:
@@ -170,18 +164,14 @@ def build_processor(tokenizer: Any) -> Any:
 
 
 def _token(tokenizer: Any, text: str) -> int:
-    ids = tokenizer.convert_tokens_to_ids(text)
-    if not isinstance(ids, int) or ids == tokenizer.unk_token_id:
-        raise RuntimeError(f"CSM tokenizer: {text!r} is not one token")
-    return ids
+    return token_id(tokenizer, text, "CSM")
 
 
 def build_config(tokenizer: Any, size: str = "tiny") -> Any:
     """The ``CsmConfig`` of ``size`` (a key of :data:`SIZES`) whose special-token ids come from ``tokenizer``."""
     from transformers import CsmConfig
 
-    if size not in SIZES:
-        raise ValueError(f"size: {size!r} is not one of {', '.join(SIZES)}")
+    check_size(size, SIZES)
     w = SIZES[size]
     rope = {"rope_type": "default", "rope_theta": 500000.0}
     mimi = {
@@ -239,34 +229,21 @@ def build_config(tokenizer: Any, size: str = "tiny") -> Any:
 def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, size: str = "tiny", device: str = "cpu") -> Path:
     """Write config, random weights (seeded), tokenizer and processor files into ``out_dir``.
     ``real`` is stored in bfloat16 (half the disk; the stages load float32 on CPU)."""
-    import torch
     from transformers import CsmForConditionalGeneration
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     config = build_config(tokenizer, size)
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model: Any = CsmForConditionalGeneration(config)  # Any: transformers types .to() for its own wrapper
-    if size != "tiny":
-        model = model.to(torch.bfloat16)
+    model = random_model(CsmForConditionalGeneration, config, seed=seed, device=device, bfloat16=size != "tiny")
     model.save_pretrained(out)
     build_processor(tokenizer).save_pretrained(out)
-    (out / "omnictl-csm.json").write_text(json.dumps({"size": size, "seed": seed}) + "\n")
+    write_marker(out, "csm", size, seed)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("out_dir", help="directory to write the checkpoint into (created if missing)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for the random weights")
-    parser.add_argument("--size", choices=sorted(SIZES), default="tiny", help="widths and depths (default: tiny)")
-    parser.add_argument("--device", default="cpu", help="where to initialise the weights (default: cpu)")
-    args = parser.parse_args(argv)
-    path = write_tiny_checkpoint(args.out_dir, seed=args.seed, size=args.size, device=args.device)
-    sys.stdout.write(f"{args.size} CSM checkpoint written to {path}\n")
-    return 0
+    return writer_main(argv, doc=__doc__, sizes=SIZES, write=write_tiny_checkpoint, name="CSM")
 
 
 if __name__ == "__main__":

@@ -28,12 +28,20 @@ Run ``python -m omnictl.models.higgs_audio.tiny OUT_DIR [--size real]``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from omnictl.models.tiny_checkpoint import (
+    check_size,
+    fast_tokenizer,
+    random_model,
+    token_id,
+    train_byte_level_bpe,
+    write_marker,
+    writer_main,
+)
 
 SAMPLE_RATE = 24_000  # the audio tokenizer's rate at every size
 AUDIO_TOKENIZER_DIR = "audio_tokenizer"  # the codec's checkpoint, inside the model's directory
@@ -192,22 +200,10 @@ def bandwidths(w: Widths) -> list[float]:
 
 
 def build_tokenizer() -> Any:
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from tokenizers import decoders as tk_decoders
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = tk_decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=384,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=list(SPECIAL_TOKENS),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(list(_CORPUS) * 20, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
+    bpe = train_byte_level_bpe(_CORPUS, SPECIAL_TOKENS, vocab_size=384, byte_level_decoder=True)
+    return fast_tokenizer(
+        bpe,
+        chat_template=CHAT_TEMPLATE,
         bos_token=BOS,
         eos_token=EOT,
         pad_token=PAD,
@@ -219,15 +215,10 @@ def build_tokenizer() -> Any:
         },
         model_max_length=2048,
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
 
 
 def _token(tokenizer: Any, text: str) -> int:
-    ids = tokenizer.convert_tokens_to_ids(text)
-    if not isinstance(ids, int) or ids == tokenizer.unk_token_id:
-        raise RuntimeError(f"Higgs Audio tokenizer: {text!r} is not one token")
-    return ids
+    return token_id(tokenizer, text, "Higgs Audio")
 
 
 def build_audio_tokenizer_config(size: str = "tiny") -> Any:
@@ -268,8 +259,7 @@ def build_config(tokenizer: Any, size: str = "tiny") -> Any:
     """The ``HiggsAudioV2Config`` of ``size`` (a key of :data:`SIZES`) whose special-token ids come from ``tokenizer``."""
     from transformers import HiggsAudioV2Config
 
-    if size not in SIZES:
-        raise ValueError(f"size: {size!r} is not one of {', '.join(SIZES)}")
+    check_size(size, SIZES)
     w = SIZES[size]
     return HiggsAudioV2Config(
         vocab_size=w.text_vocab or len(tokenizer),
@@ -319,8 +309,7 @@ def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, size: str = "tiny"
     from omnictl.models.higgs_audio.codec import audio_tokenizer_class
 
     HiggsAudioV2TokenizerModel = audio_tokenizer_class()  # transformers' class, without torchaudio
-    if size not in SIZES:
-        raise ValueError(f"size: {size!r} is not one of {', '.join(SIZES)}")
+    check_size(size, SIZES)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
@@ -328,9 +317,12 @@ def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, size: str = "tiny"
     codec_config = build_audio_tokenizer_config(size)
     if codec_config.num_quantizers != config.num_codebooks:
         raise RuntimeError(f"the codec has {codec_config.num_quantizers} codebooks, the model {config.num_codebooks}")
-    torch.manual_seed(seed)
+    # The model, then the codec, from one seed (the codec's weights are drawn after the model's);
+    # only the model is stored in bfloat16 at ``real``, the codec stays float32.
+    model = random_model(
+        HiggsAudioV2ForConditionalGeneration, config, seed=seed, device=device, bfloat16=size != "tiny"
+    )
     with torch.device(device):
-        model: Any = HiggsAudioV2ForConditionalGeneration(config)  # Any: transformers types .to() for its wrapper
         codec: Any = HiggsAudioV2TokenizerModel(codec_config)
     if size == "tiny":
         # A random codebook of zeros (transformers' init of these buffers) decodes every
@@ -340,28 +332,18 @@ def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, size: str = "tiny"
             embed = torch.randn(quantizer.codebook.embed.shape, generator=generator)
             quantizer.codebook.embed.copy_(embed)
             quantizer.codebook.embed_avg.copy_(embed)
-    else:
-        model = model.to(torch.bfloat16)
     model.save_pretrained(out)
     codec_dir = out / AUDIO_TOKENIZER_DIR
     codec.save_pretrained(codec_dir)
     # The processor records where its audio tokenizer was loaded from: the codec written here.
     codec = HiggsAudioV2TokenizerModel.from_pretrained(codec_dir)
     build_processor(tokenizer, codec).save_pretrained(out)
-    (out / "omnictl-higgs-audio.json").write_text(json.dumps({"size": size, "seed": seed}) + "\n")
+    write_marker(out, "higgs-audio", size, seed)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("out_dir", help="directory to write the checkpoint into (created if missing)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for the random weights")
-    parser.add_argument("--size", choices=sorted(SIZES), default="tiny", help="widths and depths (default: tiny)")
-    parser.add_argument("--device", default="cpu", help="where to initialise the weights (default: cpu)")
-    args = parser.parse_args(argv)
-    path = write_tiny_checkpoint(args.out_dir, seed=args.seed, size=args.size, device=args.device)
-    sys.stdout.write(f"{args.size} Higgs Audio v2 checkpoint written to {path}\n")
-    return 0
+    return writer_main(argv, doc=__doc__, sizes=SIZES, write=write_tiny_checkpoint, name="Higgs Audio v2")
 
 
 if __name__ == "__main__":

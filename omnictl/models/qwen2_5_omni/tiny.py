@@ -18,7 +18,6 @@ Run ``python -m omnictl.models.qwen2_5_omni.tiny OUT_DIR [--size real]``.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from omnictl.models.qwen3_omni.tiny import (
     _save_processor,
     _single_token,
 )
+from omnictl.models.tiny_checkpoint import random_model, writer_main
 
 HIDDEN = 32  # the towers' width at every size
 # transformers' default speaker is "Chelsie"; each speaker's text start token is its own.
@@ -288,18 +288,13 @@ def write_speakers(out: Path, tokenizer: Any, config: Any, seed: int) -> None:
 def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, size: str = "tiny", device: str = "cpu") -> Path:
     """Config, random weights (seeded), tokenizer, processor and speaker files into ``out_dir``;
     ``real`` is stored in bfloat16 (stages load float32)."""
-    import torch
     from transformers import Qwen2_5OmniForConditionalGeneration
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = _build_tokenizer(SPECIAL_TOKENS + SPEAKER_TOKENS)
     config = build_config(tokenizer, size)
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = Qwen2_5OmniForConditionalGeneration(config)
-    if size != "tiny":
-        model = model.to(torch.bfloat16)
+    model = random_model(Qwen2_5OmniForConditionalGeneration, config, seed=seed, device=device, bfloat16=size != "tiny")
     model.save_pretrained(out)
     _save_processor(_build_processor(tokenizer), out)
     write_speakers(out, tokenizer, config, seed)
@@ -307,15 +302,7 @@ def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, size: str = "tiny"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("out_dir", help="directory to write the checkpoint into (created if missing)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for the random weights")
-    parser.add_argument("--size", choices=sorted(SIZES), default="tiny", help="widths and depths (default: tiny)")
-    parser.add_argument("--device", default="cpu", help="where to initialise the weights (default: cpu)")
-    args = parser.parse_args(argv)
-    path = write_tiny_checkpoint(args.out_dir, seed=args.seed, size=args.size, device=args.device)
-    print(f"{args.size} Qwen2.5-Omni checkpoint written to {path}")
-    return 0
+    return writer_main(argv, doc=__doc__, sizes=SIZES, write=write_tiny_checkpoint, name="Qwen2.5-Omni")
 
 
 if __name__ == "__main__":

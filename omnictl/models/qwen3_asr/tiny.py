@@ -19,12 +19,12 @@ Run ``python -m omnictl.models.qwen3_asr.tiny OUT_DIR [--size real]``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from omnictl.models.tiny_checkpoint import check_size, qwen2_tokenizer, random_model, train_byte_level_bpe, writer_main
 
 SAMPLE_RATE = 16_000  # what the feature extractor hears
 
@@ -122,36 +122,18 @@ CHAT_TEMPLATE = (
 
 
 def build_tokenizer() -> Any:
-    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, trainers
-    from transformers import Qwen2Tokenizer
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=512,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=[*SPECIAL_TOKENS, ASR_TEXT],
-        show_progress=False,
-    )
-    bpe.train_from_iterator(list(_CORPUS) * 20, trainer=trainer)
-    merges: Any = [tuple(pair) for pair in json.loads(bpe.to_str())["model"]["merges"]]  # pairs; typed as strings
-    tokenizer = Qwen2Tokenizer(
-        vocab=bpe.get_vocab(),
-        merges=merges,
+    bpe = train_byte_level_bpe(_CORPUS, [*SPECIAL_TOKENS, ASR_TEXT], vocab_size=512)
+    return qwen2_tokenizer(
+        bpe,
+        special_tokens=SPECIAL_TOKENS,
+        plain_tokens=[ASR_TEXT],
         extra_special_tokens={
             "audio_token": "<|audio_pad|>",
             "audio_bos_token": "<|audio_start|>",
             "audio_eos_token": "<|audio_end|>",
         },
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        model_max_length=4096,
+        chat_template=CHAT_TEMPLATE,
     )
-    # Already in the vocabulary; registering them keeps the BPE from splitting them apart.
-    tokenizer.add_tokens([AddedToken(token, special=True) for token in SPECIAL_TOKENS])
-    tokenizer.add_tokens([AddedToken(ASR_TEXT, special=False)])
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
 
 
 def build_processor(tokenizer: Any) -> Any:
@@ -208,20 +190,14 @@ def build_config(tokenizer: Any, size: str = "tiny") -> Any:
 def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, size: str = "tiny", device: str = "cpu") -> Path:
     """Write config, random weights (seeded), tokenizer and processor files into ``out_dir``.
     ``device``: where the weights are initialised; ``real`` is stored in bfloat16."""
-    import torch
     from transformers import Qwen3ASRForConditionalGeneration
 
-    if size not in SIZES:
-        raise ValueError(f"size: must be one of {', '.join(sorted(SIZES))}, got {size!r}")
+    check_size(size, SIZES)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     config = build_config(tokenizer, size)
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model: Any = Qwen3ASRForConditionalGeneration(config)
-    if size != "tiny":
-        model = model.to(torch.bfloat16)
+    model = random_model(Qwen3ASRForConditionalGeneration, config, seed=seed, device=device, bfloat16=size != "tiny")
     model.generation_config.eos_token_id = list(config.eos_token_id)
     model.generation_config.pad_token_id = config.pad_token_id
     model.save_pretrained(out)
@@ -230,15 +206,7 @@ def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, size: str = "tiny"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out_dir", help="directory to write the checkpoint into (created if missing)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for the random weights")
-    parser.add_argument("--size", choices=sorted(SIZES), default="tiny", help="widths and depths (default: tiny)")
-    parser.add_argument("--device", default="cpu", help="where to initialise the weights (default: cpu)")
-    args = parser.parse_args(argv)
-    path = write_tiny_checkpoint(args.out_dir, seed=args.seed, size=args.size, device=args.device)
-    print(f"{args.size} Qwen3-ASR checkpoint written to {path}")
-    return 0
+    return writer_main(argv, doc=__doc__, sizes=SIZES, write=write_tiny_checkpoint, name="Qwen3-ASR")
 
 
 if __name__ == "__main__":

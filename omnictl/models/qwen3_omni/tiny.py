@@ -25,12 +25,13 @@ Run ``python -m omnictl.models.qwen3_omni.tiny OUT_DIR [--size mid]``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from omnictl.models.tiny_checkpoint import qwen2_tokenizer, random_model, train_byte_level_bpe, writer_main
 
 HIDDEN = 32  # the towers' width at every size
 SPEAKER = "ethan"
@@ -216,23 +217,10 @@ CHAT_TEMPLATE = (
 def _build_tokenizer(special_tokens: tuple[str, ...] = SPECIAL_TOKENS) -> Any:
     """The byte-level BPE trained on :data:`_CORPUS` with ``special_tokens`` (shared with
     the Qwen2.5-Omni writer, which adds its speakers' text start tokens)."""
-    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, trainers
-    from transformers import Qwen2Tokenizer
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=512,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=list(special_tokens),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(list(_CORPUS) * 20, trainer=trainer)
-    vocab = bpe.get_vocab()
-    merges = [tuple(pair) for pair in json.loads(bpe.to_str())["model"]["merges"]]
-    tokenizer = Qwen2Tokenizer(
-        vocab=vocab,
-        merges=merges,
+    bpe = train_byte_level_bpe(_CORPUS, special_tokens, vocab_size=512)
+    return qwen2_tokenizer(
+        bpe,
+        special_tokens=special_tokens,
         extra_special_tokens={
             "image_token": "<|image_pad|>",
             "audio_token": "<|audio_pad|>",
@@ -242,14 +230,8 @@ def _build_tokenizer(special_tokens: tuple[str, ...] = SPECIAL_TOKENS) -> Any:
             "audio_bos_token": "<|audio_start|>",
             "audio_eos_token": "<|audio_end|>",
         },
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        model_max_length=4096,
+        chat_template=CHAT_TEMPLATE,
     )
-    # Already in the vocabulary; registering them keeps the BPE from splitting them apart.
-    tokenizer.add_tokens([AddedToken(token, special=True) for token in special_tokens])
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
 
 
 def _single_token(tokenizer: Any, text: str) -> int:
@@ -449,18 +431,15 @@ def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, size: str = "tiny"
     """Write config, random weights (seeded), tokenizer and processor files into ``out_dir``.
     ``device``: where the weights are initialised (``cuda`` makes ``real`` quick); sizes
     other than ``tiny`` are stored in bfloat16 (half the disk; stages load float32)."""
-    import torch
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = _build_tokenizer()
     config = build_config(tokenizer, size)
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = Qwen3OmniMoeForConditionalGeneration(config)
-    if not size.startswith("tiny"):
-        model = model.to(torch.bfloat16)
+    model = random_model(
+        Qwen3OmniMoeForConditionalGeneration, config, seed=seed, device=device, bfloat16=not size.startswith("tiny")
+    )
     model.save_pretrained(out)
     config_file = out / "config.json"
     saved = json.loads(config_file.read_text())
@@ -471,15 +450,7 @@ def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, size: str = "tiny"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out_dir", help="directory to write the checkpoint into (created if missing)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for the random weights")
-    parser.add_argument("--size", choices=sorted(SIZES), default="tiny", help="widths and depths (default: tiny)")
-    parser.add_argument("--device", default="cpu", help="where to initialise the weights (default: cpu)")
-    args = parser.parse_args(argv)
-    path = write_tiny_checkpoint(args.out_dir, seed=args.seed, size=args.size, device=args.device)
-    print(f"{args.size} Qwen3-Omni checkpoint written to {path}")
-    return 0
+    return writer_main(argv, doc=__doc__, sizes=SIZES, write=write_tiny_checkpoint, name="Qwen3-Omni")
 
 
 if __name__ == "__main__":
