@@ -331,6 +331,16 @@ class _Early:
     audio_ms: int  # where the speech paused: the turn is this one only if it stops there
 
 
+@dataclass(frozen=True)
+class _Committing:
+    """The turn a :class:`CommitTurn` just ended, as it was: a refused commit gives it back."""
+
+    item_id: str
+    listening: Listening
+    announced: bool
+    client: bool  # the client's commit (refused: the turn goes on); else the detector's stop
+
+
 @dataclass
 class TurnTaking:
     """The session's turn-taking state; :meth:`handle` is every transition."""
@@ -348,11 +358,13 @@ class TurnTaking:
     early: _Early | None = None  # the held early answer (HELD)
     start_after_cancel: bool = False  # a turn ended while its barge-in's response was cancelling
     closed: bool = False
+    committing: _Committing | None = None  # the last CommitTurn's turn, until the next event
 
     def handle(self, event: Event) -> list[Effect]:
         """What ``event`` changes, and what the shell must do, in order."""
         if self.closed:
             return []
+        committing, self.committing = self.committing, None  # a CommitFailed follows its CommitTurn at once
         out: list[Effect] = []
         if isinstance(event, SpeechStarted):
             self._speech_started(event, out)
@@ -371,6 +383,8 @@ class TurnTaking:
             self._commit(out)
         elif isinstance(event, CommitFailed):
             self._drop("the turn could not be committed", out)
+            if committing is not None and committing.item_id == event.item_id:
+                self._commit_failed(committing, out)
         elif isinstance(event, Clear):
             self._drop("the client sent input_audio_buffer.clear", out)
             self.listening, self.item_id = Listening.IDLE, None
@@ -487,6 +501,7 @@ class TurnTaking:
         if self.listening is Listening.IDLE or self.item_id is None:
             return  # the client ended this turn already (a commit mid-turn)
         item_id = self.item_id
+        self.committing = _Committing(item_id, self.listening, self.announced, client=False)
         self.listening, self.item_id = Listening.IDLE, None
         out.append(EndSpeech(item_id, event.audio_ms))
         early = self.early
@@ -509,8 +524,21 @@ class TurnTaking:
         self._drop("the client sent input_audio_buffer.commit", out)
         detector = self.policy.detects_turns and self.listening is not Listening.IDLE
         item_id = self.item_id or self.new_id()
+        if self.listening is not Listening.IDLE:
+            self.committing = _Committing(item_id, self.listening, self.announced, client=True)
         self.listening, self.item_id = Listening.IDLE, None
         out.append(CommitTurn(item_id, end_detector_turn=detector))
+
+    def _commit_failed(self, turn: _Committing, out: list[Effect]) -> None:
+        """A commit was refused (too little audio, memory): nothing was committed."""
+        if turn.client and self.listening is Listening.IDLE:
+            # The client's commit: the turn goes on as it was, under its item (its live
+            # transcription too), so the next commit is that turn.
+            self.item_id, self.listening, self.announced = turn.item_id, turn.listening, turn.announced
+        else:
+            # The detector's stop: its turn is over, uncommitted; its live transcription must not
+            # become the next turn's (whose deltas would go out under this item's id).
+            out.append(DropTurn(turn.item_id))
 
     # --- the assistant's side -------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import json
 from typing import Any
 
 import numpy as np
+import pytest
 
 from omnictl.audio import float_to_pcm16_bytes, resample
 from omnictl.coordinator.request import RequestEvent, RequestEventKind
@@ -292,3 +293,32 @@ def test_fifty_paused_questions_over_ten_sessions_leave_no_item_no_early_event_a
         assert not state.active  # nothing of any request left in the server
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+# --- a commit refused mid-turn -----------------------------------------------------------------
+
+
+def test_a_refused_commit_leaves_the_turn_open_under_its_item() -> None:
+    """Manual turns, transcribed while spoken: a commit refused (too little audio) leaves the
+    turn as it was, so the next commit is that turn, its deltas and its transcript under one
+    item id. Before, the core had ended the turn at the refused commit while the shell kept its
+    live transcription: the next audio opened no turn, its deltas went out under the first id
+    and the commit under a second."""
+    from tests.serving.realtime.test_live_transcription import Client
+
+    async def scenario() -> None:
+        client = Client()
+        await client.append(0.05)
+        with pytest.raises(ev.EventError, match="at least 100 ms"):
+            await client.send({"type": "input_audio_buffer.commit"})
+        await client.append(0.3)
+        await client.send({"type": "input_audio_buffer.commit"})
+        await client.settle()
+        deltas = client.of("conversation.item.input_audio_transcription.delta")
+        [committed] = client.of("input_audio_buffer.committed")
+        [completed] = client.of("conversation.item.input_audio_transcription.completed")
+        assert deltas and {d["item_id"] for d in deltas} == {committed["item_id"]} == {completed["item_id"]}
+        assert "".join(d["delta"] for d in deltas) == completed["transcript"]
+        assert client.session.core.item_id is None and client.session.transcriber.live is None
+
+    asyncio.run(asyncio.wait_for(scenario(), 5))

@@ -111,7 +111,23 @@ ROWS = [
     Row("a failed commit (too little audio) drops the held answer", [
         *paused_early(), (SpeechStopped(1000), [EndSpeech("i1", 1000), CommitTurn("i1", transcribe=False),
                                                 ReleaseEarlyAnswer("i1")]),
-        (CommitFailed("i1"), [DropEarlyAnswer("i1", "the turn could not be committed")])], reply=Reply.NONE),
+        (CommitFailed("i1"), [DropEarlyAnswer("i1", "the turn could not be committed"), DropTurn("i1")])],
+        reply=Reply.NONE, listening=Listening.IDLE),
+    # A refused client commit ended the turn in the core while the shell kept its live
+    # transcription: the next audio opened no turn, and its deltas went out under the old id.
+    Row("a refused client commit leaves the turn open under its item", [
+        (AudioIn(), [OpenTurn("i1", 0, announce=False)]), (Commit(), [CommitTurn("i1")]),
+        (CommitFailed("i1"), []), (AudioIn(), []), (Commit(), [CommitTurn("i1")])],
+        policy=MANUAL, listening=Listening.IDLE),
+    Row("a refused client commit mid-speech: the detector's stop then commits that turn", [
+        *speech(), (Commit(), [CommitTurn("i1", end_detector_turn=True)]), (CommitFailed("i1"), []),
+        (SpeechStopped(900), [EndSpeech("i1", 900), CommitTurn("i1"), StartResponse()])]),
+    Row("a refused commit with no turn open opens none", [
+        (Commit(), [CommitTurn("i1")]), (CommitFailed("i1"), []), (AudioIn(), [OpenTurn("i2", 0, announce=False)])],
+        policy=MANUAL),
+    Row("a detector's turn whose commit is refused ends, its live transcription dropped", [
+        *speech(), (SpeechStopped(900), [EndSpeech("i1", 900), CommitTurn("i1"), StartResponse()]),
+        (CommitFailed("i1"), [DropTurn("i1")]), (SpeechStarted(2000), [OpenTurn("i2", 2000)])]),
     # --- early answers --------------------------------------------------------------------
     Row("a turn that stops at its pause releases the held answer, not transcribed again", [
         *paused_early(), (SpeechStopped(1000), [EndSpeech("i1", 1000), CommitTurn("i1", transcribe=False),
