@@ -372,3 +372,17 @@ def test_completions_in_every_order_end_idle() -> None:
         core.handle(ResponseStarted("r2"))
         core.handle(ResponseDone("r2"))
         assert (core.listening, core.reply, core.response_id, core.early) == (Listening.IDLE, Reply.NONE, None, None)
+
+
+def test_the_docs_state_diagram_names_the_cores_states() -> None:
+    """docs/serving.md draws the core: every state of each region is drawn, and nothing else."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).parents[3] / "docs" / "serving.md").read_text()
+    diagram = page[page.index('state "a session: the user\'s side | the reply"') :]
+    diagram = diagram[: diagram.index("```")]
+    user, reply = diagram.split("\n    --\n")
+    drawn = lambda part: {s for a, b in re.findall(r"(\S+) --> (\w+)", part) for s in (a, b)} - {"[*]"}
+    assert drawn(user) == {state.value for state in Listening}
+    assert drawn(reply) == {state.value for state in Reply}
