@@ -37,6 +37,102 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 python=${PYTHON:-$repo/.venv/bin/python}
 [[ -x $python ]] || python=$(command -v python3)
+# `lines`: the literals on the lines named, one mutant each, against the tests named.
+# mutmut mutates function bodies only, so a bound held in a module-level constant (a limit,
+# a cap, FFmpeg's open options) is out of its reach; this mode reaches exactly those lines:
+#
+#   scripts/mutation.sh lines omnictl/audio/bounds.py:5,9,29 omnictl/serving/chat/protocol.py:40-75 \
+#       -- tests/serving/test_security_limits.py
+#
+# Each number becomes twice itself (a bound loosened) and half of itself (tightened; 0
+# becomes 1), each string "" (an option removed), True/False the other; every mutant runs
+# the tests named (`pytest -x`) in a scratch copy of the tree and is killed when they fail.
+# Prints each survivor with its line, and "lines: K/N killed".
+if [[ ${1:-} == lines ]]; then
+    shift
+    specs=()
+    while [[ $# -gt 0 && $1 != -- ]]; do specs+=("$1"); shift; done
+    [[ ${1:-} == -- && $# -gt 1 && ${#specs[@]} -gt 0 ]] || {
+        echo "usage: scripts/mutation.sh lines FILE:LINES... -- TEST..." >&2
+        exit 2
+    }
+    shift
+    scratch=$(mktemp -d "${TMPDIR:-/tmp}/omnictl-mutation-lines.XXXXXX")
+    git ls-files -z --cached --others --exclude-standard \
+        | while IFS= read -r -d '' f; do [[ -e $f ]] && printf '%s\0' "$f"; done \
+        | tar --null -T - -cf - | tar -xf - -C "$scratch"
+    status=0
+    (cd "$scratch" && "$python" - "${specs[@]}" -- "$@" <<'PY') || status=$?
+import io, subprocess, sys, tokenize
+from pathlib import Path
+
+args = sys.argv[1:]
+specs, tests = args[: args.index("--")], args[args.index("--") + 1 :]
+
+
+def lines_of(spec: str) -> tuple[Path, list[int]]:
+    path, _, ranges = spec.rpartition(":")
+    numbers: list[int] = []
+    for part in ranges.split(","):
+        first, _, last = part.partition("-")
+        numbers.extend(range(int(first), int(last or first) + 1))
+    if not Path(path).is_file():
+        sys.exit(f"no file {path}")
+    return Path(path), numbers
+
+
+def mutants(line: str) -> list[tuple[int, int, str]]:
+    """(start, end, replacement) for each literal of ``line`` (comments and f-strings left)."""
+    found = []
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(line.strip() + "\n").readline))
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return found  # a line continued from the one above: its literals read on their own
+    indent = len(line) - len(line.lstrip())
+    for token in tokens:
+        start, end = indent + token.start[1], indent + token.end[1]
+        text = token.string
+        if token.type == tokenize.NUMBER:
+            value = eval(text.replace("_", ""))  # a literal's own text
+            looser = value * 2 if value else 1
+            tighter = value // 2 if isinstance(value, int) else value / 2
+            for new in {looser, tighter if value else 1}:
+                found.append((start, end, repr(new)))
+        elif token.type == tokenize.STRING and not text.lstrip("rbRB").startswith(("f", "F")) and text not in ('""', "''"):
+            found.append((start, end, '""'))
+        elif token.type == tokenize.NAME and text in ("True", "False"):
+            found.append((start, end, "False" if text == "True" else "True"))
+    return found
+
+
+killed = total = 0
+for spec in specs:
+    path, numbers = lines_of(spec)
+    original = path.read_text()
+    source = original.splitlines(keepends=True)
+    for number in numbers:
+        line = source[number - 1]
+        for start, end, new in mutants(line):
+            mutated = line[:start] + new + line[end:]
+            path.write_text("".join(source[: number - 1] + [mutated] + source[number:]))
+            run = subprocess.run(
+                [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+                 "-o", "addopts=--import-mode=importlib", *tests],
+                capture_output=True, text=True,
+            )
+            total += 1
+            if run.returncode != 0:
+                killed += 1
+            else:
+                print(f"survived {path}:{number}: {line.strip()}  ->  {mutated.strip()}")
+    path.write_text(original)
+print(f"lines: {killed}/{total} killed ({100.0 * killed / max(total, 1):.1f}%)")
+sys.exit(0 if total else 1)
+PY
+    rm -rf "$scratch"
+    exit $status
+fi
+
 # mutmut is not among the test extras (CI does not run this): install it beside omnictl.
 "$python" -c "import mutmut" 2>/dev/null || {
     echo "mutmut is not installed for $python: $python -m pip install 'mutmut==3.8.1'" >&2
@@ -58,6 +154,9 @@ fast_tests=(tests/stage tests/topology tests/transports tests/coordinator tests/
 # the coordinator's: two end-to-end files, for what only a running pipeline reaches).
 declare -A package_tests=(
     [schedulers]="tests/schedulers"
+    # the audio toolkit: its own tests, the WAV reader's callers, and the bounds' values
+    [audio]="tests/audio tests/test_inputs.py tests/serving/transcriptions/test_audiofile.py
+             tests/serving/test_security_limits.py"
     # the coordinator's autoscaler shell and replay run only under load or a killed replica:
     # these run a real pipeline whose coordinator is in the test process (seconds each)
     [coordinator]="tests/runtime/test_elastic.py tests/runtime/test_replay.py"
