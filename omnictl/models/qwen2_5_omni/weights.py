@@ -9,7 +9,6 @@ checkpoint directory (``python -m omnictl.models.qwen2_5_omni.tiny DIR`` writes 
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,10 +22,7 @@ from transformers import (
     Qwen2_5OmniToken2WavModel,
 )
 
-from omnictl.exceptions import ModelPathError
-
-_cache: dict[tuple[str, str, str], Any] = {}
-_lock = threading.RLock()  # building one part may load another (the config)
+from omnictl.models.checkpoint_parts import CheckpointParts, checkpoint_dir
 
 
 @dataclass(frozen=True)
@@ -40,19 +36,17 @@ class TalkerParts:
 
 def check_model_path(model_path: str | Path | None) -> Path:
     """``model_path`` as a Path, or a clear error when it is missing or not a checkpoint."""
-    if model_path is None:
-        raise ModelPathError(
-            "Qwen2.5-Omni stages need a local checkpoint directory (nothing is downloaded)",
-            hint="pass --model DIR, or model_path= to Pipeline.launch",
-        )
-    path = Path(model_path).expanduser()
-    for name in ("config.json", "spk_dict.pt"):
-        if not (path / name).is_file():
-            raise ModelPathError(
-                f"--model {str(path)!r} is not a Qwen2.5-Omni checkpoint directory (no {name})",
-                hint="write a tiny one with `python -m omnictl.models.qwen2_5_omni.tiny DIR`",
-            )
-    return path
+    return checkpoint_dir(
+        model_path,
+        model="Qwen2.5-Omni",
+        flag="--model",
+        writer="omnictl.models.qwen2_5_omni.tiny",
+        required=("config.json", "spk_dict.pt"),
+    )
+
+
+_parts = CheckpointParts(check_model_path)
+_once = _parts.once
 
 
 def load_config(model_path: str | Path | None) -> Qwen2_5OmniConfig:
@@ -87,12 +81,3 @@ def load_talker(model_path: str | Path | None, device: str | None = None) -> Tal
         )
 
     return _once(model_path, "talker-side", device, build)
-
-
-def _once(model_path: str | Path | None, part: str, device: str | None, build: Any) -> Any:
-    path = check_model_path(model_path)
-    key = (str(path.resolve()), part, device or "cpu")
-    with _lock:
-        if key not in _cache:
-            _cache[key] = build(path, key[2])
-        return _cache[key]

@@ -8,31 +8,23 @@ checkpoint directory.
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from transformers import AutoProcessor, Qwen3ASRConfig, Qwen3ASRForConditionalGeneration
 
 from omnictl.exceptions import ModelPathError
-
-_cache: dict[tuple[str, str, str], Any] = {}
-_lock = threading.RLock()
+from omnictl.models.checkpoint_parts import CheckpointParts, checkpoint_dir
 
 
 def check_model_path(model_path: str | Path | None) -> Path:
     """``model_path`` as a Path, or a clear error when it is missing or not a Qwen3-ASR checkpoint."""
-    if model_path is None:
-        raise ModelPathError(
-            "Qwen3-ASR stages need a local checkpoint directory (nothing is downloaded)",
-            hint="pass --model-path DIR, or model_path= to Pipeline.launch",
-        )
-    path = Path(model_path).expanduser()
-    hint = "write a tiny one with `python -m omnictl.models.qwen3_asr.tiny DIR`"
-    if not (path / "config.json").is_file():
-        raise ModelPathError(f"--model-path {str(path)!r} is not a checkpoint directory (no config.json)", hint=hint)
-    return path
+    return checkpoint_dir(model_path, model="Qwen3-ASR", flag="--model-path", writer="omnictl.models.qwen3_asr.tiny")
+
+
+_parts = CheckpointParts(check_model_path)
+_once = _parts.once
 
 
 def load_config(model_path: str | Path | None) -> Qwen3ASRConfig:
@@ -75,12 +67,3 @@ def _half(path: Path, device: str, keep: str) -> Any:
     del full.model.audio_tower
     del full.model.multi_modal_projector
     return full.to(device).eval()
-
-
-def _once(model_path: str | Path | None, part: str, device: str | None, build: Callable[[Path, str], Any]) -> Any:
-    path = check_model_path(model_path)
-    key = (str(path.resolve()), part, device or "cpu")
-    with _lock:
-        if key not in _cache:
-            _cache[key] = build(path, key[2])
-        return _cache[key]

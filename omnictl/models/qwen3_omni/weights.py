@@ -7,7 +7,6 @@ thinker's tokens). Nothing is downloaded: ``model_path`` must be a checkpoint di
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,11 +20,8 @@ from transformers import (
     Qwen3OmniMoeThinkerForConditionalGeneration,
 )
 
-from omnictl.exceptions import ModelPathError
 from omnictl.models import tensor_parallel
-
-_cache: dict[tuple[str, str, str], Any] = {}
-_lock = threading.RLock()  # building one part may load another (the config)
+from omnictl.models.checkpoint_parts import CheckpointParts, checkpoint_dir
 
 
 @dataclass(frozen=True)
@@ -37,18 +33,11 @@ class TalkerParts:
 
 def check_model_path(model_path: str | Path | None) -> Path:
     """``model_path`` as a Path, or a clear error when it is missing or not a checkpoint."""
-    if model_path is None:
-        raise ModelPathError(
-            "Qwen3-Omni stages need a local checkpoint directory (nothing is downloaded)",
-            hint="pass --model-path DIR, or model_path= to Pipeline.launch",
-        )
-    path = Path(model_path).expanduser()
-    if not (path / "config.json").is_file():
-        raise ModelPathError(
-            f"--model-path {str(path)!r} is not a Qwen3-Omni checkpoint directory (no config.json)",
-            hint="write a tiny one with `python -m omnictl.models.qwen3_omni.tiny DIR`",
-        )
-    return path
+    return checkpoint_dir(model_path, model="Qwen3-Omni", flag="--model-path", writer="omnictl.models.qwen3_omni.tiny")
+
+
+_parts = CheckpointParts(check_model_path)
+_once = _parts.once
 
 
 def load_config(model_path: str | Path | None) -> Qwen3OmniMoeConfig:
@@ -89,12 +78,3 @@ def _talker_side(model_path: str | Path | None, device: str | None) -> tuple[Tal
         return parts, code2wav.to(device).eval()
 
     return _once(model_path, "talker-side", device, build)
-
-
-def _once(model_path: str | Path | None, part: str, device: str | None, build: Any) -> Any:
-    path = check_model_path(model_path)
-    key = (str(path.resolve()), part, device or "cpu")
-    with _lock:
-        if key not in _cache:
-            _cache[key] = build(path, key[2])
-        return _cache[key]
