@@ -95,7 +95,28 @@ def test_marked_blocks_are_found_and_run_as_written_and_a_failing_line_fails_one
         runnable_blocks(tmp_path / "unfenced.md")
 
 
+def _three_stages_prints_its_answer(stdout: str) -> None:
+    lines = stdout.splitlines()
+    assert lines[0] == "HIHI"
+    assert lines[1:9] == [f"stream detokenize {c}" for c in "OMNIOMNI"]
+    assert lines[9] == "result detokenize OMNIOMNI"
+
+
+# What a block must print besides exiting 0, by a command it holds: the example's run is
+# checked here, once, as the page shows it (it was run a second time by a test of its own).
+PRINTS = {"cd examples/three_stages && ../../.venv/bin/python run.py": _three_stages_prints_its_answer}
+
+
+def test_each_output_check_has_its_block() -> None:
+    """A check whose command left the docs would pass by never running: each holds one block."""
+    for command in PRINTS:
+        assert [str(b) for b in BLOCKS if command in b.code] != [], f"no runnable block runs {command!r}"
+
+
 @pytest.mark.parametrize("block", BLOCKS, ids=str)
 def test_runnable_block(block: Block, tmp_path: Path) -> None:
     out = run_block(block, tmp_path)
     assert out.returncode == 0, f"{block} exited {out.returncode}\n--- stdout\n{out.stdout}\n--- stderr\n{out.stderr}"
+    for command, check in PRINTS.items():
+        if command in block.code:
+            check(out.stdout)
