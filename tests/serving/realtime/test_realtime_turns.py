@@ -124,3 +124,45 @@ def test_server_vad_answers_when_the_speaker_stops(client: openai.OpenAI, whispe
     assert not any(e.type == "response.output_text.delta" for e in events)  # audio only, as asked
     audio = [e.delta for e in events if e.type == "response.output_audio.delta"]
     assert audio and whisper.transcribe(samples_of(audio), 24_000).strip()
+
+
+def test_with_server_defaults_the_turn_is_transcribed_while_spoken_and_answered(client: openai.OpenAI) -> None:
+    """Issue 46: the served voice assistant listens itself (one Whisper, no live transcriber):
+    a session left as created, a question streamed in real time, gets transcription deltas
+    before its speech ends, which add up to the turn's transcript, and is answered."""
+    import threading
+    import time
+
+    pcm = silence(300) + sample("capital_of_france")
+    with client.realtime.connect(model="voice-assistant") as connection:
+        assert connection.recv().type == "session.created"  # its defaults, unchanged
+        events: list[tuple[float, Any]] = []
+        finished = threading.Event()
+
+        def read() -> None:
+            try:
+                while not finished.is_set():
+                    event = connection.recv()
+                    events.append((time.perf_counter(), event))
+                    if event.type in ("response.done", "error"):
+                        finished.set()
+            finally:
+                finished.set()
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        for audio in chunks(pcm):
+            connection.input_audio_buffer.append(audio=audio)
+            time.sleep(0.1)  # real time
+        spoken = time.perf_counter()
+        for audio in chunks(silence(1500)):
+            connection.input_audio_buffer.append(audio=audio)
+            time.sleep(0.1)
+        assert finished.wait(120), [e.type for _, e in events]
+        reader.join(5)
+    deltas = [(at, e) for at, e in events if e.type == "conversation.item.input_audio_transcription.delta"]
+    [completed] = [e for _, e in events if e.type == "conversation.item.input_audio_transcription.completed"]
+    assert any(at < spoken for at, _ in deltas), [e.type for _, e in events]  # words while speaking
+    assert "".join(e.delta for _, e in deltas) == completed.transcript
+    assert "france" in completed.transcript.lower()
+    assert [e for _, e in events if e.type == "response.done"][0].response.status == "completed"
