@@ -15,9 +15,8 @@ import omnictl
 from omnictl.outputs import AudioChunk, AudioResult
 from omnictl.profiling.spans import build_trace
 from omnictl.profiling.store import TraceStore
-from omnictl.request import RequestEventKind, RequestState
-from omnictl.topology.validation import loads
-from tests.support.held import held_by
+from omnictl.request import RequestEventKind
+from tests.support.family_pipeline import Served, served_then_aborted, with_result_terminal
 
 from .conftest import FRAMES, TEXT
 
@@ -28,45 +27,28 @@ TOPOLOGY = Path(__file__).resolve().parents[3] / "topologies" / "csm.yaml"
 GREEDY = {"temperature": 0, "max_tokens": FRAMES}
 
 
-def with_codes_terminal() -> Any:
-    """The shipped topology, plus a terminal that returns the depth decoder's frames (the
-    client sees only audio otherwise): the codes are compared frame by frame."""
-    text = TOPOLOGY.read_text()
-    old = "    next: [mimi_decoder]\n"
-    assert old in text
-    text = text.replace(old, "    next: [mimi_decoder, codes]\n")
-    text += (
-        "\n  - name: codes\n    factory: omnictl.models.examples.identity\n    process: csm\n"
-        "    terminal: true\n    modality: codes\n"
-    )
-    return loads(text, str(TOPOLOGY))
-
-
 def test_served_csm_is_transformers_greedy_output_streamed_and_traced(
     tiny_csm: Path, reference: dict[str, Any], tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
 
-    async def run() -> tuple[str, dict[str, Any], list[Any], bool, list[str]]:
-        async with omnictl.Pipeline.launch(
-            with_codes_terminal(), model_path=str(tiny_csm), device="cpu", run_dir=run_dir, profile=True
-        ) as pipe:
-            request = await pipe.submit({"text": TEXT, "sampling": GREEDY})
-            events, early = [], False
-            async for event in request.events():
-                events.append(event)
-                if event.kind is RequestEventKind.STREAM and request.state is RequestState.RUNNING:
-                    early = True  # audio came while the request was still running
-            result = await request.result()
-            # Aborted after its first audio: nothing is left anywhere.
-            aborted = await pipe.submit({"text": TEXT, "sampling": {"temperature": 0, "max_tokens": 200}})
-            async for event in aborted.events():
-                if event.kind is RequestEventKind.STREAM:
-                    await pipe.abort(aborted.id)
-                    break
-            return request.id, result, events, early, await held_by(pipe)
+    # The shipped topology, plus a terminal that returns the depth decoder's frames (the
+    # client sees only audio otherwise): the codes are compared frame by frame.
+    topology = with_result_terminal(TOPOLOGY, after="next: [mimi_decoder]", name="codes", process="csm")
 
-    request_id, result, events, early, held = asyncio.run(run())
+    async def run() -> Served:
+        async with omnictl.Pipeline.launch(
+            topology, model_path=str(tiny_csm), device="cpu", run_dir=run_dir, profile=True
+        ) as pipe:
+            # Then one aborted after its first audio: nothing is left anywhere.
+            return await served_then_aborted(
+                pipe,
+                {"text": TEXT, "sampling": GREEDY},
+                {"text": TEXT, "sampling": {"temperature": 0, "max_tokens": 200}},
+            )
+
+    served = asyncio.run(run())
+    request_id, result, events, early, held = served.request_id, served.result, served.events, served.early, served.held
     # Codes, frame by frame: exactly transformers' greedy frames.
     assert torch.equal(torch.as_tensor(result["codes"]["codes"]), reference["codes"])
     # The waveform: Mimi's decode of those frames, streamed a frame at a time.

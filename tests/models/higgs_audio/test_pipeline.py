@@ -20,11 +20,10 @@ import omnictl
 from omnictl.outputs import AudioChunk, AudioResult
 from omnictl.profiling.spans import build_trace
 from omnictl.profiling.store import TraceStore
-from omnictl.request import RequestEventKind, RequestState
+from omnictl.request import RequestEventKind
 from omnictl.serving.config import HttpConfig, ServeConfig
-from omnictl.topology.validation import loads
 from tests.serving.harness import serving_in_process
-from tests.support.held import held_by
+from tests.support.family_pipeline import Served, served_then_aborted, with_result_terminal
 
 from .conftest import FRAMES, TEXT
 
@@ -36,50 +35,32 @@ GREEDY = {"temperature": 0, "max_tokens": FRAMES}
 STAGES = {"preprocessing", "generator", "audio_decoder"}
 
 
-def with_frames_terminal() -> Any:
-    """The shipped topology, plus a terminal that returns the generator's result (the client
-    hears only audio otherwise): its frames and codes are compared frame by frame."""
-    text = TOPOLOGY.read_text()
-    old = "    next: [audio_decoder]\n"
-    assert old in text
-    text = text.replace(old, "    next: [audio_decoder, frames]\n")
-    text += (
-        "\n  - name: frames\n    factory: omnictl.models.examples.identity\n    process: higgs\n"
-        "    terminal: true\n    modality: codes\n"
-    )
-    return loads(text, str(TOPOLOGY))
-
-
 def test_served_higgs_audio_is_transformers_greedy_output_streamed_and_traced(
     tiny_higgs: Path, reference: dict[str, Any], tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
 
-    async def run() -> tuple[str, dict[str, Any], list[Any], bool, list[str]]:
+    # The shipped topology, plus a terminal that returns the generator's result (the client
+    # hears only audio otherwise): its frames and codes are compared frame by frame.
+    topology = with_result_terminal(TOPOLOGY, after="next: [audio_decoder]", name="frames", process="higgs")
+
+    async def run() -> Served:
         async with omnictl.Pipeline.launch(
-            with_frames_terminal(), model_path=str(tiny_higgs), device="cpu", run_dir=run_dir, profile=True
+            topology, model_path=str(tiny_higgs), device="cpu", run_dir=run_dir, profile=True
         ) as pipe:
-            request = await pipe.submit({"text": TEXT, "sampling": GREEDY})
-            events, early = [], False
-            async for event in request.events():
-                events.append(event)
-                if event.kind is RequestEventKind.STREAM and request.state is RequestState.RUNNING:
-                    early = True  # audio came while the request was still running
-            result = await request.result()
-            # Aborted after its first audio (a long request: the random model is told to go on): nothing is left.
-            aborted = await pipe.submit(
+            # Then one aborted after its first audio (a long request: the random model is told to
+            # go on): nothing is left.
+            return await served_then_aborted(
+                pipe,
+                {"text": TEXT, "sampling": GREEDY},
                 {
                     "text": "The quick brown fox jumps over the lazy dog.",
                     "sampling": {"temperature": 0.9, "seed": 3, "max_tokens": 500},
-                }
+                },
             )
-            async for event in aborted.events():
-                if event.kind is RequestEventKind.STREAM:
-                    await pipe.abort(aborted.id)
-                    break
-            return request.id, result, events, early, await held_by(pipe)
 
-    request_id, result, events, early, held = asyncio.run(run())
+    served = asyncio.run(run())
+    request_id, result, events, early, held = served.request_id, served.result, served.events, served.early, served.held
     made = result["frames"]
     # Text tokens, frames (every codebook, delayed as generated) and codec frames: exactly transformers'.
     assert made.token_ids == reference["tokens"][:-1]  # the end-of-turn token stops it and is not kept
