@@ -12,8 +12,7 @@ from typing import Any, Callable, Mapping
 
 import msgspec
 
-from omnictl.exceptions import InvalidRequest
-from omnictl.inputs import AudioPart, ChatRequest, ImagePart, TextPart, as_chat_request, decode_audio, load_image
+from omnictl.inputs import ChatRequest
 from omnictl.models.qwen2_5_omni.payloads import ThinkerDelta, ThinkerResult
 from omnictl.models.qwen2_5_omni.processor import load_processor
 from omnictl.models.qwen2_5_omni.talker import TalkerRunner
@@ -22,52 +21,22 @@ from omnictl.models.qwen2_5_omni.thinker import ThinkerRunner, ThinkerScheduler
 from omnictl.models.qwen2_5_omni.token2wav import Token2WavScheduler, token2wav_scheduler
 from omnictl.models.qwen2_5_omni.weights import check_model_path
 from omnictl.models.qwen3_omni.decode import DecodeScheduler
+from omnictl.models.qwen3_omni.multimodal import Preprocessor as ChatPreprocessor
 from omnictl.outputs import TokenResult
 from omnictl.playback.policy import DEFAULT_POLICY, DEFAULT_TTFP_TARGET_S
 
-AUDIO_RATE = 16_000  # the Whisper feature extractor's rate
 # transformers' defaults for the talker in `Qwen2_5OmniForConditionalGeneration.generate`.
 TALKER_SAMPLING: dict[str, Any] = {"temperature": 0.9, "top_k": 40, "top_p": 0.8, "max_tokens": 4096}
 
 
-class Preprocessor:
-    """Chat template, audio features and image patches for one request."""
+class Preprocessor(ChatPreprocessor):
+    """Qwen3-Omni's preprocessing with Qwen2.5-Omni's processor (the same template, audio features
+    and image patches calls; its image processor has 14-pixel patches)."""
+
+    model_name = "Qwen2.5-Omni"
 
     def __init__(self, model_path: str | Path | None) -> None:
         self.processor = load_processor(check_model_path(model_path))
-
-    def __call__(self, data: ChatRequest | Mapping[str, Any]) -> dict[str, Any]:
-        request = as_chat_request(data)  # audio arrives decoded; only resampled here
-        if request.speed != 1.0:  # refused, not ignored: the talker has no duration control
-            raise InvalidRequest(
-                f"speed: Qwen2.5-Omni's talker speaks at its own pace and cannot apply {request.speed:g}; send 1.0",
-                field="speed",
-            )
-        conversation: list[dict[str, Any]] = []
-        audios: list[Any] = []
-        images: list[Any] = []
-        for message in request.messages:
-            content: list[dict[str, Any]] = []
-            for part in message.parts:
-                if isinstance(part, TextPart):
-                    content.append({"type": "text", "text": part.text})
-                elif isinstance(part, AudioPart):
-                    content.append({"type": "audio"})
-                    audios.append(decode_audio(part, AUDIO_RATE))
-                elif isinstance(part, ImagePart):
-                    content.append({"type": "image"})
-                    images.append(load_image(part))
-            conversation.append({"role": message.role, "content": content})
-        prompt = self.processor.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
-        features = self.processor(text=[prompt], audio=audios or None, images=images or None, return_tensors="pt")
-        # Only model inputs leave this stage: the decoded audio and images stay behind.
-        out: dict[str, Any] = {"input_ids": features["input_ids"], "attention_mask": features["attention_mask"]}
-        for key in ("input_features", "feature_attention_mask", "pixel_values", "image_grid_thw"):
-            if key in features:
-                out[key] = features[key]
-        if request.voice is not None:
-            out["voice"] = request.voice
-        return out
 
 
 def preprocessing(model_path: str | Path | None = None) -> Callable[[ChatRequest | Mapping[str, Any]], dict[str, Any]]:

@@ -25,16 +25,22 @@ AUDIO_RATE = 16_000  # the Whisper feature extractor's rate
 
 
 class Preprocessor:
-    """Chat template, audio features and image patches for one request."""
+    """Chat template, audio features and image patches for one request.
+
+    Qwen2.5-Omni's preprocessing is this one with its own processor (its prompt, features and
+    patches are built by the same calls; see ``omnictl.models.qwen2_5_omni.stages``)."""
+
+    model_name = "Qwen3-Omni"  # in the errors a request gets
 
     def __init__(self, model_path: str | Path | None) -> None:
-        self.processor = load_processor(check_model_path(model_path))
+        # Any: this family's processor here, Qwen2.5-Omni's in its subclass (called alike).
+        self.processor: Any = load_processor(check_model_path(model_path))
 
     def __call__(self, data: ChatRequest | Mapping[str, Any]) -> dict[str, Any]:
         request = as_chat_request(data)  # audio arrives decoded; only resampled here
         if request.speed != 1.0:  # refused, not ignored: the talker has no duration control
             raise InvalidRequest(
-                f"speed: Qwen3-Omni's talker speaks at its own pace and cannot apply {request.speed:g}; send 1.0",
+                f"speed: {self.model_name}'s talker speaks at its own pace and cannot apply {request.speed:g}; send 1.0",
                 field="speed",
             )
         conversation: list[dict[str, Any]] = []
