@@ -167,6 +167,15 @@ class ResponseDone:
 
 
 @dataclass(frozen=True)
+class EarlyAnswerReady:
+    """The early answer released to the turn ``item_id`` is ready: its start at the pause ran to
+    its end, failed, or was cancelled with its response. ``heard``: it transcribed the turn."""
+
+    item_id: str
+    heard: bool
+
+
+@dataclass(frozen=True)
 class PlayoutFinished:
     """The track played ``response_id``'s audio to its end (or dropped it)."""
 
@@ -195,6 +204,7 @@ Event = Union[
     OutputAudioClear,
     ResponseStarted,
     ResponseDone,
+    EarlyAnswerReady,
     PlayoutFinished,
     Closed,
 ]
@@ -278,6 +288,22 @@ class ReleaseEarlyAnswer:
 
 
 @dataclass(frozen=True)
+class AdoptTranscript:
+    """The turn ``item_id``'s transcript is the one its early answer heard at the pause: it is
+    not decoded again (its live transcription, if any, is aborted)."""
+
+    item_id: str
+
+
+@dataclass(frozen=True)
+class TranscribeTurn:
+    """The turn ``item_id`` is transcribed now, as any committed turn: its early answer did not
+    hear it (its transcription failed, or it was cancelled first)."""
+
+    item_id: str
+
+
+@dataclass(frozen=True)
 class StartResponse:
     """A response to the conversation (at once: a cancelled one's ``response.done`` went out first)."""
 
@@ -317,6 +343,8 @@ Effect = Union[
     EndSpeech,
     CommitTurn,
     ReleaseEarlyAnswer,
+    AdoptTranscript,
+    TranscribeTurn,
     StartResponse,
     CancelResponse,
     ClearInput,
@@ -359,6 +387,7 @@ class TurnTaking:
     start_after_cancel: bool = False  # a turn ended while its barge-in's response was cancelling
     closed: bool = False
     committing: _Committing | None = None  # the last CommitTurn's turn, until the next event
+    released: set[str] = field(default_factory=set)  # turns whose released early answer is not ready yet
 
     def handle(self, event: Event) -> list[Effect]:
         """What ``event`` changes, and what the shell must do, in order."""
@@ -385,6 +414,7 @@ class TurnTaking:
             self._drop("the turn could not be committed", out)
             if committing is not None and committing.item_id == event.item_id:
                 self._commit_failed(committing, out)
+            self.released.discard(event.item_id)  # never released: the commit it followed failed
         elif isinstance(event, Clear):
             self._drop("the client sent input_audio_buffer.clear", out)
             self.listening, self.item_id = Listening.IDLE, None
@@ -438,6 +468,10 @@ class TurnTaking:
             self.reply, self.response_id, self.early = Reply.RESPONDING, event.response_id, None
         elif isinstance(event, ResponseDone):
             self._response_done(event, out)
+        elif isinstance(event, EarlyAnswerReady):
+            if event.item_id in self.released:  # once, for a turn released (not a stale one's)
+                self.released.discard(event.item_id)
+                out.append(AdoptTranscript(event.item_id) if event.heard else TranscribeTurn(event.item_id))
         elif isinstance(event, PlayoutFinished):
             if event.response_id in self.playing:
                 self.playing.remove(event.response_id)
@@ -508,6 +542,7 @@ class TurnTaking:
         if early is not None and early.item_id == item_id and early.audio_ms == event.audio_ms:
             out.append(CommitTurn(item_id, transcribe=False))
             out.append(ReleaseEarlyAnswer(item_id))
+            self.released.add(item_id)  # its transcript: the one the answer heard, or decoded once it is ready
             return  # the response is the held one (ResponseStarted follows)
         self._drop(f"the turn ended at {event.audio_ms} ms, not at its pause", out)
         out.append(CommitTurn(item_id))

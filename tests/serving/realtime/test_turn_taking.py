@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from omnictl.serving.realtime.turn_taking import (
+    AdoptTranscript,
     AudioIn,
     AwaitDrops,
     CancelResponse,
@@ -28,6 +29,7 @@ from omnictl.serving.realtime.turn_taking import (
     Configured,
     DropEarlyAnswer,
     DropTurn,
+    EarlyAnswerReady,
     EndSpeech,
     Interrupt,
     Listening,
@@ -48,6 +50,7 @@ from omnictl.serving.realtime.turn_taking import (
     SpeechStopped,
     StartEarlyAnswer,
     StartResponse,
+    TranscribeTurn,
     TurnTaking,
 )
 
@@ -82,6 +85,15 @@ def answered(item: str = "i1", response: str = "r1", at: int = 1000) -> list[tup
     return [
         *speech(item),
         (SpeechStopped(at), [EndSpeech(item, at), CommitTurn(item), StartResponse()]),
+        (ResponseStarted(response), []),
+    ]
+
+
+def released(item: str = "i1", response: str = "r1") -> list[tuple[Any, list[Any]]]:
+    """A turn that stopped at its pause: the held answer released as the response."""
+    return [
+        *paused_early(item),
+        (SpeechStopped(1000), [EndSpeech(item, 1000), CommitTurn(item, transcribe=False), ReleaseEarlyAnswer(item)]),
         (ResponseStarted(response), []),
     ]
 
@@ -220,6 +232,27 @@ ROWS = [
         *paused_early(), (SpeechStopped(1000), [EndSpeech("i1", 1000), CommitTurn("i1", transcribe=False),
                                                 ReleaseEarlyAnswer("i1")]),
         (ResponseStarted("r1"), []), (ResponseCancel(), [CancelResponse("r1")])]),
+    # What the turn's transcript is, once the released answer is ready (issue 46: the core, not
+    # the release, decides): the one it heard at the pause, else decoded then, once either way.
+    Row("a released answer that heard the turn: its transcript is the turn's", [
+        *released(), (EarlyAnswerReady("i1", heard=True), [AdoptTranscript("i1")]),
+        (EarlyAnswerReady("i1", heard=True), [])], reply=Reply.RESPONDING),
+    Row("a released answer whose transcription failed: the turn is transcribed then", [
+        *released(), (EarlyAnswerReady("i1", heard=False), [TranscribeTurn("i1")])]),
+    # e65880f: cancelled while it still transcribes: cancelled at once, and the turn transcribed.
+    Row("a released answer cancelled before it heard: the turn is transcribed", [
+        *released(), (ResponseCancel(), [CancelResponse("r1")]),
+        (EarlyAnswerReady("i1", heard=False), [TranscribeTurn("i1")]), (ResponseDone("r1"), [])], reply=Reply.NONE),
+    Row("a released answer ready after barge-in and the next turn's own answer: still its own turn's", [
+        *released(), (SpeechStarted(1500), [OpenTurn("i2", 1500), Interrupt("r1")]),
+        (EarlyAnswerReady("i1", heard=True), [AdoptTranscript("i1")])]),
+    Row("a ready after the session closed does nothing", [
+        *released(), (Closed(), [AwaitDrops(), CancelResponse("r1")]), (EarlyAnswerReady("i1", heard=False), [])]),
+    Row("a ready for a turn whose commit was refused does nothing", [
+        *paused_early(), (SpeechStopped(1000), [EndSpeech("i1", 1000), CommitTurn("i1", transcribe=False),
+                                                ReleaseEarlyAnswer("i1")]),
+        (CommitFailed("i1"), [DropEarlyAnswer("i1", "the turn could not be committed"), DropTurn("i1")]),
+        (EarlyAnswerReady("i1", heard=True), [])]),
     Row("barge-in over a released early answer interrupts it", [
         *paused_early(), (SpeechStopped(1000), [EndSpeech("i1", 1000), CommitTurn("i1", transcribe=False),
                                                 ReleaseEarlyAnswer("i1")]),

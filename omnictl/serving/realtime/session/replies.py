@@ -100,12 +100,17 @@ class Replies:
         echo: EchoGuard,
         hears_speech: Callable[[], bool],
         on_done: Callable[[ResponseRun, bool], None],
+        on_ready: Callable[[str, bool], None] = lambda item_id, heard: None,
     ) -> None:
         self.ctx = ctx
         self.transcriber = transcriber
         self.echo = echo
         self._hears_speech = hears_speech  # turn detection is on (only it can mistake echo for speech)
         self._on_done = on_done  # a response's task ended: (its run, whether its audio still plays)
+        # A released early answer is ready: (its turn's item id, whether it heard the turn). The
+        # turn-taking core says what the turn's transcript is then (adopt, or transcribe).
+        self._on_ready = on_ready
+        self._released: dict[str, tuple[Turn, Preempted, LiveTurn | None]] = {}  # by item id, until ready
         self.response: tuple[ResponseRun, asyncio.Task[None]] | None = None  # the one generating
         self.early: Preempted | None = None  # the answer started at a pause, held
         self.discarding: set[asyncio.Task[None]] = set()  # dropped ones' aborts, awaited (not cancelled) at close
@@ -316,6 +321,22 @@ class Replies:
             )
         await p.run.discard()
 
+    def adopt_transcript(self, item_id: str) -> None:
+        """The turn's transcript is the one its released early answer heard at the pause."""
+        turn, p, live = self._released.pop(item_id)
+        assert p.transcript is not None, f"item {item_id}: its early answer heard nothing to adopt"
+        if live is not None:  # its live request is not needed any more
+            self.transcriber.live_heard(turn, live, p.transcript, at_ns=p.heard_at_ns)
+        else:
+            self.transcriber.heard(turn, p.transcript, p.transcribe_id, at_ns=p.heard_at_ns)
+        turn.transcribed.set()
+
+    def transcribe_released(self, item_id: str) -> None:
+        """The turn its released early answer did not hear is transcribed now, as any (its live
+        transcription's input ends, or it is decoded whole)."""
+        turn, _, live = self._released.pop(item_id)
+        self.transcriber.transcribe(turn, live, was_detached=True)
+
     def release(self, turn: Turn) -> ResponseRun:
         """The turn ``turn`` (committed) is the one the early answer answered: once it is
         submitted, its transcript is the turn's and the held response goes out as the
@@ -338,6 +359,7 @@ class Replies:
                 # handlers up while it transcribes; the turn is then transcribed as any.
                 await p.run._unless_cancelled(p.task)
             except asyncio.CancelledError:  # the session closed while it was getting ready
+                self._released.pop(turn.id, None)
                 await p.run.discard()
                 raise
             failed = None if p.task.cancelled() else p.task.exception()
@@ -349,14 +371,9 @@ class Replies:
                     p.request_ids(),
                     exc_info=failed,
                 )
-            if p.transcript is not None and live is not None:  # its live request is not needed any more
-                self.transcriber.live_heard(turn, live, p.transcript, at_ns=p.heard_at_ns)
-                turn.transcribed.set()
-            elif p.transcript is not None:
-                self.transcriber.heard(turn, p.transcript, p.transcribe_id, at_ns=p.heard_at_ns)
-                turn.transcribed.set()
-            else:  # not transcribed at the pause (failed), or the pipeline hears the audio
-                self.transcriber.transcribe(turn, live, was_detached=True)
+            # Not transcribed at the pause (failed, cancelled, or the pipeline hears the audio):
+            # the core says to transcribe the turn now; else to adopt what the answer heard.
+            self._on_ready(turn.id, p.transcript is not None)
             if p.run.tracked is not None:
                 ctx.state.metrics.preemptive.labels("used").inc()
             else:  # not submitted: run() submits it now, as without an early start
@@ -368,5 +385,6 @@ class Replies:
                 )
                 ctx.state.metrics.preemptive.labels("dropped").inc()
 
+        self._released[turn.id] = (turn, p, live)
         self.respond(p.run, lambda: p.build(ctx.conversation.turns), ready)
         return p.run

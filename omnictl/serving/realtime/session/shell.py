@@ -79,7 +79,12 @@ class RealtimeSession:
         self.listener = Listener(self.ctx, self.echo, lambda: self._silero())
         self.transcriber = Transcriber(self.ctx)
         self.replies = Replies(
-            self.ctx, self.transcriber, self.echo, lambda: self.listener.frontend.speech is not None, self._ended
+            self.ctx,
+            self.transcriber,
+            self.echo,
+            lambda: self.listener.frontend.speech is not None,
+            self._ended,
+            lambda item_id, heard: self._run_now(self._feed(tt.EarlyAnswerReady(item_id, heard))),
         )
         self.items = Items(
             self.ctx,
@@ -179,6 +184,10 @@ class RealtimeSession:
                 self.replies.drop_early(effect.why)
             elif isinstance(effect, tt.DropTurn):
                 self.transcriber.live_drop()
+            elif isinstance(effect, tt.AdoptTranscript):
+                self.replies.adopt_transcript(effect.item_id)
+            elif isinstance(effect, tt.TranscribeTurn):
+                self.replies.transcribe_released(effect.item_id)
             elif isinstance(effect, tt.StartResponse):
                 self._start(ev.ResponseConfig(), None)
             else:
