@@ -40,6 +40,10 @@ The tree separates "your input was wrong" from "this request failed" from
     ├── GroupLost                a rank of a tensor-parallel group died: the group cannot run
     │                            another step (its stage process exits and is restarted whole)
     ├── TraceError               a profiling trace or run directory cannot be found or read
+    ├── UnknownFamily            `omnictl models NAME` (or a checkpoint's architecture) names
+    │                            no model family omnictl serves (also a LookupError)
+    ├── TopologyNotShipped       a family's topology file is not on this machine (a wheel
+    │                            without the checkout; also a FileNotFoundError)
     └── BenchError               `omnictl bench` cannot run (bad options, every request rejected)
 
 Every class is defined here, not next to the code that raises it, so this module imports
@@ -248,3 +252,11 @@ def describe_error(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
     return f"{type(exc).__name__}: {exc}{where}"
+
+
+class UnknownFamily(OmnictlError, LookupError):
+    """``omnictl models NAME`` with a name no family has."""
+
+
+class TopologyNotShipped(OmnictlError, FileNotFoundError):
+    """A family's topology file is not on this machine (omnictl installed from a wheel)."""

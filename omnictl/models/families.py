@@ -18,7 +18,7 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from omnictl.exceptions import OmnictlError
+from omnictl.exceptions import TopologyNotShipped, UnknownFamily
 
 # The checkout's root: the shipped topologies live in its `topologies/` (the wheel carries
 # only the voice assistant's, in omnictl/data).
@@ -124,14 +124,6 @@ FAMILIES: tuple[Family, ...] = (
 
 # Files in topologies/ that show a feature of the language rather than serve a family.
 EXAMPLE_TOPOLOGIES = ("two-heads.yaml",)
-
-
-class UnknownFamily(OmnictlError, LookupError):
-    """``omnictl models NAME`` with a name no family has."""
-
-
-class TopologyNotShipped(OmnictlError, FileNotFoundError):
-    """A family's topology file is not on this machine (omnictl installed from a wheel)."""
 
 
 def family(name: str) -> Family:

@@ -30,8 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnictl.models.higgs_audio.tiny import AUDIO_TOKENIZER_DIR
-
+AUDIO_TOKENIZER_DIR = "audio_tokenizer"  # the codec's checkpoint, inside the model's directory
 _MODULE = "transformers.models.higgs_audio_v2_tokenizer.modeling_higgs_audio_v2_tokenizer"
 _import_lock = threading.Lock()
 _load_lock = threading.Lock()

@@ -44,7 +44,6 @@ from omnictl.models.tiny_checkpoint import (
 )
 
 SAMPLE_RATE = 24_000  # the audio tokenizer's rate at every size
-AUDIO_TOKENIZER_DIR = "audio_tokenizer"  # the codec's checkpoint, inside the model's directory
 
 BOS, EOT, PAD = "<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>"
 HEADER_START, HEADER_END = "<|start_header_id|>", "<|end_header_id|>"
@@ -306,7 +305,7 @@ def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, size: str = "tiny"
     import torch
     from transformers import HiggsAudioV2ForConditionalGeneration
 
-    from omnictl.models.higgs_audio.codec import audio_tokenizer_class
+    from omnictl.models.higgs_audio.codec import AUDIO_TOKENIZER_DIR, audio_tokenizer_class
 
     HiggsAudioV2TokenizerModel = audio_tokenizer_class()  # transformers' class, without torchaudio
     check_size(size, SIZES)

@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse
 
 from omnictl.exceptions import (
     AdmissionTimeout,
+    InputStalled,
     InvalidRequest,
     Overloaded,
     PayloadTooLarge,
@@ -43,6 +44,8 @@ OUTCOMES: tuple[tuple[type[Exception], ErrorCode], ...] = (
     (RealtimeEventError, ErrorCode(400, INVALID, "invalid_request")),
     (InvalidRequest, ErrorCode(400, INVALID, "invalid_request")),
     (AdmissionTimeout, ErrorCode(503, "server_error", "queue_timeout")),  # waited, no slot freed
+    # a streamed input's sender ran its window ahead of the entry stage for its whole wait
+    (InputStalled, ErrorCode(429, "rate_limit_error", "input_stalled")),
     (Overloaded, ErrorCode(429, "rate_limit_error", "overloaded")),  # over --max-in-flight at once
     (PipelineDead, ErrorCode(503, "server_error", "pipeline_dead")),
     (ServerShutdown, ErrorCode(503, "server_error", "server_shutdown")),

@@ -50,7 +50,7 @@ import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from omnictl.audio.pcm import float_to_pcm16_bytes, pcm16_base64, pcm16_to_float
-from omnictl.exceptions import OmnictlError
+from omnictl.exceptions import OmnictlError, RealtimeEventError
 from omnictl.outputs import AudioChunk, TextDelta
 from omnictl.request import RequestEventKind
 from omnictl.serving.common.echo import clip
@@ -76,14 +76,6 @@ UNSUPPORTED = {
 
 def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:20]}"
-
-
-class _Refused(Exception):
-    """A client event the session answers with an ``error`` event (and goes on)."""
-
-    def __init__(self, message: str, code: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message, self.code, self.param = message, code, param
 
 
 def error_event(message: str, code: str, param: str | None = None, event_id: str | None = None) -> dict[str, Any]:
@@ -183,12 +175,12 @@ class DuplexSession:
             try:
                 event = json.loads(raw)
             except ValueError as exc:
-                raise _Refused(f"the message is not JSON ({exc})", "invalid_json") from None
+                raise RealtimeEventError(f"the message is not JSON ({exc})", "invalid_json") from None
             if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-                raise _Refused("an event is a JSON object with a 'type'", "invalid_event", "type")
+                raise RealtimeEventError("an event is a JSON object with a 'type'", "invalid_event", "type")
             event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
             await self._dispatch(event)
-        except _Refused as refused:
+        except RealtimeEventError as refused:
             self.send(error_event(refused.message, refused.code, refused.param, event_id))
         except OmnictlError as exc:  # the pipeline refused the input (its field named), or is overloaded
             field = getattr(exc, "field", None)
@@ -199,7 +191,7 @@ class DuplexSession:
         if kind == "input_audio_buffer.append":
             audio = event.get("audio")
             if not isinstance(audio, str):
-                raise _Refused("'audio' must be base64 PCM16 (24 kHz, mono)", "invalid_value", "audio")
+                raise RealtimeEventError("'audio' must be base64 PCM16 (24 kHz, mono)", "invalid_value", "audio")
             await self._append(pcm16_base64(audio, "audio"))
         elif kind == "input_audio_buffer.commit":
             await self._end_input()
@@ -208,13 +200,15 @@ class DuplexSession:
         elif kind == "session.update":
             self._update(event.get("session"))
         elif kind in UNSUPPORTED:
-            raise _Refused(f"{kind}: not in a full-duplex session ({UNSUPPORTED[kind]})", "unsupported_in_full_duplex")
+            raise RealtimeEventError(
+                f"{kind}: not in a full-duplex session ({UNSUPPORTED[kind]})", "unsupported_in_full_duplex"
+            )
         else:
-            raise _Refused(f"unknown event type {clip(kind, 64)!r}", "invalid_event", "type")
+            raise RealtimeEventError(f"unknown event type {clip(kind, 64)!r}", "invalid_event", "type")
 
     def _update(self, session: Any) -> None:
         if not isinstance(session, dict):
-            raise _Refused("'session' must be an object", "invalid_value", "session")
+            raise RealtimeEventError("'session' must be an object", "invalid_value", "session")
         audio = session.get("audio") or {}
         wanted = {
             "audio.input.turn_detection": (audio.get("input") or {}).get("turn_detection"),
@@ -222,7 +216,7 @@ class DuplexSession:
         }
         for param, value in wanted.items():
             if value:
-                raise _Refused(
+                raise RealtimeEventError(
                     f"'session.{param}': a full-duplex session takes none (no turns, no prompt)",
                     "unsupported_in_full_duplex",
                     f"session.{param}",
@@ -232,14 +226,14 @@ class DuplexSession:
             if fmt is not None and (
                 not isinstance(fmt, dict) or fmt.get("type") != "audio/pcm" or fmt.get("rate", RATE) != RATE
             ):
-                raise _Refused(
+                raise RealtimeEventError(
                     f"'session.audio.{side}.format': only audio/pcm at {RATE} Hz",
                     "invalid_value",
                     f"session.audio.{side}.format",
                 )
         modalities = session.get("output_modalities")
         if modalities is not None and modalities != ["audio"]:
-            raise _Refused(
+            raise RealtimeEventError(
                 "'session.output_modalities': a full-duplex model speaks: only ['audio'] (its words come as the audio's transcript)",
                 "invalid_value",
                 "session.output_modalities",
@@ -264,7 +258,9 @@ class DuplexSession:
         response = self.current
         if response is None or response.input_ended:
             if response is not None:
-                raise _Refused("the input was ended (input_audio_buffer.commit): wait for response.done", "input_ended")
+                raise RealtimeEventError(
+                    "the input was ended (input_audio_buffer.commit): wait for response.done", "input_ended"
+                )
             response = await self._open()
         await response.request.send(AudioChunk(samples=samples, sample_rate=RATE))
 
@@ -282,7 +278,9 @@ class DuplexSession:
     async def _end_input(self) -> None:
         response = self.current
         if response is None:
-            raise _Refused("there is no input to end: send input_audio_buffer.append first", "input_audio_buffer_empty")
+            raise RealtimeEventError(
+                "there is no input to end: send input_audio_buffer.append first", "input_audio_buffer_empty"
+            )
         if not response.input_ended:
             response.input_ended = True
             await response.request.end_input()

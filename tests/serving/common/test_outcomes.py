@@ -39,6 +39,7 @@ def test_a_subclass_comes_before_its_base() -> None:
         (exceptions.InvalidRequest("bad", field="x"), ErrorCode(400, "invalid_request_error", "invalid_request")),
         (exceptions.PayloadTooLarge("big", field="body"), ErrorCode(413, "invalid_request_error", "payload_too_large")),
         (exceptions.Overloaded("busy", retry_after=1), ErrorCode(429, "rate_limit_error", "overloaded")),
+        (exceptions.InputStalled("behind", retry_after=1), ErrorCode(429, "rate_limit_error", "input_stalled")),
         (exceptions.AdmissionTimeout("waited", retry_after=1), ErrorCode(503, "server_error", "queue_timeout")),
         (exceptions.PipelineDead("down"), ErrorCode(503, "server_error", "pipeline_dead")),
         (exceptions.RequestFailed("r", "boom"), ErrorCode(500, "server_error", "stage_failed")),
