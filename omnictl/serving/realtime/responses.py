@@ -121,7 +121,9 @@ class ResponseRun:
             return
         self.cancel_reason = reason
         if reason == "turn_detected":
-            self._heard_ms = self.played_ms()
+            # Over WebRTC the track says what it played (an answer may have waited behind
+            # another's audio); else the estimate of a client playing each delta as it came.
+            self._heard_ms = self.audio_out.played_ms(self.id) if self.audio_out is not None else self.played_ms()
         self._cancelled.set()
         if self.request_id is not None:
             await self.pipeline.abort(self.request_id)

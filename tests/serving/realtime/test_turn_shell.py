@@ -97,6 +97,38 @@ def test_speech_over_two_answers_still_playing_cuts_each_to_what_was_heard() -> 
     run(scenario, timeout=25)
 
 
+def test_speech_over_an_answer_waiting_behind_another_cuts_it_to_what_the_track_played() -> None:
+    """Over WebRTC an answer may wait on the track behind one still playing (a response.create
+    after the first's done): speech over it while it still generates cuts it to what the track
+    played of it (nothing), where the estimate of a client playing each delta as it came counted
+    the time it waited as heard."""
+
+    async def scenario() -> None:
+        pipeline = ScriptedPipeline(topology=CHAT_ONLY, script=lambda i, m: audio_events(2, seconds=3.0))
+        async with served(pipeline) as server:
+            call = await server.connected()
+            for event in ask():
+                call.send(event)
+            first = (await call.next_of("response.done", 5))["response"]
+            # the next answer streams a second of audio at once, then runs on until cancelled
+            pipeline.script, pipeline.hold = (lambda i, m: audio_events(1, seconds=1.0)[:1]), True
+            asked = len(call.events)
+            call.send({"type": "response.create"})
+            await call.next_of("response.output_item.added", 5, after=asked)
+            await until(lambda: server.server_side(call).session.response is not None, "the answer streams", 2)
+            call.mic.say(sample("spider_legs")[: RATE * 2])  # a second or more after its first audio
+            await call.next_of("input_audio_buffer.speech_started", 10)
+            second = (await call.next_of("response.done", 5, after=asked))["response"]
+            assert second["status"] == "cancelled" and second["id"] != first["id"]
+            await until(lambda: sum(e["type"] == "conversation.item.truncated" for e in call.events) == 2,
+                        "both answers truncated", 2)
+            cuts = {e["item_id"]: e["audio_end_ms"] for e in call.events if e["type"] == "conversation.item.truncated"}
+            [heard_first], [heard_second] = first["output"], second["output"]
+            assert 0 < cuts[heard_first["id"]] < 6000 and cuts[heard_second["id"]] == 0, cuts
+
+    run(scenario, timeout=25)
+
+
 # --- B3: turn detection changed mid-speech, with a live transcriber ----------------------------
 
 
