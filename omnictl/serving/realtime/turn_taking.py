@@ -609,4 +609,5 @@ class TurnTaking:
         self.reply = Reply.PLAYING_OUT if self.playing else Reply.NONE
         if self.start_after_cancel:
             self.start_after_cancel = False
-            out.append(StartResponse())
+            if self.policy.create_response and self.policy.answers:  # as the settings are now, not at the turn's end
+                out.append(StartResponse())

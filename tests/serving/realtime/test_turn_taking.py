@@ -212,6 +212,12 @@ ROWS = [
         *answered(), (SpeechStarted(3000), [OpenTurn("i2", 3000), Interrupt("r1")]),
         (SpeechStopped(4000), [EndSpeech("i2", 4000), CommitTurn("i2")]),
         (ResponseDone("r1"), [StartResponse()]), (ResponseStarted("r2"), [])], reply=Reply.RESPONDING),
+    # The turn's response waited for the cancelled one's done; the client turned automatic
+    # responses off meanwhile: it was started all the same.
+    Row("a turn waiting on a cancel is not answered once create_response is turned off", [
+        *answered(), (SpeechStarted(3000), [OpenTurn("i2", 3000), Interrupt("r1")]),
+        (SpeechStopped(4000), [EndSpeech("i2", 4000), CommitTurn("i2")]),
+        (Configured(NO_CREATE, turn_detection=True), []), (ResponseDone("r1"), [])], reply=Reply.NONE),
     Row("response.cancel cancels the response in progress", [
         *answered(), (ResponseCancel(), [CancelResponse("r1")]), (ResponseDone("r1"), [])], reply=Reply.NONE),
     Row("response.cancel naming another response is refused", [
