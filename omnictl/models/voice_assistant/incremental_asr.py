@@ -5,8 +5,10 @@ new audio, re-decodes it with Whisper (the window fitted to the clip, as
 ``SpeechRecognizer(window_padding_s=...)`` does). A word is *confirmed* when two passes in a
 row (``agreement``) agree on it (LocalAgreement-2, as in whisper_streaming) and it is not the last word the
 newer pass heard (a word at the edge of the audio may still be cut). Confirmed words never
-change: each later pass, and the final one, starts its decoder with their tokens forced as
-the prefix, so when speech stops only the words after them are left to decode. The text
+change: each later pass starts its decoder with their tokens forced as the prefix, so when
+speech stops only the words after them are left to decode (a tentative transcript at a
+pause). The final decode is Whisper's own decode of the whole segment when it begins with the
+confirmed words (it is then today's whole-utterance transcript), else the forced one. The text
 of the conversation so far (``context``) primes the decoder as Whisper's previous-text
 prompt.
 
@@ -44,9 +46,10 @@ class IncrementalSettings:
         LocalAgreement-2; 3 waits a pass longer and confirms fewer early mishearings).
     quiet_rms: when every sample after the last pass is quieter than this (RMS, full scale
         1.0), the speech ended before that pass and its words are the final transcript: no
-        decode is left when the input ends (only when that pass decoded at ``beam_size``, as
-        every pass does when ``pass_beam_size`` is None and a :meth:`IncrementalTranscriber.tentative`
-        one always does, so the words are the ones a final decode would choose). 0 turns this off.
+        decode is left when the input ends (only when that pass was a
+        :meth:`IncrementalTranscriber.tentative` one, made at a pause: its words are what an
+        answer started there heard; after a pass made while audio arrives, the final decode is
+        made, see :meth:`IncrementalTranscriber.finish`). 0 turns this off.
     """
 
     cadence_s: float = 0.4
@@ -167,7 +170,8 @@ class IncrementalTranscriber:
         self.passes = 0  # decodes made (the final one included)
         self.tentatives = 0  # transcripts asked for before the end (:meth:`tentative`)
         self.decoded_samples = 0  # audio the decodes heard, summed over them (each hears its segment)
-        self._pass_beam: int | None = None  # the beam of the last pass
+        self.forced_finals = 0  # final decodes that had to force the confirmed words (see _final)
+        self._pass_final = False  # the last pass decoded as the final would (a tentative one)
 
     @property
     def confirmed_text(self) -> str:
@@ -177,10 +181,10 @@ class IncrementalTranscriber:
         """The whole transcript so far, for an answer started before the input ends (a pause):
         (the text newly confirmed, as :meth:`feed` returns it; the transcript so far). Only the
         tail is decoded: the confirmed words are forced as the prefix, and when only silence
-        came since the last pass (at the final beam), that pass's words are the answer and
-        nothing is decoded. The decode made here is a pass like any (it may confirm words), so
-        when the input then ends with silence, :meth:`finish` decodes nothing either and gives
-        this same transcript."""
+        came since the last tentative decode, its words are the answer and nothing is decoded.
+        The decode made here is a pass like any (it may confirm words), so when the input then
+        ends with silence, :meth:`finish` decodes nothing either and gives this same transcript
+        (the one the answer heard)."""
         if self._finished is not None:
             return "", self._finished
         if not self._samples:
@@ -189,7 +193,7 @@ class IncrementalTranscriber:
         tokens = self._quiet_since_pass()
         delta = ""
         if tokens is None:
-            delta = self._pass(self.settings.beam_size)
+            delta = self._pass(final=True)
             tokens = [*self._confirmed, *self._history[-1]]
         return delta, _join(self._done_text, self.decoder.text(tokens))
 
@@ -214,7 +218,9 @@ class IncrementalTranscriber:
         return delta
 
     def finish(self) -> str:
-        """The final transcript: the tail after the confirmed words decoded with them forced."""
+        """The final transcript: the whole-utterance decode where it begins with the confirmed
+        words, else the tail after them decoded with them forced (:meth:`_final`); no decode
+        when only silence came after the last pass."""
         if self._finished is None:
             self._close_segment()
             self._finished = self._done_text
@@ -227,7 +233,7 @@ class IncrementalTranscriber:
             self._chunks = [np.concatenate(self._chunks)]
         return self._chunks[0] if self._chunks else np.zeros(0, dtype=np.float32)
 
-    def _decode(self, beam_size: int) -> list[int]:
+    def _decode(self, beam_size: int, forced: bool = True) -> list[int]:
         self.passes += 1
         self._decoded_at = self._samples
         self.decoded_samples += self._samples
@@ -236,12 +242,34 @@ class IncrementalTranscriber:
             padding_s=self.settings.window_padding_s,
             beam_size=beam_size,
             prompt=self._context,
-            prefix=self._confirmed,
+            prefix=self._confirmed if forced else [],
         )
 
-    def _pass(self, beam_size: int | None = None) -> str:
-        self._pass_beam = beam_size or self.settings.pass_beam_size or self.settings.beam_size
-        tokens = self._decode(self._pass_beam)
+    def _final(self) -> list[int]:
+        """The segment's final decode: Whisper's own decode of the whole segment, as the
+        whole-utterance decode hears it, when it begins with the words already confirmed
+        (streamed: they cannot change); else the tail decoded after them, forced. Forcing
+        alone let a word confirmed from a pass cut mid-word pull the tail off: G.711 speech
+        sent faster than real time came out "What is a capital unfriend?", where the whole
+        decode, which agreed with the confirmed words, heard "... on France?"."""
+        beam = self.settings.beam_size
+        if not self._confirmed:
+            return self._decode(beam)
+        free = self._decode(beam, forced=False)
+        if free[: len(self._confirmed)] == self._confirmed:
+            return free
+        self.forced_finals += 1
+        return self._decode(beam)
+
+    def _pass(self, final: bool = False) -> str:
+        """A decode of the segment so far (the confirmed words forced), whose words two passes
+        in a row confirm. ``final``: a tentative transcript's, at the final beam, whose words
+        are the final transcript when only silence follows (what an answer started at the pause
+        heard); a pass made while audio arrives is not."""
+        self._pass_final = final
+        tokens = self._decode(
+            self.settings.beam_size if final else self.settings.pass_beam_size or self.settings.beam_size
+        )
         current = tokens[len(self._confirmed) :]
         if len(self._history) == self.settings.agreement - 1:
             agreed = min((self._agreed(previous, current) for previous in self._history), default=0)
@@ -271,12 +299,12 @@ class IncrementalTranscriber:
 
     def _close_segment(self) -> str:
         if self._samples:
-            tokens = self._quiet_since_pass() or self._decode(self.settings.beam_size)
+            tokens = self._quiet_since_pass() or self._final()
             self._done_text = _join(self._done_text, self.decoder.text(tokens))
             self._context = [*self._context, *tokens]
         delta = self._emit(self._done_text, [])
         self._chunks, self._samples, self._decoded_at = [], 0, 0
-        self._confirmed, self._history, self._pass_beam = [], [], None
+        self._confirmed, self._history, self._pass_final = [], [], False
         return delta
 
     def _quiet_since_pass(self) -> list[int] | None:
@@ -284,7 +312,7 @@ class IncrementalTranscriber:
         settings = self.settings
         if not self._history or settings.quiet_rms <= 0:
             return None
-        if self._pass_beam != settings.beam_size:
+        if not self._pass_final:
             return None
         after = self._audio()[self._decoded_at :]
         if after.size and float(np.sqrt(np.mean(np.square(after, dtype=np.float64)))) >= settings.quiet_rms:

@@ -75,8 +75,9 @@ def test_after_a_quiet_tail_nothing_is_left_to_decode(decoder: WhisperDecoder) -
     finals = []
     for quiet_rms, decodes_at_the_end in ((0.01, 0), (0.0, 1)):
         transcriber = IncrementalTranscriber(decoder, IncrementalSettings(cadence_s=0.4, quiet_rms=quiet_rms))
-        stream(transcriber, audio[: audio.size - CHUNK])
-        transcriber.feed(audio[audio.size - CHUNK :])  # silence: under the cadence, no pass
+        stream(transcriber, audio[: audio.size - SAMPLE_RATE // 2])  # the question
+        transcriber.tentative()  # its pause: the transcript so far, decoded as the final would be
+        transcriber.feed(audio[audio.size - SAMPLE_RATE // 2 :], decode=False)  # silence, no pass
         passes = transcriber.passes
         finals.append(transcriber.finish())
         assert transcriber.passes - passes == decodes_at_the_end
@@ -171,7 +172,24 @@ def test_words_two_passes_agree_on_are_confirmed_and_forced_from_then_on() -> No
     final = transcriber.finish()
     assert final == "What is the capital of France?" and "".join(deltas) + final[len("What is the capital") :] == final
     what, is_, the, capital = (ScriptedDecoder.VOCAB.index(w) for w in (" What", " is", " the", " capital"))
-    assert scripted.prefixes == [[], [], [what, is_], [what, is_, the, capital]]
+    # the final decode is the whole segment's, unforced: it begins with the confirmed words
+    assert scripted.prefixes == [[], [], [what, is_], []]
+
+
+def test_a_final_decode_that_disagrees_with_the_confirmed_words_is_decoded_again_forced() -> None:
+    scripted = ScriptedDecoder(
+        [
+            " What| is| my",
+            " What| is| the",  # "What is" confirmed and streamed
+            " What| the| capital",  # the whole decode at the end: not what was streamed
+            " What| is| the| capital",  # so the tail after the confirmed words, forced
+        ]
+    )
+    transcriber = IncrementalTranscriber(scripted, IncrementalSettings(cadence_s=0.1, quiet_rms=0.0))  # type: ignore[arg-type]  # the test double
+    assert [transcriber.feed(np.zeros(CHUNK, np.float32)) for _ in range(2)] == ["", "What is"]
+    assert transcriber.finish() == "What is the capital" and transcriber.forced_finals == 1
+    what, is_ = (ScriptedDecoder.VOCAB.index(w) for w in (" What", " is"))
+    assert scripted.prefixes == [[], [], [], [what, is_]]
 
 
 def test_agreement_3_waits_for_three_passes() -> None:

@@ -132,7 +132,12 @@ def check_one_answer_to_the_whole_turn(events: list[Any]) -> None:
     """Nothing of an answer before the turn was committed; then one user item, one response."""
     types = [e.type for e in events]
     committed = types.index("input_audio_buffer.committed")
-    early = [t for t in types[:committed] if t.startswith(ANSWER_EVENTS)]
+    # The turn's own words stream while it is spoken (issue 46: transcription deltas by default,
+    # for the item the turn becomes); nothing else of a transcript or an answer comes before.
+    spoken = [e for e in events[:committed] if e.type == "conversation.item.input_audio_transcription.delta"]
+    assert {e.item_id for e in spoken} <= {events[committed].item_id}, types
+    early = [t for t in types[:committed] if t.startswith(ANSWER_EVENTS)
+             and t != "conversation.item.input_audio_transcription.delta"]
     assert early == [], types  # the dropped answer: not a response, transcript, item or audio
     assert types.count("input_audio_buffer.committed") == 1 and types.count("response.created") == 1, types
     assert types.count("input_audio_buffer.speech_stopped") == 1, types  # one turn: the pause did not end it
