@@ -213,9 +213,20 @@ class IncrementalTranscriber:
             self._samples += piece.size
             if self._samples >= limit:  # the segment is full: finish it; its text primes the next
                 delta += self._close_segment()
-        if decode and self._samples - self._decoded_at >= self.settings.cadence_s * SAMPLE_RATE:
+        if decode and self._samples - self._decoded_at >= self.settings.cadence_s * SAMPLE_RATE and self._heard_since():
             delta += self._pass()
         return delta
+
+    def _heard_since(self) -> bool:
+        """Whether anything but silence (``quiet_rms``) came since the last pass: a pass over a
+        pause or the silence ending a turn hears nothing new, and costs as much as any (a
+        tentative or final decode hears that silence, when one is asked for)."""
+        if self.settings.quiet_rms <= 0:
+            return True
+        after = self._audio()[self._decoded_at :]
+        return (
+            bool(after.size) and float(np.sqrt(np.mean(np.square(after, dtype=np.float64)))) >= self.settings.quiet_rms
+        )
 
     def finish(self) -> str:
         """The final transcript: the whole-utterance decode where it begins with the confirmed

@@ -234,3 +234,19 @@ def test_a_tentative_transcript_after_speech_since_the_last_pass_decodes_once() 
     transcriber.feed(voiced)
     transcriber.feed(voiced[:10], decode=False)  # a little speech after the last pass: it must be heard
     assert transcriber.tentative()[1] == "What is the capital" and transcriber.passes == 3
+
+
+def test_no_pass_is_made_over_silence_alone() -> None:
+    """A pause, or the silence that ends a turn, is not decoded pass after pass (issue 46: the CPU
+    a turn costs); speech after it is, with the silence."""
+    scripted = ScriptedDecoder([" What| is", " What| is| the", " What| is| the| capital"])
+    transcriber = IncrementalTranscriber(scripted, IncrementalSettings(cadence_s=0.1))  # type: ignore[arg-type]  # the test double
+    voiced, quiet = np.full(CHUNK, 0.2, np.float32), np.zeros(CHUNK, np.float32)
+    transcriber.feed(voiced)
+    transcriber.feed(voiced)
+    assert transcriber.passes == 2
+    for _ in range(5):
+        transcriber.feed(quiet)
+    assert transcriber.passes == 2  # half a second of silence: no pass
+    transcriber.feed(voiced)
+    assert transcriber.passes == 3 and scripted.hypotheses == []
