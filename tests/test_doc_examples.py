@@ -53,6 +53,14 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 BLOCKS = [block for page in PAGES for block in runnable_blocks(page)]
 
 
+def block_id(block: Block) -> str:
+    """A block's test id: its page and its place among the page's runnable blocks
+    (``README.md#1``), not its line, so that an edit higher up the page leaves the id, and
+    its entry in tests/slow_tests.txt, as they were (failures still name the line)."""
+    same_page = [b for b in BLOCKS if b.file == block.file]
+    return f"{block.file.relative_to(REPO)}#{same_page.index(block) + 1}"
+
+
 def test_the_docs_mark_examples_runnable() -> None:
     assert len(BLOCKS) >= 4, [str(b) for b in BLOCKS]
     assert {b.language for b in BLOCKS} == {"bash", "python"}
@@ -113,7 +121,7 @@ def test_each_output_check_has_its_block() -> None:
         assert [str(b) for b in BLOCKS if command in b.code] != [], f"no runnable block runs {command!r}"
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=str)
+@pytest.mark.parametrize("block", BLOCKS, ids=block_id)
 def test_runnable_block(block: Block, tmp_path: Path) -> None:
     out = run_block(block, tmp_path)
     assert out.returncode == 0, f"{block} exited {out.returncode}\n--- stdout\n{out.stdout}\n--- stderr\n{out.stderr}"
