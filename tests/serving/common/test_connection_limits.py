@@ -149,31 +149,25 @@ def test_at_the_cap_the_oldest_idle_connection_makes_room() -> None:
                 conn.close()
 
 
-def test_a_frozen_replica_is_avoided_while_another_answers(tmp_path: Any) -> None:
-    """Bug 10 with replicas: new requests go to the replica that answers, not the frozen one."""
-    import yaml
-
-    spec = yaml.safe_load(FAST_TOPOLOGY.read_text())
-    spec["processes"] = {"heads": {"replicas": 2}}
-    path = tmp_path / "fast-replicas.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    server = start_server(str(path), "--request-timeout", "30")
-    try:
-        with httpx.Client(timeout=20) as client:
-            pid = client.get(server.url + "/health").json()["processes"]["heads#0"]
-            os.kill(pid, signal.SIGSTOP)
-            try:
-                wait_until(lambda: client.get(server.url + "/health").json().get("unresponsive") == ["heads#0"], timeout=20)
-                time.sleep(1.5)  # the liveness check has run since (once a second)
-                for _ in range(6):  # least-loaded placement alternates: half would go to heads#0
-                    started = time.monotonic()
-                    answer = client.post(server.url + "/v1/chat/completions", json=CHAT, timeout=10)
-                    assert answer.status_code == 200, answer.text
-                    assert time.monotonic() - started < 5
-            finally:
-                os.kill(pid, signal.SIGCONT)
-    finally:
-        assert stop_server(server) == 0, server.text()
+def test_a_frozen_replica_is_avoided_while_another_answers(fast_replicas: ServerProcess) -> None:
+    """Bug 10 with replicas: new requests go to the replica that answers, not the frozen one.
+    On the session's replicated fast server (tests/serving/conftest.py): the replica is
+    resumed and answering again before the test ends."""
+    server = fast_replicas
+    with httpx.Client(timeout=20) as client:
+        pid = client.get(server.url + "/health").json()["processes"]["heads#0"]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: client.get(server.url + "/health").json().get("unresponsive") == ["heads#0"], timeout=20)
+            time.sleep(1.5)  # the liveness check has run since (once a second)
+            for _ in range(6):  # least-loaded placement alternates: half would go to heads#0
+                started = time.monotonic()
+                answer = client.post(server.url + "/v1/chat/completions", json=CHAT, timeout=10)
+                assert answer.status_code == 200, answer.text
+                assert time.monotonic() - started < 5
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        wait_until(lambda: client.get(server.url + "/health").json()["status"] == "ok", timeout=20)
 
 
 def test_accept_errors_are_logged_once_not_in_a_loop(caplog: pytest.LogCaptureFixture) -> None:
