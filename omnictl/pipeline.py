@@ -123,10 +123,9 @@ class Pipeline:
 
             if run_dir is None:
                 run_dir = default_run_dir()
-                # said, since nobody asked for it: profile=False records nothing, run_dir= chooses
-                log.info(
-                    "recording this run's traces and logs in %s (profile=False: none; run_dir=: elsewhere)", run_dir
-                )
+                # debug here: omnictl.run() says it at INFO (a script's caller chose nothing), and
+                # serve and bench say their run folder in their own output
+                log.debug("recording this run's traces and logs in %s", run_dir)
             write_run_info(run_dir, topology)
             otlp = None
             if profiling.otlp_endpoint is not None:
@@ -364,6 +363,12 @@ def run(
 
     async def once() -> dict[str, Any]:
         async with Pipeline.launch(topology, **launch_options) as pipe:
+            if pipe.run_dir is not None and launch_options.get("run_dir") is None:
+                # said, since nobody asked for it: profile=False records nothing, run_dir= chooses
+                log.info(
+                    "recording this run's traces and logs in %s (profile=False: none; run_dir=: elsewhere)",
+                    pipe.run_dir,
+                )
             request = await pipe.submit(inputs, modalities)
             return await request.result()
 

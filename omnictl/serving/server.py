@@ -25,7 +25,6 @@ import uvicorn
 from omnictl.data import DEFAULT_TOPOLOGY, data_path
 from omnictl.exceptions import LaunchError, ListenError, StartupError
 from omnictl.launch_config import LaunchConfig
-from omnictl.profiling.rundir import default_run_dir
 from omnictl.serving.app import ServingState, create_app, watch_liveness
 from omnictl.serving.common.connections import ConnectionGuard, connection_cap
 from omnictl.serving.common.guard import RequestGuard
@@ -158,12 +157,7 @@ async def run_server(
     serving = asyncio.create_task(server.serve(sockets=[sock]), name="uvicorn")
     serving.add_done_callback(lambda _: stopping.set())  # uvicorn gave up: stop the pipeline too
     try:
-        own = config.launch
-        if own.profiling.profile and own.profiling.run_dir is None:
-            # the server's run folder, chosen here: its ready line says where it is (the pipeline
-            # would log that it chose one, a second line beside it and beside a start-up error)
-            own = own.replace(run_dir=default_run_dir())
-        launch = Pipeline.launch(topology, own)
+        launch = Pipeline.launch(topology, config.launch)
         entering = asyncio.create_task(launch.__aenter__(), name="pipeline-launch")
         waiting = asyncio.create_task(stopping.wait())
         await asyncio.wait({entering, waiting}, return_when=asyncio.FIRST_COMPLETED)
