@@ -8,9 +8,7 @@ tokenizer class its processor wants and anything it stores beside the weights.
 
 The helpers here change nothing a writer stores: the same calls in the same order, so a
 checkpoint written through them is byte for byte the one written before they existed (the
-families' parity tests compare it with transformers'). Moshi's writer can adopt them as is
-(its tokenizer is :func:`train_byte_level_bpe` with ``unk_token`` and
-``add_prefix_space=True``, then :func:`fast_tokenizer` without a chat template).
+families' parity tests compare it with transformers'). Every family's writer uses them.
 """
 
 from __future__ import annotations

@@ -20,12 +20,12 @@ Run ``python -m omnictl.models.moshi.tiny OUT_DIR [--size real]``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from omnictl.models.tiny_checkpoint import fast_tokenizer, random_model, train_byte_level_bpe, write_marker, writer_main
 
 SAMPLE_RATE = 24_000  # Mimi's rate at every size
 
@@ -113,22 +113,11 @@ SIZES: dict[str, Widths] = {
 
 
 def build_tokenizer() -> Any:
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from tokenizers import decoders as tk_decoders
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE(unk_token=UNK))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
-    bpe.decoder = tk_decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=384,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=list(SPECIAL_TOKENS),
-        show_progress=False,
+    bpe = train_byte_level_bpe(
+        _CORPUS, SPECIAL_TOKENS, vocab_size=384, byte_level_decoder=True, unk_token=UNK, add_prefix_space=True
     )
-    bpe.train_from_iterator(list(_CORPUS) * 20, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=bpe, unk_token=UNK, bos_token=BOS, eos_token=EOS, pad_token=PAD, model_max_length=4096
+    return fast_tokenizer(
+        bpe, chat_template=None, unk_token=UNK, bos_token=BOS, eos_token=EOS, pad_token=PAD, model_max_length=4096
     )
 
 
@@ -188,35 +177,22 @@ def build_config(tokenizer: Any, size: str = "tiny") -> Any:
 def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, size: str = "tiny", device: str = "cpu") -> Path:
     """Write config, random weights (seeded), tokenizer and feature-extractor files into ``out_dir``.
     ``real`` is stored in bfloat16 (half the disk; the stages load float32 on CPU)."""
-    import torch
     from transformers import MoshiForConditionalGeneration
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     config = build_config(tokenizer, size)
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model: Any = MoshiForConditionalGeneration(config)  # Any: transformers types .to() for its own wrapper
-    if size != "tiny":
-        model = model.to(torch.bfloat16)
+    model = random_model(MoshiForConditionalGeneration, config, seed=seed, device=device, bfloat16=size != "tiny")
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     build_feature_extractor().save_pretrained(out)
-    (out / "omnictl-moshi.json").write_text(json.dumps({"size": size, "seed": seed}) + "\n")
+    write_marker(out, "moshi", size, seed)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("out_dir", help="directory to write the checkpoint into (created if missing)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for the random weights")
-    parser.add_argument("--size", choices=sorted(SIZES), default="tiny", help="widths and depths (default: tiny)")
-    parser.add_argument("--device", default="cpu", help="where to initialise the weights (default: cpu)")
-    args = parser.parse_args(argv)
-    path = write_tiny_checkpoint(args.out_dir, seed=args.seed, size=args.size, device=args.device)
-    sys.stdout.write(f"{args.size} Moshi checkpoint written to {path}\n")
-    return 0
+    return writer_main(argv, doc=__doc__, sizes=SIZES, write=write_tiny_checkpoint, name="Moshi")
 
 
 if __name__ == "__main__":
