@@ -190,7 +190,12 @@ class IncrementalTranscriber:
         if not self._samples:
             return "", self._done_text
         self.tentatives += 1
-        tokens = self._quiet_since_pass()
+        # A pass made while audio arrived, at the final beam, that began after the speech had
+        # ended heard all of it, as a tentative decode would (the same forced decode): its
+        # words are the answer's, and the pause costs no decode.
+        tokens = self._quiet_since_pass(any_pass=True)
+        if tokens is not None:
+            self._pass_final = True  # the answer heard it: finish() gives this transcript too
         delta = ""
         if tokens is None:
             delta = self._pass(final=True)
@@ -318,12 +323,14 @@ class IncrementalTranscriber:
         self._confirmed, self._history, self._pass_final = [], [], False
         return delta
 
-    def _quiet_since_pass(self) -> list[int] | None:
-        """The last pass's tokens, if only silence came after it and it decoded as a final would."""
+    def _quiet_since_pass(self, any_pass: bool = False) -> list[int] | None:
+        """The last pass's tokens, if only silence came after it and it decoded as a final
+        would (a tentative pass; ``any_pass``: or any pass at the final beam)."""
         settings = self.settings
         if not self._history or settings.quiet_rms <= 0:
             return None
-        if not self._pass_final:
+        final_beam = settings.pass_beam_size in (None, settings.beam_size)
+        if not (self._pass_final or (any_pass and final_beam)):
             return None
         after = self._audio()[self._decoded_at :]
         if after.size and float(np.sqrt(np.mean(np.square(after, dtype=np.float64)))) >= settings.quiet_rms:

@@ -250,3 +250,26 @@ def test_no_pass_is_made_over_silence_alone() -> None:
     assert transcriber.passes == 2  # half a second of silence: no pass
     transcriber.feed(voiced)
     assert transcriber.passes == 3 and scripted.hypotheses == []
+
+
+def test_a_pass_that_heard_the_whole_question_is_the_tentative_transcript() -> None:
+    """A pass made while audio arrived, at the final beam, that heard every voiced sample (only
+    silence since): the pause asks for the transcript and nothing is decoded again (issue 46:
+    the tentative decode waited behind that pass, then repeated it); the input ending in silence
+    gives the same transcript, the one the answer heard."""
+    scripted = ScriptedDecoder([" What| is", " What| is| the", " What| is| the| capital"])
+    transcriber = IncrementalTranscriber(scripted, IncrementalSettings(cadence_s=0.1))  # type: ignore[arg-type]  # the test double
+    voiced, quiet = np.full(CHUNK, 0.2, np.float32), np.zeros(CHUNK, np.float32)
+    transcriber.feed(voiced)
+    transcriber.feed(voiced)
+    transcriber.feed(np.concatenate([voiced[: CHUNK // 2], quiet[: CHUNK // 2]]))  # the question's end: a pass
+    transcriber.feed(quiet[: CHUNK // 2])  # the pause: silence only
+    assert transcriber.passes == 3
+    assert transcriber.tentative() == ("", "What is the capital") and transcriber.passes == 3
+    assert transcriber.finish() == "What is the capital" and transcriber.passes == 3
+    # at a cheaper beam while audio arrives, the pass is not what the final decode would be: decoded again
+    again = ScriptedDecoder([" What| is", " What| is| the", " What| is| the| capital", " What| is| the| capital| of"])
+    cheap = IncrementalTranscriber(again, IncrementalSettings(cadence_s=0.1, pass_beam_size=1))  # type: ignore[arg-type]  # the test double
+    for chunk in (voiced, voiced, np.concatenate([voiced[: CHUNK // 2], quiet[: CHUNK // 2]]), quiet[: CHUNK // 2]):
+        cheap.feed(chunk)
+    assert cheap.tentative()[1] == "What is the capital of" and cheap.passes == 4
