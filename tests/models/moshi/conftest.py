@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from tests.models.mimi.conftest import speechlike, tiny_moshi  # noqa: F401  (the fixture, shared)
+
+
+@pytest.fixture(scope="session")
+def moshi_model(tiny_moshi: Path) -> Any:  # noqa: F811  (the fixture imported above)
+    """transformers' ``MoshiForConditionalGeneration`` on the tiny checkpoint (eval), loaded
+    once for the session: the reference every module here checks against (read only)."""
+    from transformers import MoshiForConditionalGeneration
+
+    return MoshiForConditionalGeneration.from_pretrained(tiny_moshi).eval()
 
 
 def user_codes(model: Any, audio: Any) -> torch.Tensor:

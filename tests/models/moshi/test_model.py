@@ -18,13 +18,11 @@ GREEDY = Sampler(SamplingParams(temperature=0.0))
 
 
 @pytest.fixture(scope="module")
-def model(tiny_moshi: Path) -> Iterator[Any]:
-    from transformers import MoshiForConditionalGeneration
-
+def model(moshi_model: Any) -> Iterator[Any]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as a stage process on a 2-core machine: small steps, no contention
     try:
-        yield MoshiForConditionalGeneration.from_pretrained(tiny_moshi).eval()
+        yield moshi_model
     finally:
         torch.set_num_threads(threads)
 

@@ -20,14 +20,11 @@ GREEDY = {"sampling": {"temperature": 0}}
 
 
 @pytest.fixture(scope="module")
-def user(tiny_moshi: Path) -> Iterator[torch.Tensor]:
-    from transformers import MoshiForConditionalGeneration
-
+def user(moshi_model: Any) -> Iterator[torch.Tensor]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        model = MoshiForConditionalGeneration.from_pretrained(tiny_moshi).eval()
-        yield user_codes(model, speechlike(1.6, seed=3))  # 20 frames
+        yield user_codes(moshi_model, speechlike(1.6, seed=3))  # 20 frames
     finally:
         torch.set_num_threads(threads)
 
