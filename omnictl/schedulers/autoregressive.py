@@ -268,9 +268,14 @@ class AutoregressiveScheduler(Scheduler):
                 self._send(_Feed(rid, message.data, done=True))
             elif active:
                 self._fail_now(rid, "a request with this id is already running here")
-            elif not finished and self._create(message, inputs=message.data) and self._result_is_fed:
-                # Nothing was streamed (the upstream stopped at once): its result is the whole input.
-                self._send(_Feed(rid, message.data, done=True))
+            elif self._result_is_fed:
+                # Nothing was streamed (the upstream stopped at once): its result, a typed
+                # output and not the dict a request starts from, is the whole input, fed
+                # as a stream's would be.
+                if not finished and self._create(message, inputs={}):
+                    self._send(_Feed(rid, message.data, done=True))
+            elif not finished:
+                self._create(message, inputs=message.data)
         elif self._fed_runner is not None and not finished:
             if not active and message.kind is IncomingKind.STREAM_CHUNK and self.start_on is StartOn.STREAM:
                 active = self._create(message, inputs={})
