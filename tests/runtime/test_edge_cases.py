@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
 import omnictl
-from tests.support.held import held_by
 from tests.support import topo
+from tests.support.held import held_by
 from tests.support.loop import LoopThread, launch
 from tests.support.wait import until
 
@@ -24,60 +24,65 @@ async def _result(pipe: Any, data: dict[str, Any], **kwargs: Any) -> dict[str, A
     return await (await pipe.submit(data, **kwargs)).result()
 
 
-def test_a_user_object_in_an_output_fails_its_request_naming_stage_path_and_type(loop: LoopThread, tmp_path: Path) -> None:
-    stages = [{"name": "a", "factory": f"{S}.returns_user_object", "next": ["b"], "process": "one"},
-              {"name": "b", "factory": f"{E}.identity", "terminal": True, "process": "two"}]
-    pipe = launch(loop, topo.write(tmp_path / "typed.yaml", stages), profile=False)
-    try:
-        with pytest.raises(omnictl.RequestFailed) as caught:
-            loop.run(_result(pipe, {"value": 7}))
-        message = str(caught.value)
-        assert "stage 'a' could not send its output" in message
-        assert "['out'][1]['thing']" in message and "tests.support.stages.UserThing" in message
-        assert loop.run(pipe.stats())["a"]["requests"] == 0
-    finally:
-        loop.run(pipe.close())
-    pipe = launch(loop, topo.write(tmp_path / "trusted.yaml", stages, allow_pickle=True), profile=False)
-    try:
-        from tests.support.stages import UserThing
-
-        assert loop.run(_result(pipe, {"value": 7}))["b"] == {"out": [1, {"thing": UserThing(7)}]}
-    finally:
-        loop.run(pipe.close())
+ODD = "tests.runtime.runtime_stages.odd_outputs"
 
 
-def test_outputs_that_cannot_cross_a_process_fail_their_request_only(loop: LoopThread, tmp_path: Path) -> None:
-    path = topo.write(
-        tmp_path / "bad-output.yaml",
-        [
-            {"name": "a", "factory": f"{S}.returns_unpicklable", "next": ["b"], "process": "one"},
-            {"name": "b", "factory": f"{S}.returns_picky", "terminal": True, "process": "two"},
-        ],
-        allow_pickle=True,
-    )
-    pipe = launch(loop, path, profile=False)
-    try:
-        with pytest.raises(omnictl.RequestFailed, match=r"stage 'a' could not send its output: .*pickle"):
-            loop.run(_result(pipe, {"lambda": True}))
-        with pytest.raises(omnictl.RequestFailed, match=r"output of stage 'b' could not be decoded"):
-            loop.run(_result(pipe, {"picky": True}))
-        assert loop.run(_result(pipe, {"text": "fine"}))["b"]["text"] == "fine"
-        stats = loop.run(pipe.stats())
-        assert all(entry["requests"] == 0 for entry in stats.values())
-    finally:
-        loop.run(pipe.close())
+def _odd_topology(path: Path, **options: Any) -> Path:
+    """``a`` (process one) then ``b`` (process two, terminal): each passes a request on, or
+    gives the odd output it names (``{"at": "a", "odd": "picky"}``: tests.runtime.runtime_stages)."""
+    stages = [{"name": "a", "factory": ODD, "factory_args": {"name": "a"}, "next": ["b"], "process": "one"},
+              {"name": "b", "factory": ODD, "factory_args": {"name": "b"}, "terminal": True, "process": "two"}]
+    return topo.write(path, stages, **options)
 
 
-def test_inputs_that_cannot_be_sent_leave_no_request_behind(loop: LoopThread, tmp_path: Path) -> None:
-    pipe = launch(loop, topo.write(tmp_path / "one.yaml", [{"name": "a", "factory": f"{E}.identity", "terminal": True}]), profile=False)
-    try:
-        with pytest.raises(omnictl.UnsupportedPayload, match=r"\['fn'\]: a builtins.function"):
-            loop.run(pipe.submit({"fn": lambda: None}, request_id="r1"))
-        assert pipe.in_flight() == 0
-        assert loop.run(held_by(pipe)) == []  # no admission slot, no placement, no record kept
-        assert loop.run(_result(pipe, {"x": 1}, request_id="r1")) == {"a": {"x": 1}}
-    finally:
-        loop.run(pipe.close())
+@pytest.fixture(scope="module")
+def typed(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One launch for the tests that kill nothing, on the typed wire encoding (no pickle)."""
+    pipe = launch(loop, _odd_topology(tmp_path_factory.mktemp("typed") / "typed.yaml"), profile=False)
+    yield pipe
+    loop.run(pipe.close())
+
+
+@pytest.fixture(scope="module")
+def trusted(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The same with ``allow_pickle``, profiled (the aggregator counts what each stage rejected)."""
+    folder = tmp_path_factory.mktemp("trusted")
+    pipe = launch(loop, _odd_topology(folder / "trusted.yaml", allow_pickle=True), run_dir=folder / "run")
+    yield pipe
+    loop.run(pipe.close())
+
+
+def test_a_user_object_in_an_output_fails_its_request_naming_stage_path_and_type(
+    loop: LoopThread, typed: Any, trusted: Any
+) -> None:
+    with pytest.raises(omnictl.RequestFailed) as caught:
+        loop.run(_result(typed, {"at": "a", "odd": "user_object", "value": 7}))
+    message = str(caught.value)
+    assert "stage 'a' could not send its output" in message
+    assert "['out'][1]['thing']" in message and "tests.support.stages.UserThing" in message
+    assert loop.run(typed.stats())["a"]["requests"] == 0
+    from tests.support.stages import UserThing
+
+    assert loop.run(_result(trusted, {"at": "a", "odd": "user_object", "value": 7}))["b"] == {
+        "out": [1, {"thing": UserThing(7)}]}
+
+
+def test_outputs_that_cannot_cross_a_process_fail_their_request_only(loop: LoopThread, trusted: Any) -> None:
+    with pytest.raises(omnictl.RequestFailed, match=r"stage 'a' could not send its output: .*pickle"):
+        loop.run(_result(trusted, {"at": "a", "odd": "lambda"}))
+    with pytest.raises(omnictl.RequestFailed, match=r"output of stage 'b' could not be decoded"):
+        loop.run(_result(trusted, {"at": "b", "odd": "picky"}))
+    assert loop.run(_result(trusted, {"text": "fine"}))["b"]["text"] == "fine"
+    stats = loop.run(trusted.stats())
+    assert all(entry["requests"] == 0 for entry in stats.values())
+
+
+def test_inputs_that_cannot_be_sent_leave_no_request_behind(loop: LoopThread, typed: Any) -> None:
+    with pytest.raises(omnictl.UnsupportedPayload, match=r"\['fn'\]: a builtins.function"):
+        loop.run(typed.submit({"fn": lambda: None}, request_id="r1"))
+    assert typed.in_flight() == 0
+    assert loop.run(held_by(typed)) == []  # no admission slot, no placement, no record kept
+    assert loop.run(_result(typed, {"x": 1}, request_id="r1")) == {"b": {"x": 1}}
 
 
 def test_stream_only_terminal_runs_and_route_skipped_stream_target_keeps_nothing(loop: LoopThread, tmp_path: Path) -> None:
@@ -122,23 +127,13 @@ def test_a_failed_restart_is_retried_and_the_pipeline_recovers(loop: LoopThread,
         loop.run(pipe.close())
 
 
-def test_a_stage_that_cannot_take_its_input_counts_as_rejected_there(loop: LoopThread, tmp_path: Path) -> None:
-    path = topo.write(
-        tmp_path / "rejects.yaml",
-        [
-            {"name": "a", "factory": f"{S}.returns_picky", "next": ["b"], "process": "one"},
-            {"name": "b", "factory": f"{E}.identity", "terminal": True, "process": "two"},
-        ],
-        allow_pickle=True,  # an object that pickles but does not unpickle
-    )
-    pipe = launch(loop, path, run_dir=tmp_path / "run")
-    try:
-        with pytest.raises(omnictl.RequestFailed, match=r"stage 'b' could not take its input"):
-            loop.run(_result(pipe, {"picky": True}))
-        def stage_b() -> Any:
-            return pipe.profile.aggregator.snapshot().stages.get("b")
+def test_a_stage_that_cannot_take_its_input_counts_as_rejected_there(loop: LoopThread, trusted: Any) -> None:
+    def stage_b() -> Any:
+        return trusted.profile.aggregator.snapshot().stages.get("b")
 
-        assert until(lambda: stage_b() is not None and stage_b().rejected == 1)
-        assert stage_b().failed == 0
-    finally:
-        loop.run(pipe.close())
+    # the module's other tests share the pipeline: what they made b count is the baseline
+    before = (stage_b().rejected, stage_b().failed) if stage_b() is not None else (0, 0)
+    with pytest.raises(omnictl.RequestFailed, match=r"stage 'b' could not take its input"):
+        loop.run(_result(trusted, {"at": "a", "odd": "picky"}))  # pickled by a, not unpickled by b
+    assert until(lambda: stage_b() is not None and stage_b().rejected == before[0] + 1)
+    assert stage_b().failed == before[1]
