@@ -1,14 +1,24 @@
-"""A tiny Qwen3-ASR checkpoint (written once per session), clips, and transformers' own answer."""
+"""A tiny Qwen3-ASR checkpoint (written once per session), clips, transformers' own answer,
+and the served topology (one in-process ``omnictl serve`` for the session, shared by the
+HTTP and the realtime modules)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Any, Coroutine, Iterator, TypeVar
 
 import numpy as np
 import pytest
 
 from omnictl.models.qwen3_asr.tiny import SAMPLE_RATE, write_tiny_checkpoint
+from omnictl.serving.config import HttpConfig, ServeConfig
+from omnictl.serving.server import Listening
+from tests.serving.harness import serving_in_process
+
+TOPOLOGY = Path(__file__).resolve().parents[3] / "topologies" / "qwen3-asr.yaml"
+MAX_TOKENS = 16  # the served decoder's default here: random weights never stop on their own
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="session")
@@ -65,3 +75,30 @@ class Reference:
 @pytest.fixture(scope="session")
 def reference(tiny_asr: Path) -> Reference:
     return Reference(tiny_asr)
+
+
+@pytest.fixture(scope="session")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the served topology records its traces."""
+    return tmp_path_factory.mktemp("qwen3-asr-run")
+
+
+@pytest.fixture(scope="session")
+def served(tiny_asr: Path, run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Listening]:
+    """topologies/qwen3-asr.yaml as shipped but for the decoder's default ``max_tokens``
+    (MAX_TOKENS), served in process: its pipeline is reached through the Python API too.
+    Every test leaves it as found (nothing held)."""
+    shipped = TOPOLOGY.read_text()
+    assert "max_tokens: 256" in shipped
+    topology = tmp_path_factory.mktemp("topology") / "qwen3-asr.yaml"
+    topology.write_text(shipped.replace("max_tokens: 256", f"max_tokens: {MAX_TOKENS}"))
+    config = ServeConfig(topology=str(topology), http=HttpConfig(port=0)).launching(
+        model_path=str(tiny_asr), device="cpu", run_dir=run_dir
+    )
+    with serving_in_process(config, "in-process omnictl serve (qwen3-asr)") as listening:
+        yield listening
+
+
+def on_loop(served: Listening, coroutine: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+    assert served.loop is not None
+    return asyncio.run_coroutine_threadsafe(coroutine, served.loop).result(timeout)

@@ -1,15 +1,15 @@
 """Qwen3-ASR behind ``/v1/realtime`` transcription sessions: topologies/qwen3-asr.yaml (a
-``transcript`` terminal alone) served in process on the tiny checkpoint, one server for the
-module, a real WebSocket client. Each committed turn is transcribed by the served topology
-(deltas as its decoder writes, then the completed transcript), which is transformers' greedy
-answer for the committed audio; a conversation session is refused naming why."""
+``transcript`` terminal alone) served in process on the tiny checkpoint (conftest's server,
+shared with test_served.py), a real WebSocket client. Each committed turn is transcribed by
+the served topology (deltas as its decoder writes, then the completed transcript), which is
+transformers' greedy answer for the committed audio; a conversation session is refused
+naming why."""
 
 from __future__ import annotations
 
 import base64
 import json
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,31 +18,14 @@ from websockets.sync.client import ClientConnection, connect
 from omnictl.audio.pcm import float_to_pcm16_bytes, pcm16_to_float
 from omnictl.inputs import PCM16_RATE, AudioPart, decode_audio
 from omnictl.models.qwen3_asr.frontend import SAMPLE_RATE
-from omnictl.serving.config import HttpConfig, ServeConfig
 from omnictl.serving.server import Listening
-from tests.serving.harness import serving_in_process
 from tests.support.held import held_by
 
-from .conftest import Reference, clip
-from .test_served import MAX_TOKENS, on_loop
+from .conftest import MAX_TOKENS, Reference, clip, on_loop
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # a real serve of the tiny model, launched once
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # a real serve of the tiny model (conftest's, shared)
 
-TOPOLOGY = Path(__file__).resolve().parents[3] / "topologies" / "qwen3-asr.yaml"
 CHUNK = 4_800  # 200 ms at 24 kHz
-
-
-@pytest.fixture(scope="module")
-def served(tiny_asr: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Listening]:
-    shipped = TOPOLOGY.read_text()
-    assert "max_tokens: 256" in shipped
-    topology = tmp_path_factory.mktemp("topology") / "qwen3-asr.yaml"
-    topology.write_text(shipped.replace("max_tokens: 256", f"max_tokens: {MAX_TOKENS}"))
-    config = ServeConfig(topology=str(topology), http=HttpConfig(port=0)).launching(
-        model_path=str(tiny_asr), device="cpu", run_dir=tmp_path_factory.mktemp("qwen3-asr-run")
-    )
-    with serving_in_process(config, "in-process omnictl serve (qwen3-asr, realtime)") as listening:
-        yield listening
 
 
 def socket(served: Listening, query: str = "") -> ClientConnection:

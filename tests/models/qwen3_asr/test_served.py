@@ -1,15 +1,14 @@
 """topologies/qwen3-asr.yaml on the real runtime (processes, ZeroMQ, shared memory) and the
-real HTTP server, on CPU: one in-process ``omnictl serve`` for the module, its pipeline
-reached through the Python API as well."""
+real HTTP server, on CPU: one in-process ``omnictl serve`` (conftest's, shared with the
+realtime module), its pipeline reached through the Python API as well."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Coroutine, Iterator, TypeVar
+from typing import Any
 
 import httpx
 import pytest
@@ -18,50 +17,20 @@ from benchmarks.eval.samples import wav_bytes
 from omnictl.coordinator.request import RequestEventKind
 from omnictl.outputs import Transcript
 from omnictl.profiling.store import TraceStore
-from omnictl.serving.config import HttpConfig, ServeConfig
 from omnictl.serving.server import Listening
-from tests.serving.harness import serving_in_process
 from tests.support.held import held_by
 
-from .conftest import Reference, clip, request
+from .conftest import MAX_TOKENS, Reference, clip, on_loop, request
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # a real serve of the tiny model, launched once
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # a real serve of the tiny model (conftest's, shared)
 
-TOPOLOGY = Path(__file__).resolve().parents[3] / "topologies" / "qwen3-asr.yaml"
-MAX_TOKENS = 16  # the served decoder's default here: random weights never stop on their own
 STAGES = {"preprocessing", "audio_encoder", "decoder", "transcript"}
-T = TypeVar("T")
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("qwen3-asr-run")
-
-
-@pytest.fixture(scope="module")
-def served(tiny_asr: Path, run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Listening]:
-    shipped = TOPOLOGY.read_text()
-    assert "max_tokens: 256" in shipped
-    topology = tmp_path_factory.mktemp("topology") / "qwen3-asr.yaml"
-    topology.write_text(shipped.replace("max_tokens: 256", f"max_tokens: {MAX_TOKENS}"))
-    config = ServeConfig(topology=str(topology), http=HttpConfig(port=0)).launching(
-        model_path=str(tiny_asr), device="cpu", run_dir=run_dir
-    )
-    with serving_in_process(config, "in-process omnictl serve (qwen3-asr)") as listening:
-        yield listening
-
-
-def on_loop(served: Listening, coroutine: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
-    assert served.loop is not None
-    return asyncio.run_coroutine_threadsafe(coroutine, served.loop).result(timeout)
 
 
 def transcribe(served: Listening, audio: Any, request_id: str | None = None, **fields: str) -> httpx.Response:
     files = {"file": ("clip.wav", wav_bytes(audio, 16_000), "audio/wav")}
     headers = {"X-Request-Id": request_id} if request_id else {}
-    return httpx.post(
-        served.url + "/v1/audio/transcriptions", files=files, data=fields, headers=headers, timeout=60
-    )
+    return httpx.post(served.url + "/v1/audio/transcriptions", files=files, data=fields, headers=headers, timeout=60)
 
 
 def test_the_python_api_gives_transformers_greedy_answer_and_streams_it_first(
