@@ -26,7 +26,7 @@ Goal: 0 failed among requests that had shown no output, 0 repeated or missing to
 resumed streams, 0 hung, 0 ended by the server's deadline (hung inside until the request
 timeout), 0 wrong, 0 leaked, over 10 minutes. Run:
 ``python benchmarks/chaos.py --seconds 600 [--kill-every 5] [--concurrency 8]``.
-``tests/runtime/test_chaos.py`` runs 60 seconds of it through :func:`run_soak`. The parts:
+``tests/runtime/test_chaos.py`` runs 40 seconds of it (a kill every 5 s) through :func:`run_soak`. The parts:
 ``chaos_load.py`` (the server, the clients, the kills), ``chaos_leaks.py`` (the process
 tree and what the server holds), ``chaos_stages.py`` (the topology's stages).
 """

@@ -1,5 +1,6 @@
-"""The chaos soak, 60 seconds of it: a replicated server under closed-loop load while a
-random stage process is SIGKILLed every few seconds (``benchmarks/chaos.py``, same code)."""
+"""The chaos soak, 40 seconds of it: a replicated server under closed-loop load while a
+random stage process is SIGKILLed every 5 s, 7 kills (``benchmarks/chaos.py``, same code;
+its ten-minute run is the soak proper)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import pytest
 from benchmarks.chaos import SoakConfig, render, run_soak
 
 
-# The soak's 60 s, plus starting the server, the warm-up, settling and stopping (~20 s idle,
-# more on a loaded 2-core machine).
-@pytest.mark.slow  # a minute by design
+# The soak's 40 s, plus starting the server, the warm-up, settling and stopping (~20 s idle,
+# more on a loaded 2-core machine). 7 SIGKILLs, one every 5 s as before (60 s made 11): a
+# kill every 3 s outran the restarts on a loaded machine (a process killed again while it
+# started, requests ended by the server's deadline).
+@pytest.mark.slow  # 40 s by design
 @pytest.mark.timeout(300)
-def test_a_minute_of_sigkills_leaves_nothing_hung_and_nothing_leaked(tmp_path: Path) -> None:
-    report = run_soak(SoakConfig(seconds=60, kill_every=5, seed=13, work_dir=tmp_path))
+def test_forty_seconds_of_sigkills_leave_nothing_hung_and_nothing_leaked(tmp_path: Path) -> None:
+    report = run_soak(SoakConfig(seconds=40, kill_every=5, seed=13, work_dir=tmp_path))
     summary = render(report)
     assert report.outcomes.hung == [], summary
     assert report.outcomes.deadline_ended == 0, summary  # failed at once, never by waiting for the timeout
@@ -28,7 +31,7 @@ def test_a_minute_of_sigkills_leaves_nothing_hung_and_nothing_leaked(tmp_path: P
     equal, differ, _ = report.resumed_streams
     assert report.resumed > 0 and equal > 0 and differ == [], summary
     assert report.leaks == [], summary
-    assert report.restarts > 0 and len(report.kills) > 0, summary
+    assert report.restarts > 0 and len(report.kills) >= 5, summary
     assert report.outcomes.completed > 0, summary
     # every request ended one way or the other
     assert report.outcomes.sent == report.outcomes.completed + report.outcomes.failed_total, summary
