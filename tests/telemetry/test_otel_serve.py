@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from typing import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any, Callable, Iterator
 from unittest import mock
 
 import httpx
@@ -78,11 +79,71 @@ def check_links(spans: list[ReceivedSpan]) -> ReceivedSpan:
     return root
 
 
-def test_a_chat_request_is_one_trace_under_the_callers_span(server: ServerProcess, receiver: OtlpReceiver) -> None:
+# The requests of the tests on the shared server, sent all at once by the fixture `sent`: a
+# request's spans reach the receiver a second or two after it ends (the exporter's grace for
+# late events, then its batch delay), so the tests wait for theirs together, not one by one.
+def send_chat(server: ServerProcess) -> tuple[tuple[str, str], httpx.Response]:
     trace_id, span_id, traceparent = caller()
     response = httpx.post(server.url + "/v1/chat/completions", headers={**HEADERS, "traceparent": traceparent},
                           json={"messages": [{"role": "user", "content": "hello there"}], "modalities": ["text", "audio"],
                                 "audio": {"format": "wav"}}, timeout=30)
+    return (trace_id, span_id), response
+
+
+def send_speech_and_transcription(server: ServerProcess) -> tuple[tuple[str, str], httpx.Response, httpx.Response]:
+    trace_id, span_id, traceparent = caller()
+    speech = httpx.post(server.url + "/v1/audio/speech", headers={**HEADERS, "traceparent": traceparent},
+                        json={"model": "otel", "input": "say this", "voice": "alloy"}, timeout=30)
+    wav = wav_bytes(tone(0.25), 16_000)
+    heard = httpx.post(server.url + "/v1/audio/transcriptions", headers={**HEADERS, "traceparent": traceparent},
+                       files={"file": ("q.wav", wav, "audio/wav")}, data={"model": "otel"}, timeout=30)
+    return (trace_id, span_id), speech, heard
+
+
+def send_realtime(server: ServerProcess) -> tuple[str, str]:
+    trace_id, span_id, traceparent = caller()
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0)
+    with client.realtime.connect(model="otel", extra_headers={"traceparent": traceparent}) as connection:
+        assert connection.recv().type == "session.created"
+        connection.session.update(session={"type": "realtime", "output_modalities": ["text"],
+                                           "audio": {"input": {"turn_detection": None}}})
+        assert connection.recv().type == "session.updated"
+        for text in ("first question", "second question"):
+            connection.conversation.item.create(
+                item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
+            connection.response.create()
+            assert collect_until_done(connection)[-1].response.status == "completed"
+    return trace_id, span_id
+
+
+def send_malformed_traceparent(server: ServerProcess) -> httpx.Response:
+    bad = "00-" + "0" * 32 + "-00f067aa0ba902b7-01"  # an all-zero trace id is invalid
+    return httpx.post(server.url + "/v1/chat/completions", headers={**HEADERS, "traceparent": bad},
+                      json={"messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+
+
+def send_failing(server: ServerProcess) -> httpx.Response:
+    return httpx.post(server.url + "/v1/chat/completions", headers=HEADERS,
+                      json={"messages": [{"role": "user", "content": "please explode"}]}, timeout=30)
+
+
+SENDERS: dict[str, Callable[[ServerProcess], Any]] = {
+    "chat": send_chat, "speech": send_speech_and_transcription, "realtime": send_realtime,
+    "malformed": send_malformed_traceparent, "failing": send_failing,
+}
+
+
+@pytest.fixture(scope="module")
+def sent(server: ServerProcess) -> dict[str, Future[Any]]:
+    """Each sender's outcome (``.result()`` raises what it raised), all sent at once."""
+    with ThreadPoolExecutor(len(SENDERS)) as pool:
+        futures = {name: pool.submit(send, server) for name, send in SENDERS.items()}
+        wait(futures.values())
+    return futures
+
+
+def test_a_chat_request_is_one_trace_under_the_callers_span(sent: dict[str, Future[Any]], receiver: OtlpReceiver) -> None:
+    (trace_id, span_id), response = sent["chat"].result()
     assert response.status_code == 200, response.text
     spans = trace_of(receiver, response.headers["x-request-id"])
     root = check_links(spans)
@@ -102,14 +163,9 @@ def test_a_chat_request_is_one_trace_under_the_callers_span(server: ServerProces
     assert "first_text" in {e[0] for e in root.events} and "first_audio" in {e[0] for e in root.events}
 
 
-def test_speech_and_transcriptions_follow_the_callers_span(server: ServerProcess, receiver: OtlpReceiver) -> None:
-    trace_id, span_id, traceparent = caller()
-    speech = httpx.post(server.url + "/v1/audio/speech", headers={**HEADERS, "traceparent": traceparent},
-                        json={"model": "otel", "input": "say this", "voice": "alloy"}, timeout=30)
+def test_speech_and_transcriptions_follow_the_callers_span(sent: dict[str, Future[Any]], receiver: OtlpReceiver) -> None:
+    (trace_id, span_id), speech, heard = sent["speech"].result()
     assert speech.status_code == 200, speech.text
-    wav = wav_bytes(tone(0.25), 16_000)
-    heard = httpx.post(server.url + "/v1/audio/transcriptions", headers={**HEADERS, "traceparent": traceparent},
-                       files={"file": ("q.wav", wav, "audio/wav")}, data={"model": "otel"}, timeout=30)
     assert heard.status_code == 200 and heard.json()["text"] == "4000 samples", heard.text
     for response, stages in ((speech, {"stage front", "stage speak"}), (heard, {"stage front", "stage hear"})):
         spans = trace_of(receiver, response.headers["x-request-id"])
@@ -120,19 +176,9 @@ def test_speech_and_transcriptions_follow_the_callers_span(server: ServerProcess
     assert hop.name == "hop front → hear" and hop.attributes["omnictl.transport"] == "inproc"  # one process
 
 
-def test_a_realtime_sessions_handshake_parents_every_response(server: ServerProcess, receiver: OtlpReceiver) -> None:
-    trace_id, span_id, traceparent = caller()
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0)
-    with client.realtime.connect(model="otel", extra_headers={"traceparent": traceparent}) as connection:
-        assert connection.recv().type == "session.created"
-        connection.session.update(session={"type": "realtime", "output_modalities": ["text"],
-                                           "audio": {"input": {"turn_detection": None}}})
-        assert connection.recv().type == "session.updated"
-        for text in ("first question", "second question"):
-            connection.conversation.item.create(
-                item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
-            connection.response.create()
-            assert collect_until_done(connection)[-1].response.status == "completed"
+def test_a_realtime_sessions_handshake_parents_every_response(sent: dict[str, Future[Any]],
+                                                               receiver: OtlpReceiver) -> None:
+    trace_id, span_id = sent["realtime"].result()
 
     def roots() -> list[ReceivedSpan]:
         found = [s for s in receiver if s.trace_id == trace_id and s.name == "omnictl.request"]
@@ -143,18 +189,16 @@ def test_a_realtime_sessions_handshake_parents_every_response(server: ServerProc
         check_links(trace_of(receiver, root.attributes["omnictl.request_id"]))
 
 
-def test_a_malformed_traceparent_is_ignored(server: ServerProcess, receiver: OtlpReceiver) -> None:
-    bad = "00-" + "0" * 32 + "-00f067aa0ba902b7-01"  # an all-zero trace id is invalid
-    response = httpx.post(server.url + "/v1/chat/completions", headers={**HEADERS, "traceparent": bad},
-                          json={"messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+def test_a_malformed_traceparent_is_ignored(sent: dict[str, Future[Any]], receiver: OtlpReceiver) -> None:
+    response = sent["malformed"].result()
     assert response.status_code == 200, response.text
     root = check_links(trace_of(receiver, response.headers["x-request-id"]))
     assert root.parent_span_id == "" and root.trace_id != "0" * 32  # a trace of its own
 
 
-def test_a_failed_request_is_an_error_on_its_root_and_its_stage(server: ServerProcess, receiver: OtlpReceiver) -> None:
-    response = httpx.post(server.url + "/v1/chat/completions", headers=HEADERS,
-                          json={"messages": [{"role": "user", "content": "please explode"}]}, timeout=30)
+def test_a_failed_request_is_an_error_on_its_root_and_its_stage(sent: dict[str, Future[Any]],
+                                                                 receiver: OtlpReceiver) -> None:
+    response = sent["failing"].result()
     assert response.status_code >= 500, response.text
     spans = trace_of(receiver, response.headers["x-request-id"])
     root = check_links(spans)
