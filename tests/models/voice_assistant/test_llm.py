@@ -49,8 +49,11 @@ def test_a_cache_from_another_package_version_is_converted_again(tmp_path: Path,
 
 
 def test_smollm2_answers_the_paris_question_greedily_in_the_thinker_stage() -> None:
+    # The HF runner, pinned: with the vllm extra installed, engine auto would start a vLLM
+    # engine here (~25 s) for what tests/models/voice_assistant/test_vllm_thinker.py checks
+    # on its one engine (greedy Paris, deltas adding up to the result, nothing left held).
     async def main() -> None:
-        scheduler = stages.thinker(max_tokens=24)
+        scheduler = stages.thinker(engine="hf", max_tokens=24)
         await scheduler.start()
         try:
             question = {"messages": [{"role": "user", "content": "What is the capital of France?"}]}
