@@ -14,16 +14,19 @@ from tests.serving.harness import ServerProcess, wait_until
 
 
 @contextlib.contextmanager
-def slow_stream_playing(server: ServerProcess) -> Iterator[list[float]]:
+def slow_stream_playing(server: ServerProcess, words: int | None = None) -> Iterator[list[float]]:
     """Stream "say it slowly" from the fast topology (its speaker sends a 0.1 s tone every 0.3 s,
     so its listener already waits 0.2 s per chunk) and yield, once three chunks have come, the
-    times its audio chunks arrived; the stream is dropped on leaving."""
+    times its audio chunks arrived; the stream is dropped on leaving. ``words``: its length
+    (its max_tokens: 0.3 s each; 44 by default), where a test waits behind it in the stages."""
     chunks: list[float] = []
     stop = threading.Event()
 
     def play() -> None:
         body = {"model": "fast", "messages": [{"role": "user", "content": "say it slowly"}], "stream": True,
                 "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "pcm16"}}
+        if words is not None:
+            body["max_tokens"] = words
         with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as response:
             for line in response.iter_lines():
                 if '"audio"' in line:

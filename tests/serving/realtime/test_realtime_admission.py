@@ -37,7 +37,7 @@ def test_a_response_with_audio_is_refused_while_a_slow_stream_plays(server: Serv
         assert connection.recv().type == "session.created"
         connection.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
         assert connection.recv().type == "session.updated"
-        with slow_stream_playing(server):
+        with slow_stream_playing(server, words=20):  # 6 s: the text response below waits for it in the stages
             started = time.perf_counter()
             events = respond(connection, "hello there", ["audio"])
             took = time.perf_counter() - started
