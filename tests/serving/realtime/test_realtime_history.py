@@ -181,7 +181,8 @@ class _Speaker:
 def _echoing_client(voice_server: ServerProcess, guard: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """A raw WebSocket client with no echo cancellation: its microphone hears its loudspeaker
     (the answer, 200 ms late, at 40 %), appended in real time for 3 s; then the user speaks over
-    it. (The events before the user spoke, every event up to response.done.)"""
+    it. (The events before the user spoke, every event up to response.done.) Without the guard
+    it stops as soon as the echo is heard as speech, before the user speaks."""
     import json
     import threading
     import time
@@ -224,6 +225,8 @@ def _echoing_client(voice_server: ServerProcess, guard: bool) -> tuple[list[dict
             if started and now - started >= speak_at + 3:  # the answer may be all sent: it still plays
                 break
             with lock:
+                if not guard and any(e["type"] == "input_audio_buffer.speech_started" for e in events):
+                    break  # unguarded, the echo barged in: the user never gets to speak
                 mic = 0.4 * speaker.sound(now - tick - 0.2, step)  # the echo
                 if started is not None and now - started >= speak_at:
                     before = list(events) if before is None else before
