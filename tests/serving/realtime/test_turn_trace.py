@@ -1,14 +1,13 @@
-"""A spoken turn's milestones, end to end: a real `omnictl serve` of the fast topology, the
-official `openai` client speaking to it over `/v1/realtime` with the server's VAD deciding the
-turn; then the turn's milestones in the run's trace (and `omnictl trace <item id>`), and in
-`/metrics`, each in the order the turn reached it."""
+"""A spoken turn's milestones, end to end: a real `omnictl serve` of the fast topology (the
+run's one, shared), the official `openai` client speaking to it over `/v1/realtime` with the
+server's VAD deciding the turn; then the turn's milestones in the run's trace (and `omnictl
+trace <item id>`), and in `/metrics`, each in the order the turn reached it."""
 
 from __future__ import annotations
 
 import re
 import time
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import openai
@@ -17,7 +16,7 @@ from typer.testing import CliRunner
 
 from omnictl.profiling.events import Event, EventKind
 from omnictl.profiling.store import TraceStore
-from tests.serving.harness import API_KEY, FAST_TOPOLOGY, ServerProcess, start_server, stop_server
+from tests.serving.harness import API_KEY, ServerProcess
 from tests.serving.realtime.speech import chunks, collect_until_done, sample, silence
 
 # The fast topology hears the audio itself (no transcript terminal): no transcript_final. The
@@ -42,15 +41,12 @@ def happened(event: Event) -> int:
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("turn-run")
-
-
-@pytest.fixture(scope="module")
-def server(run_dir: Path) -> Iterator[ServerProcess]:
-    running = start_server(str(FAST_TOPOLOGY), "--api-key", API_KEY, "--run-dir", str(run_dir))
-    yield running
-    assert stop_server(running) == 0, running.text()
+def run_dir(server: ServerProcess) -> Path:
+    """Where the run's one fast server (tests/serving/conftest.py's ``server``) records its
+    traces: a server profiles, in a run folder of its own when none is given; /health says which."""
+    health = httpx.get(server.url + "/health", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).json()
+    assert health["run_dir"] is not None, health
+    return Path(health["run_dir"])
 
 
 def milestones(run_dir: Path, turn_id: str, count: int, timeout: float = 20.0) -> list[Event]:
@@ -73,7 +69,13 @@ def turn_seconds(metrics: str) -> dict[str, tuple[float, float]]:
     return {m: (v["count"], v["sum"]) for m, v in found.items()}
 
 
+def metered(server: ServerProcess) -> dict[str, tuple[float, float]]:
+    text = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).text
+    return turn_seconds(text)
+
+
 def test_a_spoken_turns_milestones_are_in_the_trace_and_metrics_in_order(server: ServerProcess, run_dir: Path) -> None:
+    before = metered(server)  # the server is shared: this turn's are what it adds
     client = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0)
     with client.realtime.connect(model="fast") as connection:
         created = connection.recv()
@@ -98,8 +100,9 @@ def test_a_spoken_turns_milestones_are_in_the_trace_and_metrics_in_order(server:
     requests.discard(None)
     assert len(requests) == 1 and next(iter(requests)).startswith("resp_req"), requests  # the response's request
 
-    metrics = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).text
-    seconds = turn_seconds(metrics)
+    after = metered(server)
+    seconds = {m: (count - before.get(m, (0, 0))[0], total - before.get(m, (0, 0))[1])
+               for m, (count, total) in after.items()}
     assert [m for m in SPOKEN_TURN if seconds.get(m, (0, 0))[0] == 1] == SPOKEN_TURN, seconds
     for chain in IN_ORDER:
         sums = [seconds[m][1] for m in chain]
