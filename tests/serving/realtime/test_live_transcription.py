@@ -16,7 +16,7 @@ import base64
 import json
 import time
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 import numpy as np
 import pytest
@@ -251,34 +251,57 @@ def test_a_transcription_session_with_transcription_off_sends_no_deltas_but_keep
 ASR_STREAM = Path(__file__).resolve().parents[2] / "models" / "voice_assistant" / "asr_stream.yaml"
 
 
-@pytest.mark.slow  # real processes and Whisper base loaded in the stage's process
-@pytest.mark.timeout(300)
-def test_a_spoken_question_is_transcribed_while_it_is_streamed_in_real_time(tmp_path: Path) -> None:
-    from benchmarks.eval.quality import word_errors
-    from benchmarks.eval.samples import sample_question, sample_text
+@pytest.fixture(scope="module")
+def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real server in this process (tests/serving/slow.yaml's pipeline) with a real live
+    transcriber (asr_stream.yaml: Whisper base, incrementally, in its own stage process),
+    launched once for the two slow tests: the first drives a session object on its live
+    transcriber, the second a WebSocket client through the server."""
     from omnictl.models.voice_assistant.asr import whisper_base_dir
-    from omnictl.pipeline import Pipeline
+    from omnictl.serving.config import HttpConfig, ServeConfig
+    from tests.serving.harness import serving_in_process
 
     whisper_base_dir()  # the cache built here, where a failure is readable
+    options = ServeConfig(topology=str(Path(__file__).resolve().parents[1] / "slow.yaml"), http=HttpConfig(port=0),
+                          live_transcriber=str(ASR_STREAM)).launching(run_dir=tmp_path_factory.mktemp("live-run"))
+    with serving_in_process(options, "in-process omnictl serve (live transcriber)") as listening:
+        yield listening
+
+
+def nothing_held(live: Any, loop: asyncio.AbstractEventLoop) -> dict[str, Any]:
+    """What the live pipeline still holds anywhere (read on its own loop): every figure zero."""
+    held: dict[str, Any] = asyncio.run_coroutine_threadsafe(live.held(), loop).result(30)
+    figures = [*held["coordinator"].values(), *held["admission"].values(),
+               *(v for stage in held["stages"].values() for v in stage.values())]
+    assert not any(figures), held
+    return held
+
+
+@pytest.mark.slow  # real processes and Whisper base loaded in the stage's process
+@pytest.mark.timeout(300)
+def test_a_spoken_question_is_transcribed_while_it_is_streamed_in_real_time(live_server: Any) -> None:
+    from benchmarks.eval.quality import word_errors
+    from benchmarks.eval.samples import sample_question, sample_text
+
+    live, loop = live_server.state.live_transcriber, live_server.loop
+    assert live is not None and loop is not None
     samples, rate = sample_question("capital_of_france")
     pcm = float_to_pcm16_bytes(resample(samples, rate, RATE))
     chunk = RATE // 10 * 2  # 100 ms of pcm16
 
-    async def main() -> tuple[Client, int, dict[str, Any]]:
-        async with Pipeline.launch(ASR_STREAM, device="cpu", run_dir=tmp_path, profile=False) as live:
-            client = Client()
-            client.state.live_transcriber = live  # type: ignore[assignment]
-            for offset in range(0, len(pcm), chunk):
-                audio = base64.b64encode(pcm[offset : offset + chunk]).decode()
-                await client.send({"type": "input_audio_buffer.append", "audio": audio})
-                await asyncio.sleep(0.1)  # real time
-            during = len(client.of("conversation.item.input_audio_transcription.delta"))
-            await client.send({"type": "input_audio_buffer.commit"})
-            await client.settle()
-            held = await live.held()
-            return client, during, held
+    async def main() -> tuple[Client, int]:  # on the live pipeline's loop (the server's)
+        client = Client()
+        client.state.live_transcriber = live
+        for offset in range(0, len(pcm), chunk):
+            audio = base64.b64encode(pcm[offset : offset + chunk]).decode()
+            await client.send({"type": "input_audio_buffer.append", "audio": audio})
+            await asyncio.sleep(0.1)  # real time
+        during = len(client.of("conversation.item.input_audio_transcription.delta"))
+        await client.send({"type": "input_audio_buffer.commit"})
+        await client.settle()
+        return client, during
 
-    client, during, held = asyncio.run(main())
+    client, during = asyncio.run_coroutine_threadsafe(main(), loop).result(120)
     deltas = [d["delta"] for d in client.of("conversation.item.input_audio_transcription.delta")]
     [completed] = client.of("conversation.item.input_audio_transcription.completed")
     assert during >= 1, deltas  # words came while the question was still being spoken
@@ -286,71 +309,49 @@ def test_a_spoken_question_is_transcribed_while_it_is_streamed_in_real_time(tmp_
     assert word_errors(sample_text("capital_of_france"), completed["transcript"])[0] == 0, completed["transcript"]
     assert client.pipeline.submitted == []  # no whole-utterance decode after the turn
     assert client.state.active == {}
-    figures = [*held["coordinator"].values(), *held["admission"].values(),
-               *(v for stage in held["stages"].values() for v in stage.values())]
-    assert not any(figures), held  # nothing left behind in the live pipeline
+    nothing_held(live, loop)  # nothing left behind in the live pipeline
 
 
 @pytest.mark.slow  # two real pipelines (Whisper base in one) behind a real server, a real WebSocket client
 @pytest.mark.timeout(300)
-def test_a_server_with_a_live_transcriber_sends_words_over_the_websocket_before_the_commit(tmp_path: Path) -> None:
-    import queue
-    import threading
+def test_a_server_with_a_live_transcriber_sends_words_over_the_websocket_before_the_commit(live_server: Any) -> None:
     import urllib.request
 
     from websockets.sync.client import connect
 
     from benchmarks.eval.quality import word_errors
     from benchmarks.eval.samples import sample_question, sample_text
-    from omnictl.models.voice_assistant.asr import whisper_base_dir
-    from omnictl.serving.config import HttpConfig, ServeConfig
-    from omnictl.serving.server import Listening, run_server
 
-    whisper_base_dir()
-    ready: queue.Queue[Any] = queue.Queue()
-    options = ServeConfig(topology=str(Path(__file__).resolve().parents[1] / "slow.yaml"), http=HttpConfig(port=0),
-                          live_transcriber=str(ASR_STREAM)).launching(run_dir=tmp_path)
-    thread = threading.Thread(target=lambda: asyncio.run(run_server(options, ready.put, handle_signals=False)))
-    thread.start()
-    listening: Listening = ready.get(timeout=240)
-    try:
-        samples, rate = sample_question("largest_planet")
-        pcm = float_to_pcm16_bytes(resample(samples, rate, RATE))
-        chunk = RATE // 10 * 2
-        events: list[dict[str, Any]] = []
-        with connect(listening.url.replace("http", "ws") + "/v1/realtime?model=slow") as ws:
-            ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}))
-            for offset in range(0, len(pcm), chunk):
-                audio = base64.b64encode(pcm[offset : offset + chunk]).decode()
-                ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
-                while True:  # what came meanwhile, without waiting
-                    try:
-                        events.append(json.loads(ws.recv(timeout=0)))
-                    except TimeoutError:
-                        break
-                time.sleep(0.1)
-            during = sum(e["type"] == "conversation.item.input_audio_transcription.delta" for e in events)
-            ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-            while not events or events[-1]["type"] != "conversation.item.done":
-                events.append(json.loads(ws.recv(timeout=60)))
-        deltas = [e["delta"] for e in events if e["type"] == "conversation.item.input_audio_transcription.delta"]
-        [completed] = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"]
-        assert during >= 1, events
-        assert "".join(deltas) == completed["transcript"]
-        assert word_errors(sample_text("largest_planet"), completed["transcript"])[0] == 0, completed["transcript"]
-        with urllib.request.urlopen(listening.url + "/health") as answer:  # no key: the server has none
-            health = json.loads(answer.read())
-        assert health["in_flight"] == 0, health
-        assert listening.loop is not None and listening.state.live_transcriber is not None
-        held = asyncio.run_coroutine_threadsafe(listening.state.live_transcriber.held(),  # type: ignore[attr-defined]
-                                                listening.loop).result(30)
-        figures = [*held["coordinator"].values(), *held["admission"].values(),
-                   *(v for stage in held["stages"].values() for v in stage.values())]
-        assert not any(figures), held  # the live pipeline holds nothing of the turn
-    finally:
-        assert listening.loop is not None
-        listening.loop.call_soon_threadsafe(listening.stop)
-        thread.join(60)
+    listening = live_server
+    samples, rate = sample_question("largest_planet")
+    pcm = float_to_pcm16_bytes(resample(samples, rate, RATE))
+    chunk = RATE // 10 * 2
+    events: list[dict[str, Any]] = []
+    with connect(listening.url.replace("http", "ws") + "/v1/realtime?model=slow") as ws:
+        ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}))
+        for offset in range(0, len(pcm), chunk):
+            audio = base64.b64encode(pcm[offset : offset + chunk]).decode()
+            ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+            while True:  # what came meanwhile, without waiting
+                try:
+                    events.append(json.loads(ws.recv(timeout=0)))
+                except TimeoutError:
+                    break
+            time.sleep(0.1)
+        during = sum(e["type"] == "conversation.item.input_audio_transcription.delta" for e in events)
+        ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        while not events or events[-1]["type"] != "conversation.item.done":
+            events.append(json.loads(ws.recv(timeout=60)))
+    deltas = [e["delta"] for e in events if e["type"] == "conversation.item.input_audio_transcription.delta"]
+    [completed] = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    assert during >= 1, events
+    assert "".join(deltas) == completed["transcript"]
+    assert word_errors(sample_text("largest_planet"), completed["transcript"])[0] == 0, completed["transcript"]
+    with urllib.request.urlopen(listening.url + "/health") as answer:  # no key: the server has none
+        health = json.loads(answer.read())
+    assert health["in_flight"] == 0, health
+    assert listening.loop is not None and listening.state.live_transcriber is not None
+    nothing_held(listening.state.live_transcriber, listening.loop)  # the live pipeline holds nothing of the turn
 
 
 def test_server_vad_opens_the_live_request_at_speech_start_and_it_gets_exactly_the_committed_audio() -> None:
