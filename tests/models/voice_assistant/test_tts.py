@@ -67,9 +67,9 @@ def test_markup_is_not_spoken() -> None:
     assert speakable("### ") == ""
 
 
-@pytest.fixture(scope="module")
-def speaker() -> PiperSpeaker:
-    return PiperSpeaker()
+@pytest.fixture
+def speaker(piper: PiperSpeaker) -> PiperSpeaker:
+    return piper  # the package's one Piper (conftest.py)
 
 
 def test_piper_speaks_a_sentence(speaker: PiperSpeaker) -> None:
@@ -126,7 +126,7 @@ FIRST_CLAUSES = {
 def test_the_first_piece_is_a_clause_of_a_few_words(answer: str, first: str) -> None:
     splitter = SentenceSplitter()
     pieces: list[str] = []
-    for index, word in enumerate(answer.split(" ")):
+    for index, word in enumerate(answer.split(" ")):  # noqa: B007  (read after the loop)
         pieces += splitter.feed(word + " ")
         if pieces:
             break
