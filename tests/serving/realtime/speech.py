@@ -11,8 +11,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from omnictl.inputs import PCM16_RATE, read_wav, resample
 from benchmarks.eval.samples import sample_question
+from omnictl.inputs import PCM16_RATE, read_wav, resample
 
 CHUNK_MS = 100
 

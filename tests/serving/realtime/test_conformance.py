@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import base64
 import json
-import logging
 import typing
 from typing import Any, Callable, Iterator
 
-import numpy as np
 import pydantic
 import pytest
 from openai.types.realtime import RealtimeClientEvent, RealtimeClientEventParam
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from tests.serving.harness import API_KEY, ServerProcess, wait_until
@@ -178,7 +177,7 @@ def test_each_client_event_gets_the_protocols_answer(raw: Raw, kind: str) -> Non
 def _refusal(server: ServerProcess, query: str) -> dict[str, Any]:
     with connect(_url(server, query), additional_headers={"Authorization": f"Bearer {API_KEY}"}) as ws:
         error = json.loads(ws.recv(timeout=30))
-        with pytest.raises(Exception):  # then the server closes the socket
+        with pytest.raises(ConnectionClosed):  # then the server closes the socket
             ws.recv(timeout=30)
     assert error["type"] == "error"
     return error["error"]

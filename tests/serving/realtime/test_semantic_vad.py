@@ -77,7 +77,15 @@ def test_the_semantic_detector_says_pauses_and_resumes_before_its_one_stop(model
     """A preemptive answer starts at each pause and is dropped when speech resumes: at the
     mid-sentence pause the detector says SpeechPaused, then SpeechResumed when "have?" comes;
     at the end a pause at the very point where the turn then stops."""
-    from omnictl.serving.realtime.vad import VAD_RATE, SileroVad, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, to_vad_rate
+    from omnictl.serving.realtime.vad import (
+        VAD_RATE,
+        SileroVad,
+        SpeechPaused,
+        SpeechResumed,
+        SpeechStarted,
+        SpeechStopped,
+        to_vad_rate,
+    )
 
     silero, smart = models
     paused = np.concatenate([LEAD, with_pause(question("spider_legs"), 900), TAIL])

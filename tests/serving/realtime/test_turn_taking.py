@@ -395,7 +395,7 @@ def test_no_client_event_at_any_point_leaves_two_responses(event: Any) -> None:
                            SpeechPaused(3500, 500), SpeechResumed(3600), SpeechStopped(4000), "done", "done"]
     for cut in range(len(timeline) + 1):
         ids = itertools.count(1)
-        core = TurnTaking(Policy(), new_id=lambda: f"i{next(ids)}")
+        core = TurnTaking(Policy(), new_id=lambda ids=ids: f"i{next(ids)}")  # this cut's ids
         drive(core, [*timeline[:cut], event, *timeline[cut:], "done", "done"])
         assert (core.listening, core.reply, core.early) == (Listening.IDLE, Reply.NONE, None), f"{event} at {cut}"
 

@@ -15,7 +15,6 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.serving.browser import chromium, hands_free_turn
-from tests.serving.harness import API_KEY
 from tests.serving.harness import API_KEY, ServerProcess, wait_until
 
 pytestmark = pytest.mark.slow
