@@ -875,8 +875,8 @@ async def ask_with_a_scripted_pause(s: Session, wait_for_the_answer: bool) -> tu
 
 def test_fifty_paused_questions_leave_nothing_of_their_dropped_answers() -> None:
     """The issue's test: 50 questions, each with a pause mid-sentence (10 sessions of 5, on one
-    server's state): every dropped preemptive answer (half dropped with their response at work,
-    half while their transcription was) leaves no conversation item, no audio or other event,
+    server's state): every dropped preemptive answer (30 dropped with their response at work,
+    20 while their transcription was) leaves no conversation item, no audio or other event,
     no request, task or playback, and the metrics count 50 dropped and 50 used. The turns come
     from the scripted voice-activity source (the session's front end and turn detection are the
     real ones), the answers from the scripted pipeline; the same pause with real models, end to
@@ -885,7 +885,8 @@ def test_fifty_paused_questions_leave_nothing_of_their_dropped_answers() -> None
 
     async def scenario() -> None:
         tests = asyncio.all_tasks()
-        vad, server = ScriptedVoiceActivity(), Session()
+        vad = ScriptedVoiceActivity()
+        server = Session(vad=vad)  # only its pipeline and server state, which the ten sessions share
         server.pipeline.script = heard
         for _ in range(10):
             s = Session(server, vad)
