@@ -10,13 +10,16 @@ changing load falls on every configuration alike):
 - ``deadline+admit``: ``deadline`` with ``--max-underrun-ms`` (a new audio request gets
   429 when it is predicted to make a playing stream underrun).
 
-Each request is a streamed chat completion asking for text and pcm16 audio, timed by the
-bench's own receive clock (:mod:`omnictl.bench.client`); the playback clock
-(:mod:`omnictl.playback.continuity`) makes its figures. Per rate: TTFP p50/p90, largest
-underrun p50/p95, continuity at 100 ms (streams whose largest underrun stayed within it),
-goodput under the SLO (``--slo-ttfp``, ``--slo-underrun``), refused requests. The server's
-own figure per stream (the underruns it recorded into the trace) is compared with the
-client's.
+Each request is a streamed chat completion asking for text and pcm16 audio, sampled with
+its own index as its seed (every configuration hears the same answers, of the same lengths,
+and a run repeats: a random-weight talker says end-of-speech at its first code for ~2% of
+unseeded requests, which then play no audio), timed by the bench's own receive clock
+(:mod:`omnictl.bench.client`); the playback clock (:mod:`omnictl.playback.continuity`)
+makes its figures. Per rate: TTFP p50/p90, largest underrun p50/p95, continuity at 100 ms
+(streams whose largest underrun stayed within it), goodput under the SLO (``--slo-ttfp``,
+``--slo-underrun``), refused requests, and why a request did not play (failed, or answered
+without audio). The server's own figure per stream (the underruns it recorded into the
+trace) is compared with the client's.
 
 Topologies (``--topology``): ``voice`` (the embedded voice assistant: SmolLM2, Piper, asked
 for answers of ``--sentences`` sentences, so that the sentence TTS serves several streams
@@ -128,6 +131,9 @@ class RateFigures:
             "requests": len(self.records),
             "played": len(self.played()),
             "refused": sum(r.overloaded for r in self.records),
+            # why the others did not play: failed (the error, per request) or answered without audio
+            "failed": {str(r.request_id or r.index): r.error for r in self.records if not r.ok and not r.overloaded},
+            "without_audio": sum(r.ok and not r.audio_chunks for r in self.records),
             "ttfp_p50_s": self.ttfp(50),
             "ttfp_p90_s": self.ttfp(90),
             "underrun_p50_s": self.underrun(50),
@@ -196,10 +202,12 @@ def voice_topology(scratch: Path, sentences: int, max_tokens: int) -> str:
 
 
 def payload(index: int, model: str, sentences: int, max_tokens: int) -> dict[str, Any]:
-    """Request ``index``: text and pcm16 audio, a question asking for several sentences."""
+    """Request ``index``: text and pcm16 audio, a question asking for several sentences,
+    sampled with seed ``index`` (the same answer under every configuration)."""
     question = f"Tell me about {TOPICS[index % len(TOPICS)]} in {sentences} sentences."
     body = build_payload(index, "text", ["text", "audio"], max_tokens, [], model)
     body["messages"] = [{"role": "user", "content": question}]
+    body["seed"] = index
     return body
 
 
@@ -295,7 +303,10 @@ def run_configs(topology: str | None, model_path: str | None, configs: list[str]
                 audio = [r.continuity() for r in f.played()]
                 mean_s = sum(c.audio_s for c in audio) / len(audio) if audio else 0.0
                 mean_chunks = sum(c.chunks for c in audio) / len(audio) if audio else 0.0
-                print(f"  {config:<15} {rate:5.2f}/s  done {len(f.played())}/{len(records)}  "
+                unplayed = f.summary()
+                why = (f" ({len(unplayed['failed'])} failed, {unplayed['without_audio']} without audio)"
+                       if len(f.played()) < len(records) else "")
+                print(f"  {config:<15} {rate:5.2f}/s  done {len(f.played())}/{len(records)}{why}  "
                       f"p95 underrun {ms(f.underrun(95))}  TTFP p90 {ms(f.ttfp(90))}  "
                       f"audio {mean_s:.1f} s in {mean_chunks:.1f} chunks a stream  "
                       f"(load average {os.getloadavg()[0]:.1f})", flush=True)
