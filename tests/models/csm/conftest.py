@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
 from omnictl.models.csm.tiny import write_tiny_checkpoint
+from tests.models.conftest import one_thread
 
 TEXT = "Hello there, how are you today?"
 FRAMES = 12  # a random backbone rarely ends the audio by itself: bound it
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """torch on one thread in this process, as each stage process runs (tests/models/conftest.py)."""
+    with one_thread():
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +37,7 @@ def reference(tiny_csm: Path) -> dict[str, Any]:
     prompt = processor.apply_chat_template(
         [{"role": "0", "content": [{"type": "text", "text": TEXT}]}], tokenize=True, return_dict=True
     )
-    with torch.inference_mode():
+    with one_thread(), torch.inference_mode():
         out = model.generate(
             **prompt,
             max_new_tokens=FRAMES,

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
 from omnictl.models.higgs_audio.tiny import SYSTEM_PROMPT, write_tiny_checkpoint
+from tests.models.conftest import one_thread
 
 TEXT = "Hello there, how are you today?"
 FRAMES = 40  # bound: with seed 0 the model ends by itself after 27 frames (the end's delay ramp included)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """torch on one thread in this process, as each stage process runs (tests/models/conftest.py)."""
+    with one_thread():
+        yield
 
 
 def turns(text: str = TEXT) -> list[dict[str, Any]]:
@@ -39,7 +47,7 @@ def generate(checkpoint: Path, max_new_tokens: int, text: str = TEXT) -> dict[st
     prompt = processor.apply_chat_template(
         turns(text), tokenize=True, return_dict=True, add_generation_prompt=True, return_tensors="pt"
     )
-    with torch.inference_mode():
+    with one_thread(), torch.inference_mode():
         out = model.generate(**prompt, max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True)
     frames = out.audio_sequences[0]
     codes = processor.revert_delay_pattern(frames[1 : _end(frames, model.config)]).clip(
@@ -50,8 +58,13 @@ def generate(checkpoint: Path, max_new_tokens: int, text: str = TEXT) -> dict[st
         "tokens": out.sequences[0, prompt["input_ids"].shape[1] :].tolist(),
         "frames": frames,
         "codes": codes,
-        "audio": processor.decode(out.audio_sequences).numpy(),
+        "audio": _decode(processor, out.audio_sequences),
     }
+
+
+def _decode(processor: Any, sequences: Any) -> Any:
+    with one_thread():
+        return processor.decode(sequences).numpy()
 
 
 def _end(frames: Any, config: Any) -> int:

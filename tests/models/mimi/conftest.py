@@ -1,18 +1,11 @@
-"""A tiny Moshi checkpoint (its Mimi is the codec under test), written once per session, and audio for it."""
+"""Audio for the tiny Moshi checkpoint (its Mimi is the codec under test; the checkpoint is
+``tiny_moshi``, tests/models/conftest.py: written once per session, shared with tests/models/moshi)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
-import pytest
 
-from omnictl.models.moshi.tiny import SAMPLE_RATE, write_tiny_checkpoint
-
-
-@pytest.fixture(scope="session")
-def tiny_moshi(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-moshi"))
+from omnictl.models.moshi.tiny import SAMPLE_RATE
 
 
 def speechlike(seconds: float, seed: int = 0) -> np.ndarray:

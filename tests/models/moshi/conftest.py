@@ -1,18 +1,27 @@
-"""A tiny Moshi checkpoint (written once per session), and transformers' own check of a session's frames."""
+"""transformers' Moshi on the tiny checkpoint (tests/models/conftest.py's, written once per session),
+and its own check of a session's frames."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 import torch
 
-from tests.models.mimi.conftest import speechlike, tiny_moshi  # noqa: F401  (the fixture, shared)
+from tests.models.conftest import one_thread
+from tests.models.mimi.conftest import speechlike  # noqa: F401  (for the modules here)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """torch on one thread in this process, as each stage process runs (tests/models/conftest.py)."""
+    with one_thread():
+        yield
 
 
 @pytest.fixture(scope="session")
-def moshi_model(tiny_moshi: Path) -> Any:  # noqa: F811  (the fixture imported above)
+def moshi_model(tiny_moshi: Path) -> Any:
     """transformers' ``MoshiForConditionalGeneration`` on the tiny checkpoint (eval), loaded
     once for the session: the reference every module here checks against (read only)."""
     from transformers import MoshiForConditionalGeneration

@@ -4,7 +4,7 @@ against transformers' ``MoshiForConditionalGeneration`` on the same tiny checkpo
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -18,13 +18,8 @@ GREEDY = Sampler(SamplingParams(temperature=0.0))
 
 
 @pytest.fixture(scope="module")
-def model(moshi_model: Any) -> Iterator[Any]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as a stage process on a 2-core machine: small steps, no contention
-    try:
-        yield moshi_model
-    finally:
-        torch.set_num_threads(threads)
+def model(moshi_model: Any) -> Any:
+    return moshi_model  # (on one thread, as a stage process: conftest's _one_thread)
 
 
 def session(tiny_moshi: Path, user: torch.Tensor) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -20,13 +20,8 @@ GREEDY = {"sampling": {"temperature": 0}}
 
 
 @pytest.fixture(scope="module")
-def user(moshi_model: Any) -> Iterator[torch.Tensor]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield user_codes(moshi_model, speechlike(1.6, seed=3))  # 20 frames
-    finally:
-        torch.set_num_threads(threads)
+def user(moshi_model: Any) -> torch.Tensor:
+    return user_codes(moshi_model, speechlike(1.6, seed=3))  # 20 frames
 
 
 async def _wired(tiny_moshi: Path) -> tuple[Any, Any, list[OutgoingMessage]]:

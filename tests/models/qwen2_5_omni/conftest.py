@@ -4,17 +4,25 @@ transformers' greedy reference on it."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pytest
 import torch
 
 from omnictl.models.qwen2_5_omni.tiny import write_tiny_checkpoint
+from tests.models.conftest import one_thread
 
 MAX_TOKENS = 10
 MAX_CODES = 16  # a random talker rarely says end-of-speech: bound the audio
 NOISE_SEED = 0  # token2wav's noise_seed default
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """torch on one thread in this process, as each stage process runs (tests/models/conftest.py)."""
+    with one_thread():
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -66,17 +74,18 @@ class Reference:
         talker = self.model.config.talker_config
         token2wav.forward = spy
         try:
-            torch.manual_seed(NOISE_SEED)  # token2wav's noise: the first draw after the seed
-            sequences, wav = self.model.generate(
-                **front,
-                speaker=voice,
-                thinker_max_new_tokens=inputs["sampling"]["max_tokens"],
-                thinker_do_sample=False,
-                thinker_eos_token_id=self.preprocess.processor.tokenizer.convert_tokens_to_ids("<|im_end|>"),
-                talker_max_new_tokens=max_codes,
-                talker_do_sample=False,
-                talker_eos_token_id=[talker.tts_codec_pad_token_id, talker.tts_codec_end_token_id],
-            )
+            with one_thread():
+                torch.manual_seed(NOISE_SEED)  # token2wav's noise: the first draw after the seed
+                sequences, wav = self.model.generate(
+                    **front,
+                    speaker=voice,
+                    thinker_max_new_tokens=inputs["sampling"]["max_tokens"],
+                    thinker_do_sample=False,
+                    thinker_eos_token_id=self.preprocess.processor.tokenizer.convert_tokens_to_ids("<|im_end|>"),
+                    talker_max_new_tokens=max_codes,
+                    talker_do_sample=False,
+                    talker_eos_token_id=[talker.tts_codec_pad_token_id, talker.tts_codec_end_token_id],
+                )
         finally:
             del token2wav.forward
         return {

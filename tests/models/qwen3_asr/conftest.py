@@ -14,11 +14,19 @@ import pytest
 from omnictl.models.qwen3_asr.tiny import SAMPLE_RATE, write_tiny_checkpoint
 from omnictl.serving.config import HttpConfig, ServeConfig
 from omnictl.serving.server import Listening
+from tests.models.conftest import one_thread
 from tests.serving.harness import serving_in_process
 
 TOPOLOGY = Path(__file__).resolve().parents[3] / "topologies" / "qwen3-asr.yaml"
 MAX_TOKENS = 16  # the served decoder's default here: random weights never stop on their own
 T = TypeVar("T")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """torch on one thread in this process, as each stage process runs (tests/models/conftest.py)."""
+    with one_thread():
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -65,7 +73,8 @@ class Reference:
         """Greedy ``generate``: the new token ids (an end token left out, as omnictl's) and
         the processor's reading of them (language, transcription)."""
         inputs = self.inputs(audio, language, prompt)
-        out = self.model.generate(**inputs, do_sample=False, max_new_tokens=max_tokens)
+        with one_thread():
+            out = self.model.generate(**inputs, do_sample=False, max_new_tokens=max_tokens)
         ids = out[0, inputs["input_ids"].shape[1] :].tolist()
         if ids and ids[-1] in self.stop:
             ids = ids[:-1]

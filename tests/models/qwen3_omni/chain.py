@@ -26,7 +26,7 @@ class InProcessQwen:
         self.code2wav = stages.code2wav(model_path, "cpu", chunk_frames=chunk_frames)
         self.schedulers: list[Scheduler] = [self.thinker, self.decode, self.talker, self.code2wav]
 
-    async def __aenter__(self) -> "InProcessQwen":
+    async def __aenter__(self) -> InProcessQwen:
         for scheduler in self.schedulers:
             scheduler.stage_name = type(scheduler).__name__
             await scheduler.start()

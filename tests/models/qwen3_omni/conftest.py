@@ -5,12 +5,20 @@ from __future__ import annotations
 import base64
 import io
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pytest
 
 from omnictl.models.qwen3_omni.tiny import write_tiny_checkpoint
+from tests.models.conftest import one_thread
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """torch on one thread in this process, as each stage process runs (tests/models/conftest.py)."""
+    with one_thread():
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -19,10 +19,10 @@ import yaml
 
 pytest.importorskip("vllm", reason="needs the vllm extra (pip install -e '.[vllm]'; scripts/setup.sh installs it)")
 
-from omnictl.models.qwen3_omni.tiny import write_tiny_checkpoint  # noqa: E402
-from tests.serving.harness import ServerProcess, start_server, stop_server  # noqa: E402
+from omnictl.models.qwen3_omni.tiny import write_tiny_checkpoint
+from tests.serving.harness import ServerProcess, start_server, stop_server
 
-from .conftest import png_data_url  # noqa: E402
+from .conftest import png_data_url
 
 # An engine start-up (~10-60 s on a loaded 2-core machine) in the fixture.
 pytestmark = pytest.mark.timeout(600)
