@@ -14,13 +14,15 @@ import yaml
 
 pytest.importorskip("vllm", reason="needs the vllm extra (pip install -e '.[vllm]'; scripts/setup.sh installs it)")
 
-from omnictl.data import data_path  # noqa: E402
-from omnictl.models.voice_assistant import stages  # noqa: E402
-from benchmarks.eval.samples import QUESTIONS  # noqa: E402
-from omnictl.outputs import FinishReason, TokenDelta, TokenResult  # noqa: E402
-from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind, OutgoingMessage, Scheduler  # noqa: E402
-from omnictl.schedulers.vllm_engine import VllmScheduler  # noqa: E402
-from tests.support.loop import LoopThread  # noqa: E402
+from benchmarks.eval.samples import QUESTIONS
+from omnictl.data import data_path
+from omnictl.models.voice_assistant import stages
+from omnictl.models.voice_assistant.answer_runner import SpokenAnswerRunner
+from omnictl.outputs import FinishReason, TokenDelta, TokenResult
+from omnictl.schedulers.autoregressive import AutoregressiveScheduler
+from omnictl.schedulers.base import IncomingKind, IncomingMessage, OutgoingKind, OutgoingMessage, Scheduler
+from omnictl.schedulers.vllm_engine import VllmScheduler
+from tests.support.loop import LoopThread
 
 # Engine start-up (~25 s eager, more on a loaded machine) is paid once, in the first test.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # vLLM engines on the real SmolLM2
@@ -112,21 +114,33 @@ def vllm_thinker(loop: LoopThread) -> Iterator[tuple[VllmScheduler, Collector]]:
     loop.run(scheduler.stop(), timeout=120)
 
 
-def hf_answers(loop: LoopThread, questions: dict[str, str], **overrides: Any) -> dict[str, TokenResult]:
-    scheduler = stages.thinker(engine="hf", **{**shipped_thinker_args(), **overrides})
+@pytest.fixture(scope="module")
+def hf_thinker(loop: LoopThread) -> Iterator[tuple[AutoregressiveScheduler, Collector]]:
+    """The shipped thinker on the HF runner, the reference the vLLM answers are held to: loaded
+    once for the two tests that compare (each sets the runner's sentence cap it needs), where
+    each loaded its own."""
+    scheduler = stages.thinker(engine="hf", **shipped_thinker_args())
+    assert isinstance(scheduler, AutoregressiveScheduler) and isinstance(scheduler.runner, SpokenAnswerRunner)
     collector = _started(loop, scheduler, timeout=120)
-    try:
-        for name, question in questions.items():
-            ask(scheduler, f"hf-{name}", question)
-        results = {}
-        for name in questions:
-            _, final = loop.run(collector.answer(f"hf-{name}"), timeout=600)
-            assert final.kind is OutgoingKind.RESULT, final.error
-            results[name] = final.data
-        return results
-    finally:
-        collector.close()
-        loop.run(scheduler.stop())
+    yield scheduler, collector
+    collector.close()
+    loop.run(scheduler.stop())
+
+
+def hf_answers(loop: LoopThread, hf_thinker: tuple[AutoregressiveScheduler, Collector], tag: str,
+               max_sentences: int | None) -> dict[str, TokenResult]:
+    scheduler, collector = hf_thinker
+    runner = scheduler.runner
+    assert isinstance(runner, SpokenAnswerRunner)
+    runner.max_sentences = max_sentences  # what factory_args.max_sentences sets; read at each decode step
+    for name, question in QUESTIONS.items():
+        ask(scheduler, f"hf-{tag}-{name}", question)
+    results = {}
+    for name in QUESTIONS:
+        _, final = loop.run(collector.answer(f"hf-{tag}-{name}"), timeout=600)
+        assert final.kind is OutgoingKind.RESULT, final.error
+        results[name] = final.data
+    return results
 
 
 def vllm_answers(loop: LoopThread, scheduler: VllmScheduler, collector: Collector, tag: str) -> dict[str, TokenResult]:
@@ -159,11 +173,11 @@ def assert_same_answers(scheduler: VllmScheduler, hf: dict[str, TokenResult], vl
 
 
 def test_greedy_answers_equal_the_hf_runners_for_the_sample_questions(
-    loop: LoopThread, vllm_thinker: tuple[VllmScheduler, Collector]
+    loop: LoopThread, vllm_thinker: tuple[VllmScheduler, Collector], hf_thinker: tuple[AutoregressiveScheduler, Collector]
 ) -> None:
     scheduler, collector = vllm_thinker
     vllm = vllm_answers(loop, scheduler, collector, "plain")
-    hf = hf_answers(loop, QUESTIONS, max_sentences=None)
+    hf = hf_answers(loop, hf_thinker, "plain", max_sentences=None)
     assert_same_answers(scheduler, hf, vllm)
     assert sum(len(r.token_ids) for r in vllm.values()) > 5 * 8  # real answers, not empty ones
     assert all(r.finish_reason in (FinishReason.STOP, FinishReason.LENGTH) for r in vllm.values())
@@ -171,7 +185,7 @@ def test_greedy_answers_equal_the_hf_runners_for_the_sample_questions(
 
 
 def test_with_the_shipped_sentence_cap_the_answers_still_equal_the_hf_runners(
-    loop: LoopThread, vllm_thinker: tuple[VllmScheduler, Collector]
+    loop: LoopThread, vllm_thinker: tuple[VllmScheduler, Collector], hf_thinker: tuple[AutoregressiveScheduler, Collector]
 ) -> None:
     scheduler, collector = vllm_thinker
     cap = shipped_thinker_args()["max_sentences"]
@@ -181,7 +195,7 @@ def test_with_the_shipped_sentence_cap_the_answers_still_equal_the_hf_runners(
         vllm = vllm_answers(loop, scheduler, collector, "capped")
     finally:
         scheduler.stop_when = None
-    hf = hf_answers(loop, QUESTIONS)
+    hf = hf_answers(loop, hf_thinker, "capped", max_sentences=cap)
     assert_same_answers(scheduler, hf, vllm)
     assert "Paris" in vllm["capital_of_france"].text
 
