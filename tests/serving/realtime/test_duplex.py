@@ -18,7 +18,8 @@ from omnictl.audio.pcm import float_to_pcm16_bytes
 from omnictl.serving.common.capabilities import capabilities
 from omnictl.serving.config import HttpConfig, ServeConfig
 from omnictl.serving.server import Listening
-from tests.models.mimi.conftest import speechlike, tiny_moshi  # noqa: F401  (the fixture, shared)
+from tests.models.conftest import tiny_moshi  # noqa: F401  (the fixture, shared)
+from tests.models.mimi.conftest import speechlike
 from tests.serving.harness import serving_in_process
 from tests.support.held import held_by
 
