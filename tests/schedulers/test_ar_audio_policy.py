@@ -23,9 +23,6 @@ TOPOLOGY = {
 }
 
 
-POLICIES = ("fifo", "deadline")
-
-
 async def two_streams(path: Path, policy: str) -> tuple[list[str], dict[str, str]]:
     """The order the two streams' tokens came in, and each one's text."""
     heard: list[str] = []
@@ -56,12 +53,7 @@ async def two_streams(path: Path, policy: str) -> tuple[list[str], dict[str, str
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[str], dict[str, str]]]:
     path = tmp_path_factory.mktemp("ar-policy") / "slow-talker.yaml"
     path.write_text(yaml.safe_dump(TOPOLOGY))
-    # The two launches at once (separate pipelines, each its own process): their start-ups
-    # overlap rather than add up; each policy's streams still run alone in their pipeline.
-    async def both() -> list[tuple[list[str], dict[str, str]]]:
-        return list(await asyncio.gather(*(two_streams(path, policy) for policy in POLICIES)))
-
-    return dict(zip(POLICIES, asyncio.run(both())))
+    return {policy: asyncio.run(two_streams(path, policy)) for policy in ("fifo", "deadline")}
 
 
 def test_under_fifo_the_new_stream_waits_for_the_whole_first(runs: dict[str, tuple[list[str], dict[str, str]]]) -> None:
