@@ -1,13 +1,17 @@
 """topologies/higgs-audio.yaml on the real runtime (processes, sockets, shared memory), on CPU,
 against transformers' greedy ``generate`` on the same tiny checkpoint: through the Python
-API (with a terminal that shows the generator's frames) and through ``/v1/audio/speech``."""
+API (with a terminal that shows the generator's frames) and served (``omnictl serve`` in process):
+``/v1/audio/speech`` raw and as server-sent events, chat completions with audio out, the trace."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
+import time
 import uuid
+import wave
 from pathlib import Path
 from typing import Any
 
@@ -83,12 +87,14 @@ def test_served_higgs_audio_is_transformers_greedy_output_streamed_and_traced(
 def test_speech_route_and_its_sse_form_give_transformers_audio(
     tiny_higgs: Path, reference: dict[str, Any], tmp_path: Path
 ) -> None:
+    run_dir = tmp_path / "run"
     config = ServeConfig(topology=str(TOPOLOGY), http=HttpConfig(port=0)).launching(
-        model_path=str(tiny_higgs), device="cpu", run_dir=tmp_path / "run"
+        model_path=str(tiny_higgs), device="cpu", run_dir=run_dir
     )
     body = {"model": "higgs-audio", "input": TEXT, "response_format": "pcm", "temperature": 0, "max_new_tokens": FRAMES}
     with serving_in_process(config, "in-process omnictl serve (higgs-audio)") as served:
-        raw = httpx.post(served.url + "/v1/audio/speech", json=body, timeout=120)
+        traced = f"higgs-raw-{uuid.uuid4().hex[:8]}"
+        raw = httpx.post(served.url + "/v1/audio/speech", json=body, timeout=120, headers={"X-Request-Id": traced})
         assert raw.status_code == 200, raw.text
         pcm = np.frombuffer(raw.content, dtype="<i2").astype(np.float32) / 32768
         assert len(pcm) == len(reference["audio"])
@@ -109,6 +115,35 @@ def test_speech_route_and_its_sse_form_give_transformers_audio(
         assert deltas[-1]["type"] == "speech.audio.done"
         streamed = b"".join(base64.b64decode(d["audio"]) for d in deltas[:-1])
         assert streamed == raw.content  # greedy: the same audio, in pieces
-        assert raw.headers.get("x-request-id")
+        assert raw.headers.get("x-request-id") == traced
         bad = httpx.post(served.url + "/v1/audio/speech", json={**body, "voice": "someone"}, timeout=60)
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "voice", bad.text
+        # Chat completions with audio out: the same turns (the system prompt, then the user's),
+        # so the same greedy speech, as WAV (FFmpeg's encoder: within a step of PCM16).
+        chat = httpx.post(
+            served.url + "/v1/chat/completions",
+            json={
+                "model": "higgs-audio",
+                "messages": [{"role": "user", "content": TEXT}],
+                "modalities": ["audio"],
+                "audio": {"voice": "alloy", "format": "wav"},
+                "temperature": 0,
+                "max_tokens": FRAMES,
+            },
+            timeout=120,
+        )
+        assert chat.status_code == 200, chat.text
+        with wave.open(io.BytesIO(base64.b64decode(chat.json()["choices"][0]["message"]["audio"]["data"]))) as wav:
+            assert (wav.getframerate(), wav.getnchannels(), wav.getsampwidth()) == (24_000, 1, 2)
+            spoken = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2").astype(np.float32) / 32768
+        assert len(spoken) == len(reference["audio"])
+        np.testing.assert_allclose(spoken, reference["audio"], atol=1e-4)
+        # The raw request's trace has every stage (stages send their records in batches).
+        deadline = time.monotonic() + 20
+        while not STAGES <= (stages := traced_stages(run_dir, traced)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert STAGES <= stages, sorted(stages)
+
+
+def traced_stages(run_dir: Path, request_id: str) -> set[str]:
+    return {event.stage for event in TraceStore(run_dir).events(request_id)} - {None, ""}
