@@ -64,6 +64,26 @@ def piper() -> Any:
     return PiperSpeaker()
 
 
+@pytest.fixture(scope="package")
+def shipped_recognizer() -> Any:
+    """Whisper base with the shipped asr stage's settings (a beam of 5, the clip plus 8 s of
+    window), loaded once for the package's tests that decode with it."""
+    from omnictl.models.voice_assistant.asr import SpeechRecognizer
+
+    return SpeechRecognizer(model_dir=None, beam_size=5, window_padding_s=8.0)
+
+
+@pytest.fixture(scope="package")
+def whisper_decoder(shipped_recognizer: Any) -> Any:
+    """The incremental decoder on the same Whisper model, as the asr stage holds one model for
+    whole and streamed questions (test_asr_stream.py checks it does): test_asr_stream.py and
+    test_incremental_asr.py decode on it, where each module loaded a Whisper of its own and
+    test_incremental_asr.py a second for its whole-utterance reference (three loads, now one)."""
+    from omnictl.models.voice_assistant.incremental_asr import WhisperDecoder
+
+    return WhisperDecoder(shipped_recognizer.model)
+
+
 def incoming(kind: IncomingKind, request_id: str, data: Any = None, **params: Any) -> IncomingMessage:
     return IncomingMessage(kind, request_id, data=data, source="thinker", params=params)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -28,9 +28,9 @@ RATE = 24_000  # the Realtime protocol's PCM16 rate
 CHUNK = RATE // 10  # 100 ms
 
 
-@pytest.fixture(scope="module")
-def decoder() -> Iterator[WhisperDecoder]:
-    yield WhisperDecoder.load()
+@pytest.fixture
+def decoder(whisper_decoder: WhisperDecoder) -> WhisperDecoder:
+    return whisper_decoder  # the package's one Whisper (conftest.py)
 
 
 def speech(name: str) -> np.ndarray:

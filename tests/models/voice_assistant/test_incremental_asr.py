@@ -3,8 +3,6 @@ deltas that add up to the final transcript, which is the whole-utterance decode'
 
 from __future__ import annotations
 
-from typing import Iterator
-
 import numpy as np
 import pytest
 
@@ -17,16 +15,16 @@ from omnictl.models.voice_assistant.incremental_asr import IncrementalSettings, 
 CHUNK = SAMPLE_RATE // 10  # 100 ms
 
 
-@pytest.fixture(scope="module")
-def decoder() -> Iterator[WhisperDecoder]:
-    yield WhisperDecoder.load()
+@pytest.fixture
+def decoder(whisper_decoder: WhisperDecoder) -> WhisperDecoder:
+    return whisper_decoder  # the package's one Whisper (conftest.py)
 
 
-@pytest.fixture(scope="module")
-def whole_decode() -> SpeechRecognizer:
-    """The whole-utterance recogniser the final transcript is compared with: loaded once for
-    the module, not once per question."""
-    return SpeechRecognizer(model_dir=None, beam_size=5, window_padding_s=8.0)
+@pytest.fixture
+def whole_decode(shipped_recognizer: SpeechRecognizer) -> SpeechRecognizer:
+    """The whole-utterance recogniser the final transcript is compared with (the shipped asr
+    settings; the same model as ``decoder``): loaded once for the package, not per question."""
+    return shipped_recognizer
 
 
 def question(name: str) -> np.ndarray:
