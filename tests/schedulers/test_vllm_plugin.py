@@ -23,9 +23,12 @@ def python(code: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
 
 
 def test_vllm_loads_the_plugin_and_its_qwen3_omni_imports_then_work(tmp_path: Path) -> None:
-    from omnictl.models.qwen3_omni.tiny import write_tiny_checkpoint
+    from omnictl.models.qwen3_omni.tiny import _build_processor, _build_tokenizer, _save_processor
 
-    tiny_qwen = write_tiny_checkpoint(tmp_path / "tiny")
+    # The tiny checkpoint's processor files alone (its tokenizer and preprocessor_config.json,
+    # as write_tiny_checkpoint saves them): the processor is what vLLM's imports load here.
+    tiny_qwen = tmp_path / "tiny"
+    _save_processor(_build_processor(_build_tokenizer()), tiny_qwen)
     before = python("from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize")
     assert "torchvision" in before.stderr  # what vllm/model_executor/models/qwen2_vl.py does, failing without it
     after = python(
