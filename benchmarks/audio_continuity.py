@@ -61,7 +61,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
@@ -74,6 +74,7 @@ if str(REPO) not in sys.path:
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
+from omnictl.bench.breakdown import gather  # noqa: E402
 from omnictl.bench.client import send_request  # noqa: E402
 from omnictl.bench.loadgen import open_loop  # noqa: E402
 from omnictl.bench.slo import AudioSlo, judge, where_late  # noqa: E402
@@ -212,14 +213,15 @@ def payload(index: int, model: str, sentences: int, max_tokens: int) -> dict[str
 
 
 def server_underruns(run_dir: Path, ids: set[str], wait_s: float = 3.0) -> dict[str, float]:
-    """The server's largest underrun per request, from the UNDERRUN events it recorded."""
-    time.sleep(wait_s)  # the recorders ship their batches every 50 ms; the last ones land
+    """The server's largest underrun per request, from the UNDERRUN events it recorded: read
+    once every request has ended in the trace and the recorders' batches (shipped every 50 ms)
+    have settled, within ``wait_s`` (a fixed wait of ``wait_s`` before: 3 s a config and rate)."""
     largest: dict[str, float] = defaultdict(float)
-    for event in TraceStore(run_dir).iter_events():
-        if event.kind is EventKind.UNDERRUN and event.request_id in ids:
+    for request_id, events in gather(TraceStore(run_dir), ids, wait_s).items():
+        for event in events:
             seconds = event.meta.get("seconds")
-            if isinstance(seconds, (int, float)):
-                largest[event.request_id] = max(largest[event.request_id], float(seconds))
+            if event.kind is EventKind.UNDERRUN and isinstance(seconds, (int, float)):
+                largest[request_id] = max(largest[request_id], float(seconds))
     return dict(largest)
 
 
@@ -274,18 +276,30 @@ def run_configs(topology: str | None, model_path: str | None, configs: list[str]
     with each server's stage processes once it is up."""
     from omnictl.serving.background import BackgroundServer
     from omnictl.serving.config import HttpConfig, ServeConfig
+    from omnictl.serving.server import Listening
 
     device = serve_device(args.device, model_path)
     results: dict[str, dict[float, RateFigures]] = {config: {} for config in configs}
     with contextlib.ExitStack() as servers:
-        up: dict[str, tuple[str, str, Path]] = {}
-        for config in configs:
+
+        def start(config: str) -> Listening:
             run_dir = None if args.run_dir is None else str(args.run_dir / config.replace("+", "-"))
             serving = ServeConfig(topology=topology, http=HttpConfig(port=0),
                                   max_underrun_ms=args.admit_ms if CONFIGS[config] else None).launching(
                 model_path=model_path, max_in_flight=None, device=device, audio_policy=config.split("+")[0],
                 run_dir=run_dir, request_timeout=600.0, ready_timeout=600.0)  # a busy shared machine loads slowly
-            listening = servers.enter_context(BackgroundServer(serving))
+            return servers.enter_context(BackgroundServer(serving))
+
+        # With --run-dir the servers start side by side: their stage processes import and load
+        # at once, the wait nearer the slowest server's than the sum (each server has its own
+        # thread and loop; all are registered to be stopped before an error from any is raised
+        # here). Without, one after the other: the default run directory is named by the
+        # second and the pid, and two launched in one second would share one.
+        with ThreadPoolExecutor(max_workers=len(configs) if args.run_dir is not None else 1) as starting:
+            starts = {config: starting.submit(start, config) for config in configs}
+        up: dict[str, tuple[str, str, Path]] = {}
+        for config in configs:
+            listening = starts[config].result()
             up[config] = listening.url, listening.state.model_name, Path(listening.pipeline.run_dir)
             started(config, listening.pipeline.process_ids())
             measure(up[config][0], up[config][1], 1.0, args.warmup, 99, args, 10_000)  # compile, load, warm
