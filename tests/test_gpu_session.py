@@ -89,9 +89,10 @@ def test_dry_run_results_hold_every_steps_figures(dry_run: tuple[Path, dict[str,
     qwen = results["continuity"]["topologies"]["qwen"]
     assert set(qwen["rates"]) == {"fifo", "deadline"}
     # every request played: the requests are seeded, so a random talker's end-of-speech at its
-    # first code (no audio) does not come by chance; a request that failed says why here
-    assert all(f["played"] == f["requests"] for by_rate in qwen["rates"].values() for f in by_rate.values()), \
-        qwen["rates"]
+    # first code (no audio) does not come by chance; (failed: the error per request, without audio)
+    unplayed = {f"{config} {rate}/s": (f"played {f['played']}/{f['requests']}", f["failed"], f["without_audio"])
+                for config, by_rate in qwen["rates"].items() for rate, f in by_rate.items()}
+    assert all(f["played"] == f["requests"] for by_rate in qwen["rates"].values() for f in by_rate.values()), unplayed
     # memory per process, each stage process named by the pids the benchmarks recorded
     named = " ".join(results["peak_memory_mib_per_process"])
     for stage_process in ("open_loop thinker", "open_loop talker", "continuity fifo thinker",
