@@ -52,10 +52,10 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 
 # the whole script: under 9 minutes on the GPU (the device call's timeout_s is ~560); the dry
-# run took 88 s on two cores at a load average of 13 to 15 from other work, 261 s at 13 to 26
-# (its steps start 15 Python processes that import torch, 9 of them the stage processes of
-# its 3 pipelines, about 7 s of a core each: 77 to 109 s of CPU in all), and its limits leave
-# room for a busy machine
+# run took 57 s on two cores at a load average of 4 to 8 from other work, 88 s at 13 to 15,
+# 261 s at 13 to 26 (its steps start 15 Python processes that import torch, 9 of them the
+# stage processes of its 3 pipelines, about 7 s of a core each: 77 to 109 s of CPU in all),
+# and its limits leave room for a busy machine
 LIMIT=${GPU_SESSION_LIMIT_S:-$([ "$DRY" = 1 ] && echo 600 || echo 525)}
 RESERVE=20                         # seconds kept for the summary and the archive
 START=$(date +%s)
