@@ -38,9 +38,7 @@ audio that arrives while a pass runs waits and is decoded in its next pass at on
 pass never queues one pass per chunk; and the next step is the most urgent request's (one
 whose transcript is wanted now: a tentative one, or its input ended), then the one waiting
 longest, so with several sessions a turn's tail waits for the step running, not for every
-other session's passes. The passes share one budget: with ``n`` utterances streaming at once,
-each is re-decoded every ``n`` times ``cadence_s`` of its audio, so listening to four sessions
-costs the CPU that listening to one does, and the rest is left to the turns that ended.
+other session's passes.
 """
 
 from __future__ import annotations
@@ -341,16 +339,8 @@ class StreamingAsrScheduler(WorkerScheduler):
                 utterance.resampler = StreamResampler(utterance.rate, SAMPLE_RATE)
             new = utterance.resampler.push(audio)
             utterance.fed += new.size
-            # One pass per cadence_s of audio across every utterance streaming, not per
-            # utterance: a pass costs ~0.35 s of both cores (the encoder on the clip and 8 s of
-            # padding), so four sessions speaking at once each re-decoding every 400 ms kept the
-            # cores busy with listening alone, and the turn that had ended (its tail, the thinker,
-            # the speech) waited behind them. Each session's words are confirmed later instead.
-            cadence = self.settings.cadence_s * max(1, len(self._utterances))
             with self.busy():
-                delta = transcriber.feed(
-                    new, decode=not tentative, cadence_s=cadence
-                )  # a tentative decode hears it next
+                delta = transcriber.feed(new, decode=not tentative)  # a tentative decode hears it next
             self._stream(rid, utterance, delta)
         if tentative:
             with self.busy():

@@ -35,9 +35,7 @@ class IncrementalSettings:
     """How an :class:`IncrementalTranscriber` decodes.
 
     cadence_s: re-decode once this much new audio has arrived since the last pass (the CPU
-        spent while the user speaks: one pass per ``cadence_s`` of speech at most). The
-        ``asr_stream`` stage stretches it by the number of utterances streaming at once, so
-        listening to several sessions costs what listening to one does.
+        spent while the user speaks: one pass per ``cadence_s`` of speech at most).
     beam_size: the final decode's beam (the whole-utterance decode's, for the same transcript).
     pass_beam_size: the beam of the passes made while audio arrives (None: ``beam_size``).
     window_padding_s: silence the encoder sees after the clip (see ``SpeechRecognizer``).
@@ -204,13 +202,10 @@ class IncrementalTranscriber:
             tokens = [*self._confirmed, *self._history[-1]]
         return delta, _join(self._done_text, self.decoder.text(tokens))
 
-    def feed(self, samples: np.ndarray, decode: bool = True, cadence_s: float | None = None) -> str:
+    def feed(self, samples: np.ndarray, decode: bool = True) -> str:
         """Add audio; decode once if ``cadence_s`` of new audio has come since the last pass
-        (``decode`` False: not now, e.g. a resampler's last few ms just before :meth:`finish`;
-        ``cadence_s``: this time's, in place of the settings', e.g. longer while other
-        utterances share the decoder). Returns the text newly confirmed (to append to what was
-        returned before)."""
-        cadence = self.settings.cadence_s if cadence_s is None else cadence_s
+        (``decode`` False: not now, e.g. a resampler's last few ms just before :meth:`finish`).
+        Returns the text newly confirmed (to append to what was returned before)."""
         if self._finished is not None:
             raise RuntimeError("feed after finish")
         audio = np.asarray(samples, dtype=np.float32).reshape(-1)
@@ -223,7 +218,7 @@ class IncrementalTranscriber:
             self._samples += piece.size
             if self._samples >= limit:  # the segment is full: finish it; its text primes the next
                 delta += self._close_segment()
-        if decode and self._samples - self._decoded_at >= cadence * SAMPLE_RATE and self._heard_since():
+        if decode and self._samples - self._decoded_at >= self.settings.cadence_s * SAMPLE_RATE and self._heard_since():
             delta += self._pass()
         return delta
 
