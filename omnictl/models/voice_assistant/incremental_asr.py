@@ -27,6 +27,7 @@ import numpy as np
 
 from omnictl.models.voice_assistant.asr import _FRAMES_PER_S, _MAX_NEW_TOKENS, SAMPLE_RATE, WHISPER_WINDOW_S
 
+REUSE_QUIET_S = 0.15  # quiet a pass must end with to be a pause's transcript (see _pass_heard_the_end)
 _MAX_PROMPT_TOKENS = 223 - 4  # Whisper's previous-text prompt is capped at half its 448 positions, less the start
 
 
@@ -330,12 +331,22 @@ class IncrementalTranscriber:
         if not self._history or settings.quiet_rms <= 0:
             return None
         final_beam = settings.pass_beam_size in (None, settings.beam_size)
-        if not (self._pass_final or (any_pass and final_beam)):
+        if not (self._pass_final or (any_pass and final_beam and self._pass_heard_the_end())):
             return None
         after = self._audio()[self._decoded_at :]
         if after.size and float(np.sqrt(np.mean(np.square(after, dtype=np.float64)))) >= settings.quiet_rms:
             return None
         return [*self._confirmed, *self._history[-1]]
+
+    def _pass_heard_the_end(self) -> bool:
+        """Whether the last pass's own audio ended in ``REUSE_QUIET_S`` of quiet: it heard the
+        speech's end whole. A word's fading tail (the "v" of "have") is quieter than a turn's
+        voice, and diluted in the silence after it, it passed for nothing new: a pass cut
+        there heard "spider hat" where the decode at the pause heard "spider have"."""
+        tail = self._audio()[: self._decoded_at][-int(REUSE_QUIET_S * SAMPLE_RATE) :]
+        if tail.size < int(REUSE_QUIET_S * SAMPLE_RATE):
+            return False
+        return float(np.sqrt(np.mean(np.square(tail, dtype=np.float64)))) < self.settings.quiet_rms
 
     def _emit(self, done: str, tokens: list[int]) -> str:
         text = _join(done, self.decoder.text(tokens))

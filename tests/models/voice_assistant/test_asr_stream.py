@@ -497,8 +497,7 @@ def test_a_tentative_transcript_goes_ahead_of_other_sessions_passes() -> None:
         return float_to_pcm16_bytes(np.full(RATE // 2, level, np.float32))  # 500 ms: a pass's worth
 
     async def main() -> None:
-        # three streaming: a pass every 3 x 0.15 s of each one's audio
-        scheduler = StreamingAsrScheduler(decoder, IncrementalSettings(cadence_s=0.15))  # type: ignore[arg-type]  # the test double
+        scheduler = StreamingAsrScheduler(decoder, IncrementalSettings(cadence_s=0.4))  # type: ignore[arg-type]  # the test double
         await scheduler.start()
         try:
             scheduler.inbox.put_nowait(chunk("c", pcm(0.1)))
@@ -518,52 +517,3 @@ def test_a_tentative_transcript_goes_ahead_of_other_sessions_passes() -> None:
     run(main())
     assert decoder.levels[:3] == [0.1, 0.5, 0.2], decoder.levels  # c's, then b's tentative, then a's pass
 
-
-class CountingDecoder:
-    """A test double for Whisper alone: hears nothing; counts the decodes of each request, told
-    apart by their level."""
-
-    def __init__(self) -> None:
-        self.levels: list[float] = []
-
-    def encode_text(self, text: str) -> list[int]:
-        return []
-
-    def text(self, tokens: list[int]) -> str:
-        return ""
-
-    def starts_word(self, token: int) -> bool:
-        return True
-
-    def decode(self, audio: np.ndarray, **_: Any) -> list[int]:
-        self.levels.append(round(float(np.abs(audio).max()), 1))
-        return []
-
-
-def test_sessions_speaking_at_once_share_one_listening_budget() -> None:
-    """Issue 46 (four people on two cores): one utterance streaming is re-decoded every
-    cadence_s of its audio; two streaming at once, each every 2 x cadence_s, so listening to
-    both costs the passes listening to one did (they kept the cores busy, and an ended turn's
-    answer waited behind them)."""
-
-    def passes(streams: int) -> list[int]:
-        decoder = CountingDecoder()
-        levels = [0.1, 0.2, 0.3][:streams]
-
-        async def main() -> None:
-            scheduler = StreamingAsrScheduler(decoder, IncrementalSettings(cadence_s=0.2))  # type: ignore[arg-type]  # the test double
-            await scheduler.start()
-            try:
-                for _ in range(13):  # 1.3 s of speech in each (the resampler holds a few ms back), 100 ms appends
-                    for index, level in enumerate(levels):
-                        scheduler.inbox.put_nowait(chunk(f"r{index}", float_to_pcm16_bytes(np.full(RATE // 10, level, np.float32))))
-                    await idle(scheduler)
-            finally:
-                await scheduler.stop()
-
-        run(main())
-        return [decoder.levels.count(level) for level in levels]
-
-    alone, [first, second] = passes(1), passes(2)
-    assert alone == [6]  # a pass every 200 ms of ~1.3 s
-    assert first == second == 3  # every 400 ms each: 6 passes in all, as for one

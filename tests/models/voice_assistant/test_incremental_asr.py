@@ -252,23 +252,27 @@ def test_no_pass_is_made_over_silence_alone() -> None:
 
 
 def test_a_pass_that_heard_the_whole_question_is_the_tentative_transcript() -> None:
-    """A pass made while audio arrived, at the final beam, that heard every voiced sample (only
-    silence since): the pause asks for the transcript and nothing is decoded again (issue 46:
-    the tentative decode waited behind that pass, then repeated it); the input ending in silence
-    gives the same transcript, the one the answer heard."""
-    scripted = ScriptedDecoder([" What| is", " What| is| the", " What| is| the| capital"])
-    transcriber = IncrementalTranscriber(scripted, IncrementalSettings(cadence_s=0.1))  # type: ignore[arg-type]  # the test double
+    """A pass made while audio arrived, at the final beam, that heard every voiced sample and
+    150 ms of quiet after them (only silence since): the pause asks for the transcript and
+    nothing is decoded again (issue 46: the tentative decode waited behind that pass, then
+    repeated it); the input ending in silence gives the same transcript, the one the answer
+    heard. A pass cut closer to the speech's end may have cut a word's fading tail: decoded
+    again, as at a cheaper beam."""
     voiced, quiet = np.full(CHUNK, 0.2, np.float32), np.zeros(CHUNK, np.float32)
-    transcriber.feed(voiced)
-    transcriber.feed(voiced)
-    transcriber.feed(np.concatenate([voiced[: CHUNK // 2], quiet[: CHUNK // 2]]))  # the question's end: a pass
-    transcriber.feed(quiet[: CHUNK // 2])  # the pause: silence only
-    assert transcriber.passes == 3
-    assert transcriber.tentative() == ("", "What is the capital") and transcriber.passes == 3
-    assert transcriber.finish() == "What is the capital" and transcriber.passes == 3
-    # at a cheaper beam while audio arrives, the pass is not what the final decode would be: decoded again
-    again = ScriptedDecoder([" What| is", " What| is| the", " What| is| the| capital", " What| is| the| capital| of"])
-    cheap = IncrementalTranscriber(again, IncrementalSettings(cadence_s=0.1, pass_beam_size=1))  # type: ignore[arg-type]  # the test double
-    for chunk in (voiced, voiced, np.concatenate([voiced[: CHUNK // 2], quiet[: CHUNK // 2]]), quiet[: CHUNK // 2]):
-        cheap.feed(chunk)
+    end = np.concatenate([voiced[: CHUNK // 5], quiet, quiet[: CHUNK * 4 // 5]])  # 20 ms of speech, 180 ms quiet
+
+    def asked(ending: np.ndarray, **settings: object) -> IncrementalTranscriber:
+        scripted = ScriptedDecoder([" What| is", " What| is| the", " What| is| the| capital", " What| is| the| capital| of"])
+        transcriber = IncrementalTranscriber(scripted, IncrementalSettings(cadence_s=0.1, **settings))  # type: ignore[arg-type]  # the test double
+        for piece in (voiced, voiced, ending, quiet[: CHUNK // 2]):  # the question, its end (a pass), the pause
+            transcriber.feed(piece)
+        assert transcriber.passes == 3
+        return transcriber
+
+    heard = asked(end)
+    assert heard.tentative() == ("", "What is the capital") and heard.passes == 3
+    assert heard.finish() == "What is the capital" and heard.passes == 3
+    cut = asked(np.concatenate([voiced[: CHUNK // 2], quiet[: CHUNK // 2]]))  # 50 ms of quiet after the speech
+    assert cut.tentative()[1] == "What is the capital of" and cut.passes == 4
+    cheap = asked(end, pass_beam_size=1)  # not what the final decode would be
     assert cheap.tentative()[1] == "What is the capital of" and cheap.passes == 4
