@@ -18,7 +18,7 @@ codebooks 1.. at ``f + 2``; position 0 is the unconditional start (the text toke
 ``f`` enters at positions ``f + 1`` and ``f + 2``, and Moshi's frame ``f`` is whole once
 the depth transformer has made position ``f + 2``: one user frame in, one Moshi frame out.
 ``tests/models/moshi`` checks a session stepped this way against ``generate`` (its user
-stream is silence after a prompt) and the served pipeline against it on 30 s of speech-like input.
+stream is silence after a prompt) and the served pipeline against it on 8 s of speech-like input streamed at real time.
 """
 
 from __future__ import annotations
