@@ -230,9 +230,7 @@ class IncrementalTranscriber:
         if self.settings.quiet_rms <= 0:
             return True
         after = self._audio()[self._decoded_at :]
-        return (
-            bool(after.size) and float(np.sqrt(np.mean(np.square(after, dtype=np.float64)))) >= self.settings.quiet_rms
-        )
+        return bool(after.size) and _rms(after) >= self.settings.quiet_rms
 
     def finish(self) -> str:
         """The final transcript: the whole-utterance decode where it begins with the confirmed
@@ -334,7 +332,7 @@ class IncrementalTranscriber:
         if not (self._pass_final or (any_pass and final_beam and self._pass_heard_the_end())):
             return None
         after = self._audio()[self._decoded_at :]
-        if after.size and float(np.sqrt(np.mean(np.square(after, dtype=np.float64)))) >= settings.quiet_rms:
+        if after.size and _rms(after) >= settings.quiet_rms:
             return None
         return [*self._confirmed, *self._history[-1]]
 
@@ -346,7 +344,7 @@ class IncrementalTranscriber:
         tail = self._audio()[: self._decoded_at][-int(REUSE_QUIET_S * SAMPLE_RATE) :]
         if tail.size < int(REUSE_QUIET_S * SAMPLE_RATE):
             return False
-        return float(np.sqrt(np.mean(np.square(tail, dtype=np.float64)))) < self.settings.quiet_rms
+        return _rms(tail) < self.settings.quiet_rms
 
     def _emit(self, done: str, tokens: list[int]) -> str:
         text = _join(done, self.decoder.text(tokens))
@@ -356,6 +354,11 @@ class IncrementalTranscriber:
             raise RuntimeError(f"confirmed text {text!r} does not extend what was streamed, {self._emitted!r}")
         delta, self._emitted = text[len(self._emitted) :], text
         return delta
+
+
+def _rms(samples: np.ndarray) -> float:
+    """Root mean square of a non-empty float signal (full scale 1.0), in float64."""
+    return float(np.sqrt(np.mean(np.square(samples, dtype=np.float64))))
 
 
 def _join(head: str, tail: str) -> str:

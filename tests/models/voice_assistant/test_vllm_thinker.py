@@ -133,22 +133,20 @@ def hf_answers(loop: LoopThread, hf_thinker: tuple[AutoregressiveScheduler, Coll
     runner = scheduler.runner
     assert isinstance(runner, SpokenAnswerRunner)
     runner.max_sentences = max_sentences  # what factory_args.max_sentences sets; read at each decode step
-    for name, question in QUESTIONS.items():
-        ask(scheduler, f"hf-{tag}-{name}", question)
-    results = {}
-    for name in QUESTIONS:
-        _, final = loop.run(collector.answer(f"hf-{tag}-{name}"), timeout=600)
-        assert final.kind is OutgoingKind.RESULT, final.error
-        results[name] = final.data
-    return results
+    return answers(loop, scheduler, collector, f"hf-{tag}")
 
 
 def vllm_answers(loop: LoopThread, scheduler: VllmScheduler, collector: Collector, tag: str) -> dict[str, TokenResult]:
-    for name, question in QUESTIONS.items():  # all at once: the engine batches them
-        ask(scheduler, f"{tag}-{name}", question)
+    return answers(loop, scheduler, collector, tag)
+
+
+def answers(loop: LoopThread, scheduler: Scheduler, collector: Collector, prefix: str) -> dict[str, TokenResult]:
+    """Every sample question asked at once (the vLLM engine batches them), then each one's result."""
+    for name, question in QUESTIONS.items():
+        ask(scheduler, f"{prefix}-{name}", question)
     results = {}
     for name in QUESTIONS:
-        _, final = loop.run(collector.answer(f"{tag}-{name}"), timeout=600)
+        _, final = loop.run(collector.answer(f"{prefix}-{name}"), timeout=600)
         assert final.kind is OutgoingKind.RESULT, final.error
         results[name] = final.data
     return results
