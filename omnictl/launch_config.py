@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from omnictl.topology.model import Topology
 
-LAUNCHERS = ("local", "ray")
+LAUNCHERS = ("local", "ray", "threads")
 
 
 def check_admission(max_in_flight: int | None, max_queue_wait: float) -> None:
@@ -80,7 +80,9 @@ class ProfilingConfig:
 class PlacementConfig:
     """Which launcher runs the stage processes, and where their tcp sockets bind."""
 
-    launcher: str = "local"  # "local" (OS processes) or "ray" (actors placed by `node` label)
+    # "local" (OS processes), "ray" (actors placed by `node` label) or "threads" (threads of
+    # this process: tests and debugging, see omnictl.coordinator.thread_launcher)
+    launcher: str = "local"
     ray_address: str | None = None  # the Ray cluster to join; None: Ray's default
     data_host: str | None = None  # the address tcp sockets bind and advertise; None: $OMNICTL_DATA_HOST, ...
 

@@ -85,6 +85,9 @@ class Pipeline:
         ``launcher="ray"`` runs each process replica as a Ray actor on a node whose
         ``omnictl-node`` label is its process's `node` (unlabelled: this machine), joining the
         cluster at ``ray_address`` (None: Ray's default: a running local cluster, or a new one).
+        ``launcher="threads"`` runs each as a thread of this process instead (tests,
+        debugging, notebooks: no interpreter to start, but no process boundary either; see
+        :mod:`omnictl.coordinator.thread_launcher`).
         ``data_host``: the address tcp sockets bind and advertise (default ``$OMNICTL_DATA_HOST``).
         ``input_window`` (default 64) and ``input_wait`` (default 30 s): a streamed input's
         backpressure (see :meth:`RequestHandle.send`).

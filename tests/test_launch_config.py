@@ -30,7 +30,7 @@ def test_defaults_are_those_of_pipeline_launch() -> None:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"launcher": "k8s"}, "launcher must be one of 'local', 'ray', not 'k8s'"),
+        ({"launcher": "k8s"}, "launcher must be one of 'local', 'ray', 'threads', not 'k8s'"),
         ({"request_timeout": 0}, "request_timeout must be > 0 seconds, not 0"),
         ({"ready_timeout": -1.0}, "ready_timeout must be > 0 seconds, not -1.0"),
         ({"max_restarts": -1}, "max_restarts must be >= 0, not -1"),

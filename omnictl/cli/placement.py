@@ -10,8 +10,9 @@ Launcher = Annotated[
     str,
     typer.Option(
         "--launcher",
-        metavar="local|ray",
-        help="local: one OS process per stage process here; ray: Ray actors placed by `node` label.",
+        metavar="local|ray|threads",
+        help="local: one OS process per stage process here; ray: Ray actors placed by `node` label; "
+        "threads: one thread of this process each (debugging: no process boundary, nothing killed).",
     ),
 ]
 RayAddress = Annotated[

@@ -57,6 +57,64 @@ class ProcessHandle:
             self.ready.set_result(None)
 
 
+class ReplicaConfigs:
+    """What each process replica of a launch on this machine is started with (the local
+    launcher's processes, the thread launcher's threads)."""
+
+    def __init__(self, topology: Topology, config: LaunchConfig, wiring: Wiring) -> None:
+        self.topology = topology
+        self.model_path = config.model_path_for(topology)
+        self.audio_policy = config.audio_policy
+        self.wiring = wiring
+        self.run_dir = config.profiling.run_dir  # each replica logs to <run_dir>/logs/<name>.log too
+        self.tcp_ports: dict[str, int] = {}  # replica -> the port it reported (a restart asks for it again)
+        self.node_of = {name: p.node for p in topology.processes.values() for name in p.instances}
+        self.process_of = {name: p.name for p in topology.processes.values() for name in p.instances}
+        # Resolved now: a restart later must not depend on the parent's working directory.
+        self.topology_dir = topology_dir(topology.path)
+
+    def of(self, name: str, *, parent_pid: int, log_to_file: bool) -> WorkerConfig:
+        """What the replica ``name`` is started with: its process, the launch's addresses and
+        keys (over tcp when it is on a labelled node), and the server's logging as it is now
+        (a restart logs as the server does then). ``parent_pid``: the process it dies with
+        (0: none, it lives in this one); ``log_to_file``: it logs to ``<run_dir>/logs/<name>.log``
+        too."""
+        log_settings = logs.settings()
+        wiring = self.wiring
+        control, broadcast = wiring.control_address, wiring.broadcast_address
+        profile = wiring.profile_address
+        node = self.node_of[name]
+        if node is not None:  # on another node than the coordinator's: reach it over tcp
+            if wiring.tcp_coordinator is None:
+                raise LaunchError(
+                    self.topology.processes[self.process_of[name]].stages[0],
+                    f"process {name!r} is on node {node!r} but the coordinator takes no tcp",
+                )
+            control, broadcast = wiring.tcp_coordinator
+            profile = wiring.profile_tcp_address or profile
+        return WorkerConfig(
+            process=self.process_of[name],
+            instance=name,
+            topology=self.topology,
+            model_path=self.model_path,
+            process_addresses=wiring.process_addresses,
+            coordinator_address=control,
+            broadcast_address=broadcast,
+            profile_address=profile,
+            parent_pid=parent_pid,
+            # The topology's directory first: user code imports as in `validate --check-imports`.
+            sys_path=worker_sys_path(self.topology_dir, sys.path),
+            log_level=log_settings.level,
+            log_format=log_settings.format,
+            log_file=str(logs.log_file(self.run_dir, name)) if log_to_file and self.run_dir is not None else None,
+            node=node,
+            data_host=wiring.data_host,
+            tcp_port=self.tcp_ports.get(name, 0),
+            curve=wiring.curve,  # through the private stdin pipe, never a file
+            audio_policy=self.audio_policy,
+        )
+
+
 class Launcher:
     """The local :class:`~omnictl.coordinator.launching.ProcessLauncher`: one OS process per
     process replica, on this machine."""
@@ -71,59 +129,22 @@ class Launcher:
         """``config``: the launch's (its model path, run directory and audio policy);
         ``wiring``: its addresses, keys and data host, already resolved (processes on a
         labelled node reach the coordinator and the collector over its tcp addresses)."""
+        self.configs = configs = ReplicaConfigs(topology, config, wiring)
         self.topology = topology
-        self.model_path = config.model_path_for(topology)
-        self.audio_policy = config.audio_policy
         self.wiring = wiring
         self.on_exit = on_exit
-        self.run_dir = config.profiling.run_dir  # each process logs to <run_dir>/logs/<name>.log too
-        self.tcp_ports: dict[str, int] = {}  # OS process -> the port it reported (a restart asks for it again)
-        self.node_of = {name: p.node for p in topology.processes.values() for name in p.instances}
+        self.tcp_ports = configs.tcp_ports  # OS process -> the port it reported (a restart asks for it again)
+        self.node_of = configs.node_of
+        self.process_of = configs.process_of
         self.handles: dict[str, ProcessHandle] = {}  # by OS process (replica) name
-        self.process_of = {name: p.name for p in topology.processes.values() for name in p.instances}
         self._stopping = False
         # the processes whose standby replicas the autoscaler may start (min below max)
         self._elastic = {p.name for p in topology.processes.values() if p.initial < p.replicas}
         self._template: Template | None = None  # started with the first start, for elastic processes only
-        # Resolved now: a restart later must not depend on the parent's working directory.
-        self._topology_dir = topology_dir(topology.path)
 
     def start(self, name: str) -> ProcessHandle:
         """Start (or restart) the OS process ``name``: a process, or one replica of it."""
-        log_settings = logs.settings()  # read now: a restart logs as the server does then
-        wiring = self.wiring
-        control, broadcast = wiring.control_address, wiring.broadcast_address
-        profile = wiring.profile_address
-        node = self.node_of[name]
-        if node is not None:  # on another node than the coordinator's: reach it over tcp
-            if wiring.tcp_coordinator is None:
-                raise LaunchError(
-                    self.topology.processes[self.process_of[name]].stages[0],
-                    f"process {name!r} is on node {node!r} but the coordinator takes no tcp",
-                )
-            control, broadcast = wiring.tcp_coordinator
-            profile = wiring.profile_tcp_address or profile
-        config = WorkerConfig(
-            process=self.process_of[name],
-            instance=name,
-            topology=self.topology,
-            model_path=self.model_path,
-            process_addresses=wiring.process_addresses,
-            coordinator_address=control,
-            broadcast_address=broadcast,
-            profile_address=profile,
-            parent_pid=os.getpid(),
-            # The topology's directory first: user code imports as in `validate --check-imports`.
-            sys_path=worker_sys_path(self._topology_dir, sys.path),
-            log_level=log_settings.level,
-            log_format=log_settings.format,
-            log_file=str(logs.log_file(self.run_dir, name)) if self.run_dir is not None else None,
-            node=node,
-            data_host=wiring.data_host,
-            tcp_port=self.tcp_ports.get(name, 0),
-            curve=wiring.curve,  # through the private stdin pipe, never a file
-            audio_policy=self.audio_policy,
-        )
+        config = self.configs.of(name, parent_pid=os.getpid(), log_to_file=True)
         restarts = self.handles[name].restarts + 1 if name in self.handles else 0
         forked = self._fork(name, config)
         if forked is not None:

@@ -1,10 +1,11 @@
 """What the coordinator needs of a launcher, whichever runs the stage processes.
 
-Two launchers implement it: :class:`~omnictl.coordinator.launcher.Launcher` (one OS process
-per process replica, on this machine) and :class:`~omnictl.coordinator.ray_launcher.
-RayLauncher` (one Ray actor each, placed by `node` label). The coordinator is written
+Three launchers implement it: :class:`~omnictl.coordinator.launcher.Launcher` (one OS process
+per process replica, on this machine), :class:`~omnictl.coordinator.ray_launcher.
+RayLauncher` (one Ray actor each, placed by `node` label) and :class:`~omnictl.coordinator.
+thread_launcher.ThreadLauncher` (one thread of this process each: tests and debugging). The coordinator is written
 against these two protocols only and never asks which one it has: :func:`build_launcher`
-chooses and builds it from the launch's config, both the same way.
+chooses and builds it from the launch's config, each the same way.
 """
 
 from __future__ import annotations
@@ -77,6 +78,10 @@ def build_launcher(
         from omnictl.coordinator.ray_launcher import RayLauncher  # Ray itself is imported on first use
 
         return RayLauncher(topology, config, wiring, on_exit)
+    if config.placement.launcher == "threads":
+        from omnictl.coordinator.thread_launcher import ThreadLauncher
+
+        return ThreadLauncher(topology, config, wiring, on_exit)
     from omnictl.coordinator.launcher import Launcher
 
     return Launcher(topology, config, wiring, on_exit)

@@ -27,6 +27,7 @@ __all__ = [
     "ResolveError",
     "check_imports",
     "find_callable",
+    "forget_modules_from",
     "import_path",
     "resolve",
     "resolve_callable",
@@ -89,9 +90,16 @@ def import_path(directory: Path | None) -> Iterator[None]:
         if added:
             with contextlib.suppress(ValueError):  # user code may have removed it itself
                 sys.path.remove(entry)
-            for name in set(sys.modules) - before:
-                if _found_in(name, sys.modules[name], directory):
-                    del sys.modules[name]
+            forget_modules_from(directory, among=set(sys.modules) - before)
+
+
+def forget_modules_from(directory: Path, among: set[str] | None = None) -> None:
+    """Drop the modules imported from ``directory`` (of ``among``; None: of all imported) from
+    ``sys.modules``, so that the next import of the same name finds the file it names then."""
+    for name in set(sys.modules) if among is None else among:
+        module = sys.modules.get(name)
+        if module is not None and _found_in(name, module, directory):
+            del sys.modules[name]
 
 
 def _split(dotted: str) -> list[tuple[str, list[str]]]:

@@ -71,7 +71,7 @@ def test_the_launcher_knows_every_replica_its_process_and_node() -> None:
     local = launcher()
     assert local.process_of == {"a": "a", "b": "b", "rep#0": "rep", "rep#1": "rep"}
     assert local.node_of == {"a": None, "b": None, "rep#0": None, "rep#1": None}
-    assert local.model_path == "/weights" and local.handles == {}
+    assert local.configs.model_path == "/weights" and local.handles == {}
     assert launcher(LABELLED).node_of == {"a": None, "far": "gpu-box"}
 
 

@@ -10,6 +10,7 @@ import pytest
 from omnictl.coordinator.launcher import Launcher
 from omnictl.coordinator.launching import build_launcher
 from omnictl.coordinator.ray_launcher import RayLauncher
+from omnictl.coordinator.thread_launcher import ThreadLauncher
 from omnictl.coordinator.wiring import Wiring
 from omnictl.launch_config import LaunchConfig
 from omnictl.topology import loads
@@ -61,7 +62,7 @@ def test_keys_are_made_once_when_some_process_is_reached_over_tcp(
     )
 
 
-def test_one_function_builds_either_launcher_from_the_config_and_the_same_wiring(tmp_path: Path) -> None:
+def test_one_function_builds_each_launcher_from_the_config_and_the_same_wiring(tmp_path: Path) -> None:
     topology = loads(LABELLED)
     config = LaunchConfig.of(
         model_path="/weights", audio_policy="deadline", ray_address="ray://head:10001", data_host="10.0.0.5"
@@ -72,7 +73,11 @@ def test_one_function_builds_either_launcher_from_the_config_and_the_same_wiring
     exits: list[tuple[str, str]] = []
     local = build_launcher(topology, config, wiring, lambda name, why: exits.append((name, why)))
     assert isinstance(local, Launcher)
-    assert (local.wiring, local.model_path, local.audio_policy) == (wiring, "/weights", "deadline")
+    assert (local.wiring, local.configs.model_path, local.configs.audio_policy) == (wiring, "/weights", "deadline")
+    threads = build_launcher(topology, config.replace(launcher="threads"), wiring, lambda name, why: None)
+    assert isinstance(threads, ThreadLauncher)
+    assert (threads.configs.wiring, threads.configs.model_path, threads.configs.audio_policy) == (
+        wiring, "/weights", "deadline")
     ray = build_launcher(topology, config.replace(launcher="ray"), wiring, lambda name, why: None)
     assert isinstance(ray, RayLauncher)  # Ray itself is not joined until the first start
     assert (ray.model_path, ray.audio_policy, ray.ray_address) == ("/weights", "deadline", "ray://head:10001")

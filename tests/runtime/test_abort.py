@@ -29,7 +29,8 @@ def pipe(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         {"name": "d", "factory": f"{E}.identity", "wait_for": ["b", "c"], "merge_fn": f"{E}.merge_dicts",
          "terminal": True, "modality": "merged", "process": "two"},
     ]
-    pipeline = launch(loop, topo.write(tmp_path_factory.mktemp("abort") / "abort.yaml", stages), profile=False)
+    pipeline = launch(loop, topo.write(tmp_path_factory.mktemp("abort") / "abort.yaml", stages), profile=False,
+                      launcher="threads")
     yield pipeline
     loop.run(pipeline.close())
 

@@ -38,7 +38,7 @@ def _odd_topology(path: Path, **options: Any) -> Path:
 @pytest.fixture(scope="module")
 def typed(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One launch for the tests that kill nothing, on the typed wire encoding (no pickle)."""
-    pipe = launch(loop, _odd_topology(tmp_path_factory.mktemp("typed") / "typed.yaml"), profile=False)
+    pipe = launch(loop, _odd_topology(tmp_path_factory.mktemp("typed") / "typed.yaml"), profile=False, launcher="threads")
     yield pipe
     loop.run(pipe.close())
 

@@ -13,19 +13,19 @@ from tests.support import topo
 from tests.support.loop import LoopThread, launch
 from tests.support.stages import seen
 
-
 # Longer than the suite's default deadline: eight stages in several processes, up to ~8 s measured on a loaded 2-core machine.
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
 def qwen(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
-    """One launch of the 8-stage topology for the module (its three processes each import
-    torch: seconds of start-up): the tests below send their own requests, each with its own
-    tag in the stages' log, and kill nothing."""
+    """One launch of the 8-stage topology for the module: the tests below send their own
+    requests, each with its own tag in the stages' log, and kill nothing, so its three
+    processes are threads of this one (no interpreter importing torch three times; the
+    process boundary is exercised by the fault, replica and chaos tests)."""
     folder = tmp_path_factory.mktemp("qwen-shaped")
     log = folder / "seen.log"
-    pipe = launch(loop, topo.qwen_shaped(folder, log), device="cpu", profile=False)
+    pipe = launch(loop, topo.qwen_shaped(folder, log), device="cpu", profile=False, launcher="threads")
     yield pipe, log
     loop.run(pipe.close())
 

@@ -27,7 +27,7 @@ def pipe(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         {"name": "out", "factory": f"{E}.identity", "terminal": True, "modality": "trail", "process": "back"},
     ]
     path = topo.write(tmp_path_factory.mktemp("routing") / "routing.yaml", stages)
-    pipeline = launch(loop, path, profile=False)
+    pipeline = launch(loop, path, profile=False, launcher="threads")  # kills nothing: replicas as threads
     yield pipeline
     loop.run(pipeline.close())
 

@@ -48,7 +48,7 @@ def _topology(path: Path, entry_args: dict[str, Any], relay: dict[str, Any] | No
 @pytest.fixture(scope="module")
 def pipe(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     tmp = tmp_path_factory.mktemp("streaming_input")
-    pipeline = launch(loop, _topology(tmp / "t.yaml", {}), run_dir=tmp / "run", profile=True)
+    pipeline = launch(loop, _topology(tmp / "t.yaml", {}), run_dir=tmp / "run", profile=True, launcher="threads")
     yield pipeline
     loop.run(pipeline.close())
 
@@ -58,7 +58,7 @@ def slow(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     """The entry takes 20 ms a chunk and bounds its inbox at 4; requests have TIMEOUT_S."""
     tmp = tmp_path_factory.mktemp("streaming_input_slow")
     path = _topology(tmp / "t.yaml", {"work_s": 0.02}, relay={"inbox": 4})
-    pipeline = launch(loop, path, profile=False, request_timeout=TIMEOUT_S)
+    pipeline = launch(loop, path, profile=False, request_timeout=TIMEOUT_S, launcher="threads")
     yield pipeline
     loop.run(pipeline.close())
 
@@ -70,7 +70,8 @@ WINDOW = 4  # the bounded pipeline's input_window
 def bounded(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The entry takes 20 ms a chunk; a caller may have WINDOW chunks it has not taken."""
     tmp = tmp_path_factory.mktemp("streaming_input_bounded")
-    pipeline = launch(loop, _topology(tmp / "t.yaml", {"work_s": 0.02}), profile=False, input_window=WINDOW)
+    pipeline = launch(loop, _topology(tmp / "t.yaml", {"work_s": 0.02}), profile=False, input_window=WINDOW,
+                      launcher="threads")
     yield pipeline
     loop.run(pipeline.close())
 

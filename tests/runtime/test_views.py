@@ -21,7 +21,7 @@ def test_tensors_a_stage_keeps_stay_intact_while_the_sender_keeps_sending(loop: 
          "relay": {"slot_bytes": 1 << 20, "slots": 2}},
         {"name": "b", "factory": f"{S}.hoarder", "factory_args": {"keep": 3}, "terminal": True, "process": "two"},
     ])
-    pipe = launch(loop, path, profile=False)
+    pipe = launch(loop, path, profile=False, launcher="threads")  # kills nothing: replicas as threads
 
     async def send(i: int) -> dict:
         blob = torch.full((200_000,), float(i))  # 800 KB: fits a slot
