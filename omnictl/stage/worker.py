@@ -100,7 +100,8 @@ class Worker:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        if threading.current_thread() is not threading.main_thread():  # a Ray actor: stop() there
+        # A Ray actor or a thread (launcher="threads"): no signals there; stop() instead.
+        if threading.current_thread() is not threading.main_thread():
             await self._serve()
             return
         loop.add_signal_handler(signal.SIGTERM, self._stop.set)
@@ -143,7 +144,7 @@ class Worker:
             asyncio.create_task(self._listen(broadcasts)),
             asyncio.create_task(self._watch_inboxes()),
         ]
-        if config.parent_pid:  # 0: a Ray actor, whose life Ray manages
+        if config.parent_pid:  # 0: a Ray actor (Ray manages its life) or a thread of the launching process
             tasks.append(asyncio.create_task(self._watch_parent()))
         await self._stop.wait()
         drain.close()
