@@ -10,6 +10,7 @@ memory it owns on the way out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import dataclasses
 import logging
@@ -74,12 +75,21 @@ def serve(data: bytes, parent_pid: int | None = None) -> None:
     sys.path[:] = [*dict.fromkeys([*config.sys_path, *sys.path])]
     die_with_parent(config.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the coordinator's to handle
-    asyncio.run(Worker(config).run())
+    with contextlib.suppress(SystemExit):  # a SIGTERM while the stages loaded (_exit_on_sigterm)
+        asyncio.run(Worker(config).run())
     # Don't wait for stage worker threads still inside a model call: everything this
     # process owns (shared memory, sockets) was released in Worker.run.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM before the stages are built: exit now (SystemExit, unwinding the factory's
+    ``finally`` blocks), not when the factories return. The event loop that would hear it
+    is blocked in a factory, a model may take minutes to load, and the launcher stopping a
+    launch (a ready timeout, Ctrl-C) would wait its 5 s and SIGKILL."""
+    raise SystemExit(0)
 
 
 def _make_profiler(config: WorkerConfig) -> tuple[Profiler, Any]:
@@ -104,7 +114,9 @@ class Worker:
         if threading.current_thread() is not threading.main_thread():
             await self._serve()
             return
-        loop.add_signal_handler(signal.SIGTERM, self._stop.set)
+        # Until the stages are built a SIGTERM exits at once (see _exit_on_sigterm); then the
+        # loop hears it (_serve) and the worker shuts down cleanly.
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         try:
             await self._serve()
         finally:
@@ -113,6 +125,7 @@ class Worker:
             # stage failed to build) prints "Exception ignored ... signal wakeup fd" into
             # the operator's terminal.
             loop.remove_signal_handler(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, previous)
 
     async def _serve(self) -> None:
         config = self.config
@@ -133,11 +146,18 @@ class Worker:
         profiler, recorder = _make_profiler(config)
         self.ports = WorkerPorts(endpoint, config.topology, config.coordinator_address, profiler)
         self.leases = ViewLeases(self.reader, self.ports.release)
-        if not await self._build(profiler):
+        try:
+            built = await self._build(profiler)
+        except SystemExit:  # a SIGTERM while loading: give back the sockets and memory made so far
+            self._close(recorder)
+            raise
+        if not built:
             # the LaunchFailed report is queued: without a linger, closing would drop it and
             # the coordinator would only see the process exit, not why
             self._close(recorder, linger_ms=_REPORT_LINGER_MS)
             return
+        if threading.current_thread() is threading.main_thread():  # a process of its own (see run)
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._stop.set)
         self.ports.send_control(m.Ready(config.instance, os.getpid(), tcp_address))
         drain = Drain(inbound, m.inbound_decoder.decode, self._receive, f"stage process {config.instance}")
         tasks = [
@@ -169,6 +189,8 @@ class Worker:
             except (ResolveError, StartupError) as exc:  # one line: which module / option, and why
                 self.ports.send_control(m.LaunchFailed(config.instance, name, str(exc)))
                 return False
+            except SystemExit:  # a SIGTERM while loading (_exit_on_sigterm): no failure to report
+                raise
             except BaseException:  # report any failure to build, with its traceback
                 self.ports.send_control(
                     m.LaunchFailed(config.instance, name, "its factory raised\n" + traceback.format_exc())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any, Callable
 
 from omnictl.schedulers.simple import SimpleScheduler
@@ -77,3 +79,13 @@ def upper() -> Any:
     from omnictl.schedulers.streaming import StreamingScheduler
 
     return StreamingScheduler(lambda window: {"text": str(window.new).upper()}, units="text", chunk_size=2)
+
+
+LOADING = threading.Event()  # set once loads_for_a_minute is inside its load
+
+
+def loads_for_a_minute() -> Callable[[Any], Any]:
+    """A stage whose model takes a minute to load (the worker's event loop blocked meanwhile)."""
+    LOADING.set()
+    time.sleep(60)
+    return lambda data: data

@@ -13,6 +13,8 @@ import logging
 import os
 import signal
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any, AsyncIterator
 
@@ -438,6 +440,45 @@ def test_serve_sets_up_the_process_from_its_configuration_runs_the_worker_then_e
         ("run", expected),
     ]
     assert sys.path[:2] == ["/user/code", config.sys_path[1]] and sys.path.count(config.sys_path[1]) == 1
+
+
+LOADING = f"""
+stages:
+  - {{name: a, factory: {F}.loads_for_a_minute, terminal: true, process: one}}
+"""
+
+
+def test_a_sigterm_while_a_stage_loads_ends_the_worker_at_once_and_is_no_failure() -> None:
+    """The launcher stopping a launch whose model is still loading (a ready timeout, Ctrl-C)
+    does not wait for the load, nor its 5 s and a SIGKILL: the worker ends now, gives back its
+    sockets, reports no failure, and puts this process's SIGTERM handler back."""
+    from tests.stage import build_factories
+
+    build_factories.LOADING.clear()
+
+    def terminate_once_loading() -> None:
+        assert build_factories.LOADING.wait(30)
+        os.kill(os.getpid(), signal.SIGTERM)  # the main thread is inside the factory's load
+
+    async def scenario() -> None:
+        with tempfile.TemporaryDirectory(prefix="omx-worker-") as directory:
+            coordinator = Coordinator(loads(LOADING), Path(directory))
+            worker = Worker(coordinator.config())
+            before = signal.getsignal(signal.SIGTERM)
+            threading.Thread(target=terminate_once_loading, daemon=True).start()
+            started = time.monotonic()
+            try:
+                with pytest.raises(SystemExit):
+                    await worker.run()
+                assert time.monotonic() - started < 30  # the load takes 60 s
+                assert signal.getsignal(signal.SIGTERM) == before
+                assert worker.endpoint.context.closed
+                await asyncio.sleep(0.3)  # whatever it sent has arrived
+                assert not [r for r in coordinator.received if isinstance(r, (m.LaunchFailed, m.Ready))]
+            finally:
+                coordinator.close()
+
+    asyncio.run(scenario())
 
 
 ANYTHING = f"""
