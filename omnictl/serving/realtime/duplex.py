@@ -94,6 +94,8 @@ class _Response:
         self.transcript: list[str] = []
         self.input_ended = False
         self.pump: asyncio.Task[None] | None = None
+        self.cancel_reason = "client_cancelled"  # what its response.done says if it is cancelled
+        self.ended = False  # its response.done was sent
 
     def part(self) -> dict[str, Any]:
         return {"response_id": self.id, "item_id": self.item_id, "output_index": 0, "content_index": 0}
@@ -304,11 +306,19 @@ class DuplexSession:
                     self.event("response.output_audio_transcript.delta", **response.part(), delta=event.data.text)
             await response.request.result()
         except asyncio.CancelledError:
-            status, reason = "cancelled", "client_cancelled"
+            status, reason = "cancelled", response.cancel_reason
         except Exception as exc:  # the request failed or was aborted: the client learns why, the session goes on
             status, reason = "failed", type(exc).__name__
             log.warning("realtime duplex session %s: response %s ended: %s", self.id, response.id, clip(str(exc)))
             self.send(error_event(str(exc), "response_failed"))
+        self._end(response, status, reason)
+
+    def _end(self, response: _Response, status: str, reason: str | None) -> None:
+        """The response's closing events, once: from its pump, or from :meth:`cancel` when the
+        pump was cancelled before it ran (a cancel right after the first append)."""
+        if response.ended:
+            return
+        response.ended = True
         transcript = "".join(response.transcript)
         if self.audio_out is not None:
             if status == "completed":
@@ -320,9 +330,8 @@ class DuplexSession:
         self.event(
             "response.content_part.done", **response.part(), part={"type": "output_audio", "transcript": transcript}
         )
-        self.event(
-            "response.output_item.done", response_id=response.id, output_index=0, item=response.item("completed")
-        )
+        item = response.item("completed" if status == "completed" else "incomplete")
+        self.event("response.output_item.done", response_id=response.id, output_index=0, item=item)
         self.event("response.done", response=response.response(status, reason))
         if self.current is response:
             self.current = None
@@ -333,10 +342,12 @@ class DuplexSession:
         if response is None:
             return
         self.current = None
+        response.cancel_reason = reason
         if response.pump is not None:  # first: its response.done says cancelled, not the abort's failure
             response.pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await response.pump
+        self._end(response, "cancelled", reason)  # a pump cancelled before it ran said nothing
         await self.pipe.abort(response.request.id)
 
 
