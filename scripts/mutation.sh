@@ -161,7 +161,7 @@ declare -A package_tests=(
     # the coordinator's autoscaler shell and replay run only under load or a killed replica:
     # these run a real pipeline whose coordinator is in the test process (seconds each)
     [coordinator]="tests/runtime/test_elastic.py tests/runtime/test_replay.py"
-    [serving]="tests/serving/chat/test_protocol.py tests/serving/chat/test_responses.py tests/serving/speech/test_audio.py
+    [serving]="tests/serving/realtime tests/serving/chat/test_protocol.py tests/serving/chat/test_responses.py tests/serving/speech/test_audio.py
                tests/serving/transcriptions/test_audiofile.py tests/serving/speech/test_audio_codecs.py tests/serving/common/test_auth.py
                tests/serving/common/test_eventstream.py tests/serving/test_app_starting.py tests/serving/realtime/test_events.py
                tests/serving/realtime/test_conversation_bounds.py tests/serving/realtime/test_vad.py
@@ -176,6 +176,10 @@ declare -A package_tests=(
 
 # One thread per test process: the runs are parallel already (MUTATION_CHILDREN), and a
 # thread pool started before a fork is what deadlocks after it.
+# Packages whose selection names a whole folder take its fast tests only: its slow ones start
+# servers and models, seconds per mutant.
+declare -A package_fast_only=([serving]=1)
+
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 summary=()
@@ -225,6 +229,10 @@ for arg in "${packages[@]}"; do
         echo "    -p no:cacheprovider"
         echo "    -p no:timeout"
         echo "    -q"
+        if [[ -n ${package_fast_only[$pkg]:-} ]]; then
+            echo "    -m"
+            echo "    not slow"
+        fi
         echo "    --deselect=tests/topology/test_imports.py::test_a_launched_pipeline_imports_user_code_beside_its_topology"
         echo "    --deselect=tests/topology/test_imports.py::test_a_launch_whose_factory_is_missing_says_which_module_from_where_and_why"
         echo "    --deselect=tests/topology/test_imports.py::test_validate_check_imports_accepts_the_three_stage_example[from-its-folder]"
