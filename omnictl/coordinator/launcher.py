@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from omnictl import logs
 from omnictl.coordinator.forking import ForkedProcess, Template
@@ -24,6 +24,9 @@ from omnictl.pids import describe_exit
 from omnictl.stage.startup import WorkerConfig, encode_config
 from omnictl.topology.imports import topology_dir, worker_sys_path
 from omnictl.topology.model import Topology
+
+if TYPE_CHECKING:
+    from omnictl.coordinator import launching  # the protocol every launcher's handles meet
 
 log = logging.getLogger(__name__)
 _TRACKER_WARNING = "ignore::UserWarning:multiprocessing.resource_tracker"
@@ -55,6 +58,15 @@ class ProcessHandle:
     def reported_ready(self, pid: int) -> None:
         if not self.ready.done():  # the pid is known already: this launcher started the process
             self.ready.set_result(None)
+
+
+async def until_ended(handles: Iterable[launching.ProcessHandle], timeout: float) -> None:
+    """Until none of ``handles`` runs, or ``timeout``. Polled: a forked process's exit is known
+    when its template's report is read, and a thread's when it returns, both on this loop."""
+    handles = list(handles)
+    deadline = asyncio.get_running_loop().time() + timeout
+    while any(h.alive() for h in handles) and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.02)
 
 
 class ReplicaConfigs:
@@ -130,7 +142,6 @@ class Launcher:
         ``wiring``: its addresses, keys and data host, already resolved (processes on a
         labelled node reach the coordinator and the collector over its tcp addresses)."""
         self.configs = configs = ReplicaConfigs(topology, config, wiring)
-        self.topology = topology
         self.wiring = wiring
         self.on_exit = on_exit
         self.tcp_ports = configs.tcp_ports  # OS process -> the port it reported (a restart asks for it again)
@@ -223,10 +234,10 @@ class Launcher:
         self._forget(handle)
         if handle.alive():
             handle.process.terminate()
-        await self._gone([handle], timeout)
+        await until_ended([handle], timeout)
         if handle.alive():
             handle.process.kill()
-            await self._gone([handle], timeout)
+            await until_ended([handle], timeout)
         handle.process.wait()
 
     async def stop(self, timeout: float = 5.0) -> None:
@@ -236,20 +247,12 @@ class Launcher:
             self._forget(handle)
             if handle.alive():
                 handle.process.terminate()
-        await self._gone(list(self.handles.values()), timeout)
+        await until_ended(list(self.handles.values()), timeout)
         stragglers = [h for h in self.handles.values() if h.alive()]
         for handle in stragglers:
             handle.process.kill()
-        await self._gone(stragglers, timeout)
+        await until_ended(stragglers, timeout)
         for handle in self.handles.values():
             handle.process.wait()
         if self._template is not None:
             self._template.close()
-
-    @staticmethod
-    async def _gone(handles: list[ProcessHandle], timeout: float) -> None:
-        """Until none of ``handles`` runs, or ``timeout``. Polled: a forked process's exit is
-        known when its template's report is read, on this loop."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while any(h.alive() for h in handles) and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.02)

@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from omnictl.coordinator.launcher import ReplicaConfigs
+from omnictl.coordinator.launcher import ReplicaConfigs, until_ended
 from omnictl.coordinator.wiring import Wiring
 from omnictl.exceptions import describe_error
 from omnictl.launch_config import LaunchConfig
@@ -145,7 +145,7 @@ class ThreadLauncher:
         """Stop the replica ``name``'s worker; forgotten first, so its end is not reported."""
         handle = self.handles.pop(name)
         handle.stop()
-        await self._ended([handle], timeout)
+        await until_ended([handle], timeout)
 
     async def stop(self, timeout: float = 5.0) -> None:
         """Stop every replica's worker and wait for their threads (a worker stuck inside a
@@ -154,7 +154,7 @@ class ThreadLauncher:
         handles = list(self.handles.values())
         for handle in handles:
             handle.stop()
-        await self._ended(handles, timeout)
+        await until_ended(handles, timeout)
         for handle in handles:
             if handle.alive():
                 log.warning(
@@ -166,9 +166,3 @@ class ThreadLauncher:
                 sys.path.remove(str(directory))
             forget_modules_from(directory)
             self._added_path = False
-
-    @staticmethod
-    async def _ended(handles: list[ThreadHandle], timeout: float) -> None:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while any(h.alive() for h in handles) and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.01)
